@@ -1,0 +1,18 @@
+"""Notify step: tell the humans what the incident is doing."""
+
+from __future__ import annotations
+
+from temporalio import activity
+
+from autoclusters.models import Notification
+from autoclusters.notify import Notifier
+
+
+class NotifyActivities:
+    def __init__(self, notifiers: list[Notifier]) -> None:
+        self._notifiers = notifiers
+
+    @activity.defn(name="notify")
+    async def notify(self, note: Notification) -> None:
+        for n in self._notifiers:
+            await n.send(note)

@@ -1,0 +1,140 @@
+"""Slurm steps of the runbook: drain, requeue, wait for registration, return to service."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from autoclusters.models import (
+    REASON_PREFIX,
+    DrainInput,
+    DrainResult,
+    RequeueInput,
+    RequeueResult,
+    ReturnInput,
+    ReturnResult,
+    SlurmJob,
+    SlurmNode,
+    WaitRegisteredInput,
+)
+from autoclusters.slurm import SlurmClient
+
+# Jobs that hold the node's resources and can be requeued.
+_ACTIVE = {"RUNNING", "CONFIGURING", "SUSPENDED"}
+
+
+def requeue_marker(incident_id: str, restart_cnt: int) -> str:
+    """Written on the job *before* the requeue, with the restart count it had then.
+
+    A retried activity sees the marker and compares restart counts: higher means our
+    requeue already happened, so it must not happen again.
+    """
+    return f"{REASON_PREFIX}requeue:{incident_id}:{restart_cnt}"
+
+
+def _marked_for(job: SlurmJob, incident_id: str) -> int | None:
+    prefix = f"{REASON_PREFIX}requeue:{incident_id}:"
+    if job.admin_comment.startswith(prefix):
+        return int(job.admin_comment[len(prefix) :])
+    return None
+
+
+class SlurmActivities:
+    def __init__(self, slurm: SlurmClient) -> None:
+        self._slurm = slurm
+
+    async def _known_node(self, name: str) -> SlurmNode:
+        node = await self._slurm.node(name)
+        if node is None:
+            raise ApplicationError(
+                f"node {name} is not in this Slurm cluster", type="UnknownNode", non_retryable=True
+            )
+        return node
+
+    @activity.defn(name="drain_node")
+    async def drain_node(self, inp: DrainInput) -> DrainResult:
+        node = await self._known_node(inp.node)
+        if node.drained and node.reason == inp.reason:
+            return DrainResult(already_drained=True, previous_reason=node.reason)
+        await self._slurm.drain(inp.node, inp.reason)
+        return DrainResult(already_drained=node.drained, previous_reason=node.reason)
+
+    @activity.defn(name="requeue_jobs")
+    async def requeue_jobs(self, inp: RequeueInput) -> RequeueResult:
+        result = RequeueResult()
+        for job in await self._slurm.jobs_on_node(inp.node):
+            if job.job_state not in _ACTIVE:
+                continue
+            if not (job.requeue and job.batch_flag):
+                result.not_requeueable.append(job.job_id)
+                continue
+            before = _marked_for(job, inp.incident_id)
+            if before is not None and job.restart_cnt > before:
+                continue  # requeued by an earlier attempt; it only looks active again
+            if before is None:
+                await self._slurm.set_admin_comment(
+                    job.job_id, requeue_marker(inp.incident_id, job.restart_cnt)
+                )
+            await self._slurm.requeue(job.job_id)
+        # Release the requeue hold of every job this incident requeued, including those an
+        # earlier attempt requeued before it was interrupted. A requeued job passes through
+        # COMPLETING while its processes are killed; the hold can only be released once it
+        # is PENDING.
+        while True:
+            mine = [j for j in await self._slurm.jobs() if _marked_for(j, inp.incident_id) is not None]
+            settling = [j.job_id for j in mine if j.job_state != "PENDING" and j.job_state not in _ACTIVE]
+            if not settling:
+                break
+            activity.heartbeat(f"waiting for jobs {settling} to leave COMPLETING")
+            await asyncio.sleep(inp.poll_s)
+        for job in mine:
+            result.requeued.append(job.job_id)
+            if job.job_state == "PENDING" and job.state_reason == "BeginTime":
+                await self._slurm.release_hold(job.job_id)
+                result.holds_released.append(job.job_id)
+        return result
+
+    @activity.defn(name="wait_node_registered")
+    async def wait_node_registered(self, inp: WaitRegisteredInput) -> SlurmNode:
+        """Poll until the node's slurmd (re)started after `since` and answers the controller.
+
+        The controller can flag a freshly registered node NOT_RESPONDING for a moment while
+        it gives up on messages meant for the old machine, so the node must answer for
+        `settle_s` in a row.
+        """
+        answering_since: float | None = None
+        while True:
+            node = await self._known_node(inp.node)
+            if node.slurmd_start_time >= int(inp.since) and node.responding:
+                now = time.monotonic()
+                answering_since = answering_since or now
+                if now - answering_since >= inp.settle_s:
+                    return node
+            else:
+                answering_since = None
+            activity.heartbeat(node.display_state)
+            await asyncio.sleep(inp.poll_s)
+
+    @activity.defn(name="return_to_service")
+    async def return_to_service(self, inp: ReturnInput) -> ReturnResult:
+        node = await self._known_node(inp.node)
+        if not node.drained:
+            return ReturnResult(returned=True, state_after=node.display_state, detail="not drained")
+        if not node.reason.startswith(f"{REASON_PREFIX} {inp.incident_id} "):
+            # Someone else drained it (an admin, another tool): their drain wins.
+            return ReturnResult(
+                returned=False,
+                state_after=node.display_state,
+                detail=f"left drained: reason {node.reason!r} is not ours",
+            )
+        await self._slurm.resume(inp.node)
+        # Slurm flags a resumed node NOT_RESPONDING until it answers a fresh ping.
+        while True:
+            node = await self._known_node(inp.node)
+            if node.responding or node.drained:
+                return ReturnResult(returned=not node.drained, state_after=node.display_state)
+            activity.heartbeat(node.display_state)
+            await asyncio.sleep(inp.poll_s)

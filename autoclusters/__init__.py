@@ -1,0 +1,1 @@
+"""AutoClusters: durable, workflow-orchestrated runbooks for GPU cluster health."""

@@ -1,0 +1,25 @@
+"""The cloud provider interface: how a node's machine is repaired or replaced.
+
+Implementations: `sandbox.cloud.SandboxCloud` (local slurmd processes stand in for VMs).
+The Crusoe Cloud provider arrives with the Crusoe API work.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from autoclusters.models import ReplaceResult
+
+
+class CloudError(RuntimeError):
+    """The provider refused or failed an operation."""
+
+
+class CloudProvider(Protocol):
+    async def vm_id(self, node: str) -> str:
+        """The id of the machine currently behind `node`."""
+        ...
+
+    async def replace(self, node: str, idempotency_key: str) -> ReplaceResult:
+        """Swap the node's machine for a fresh one; the same key never replaces twice."""
+        ...

@@ -1,0 +1,68 @@
+"""Settings for every entry point: environment (AUTOCLUSTERS_*) over a TOML file over defaults.
+
+The file is named by AUTOCLUSTERS_CONFIG; without it, a running default sandbox's file is
+used, so `autoclusters incident open ...` just works after `autoclusters sandbox up`.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+DEFAULT_SANDBOX_DIR = Path.home() / ".autoclusters" / "sandbox"
+CONFIG_FILE_NAME = "autoclusters.toml"
+
+
+def config_file() -> Path | None:
+    if os.environ.get("AUTOCLUSTERS_CONFIG"):
+        return Path(os.environ["AUTOCLUSTERS_CONFIG"])
+    default = DEFAULT_SANDBOX_DIR / CONFIG_FILE_NAME
+    return default if default.exists() else None
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="AUTOCLUSTERS_", extra="ignore")
+
+    temporal_address: str = "127.0.0.1:7233"
+    temporal_namespace: str = "default"
+    temporal_ui_url: str = "http://127.0.0.1:8233"
+    task_queue: str = "autoclusters"
+    cluster: str = "sandbox"
+
+    slurm_conf: Path | None = Field(default=None, description="SLURM_CONF of the cluster")
+    slurm_bin_dir: Path | None = None
+
+    cloud_provider: Literal["sandbox"] = "sandbox"
+    sandbox_state_dir: Path | None = None
+    boot_delay_s: float = Field(default=20.0, ge=0, description="replacement VM boot time")
+
+    repair_timeout_s: float = 900
+    log_level: str = "INFO"
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        path = config_file()
+        if path is not None:
+            sources.append(TomlConfigSettingsSource(settings_cls, toml_file=path))
+        return tuple(sources)
+
+
+def load(**overrides: object) -> Settings:
+    return Settings(**overrides)  # type: ignore[arg-type]

@@ -1,0 +1,314 @@
+"""`autoclusters`: the operator's command line."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import sys
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import typer
+from pydantic import ValidationError
+from rich.console import Console
+from rich.table import Table
+
+from autoclusters import settings as settings_mod
+from autoclusters.settings import DEFAULT_SANDBOX_DIR, Settings
+
+app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
+sandbox_app = typer.Typer(no_args_is_help=True, help="The local sandbox cluster.")
+incident_app = typer.Typer(no_args_is_help=True, help="Open, list and read incidents.")
+app.add_typer(sandbox_app, name="sandbox")
+app.add_typer(incident_app, name="incident")
+
+console = Console()
+err = Console(stderr=True)
+T = TypeVar("T")
+
+StateDir = Annotated[
+    Path, typer.Option("--state-dir", help="Where the sandbox keeps its state, logs and PIDs.")
+]
+
+
+def _settings() -> Settings:
+    try:
+        return settings_mod.load()
+    except ValidationError as e:
+        err.print(f"[red]bad settings:[/red] {e}")
+        raise typer.Exit(2) from None
+
+
+def _run_client(fn: Callable[[Any], Awaitable[T]]) -> T:
+    """Run `fn(client)` against the configured Temporal; say clearly when it is not there."""
+    from autoclusters import temporal
+
+    async def go() -> T:
+        client = await temporal.connect(_settings())
+        return await fn(client)
+
+    try:
+        return asyncio.run(go())
+    except RuntimeError as e:
+        if "Failed client connect" in str(e) or "connect" in str(e).lower():
+            s = _settings()
+            err.print(
+                f"[red]cannot reach Temporal at {s.temporal_address}[/red]: is the sandbox up? "
+                "(`autoclusters sandbox up`)"
+            )
+            raise typer.Exit(1) from None
+        raise
+
+
+# --- sandbox ------------------------------------------------------------------------------
+
+
+@sandbox_app.command("up")
+def sandbox_up(
+    nodes: Annotated[int, typer.Option(help="Number of gpu-NN nodes.")] = 4,
+    state_dir: StateDir = DEFAULT_SANDBOX_DIR,
+    cluster: Annotated[str, typer.Option(help="Slurm cluster name.")] = "sandbox",
+    port_base: Annotated[int, typer.Option(help="First of the sandbox's ports.")] = 17200,
+    boot_delay: Annotated[float, typer.Option(help="Seconds a replacement VM takes to boot.")] = 20,
+) -> None:
+    """Start Temporal, munge, Slurm (slurmctld + one slurmd per node) and a worker."""
+    from sandbox import cluster as sb
+    from sandbox.config import SandboxConfig
+    from sandbox.daemons import SandboxError
+
+    try:
+        cfg = SandboxConfig(
+            state_dir=state_dir.absolute(), cluster=cluster, nodes=nodes,
+            port_base=port_base, boot_delay_s=boot_delay,
+        )  # fmt: skip
+        res = sb.up(cfg)
+    except (SandboxError, ValidationError) as e:
+        err.print(f"[red]sandbox up failed:[/red] {e}")
+        raise typer.Exit(1) from None
+    if res.already_running:
+        console.print(f"sandbox in {state_dir} is already running; nothing to do")
+    else:
+        console.print(f"sandbox up: {', '.join(res.started)}")
+    _print_access(cfg)
+
+
+def _print_access(cfg: Any) -> None:
+    console.print(f"Temporal UI: {cfg.temporal_ui_url}")
+    console.print(f"settings:    export AUTOCLUSTERS_CONFIG={cfg.settings_file}")
+    console.print(f"slurm:       export SLURM_CONF={cfg.slurm_conf}")
+
+
+@sandbox_app.command("status")
+def sandbox_status(state_dir: StateDir = DEFAULT_SANDBOX_DIR) -> None:
+    """Show the sandbox's processes and Slurm nodes."""
+    from sandbox import cluster as sb
+    from sandbox.daemons import SandboxError
+
+    try:
+        cfg = sb.load(state_dir.absolute())
+    except SandboxError as e:
+        err.print(str(e))
+        raise typer.Exit(1) from None
+    procs, nodes = sb.status(cfg)
+    t = Table("process", "pid", "state")
+    for p in procs:
+        t.add_row(p.name, str(p.pid), "running" if p.alive else "[red]dead[/red]")
+    console.print(t)
+    if nodes:
+        nt = Table("node", "state", "reason")
+        for n in nodes:
+            nt.add_row(n.name, n.display_state, n.reason)
+        console.print(nt)
+    _print_access(cfg)
+
+
+@sandbox_app.command("down")
+def sandbox_down(state_dir: StateDir = DEFAULT_SANDBOX_DIR) -> None:
+    """Stop every process the sandbox started, by its recorded PID."""
+    from sandbox import cluster as sb
+    from sandbox.daemons import SandboxError
+
+    try:
+        cfg = sb.load(state_dir.absolute())
+    except SandboxError as e:
+        err.print(str(e))
+        raise typer.Exit(1) from None
+    stopped = sb.down(cfg)
+    console.print(f"stopped: {', '.join(stopped) if stopped else 'nothing was running'}")
+
+
+# --- worker -------------------------------------------------------------------------------
+
+
+@app.command("worker")
+def worker() -> None:
+    """Run a worker hosting the remediation workflow and its activities."""
+    from workers.remediation import run
+
+    s = _settings()
+    logging.basicConfig(
+        level=s.log_level, format="%(asctime)s %(levelname)s %(name)s %(message)s", stream=sys.stdout
+    )
+    asyncio.run(run(s))
+
+
+# --- incidents ----------------------------------------------------------------------------
+
+
+@incident_app.command("open")
+def incident_open(
+    node: Annotated[str, typer.Option(help="The faulty node, e.g. gpu-02.")],
+    fault: Annotated[str, typer.Option(help="Fault kind, e.g. XID_79.")],
+    wait: Annotated[bool, typer.Option(help="Wait until the incident closes.")] = False,
+) -> None:
+    """Open an incident on a node (or join the one already open on it)."""
+    from autoclusters.slurm import SlurmError
+    from clients import incidents
+
+    s = _settings()
+
+    async def go(client: Any) -> incidents.OpenedIncident:
+        opened = await incidents.open_incident(client, s, node, fault)
+        if wait:
+            handle = client.get_workflow_handle(opened.workflow_id, run_id=opened.run_id)
+            try:
+                await handle.result()
+            except Exception as e:  # the incident failed; show it below
+                err.print(f"[red]incident failed:[/red] {getattr(e, 'cause', None) or e}")
+        return opened
+
+    try:
+        opened = _run_client(go)
+    except ValidationError as e:
+        err.print(f"[red]refused:[/red] {_first_error(e)}")
+        raise typer.Exit(2) from None
+    except SlurmError as e:
+        err.print(f"[red]refused:[/red] {e}")
+        raise typer.Exit(2) from None
+    verb = "joined open incident" if opened.joined else "opened"
+    console.print(f"{verb} {opened.incident_id} (workflow {opened.workflow_id})")
+    if wait:
+        _show(opened.incident_id, as_json=False)
+
+
+def _first_error(e: ValidationError) -> str:
+    first = e.errors()[0]
+    return f"{'.'.join(str(p) for p in first['loc'])}: {first['msg']}"
+
+
+@incident_app.command("list")
+def incident_list(
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON array.")] = False,
+    open_only: Annotated[bool, typer.Option("--open", help="Only open incidents.")] = False,
+) -> None:
+    """List the cluster's incidents, newest first."""
+    from clients import incidents
+
+    s = _settings()
+    rows = _run_client(lambda c: incidents.list_incidents(c, s, open_only=open_only))
+    if as_json:
+        print("[" + ",".join(r.model_dump_json() for r in rows) + "]")
+        return
+    t = Table("incident", "node", "fault", "status", "started", "closed")
+    for r in rows:
+        t.add_row(
+            r.incident_id, r.node, r.fault, r.status,
+            f"{r.started_at:%Y-%m-%d %H:%M:%S}" if r.started_at else "",
+            f"{r.closed_at:%Y-%m-%d %H:%M:%S}" if r.closed_at else "",
+        )  # fmt: skip
+    console.print(t)
+
+
+@incident_app.command("show")
+def incident_show(
+    incident_id: Annotated[str, typer.Argument(help="Incident id, e.g. inc-20261129-201630-gpu-02.")],
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object.")] = False,
+) -> None:
+    """Show one incident: its steps with start and finish times."""
+    _show(incident_id, as_json)
+
+
+def _show(incident_id: str, as_json: bool) -> None:
+    from clients import incidents
+
+    s = _settings()
+
+    async def go(client: Any) -> Any:
+        handle = await incidents.find_incident(client, s, incident_id)
+        return await incidents.incident_state(handle)
+
+    try:
+        state, wf_status = _run_client(go)
+    except incidents.IncidentNotFound as e:
+        err.print(str(e))
+        raise typer.Exit(1) from None
+    if state is None:
+        err.print(f"{incident_id}: not started yet (temporal status {wf_status})")
+        raise typer.Exit(1)
+    if as_json:
+        print(state.model_dump_json())
+        return
+    r = state.request
+    console.print(
+        f"[bold]{r.incident_id}[/bold]  node {r.node}  fault {r.fault}  status {state.status}"
+        + (f"  error: {state.error}" if state.error else "")
+    )
+    t = Table("step", "outcome", "started", "finished", "seconds", "detail")
+    for st in state.steps:
+        secs = (st.finished_at - st.started_at).total_seconds() if st.finished_at else None
+        t.add_row(
+            st.name, st.outcome, f"{st.started_at:%H:%M:%S.%f}"[:-3],
+            f"{st.finished_at:%H:%M:%S.%f}"[:-3] if st.finished_at else "",
+            f"{secs:.2f}" if secs is not None else "", st.detail,
+        )  # fmt: skip
+    console.print(t)
+
+
+# --- demo ---------------------------------------------------------------------------------
+
+
+@app.command("demo")
+def demo(
+    as_json: Annotated[bool, typer.Option("--json", help="End with one JSON summary line.")] = False,
+    keep: Annotated[bool, typer.Option(help="Leave the sandbox running afterwards.")] = False,
+    state_dir: StateDir = DEFAULT_SANDBOX_DIR,
+    port_base: Annotated[int, typer.Option(help="First of the sandbox's ports.")] = 17200,
+    boot_delay: Annotated[float, typer.Option(help="Seconds a replacement VM takes to boot.")] = 20,
+    fault: Annotated[str, typer.Option(help="The fault to inject.")] = "XID_79",
+) -> None:
+    """Sandbox up, a 2-node job, a fault on one of its nodes, the remediation, a summary."""
+    from clients.demo import DemoError, run_demo
+    from sandbox.config import SandboxConfig
+
+    cfg = SandboxConfig(state_dir=state_dir.absolute(), port_base=port_base, boot_delay_s=boot_delay)
+    try:
+        summary = asyncio.run(run_demo(cfg, fault=fault, keep=keep, console=err if as_json else console))
+    except DemoError as e:
+        err.print(f"[red]demo failed:[/red] {e}")
+        raise typer.Exit(1) from None
+    if as_json:
+        print(summary.model_dump_json())
+
+
+def main() -> None:
+    # Temporal's Rust threads can crash a finishing interpreter (sdk-python#300): flush and
+    # leave with os._exit so the exit code is the command's own.
+    rc = 0
+    try:
+        app()
+    except SystemExit as e:
+        rc = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+        rc = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(rc)
+
+
+if __name__ == "__main__":
+    main()

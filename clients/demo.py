@@ -1,0 +1,216 @@
+"""The demo: a whole local cluster, a job, a fault on one of its nodes, the remediation.
+
+It measures the two clocks separately: job recovery (fault → the job steps again, read
+from the job's own log) and capacity recovery (fault → the node back in service).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from datetime import datetime
+from pathlib import Path
+
+from pydantic import BaseModel
+from rich.console import Console
+from temporalio.client import WorkflowFailureError
+
+from autoclusters import hostlist, temporal
+from autoclusters.models import IncidentState, SlurmJob
+from autoclusters.settings import Settings
+from autoclusters.slurm import SlurmCli
+from clients import incidents
+import sandbox
+from sandbox import cluster
+from sandbox.config import SandboxConfig
+from workflows.remediation import NodeRemediation
+
+
+class DemoError(RuntimeError):
+    pass
+
+
+class StepSummary(BaseModel):
+    name: str
+    started_at: datetime
+    finished_at: datetime | None
+    duration_s: float | None
+    outcome: str
+
+
+class DemoSummary(BaseModel):
+    incident_id: str
+    node: str
+    fault: str
+    status: str
+    job_id: int
+    job_recovery_s: float | None
+    capacity_recovery_s: float | None
+    job_restarts: int
+    job_nodes_before: list[str]
+    job_nodes_after: list[str]
+    node_state_after: str
+    boot_delay_s: float
+    temporal_ui: str
+    steps: list[StepSummary]
+
+
+_LINE = re.compile(r"ts=(?P<ts>[\d.]+) node=(?P<node>\S+) restart=(?P<restart>\d+) step=(?P<step>\d+)")
+
+
+def first_progress_after_restart(log: Path, restart: int) -> float | None:
+    """Timestamp of the first progress line the `restart`-th run of the job wrote."""
+    if not log.exists():
+        return None
+    for line in log.read_text(errors="replace").splitlines():
+        m = _LINE.search(line)
+        if m and int(m["restart"]) >= restart:
+            return float(m["ts"])
+    return None
+
+
+async def _wait_for(what: str, check, timeout_s: float, interval_s: float = 0.5):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = await check()
+        if value:
+            return value
+        await asyncio.sleep(interval_s)
+    raise DemoError(f"timed out after {timeout_s:.0f}s waiting for {what}")
+
+
+async def _job(slurm: SlurmCli, job_id: int) -> SlurmJob | None:
+    return next((j for j in await slurm.jobs() if j.job_id == job_id), None)
+
+
+async def run_demo(cfg: SandboxConfig, fault: str, keep: bool, console: Console) -> DemoSummary:
+    was_running = cluster.is_running(cfg) if cfg.record_file.exists() else False
+    console.print(f"[bold]1. sandbox[/bold] in {cfg.state_dir} ({cfg.nodes} nodes)")
+    res = await asyncio.to_thread(cluster.up, cfg)
+    console.print("   already running" if res.already_running else f"   started {', '.join(res.started)}")
+    if res.already_running:
+        cfg = SandboxConfig.load(cfg.state_dir)
+    try:
+        return await _demo(cfg, fault, console)
+    finally:
+        if not keep and not was_running:
+            console.print("[bold]sandbox down[/bold]")
+            await asyncio.to_thread(cluster.down, cfg)
+
+
+async def _demo(cfg: SandboxConfig, fault: str, console: Console) -> DemoSummary:
+    settings = Settings(
+        temporal_address=cfg.temporal_address,
+        temporal_ui_url=cfg.temporal_ui_url,
+        task_queue=cfg.task_queue,
+        cluster=cfg.cluster,
+        slurm_conf=cfg.slurm_conf,
+        sandbox_state_dir=cfg.state_dir,
+        boot_delay_s=cfg.boot_delay_s,
+    )
+    slurm = SlurmCli(cfg.slurm_conf)
+    script = Path(sandbox.__file__).parent / "jobs" / "progress.sh"
+    job_dir = cfg.state_dir / "jobs"
+
+    console.print("[bold]2. job[/bold] a 2-node batch job with --requeue")
+    out = await slurm._run(  # noqa: SLF001 - sbatch is the demo's, not an activity's
+        "sbatch", "--parsable", f"--output={job_dir}/progress-%j.log", str(script)
+    )
+    job_id = int(out.strip().split(";")[0])
+    log = job_dir / f"progress-{job_id}.log"
+
+    async def running_with_progress() -> SlurmJob | None:
+        job = await _job(slurm, job_id)
+        if job and job.job_state == "RUNNING" and first_progress_after_restart(log, 0):
+            return job
+        return None
+
+    job = await _wait_for("the job to run", running_with_progress, 60)
+    before = hostlist.expand(job.nodes)
+    console.print(f"   job {job_id} running on {', '.join(before)}; log {log}")
+
+    node = before[-1]
+    console.print(f"[bold]3. fault[/bold] {fault} on {node}")
+    client = await temporal.connect(settings)
+    fault_at = time.time()
+    opened = await incidents.open_incident(client, settings, node, fault, opened_by="demo")
+    console.print(f"   incident {opened.incident_id}; follow it in {cfg.temporal_ui_url}")
+
+    handle = client.get_workflow_handle_for(
+        NodeRemediation.run, opened.workflow_id, run_id=opened.run_id
+    )
+    result_task = asyncio.create_task(handle.result())
+    shown: set[str] = set()
+    while not result_task.done():
+        state = await handle.query(NodeRemediation.status)
+        if state:
+            _print_new_steps(console, state, shown)
+        await asyncio.wait({result_task}, timeout=0.5)
+    try:
+        final: IncidentState = result_task.result()
+        status = final.status
+    except WorkflowFailureError as e:
+        console.print(f"[red]   incident failed: {e.cause}[/red]")
+        final = await handle.query(NodeRemediation.status)
+        status = "failed"
+    _print_new_steps(console, final, shown)
+
+    restarted = await _wait_for(
+        "the job to step again", lambda: _restarted_job(slurm, job_id, log), 60
+    )
+    job_after, resumed_ts = restarted
+    node_after = await slurm.node(node)
+    back = final.step("return_to_service")
+    capacity = (
+        back.finished_at.timestamp() - fault_at if back and back.finished_at and status == "resolved" else None
+    )
+    return DemoSummary(
+        incident_id=opened.incident_id,
+        node=node,
+        fault=fault,
+        status=status,
+        job_id=job_id,
+        job_recovery_s=round(resumed_ts - fault_at, 3),
+        capacity_recovery_s=round(capacity, 3) if capacity is not None else None,
+        job_restarts=job_after.restart_cnt,
+        job_nodes_before=before,
+        job_nodes_after=hostlist.expand(job_after.nodes),
+        node_state_after=node_after.display_state if node_after else "UNKNOWN",
+        boot_delay_s=cfg.boot_delay_s,
+        temporal_ui=f"{cfg.temporal_ui_url}/namespaces/default/workflows/{opened.workflow_id}",
+        steps=[
+            StepSummary(
+                name=s.name,
+                started_at=s.started_at,
+                finished_at=s.finished_at,
+                duration_s=(s.finished_at - s.started_at).total_seconds() if s.finished_at else None,
+                outcome=s.outcome,
+            )
+            for s in final.steps
+        ],
+    )
+
+
+async def _restarted_job(
+    slurm: SlurmCli, job_id: int, log: Path
+) -> tuple[SlurmJob, float] | None:
+    job = await _job(slurm, job_id)
+    if job is None or job.job_state != "RUNNING" or job.restart_cnt < 1:
+        return None
+    ts = first_progress_after_restart(log, job.restart_cnt)
+    return (job, ts) if ts else None
+
+
+def _print_new_steps(console: Console, state: IncidentState, shown: set[str]) -> None:
+    start = state.request.opened_at
+    for s in state.steps:
+        if s.finished_at is None or s.name in shown:
+            continue
+        shown.add(s.name)
+        took = (s.finished_at - s.started_at).total_seconds()
+        at = (s.finished_at - start).total_seconds()
+        colour = "green" if s.outcome == "ok" else "red"
+        console.print(
+            f"   [{colour}]{s.outcome:>6}[/{colour}] {s.name:<22} {took:7.2f}s  (t+{at:.1f}s) {s.detail}"
+        )

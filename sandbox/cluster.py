@@ -1,0 +1,238 @@
+"""`sandbox up | status | down`: bring a whole local cluster up, report on it, stop it.
+
+Order up: munged → Temporal dev server → slurmctld → one slurmd per node → worker.
+A daemon that does not become ready stops the whole start: everything already started
+is stopped again and the daemon's last log lines are shown.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import secrets
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from autoclusters.models import SlurmNode
+from autoclusters.slurm import parse_jobs, parse_nodes
+from sandbox import daemons
+from sandbox.config import GPUS_PER_NODE, SandboxConfig
+from sandbox.daemons import SandboxError
+from sandbox.processes import ProcessTable, kill_sessions, sessions_holding, wait_until
+from sandbox.slurm_files import gres_conf, slurm_conf
+from sandbox.vms import VmRegistry
+
+WORKER = "worker"
+
+
+@dataclass
+class UpResult:
+    already_running: bool
+    started: list[str] = field(default_factory=list)
+
+
+def slurmd_name(node: str) -> str:
+    return f"slurmd-{node}"
+
+
+def _order(cfg: SandboxConfig) -> list[str]:
+    return ["munged", "temporal", "slurmctld", *map(slurmd_name, cfg.node_names()), WORKER]
+
+
+def is_running(cfg: SandboxConfig) -> bool:
+    table = ProcessTable(cfg.state_dir)
+    return all(table.alive(name) for name in _order(cfg))
+
+
+def _prepare(cfg: SandboxConfig) -> None:
+    d = cfg.state_dir
+    for sub in ("munge", "log", "temporal", "slurm/ctld", "slurm/spool", "dev", "pids", "jobs"):
+        (d / sub).mkdir(parents=True, exist_ok=True)
+    # munged insists the socket's directory be reachable and the key private.
+    os.chmod(d / "munge", 0o755)
+    key = d / "munge" / "munge.key"
+    if not key.exists():
+        key.write_bytes(secrets.token_bytes(1024))
+        os.chmod(key, 0o400)
+    for i in range(GPUS_PER_NODE):
+        (d / "dev" / f"nvidia{i}").touch()
+    cfg.slurm_conf.write_text(slurm_conf(cfg))
+    (cfg.slurm_conf.parent / "gres.conf").write_text(gres_conf(cfg))
+    cfg.settings_file.write_text(cfg.settings_toml())
+    cfg.save()
+
+
+def sinfo(cfg: SandboxConfig) -> list[SlurmNode]:
+    r = subprocess.run(
+        [daemons.require("sinfo"), "--json"],
+        env={**os.environ, **daemons.slurm_env(cfg)},
+        capture_output=True,
+        timeout=15,
+    )
+    if r.returncode != 0:
+        return []
+    return parse_nodes(json.loads(r.stdout))
+
+
+def _nodes_registered(cfg: SandboxConfig) -> bool:
+    nodes = sinfo(cfg)
+    return len(nodes) == cfg.nodes and all(n.responding and n.slurmd_start_time for n in nodes)
+
+
+def _worker_polling(cfg: SandboxConfig) -> bool:
+    from temporalio.api.enums.v1 import TaskQueueType
+    from temporalio.api.taskqueue.v1 import TaskQueue
+    from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
+    from temporalio.client import Client
+
+    async def pollers() -> int:
+        client = await Client.connect(cfg.temporal_address)
+        resp = await client.workflow_service.describe_task_queue(
+            DescribeTaskQueueRequest(
+                namespace="default",
+                task_queue=TaskQueue(name=cfg.task_queue),
+                task_queue_type=TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW,
+            )
+        )
+        return len(resp.pollers)
+
+    return asyncio.run(pollers()) > 0
+
+
+def up(cfg: SandboxConfig, timeout_s: float = 60) -> UpResult:
+    table = ProcessTable(cfg.state_dir)
+    if cfg.record_file.exists():
+        running = SandboxConfig.load(cfg.state_dir)
+        if is_running(running):
+            return UpResult(already_running=True)
+        if any(table.alive(r.name) for r in table.records()):
+            raise SandboxError(
+                f"a sandbox in {cfg.state_dir} is partly running; "
+                "run `autoclusters sandbox down` first"
+            )
+    _prepare(cfg)
+    result = UpResult(already_running=False)
+    VmRegistry(cfg.state_dir).reset(cfg.node_names())
+    steps = [
+        ("munged", daemons.munged_argv(cfg), {}, lambda: daemons.munge_ready(cfg)),
+        (
+            "temporal",
+            daemons.temporal_argv(cfg),
+            {},
+            lambda: daemons.port_open(cfg.temporal_port) and daemons.port_open(cfg.temporal_ui_port),
+        ),
+        (
+            "slurmctld",
+            daemons.slurmctld_argv(cfg),
+            daemons.slurm_env(cfg),
+            lambda: bool(sinfo(cfg)),
+        ),
+    ]
+    try:
+        for name, argv, env, ready in steps:
+            _start(table, name, argv, env, ready, timeout_s, result)
+        for node in cfg.node_names():
+            table.spawn(slurmd_name(node), daemons.slurmd_argv(cfg, node), daemons.slurm_env(cfg))
+            result.started.append(slurmd_name(node))
+        if not wait_until(lambda: _nodes_registered(cfg), timeout_s, 0.5):
+            dead = [n for n in cfg.node_names() if not table.alive(slurmd_name(n))]
+            culprit = slurmd_name(dead[0]) if dead else slurmd_name(cfg.node_names()[0])
+            raise _not_ready(table, culprit, "the slurmd nodes did not all register")
+        _start(
+            table,
+            WORKER,
+            daemons.worker_argv(cfg),
+            daemons.worker_env(cfg),
+            lambda: _worker_polling(cfg),
+            timeout_s,
+            result,
+        )
+    except BaseException:
+        down(cfg)
+        raise
+    return result
+
+
+def _start(table, name, argv, env, ready, timeout_s, result) -> None:  # type: ignore[no-untyped-def]
+    table.spawn(name, argv, env)
+    result.started.append(name)
+
+    def ok() -> bool:
+        if not table.alive(name):
+            raise _not_ready(table, name, f"{name} exited")
+        try:
+            return bool(ready())
+        except Exception:
+            return False
+
+    if not wait_until(ok, timeout_s, 0.2):
+        raise _not_ready(table, name, f"{name} not ready after {timeout_s:.0f}s")
+
+
+def _not_ready(table: ProcessTable, name: str, why: str) -> SandboxError:
+    tail = table.log_tail(name)
+    return SandboxError(f"{why}; last lines of {table.log_dir / (name + '.out')}:\n{tail}")
+
+
+def cancel_all_jobs(cfg: SandboxConfig, timeout_s: float = 30) -> None:
+    """Jobs run in slurmstepd processes outside slurmd: end them before slurmd goes."""
+    env = {**os.environ, **daemons.slurm_env(cfg)}
+
+    def jobs_alive() -> bool:
+        r = subprocess.run(
+            [daemons.require("squeue"), "--json"], env=env, capture_output=True, timeout=15
+        )
+        if r.returncode != 0:
+            return False
+        return any(
+            j.job_state in ("RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED")
+            for j in parse_jobs(json.loads(r.stdout))
+        )
+
+    subprocess.run(
+        [daemons.require("scancel"), "--user", "root"], env=env, capture_output=True, timeout=15
+    )
+    wait_until(lambda: not jobs_alive(), timeout_s, 0.5)
+
+
+def down(cfg: SandboxConfig) -> list[str]:
+    """Stop exactly the processes this sandbox recorded, newest first; return their names."""
+    table = ProcessTable(cfg.state_dir)
+    if table.alive("slurmctld"):
+        cancel_all_jobs(cfg)
+    stopped = []
+    order = _order(cfg)
+    # Slurmd processes started by the sandbox cloud (replacements) are recorded too.
+    records = sorted(
+        table.records(),
+        key=lambda r: -order.index(r.name) if r.name in order else -len(order),
+    )
+    for rec in records:
+        if rec.name == "slurmctld":
+            # Job steps that outlived their slurmd (it was killed mid-job) go with the nodes.
+            kill_sessions(sessions_holding(cfg.state_dir / "slurm" / "spool"))
+        if table.stop(rec.name):
+            stopped.append(rec.name)
+    return stopped
+
+
+@dataclass
+class ProcessStatus:
+    name: str
+    pid: int
+    alive: bool
+
+
+def status(cfg: SandboxConfig) -> tuple[list[ProcessStatus], list[SlurmNode]]:
+    table = ProcessTable(cfg.state_dir)
+    procs = [ProcessStatus(r.name, r.pid, table.alive(r.name)) for r in table.records()]
+    nodes = sinfo(cfg) if table.alive("slurmctld") else []
+    return procs, nodes
+
+
+def load(state_dir: Path) -> SandboxConfig:
+    if not (state_dir / "sandbox.json").exists():
+        raise SandboxError(f"no sandbox in {state_dir}")
+    return SandboxConfig.load(state_dir)

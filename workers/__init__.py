@@ -1,0 +1,1 @@
+"""Worker entry points: settings → clients → activities → Temporal."""

@@ -1,0 +1,1 @@
+"""Deterministic workflow code only: no I/O, no clocks, no randomness outside Temporal's APIs."""
