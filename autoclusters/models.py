@@ -13,7 +13,7 @@ from typing import Literal
 from pydantic import BaseModel, Field, field_validator
 
 # XID_<n> from the driver, or a named fault such as GPU_FELL_OFF_BUS / IB_LINK_DOWN / MANUAL.
-FAULT_PATTERN = re.compile(r"^(XID_\d{1,3}|[A-Z][A-Z0-9_]{1,63})$")
+FAULT_PATTERN = re.compile(r"^(XID_\d{1,3}|(?!XID_)[A-Z][A-Z0-9_]{1,63})$")
 # Slurm node names as we accept them from outside: no spaces, no hostlist brackets.
 NODE_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 

@@ -149,7 +149,9 @@ def worker() -> None:
 
     s = _settings()
     logging.basicConfig(
-        level=s.log_level, format="%(asctime)s %(levelname)s %(name)s %(message)s", stream=sys.stdout
+        level=s.log_level,
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+        stream=sys.stdout,
     )
     asyncio.run(run(s))
 
@@ -223,7 +225,9 @@ def incident_list(
 
 @incident_app.command("show")
 def incident_show(
-    incident_id: Annotated[str, typer.Argument(help="Incident id, e.g. inc-20261129-201630-gpu-02.")],
+    incident_id: Annotated[
+        str, typer.Argument(help="Incident id, e.g. inc-20261129-201630-gpu-02.")
+    ],
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object.")] = False,
 ) -> None:
     """Show one incident: its steps with start and finish times."""
@@ -271,7 +275,9 @@ def _show(incident_id: str, as_json: bool) -> None:
 
 @app.command("demo")
 def demo(
-    as_json: Annotated[bool, typer.Option("--json", help="End with one JSON summary line.")] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="End with one JSON summary line.")
+    ] = False,
     keep: Annotated[bool, typer.Option(help="Leave the sandbox running afterwards.")] = False,
     state_dir: StateDir = DEFAULT_SANDBOX_DIR,
     port_base: Annotated[int, typer.Option(help="First of the sandbox's ports.")] = 17200,
@@ -282,9 +288,13 @@ def demo(
     from clients.demo import DemoError, run_demo
     from sandbox.config import SandboxConfig
 
-    cfg = SandboxConfig(state_dir=state_dir.absolute(), port_base=port_base, boot_delay_s=boot_delay)
+    cfg = SandboxConfig(
+        state_dir=state_dir.absolute(), port_base=port_base, boot_delay_s=boot_delay
+    )
     try:
-        summary = asyncio.run(run_demo(cfg, fault=fault, keep=keep, console=err if as_json else console))
+        summary = asyncio.run(
+            run_demo(cfg, fault=fault, keep=keep, console=err if as_json else console)
+        )
     except DemoError as e:
         err.print(f"[red]demo failed:[/red] {e}")
         raise typer.Exit(1) from None

@@ -9,22 +9,26 @@ from __future__ import annotations
 import asyncio
 import re
 import time
+from collections.abc import Awaitable, Callable
 from datetime import datetime
 from pathlib import Path
+from typing import TypeVar
 
 from pydantic import BaseModel
 from rich.console import Console
 from temporalio.client import WorkflowFailureError
 
+import sandbox
 from autoclusters import hostlist, temporal
 from autoclusters.models import IncidentState, SlurmJob
 from autoclusters.settings import Settings
 from autoclusters.slurm import SlurmCli
 from clients import incidents
-import sandbox
 from sandbox import cluster
 from sandbox.config import SandboxConfig
 from workflows.remediation import NodeRemediation
+
+T = TypeVar("T")
 
 
 class DemoError(RuntimeError):
@@ -56,7 +60,9 @@ class DemoSummary(BaseModel):
     steps: list[StepSummary]
 
 
-_LINE = re.compile(r"ts=(?P<ts>[\d.]+) node=(?P<node>\S+) restart=(?P<restart>\d+) step=(?P<step>\d+)")
+_LINE = re.compile(
+    r"ts=(?P<ts>[\d.]+) node=(?P<node>\S+) restart=(?P<restart>\d+) step=(?P<step>\d+)"
+)
 
 
 def first_progress_after_restart(log: Path, restart: int) -> float | None:
@@ -70,7 +76,9 @@ def first_progress_after_restart(log: Path, restart: int) -> float | None:
     return None
 
 
-async def _wait_for(what: str, check, timeout_s: float, interval_s: float = 0.5):  # type: ignore[no-untyped-def]
+async def _wait_for(
+    what: str, check: Callable[[], Awaitable[T | None]], timeout_s: float, interval_s: float = 0.5
+) -> T:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         value = await check()
@@ -88,7 +96,9 @@ async def run_demo(cfg: SandboxConfig, fault: str, keep: bool, console: Console)
     was_running = cluster.is_running(cfg) if cfg.record_file.exists() else False
     console.print(f"[bold]1. sandbox[/bold] in {cfg.state_dir} ({cfg.nodes} nodes)")
     res = await asyncio.to_thread(cluster.up, cfg)
-    console.print("   already running" if res.already_running else f"   started {', '.join(res.started)}")
+    console.print(
+        "   already running" if res.already_running else f"   started {', '.join(res.started)}"
+    )
     if res.already_running:
         cfg = SandboxConfig.load(cfg.state_dir)
     try:
@@ -163,7 +173,9 @@ async def _demo(cfg: SandboxConfig, fault: str, console: Console) -> DemoSummary
     node_after = await slurm.node(node)
     back = final.step("return_to_service")
     capacity = (
-        back.finished_at.timestamp() - fault_at if back and back.finished_at and status == "resolved" else None
+        back.finished_at.timestamp() - fault_at
+        if back and back.finished_at and status == "resolved"
+        else None
     )
     return DemoSummary(
         incident_id=opened.incident_id,
@@ -184,7 +196,9 @@ async def _demo(cfg: SandboxConfig, fault: str, console: Console) -> DemoSummary
                 name=s.name,
                 started_at=s.started_at,
                 finished_at=s.finished_at,
-                duration_s=(s.finished_at - s.started_at).total_seconds() if s.finished_at else None,
+                duration_s=(s.finished_at - s.started_at).total_seconds()
+                if s.finished_at
+                else None,
                 outcome=s.outcome,
             )
             for s in final.steps
@@ -192,9 +206,7 @@ async def _demo(cfg: SandboxConfig, fault: str, console: Console) -> DemoSummary
     )
 
 
-async def _restarted_job(
-    slurm: SlurmCli, job_id: int, log: Path
-) -> tuple[SlurmJob, float] | None:
+async def _restarted_job(slurm: SlurmCli, job_id: int, log: Path) -> tuple[SlurmJob, float] | None:
     job = await _job(slurm, job_id)
     if job is None or job.job_state != "RUNNING" or job.restart_cnt < 1:
         return None
@@ -211,6 +223,5 @@ def _print_new_steps(console: Console, state: IncidentState, shown: set[str]) ->
         took = (s.finished_at - s.started_at).total_seconds()
         at = (s.finished_at - start).total_seconds()
         colour = "green" if s.outcome == "ok" else "red"
-        console.print(
-            f"   [{colour}]{s.outcome:>6}[/{colour}] {s.name:<22} {took:7.2f}s  (t+{at:.1f}s) {s.detail}"
-        )
+        outcome = f"[{colour}]{s.outcome:>6}[/{colour}]"
+        console.print(f"   {outcome} {s.name:<22} {took:7.2f}s  (t+{at:.1f}s) {s.detail}")

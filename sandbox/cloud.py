@@ -59,11 +59,12 @@ class SandboxCloud:
         if remaining > 0:
             await asyncio.sleep(remaining)
         if not self._table.alive(name):
-            self._table.spawn(name, daemons.slurmd_argv(self._cfg, node), daemons.slurm_env(self._cfg))
+            self._table.spawn(
+                name, daemons.slurmd_argv(self._cfg, node), daemons.slurm_env(self._cfg)
+            )
         rec.vm_id, op.state = op.new_vm_id, "SUCCEEDED"
         self._vms.save(rec)
         return _result(node, op)
-
 
     def _power_off(self, node: str) -> None:
         """The old machine disappears: its slurmd and every job step still running on it."""

@@ -12,6 +12,7 @@ import json
 import os
 import secrets
 import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -121,7 +122,9 @@ def up(cfg: SandboxConfig, timeout_s: float = 60) -> UpResult:
             "temporal",
             daemons.temporal_argv(cfg),
             {},
-            lambda: daemons.port_open(cfg.temporal_port) and daemons.port_open(cfg.temporal_ui_port),
+            lambda: (
+                daemons.port_open(cfg.temporal_port) and daemons.port_open(cfg.temporal_ui_port)
+            ),
         ),
         (
             "slurmctld",
@@ -155,7 +158,15 @@ def up(cfg: SandboxConfig, timeout_s: float = 60) -> UpResult:
     return result
 
 
-def _start(table, name, argv, env, ready, timeout_s, result) -> None:  # type: ignore[no-untyped-def]
+def _start(
+    table: ProcessTable,
+    name: str,
+    argv: list[str],
+    env: dict[str, str],
+    ready: Callable[[], bool],
+    timeout_s: float,
+    result: UpResult,
+) -> None:
     table.spawn(name, argv, env)
     result.started.append(name)
 

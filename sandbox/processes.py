@@ -57,7 +57,8 @@ class ProcessTable:
         if not self.dir.exists():
             return []
         return [
-            ProcessRecord.model_validate_json(p.read_text()) for p in sorted(self.dir.glob("*.json"))
+            ProcessRecord.model_validate_json(p.read_text())
+            for p in sorted(self.dir.glob("*.json"))
         ]
 
     def alive(self, name: str) -> bool:

@@ -71,6 +71,8 @@ class FakeSlurm:
         requeue: bool = True,
         batch_flag: bool = True,
         name: str = "train",
+        restart_cnt: int = 0,
+        admin_comment: str = "",
     ) -> SlurmJob:
         job = SlurmJob(
             job_id=job_id,
@@ -80,6 +82,8 @@ class FakeSlurm:
             requeue=requeue,
             batch_flag=batch_flag,
             state_reason="None",
+            restart_cnt=restart_cnt,
+            admin_comment=admin_comment,
         )
         self._jobs[job_id] = job
         for n in hostlist.expand(nodes):
@@ -157,9 +161,7 @@ class FakeSlurm:
     async def jobs_on_node(self, name: str) -> list[SlurmJob]:
         self.calls["jobs_on_node"] += 1
         return [
-            j.model_copy(deep=True)
-            for j in self._jobs.values()
-            if name in hostlist.expand(j.nodes)
+            j.model_copy(deep=True) for j in self._jobs.values() if name in hostlist.expand(j.nodes)
         ]
 
     async def drain(self, node: str, reason: str) -> None:
@@ -187,7 +189,9 @@ class FakeSlurm:
         self.calls["requeue"] += 1
         job = self._job(job_id)
         if not (job.requeue and job.batch_flag):
-            raise SlurmError(f"scontrol requeue {job_id}: Requested operation is presently disabled")
+            raise SlurmError(
+                f"scontrol requeue {job_id}: Requested operation is presently disabled"
+            )
         if job.job_state not in _REQUEUEABLE_STATES:
             raise SlurmError(f"scontrol requeue {job_id}: Job is pending execution")
         was_on = hostlist.expand(job.nodes)

@@ -21,7 +21,6 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
-from fakes import FakeCloud, FakeSlurm, RecordingNotifier
 from temporalio.client import WorkflowFailureError, WorkflowHandle
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.exceptions import ActivityError, ApplicationError, RetryState
@@ -32,6 +31,7 @@ from activities.notify import NotifyActivities
 from activities.slurm import SlurmActivities
 from autoclusters import binpaths
 from autoclusters.models import IncidentRequest, IncidentState, RequeueInput, workflow_id
+from tests.fakes import FakeCloud, FakeSlurm, RecordingNotifier
 from workers.remediation import activities_for
 from workflows.remediation import RETRY, NodeRemediation
 
@@ -235,9 +235,7 @@ async def test_retried_requeue_does_not_requeue_twice(env: WorkflowEnvironment) 
 
 async def test_return_to_service_leaves_foreign_drain_alone(env: WorkflowEnvironment) -> None:
     admin_reason = "hca flapping, keep out -- alice"
-    slurm, cloud, notifier = _cluster(
-        cloud=lambda s: FakeCloud(s, admin_drain_reason=admin_reason)
-    )
+    slurm, cloud, notifier = _cluster(cloud=lambda s: FakeCloud(s, admin_drain_reason=admin_reason))
     req = _request()
     async with _incident(env, req, slurm=slurm, cloud=cloud, notifier=notifier) as handle:
         with pytest.raises(WorkflowFailureError) as caught:
@@ -307,6 +305,7 @@ async def test_unknown_node_fails_at_once(env: WorkflowEnvironment) -> None:
     async with _incident(env, req, slurm=slurm, cloud=cloud, notifier=notifier) as handle:
         with pytest.raises(WorkflowFailureError) as caught:
             await handle.result()
+        state = await handle.query(NodeRemediation.status)
 
     act = _cause(caught.value, ActivityError)
     assert isinstance(act, ActivityError)
@@ -320,3 +319,9 @@ async def test_unknown_node_fails_at_once(env: WorkflowEnvironment) -> None:
     assert slurm.calls["drain"] == 0
     assert slurm.log == []
     assert cloud.replace_calls == []
+    # The incident is closed as failed and a human hears of it.
+    assert state is not None
+    assert state.status == "failed"
+    assert [s.name for s in state.steps] == ["notify_opened", "drain", "notify_failed"]
+    assert notifier.events == ["opened", "failed"]
+    assert "gpu-99 not drained" in notifier.notes[-1].text

@@ -46,7 +46,9 @@ def activities_for(slurm: SlurmClient, cloud: CloudProvider) -> list[Any]:
     ]
 
 
-def build_worker(client: Client, settings: Settings, slurm: SlurmClient, cloud: CloudProvider) -> Worker:
+def build_worker(
+    client: Client, settings: Settings, slurm: SlurmClient, cloud: CloudProvider
+) -> Worker:
     return Worker(
         client,
         task_queue=settings.task_queue,

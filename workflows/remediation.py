@@ -50,42 +50,44 @@ NOTIFY_RETRY = RetryPolicy(maximum_attempts=3)
 
 @workflow.defn
 class NodeRemediation:
-    def __init__(self) -> None:
-        self._state: IncidentState | None = None
+    @workflow.init
+    def __init__(self, req: IncidentRequest) -> None:
+        # Built from the input so the `status` query answers from the first moment.
+        self._state = IncidentState(request=req)
 
     @workflow.query
-    def status(self) -> IncidentState | None:
+    def status(self) -> IncidentState:
         return self._state
 
     @workflow.run
     async def run(self, req: IncidentRequest) -> IncidentState:
-        self._state = state = IncidentState(request=req)
+        state = self._state
         t = req.timeouts
         slurm = timedelta(seconds=t.slurm_step_s)
 
         await self._notify("opened", f"fault {req.fault} on {req.node}; remediation started")
-        await self._step(
-            "drain",
-            lambda: workflow.execute_activity_method(
-                SlurmActivities.drain_node,
-                DrainInput(node=req.node, reason=drain_reason(req.incident_id, req.fault)),
-                start_to_close_timeout=slurm,
-                retry_policy=RETRY,
-            ),
-        )
-        requeued = await self._step(
-            "requeue",
-            lambda: workflow.execute_activity_method(
-                SlurmActivities.requeue_jobs,
-                RequeueInput(node=req.node, incident_id=req.incident_id),
-                start_to_close_timeout=slurm,
-                retry_policy=RETRY,
-            ),
-            detail=lambda r: f"requeued {r.requeued or 'no jobs'}",
-        )
-        state.requeued_jobs = requeued.requeued
-
         try:
+            await self._step(
+                "drain",
+                lambda: workflow.execute_activity_method(
+                    SlurmActivities.drain_node,
+                    DrainInput(node=req.node, reason=drain_reason(req.incident_id, req.fault)),
+                    start_to_close_timeout=slurm,
+                    retry_policy=RETRY,
+                ),
+            )
+            requeued = await self._step(
+                "requeue",
+                lambda: workflow.execute_activity_method(
+                    SlurmActivities.requeue_jobs,
+                    RequeueInput(node=req.node, incident_id=req.incident_id),
+                    start_to_close_timeout=slurm,
+                    retry_policy=RETRY,
+                ),
+                detail=lambda r: f"requeued {r.requeued or 'no jobs'}",
+            )
+            state.requeued_jobs = requeued.requeued
+
             repair = await self._step(
                 "repair",
                 lambda: workflow.execute_activity_method(
@@ -115,9 +117,12 @@ class NodeRemediation:
             cause = err.cause if isinstance(err, ActivityError) and err.cause else err
             state.status, state.error = "failed", str(cause)
             state.closed_at = workflow.now()
-            await self._notify("failed", f"{cause}; {req.node} left drained, needs a human")
+            drain = state.step("drain")
+            left = "left drained" if drain and drain.outcome == "ok" else "not drained"
+            await self._notify("failed", f"{cause}; {req.node} {left}, needs a human")
             raise ApplicationError(
-                f"remediation of {req.node} failed: {cause}", type="RemediationFailed",
+                f"remediation of {req.node} failed: {cause}",
+                type="RemediationFailed",
                 non_retryable=True,
             ) from err
 
@@ -145,7 +150,6 @@ class NodeRemediation:
         detail: Callable[[T], str] | None = None,
     ) -> T:
         """Run one runbook step and record it on the timeline, whatever its outcome."""
-        assert self._state is not None
         rec = StepRecord(name=name, started_at=workflow.now())
         self._state.steps.append(rec)
         self._state.current_step = name
@@ -162,7 +166,6 @@ class NodeRemediation:
         return out
 
     async def _notify(self, event: str, text: str) -> None:
-        assert self._state is not None
         req = self._state.request
         note = Notification(
             incident_id=req.incident_id,
@@ -187,7 +190,6 @@ class NodeRemediation:
             workflow.logger.warning("notification %s for %s failed", event, req.incident_id)
 
     def _timeline_text(self) -> str:
-        assert self._state is not None
         start = self._state.request.opened_at
         parts: list[Any] = []
         for s in self._state.steps:

@@ -1,0 +1,31 @@
+# `make demo` and `make test` do all the set-up on a fresh Debian machine (run as root, or
+# install Slurm and munge first: scripts/system-deps.sh says how).
+VENV ?= .venv
+PYTHON ?= python3
+BIN := $(VENV)/bin
+
+.PHONY: demo test lint unit system-deps install clean
+
+$(BIN)/autoclusters: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[dev]'
+	@touch $@
+
+install: $(BIN)/autoclusters
+
+system-deps:
+	@scripts/system-deps.sh
+
+demo: system-deps install
+	$(BIN)/autoclusters demo
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+test: system-deps install lint
+	$(BIN)/pytest
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info

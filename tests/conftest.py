@@ -1,0 +1,101 @@
+"""Shared fixtures: one real sandbox (Temporal dev server, munge, Slurm, a worker) per run.
+
+The sandbox gets its own state dir and free ports so it never collides with a user's
+demo sandbox, and is stopped by PID at the end; the fixture then checks that nothing it
+recorded is still alive.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import socket
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+from temporalio.client import Client
+
+from autoclusters import temporal
+from autoclusters.settings import Settings
+from autoclusters.slurm import SlurmCli
+from sandbox import cluster
+from sandbox.config import SandboxConfig
+from sandbox.processes import ProcessTable
+
+
+def free_port_base(span: int = 20) -> int:
+    """A base port with `span` free ports after it, so parallel sandboxes never collide."""
+    for _ in range(200):
+        base = random.randrange(20000, 40000, 50)
+        ok = True
+        for port in range(base, base + span):
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    ok = False
+                    break
+        if ok:
+            return base
+    raise RuntimeError("no free port range")
+
+
+@pytest.fixture(scope="session")
+def sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SandboxConfig]:
+    cfg = SandboxConfig(
+        state_dir=tmp_path_factory.mktemp("sandbox"),
+        cluster="test",
+        nodes=4,
+        port_base=free_port_base(),
+        boot_delay_s=3,
+    )
+    cluster.up(cfg)
+    table = ProcessTable(cfg.state_dir)
+    yield cfg
+    recorded = table.records()
+    cluster.down(cfg)
+    left = [r for r in recorded if _alive(r.pid, r.start_ticks)]
+    assert not left, f"sandbox processes still alive after down: {left}"
+
+
+def _alive(pid: int, ticks: int) -> bool:
+    from sandbox.processes import _start_ticks
+
+    return _start_ticks(pid) == ticks
+
+
+@pytest.fixture(scope="session")
+def sandbox_settings(sandbox: SandboxConfig) -> Settings:
+    return Settings(
+        temporal_address=sandbox.temporal_address,
+        task_queue=sandbox.task_queue,
+        cluster=sandbox.cluster,
+        slurm_conf=sandbox.slurm_conf,
+        sandbox_state_dir=sandbox.state_dir,
+        boot_delay_s=sandbox.boot_delay_s,
+    )
+
+
+@pytest_asyncio.fixture(scope="session")
+async def sandbox_client(sandbox_settings: Settings) -> AsyncIterator[Client]:
+    yield await temporal.connect(sandbox_settings)
+
+
+@pytest.fixture(scope="session")
+def slurm(sandbox: SandboxConfig) -> SlurmCli:
+    return SlurmCli(sandbox.slurm_conf)
+
+
+@pytest.fixture
+def cli_env(sandbox: SandboxConfig) -> dict[str, str]:
+    """Environment for running the real `autoclusters` CLI against the test sandbox."""
+    return {
+        **os.environ,
+        "AUTOCLUSTERS_CONFIG": str(sandbox.settings_file),
+        "SLURM_CONF": str(sandbox.slurm_conf),
+    }
+
+
+JOB_SCRIPT = Path(__file__).resolve().parent.parent / "sandbox" / "jobs" / "progress.sh"

@@ -1,0 +1,66 @@
+"""Small test helpers: await a condition (never a bare sleep), submit the progress job."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import time
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+from autoclusters.models import SlurmJob
+from autoclusters.slurm import SlurmCli
+from sandbox.config import SandboxConfig
+
+T = TypeVar("T")
+
+JOB_SCRIPT = os.path.join(os.path.dirname(__file__), "..", "sandbox", "jobs", "progress.sh")
+
+
+async def eventually(
+    check: Callable[[], Awaitable[T | None]], timeout_s: float = 30, what: str = "condition"
+) -> T:
+    """Poll `check` until it returns something truthy; fail the test after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = await check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+        await asyncio.sleep(0.2)
+
+
+def submit_progress_job(cfg: SandboxConfig, *extra: str) -> int:
+    out = subprocess.run(
+        [
+            "sbatch",
+            "--parsable",
+            f"--output={cfg.state_dir}/jobs/progress-%j.log",
+            *extra,
+            JOB_SCRIPT,
+        ],
+        env={**os.environ, "SLURM_CONF": str(cfg.slurm_conf)},
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return int(out.strip().split(";")[0])
+
+
+async def job(slurm: SlurmCli, job_id: int) -> SlurmJob | None:
+    return next((j for j in await slurm.jobs() if j.job_id == job_id), None)
+
+
+async def running(slurm: SlurmCli, job_id: int) -> SlurmJob | None:
+    j = await job(slurm, job_id)
+    return j if j and j.job_state == "RUNNING" else None
+
+
+def cancel(cfg: SandboxConfig, job_id: int) -> None:
+    subprocess.run(
+        ["scancel", str(job_id)],
+        env={**os.environ, "SLURM_CONF": str(cfg.slurm_conf)},
+        check=True,
+    )

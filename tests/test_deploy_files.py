@@ -1,0 +1,41 @@
+"""docker-compose.yml cannot run here (no Docker engine), so check what it promises:
+its services, images, ports, and that the commands it runs exist in the project."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from autoclusters.temporal import SEARCH_ATTRIBUTES
+from clients.cli import app
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _compose() -> dict:  # type: ignore[type-arg]
+    return yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+
+
+def test_compose_runs_temporal_with_our_search_attributes() -> None:
+    temporal = _compose()["services"]["temporal"]
+    assert temporal["image"].startswith("temporalio/temporal:")
+    assert {"7233:7233", "8233:8233"} <= {p.split(" ")[0] for p in temporal["ports"]}
+    declared = {
+        a.split("=", 1)[1] for a in temporal["command"] if a.startswith("--search-attribute=")
+    }
+    assert declared == {f"{k.name}=Keyword" for k in SEARCH_ATTRIBUTES}
+
+
+def test_compose_worker_runs_a_real_cli_command_from_a_buildable_image() -> None:
+    worker = _compose()["services"]["worker"]
+    commands = {c.name or c.callback.__name__ for c in app.registered_commands}  # type: ignore[union-attr]
+    assert worker["command"][0] in commands
+    assert worker["depends_on"]["temporal"]["condition"] == "service_healthy"
+    dockerfile = (ROOT / worker["build"] / "Dockerfile").read_text()
+    for line in dockerfile.splitlines():
+        if line.startswith("COPY "):
+            for src in line.split()[1:-1]:
+                assert (ROOT / src).exists(), f"Dockerfile copies missing {src}"
+    env = worker["environment"]
+    assert env["AUTOCLUSTERS_TEMPORAL_ADDRESS"] == "temporal:7233"

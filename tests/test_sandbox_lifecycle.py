@@ -1,0 +1,107 @@
+"""The sandbox's own promises, on real daemons:
+
+- `up` on a running sandbox is a no-op that says so;
+- a second sandbox (own state dir and ports) runs beside the first;
+- a daemon that cannot start stops the whole start, everything started is stopped again,
+  and its log lines are in the error;
+- `down` stops exactly the recorded PIDs, and nothing of the sandbox is left running.
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sandbox import cluster
+from sandbox.config import SandboxConfig
+from sandbox.daemons import SandboxError
+from sandbox.processes import ProcessTable, _start_ticks
+from tests.conftest import free_port_base
+
+CLI = [sys.executable, "-m", "clients.cli", "sandbox"]
+
+
+def _no_recorded_process_alive(records: list) -> bool:  # type: ignore[type-arg]
+    return all(_start_ticks(r.pid) != r.start_ticks for r in records)
+
+
+def test_up_again_is_a_noop(sandbox: SandboxConfig) -> None:
+    table = ProcessTable(sandbox.state_dir)
+    pids = {r.name: r.pid for r in table.records()}
+    again = cluster.up(sandbox)
+    assert again.already_running and not again.started
+    assert {r.name: r.pid for r in table.records()} == pids
+
+
+def test_second_sandbox_beside_the_first_via_cli(sandbox: SandboxConfig, tmp_path: Path) -> None:
+    state = tmp_path / "second"
+    base = free_port_base()
+    up = subprocess.run(
+        [*CLI, "up", "--nodes", "2", "--state-dir", str(state), "--port-base", str(base),
+         "--cluster", "second"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    try:
+        assert up.returncode == 0, up.stderr + up.stdout
+        assert f"http://127.0.0.1:{base + 1}" in up.stdout
+        again = subprocess.run(
+            [*CLI, "up", "--nodes", "2", "--state-dir", str(state), "--port-base", str(base)],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert again.returncode == 0 and "already running" in again.stdout
+        status = subprocess.run(
+            [*CLI, "status", "--state-dir", str(state)], capture_output=True, text=True, timeout=60
+        )
+        assert status.returncode == 0
+        assert "gpu-02" in status.stdout and "IDLE" in status.stdout
+        # The first sandbox is untouched.
+        assert cluster.is_running(sandbox)
+    finally:
+        records = ProcessTable(state).records()
+        down = subprocess.run(
+            [*CLI, "down", "--state-dir", str(state)], capture_output=True, text=True, timeout=120
+        )
+    assert down.returncode == 0, down.stderr
+    assert records and _no_recorded_process_alive(records)
+    assert cluster.is_running(sandbox)
+
+
+def test_failed_start_is_cleaned_up_and_shows_the_log(tmp_path: Path) -> None:
+    base = free_port_base()
+    cfg = SandboxConfig(state_dir=tmp_path / "broken", nodes=2, port_base=base, cluster="broken")
+    # Something else already holds slurmctld's port: slurmctld cannot start.
+    with socket.socket() as squatter:
+        squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        squatter.bind(("0.0.0.0", cfg.slurmctld_port))
+        squatter.listen()
+        with pytest.raises(SandboxError) as err:
+            cluster.up(cfg, timeout_s=20)
+    msg = str(err.value)
+    assert "slurmctld" in msg
+    assert "last lines of" in msg and "slurmctld.out" in msg
+    table = ProcessTable(cfg.state_dir)
+    assert table.records() == []  # munged and temporal were started, then stopped again
+    assert _processes_mentioning(str(cfg.state_dir)) == []
+
+
+def _processes_mentioning(text: str) -> list[str]:
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except (FileNotFoundError, ProcessLookupError, NotADirectoryError, PermissionError):
+            continue
+        if text in cmd and _start_ticks(int(proc.name)) is not None:
+            found.append(cmd)
+    return found
+
+
+def test_down_without_sandbox_says_so(tmp_path: Path) -> None:
+    r = subprocess.run(
+        [*CLI, "down", "--state-dir", str(tmp_path / "none")], capture_output=True, text=True
+    )
+    assert r.returncode == 1 and "no sandbox" in r.stderr
