@@ -16,6 +16,8 @@ from typing import Any, Protocol
 from autoclusters import hostlist
 from autoclusters.models import SlurmJob, SlurmNode
 
+RESTART_GRACE_S = 2
+
 
 class SlurmError(RuntimeError):
     """A Slurm command failed; the message carries the command and what Slurm said."""
@@ -151,8 +153,11 @@ class SlurmCli:
         await self._run("scontrol", "requeue", str(job_id))
 
     async def release_hold(self, job_id: int) -> None:
-        # A requeued batch job waits ~2 minutes (Reason=BeginTime); start it now instead.
-        await self._run("scontrol", "update", f"JobId={job_id}", "StartTime=now")
+        # A requeued batch job waits ~2 minutes (Reason=BeginTime); start it almost at once
+        # instead. Not *at* once: slurmd revokes the old run's credential with one-second
+        # resolution, and a restart within that same second on a node of the old
+        # allocation is killed as "Job credential revoked" and the job FAILS.
+        await self._run("scontrol", "update", f"JobId={job_id}", f"StartTime=now+{RESTART_GRACE_S}")
 
     async def set_admin_comment(self, job_id: int, text: str) -> None:
         await self._run("scontrol", "update", f"JobId={job_id}", f"AdminComment={text}")
