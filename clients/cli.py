@@ -298,8 +298,36 @@ def demo(
     except DemoError as e:
         err.print(f"[red]demo failed:[/red] {e}")
         raise typer.Exit(1) from None
+    _print_summary(summary, err if as_json else console)
     if as_json:
         print(summary.model_dump_json())
+
+
+def _print_summary(summary: Any, out: Console) -> None:
+    def secs(v: float | None) -> str:
+        return f"{v:.1f} s" if v is not None else "n/a"
+
+    out.print()
+    out.print(f"[bold]incident[/bold]           {summary.incident_id} ({summary.status})")
+    out.print(f"node / fault       {summary.node} / {summary.fault}")
+    out.print(
+        f"[bold]job recovery[/bold]       {secs(summary.job_recovery_s)}  "
+        "(fault → the job logs progress again)"
+    )
+    out.print(
+        f"[bold]capacity recovery[/bold]  {secs(summary.capacity_recovery_s)}  "
+        f"(fault → node back in service; boot delay {summary.boot_delay_s:.0f} s)"
+    )
+    out.print(
+        f"job {summary.job_id}             restarts {summary.job_restarts}: "
+        f"{', '.join(summary.job_nodes_before)} → {', '.join(summary.job_nodes_after)}"
+    )
+    out.print(f"node after         {summary.node_state_after}")
+    t = Table("step", "outcome", "seconds")
+    for st in summary.steps:
+        t.add_row(st.name, st.outcome, f"{st.duration_s:.2f}" if st.duration_s is not None else "")
+    out.print(t)
+    out.print(f"Temporal UI        {summary.temporal_ui}")
 
 
 def main() -> None:
