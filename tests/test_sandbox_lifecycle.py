@@ -9,6 +9,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 import socket
 import subprocess
 import sys
@@ -68,6 +70,33 @@ def test_second_sandbox_beside_the_first_via_cli(sandbox: SandboxConfig, tmp_pat
     assert down.returncode == 0, down.stderr
     assert records and _no_recorded_process_alive(records)
     assert cluster.is_running(sandbox)
+
+
+def test_incident_history_survives_a_restart(tmp_path: Path) -> None:
+    state = tmp_path / "restart"
+    args = ["--nodes", "2", "--state-dir", str(state), "--port-base", str(free_port_base())]
+    env = {**os.environ, "AUTOCLUSTERS_CONFIG": str(state / "autoclusters.toml")}
+    incident = [sys.executable, "-m", "clients.cli", "incident"]
+    try:
+        assert subprocess.run([*CLI, "up", *args, "--boot-delay", "1"], timeout=120).returncode == 0
+        opened = subprocess.run(
+            [*incident, "open", "--node", "gpu-01", "--fault", "XID_48", "--wait"],
+            env=env, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert opened.returncode == 0, opened.stderr
+        incident_id = opened.stdout.split()[1]
+        assert (
+            subprocess.run([*CLI, "down", "--state-dir", str(state)], timeout=120).returncode == 0
+        )
+        assert subprocess.run([*CLI, "up", *args], timeout=120).returncode == 0
+        shown = subprocess.run(
+            [*incident, "show", incident_id, "--json"],
+            env=env, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert shown.returncode == 0, shown.stderr
+        assert json.loads(shown.stdout)["status"] == "resolved"
+    finally:
+        subprocess.run([*CLI, "down", "--state-dir", str(state)], timeout=120)
 
 
 def test_failed_start_is_cleaned_up_and_shows_the_log(tmp_path: Path) -> None:
