@@ -1,0 +1,30 @@
+"""Running incidents survive a new worker: every checked-in history of an earlier
+NodeRemediation version replays against the current code without nondeterminism.
+
+Record a version's histories before changing the workflow: `python -m tests.histories.record vN`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from temporalio.client import WorkflowHistory
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.worker import Replayer
+
+from workflows.remediation import NodeRemediation
+
+HISTORIES = sorted((Path(__file__).parent / "histories").glob("remediation_*.json"))
+
+
+def test_there_are_histories_to_replay() -> None:
+    assert any("_v1_" in p.name for p in HISTORIES)
+
+
+@pytest.mark.parametrize("path", HISTORIES, ids=[p.stem for p in HISTORIES])
+async def test_history_replays(path: Path) -> None:
+    replayer = Replayer(workflows=[NodeRemediation], data_converter=pydantic_data_converter)
+    history = WorkflowHistory.from_json(path.stem, path.read_text())
+    result = await replayer.replay_workflow(history, raise_on_replay_failure=False)
+    assert result.replay_failure is None, result.replay_failure
