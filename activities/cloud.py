@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import AsyncIterator
 
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from autoclusters.cloud import CloudError, CloudProvider
-from autoclusters.models import ReplaceInput, ReplaceResult
+from autoclusters.models import RepairInput, RepairResult, ReplaceInput, ReplaceResult
 
 
 class CloudActivities:
@@ -17,18 +18,29 @@ class CloudActivities:
         self._provider = provider
         self._heartbeat_s = heartbeat_s
 
+    @activity.defn(name="repair_node")
+    async def repair_node(self, inp: RepairInput) -> RepairResult:
+        async with self._heartbeating(f"{inp.rung.value} {inp.node}"):
+            return await self._provider.repair(inp.node, inp.rung, idempotency_key=inp.key)
+
     @activity.defn(name="replace_node")
     async def replace_node(self, inp: ReplaceInput) -> ReplaceResult:
-        # A replacement takes minutes (the new VM boots); heartbeat so a dead worker is
-        # noticed in seconds, and so the workflow can cancel it.
+        """The first runbook's repair; kept for incidents started under it."""
+        async with self._heartbeating(f"replacing {inp.node}"):
+            return await self._provider.replace(inp.node, idempotency_key=inp.incident_id)
+
+    @contextlib.asynccontextmanager
+    async def _heartbeating(self, what: str) -> AsyncIterator[None]:
+        # A reboot or replacement takes minutes (the machine boots); heartbeat so a dead
+        # worker is noticed in seconds, and so the workflow can cancel it.
         async def beat() -> None:
             while True:
-                activity.heartbeat(f"replacing {inp.node}")
+                activity.heartbeat(what)
                 await asyncio.sleep(self._heartbeat_s)
 
         beater = asyncio.create_task(beat())
         try:
-            return await self._provider.replace(inp.node, idempotency_key=inp.incident_id)
+            yield
         except CloudError as e:
             raise ApplicationError(str(e), type="CloudError") from e
         finally:

@@ -18,12 +18,16 @@ from autoclusters.models import (
     ReturnResult,
     SlurmJob,
     SlurmNode,
+    WaitIdleInput,
+    WaitIdleResult,
     WaitRegisteredInput,
 )
 from autoclusters.slurm import SlurmClient
 
 # Jobs that hold the node's resources and can be requeued.
 _ACTIVE = {"RUNNING", "CONFIGURING", "SUSPENDED"}
+# Jobs with processes on the node: a repair under them would kill them.
+_BUSY = _ACTIVE | {"COMPLETING"}
 
 
 def requeue_marker(incident_id: str, restart_cnt: int) -> str:
@@ -127,6 +131,34 @@ class SlurmActivities:
             else:
                 answering_since = None
             activity.heartbeat(node.display_state)
+            await asyncio.sleep(inp.poll_s)
+
+    @activity.defn(name="wait_node_idle")
+    async def wait_node_idle(self, inp: WaitIdleInput) -> WaitIdleResult:
+        """Never repair under a running job: wait until the node runs none, or force.
+
+        Force cancels what still runs when the time is up; without it the step fails
+        (non-retryable) and the node stays drained for a human.
+        """
+        start = time.monotonic()
+        while True:
+            busy = [
+                j.job_id for j in await self._slurm.jobs_on_node(inp.node) if j.job_state in _BUSY
+            ]
+            waited = time.monotonic() - start
+            if not busy:
+                return WaitIdleResult(waited_s=waited)
+            if waited >= inp.timeout_s:
+                if not inp.force:
+                    raise ApplicationError(
+                        f"{inp.node} still runs jobs {busy} after {inp.timeout_s:.0f}s",
+                        type="NodeBusy",
+                        non_retryable=True,
+                    )
+                for job_id in busy:
+                    await self._slurm.cancel(job_id)
+                return WaitIdleResult(waited_s=waited, cancelled=busy)
+            activity.heartbeat(f"jobs {busy} still running")
             await asyncio.sleep(inp.poll_s)
 
     @activity.defn(name="return_to_service")

@@ -1,4 +1,4 @@
-"""The cloud provider interface: how a node's machine is repaired or replaced.
+"""The cloud provider interface: how a node's machine is reset, rebooted or replaced.
 
 Implementations: `sandbox.cloud.SandboxCloud` (local slurmd processes stand in for VMs).
 The Crusoe Cloud provider arrives with the Crusoe API work.
@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from autoclusters.models import ReplaceResult
+from autoclusters.models import RepairResult, ReplaceResult
+from autoclusters.policy import Rung
 
 
 class CloudError(RuntimeError):
@@ -20,6 +21,13 @@ class CloudProvider(Protocol):
         """The id of the machine currently behind `node`."""
         ...
 
+    async def repair(self, node: str, rung: Rung, idempotency_key: str) -> RepairResult:
+        """Reset the node's GPUs, reboot its machine, or replace the machine.
+
+        The same key never repairs twice: a retried call returns the first call's result.
+        """
+        ...
+
     async def replace(self, node: str, idempotency_key: str) -> ReplaceResult:
-        """Swap the node's machine for a fresh one; the same key never replaces twice."""
+        """Swap the node's machine for a fresh one (the first runbook's single repair)."""
         ...

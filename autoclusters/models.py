@@ -6,16 +6,13 @@ added later with defaults without breaking running incidents.
 
 from __future__ import annotations
 
-import re
 from datetime import datetime
 from typing import Literal
 
 from pydantic import BaseModel, Field, field_validator
 
-# XID_<n> from the driver, or a named fault such as GPU_FELL_OFF_BUS / IB_LINK_DOWN / MANUAL.
-FAULT_PATTERN = re.compile(r"^(XID_\d{1,3}|(?!XID_)[A-Z][A-Z0-9_]{1,63})$")
-# Slurm node names as we accept them from outside: no spaces, no hostlist brackets.
-NODE_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+from autoclusters.faults import FAULT_PATTERN, NODE_PATTERN
+from autoclusters.policy import Policy, Rung
 
 REASON_PREFIX = "autoclusters:"
 
@@ -36,6 +33,7 @@ class RemediationTimeouts(BaseModel):
     slurm_step_s: float = 60
     repair_s: float = 900
     wait_registered_s: float = 600
+    admission_poll_s: float = 30  # how often a held incident asks the fleet guard again
 
 
 class IncidentRequest(BaseModel):
@@ -46,6 +44,8 @@ class IncidentRequest(BaseModel):
     opened_at: datetime
     opened_by: str = "cli"
     timeouts: RemediationTimeouts = Field(default_factory=RemediationTimeouts)
+    # The policy this incident runs under (a snapshot; None: the built-in defaults).
+    policy: Policy | None = None
 
     @field_validator("fault")
     @classmethod
@@ -73,7 +73,70 @@ class StepRecord(BaseModel):
     detail: str = ""
 
 
-IncidentStatus = Literal["open", "resolved", "failed"]
+# open: in progress; resolved: node back in service; failed: left drained, a human paged;
+# rejected: a human said no, left drained; observed: observe mode, nothing touched;
+# monitored: the fault only warrants watching, the node stayed in service.
+IncidentStatus = Literal["open", "resolved", "failed", "rejected", "observed", "monitored"]
+
+
+class FaultSeen(BaseModel):
+    fault: str
+    source: str
+    first_at: datetime
+    last_at: datetime
+    count: int = 1
+
+
+class FaultReport(BaseModel):
+    """An alert for a node: opens its incident, or joins the one already open."""
+
+    incident_id: str  # the id a new incident would get
+    fault: str
+    source: str = "cli"
+    at: datetime
+
+    @field_validator("fault")
+    @classmethod
+    def _fault_kind(cls, v: str) -> str:
+        if not FAULT_PATTERN.match(v):
+            raise ValueError(f"fault {v!r} is not a fault kind such as XID_79 or GPU_FELL_OFF_BUS")
+        return v
+
+
+class FaultAck(BaseModel):
+    incident_id: str
+    joined: bool  # True: the node already had this incident open
+    rung: str | None
+    status: str
+
+
+class ApprovalRequest(BaseModel):
+    step: str  # the rung waiting for a decision: reset_gpu, reboot, replace
+    approver: str
+    comment: str = ""
+
+
+class ApprovalRecord(BaseModel):
+    step: str
+    approver: str
+    approved: bool
+    comment: str = ""
+    at: datetime
+
+
+class RefusedApproval(BaseModel):
+    step: str
+    approver: str
+    approved: bool
+    reason: str
+    at: datetime
+
+
+class Waiting(BaseModel):
+    kind: Literal["approval", "admission", "idle"]
+    step: str | None = None
+    detail: str = ""
+    since: datetime
 
 
 class IncidentState(BaseModel):
@@ -82,6 +145,15 @@ class IncidentState(BaseModel):
     request: IncidentRequest
     status: IncidentStatus = "open"
     current_step: str | None = None
+    mode: str = "auto"
+    rung: str | None = None  # the repair the incident is on now
+    faults: list[FaultSeen] = Field(default_factory=list)
+    waiting_for: Waiting | None = None
+    approvals: list[ApprovalRecord] = Field(default_factory=list)
+    refusals: list[RefusedApproval] = Field(default_factory=list)
+    planned_steps: list[str] = Field(default_factory=list)
+    health: list[HealthReport] = Field(default_factory=list)
+    repair_attempts: int = 0
     steps: list[StepRecord] = Field(default_factory=list)
     requeued_jobs: list[int] = Field(default_factory=list)
     old_vm_id: str | None = None
@@ -90,7 +162,23 @@ class IncidentState(BaseModel):
     closed_at: datetime | None = None
 
     def step(self, name: str) -> StepRecord | None:
-        return next((s for s in self.steps if s.name == name), None)
+        """The latest record of the step `name` (repairs and health gates can repeat)."""
+        return next((s for s in reversed(self.steps) if s.name == name), None)
+
+
+class HealthCheck(BaseModel):
+    name: str
+    passed: bool
+    detail: str = ""
+
+
+class HealthReport(BaseModel):
+    node: str
+    passed: bool
+    checks: list[HealthCheck] = Field(default_factory=list)
+
+    def failures(self) -> str:
+        return "; ".join(f"{c.name}: {c.detail}" for c in self.checks if not c.passed)
 
 
 # --- Slurm, as parsed from `sinfo --json` / `squeue --json` -----------------------------
@@ -102,6 +190,7 @@ class SlurmNode(BaseModel):
     state_flags: list[str] = Field(default_factory=list)  # DRAIN, NOT_RESPONDING, ...
     reason: str = ""
     slurmd_start_time: int = 0
+    gres: str = ""  # e.g. gpu:8 or gpu:h100:8
 
     @property
     def drained(self) -> bool:
@@ -137,8 +226,9 @@ class Notification(BaseModel):
     cluster: str
     node: str
     fault: str
-    event: str  # opened, step, failed, resolved
+    event: str  # opened, held, approval_needed, escalated, failed, resolved, ...
     text: str
+    severity: str = "info"  # info, warning, critical (critical pages a human)
 
 
 class DrainInput(BaseModel):
@@ -192,3 +282,33 @@ class ReturnResult(BaseModel):
     returned: bool
     state_after: str
     detail: str = ""
+
+
+class RepairInput(BaseModel):
+    node: str
+    rung: Rung
+    key: str  # idempotency key: one incident attempt; a retry never repairs twice
+
+
+class RepairResult(BaseModel):
+    node: str
+    rung: Rung
+    old_vm_id: str
+    new_vm_id: str
+    stopped_at: float | None = None  # epoch s the machine went down (None: it never did)
+
+
+class HealthGateInput(BaseModel):
+    node: str
+
+
+class WaitIdleInput(BaseModel):
+    node: str
+    timeout_s: float
+    force: bool  # on timeout: cancel what still runs (True) or give up (False)
+    poll_s: float = 1.0
+
+
+class WaitIdleResult(BaseModel):
+    waited_s: float
+    cancelled: list[int] = Field(default_factory=list)

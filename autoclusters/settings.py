@@ -18,6 +18,8 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from autoclusters.policy import Policy, default_policy, load_policy
+
 DEFAULT_SANDBOX_DIR = Path.home() / ".autoclusters" / "sandbox"
 CONFIG_FILE_NAME = "autoclusters.toml"
 
@@ -46,6 +48,8 @@ class Settings(BaseSettings):
     boot_delay_s: float = Field(default=20.0, ge=0, description="replacement VM boot time")
 
     repair_timeout_s: float = 900
+    policy_file: Path | None = Field(default=None, description="remediation policy (YAML)")
+    admission_poll_s: float = 30
     log_level: str = "INFO"
 
     @classmethod
@@ -66,3 +70,10 @@ class Settings(BaseSettings):
 
 def load(**overrides: object) -> Settings:
     return Settings(**overrides)  # type: ignore[arg-type]
+
+
+def policy_for(settings: Settings) -> Policy:
+    """The cluster's remediation policy: the configured file, or the shipped default."""
+    if settings.policy_file is None:
+        return default_policy()
+    return load_policy(settings.policy_file)

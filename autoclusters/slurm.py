@@ -37,6 +37,7 @@ class SlurmClient(Protocol):
     async def requeue(self, job_id: int) -> None: ...
     async def release_hold(self, job_id: int) -> None: ...
     async def set_admin_comment(self, job_id: int, text: str) -> None: ...
+    async def cancel(self, job_id: int) -> None: ...
 
 
 def _flags(raw: Any) -> list[str]:
@@ -59,6 +60,7 @@ def parse_nodes(doc: dict[str, Any]) -> list[SlurmNode]:
                 state_flags=flags,
                 reason=n.get("reason") or "",
                 slurmd_start_time=_number(n.get("slurmd_start_time")),
+                gres=n.get("gres") or "",
             )
         )
     return out
@@ -161,3 +163,6 @@ class SlurmCli:
 
     async def set_admin_comment(self, job_id: int, text: str) -> None:
         await self._run("scontrol", "update", f"JobId={job_id}", f"AdminComment={text}")
+
+    async def cancel(self, job_id: int) -> None:
+        await self._run("scancel", str(job_id))

@@ -12,8 +12,11 @@ INCIDENT_ID = SearchAttributeKey.for_keyword("IncidentId")
 CLUSTER = SearchAttributeKey.for_keyword("Cluster")
 NODE = SearchAttributeKey.for_keyword("Node")
 FAULT = SearchAttributeKey.for_keyword("Fault")
+# Kept up to date by the workflow: open, waiting_approval, resolved, failed, rejected, ...
+INCIDENT_STATUS = SearchAttributeKey.for_keyword("IncidentStatus")
+REPAIR_ACTION = SearchAttributeKey.for_keyword("RepairAction")  # the rung: reboot, replace, ...
 
-SEARCH_ATTRIBUTES = [INCIDENT_ID, CLUSTER, NODE, FAULT]
+SEARCH_ATTRIBUTES = [INCIDENT_ID, CLUSTER, NODE, FAULT, INCIDENT_STATUS, REPAIR_ACTION]
 
 
 async def connect(settings: Settings) -> Client:

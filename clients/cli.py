@@ -17,12 +17,16 @@ from rich.table import Table
 
 from autoclusters import settings as settings_mod
 from autoclusters.settings import DEFAULT_SANDBOX_DIR, Settings
+from clients.breaker import breaker_app
+from clients.policy_cli import policy_app
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
 sandbox_app = typer.Typer(no_args_is_help=True, help="The local sandbox cluster.")
 incident_app = typer.Typer(no_args_is_help=True, help="Open, list and read incidents.")
 app.add_typer(sandbox_app, name="sandbox")
 app.add_typer(incident_app, name="incident")
+app.add_typer(breaker_app, name="breaker")
+app.add_typer(policy_app, name="policy")
 
 console = Console()
 err = Console(stderr=True)
@@ -139,6 +143,36 @@ def sandbox_down(state_dir: StateDir = DEFAULT_SANDBOX_DIR) -> None:
     console.print(f"stopped: {', '.join(stopped) if stopped else 'nothing was running'}")
 
 
+@sandbox_app.command("hardware-fault")
+def sandbox_hardware_fault(
+    node: Annotated[str, typer.Option(help="The sandbox node whose machine breaks.")],
+    fault: Annotated[str, typer.Option(help="What the health gate will report, e.g. XID_79.")],
+    fixed_by: Annotated[
+        str, typer.Option(help="The cheapest repair that clears it: reset_gpu, reboot, replace.")
+    ] = "reboot",
+    state_dir: StateDir = DEFAULT_SANDBOX_DIR,
+) -> None:
+    """Break a sandbox machine: its health gate fails until a repair at `fixed_by` or above."""
+    from autoclusters.policy import Rung
+    from sandbox import cluster as sb
+    from sandbox.daemons import SandboxError
+    from sandbox.hardware import Hardware, HardwareFault
+    from sandbox.vms import VmRegistry
+
+    try:
+        cfg = sb.load(state_dir.absolute())
+        rung = Rung(fixed_by)
+    except (SandboxError, ValueError) as e:
+        err.print(f"[red]refused:[/red] {e}")
+        raise typer.Exit(2) from None
+    vm = VmRegistry(cfg.state_dir).get(node)
+    if vm is None:
+        err.print(f"[red]refused:[/red] {node} is not a node of the sandbox in {cfg.state_dir}")
+        raise typer.Exit(2)
+    Hardware(cfg.state_dir).inject(node, vm.vm_id, HardwareFault(fault=fault, fixed_by=rung))
+    console.print(f"{node} (VM {vm.vm_id}) now has {fault}, cleared by {rung.value} or above")
+
+
 # --- worker -------------------------------------------------------------------------------
 
 
@@ -166,6 +200,7 @@ def incident_open(
     wait: Annotated[bool, typer.Option(help="Wait until the incident closes.")] = False,
 ) -> None:
     """Open an incident on a node (or join the one already open on it)."""
+    from autoclusters.policy import PolicyError
     from autoclusters.slurm import SlurmError
     from clients import incidents
 
@@ -186,7 +221,7 @@ def incident_open(
     except ValidationError as e:
         err.print(f"[red]refused:[/red] {_first_error(e)}")
         raise typer.Exit(2) from None
-    except SlurmError as e:
+    except (SlurmError, PolicyError) as e:
         err.print(f"[red]refused:[/red] {e}")
         raise typer.Exit(2) from None
     verb = "joined open incident" if opened.joined else "opened"
@@ -203,24 +238,58 @@ def _first_error(e: ValidationError) -> str:
 @incident_app.command("list")
 def incident_list(
     as_json: Annotated[bool, typer.Option("--json", help="One JSON array.")] = False,
-    open_only: Annotated[bool, typer.Option("--open", help="Only open incidents.")] = False,
+    state: Annotated[
+        str | None,
+        typer.Option(
+            help="open, waiting_approval, resolved, failed, rejected, observed, monitored."
+        ),
+    ] = None,
+    node: Annotated[str | None, typer.Option(help="Only this node's incidents.")] = None,
+    fault: Annotated[str | None, typer.Option(help="Only incidents opened for this fault.")] = None,
 ) -> None:
     """List the cluster's incidents, newest first."""
     from clients import incidents
 
     s = _settings()
-    rows = _run_client(lambda c: incidents.list_incidents(c, s, open_only=open_only))
+    rows = _run_client(
+        lambda c: incidents.list_incidents(c, s, state=state, node=node, fault=fault)
+    )
     if as_json:
         print("[" + ",".join(r.model_dump_json() for r in rows) + "]")
         return
-    t = Table("incident", "node", "fault", "status", "started", "closed")
+    t = Table("incident", "node", "fault", "state", "action", "started", "closed")
     for r in rows:
         t.add_row(
-            r.incident_id, r.node, r.fault, r.status,
+            r.incident_id, r.node, r.fault, r.state or r.status, r.action,
             f"{r.started_at:%Y-%m-%d %H:%M:%S}" if r.started_at else "",
             f"{r.closed_at:%Y-%m-%d %H:%M:%S}" if r.closed_at else "",
         )  # fmt: skip
     console.print(t)
+
+
+@app.command("approve")
+def approve(
+    incident_id: Annotated[str, typer.Argument(help="The incident waiting for a decision.")],
+    as_user: Annotated[str, typer.Option("--as", help="Who decides (must be an approver).")],
+    reject: Annotated[bool, typer.Option("--reject", help="Reject instead of approve.")] = False,
+    comment: Annotated[str, typer.Option(help="Why, for the record.")] = "",
+) -> None:
+    """Approve (or reject) the step an incident is waiting on."""
+    from clients import incidents
+
+    s = _settings()
+    try:
+        rec = _run_client(
+            lambda c: incidents.decide(c, s, incident_id, as_user, not reject, comment)
+        )
+    except incidents.IncidentNotFound as e:
+        err.print(str(e))
+        raise typer.Exit(1) from None
+    except incidents.DecisionRefused as e:
+        err.print(f"[red]refused:[/red] {e}")
+        raise typer.Exit(3) from None
+    verb = "approved" if rec.approved else "rejected"
+    console.print(f"{rec.step} of {incident_id} {verb} by {rec.approver}")
 
 
 @incident_app.command("show")
@@ -257,8 +326,22 @@ def _show(incident_id: str, as_json: bool) -> None:
     r = state.request
     console.print(
         f"[bold]{r.incident_id}[/bold]  node {r.node}  fault {r.fault}  status {state.status}"
+        f"  mode {state.mode}  rung {state.rung or '-'}"
         + (f"  error: {state.error}" if state.error else "")
     )
+    if len(state.faults) > 1 or (state.faults and state.faults[0].count > 1):
+        seen = ", ".join(f"{f.fault} x{f.count}" for f in state.faults)
+        console.print(f"faults: {seen}")
+    if state.waiting_for:
+        w = state.waiting_for
+        console.print(f"[yellow]waiting for {w.kind}[/yellow] {w.step or ''} {w.detail}")
+    for a in state.approvals:
+        verb = "approved" if a.approved else "rejected"
+        console.print(f"{a.step} {verb} by {a.approver} at {a.at:%H:%M:%S} {a.comment}")
+    for x in state.refusals:
+        console.print(f"[red]refused[/red] {x.approver} on {x.step}: {x.reason}")
+    for line in state.planned_steps:
+        console.print(f"plan: {line}")
     t = Table("step", "outcome", "started", "finished", "seconds", "detail")
     for st in state.steps:
         secs = (st.finished_at - st.started_at).total_seconds() if st.finished_at else None
@@ -283,18 +366,23 @@ def demo(
     port_base: Annotated[int, typer.Option(help="First of the sandbox's ports.")] = 17200,
     boot_delay: Annotated[float, typer.Option(help="Seconds a replacement VM takes to boot.")] = 20,
     fault: Annotated[str, typer.Option(help="The fault to inject.")] = "XID_79",
+    mode: Annotated[
+        str, typer.Option(help="observe (touch nothing), approve (wait for a human), auto.")
+    ] = "auto",
 ) -> None:
     """Sandbox up, a 2-node job, a fault on one of its nodes, the remediation, a summary."""
     from clients.demo import DemoError, run_demo
     from sandbox.config import SandboxConfig
 
+    if mode not in ("observe", "approve", "auto"):
+        err.print(f"[red]refused:[/red] --mode must be observe, approve or auto, not {mode!r}")
+        raise typer.Exit(2)
     cfg = SandboxConfig(
         state_dir=state_dir.absolute(), port_base=port_base, boot_delay_s=boot_delay
     )
+    out = err if as_json else console
     try:
-        summary = asyncio.run(
-            run_demo(cfg, fault=fault, keep=keep, console=err if as_json else console)
-        )
+        summary = asyncio.run(run_demo(cfg, fault=fault, keep=keep, console=out, mode=mode))
     except DemoError as e:
         err.print(f"[red]demo failed:[/red] {e}")
         raise typer.Exit(1) from None
@@ -308,7 +396,10 @@ def _print_summary(summary: Any, out: Console) -> None:
         return f"{v:.1f} s" if v is not None else "n/a"
 
     out.print()
-    out.print(f"[bold]incident[/bold]           {summary.incident_id} ({summary.status})")
+    out.print(
+        f"[bold]incident[/bold]           {summary.incident_id} ({summary.status}; "
+        f"mode {summary.mode}, rung {summary.rung})"
+    )
     out.print(f"node / fault       {summary.node} / {summary.fault}")
     out.print(
         f"[bold]job recovery[/bold]       {secs(summary.job_recovery_s)}  "
@@ -322,7 +413,9 @@ def _print_summary(summary: Any, out: Console) -> None:
         f"job {summary.job_id}             restarts {summary.job_restarts}: "
         f"{', '.join(summary.job_nodes_before)} → {', '.join(summary.job_nodes_after)}"
     )
-    out.print(f"node after         {summary.node_state_after}")
+    out.print(f"node before/after  {summary.node_state_before} / {summary.node_state_after}")
+    for line in summary.planned_steps:
+        out.print(f"would              {line}")
     t = Table("step", "outcome", "seconds")
     for st in summary.steps:
         t.add_row(st.name, st.outcome, f"{st.duration_s:.2f}" if st.duration_s is not None else "")

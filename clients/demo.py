@@ -21,7 +21,7 @@ from temporalio.client import WorkflowFailureError
 import sandbox
 from autoclusters import hostlist, temporal
 from autoclusters.models import IncidentState, SlurmJob
-from autoclusters.settings import Settings
+from autoclusters.settings import Settings, policy_for
 from autoclusters.slurm import SlurmCli
 from clients import incidents
 from sandbox import cluster
@@ -47,14 +47,18 @@ class DemoSummary(BaseModel):
     incident_id: str
     node: str
     fault: str
+    mode: str
     status: str
+    rung: str | None
     job_id: int
     job_recovery_s: float | None
     capacity_recovery_s: float | None
     job_restarts: int
     job_nodes_before: list[str]
     job_nodes_after: list[str]
+    node_state_before: str
     node_state_after: str
+    planned_steps: list[str]
     boot_delay_s: float
     temporal_ui: str
     steps: list[StepSummary]
@@ -92,7 +96,9 @@ async def _job(slurm: SlurmCli, job_id: int) -> SlurmJob | None:
     return next((j for j in await slurm.jobs() if j.job_id == job_id), None)
 
 
-async def run_demo(cfg: SandboxConfig, fault: str, keep: bool, console: Console) -> DemoSummary:
+async def run_demo(
+    cfg: SandboxConfig, fault: str, keep: bool, console: Console, mode: str = "auto"
+) -> DemoSummary:
     was_running = cluster.is_running(cfg) if cfg.record_file.exists() else False
     console.print(f"[bold]1. sandbox[/bold] in {cfg.state_dir} ({cfg.nodes} nodes)")
     res = await asyncio.to_thread(cluster.up, cfg)
@@ -102,14 +108,14 @@ async def run_demo(cfg: SandboxConfig, fault: str, keep: bool, console: Console)
     if res.already_running:
         cfg = SandboxConfig.load(cfg.state_dir)
     try:
-        return await _demo(cfg, fault, console)
+        return await _demo(cfg, fault, mode, console)
     finally:
         if not keep and not was_running:
             console.print("[bold]sandbox down[/bold]")
             await asyncio.to_thread(cluster.down, cfg)
 
 
-async def _demo(cfg: SandboxConfig, fault: str, console: Console) -> DemoSummary:
+async def _demo(cfg: SandboxConfig, fault: str, mode: str, console: Console) -> DemoSummary:
     settings = Settings(
         temporal_address=cfg.temporal_address,
         temporal_ui_url=cfg.temporal_ui_url,
@@ -118,7 +124,10 @@ async def _demo(cfg: SandboxConfig, fault: str, console: Console) -> DemoSummary
         slurm_conf=cfg.slurm_conf,
         sandbox_state_dir=cfg.state_dir,
         boot_delay_s=cfg.boot_delay_s,
+        policy_file=cfg.policy_file,
+        admission_poll_s=5,
     )
+    policy = policy_for(settings).model_copy(update={"mode": mode})
     slurm = SlurmCli(cfg.slurm_conf)
     script = Path(sandbox.__file__).parent / "jobs" / "progress.sh"
     job_dir = cfg.state_dir / "jobs"
@@ -141,10 +150,13 @@ async def _demo(cfg: SandboxConfig, fault: str, console: Console) -> DemoSummary
     console.print(f"   job {job_id} running on {', '.join(before)}; log {log}")
 
     node = before[-1]
-    console.print(f"[bold]3. fault[/bold] {fault} on {node}")
+    node_before = await slurm.node(node)
+    console.print(f"[bold]3. fault[/bold] {fault} on {node} (mode {mode})")
     client = await temporal.connect(settings)
     fault_at = time.time()
-    opened = await incidents.open_incident(client, settings, node, fault, opened_by="demo")
+    opened = await incidents.open_incident(
+        client, settings, node, fault, opened_by="demo", policy=policy
+    )
     console.print(f"   incident {opened.incident_id}; follow it in {cfg.temporal_ui_url}")
 
     handle = client.get_workflow_handle_for(
@@ -152,10 +164,19 @@ async def _demo(cfg: SandboxConfig, fault: str, console: Console) -> DemoSummary
     )
     result_task = asyncio.create_task(handle.result())
     shown: set[str] = set()
+    asked = False
+    approver = policy.approvers[0] if policy.approvers else "USER"
     while not result_task.done():
         state = await handle.query(NodeRemediation.status)
-        if state:
-            _print_new_steps(console, state, shown)
+        _print_new_steps(console, state, shown)
+        waiting = state.waiting_for
+        if waiting and waiting.kind == "approval" and not asked:
+            asked = True
+            console.print(
+                f"   [yellow]waiting for approval of {waiting.step}[/yellow]: in another "
+                f"terminal run\n     AUTOCLUSTERS_CONFIG={cfg.settings_file} "
+                f"autoclusters approve {opened.incident_id} --as {approver} [--reject]"
+            )
         await asyncio.wait({result_task}, timeout=0.5)
     try:
         final: IncidentState = result_task.result()
@@ -166,10 +187,13 @@ async def _demo(cfg: SandboxConfig, fault: str, console: Console) -> DemoSummary
         status = "failed"
     _print_new_steps(console, final, shown)
 
-    restarted = await _wait_for(
-        "the job to step again", lambda: _restarted_job(slurm, job_id, log), 60
-    )
-    job_after, resumed_ts = restarted
+    if final.requeued_jobs:
+        job_after, resumed_ts = await _wait_for(
+            "the job to step again", lambda: _restarted_job(slurm, job_id, log), 60
+        )
+        job_recovery: float | None = round(resumed_ts - fault_at, 3)
+    else:  # observe or monitor: nothing was requeued
+        job_after, job_recovery = await _job(slurm, job_id) or job, None
     node_after = await slurm.node(node)
     back = final.step("return_to_service")
     capacity = (
@@ -181,14 +205,18 @@ async def _demo(cfg: SandboxConfig, fault: str, console: Console) -> DemoSummary
         incident_id=opened.incident_id,
         node=node,
         fault=fault,
+        mode=mode,
         status=status,
+        rung=final.rung,
         job_id=job_id,
-        job_recovery_s=round(resumed_ts - fault_at, 3),
+        job_recovery_s=job_recovery,
         capacity_recovery_s=round(capacity, 3) if capacity is not None else None,
         job_restarts=job_after.restart_cnt,
         job_nodes_before=before,
         job_nodes_after=hostlist.expand(job_after.nodes),
+        node_state_before=node_before.display_state if node_before else "UNKNOWN",
         node_state_after=node_after.display_state if node_after else "UNKNOWN",
+        planned_steps=final.planned_steps,
         boot_delay_s=cfg.boot_delay_s,
         temporal_ui=f"{cfg.temporal_ui_url}/namespaces/default/workflows/{opened.workflow_id}",
         steps=[

@@ -5,7 +5,13 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from pydantic import BaseModel
-from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
+from temporalio.client import (
+    Client,
+    WithStartWorkflowOperation,
+    WorkflowExecutionStatus,
+    WorkflowHandle,
+    WorkflowUpdateFailedError,
+)
 from temporalio.common import (
     SearchAttributePair,
     TypedSearchAttributes,
@@ -15,13 +21,27 @@ from temporalio.common import (
 from temporalio.service import RPCError
 
 from autoclusters import temporal
-from autoclusters.models import IncidentRequest, IncidentState, RemediationTimeouts, workflow_id
-from autoclusters.settings import Settings
+from autoclusters.models import (
+    ApprovalRecord,
+    ApprovalRequest,
+    FaultReport,
+    IncidentRequest,
+    IncidentState,
+    RefusedApproval,
+    RemediationTimeouts,
+    workflow_id,
+)
+from autoclusters.policy import Policy
+from autoclusters.settings import Settings, policy_for
 from autoclusters.slurm import SlurmCli, UnknownNodeError
 from workflows.remediation import NodeRemediation
 
 
 class IncidentNotFound(LookupError):
+    pass
+
+
+class DecisionRefused(PermissionError):
     pass
 
 
@@ -37,7 +57,9 @@ class IncidentSummary(BaseModel):
     node: str
     fault: str
     workflow_id: str
-    status: str
+    status: str  # Temporal's: running, completed, failed, ...
+    state: str = ""  # the incident's own: open, waiting_approval, resolved, ...
+    action: str = ""  # the rung: reboot, replace, ...
     started_at: datetime | None
     closed_at: datetime | None
 
@@ -47,11 +69,17 @@ def new_incident_id(node: str, at: datetime) -> str:
 
 
 async def open_incident(
-    client: Client, settings: Settings, node: str, fault: str, opened_by: str = "cli"
+    client: Client,
+    settings: Settings,
+    node: str,
+    fault: str,
+    opened_by: str = "cli",
+    policy: Policy | None = None,
 ) -> OpenedIncident:
-    """Start the node's remediation, or join the incident already open on it.
+    """Open the node's incident, or join the one already open on it (no second drain).
 
-    The node is checked against Slurm first: an unknown node starts nothing.
+    The node is checked against Slurm first: an unknown node starts nothing. The incident
+    carries a snapshot of the cluster's policy (`policy` overrides it, e.g. the demo's mode).
     """
     opened_at = datetime.now(UTC)
     req = IncidentRequest(
@@ -61,13 +89,17 @@ async def open_incident(
         fault=fault,
         opened_at=opened_at,
         opened_by=opened_by,
-        timeouts=RemediationTimeouts(repair_s=settings.repair_timeout_s),
+        timeouts=RemediationTimeouts(
+            repair_s=settings.repair_timeout_s, admission_poll_s=settings.admission_poll_s
+        ),
+        policy=policy or policy_for(settings),
     )
+    report = FaultReport(incident_id=req.incident_id, fault=fault, source=opened_by, at=opened_at)
     slurm = SlurmCli(settings.slurm_conf, settings.slurm_bin_dir)
     if await slurm.node(node) is None:
         raise UnknownNodeError(f"node {node} is not in Slurm cluster {settings.cluster}")
     wf_id = workflow_id(settings.cluster, node)
-    handle = await client.start_workflow(
+    start = WithStartWorkflowOperation(
         NodeRemediation.run,
         req,
         id=wf_id,
@@ -80,17 +112,53 @@ async def open_incident(
                 SearchAttributePair(temporal.CLUSTER, req.cluster),
                 SearchAttributePair(temporal.NODE, node),
                 SearchAttributePair(temporal.FAULT, fault),
+                SearchAttributePair(temporal.INCIDENT_STATUS, "open"),
             ]
         ),
+        static_summary=f"{fault} on {node}",
+        static_details=f"incident {req.incident_id}, opened by {opened_by}",
     )
-    desc = await handle.describe()
-    existing = desc.typed_search_attributes.get(temporal.INCIDENT_ID) or req.incident_id
+    ack = await client.execute_update_with_start_workflow(
+        NodeRemediation.report_fault, report, start_workflow_operation=start
+    )
+    handle = await start.workflow_handle()
     return OpenedIncident(
-        incident_id=existing,
+        incident_id=ack.incident_id,
         workflow_id=wf_id,
-        run_id=desc.run_id,
-        joined=existing != req.incident_id,
+        run_id=handle.result_run_id or handle.run_id or "",
+        joined=ack.joined,
     )
+
+
+async def decide(
+    client: Client,
+    settings: Settings,
+    incident_id: str,
+    approver: str,
+    approve: bool,
+    comment: str = "",
+) -> ApprovalRecord:
+    """Approve or reject the step an incident waits on. A refusal (not an approver, wrong
+    step, already decided) raises DecisionRefused and is recorded in the incident's history."""
+    handle = await find_incident(client, settings, incident_id)
+    state = await handle.query(NodeRemediation.status)
+    step = state.waiting_for.step if state.waiting_for and state.waiting_for.step else "none"
+    req = ApprovalRequest(step=step, approver=approver, comment=comment)
+    update = NodeRemediation.approve if approve else NodeRemediation.reject
+    try:
+        return await handle.execute_update(update, req)
+    except WorkflowUpdateFailedError as e:
+        reason = str(e.cause or e)
+        # The validator's refusal leaves no trace in the history: record it there.
+        if state.status == "open":
+            await handle.signal(
+                NodeRemediation.approval_refused,
+                RefusedApproval(
+                    step=step, approver=approver, approved=approve, reason=reason,
+                    at=datetime.now(UTC),
+                ),
+            )  # fmt: skip
+        raise DecisionRefused(reason) from e
 
 
 def _status_name(status: WorkflowExecutionStatus | None) -> str:
@@ -98,11 +166,21 @@ def _status_name(status: WorkflowExecutionStatus | None) -> str:
 
 
 async def list_incidents(
-    client: Client, settings: Settings, open_only: bool = False
+    client: Client,
+    settings: Settings,
+    state: str | None = None,
+    node: str | None = None,
+    fault: str | None = None,
 ) -> list[IncidentSummary]:
-    query = f"WorkflowType = 'NodeRemediation' AND Cluster = '{settings.cluster}'"
-    if open_only:
-        query += " AND ExecutionStatus = 'Running'"
+    """Incidents of this cluster, newest first; `state` is the incident's own status
+    (open, waiting_approval, resolved, failed, rejected, observed, monitored)."""
+    query = f"WorkflowType = 'NodeRemediation' AND Cluster = {_quoted(settings.cluster)}"
+    if state:
+        query += f" AND IncidentStatus = {_quoted(state)}"
+    if node:
+        query += f" AND Node = {_quoted(node)}"
+    if fault:
+        query += f" AND Fault = {_quoted(fault)}"
     out = []
     async for wf in client.list_workflows(query):
         sa = wf.typed_search_attributes
@@ -113,11 +191,18 @@ async def list_incidents(
                 fault=sa.get(temporal.FAULT) or "?",
                 workflow_id=wf.id,
                 status=_status_name(wf.status),
+                state=sa.get(temporal.INCIDENT_STATUS) or "",
+                action=sa.get(temporal.REPAIR_ACTION) or "",
                 started_at=wf.start_time,
                 closed_at=wf.close_time,
             )
         )
     return out
+
+
+def _quoted(value: str) -> str:
+    # Values come from the command line: keep them inside one string literal.
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 async def find_incident(client: Client, settings: Settings, incident_id: str) -> WorkflowHandle:

@@ -1,7 +1,10 @@
 """The sandbox cloud: a node's "VM" is its slurmd process.
 
-Replacing a VM stops that slurmd (the machine is gone), waits the boot delay, and starts a
-fresh slurmd under a new VM id, which registers with slurmctld like a new machine would.
+- reset_gpu: clears the machine's GPU-level faults; slurmd keeps running.
+- reboot: slurmd and the job steps on the node stop (the machine is down), and after the
+  boot delay a fresh slurmd starts on the same VM.
+- replace: as a reboot, but the machine that comes back is a new VM (new id, no faults),
+  which registers with slurmctld like a new machine would.
 """
 
 from __future__ import annotations
@@ -11,11 +14,13 @@ import time
 from pathlib import Path
 
 from autoclusters.cloud import CloudError
-from autoclusters.models import ReplaceResult
+from autoclusters.models import RepairResult, ReplaceResult
+from autoclusters.policy import Rung
 from sandbox import daemons
 from sandbox.config import SandboxConfig
+from sandbox.hardware import Hardware
 from sandbox.processes import ProcessTable, kill_sessions, sessions_holding
-from sandbox.vms import ReplaceOperation, VmRegistry, new_vm_id
+from sandbox.vms import Operation, VmRegistry, new_vm_id
 
 
 class SandboxCloud:
@@ -23,8 +28,9 @@ class SandboxCloud:
         self._cfg = SandboxConfig.load(state_dir)
         self._table = ProcessTable(state_dir)
         self._vms = VmRegistry(state_dir)
+        self._hardware = Hardware(state_dir)
         self._boot_delay_s = boot_delay_s
-        # One replace at a time per node within this worker.
+        # One repair at a time per node within this worker.
         self._locks: dict[str, asyncio.Lock] = {}
 
     async def vm_id(self, node: str) -> str:
@@ -34,26 +40,47 @@ class SandboxCloud:
         return rec.vm_id
 
     async def replace(self, node: str, idempotency_key: str) -> ReplaceResult:
-        async with self._locks.setdefault(node, asyncio.Lock()):
-            return await self._replace(node, idempotency_key)
+        done = await self.repair(node, Rung.REPLACE, idempotency_key)
+        assert done.stopped_at is not None
+        return ReplaceResult(
+            node=node,
+            old_vm_id=done.old_vm_id,
+            new_vm_id=done.new_vm_id,
+            stopped_at=done.stopped_at,
+        )
 
-    async def _replace(self, node: str, key: str) -> ReplaceResult:
+    async def repair(self, node: str, rung: Rung, idempotency_key: str) -> RepairResult:
+        if rung == Rung.MONITOR:
+            raise CloudError("monitor is not a repair")
+        async with self._locks.setdefault(node, asyncio.Lock()):
+            return await self._repair(node, rung, idempotency_key)
+
+    async def _repair(self, node: str, rung: Rung, key: str) -> RepairResult:
         rec = self._vms.get(node)
         if rec is None:
             raise CloudError(f"no VM behind node {node}")
         op = rec.operations.get(key)
         if op is None:
-            op = ReplaceOperation(key=key, old_vm_id=rec.vm_id, new_vm_id=new_vm_id())
+            new_id = new_vm_id() if rung == Rung.REPLACE else rec.vm_id
+            op = Operation(key=key, kind=rung, old_vm_id=rec.vm_id, new_vm_id=new_id)
             rec.operations[key] = op
             self._vms.save(rec)
         if op.state == "SUCCEEDED":
             return _result(node, op)
 
+        if rung != Rung.RESET_GPU:
+            await self._power_cycle(node, op)
+            self._vms.save(rec)
+        self._hardware.repaired(node, op.new_vm_id, rung)
+        rec.vm_id, op.state = op.new_vm_id, "SUCCEEDED"
+        self._vms.save(rec)
+        return _result(node, op)
+
+    async def _power_cycle(self, node: str, op: Operation) -> None:
         name = f"slurmd-{node}"
         if op.stopped_at is None:
             await asyncio.to_thread(self._power_off, node)
             op.stopped_at = time.time()
-            self._vms.save(rec)
         # A resumed operation only waits for what is left of the boot.
         remaining = op.stopped_at + self._boot_delay_s - time.time()
         if remaining > 0:
@@ -62,18 +89,18 @@ class SandboxCloud:
             self._table.spawn(
                 name, daemons.slurmd_argv(self._cfg, node), daemons.slurm_env(self._cfg)
             )
-        rec.vm_id, op.state = op.new_vm_id, "SUCCEEDED"
-        self._vms.save(rec)
-        return _result(node, op)
 
     def _power_off(self, node: str) -> None:
-        """The old machine disappears: its slurmd and every job step still running on it."""
+        """The machine goes down: its slurmd and every job step still running on it."""
         self._table.stop(f"slurmd-{node}")
         kill_sessions(sessions_holding(self._cfg.state_dir / "slurm" / "spool" / node))
 
 
-def _result(node: str, op: ReplaceOperation) -> ReplaceResult:
-    assert op.stopped_at is not None
-    return ReplaceResult(
-        node=node, old_vm_id=op.old_vm_id, new_vm_id=op.new_vm_id, stopped_at=op.stopped_at
+def _result(node: str, op: Operation) -> RepairResult:
+    return RepairResult(
+        node=node,
+        rung=op.kind,
+        old_vm_id=op.old_vm_id,
+        new_vm_id=op.new_vm_id,
+        stopped_at=op.stopped_at,
     )

@@ -16,7 +16,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import yaml
+
 from autoclusters.models import SlurmNode
+from autoclusters.policy import default_policy
 from autoclusters.slurm import parse_jobs, parse_nodes
 from sandbox import daemons
 from sandbox.config import GPUS_PER_NODE, SandboxConfig
@@ -62,7 +65,15 @@ def _prepare(cfg: SandboxConfig) -> None:
     cfg.slurm_conf.write_text(slurm_conf(cfg))
     (cfg.slurm_conf.parent / "gres.conf").write_text(gres_conf(cfg))
     cfg.settings_file.write_text(cfg.settings_toml())
+    cfg.policy_file.write_text(sandbox_policy(cfg))
     cfg.save()
+
+
+def sandbox_policy(cfg: SandboxConfig) -> str:
+    """The shipped default policy, with the sandbox's approvers."""
+    policy = default_policy().model_copy(update={"approvers": cfg.approvers})
+    header = "# Written by `autoclusters sandbox up`: the shipped default with sandbox approvers.\n"
+    return header + yaml.safe_dump(policy.model_dump(mode="json"), sort_keys=False)
 
 
 def sinfo(cfg: SandboxConfig) -> list[SlurmNode]:

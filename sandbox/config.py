@@ -19,6 +19,8 @@ class SandboxConfig(BaseModel):
     port_base: int = Field(default=17200, ge=1024, le=65000)
     boot_delay_s: float = Field(default=20.0, ge=0)
     task_queue: str = "autoclusters"
+    # Who may approve in the sandbox (the shipped default trusts nobody).
+    approvers: list[str] = Field(default_factory=lambda: ["alice", "bob"])
 
     # Ports, all derived from port_base so one number moves a whole sandbox.
     @property
@@ -65,6 +67,10 @@ class SandboxConfig(BaseModel):
         return self.state_dir / CONFIG_FILE_NAME
 
     @property
+    def policy_file(self) -> Path:
+        return self.state_dir / "policy.yaml"
+
+    @property
     def record_file(self) -> Path:
         return self.state_dir / "sandbox.json"
 
@@ -86,5 +92,7 @@ class SandboxConfig(BaseModel):
             "cloud_provider": "sandbox",
             "sandbox_state_dir": str(self.state_dir),
             "boot_delay_s": self.boot_delay_s,
+            "policy_file": str(self.policy_file),
+            "admission_poll_s": 5,
         }
         return "".join(f"{k} = {json.dumps(v)}\n" for k, v in lines.items())

@@ -1,8 +1,8 @@
-"""Which "VM" stands behind each sandbox node, and the replace operations done on it.
+"""Which "VM" stands behind each sandbox node, and the repair operations done on it.
 
 One JSON file per node under <state>/vms/. An operation is recorded before it starts,
-keyed by the caller's idempotency key, so a retried replace resumes the same operation
-instead of replacing a second machine.
+keyed by the caller's idempotency key, so a retried repair resumes the same operation
+instead of repairing (or replacing) a second time.
 """
 
 from __future__ import annotations
@@ -13,11 +13,14 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from autoclusters.policy import Rung
 
-class ReplaceOperation(BaseModel):
+
+class Operation(BaseModel):
     key: str
+    kind: Rung = Rung.REPLACE
     old_vm_id: str
-    new_vm_id: str
+    new_vm_id: str  # the same id for a reset or a reboot
     stopped_at: float | None = None
     state: Literal["IN_PROGRESS", "SUCCEEDED"] = "IN_PROGRESS"
 
@@ -25,7 +28,7 @@ class ReplaceOperation(BaseModel):
 class VmRecord(BaseModel):
     node: str
     vm_id: str
-    operations: dict[str, ReplaceOperation] = Field(default_factory=dict)
+    operations: dict[str, Operation] = Field(default_factory=dict)
 
 
 def new_vm_id() -> str:

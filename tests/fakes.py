@@ -18,7 +18,16 @@ from collections import Counter
 
 from autoclusters import hostlist
 from autoclusters.cloud import CloudError
-from autoclusters.models import Notification, ReplaceResult, SlurmJob, SlurmNode
+from autoclusters.models import (
+    HealthCheck,
+    HealthReport,
+    Notification,
+    RepairResult,
+    ReplaceResult,
+    SlurmJob,
+    SlurmNode,
+)
+from autoclusters.policy import LADDER, Rung
 from autoclusters.slurm import SlurmError
 
 _REQUEUEABLE_STATES = {"RUNNING", "CONFIGURING", "SUSPENDED"}
@@ -218,6 +227,12 @@ class FakeSlurm:
         self.calls["set_admin_comment"] += 1
         self._job(job_id).admin_comment = text
 
+    async def cancel(self, job_id: int) -> None:
+        self.calls["cancel"] += 1
+        job = self._job(job_id)
+        job.job_state = "CANCELLED"
+        self.record("cancel", str(job_id))
+
 
 class FakeCloud:
     """A cloud provider in memory: implements `autoclusters.cloud.CloudProvider`.
@@ -249,6 +264,8 @@ class FakeCloud:
         self.replace_calls: list[tuple[str, str]] = []
         self._vms: dict[str, str] = {}
         self._done: dict[str, ReplaceResult] = {}
+        self._repairs: dict[str, RepairResult] = {}
+        self.repair_calls: list[tuple[str, Rung, str]] = []
         self._serial = 0
 
     def _new_vm(self) -> str:
@@ -259,6 +276,32 @@ class FakeCloud:
         if node not in self._vms:
             self._vms[node] = self._new_vm()
         return self._vms[node]
+
+    async def repair(self, node: str, rung: Rung, idempotency_key: str) -> RepairResult:
+        if idempotency_key in self._repairs:
+            return self._repairs[idempotency_key]
+        self.repair_calls.append((node, rung, idempotency_key))
+        if self.fail:
+            raise CloudError(f"{rung.value} {node}: no capacity for this instance type")
+        if self.hold:
+            self.started.set()
+            await self.release.wait()
+        old = await self.vm_id(node)
+        self._slurm.record(f"cloud.{rung.value}", node)
+        if self.admin_drain_reason is not None:
+            self._slurm.set_reason(node, self.admin_drain_reason)
+        stopped_at: float | None = None
+        new = old
+        if rung != Rung.RESET_GPU:
+            stopped_at = time.time()
+            if rung == Rung.REPLACE:
+                new = self._vms[node] = self._new_vm()
+            self._slurm.boot(node, slurmd_start_time=math.ceil(stopped_at))
+        result = RepairResult(
+            node=node, rung=rung, old_vm_id=old, new_vm_id=new, stopped_at=stopped_at
+        )
+        self._repairs[idempotency_key] = result
+        return result
 
     async def replace(self, node: str, idempotency_key: str) -> ReplaceResult:
         self.replace_calls.append((node, idempotency_key))
@@ -279,6 +322,25 @@ class FakeCloud:
         result = ReplaceResult(node=node, old_vm_id=old, new_vm_id=new, stopped_at=stopped_at)
         self._done[idempotency_key] = result
         return result
+
+
+class FakeHealth:
+    """The health gate over the fake cluster: the node fails its checks until it has had a
+    repair at `fixed_by` or higher on the ladder (a GPU reset does not fix a lost GPU)."""
+
+    def __init__(self, cloud: FakeCloud, fixed_by: Rung = Rung.RESET_GPU) -> None:
+        self._cloud = cloud
+        self.fixed_by = fixed_by
+        self.checks: list[str] = []
+
+    async def check(self, node: str) -> HealthReport:
+        self.checks.append(node)
+        done = [r for n, r, _ in self._cloud.repair_calls if n == node]
+        ok = any(LADDER.index(r) >= LADDER.index(self.fixed_by) for r in done)
+        detail = "clean" if ok else f"fault persists until {self.fixed_by.value}"
+        return HealthReport(
+            node=node, passed=ok, checks=[HealthCheck(name="gpu_faults", passed=ok, detail=detail)]
+        )
 
 
 class RecordingNotifier:

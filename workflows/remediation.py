@@ -1,141 +1,389 @@
 """NodeRemediation: the runbook for one faulty node, one incident per node.
 
-notify → drain → requeue the node's jobs (restart at once elsewhere) → replace the machine
-→ wait until it registers → return it to service → close with the timeline.
+register with the fleet guard (recurrence, breaker) → notify → [observe: plan, stop]
+[monitor-only fault: stop] → quarantine when admitted (drain) → requeue the node's jobs so
+they restart at once elsewhere → wait until the node is idle (or force) → per rung of the
+ladder reset_gpu → reboot → replace: [approval] → repair when admitted → wait until it
+registers → health gate, one rung up on failure → return to service → close.
 
-A failed repair leaves the node drained (never return an unproven node) and fails the
-incident so a human looks at it.
+Never return a node that failed its health gate: a failed incident leaves the node drained
+under a reason naming the incident and pages a human.
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
-from typing import Any, TypeVar
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
     from activities.cloud import CloudActivities
-    from activities.notify import NotifyActivities
+    from activities.guard import GuardActivities
+    from activities.health import HealthActivities
     from activities.slurm import SlurmActivities
+    from autoclusters import temporal
+    from autoclusters.guard import (
+        Admission,
+        AdmitCall,
+        GuardContext,
+        IncidentOpened,
+        RegisterCall,
+        Registration,
+        ReleaseCall,
+        ReleaseRequest,
+    )
     from autoclusters.models import (
+        ApprovalRecord,
+        ApprovalRequest,
         DrainInput,
+        FaultAck,
+        FaultReport,
+        FaultSeen,
+        HealthGateInput,
         IncidentRequest,
         IncidentState,
-        Notification,
-        ReplaceInput,
-        ReplaceResult,
+        IncidentStatus,
+        RefusedApproval,
+        RepairInput,
+        RepairResult,
         RequeueInput,
         ReturnInput,
-        StepRecord,
+        WaitIdleInput,
+        Waiting,
         WaitRegisteredInput,
         drain_reason,
     )
+    from autoclusters.policy import LADDER, Policy, Rung, next_rung
 
-T = TypeVar("T")
+from workflows.runbook_v1 import run_v1
+from workflows.timeline import RETRY, Timeline, cause_of
 
-# Slurm and cloud calls fail transiently (controller busy, 429s); an unknown node does not.
-RETRY = RetryPolicy(
-    initial_interval=timedelta(seconds=1),
-    backoff_coefficient=2.0,
-    maximum_interval=timedelta(seconds=30),
-    maximum_attempts=5,
-    non_retryable_error_types=["UnknownNode"],
-)
-NOTIFY_RETRY = RetryPolicy(maximum_attempts=3)
+# Incidents started before this patch run the first runbook to the end.
+RUNBOOK_V2 = "runbook-v2-policy-ladder"
+
+
+class Rejected(Exception):
+    """A human said no: the node stays drained, the incident ends `rejected`."""
+
+
+class Unattended(Exception):
+    """Nobody decided in time and the policy says leave the node drained."""
 
 
 @workflow.defn
-class NodeRemediation:
+class NodeRemediation(Timeline):
     @workflow.init
     def __init__(self, req: IncidentRequest) -> None:
-        # Built from the input so the `status` query answers from the first moment.
-        self._state = IncidentState(request=req)
+        # Built from the input so queries and updates see the incident from the first moment.
+        self._state = IncidentState(
+            request=req,
+            faults=[
+                FaultSeen(
+                    fault=req.fault,
+                    source=req.opened_by,
+                    first_at=req.opened_at,
+                    last_at=req.opened_at,
+                )
+            ],
+        )
+        self._policy = req.policy or Policy()
+        self._recent = 0  # earlier incidents on this node within the recurrence window
+        self._repairing = False
+        self._decision: ApprovalRecord | None = None
+
+    # --- what people and other systems see and send -------------------------------------
 
     @workflow.query
     def status(self) -> IncidentState:
         return self._state
 
+    @workflow.update
+    def report_fault(self, rep: FaultReport) -> FaultAck:
+        """An alert for this node: merged into the open incident (no second drain)."""
+        s = self._state
+        joined = rep.incident_id != s.request.incident_id
+        seen = next((f for f in s.faults if f.fault == rep.fault), None)
+        if seen is None:
+            s.faults.append(
+                FaultSeen(fault=rep.fault, source=rep.source, first_at=rep.at, last_at=rep.at)
+            )
+        elif joined:
+            seen.count += 1
+            seen.last_at = rep.at
+        # A more severe fault raises the rung of an incident that is not repairing yet.
+        if s.rung is not None and not self._repairing:
+            worse = self._policy.rung_for(rep.fault, self._recent)
+            if LADDER.index(worse) > LADDER.index(Rung(s.rung)):
+                s.rung = worse.value
+                self._publish()
+        return FaultAck(
+            incident_id=s.request.incident_id, joined=joined, rung=s.rung, status=s.status
+        )
+
+    @report_fault.validator
+    def _check_report(self, rep: FaultReport) -> None:
+        if self._state.status != "open":
+            raise ValueError(f"incident {self._state.request.incident_id} is closed")
+
+    @workflow.update
+    def approve(self, req: ApprovalRequest) -> ApprovalRecord:
+        return self._decide(req, approved=True)
+
+    @approve.validator
+    def _check_approve(self, req: ApprovalRequest) -> None:
+        self._check_decision(req)
+
+    @workflow.update
+    def reject(self, req: ApprovalRequest) -> ApprovalRecord:
+        return self._decide(req, approved=False)
+
+    @reject.validator
+    def _check_reject(self, req: ApprovalRequest) -> None:
+        self._check_decision(req)
+
+    @workflow.signal
+    def approval_refused(self, refused: RefusedApproval) -> None:
+        """A refused approve/reject, sent by the client so the attempt is in the history
+        (a validator's refusal itself leaves no trace)."""
+        self._state.refusals.append(refused)
+
+    def _check_decision(self, req: ApprovalRequest) -> None:
+        waiting = self._state.waiting_for
+        if waiting is None or waiting.kind != "approval" or self._decision is not None:
+            raise ValueError(
+                f"incident {self._state.request.incident_id} is not waiting for a decision"
+            )
+        if req.step != waiting.step:
+            raise ValueError(f"the decision waited for is on {waiting.step}, not {req.step}")
+        if req.approver not in self._policy.approvers:
+            raise ValueError(
+                f"{req.approver} is not an approver for cluster {self._state.request.cluster}"
+            )
+
+    def _decide(self, req: ApprovalRequest, approved: bool) -> ApprovalRecord:
+        self._decision = ApprovalRecord(
+            step=req.step,
+            approver=req.approver,
+            approved=approved,
+            comment=req.comment,
+            at=workflow.now(),
+        )
+        self._state.approvals.append(self._decision)
+        return self._decision
+
+    # --- the runbook --------------------------------------------------------------------
+
     @workflow.run
     async def run(self, req: IncidentRequest) -> IncidentState:
-        state = self._state
-        t = req.timeouts
-        slurm = timedelta(seconds=t.slurm_step_s)
+        if not workflow.patched(RUNBOOK_V2):
+            return await run_v1(self, req)
+        return await self._runbook(req)
 
-        await self._notify("opened", f"fault {req.fault} on {req.node}; remediation started")
+    async def _runbook(self, req: IncidentRequest) -> IncidentState:
+        s, p = self._state, self._policy
+        s.mode = p.mode
+        guard = GuardContext(cluster=req.cluster, policy=p.guard, topology=p.topology)
+
+        reg = await self._step(
+            "guard_register",
+            lambda: workflow.execute_activity_method(
+                GuardActivities.register,
+                RegisterCall(
+                    guard=guard,
+                    incident=IncidentOpened(
+                        node=req.node,
+                        incident_id=req.incident_id,
+                        fault=req.fault,
+                        recurrence_window_s=p.recurrence_window_s,
+                    ),
+                ),
+                start_to_close_timeout=timedelta(seconds=req.timeouts.slurm_step_s),
+                retry_policy=RETRY,
+            ),
+            detail=lambda r: (
+                f"{r.recent_on_node} recent on node; "
+                f"breaker {'TRIPPED' if r.breaker.tripped else 'ok'}"
+            ),
+        )
+        self._recent = reg.recent_on_node
+        s.rung = self._worst_rung().value
+        self._publish()
+        await self._notify("opened", self._opening_text(reg), self._severity())
+
+        if p.mode == "observe":
+            s.planned_steps = self._plan()
+            return await self._close(
+                "observed", "observe mode, nothing changed; would: " + "; ".join(s.planned_steps)
+            )
+        if s.rung == Rung.MONITOR.value:
+            return await self._close(
+                "monitored", f"{req.fault} is watched only; {req.node} stays in service"
+            )
+
         try:
-            await self._step(
-                "drain",
-                lambda: workflow.execute_activity_method(
-                    SlurmActivities.drain_node,
-                    DrainInput(node=req.node, reason=drain_reason(req.incident_id, req.fault)),
-                    start_to_close_timeout=slurm,
-                    retry_policy=RETRY,
-                ),
-            )
-            requeued = await self._step(
-                "requeue",
-                lambda: workflow.execute_activity_method(
-                    SlurmActivities.requeue_jobs,
-                    RequeueInput(node=req.node, incident_id=req.incident_id),
-                    start_to_close_timeout=slurm,
-                    retry_policy=RETRY,
-                ),
-                detail=lambda r: f"requeued {r.requeued or 'no jobs'}",
-            )
-            state.requeued_jobs = requeued.requeued
-
-            repair = await self._step(
-                "repair",
-                lambda: workflow.execute_activity_method(
-                    CloudActivities.replace_node,
-                    ReplaceInput(node=req.node, incident_id=req.incident_id),
-                    start_to_close_timeout=timedelta(seconds=t.repair_s),
-                    heartbeat_timeout=timedelta(seconds=30),
-                    retry_policy=RETRY,
-                ),
-                detail=lambda r: f"{r.old_vm_id} -> {r.new_vm_id}",
-            )
-            state.old_vm_id, state.new_vm_id = repair.old_vm_id, repair.new_vm_id
-            await self._wait_registered(req, repair)
+            await self._admitted("quarantine", GuardActivities.admit_quarantine, guard)
+            await self._quarantine(req)
+            await self._repair_until_healthy(req, guard)
             back = await self._step(
                 "return_to_service",
                 lambda: workflow.execute_activity_method(
                     SlurmActivities.return_to_service,
                     ReturnInput(node=req.node, incident_id=req.incident_id),
-                    start_to_close_timeout=slurm,
+                    start_to_close_timeout=self._slurm_timeout(),
                     retry_policy=RETRY,
                 ),
                 detail=lambda r: r.state_after + (f" ({r.detail})" if r.detail else ""),
             )
             if not back.returned:
                 raise ApplicationError(f"{req.node} not returned to service: {back.detail}")
-        except (ActivityError, ApplicationError) as err:
-            cause = err.cause if isinstance(err, ActivityError) and err.cause else err
-            state.status, state.error = "failed", str(cause)
-            state.closed_at = workflow.now()
-            drain = state.step("drain")
-            left = "left drained" if drain and drain.outcome == "ok" else "not drained"
-            await self._notify("failed", f"{cause}; {req.node} {left}, needs a human")
+        except Rejected as no:
+            await self._release(guard, back_in_service=False)
+            return await self._close("rejected", f"{no}; {req.node} left drained", "warning")
+        except (ActivityError, ApplicationError, Unattended) as err:
+            cause = cause_of(err)
+            s.error = str(cause)
+            await self._release(guard, back_in_service=False)
+            drained = s.step("drain")
+            left = "left drained" if drained and drained.outcome == "ok" else "not drained"
+            await self._close(
+                "failed",
+                f"{cause}; {req.node} {left} under {req.incident_id}, needs a human",
+                "critical",
+            )
             raise ApplicationError(
                 f"remediation of {req.node} failed: {cause}",
                 type="RemediationFailed",
                 non_retryable=True,
             ) from err
 
-        state.status, state.closed_at = "resolved", workflow.now()
-        await self._notify("resolved", self._timeline_text())
-        return state
+        await self._release(guard, back_in_service=True)
+        return await self._close("resolved", "resolved; " + self._timeline_text())
 
-    async def _wait_registered(self, req: IncidentRequest, repair: ReplaceResult) -> None:
+    async def _quarantine(self, req: IncidentRequest) -> None:
+        await self._step(
+            "drain",
+            lambda: workflow.execute_activity_method(
+                SlurmActivities.drain_node,
+                DrainInput(node=req.node, reason=drain_reason(req.incident_id, req.fault)),
+                start_to_close_timeout=self._slurm_timeout(),
+                retry_policy=RETRY,
+            ),
+            detail=lambda r: (
+                f"kept the drain already there: {r.previous_reason}"
+                if r.previous_reason and r.already_drained
+                else ""
+            ),
+        )
+        requeued = await self._step(
+            "requeue",
+            lambda: workflow.execute_activity_method(
+                SlurmActivities.requeue_jobs,
+                RequeueInput(node=req.node, incident_id=req.incident_id),
+                start_to_close_timeout=self._slurm_timeout(),
+                retry_policy=RETRY,
+            ),
+            detail=lambda r: (
+                f"requeued {r.requeued or 'no jobs'}"
+                + (f"; cannot requeue {r.not_requeueable}" if r.not_requeueable else "")
+            ),
+        )
+        self._state.requeued_jobs = requeued.requeued
+        first = self._policy.step(Rung(self._state.rung or Rung.REBOOT.value))
+        # Jobs that could not be requeued still run here: never repair under them, unless
+        # the policy says force.
+        self._state.waiting_for = Waiting(
+            kind="idle", detail="jobs still on the node", since=workflow.now()
+        )
+        await self._step(
+            "wait_idle",
+            lambda: workflow.execute_activity_method(
+                SlurmActivities.wait_node_idle,
+                WaitIdleInput(
+                    node=req.node,
+                    timeout_s=first.idle_timeout_s if first.wait_for_idle else 0,
+                    force=not first.wait_for_idle or first.on_idle_timeout == "force",
+                ),
+                start_to_close_timeout=timedelta(seconds=first.idle_timeout_s + 120),
+                heartbeat_timeout=timedelta(seconds=60),
+                retry_policy=RETRY,
+            ),
+            detail=lambda r: (
+                f"cancelled {r.cancelled}" if r.cancelled else f"idle after {r.waited_s:.0f}s"
+            ),
+        )
+        self._state.waiting_for = None
+
+    async def _repair_until_healthy(self, req: IncidentRequest, guard: GuardContext) -> None:
+        s, p = self._state, self._policy
+        while True:
+            rung = Rung(s.rung or Rung.REBOOT.value)
+            if p.mode == "approve" or p.step(rung).needs_approval:
+                await self._approval(rung)
+            await self._admitted("repair", GuardActivities.admit_repair, guard)
+            self._repairing = True
+            s.repair_attempts += 1
+            # One key per attempt: a retried activity resumes it, a new rung is a new repair.
+            key = f"{req.incident_id}:{s.repair_attempts}:{rung.value}"
+            repair_input = RepairInput(node=req.node, rung=rung, key=key)
+            try:
+                done = await self._repair(repair_input, req.timeouts.repair_s)
+            finally:
+                await self._release(guard, back_in_service=False)  # frees the repair slot
+            s.old_vm_id, s.new_vm_id = done.old_vm_id, done.new_vm_id
+            await self._wait_registered(req, done)
+            report = await self._step(
+                "health_gate",
+                lambda: workflow.execute_activity_method(
+                    HealthActivities.health_gate,
+                    HealthGateInput(node=req.node),
+                    start_to_close_timeout=timedelta(minutes=10),
+                    retry_policy=RETRY,
+                ),
+                detail=lambda r: "passed" if r.passed else f"FAILED: {r.failures()}",
+            )
+            s.health.append(report)
+            if report.passed:
+                return
+            up = next_rung(rung)
+            if up is None or s.repair_attempts >= p.max_repair_attempts:
+                raise ApplicationError(
+                    f"health gate failed after {rung.value} "
+                    f"(attempt {s.repair_attempts}): {report.failures()}",
+                    type="HealthGateFailed",
+                    non_retryable=True,
+                )
+            s.rung = up.value
+            self._publish()
+            await self._notify(
+                "escalated",
+                f"health gate failed after {rung.value} ({report.failures()}); next: {up.value}",
+                "warning",
+            )
+
+    async def _repair(self, inp: RepairInput, timeout_s: float) -> RepairResult:
+        return await self._step(
+            "repair",
+            lambda: workflow.execute_activity_method(
+                CloudActivities.repair_node,
+                inp,
+                start_to_close_timeout=timedelta(seconds=timeout_s),
+                heartbeat_timeout=timedelta(seconds=30),
+                retry_policy=RETRY,
+            ),
+            detail=lambda r: f"{r.rung.value}: {r.old_vm_id} -> {r.new_vm_id}",
+        )
+
+    async def _wait_registered(self, req: IncidentRequest, done: RepairResult) -> None:
+        if done.stopped_at is None:
+            return  # a GPU reset: the machine never went away
+        stopped_at = done.stopped_at
         await self._step(
             "wait_registered",
             lambda: workflow.execute_activity_method(
                 SlurmActivities.wait_node_registered,
-                WaitRegisteredInput(node=req.node, since=repair.stopped_at),
+                WaitRegisteredInput(node=req.node, since=stopped_at),
                 start_to_close_timeout=timedelta(seconds=req.timeouts.wait_registered_s),
                 heartbeat_timeout=timedelta(seconds=30),
                 retry_policy=RETRY,
@@ -143,56 +391,187 @@ class NodeRemediation:
             detail=lambda n: n.display_state,
         )
 
-    async def _step(
-        self,
-        name: str,
-        run: Callable[[], Awaitable[T]],
-        detail: Callable[[T], str] | None = None,
-    ) -> T:
-        """Run one runbook step and record it on the timeline, whatever its outcome."""
-        rec = StepRecord(name=name, started_at=workflow.now())
-        self._state.steps.append(rec)
-        self._state.current_step = name
-        try:
-            out = await run()
-        except BaseException as e:
-            rec.outcome, rec.finished_at = "failed", workflow.now()
-            cause = e.cause if isinstance(e, ActivityError) and e.cause else e
-            rec.detail = str(cause)
-            raise
-        rec.outcome, rec.finished_at = "ok", workflow.now()
-        rec.detail = detail(out) if detail else ""
-        self._state.current_step = None
-        return out
-
-    async def _notify(self, event: str, text: str) -> None:
-        req = self._state.request
-        note = Notification(
-            incident_id=req.incident_id,
-            cluster=req.cluster,
-            node=req.node,
-            fault=req.fault,
-            event=event,
-            text=text,
+    async def _approval(self, rung: Rung) -> None:
+        """Wait for a human's decision on `rung`; remind once, then apply the policy."""
+        s, p = self._state, self._policy
+        s.waiting_for = Waiting(
+            kind="approval", step=rung.value, detail=f"one of {p.approvers}", since=workflow.now()
         )
-        # A notifier outage must never block the remediation itself.
+        self._decision = None
+        self._publish()
+
+        async def decided() -> ApprovalRecord:
+            text = f"{rung.value} of {s.request.node} needs approval by one of {p.approvers}"
+            await self._notify("approval_needed", text, "warning")
+            timeout = timedelta(seconds=p.approval_timeout_s)
+            for reminder in (True, False):
+                try:
+                    await workflow.wait_condition(
+                        lambda: self._decision is not None, timeout=timeout
+                    )
+                    assert self._decision is not None
+                    return self._decision
+                except TimeoutError:
+                    if reminder:
+                        await self._notify("approval_reminder", "still waiting: " + text, "warning")
+            if p.approval_timeout_action == "proceed":
+                return self._decide(
+                    ApprovalRequest(step=rung.value, approver="policy:timeout"), approved=True
+                )
+            raise Unattended(f"no decision on {rung.value} within {2 * p.approval_timeout_s:.0f}s")
+
         try:
-            await self._step(
-                f"notify_{event}",
-                lambda: workflow.execute_activity_method(
-                    NotifyActivities.notify,
-                    note,
-                    start_to_close_timeout=timedelta(seconds=30),
-                    retry_policy=NOTIFY_RETRY,
+            d = await self._step(
+                "approval",
+                decided,
+                detail=lambda d: f"{'approved' if d.approved else 'rejected'} by {d.approver}",
+            )
+        finally:
+            s.waiting_for = None
+            self._publish()
+        if not d.approved:
+            raise Rejected(
+                f"{rung.value} rejected by {d.approver}" + (f": {d.comment}" if d.comment else "")
+            )
+
+    async def _admitted(
+        self,
+        what: str,
+        act: Callable[[GuardActivities, AdmitCall], Awaitable[Admission]],
+        guard: GuardContext,
+    ) -> None:
+        """Ask the fleet guard until it admits; tell the humans once why we wait."""
+        req = self._state.request
+
+        async def ask() -> Admission:
+            told = False
+            while True:
+                adm: Admission = await workflow.execute_activity_method(
+                    act,
+                    AdmitCall(guard=guard, node=req.node, incident_id=req.incident_id),
+                    start_to_close_timeout=self._slurm_timeout(),
+                    retry_policy=RETRY,
+                )
+                if adm.admitted:
+                    self._state.waiting_for = None
+                    return adm
+                self._state.waiting_for = Waiting(
+                    kind="admission", step=what, detail=adm.reason, since=workflow.now()
+                )
+                self._publish()
+                if not told:
+                    await self._notify(
+                        "held", f"{what} of {req.node} held: {adm.reason}", "warning"
+                    )
+                    told = True
+                await workflow.sleep(timedelta(seconds=req.timeouts.admission_poll_s))
+
+        await self._step(f"admit_{what}", ask, detail=lambda a: a.reason)
+
+    async def _release(self, guard: GuardContext, back_in_service: bool) -> None:
+        req = self._state.request
+        self._repairing = False
+        try:
+            await workflow.execute_activity_method(
+                GuardActivities.release,
+                ReleaseCall(
+                    guard=guard,
+                    release=ReleaseRequest(
+                        node=req.node, incident_id=req.incident_id, back_in_service=back_in_service
+                    ),
                 ),
+                start_to_close_timeout=self._slurm_timeout(),
+                retry_policy=RETRY,
             )
         except ActivityError:
-            workflow.logger.warning("notification %s for %s failed", event, req.incident_id)
+            workflow.logger.warning("fleet guard release for %s failed", req.incident_id)
 
-    def _timeline_text(self) -> str:
-        start = self._state.request.opened_at
-        parts: list[Any] = []
-        for s in self._state.steps:
-            if s.finished_at is not None:
-                parts.append(f"{s.name} +{(s.finished_at - start).total_seconds():.1f}s")
-        return "resolved; " + ", ".join(parts)
+    async def _close(
+        self, status: IncidentStatus, text: str, severity: str = "info"
+    ) -> IncidentState:
+        s = self._state
+        s.status, s.closed_at, s.current_step, s.waiting_for = status, workflow.now(), None, None
+        self._publish()
+        await self._notify(status, text, severity)
+        return s
+
+    # --- helpers ------------------------------------------------------------------------
+
+    def _worst_rung(self) -> Rung:
+        rungs = [self._policy.rung_for(f.fault, self._recent) for f in self._state.faults]
+        return max(rungs, key=LADDER.index)
+
+    def _severity(self) -> str:
+        order = {"info": 0, "warning": 1, "critical": 2}
+        return max(
+            (self._policy.rule_for(f.fault).severity for f in self._state.faults),
+            key=order.__getitem__,
+        )
+
+    def _slurm_timeout(self) -> timedelta:
+        return timedelta(seconds=self._state.request.timeouts.slurm_step_s)
+
+    def _opening_text(self, reg: Registration) -> str:
+        s, r = self._state, self._state.request
+        text = f"{r.fault} on {r.node}: plan {s.rung} (mode {s.mode})"
+        if self._recent:
+            text += f"; {self._recent} earlier incident(s) on this node within the window"
+        if reg.breaker.tripped:
+            b = reg.breaker
+            where = (
+                f"; all behind leaf {b.shared_leaf}"
+                if b.shared_leaf
+                else (f"; all in pod {b.shared_pod}" if b.shared_pod else "")
+            )
+            text += (
+                f"; CIRCUIT BREAKER TRIPPED by {', '.join(b.nodes)}{where}: "
+                "repairs wait for a human reset"
+            )
+        return text
+
+    def _plan(self) -> list[str]:
+        s, p, r = self._state, self._policy, self._state.request
+        rung = Rung(s.rung or Rung.REBOOT.value)
+        if rung == Rung.MONITOR:
+            return [f"watch {r.node}; no drain"]
+        step = p.step(rung)
+        plan = [
+            f"drain {r.node} with reason '{drain_reason(r.incident_id, r.fault)}' "
+            "(when the fleet guard admits)",
+            "requeue the node's requeueable jobs and release their requeue hold",
+            f"wait until {r.node} is idle "
+            f"(up to {step.idle_timeout_s:.0f}s, then {step.on_idle_timeout})"
+            if step.wait_for_idle
+            else f"cancel what still runs on {r.node} (force)",
+        ]
+        if p.mode == "approve" or step.needs_approval:
+            plan.append(f"wait for approval of {rung.value} by one of {p.approvers}")
+        plan += [
+            f"{rung.value} {r.node} (when the fleet guard admits)",
+            "wait until the node registers in Slurm again",
+            "health gate; on failure one rung up the ladder",
+            "return to service",
+        ]
+        return plan
+
+    def _show_current(self, step: str) -> None:
+        s = self._state
+        workflow.set_current_details(
+            f"**{s.request.node}** {s.request.fault}: step **{step}**, "
+            f"rung {s.rung or '-'}, status {s.status}"
+        )
+
+    def _publish(self) -> None:
+        """Search attributes and UI details follow the incident's state."""
+        s = self._state
+        workflow.upsert_search_attributes(
+            [
+                temporal.INCIDENT_STATUS.value_set(
+                    "waiting_approval"
+                    if s.waiting_for and s.waiting_for.kind == "approval"
+                    else s.status
+                ),
+                temporal.REPAIR_ACTION.value_set(s.rung or "none"),
+            ]
+        )
+        self._show_current(s.current_step or "-")

@@ -1,0 +1,103 @@
+"""The fleet guard, as seen from an incident: register, admit quarantine/repair, release.
+
+A workflow cannot send an update to another workflow, so the incident asks its cluster's
+guard through these activities. Each call is an update-with-start: the first incident of a
+cluster starts its guard, every later one reaches the guard already running (whose policy
+and topology are the ones it was started with).
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from temporalio import activity
+from temporalio.client import (
+    Client,
+    WithStartWorkflowOperation,
+    WorkflowUpdateFailedError,
+)
+from temporalio.common import WorkflowIDConflictPolicy
+from temporalio.exceptions import ApplicationError
+
+from autoclusters.guard import (
+    Admission,
+    AdmitCall,
+    AdmitRequest,
+    GuardContext,
+    RegisterCall,
+    Registration,
+    ReleaseCall,
+    guard_workflow_id,
+)
+from autoclusters.slurm import SlurmClient
+from workflows.fleet_guard import FleetGuard
+
+
+class GuardActivities:
+    def __init__(
+        self,
+        client: Client,
+        slurm: SlurmClient,
+        task_queue: str,
+        *,
+        execution_timeout: timedelta | None = None,
+    ) -> None:
+        """`task_queue`: where a guard started here runs. `execution_timeout`: for tests
+        only — a guard normally runs for as long as its cluster does."""
+        self._client = client
+        self._slurm = slurm
+        self._task_queue = task_queue
+        self._execution_timeout = execution_timeout
+
+    def _start(self, guard: GuardContext) -> WithStartWorkflowOperation[Any, Any]:
+        # A fresh operation per call: one cannot be reused.
+        return WithStartWorkflowOperation(
+            FleetGuard.run,
+            guard.guard_input(),
+            id=guard_workflow_id(guard.cluster),
+            task_queue=self._task_queue,
+            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+            execution_timeout=self._execution_timeout,
+        )
+
+    async def _update(self, guard: GuardContext, update: Any, arg: Any) -> Any:
+        try:
+            return await self._client.execute_update_with_start_workflow(
+                update, arg, start_workflow_operation=self._start(guard)
+            )
+        except WorkflowUpdateFailedError as e:
+            # The guard rejected the request as malformed: asking again cannot help.
+            raise ApplicationError(
+                f"fleet guard of {guard.cluster} refused {activity.info().activity_type}: "
+                f"{e.cause or e}",
+                type="GuardRejected",
+                non_retryable=True,
+            ) from e
+
+    @activity.defn(name="guard_register")
+    async def register(self, call: RegisterCall) -> Registration:
+        result: Registration = await self._update(call.guard, FleetGuard.register, call.incident)
+        return result
+
+    @activity.defn(name="guard_admit_quarantine")
+    async def admit_quarantine(self, call: AdmitCall) -> Admission:
+        req = await self._admit_request(call)
+        result: Admission = await self._update(call.guard, FleetGuard.admit_quarantine, req)
+        return result
+
+    @activity.defn(name="guard_admit_repair")
+    async def admit_repair(self, call: AdmitCall) -> Admission:
+        req = await self._admit_request(call)
+        result: Admission = await self._update(call.guard, FleetGuard.admit_repair, req)
+        return result
+
+    @activity.defn(name="guard_release")
+    async def release(self, call: ReleaseCall) -> None:
+        await self._update(call.guard, FleetGuard.release, call.release)
+
+    async def _admit_request(self, call: AdmitCall) -> AdmitRequest:
+        cluster_nodes = len(await self._slurm.nodes())
+        return AdmitRequest(
+            node=call.node, incident_id=call.incident_id, cluster_nodes=cluster_nodes
+        )

@@ -1,0 +1,18 @@
+"""The health gate step: the node proves itself healthy before it takes jobs again."""
+
+from __future__ import annotations
+
+from temporalio import activity
+
+from autoclusters.health import HealthGate
+from autoclusters.models import HealthGateInput, HealthReport
+
+
+class HealthActivities:
+    def __init__(self, gate: HealthGate) -> None:
+        self._gate = gate
+
+    @activity.defn(name="health_gate")
+    async def health_gate(self, inp: HealthGateInput) -> HealthReport:
+        # A failed check is an answer, not an error: the workflow escalates on it.
+        return await self._gate.check(inp.node)

