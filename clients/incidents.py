@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from datetime import UTC, datetime
 
 from pydantic import BaseModel
@@ -142,15 +143,19 @@ async def decide(
     step, already decided) raises DecisionRefused and is recorded in the incident's history."""
     handle = await find_incident(client, settings, incident_id)
     state = await handle.query(NodeRemediation.status)
+    if state.status != "open":
+        raise DecisionRefused(f"incident {incident_id} is closed ({state.status})")
     step = state.waiting_for.step if state.waiting_for and state.waiting_for.step else "none"
     req = ApprovalRequest(step=step, approver=approver, comment=comment)
     update = NodeRemediation.approve if approve else NodeRemediation.reject
     try:
         return await handle.execute_update(update, req)
+    except RPCError as e:  # it closed between the query and the update
+        raise DecisionRefused(f"incident {incident_id}: {e.message}") from e
     except WorkflowUpdateFailedError as e:
         reason = str(e.cause or e)
         # The validator's refusal leaves no trace in the history: record it there.
-        if state.status == "open":
+        with contextlib.suppress(RPCError):
             await handle.signal(
                 NodeRemediation.approval_refused,
                 RefusedApproval(

@@ -232,6 +232,8 @@ class FakeSlurm:
         job = self._job(job_id)
         job.job_state = "CANCELLED"
         self.record("cancel", str(job_id))
+        for n in hostlist.expand(job.nodes):
+            self._settle(n)
 
 
 class FakeCloud:
@@ -326,9 +328,12 @@ class FakeCloud:
 
 class FakeHealth:
     """The health gate over the fake cluster: the node fails its checks until it has had a
-    repair at `fixed_by` or higher on the ladder (a GPU reset does not fix a lost GPU)."""
+    repair at `fixed_by` or higher on the ladder (a GPU reset does not fix a lost GPU).
 
-    def __init__(self, cloud: FakeCloud, fixed_by: Rung = Rung.RESET_GPU) -> None:
+    fixed_by=None: no repair ever fixes it (the node fails every health gate).
+    """
+
+    def __init__(self, cloud: FakeCloud, fixed_by: Rung | None = Rung.RESET_GPU) -> None:
         self._cloud = cloud
         self.fixed_by = fixed_by
         self.checks: list[str] = []
@@ -336,8 +341,14 @@ class FakeHealth:
     async def check(self, node: str) -> HealthReport:
         self.checks.append(node)
         done = [r for n, r, _ in self._cloud.repair_calls if n == node]
-        ok = any(LADDER.index(r) >= LADDER.index(self.fixed_by) for r in done)
-        detail = "clean" if ok else f"fault persists until {self.fixed_by.value}"
+        fixed_by = self.fixed_by
+        ok = fixed_by is not None and any(LADDER.index(r) >= LADDER.index(fixed_by) for r in done)
+        if ok:
+            detail = "clean"
+        elif fixed_by is None:
+            detail = "fault persists whatever is repaired"
+        else:
+            detail = f"fault persists until {fixed_by.value}"
         return HealthReport(
             node=node, passed=ok, checks=[HealthCheck(name="gpu_faults", passed=ok, detail=detail)]
         )

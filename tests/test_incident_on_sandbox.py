@@ -3,12 +3,17 @@
 - a job on the faulty node is requeued exactly once and runs again on other nodes;
 - the node is replaced (new VM id), registers again and comes back IDLE;
 - the requeue activity run twice against real Slurm requeues once;
-- the CLI refuses an unknown node and starts nothing; list/show read the incident.
+- the CLI refuses an unknown node and starts nothing; list/show read the incident;
+- observe mode changes nothing in Slurm (`sinfo --json` before and after);
+- approve mode waits for `autoclusters approve`: a non-approver is refused and recorded,
+  an approver lets it go on;
+- a machine whose fault survives a reboot fails the health gate and is replaced.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -20,15 +25,24 @@ from temporalio.testing import ActivityEnvironment
 from activities.slurm import SlurmActivities
 from autoclusters import hostlist
 from autoclusters.models import IncidentState, RequeueInput, workflow_id
+from autoclusters.policy import Policy, parse_policy
 from autoclusters.settings import Settings
 from autoclusters.slurm import SlurmCli
 from clients import incidents
+from sandbox.cluster import sandbox_policy
 from sandbox.config import SandboxConfig
 from sandbox.vms import VmRegistry
 from tests.helpers import cancel, eventually, job, running, submit_progress_job
 from workflows.remediation import NodeRemediation
 
 CLI = [sys.executable, "-m", "clients.cli"]
+
+
+def fresh_policy(**changes: object) -> Policy:
+    """The sandbox's policy, forgetting earlier incidents: tests share the nodes, and a
+    recurrence would otherwise move a later test's incident up the ladder."""
+    policy = parse_policy(sandbox_policy(SandboxConfig()))
+    return policy.model_copy(update={"recurrence_window_s": 0.001, **changes})
 
 
 async def test_job_on_faulty_node_requeued_once_and_node_returns_idle(
@@ -42,7 +56,10 @@ async def test_job_on_faulty_node_requeued_once_and_node_returns_idle(
         vm_before = VmRegistry(sandbox.state_dir).get(faulty)
         assert vm_before is not None
 
-        opened = await incidents.open_incident(sandbox_client, sandbox_settings, faulty, "XID_79")
+        # A row-remap failure goes straight to replace: the node gets a new machine.
+        opened = await incidents.open_incident(
+            sandbox_client, sandbox_settings, faulty, "ROW_REMAP_FAILURE", policy=fresh_policy()
+        )
         assert not opened.joined
         handle = sandbox_client.get_workflow_handle_for(
             NodeRemediation.run, opened.workflow_id, run_id=opened.run_id
@@ -51,9 +68,11 @@ async def test_job_on_faulty_node_requeued_once_and_node_returns_idle(
 
         assert state.status == "resolved"
         assert [s.name for s in state.steps] == [
-            "notify_opened", "drain", "requeue", "repair", "wait_registered",
+            "guard_register", "notify_opened", "admit_quarantine", "drain", "requeue",
+            "wait_idle", "admit_repair", "repair", "wait_registered", "health_gate",
             "return_to_service", "notify_resolved",
         ]  # fmt: skip
+        assert state.rung == "replace"
         assert state.requeued_jobs == [job_id]
 
         again = await eventually(
@@ -159,3 +178,133 @@ async def test_cli_opens_waits_lists_and_shows(
         env=cli_env, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert missing.returncode == 1 and "no incident" in missing.stderr
+
+
+def _sinfo_json(cfg: SandboxConfig) -> list[dict[str, object]]:
+    out = subprocess.run(
+        ["sinfo", "--json"], env={**os.environ, "SLURM_CONF": str(cfg.slurm_conf)},
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    keep = ("name", "state", "state_flags", "reason", "slurmd_start_time", "boot_time")
+    return [{k: n.get(k) for k in keep} for n in json.loads(out)["nodes"]]
+
+
+async def test_observe_mode_changes_nothing_in_slurm(
+    sandbox: SandboxConfig, sandbox_settings: Settings, sandbox_client: Client, slurm: SlurmCli
+) -> None:
+    job_id = submit_progress_job(sandbox)
+    try:
+        started = await eventually(lambda: running(slurm, job_id), 60, "job running")
+        node = hostlist.expand(started.nodes)[0]
+        before = _sinfo_json(sandbox)
+        opened = await incidents.open_incident(
+            sandbox_client, sandbox_settings, node, "XID_79", policy=fresh_policy(mode="observe")
+        )
+        handle = sandbox_client.get_workflow_handle_for(
+            NodeRemediation.run, opened.workflow_id, run_id=opened.run_id
+        )
+        state = await handle.result()
+        assert state.status == "observed"
+        assert any(step.startswith(f"drain {node}") for step in state.planned_steps)
+        assert _sinfo_json(sandbox) == before
+        after = await job(slurm, job_id)
+        assert after is not None and after.job_state == "RUNNING" and after.restart_cnt == 0
+        assert after.admin_comment == ""
+    finally:
+        cancel(sandbox, job_id)
+
+
+async def test_approve_mode_waits_for_an_approver(
+    sandbox: SandboxConfig,
+    sandbox_settings: Settings,
+    sandbox_client: Client,
+    slurm: SlurmCli,
+    cli_env: dict[str, str],
+) -> None:
+    opened = await incidents.open_incident(
+        sandbox_client, sandbox_settings, "gpu-03", "XID_48", policy=fresh_policy(mode="approve")
+    )
+    handle = sandbox_client.get_workflow_handle_for(
+        NodeRemediation.run, opened.workflow_id, run_id=opened.run_id
+    )
+
+    async def waiting() -> IncidentState | None:
+        st = await handle.query(NodeRemediation.status)
+        return st if st.waiting_for and st.waiting_for.kind == "approval" else None
+
+    held = await eventually(waiting, 60, "the approval gate")
+    assert held.waiting_for is not None and held.waiting_for.step == "reboot"
+    node = await slurm.node("gpu-03")
+    assert node is not None and node.drained  # quarantined while it waits
+
+    approve = [*CLI, "approve", opened.incident_id]
+    refused = subprocess.run(
+        [*approve, "--as", "mallory"], env=cli_env, capture_output=True, text=True, timeout=60
+    )
+    assert refused.returncode == 3 and "not an approver" in refused.stderr
+    after_refusal = await handle.query(NodeRemediation.status)
+    assert after_refusal.waiting_for is not None  # still waiting
+    assert [r.approver for r in after_refusal.refusals] == ["mallory"]
+
+    ok = subprocess.run(
+        [*approve, "--as", "alice", "--comment", "go"],
+        env=cli_env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert ok.returncode == 0, ok.stderr
+    assert "approved by alice" in ok.stdout
+    state = await handle.result()
+    assert state.status == "resolved"
+    assert [(a.approver, a.step, a.approved) for a in state.approvals] == [
+        ("alice", "reboot", True)
+    ]
+    again = subprocess.run(
+        [*approve, "--as", "bob"], env=cli_env, capture_output=True, text=True, timeout=60
+    )
+    assert again.returncode == 3  # nothing is waiting any more
+
+
+async def test_fault_surviving_a_reboot_escalates_to_replace(
+    sandbox: SandboxConfig,
+    sandbox_settings: Settings,
+    sandbox_client: Client,
+    slurm: SlurmCli,
+    cli_env: dict[str, str],
+) -> None:
+    broke = subprocess.run(
+        [*CLI, "sandbox", "hardware-fault", "--node", "gpu-02", "--fault", "XID_79",
+         "--fixed-by", "replace", "--state-dir", str(sandbox.state_dir)],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert broke.returncode == 0, broke.stderr
+    vm_before = VmRegistry(sandbox.state_dir).get("gpu-02")
+    assert vm_before is not None
+    opened = await incidents.open_incident(
+        sandbox_client, sandbox_settings, "gpu-02", "XID_79", policy=fresh_policy()
+    )
+    handle = sandbox_client.get_workflow_handle_for(
+        NodeRemediation.run, opened.workflow_id, run_id=opened.run_id
+    )
+    state = await handle.result()
+
+    assert state.status == "resolved"
+    assert [h.passed for h in state.health] == [False, True]
+    assert "XID_79" in state.health[0].failures()
+    repairs = [s.detail.split(":")[0] for s in state.steps if s.name == "repair"]
+    assert repairs == ["reboot", "replace"]
+    assert state.rung == "replace"
+    vm_after = VmRegistry(sandbox.state_dir).get("gpu-02")
+    assert vm_after is not None and vm_after.vm_id != vm_before.vm_id
+    node = await slurm.node("gpu-02")
+    assert node is not None and node.display_state == "IDLE"
+
+    async def listed() -> list[dict[str, str]] | None:
+        out = subprocess.run(
+            [*CLI, "incident", "list", "--json", "--state", "resolved", "--node", "gpu-02",
+             "--fault", "XID_79"],
+            env=cli_env, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        rows = [r for r in json.loads(out.stdout) if r["incident_id"] == opened.incident_id]
+        return rows or None
+
+    rows = await eventually(listed, 30, "the incident in visibility")
+    assert rows[0]["action"] == "replace" and rows[0]["state"] == "resolved"

@@ -317,11 +317,19 @@ class NodeRemediation(Timeline):
 
     async def _repair_until_healthy(self, req: IncidentRequest, guard: GuardContext) -> None:
         s, p = self._state, self._policy
+        approved: Rung | None = None
         while True:
             rung = Rung(s.rung or Rung.REBOOT.value)
-            if p.mode == "approve" or p.step(rung).needs_approval:
-                await self._approval(rung)
+            if (p.mode == "approve" or p.step(rung).needs_approval) and approved != rung:
+                # An approval is for one rung: a more severe fault that raises the rung
+                # while we wait asks again, for the new rung.
+                approved = await self._approval(rung)
+                continue
             await self._admitted("repair", GuardActivities.admit_repair, guard)
+            if s.rung != rung.value:
+                # Raised while the repair was held: give the slot back, repair the new rung.
+                await self._release(guard, back_in_service=False)
+                continue
             self._repairing = True
             s.repair_attempts += 1
             # One key per attempt: a retried activity resumes it, a new rung is a new repair.
@@ -391,8 +399,12 @@ class NodeRemediation(Timeline):
             detail=lambda n: n.display_state,
         )
 
-    async def _approval(self, rung: Rung) -> None:
-        """Wait for a human's decision on `rung`; remind once, then apply the policy."""
+    async def _approval(self, rung: Rung) -> Rung | None:
+        """Wait for a human's decision on `rung`; remind once, then apply the policy.
+
+        Returns the rung approved, or None when a more severe fault raised the incident's
+        rung before anyone decided (the caller asks again, for the new rung).
+        """
         s, p = self._state, self._policy
         s.waiting_for = Waiting(
             kind="approval", step=rung.value, detail=f"one of {p.approvers}", since=workflow.now()
@@ -400,16 +412,16 @@ class NodeRemediation(Timeline):
         self._decision = None
         self._publish()
 
-        async def decided() -> ApprovalRecord:
+        async def decided() -> ApprovalRecord | None:
             text = f"{rung.value} of {s.request.node} needs approval by one of {p.approvers}"
             await self._notify("approval_needed", text, "warning")
             timeout = timedelta(seconds=p.approval_timeout_s)
             for reminder in (True, False):
                 try:
                     await workflow.wait_condition(
-                        lambda: self._decision is not None, timeout=timeout
+                        lambda: self._decision is not None or s.rung != rung.value,
+                        timeout=timeout,
                     )
-                    assert self._decision is not None
                     return self._decision
                 except TimeoutError:
                     if reminder:
@@ -424,15 +436,22 @@ class NodeRemediation(Timeline):
             d = await self._step(
                 "approval",
                 decided,
-                detail=lambda d: f"{'approved' if d.approved else 'rejected'} by {d.approver}",
+                detail=lambda d: (
+                    f"{'approved' if d.approved else 'rejected'} by {d.approver}"
+                    if d
+                    else f"none: a more severe fault raised the rung to {s.rung}"
+                ),
             )
         finally:
             s.waiting_for = None
             self._publish()
+        if d is None:
+            return None
         if not d.approved:
             raise Rejected(
-                f"{rung.value} rejected by {d.approver}" + (f": {d.comment}" if d.comment else "")
+                f"{d.step} rejected by {d.approver}" + (f": {d.comment}" if d.comment else "")
             )
+        return Rung(d.step)
 
     async def _admitted(
         self,

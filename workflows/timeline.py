@@ -47,6 +47,9 @@ class Timeline:
         """Run one runbook step and record it on the timeline, whatever its outcome."""
         rec = StepRecord(name=name, started_at=workflow.now())
         self._state.steps.append(rec)
+        # A step can run inside another (a notification while a step waits for a human or
+        # the fleet guard): when it ends, the enclosing step is current again.
+        enclosing = self._state.current_step
         self._state.current_step = name
         self._show_current(name)
         try:
@@ -54,10 +57,16 @@ class Timeline:
         except BaseException as e:
             rec.outcome, rec.finished_at = "failed", workflow.now()
             rec.detail = str(cause_of(e))
+            # A failed outermost step stays current until the incident closes.
+            self._state.current_step = enclosing or name
+            if enclosing:
+                self._show_current(enclosing)
             raise
         rec.outcome, rec.finished_at = "ok", workflow.now()
         rec.detail = detail(out) if detail else ""
-        self._state.current_step = None
+        self._state.current_step = enclosing
+        if enclosing:
+            self._show_current(enclosing)
         return out
 
     def _show_current(self, step: str) -> None:
