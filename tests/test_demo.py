@@ -4,6 +4,7 @@ once on other nodes, the node comes back IDLE, and the job recovers well before 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -28,3 +29,52 @@ def test_demo_json_summary(tmp_path: Path) -> None:
     names = [s["name"] for s in summary["steps"]]
     assert names.index("requeue") < names.index("repair") < names.index("return_to_service")
     assert all(s["finished_at"] >= s["started_at"] for s in summary["steps"])
+
+
+def test_demo_observe_and_approve_modes(tmp_path: Path) -> None:
+    state = tmp_path / "modes"
+    base = [sys.executable, "-m", "clients.cli"]
+    common = ["--json", "--boot-delay", "2", "--state-dir", str(state),
+              "--port-base", str(free_port_base()), "--keep"]  # fmt: skip
+    try:
+        observed = subprocess.run(
+            [*base, "demo", "--mode", "observe", *common],
+            capture_output=True, text=True, timeout=240,
+        )  # fmt: skip
+        assert observed.returncode == 0, observed.stderr[-3000:]
+        summary = json.loads(observed.stdout.strip().splitlines()[-1])
+        assert summary["status"] == "observed"
+        assert summary["planned_steps"] and summary["job_restarts"] == 0
+        assert summary["node_state_after"] == summary["node_state_before"]
+
+        # Approve mode: the demo waits until someone runs `autoclusters approve`.
+        demo = subprocess.Popen(
+            [*base, "demo", "--mode", "approve", *common],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        try:
+            assert demo.stderr is not None
+            command = ""
+            for line in demo.stderr:
+                if "autoclusters approve" in line:
+                    command = line.strip()
+                    break
+            assert command, "the demo never asked for an approval"
+            incident_id = command.split("autoclusters approve ")[1].split()[0]
+            env = {**os.environ, "AUTOCLUSTERS_CONFIG": str(state / "autoclusters.toml")}
+            ok = subprocess.run(
+                [*base, "approve", incident_id, "--as", "alice"],
+                env=env, capture_output=True, text=True, timeout=60,
+            )  # fmt: skip
+            assert ok.returncode == 0, ok.stderr
+            out, _ = demo.communicate(timeout=240)
+        finally:
+            if demo.poll() is None:
+                demo.kill()
+                demo.wait()
+        assert demo.returncode == 0
+        summary = json.loads(out.strip().splitlines()[-1])
+        assert summary["status"] == "resolved" and summary["mode"] == "approve"
+        assert summary["job_restarts"] == 1
+    finally:
+        subprocess.run([*base, "sandbox", "down", "--state-dir", str(state)], timeout=120)
