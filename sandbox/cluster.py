@@ -70,9 +70,12 @@ def _prepare(cfg: SandboxConfig) -> None:
 
 
 def sandbox_policy(cfg: SandboxConfig) -> str:
-    """The shipped default policy, with the sandbox's approvers."""
-    policy = default_policy().model_copy(update={"approvers": cfg.approvers})
-    header = "# Written by `autoclusters sandbox up`: the shipped default with sandbox approvers.\n"
+    """The shipped default policy, with the sandbox's approvers; a small sandbox may have
+    half its nodes out (the default 0.75 would freeze a 2-node sandbox)."""
+    policy = default_policy()
+    guard = policy.guard.model_copy(update={"min_in_service_fraction": 0.5})
+    policy = policy.model_copy(update={"approvers": cfg.approvers, "guard": guard})
+    header = "# Written by `autoclusters sandbox up`: the shipped default with sandbox approvers and guard.\n"
     return header + yaml.safe_dump(policy.model_dump(mode="json"), sort_keys=False)
 
 

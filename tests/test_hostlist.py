@@ -92,6 +92,7 @@ SINFO_23_02: dict[str, Any] = {
             "reason": "autoclusters: INC-7 XID_79",
             "reason_changed_at": _num(1767582100),
             "slurmd_start_time": _num(1767582000),
+            "gres": "gpu:8",
         },
         {
             "name": "gpu-02",

@@ -1,0 +1,412 @@
+"""Kubernetes steps of the runbook: cordon, evict, wait for the new machine, mark, uncordon.
+
+Every step is idempotent and undoes only its own marks (see `autoclusters.k8s`): a cordon
+someone else made stands, and uncordon leaves it. Writes that replace a list (`spec.taints`)
+carry the resourceVersion they were computed from, so a concurrent writer makes them retry
+instead of being overwritten.
+
+On Slinky, a slurmd pod is never evicted here by default: evicting it tells Slurm nothing.
+The workflow drains through Slurm, waits for IDLE+DRAIN, then deals with that pod.
+
+Failures: a Node that does not exist is `UnknownNode` (non-retryable); 409 and 5xx are
+retryable; other refusals (400/401/403/422) are non-retryable, since a retry would repeat them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+from kubernetes import client
+from kubernetes.client import ApiException
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from autoclusters.k8s import (
+    CORDON_REASON_ANNOTATION,
+    GPU_UNHEALTHY,
+    INCIDENT_ANNOTATION,
+    PHASE_LABEL,
+    TAINT_KEY,
+    CordonNodeInput,
+    CordonNodeResult,
+    EvictPodsInput,
+    EvictPodsResult,
+    FindSlurmdPodInput,
+    FindSlurmdPodResult,
+    NodeIdentity,
+    NodeIdentityInput,
+    Obj,
+    SetNodeConditionInput,
+    SetNodeConditionResult,
+    UncordonNodeInput,
+    UncordonNodeResult,
+    WaitNewNodeInput,
+    drain_skip_reason,
+    identity_of,
+    is_slurmd,
+    is_unschedulable,
+    metadata_of,
+    other_taints,
+    our_taints,
+    pod_ref,
+    slurmd_pod_of,
+)
+
+# A write computed from a stale read is recomputed this many times before the step fails
+# (retryably) and Temporal takes over.
+_CONFLICT_ATTEMPTS = 5
+R = TypeVar("R")
+
+
+def _status_body(e: ApiException) -> dict[str, Any]:
+    try:
+        body = json.loads(e.body or "{}")
+    except ValueError:
+        return {}
+    return body if isinstance(body, dict) else {}
+
+
+def _translate(e: ApiException, node: str) -> ApplicationError:
+    body = _status_body(e)
+    message = body.get("message") or e.reason or str(e)
+    status = e.status or 0
+    if status == 404 and (body.get("details") or {}).get("kind") in ("nodes", None):
+        return ApplicationError(
+            f"node {node} is not in this Kubernetes cluster", type="UnknownNode", non_retryable=True
+        )
+    if status in (401, 403):
+        return ApplicationError(
+            f"Kubernetes refused our credentials ({status}): {message}",
+            type="KubernetesUnauthorized",
+            non_retryable=True,
+        )
+    if status in (409, 429) or status >= 500 or status == 0:
+        return ApplicationError(f"Kubernetes {status}: {message}", type="KubernetesRetryable")
+    return ApplicationError(
+        f"Kubernetes refused the request ({status}): {message}",
+        type="KubernetesRejected",
+        non_retryable=True,
+    )
+
+
+@contextmanager
+def _api_errors(node: str) -> Iterator[None]:
+    try:
+        yield
+    except ApiException as e:
+        raise _translate(e, node) from e
+
+
+def _iso(t: datetime) -> str:
+    return t.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class KubernetesActivities:
+    def __init__(self, api: client.ApiClient, *, request_timeout_s: float = 30) -> None:
+        self._core = client.CoreV1Api(api)
+        self._timeout = request_timeout_s
+
+    async def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Obj:
+        """One blocking client call, off the event loop, answered as the API's own JSON.
+
+        Reading the raw JSON (not the client's models) keeps what we patch back exactly what
+        the server sent.
+        """
+        resp = await asyncio.to_thread(
+            fn, *args, _request_timeout=self._timeout, _preload_content=False, **kwargs
+        )
+        body: Obj = json.loads(resp.data or b"{}")
+        return body
+
+    async def _node(self, name: str) -> Obj:
+        return await self._call(self._core.read_node, name)
+
+    async def _pods_on(self, node: str) -> list[Obj]:
+        pods = await self._call(
+            self._core.list_pod_for_all_namespaces, field_selector=f"spec.nodeName={node}"
+        )
+        return list(pods.get("items") or [])
+
+    async def _rewrite_node(self, name: str, plan: Callable[[Obj], tuple[Obj | None, R]]) -> R:
+        """Read the node, plan a patch from it, send it with the read's resourceVersion.
+
+        A 409 means someone wrote in between: read and plan again, a few times.
+        """
+        for attempt in range(_CONFLICT_ATTEMPTS):
+            node = await self._node(name)
+            patch, result = plan(node)
+            if patch is None:
+                return result
+            patch["metadata"] = {**patch.get("metadata", {}), "resourceVersion": _rv(node)}
+            try:
+                await self._call(self._core.patch_node, name, patch)
+            except ApiException as e:
+                if e.status == 409 and attempt + 1 < _CONFLICT_ATTEMPTS:
+                    continue
+                raise
+            return result
+        raise AssertionError("unreachable")
+
+    @activity.defn(name="k8s_cordon")
+    async def cordon_node(self, inp: CordonNodeInput) -> CordonNodeResult:
+        with _api_errors(inp.node):
+            return await self._rewrite_node(inp.node, lambda node: _cordon_plan(node, inp))
+
+    @activity.defn(name="k8s_uncordon")
+    async def uncordon_node(self, inp: UncordonNodeInput) -> UncordonNodeResult:
+        with _api_errors(inp.node):
+            return await self._rewrite_node(inp.node, lambda node: _uncordon_plan(node, inp))
+
+    @activity.defn(name="k8s_evict_pods")
+    async def evict_pods(self, inp: EvictPodsInput) -> EvictPodsResult:
+        """Evict every pod on the node that a drain should move; PDB refusals are retried.
+
+        Waits until the evicted pods are gone (by uid: a pod recreated under the same name is
+        another pod). What is still there after `timeout_s` is force-deleted when
+        `force_after_timeout`, else the step fails with `EvictionBlocked`.
+        """
+        with _api_errors(inp.node):
+            await self._node(inp.node)
+            result = EvictPodsResult()
+            wanted: dict[str, Obj] = {}
+            for pod in await self._pods_on(inp.node):
+                why = drain_skip_reason(pod, skip_slurmd=inp.skip_slurmd)
+                if why:
+                    result.skipped[pod_ref(pod)] = why
+                else:
+                    wanted[pod_ref(pod)] = pod
+            start, delay = time.monotonic(), inp.poll_s
+            pending = {
+                r: p for r, p in wanted.items() if not metadata_of(p).get("deletionTimestamp")
+            }
+            blocked: dict[str, str] = {}
+            while True:
+                for ref, pod in list(pending.items()):
+                    refusal = await self._evict(pod, inp.grace_period_s)
+                    if refusal is None:
+                        pending.pop(ref)
+                        blocked.pop(ref, None)
+                        result.evicted.append(ref)
+                    else:
+                        blocked[ref] = refusal
+                left = await self._still_there(inp.node, wanted)
+                waited = time.monotonic() - start
+                if not left or waited >= inp.timeout_s:
+                    break
+                activity.heartbeat({"blocked": blocked, "terminating": sorted(left - set(blocked))})
+                await asyncio.sleep(min(delay, inp.timeout_s - waited))
+                delay = min(delay * 2, inp.max_backoff_s)
+            result.waited_s = time.monotonic() - start
+            if left and not inp.force_after_timeout:
+                stuck = {ref: blocked.get(ref, "still terminating") for ref in sorted(left)}
+                raise ApplicationError(
+                    f"{inp.node}: {len(left)} pod(s) still on the node after "
+                    f"{inp.timeout_s:.0f}s: {stuck}",
+                    stuck,
+                    type="EvictionBlocked",
+                    non_retryable=True,
+                )
+            for ref in sorted(left):
+                await self._force_delete(wanted[ref])
+                result.forced.append(ref)
+            return result
+
+    async def _evict(self, pod: Obj, grace: int | None) -> str | None:
+        """None when the pod is on its way out (or already gone); else why it was refused."""
+        meta = metadata_of(pod)
+        body = client.V1Eviction(
+            metadata=client.V1ObjectMeta(name=meta["name"], namespace=meta["namespace"]),
+            delete_options=client.V1DeleteOptions(
+                grace_period_seconds=grace, preconditions=client.V1Preconditions(uid=meta["uid"])
+            ),
+        )
+        try:
+            await self._call(
+                self._core.create_namespaced_pod_eviction, meta["name"], meta["namespace"], body
+            )
+        except ApiException as e:
+            if e.status in (404, 409):  # gone, or replaced by another pod of that name
+                return None
+            if e.status == 429:
+                causes = (_status_body(e).get("details") or {}).get("causes") or []
+                return "; ".join(c.get("message", "") for c in causes) or "TooManyRequests"
+            raise
+        return None
+
+    async def _still_there(self, node: str, wanted: dict[str, Obj]) -> set[str]:
+        uids = {metadata_of(p).get("uid") for p in await self._pods_on(node)}
+        return {ref for ref, pod in wanted.items() if metadata_of(pod).get("uid") in uids}
+
+    async def _force_delete(self, pod: Obj) -> None:
+        meta = metadata_of(pod)
+        try:
+            await self._call(
+                self._core.delete_namespaced_pod,
+                meta["name"],
+                meta["namespace"],
+                grace_period_seconds=0,
+                body=client.V1DeleteOptions(
+                    grace_period_seconds=0, preconditions=client.V1Preconditions(uid=meta["uid"])
+                ),
+            )
+        except ApiException as e:
+            if e.status not in (404, 409):
+                raise
+
+    @activity.defn(name="k8s_wait_new_node_ready")
+    async def wait_new_node_ready(self, inp: WaitNewNodeInput) -> NodeIdentity:
+        """Poll until the node is back as another machine (providerID) or a new boot (bootID).
+
+        A missing node is expected mid-replacement, and a passing API outage only delays the
+        answer; the activity's start-to-close timeout bounds the wait.
+        """
+        while True:
+            ident: NodeIdentity | None = None
+            try:
+                ident = identity_of(await self._node(inp.node))
+            except ApiException as e:
+                if e.status not in (404, 0, None) and e.status < 500:
+                    raise _translate(e, inp.node) from e
+            if ident is not None and ident.ready and _is_new(ident, inp):
+                return ident
+            activity.heartbeat(
+                "not registered"
+                if ident is None
+                else f"provider_id={ident.provider_id} boot_id={ident.boot_id} ready={ident.ready}"
+            )
+            await asyncio.sleep(inp.poll_s)
+
+    @activity.defn(name="k8s_set_condition")
+    async def set_node_condition(self, inp: SetNodeConditionInput) -> SetNodeConditionResult:
+        """Set or clear GpuUnhealthy through nodes/status, merged by type: others stay as is."""
+        status = "True" if inp.unhealthy else "False"
+        with _api_errors(inp.node):
+            node = await self._node(inp.node)
+            conds = (node.get("status") or {}).get("conditions") or []
+            cur = next((c for c in conds if c.get("type") == GPU_UNHEALTHY), None)
+            if cur is None and not inp.unhealthy:
+                return SetNodeConditionResult(changed=False, status="")
+            if cur is not None and (cur.get("status"), cur.get("reason"), cur.get("message")) == (
+                status,
+                inp.reason,
+                inp.message,
+            ):
+                return SetNodeConditionResult(changed=False, status=status)
+            stamp = _iso(datetime.now(UTC))
+            moved = cur is None or cur.get("status") != status or not cur.get("lastTransitionTime")
+            condition = {
+                "type": GPU_UNHEALTHY,
+                "status": status,
+                "reason": inp.reason,
+                "message": inp.message,
+                "lastHeartbeatTime": stamp,
+                "lastTransitionTime": stamp if moved or cur is None else cur["lastTransitionTime"],
+            }
+            await self._call(
+                self._core.patch_node_status, inp.node, {"status": {"conditions": [condition]}}
+            )
+            return SetNodeConditionResult(changed=True, status=status)
+
+    @activity.defn(name="k8s_node_identity")
+    async def node_identity(self, inp: NodeIdentityInput) -> NodeIdentity:
+        with _api_errors(inp.node):
+            return identity_of(await self._node(inp.node))
+
+    @activity.defn(name="k8s_find_slurmd_pod")
+    async def find_slurmd_pod(self, inp: FindSlurmdPodInput) -> FindSlurmdPodResult:
+        """The slurmd pod a Slinky NodeSet runs on the node, if any (a live one first)."""
+        with _api_errors(inp.node):
+            await self._node(inp.node)
+            pods = [p for p in await self._pods_on(inp.node) if is_slurmd(p)]
+        pods.sort(
+            key=lambda p: (bool(metadata_of(p).get("deletionTimestamp")), metadata_of(p)["name"])
+        )
+        return FindSlurmdPodResult(pod=slurmd_pod_of(pods[0]) if pods else None)
+
+
+def _rv(obj: Obj) -> str:
+    return str(metadata_of(obj).get("resourceVersion", ""))
+
+
+def _cordon_plan(node: Obj, inp: CordonNodeInput) -> tuple[Obj | None, CordonNodeResult]:
+    annotations = metadata_of(node).get("annotations") or {}
+    owner = annotations.get(INCIDENT_ANNOTATION)
+    if is_unschedulable(node) and owner is None:
+        # Someone cordoned it without us: their cordon already keeps pods off, and our marks
+        # would make our uncordon lift it later.
+        reason = annotations.get(CORDON_REASON_ANNOTATION, "")
+        return None, CordonNodeResult(
+            cordoned=True,
+            changed=False,
+            foreign=True,
+            detail=f"already cordoned by someone else (reason {reason!r}); left as it was",
+        )
+    if _is_cordoned_as(node, inp):
+        return None, CordonNodeResult(cordoned=True, changed=False, detail="already ours")
+    ours = {"key": TAINT_KEY, "value": inp.phase, "effect": "NoSchedule"}
+    patch = {
+        "metadata": {
+            "labels": {PHASE_LABEL: inp.phase},
+            "annotations": {
+                INCIDENT_ANNOTATION: inp.incident_id,
+                CORDON_REASON_ANNOTATION: inp.reason,
+            },
+        },
+        "spec": {"unschedulable": True, "taints": [*other_taints(node), ours]},
+    }
+    previous = owner if owner not in (None, inp.incident_id) else None
+    return patch, CordonNodeResult(cordoned=True, changed=True, previous_incident=previous)
+
+
+def _uncordon_plan(node: Obj, inp: UncordonNodeInput) -> tuple[Obj | None, UncordonNodeResult]:
+    labels = metadata_of(node).get("labels") or {}
+    owner = (metadata_of(node).get("annotations") or {}).get(INCIDENT_ANNOTATION)
+    if owner not in (None, inp.incident_id) or (owner is None and is_unschedulable(node)):
+        who = f"incident {owner}" if owner else "someone else"
+        return None, UncordonNodeResult(
+            uncordoned=False,
+            changed=False,
+            foreign=True,
+            detail=f"left cordoned: the cordon is {who}'s, not {inp.incident_id}'s",
+        )
+    if owner is None and not our_taints(node) and PHASE_LABEL not in labels:
+        return None, UncordonNodeResult(uncordoned=True, changed=False, detail="not cordoned")
+    spec: Obj = {"taints": other_taints(node) or None}
+    if owner is not None:  # without our annotation the cordon was never ours to lift
+        spec["unschedulable"] = None
+    patch = {
+        "metadata": {
+            "labels": {PHASE_LABEL: None},
+            "annotations": {INCIDENT_ANNOTATION: None, CORDON_REASON_ANNOTATION: None},
+        },
+        "spec": spec,
+    }
+    return patch, UncordonNodeResult(uncordoned=True, changed=True)
+
+
+def _is_cordoned_as(node: Obj, inp: CordonNodeInput) -> bool:
+    meta = metadata_of(node)
+    annotations = meta.get("annotations") or {}
+    return (
+        is_unschedulable(node)
+        and [(t.get("value"), t.get("effect")) for t in our_taints(node)]
+        == [(inp.phase, "NoSchedule")]
+        and (meta.get("labels") or {}).get(PHASE_LABEL) == inp.phase
+        and annotations.get(INCIDENT_ANNOTATION) == inp.incident_id
+        and annotations.get(CORDON_REASON_ANNOTATION) == inp.reason
+    )
+
+
+def _is_new(ident: NodeIdentity, inp: WaitNewNodeInput) -> bool:
+    if not inp.old_provider_id and not inp.old_boot_id:
+        return True  # nothing to compare with: any Ready node will do
+    return bool(
+        (inp.old_provider_id and ident.provider_id != inp.old_provider_id)
+        or (inp.old_boot_id and ident.boot_id != inp.old_boot_id)
+    )

@@ -1,0 +1,374 @@
+"""A local Crusoe Cloud API v1, for the sandbox and the tests.
+
+It speaks the endpoints AutoClusters uses (VMs, VM operations, node pools, AutoClusters
+remediation) and verifies each `/v1` request's signature and timestamp as Crusoe does:
+a request that fails gets 401 and changes nothing. Its "VMs" are whatever the `VmBackend`
+makes of them (`sandbox/crusoe_world.py`). The real API's habits are kept: mutations answer
+with an async operation, 409 while another operation runs on the VM, 404 for unknown ids,
+400 with a message for a bad body, `{"code", "message"}` error bodies.
+
+Test controls live beside the API under `/_emulator` (no auth; the server binds loopback):
+  POST /_emulator/inject {"status", "count", "path_prefix", "method", "retry_after"}
+  POST /_emulator/operation-failures {"count", "message"}: the next operations end FAILED
+  POST /_emulator/timings {"operation_s", "boot_delay_s"}: change how long operations take
+  POST /_emulator/vms {"clusters": [...], "node_pools": [...], "vms": [...]}: seed the world
+  GET /_emulator/state, GET|DELETE /_emulator/requests, GET /_emulator/health
+
+    python -m sandbox.crusoe_emulator --port 8787 --access-key-id K --secret-key S --project P
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import socket
+import threading
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+from fastapi import APIRouter, FastAPI, Request, Response
+from fastapi.exceptions import RequestValidationError
+from pydantic import SecretStr
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from sandbox.crusoe_controls import ApiError, Gate, admin_router, error_response
+from sandbox.crusoe_world import (
+    EmulatedVm,
+    EmulatorConfig,
+    Engine,
+    InMemoryBackend,
+    NodePool,
+    Operation,
+    OperationKind,
+    VmBackend,
+)
+
+__all__ = [
+    "EmulatorConfig",
+    "EmulatorServer",
+    "InMemoryBackend",
+    "VmBackend",
+    "create_app",
+    "main",
+]
+
+P = "/projects/{project_id}"
+# action -> (backend hook, state after)
+ACTIONS = {
+    "RESET": ("on_reset", "RUNNING"),
+    "STOP": ("on_stop", "SHUTOFF"),
+    "START": ("on_start", "RUNNING"),
+}
+UNSUPPORTED_ACTIONS = ("RESERVE", "UNRESERVE", "UPDATE")
+
+
+async def _body(request: Request) -> dict[str, Any]:
+    try:
+        body = await request.json()
+    except ValueError:
+        raise ApiError(400, "bad_request", "the request body is not JSON") from None
+    if not isinstance(body, dict):
+        raise ApiError(400, "bad_request", "the request body must be a JSON object")
+    return body
+
+
+def _api(engine: Engine) -> APIRouter:
+    router = APIRouter()
+    world = engine.world
+
+    def project(project_id: str) -> None:
+        if project_id != engine.config.project_id:
+            raise ApiError(404, "not_found", f"project {project_id} not found")
+
+    def vm_or_404(project_id: str, vm_id: str) -> EmulatedVm:
+        project(project_id)
+        vm = world.vms.get(vm_id)
+        if vm is None:
+            raise ApiError(404, "not_found", f"VM {vm_id} not found")
+        return vm
+
+    def not_busy(vm_id: str) -> None:
+        if vm_id in engine.busy:
+            raise ApiError(
+                409, "conflict", f"operation {engine.busy[vm_id]} is in progress on VM {vm_id}"
+            )
+
+    def operation_or_404(project_id: str, op_id: str, kind: OperationKind) -> dict[str, Any]:
+        project(project_id)
+        op = world.operations.get(op_id)
+        if op is None or op.kind != kind:
+            raise ApiError(404, "not_found", f"operation {op_id} not found")
+        return op.public()
+
+    def answer(op: Operation) -> dict[str, Any]:
+        return {"operation": op.public()}
+
+    @router.get(P + "/compute/vms/instances")
+    async def list_vms(project_id: str, request: Request) -> dict[str, Any]:
+        project(project_id)
+
+        def wanted(field: str) -> set[str]:
+            values = request.query_params.getlist(field)
+            return {v for value in values for v in value.split(",") if v}
+
+        names, ids, states = wanted("names"), wanted("ids"), wanted("states")
+        items = [
+            vm.model_dump()
+            for vm in world.vms.values()
+            if (not names or vm.name in names)
+            and (not ids or vm.id in ids)
+            and (not states or vm.state in states)
+        ]
+        return {"items": items}
+
+    @router.post(P + "/compute/vms/instances")
+    async def create_vm(project_id: str, request: Request) -> dict[str, Any]:
+        project(project_id)
+        body = await _body(request)
+        for field in ("name", "type", "location"):
+            if not isinstance(body.get(field), str) or not body[field]:
+                raise ApiError(400, "bad_request", f"{field} is required")
+        if world.vm_named(body["name"]) is not None:
+            raise ApiError(400, "bad_request", f"a VM named {body['name']} already exists")
+        spec = {k: v for k, v in body.items() if k not in ("id", "state", "created_at")}
+        vm = EmulatedVm.model_validate({**spec, "project_id": project_id, "state": "DEFINING"})
+        world.vms[vm.id] = vm
+
+        async def work(op: Operation) -> None:
+            await engine.boot(vm)
+
+        return answer(engine.start("vm", vm.id, work, {"vm_id": vm.id, "action": "CREATE"}))
+
+    @router.get(P + "/compute/vms/instances/operations/{op_id}")
+    async def vm_operation(project_id: str, op_id: str) -> dict[str, Any]:
+        return operation_or_404(project_id, op_id, "vm")
+
+    @router.get(P + "/compute/vms/instances/{vm_id}")
+    async def get_vm(project_id: str, vm_id: str) -> dict[str, Any]:
+        return vm_or_404(project_id, vm_id).model_dump()
+
+    @router.patch(P + "/compute/vms/instances/{vm_id}")
+    async def patch_vm(project_id: str, vm_id: str, request: Request) -> dict[str, Any]:
+        vm = vm_or_404(project_id, vm_id)
+        action = (await _body(request)).get("action")
+        if action in UNSUPPORTED_ACTIONS:
+            raise ApiError(400, "bad_request", f"action {action} is not supported here")
+        if not isinstance(action, str) or action not in ACTIONS:
+            expected = ", ".join(sorted(ACTIONS))
+            raise ApiError(400, "bad_request", f"unknown action {action!r}: expected {expected}")
+        not_busy(vm.id)
+        hook, state_after = ACTIONS[action]
+
+        async def work(op: Operation) -> None:
+            await getattr(engine.backend, hook)(vm.model_copy())
+            vm.state = state_after
+
+        return answer(engine.start("vm", vm.id, work, {"vm_id": vm.id, "action": action}))
+
+    @router.delete(P + "/compute/vms/instances/{vm_id}")
+    async def delete_vm(project_id: str, vm_id: str) -> dict[str, Any]:
+        vm = vm_or_404(project_id, vm_id)
+        not_busy(vm.id)
+
+        async def work(op: Operation) -> None:
+            pool = await engine.remove(vm)
+            if pool is not None:
+                engine.replace_later(pool, vm)
+
+        return answer(engine.start("vm", vm.id, work, {"vm_id": vm.id, "action": "DELETE"}))
+
+    @router.get(P + "/kubernetes/nodepools/operations/{op_id}")
+    async def pool_operation(project_id: str, op_id: str) -> dict[str, Any]:
+        return operation_or_404(project_id, op_id, "node_pool")
+
+    def pool_or_404(project_id: str, pool_id: str) -> NodePool:
+        project(project_id)
+        pool = world.pools.get(pool_id)
+        if pool is None:
+            raise ApiError(404, "not_found", f"node pool {pool_id} not found")
+        return pool
+
+    @router.get(P + "/kubernetes/nodepools/{pool_id}")
+    async def get_pool(project_id: str, pool_id: str) -> dict[str, Any]:
+        return pool_or_404(project_id, pool_id).public()
+
+    @router.get(P + "/kubernetes/nodepools/{pool_id}/vms")
+    async def pool_vms(project_id: str, pool_id: str) -> dict[str, Any]:
+        pool = pool_or_404(project_id, pool_id)
+        vms = [world.vms[i].model_dump() for i in pool.instance_ids if i in world.vms]
+        return {"items": vms}
+
+    @router.post(P + "/kubernetes/clusters/{cluster_id}/autoclusters/vms/{vm_id}/remediate")
+    async def remediate(project_id: str, cluster_id: str, vm_id: str) -> dict[str, Any]:
+        project(project_id)
+        cluster = world.clusters.get(cluster_id)
+        if cluster is None:
+            raise ApiError(404, "not_found", f"cluster {cluster_id} not found")
+        if not cluster.autoclusters:
+            raise ApiError(400, "bad_request", f"AutoClusters is not enabled on {cluster_id}")
+        vm = vm_or_404(project_id, vm_id)
+        pool = world.pool_of(vm.id)
+        if pool is None or pool.cluster_id != cluster_id:
+            raise ApiError(400, "bad_request", f"VM {vm_id} is not a node of {cluster_id}")
+        not_busy(vm.id)
+
+        async def work(op: Operation) -> None:
+            spec = engine.successor_spec(vm)
+            await engine.remove(vm)
+            new = EmulatedVm.model_validate(spec)
+            pool.instance_ids.append(new.id)
+            op.metadata["new_vm_id"] = new.id
+            await engine.boot(new)
+
+        meta = {"operation_type": "REPLACE_NODE", "cluster_id": cluster_id, "vm_id": vm.id}
+        return answer(engine.start("autocluster", vm.id, work, meta))
+
+    @router.get(P + "/kubernetes/autocluster-operations/{op_id}")
+    async def autocluster_operation(project_id: str, op_id: str) -> dict[str, Any]:
+        return operation_or_404(project_id, op_id, "autocluster")
+
+    return router
+
+
+def create_app(config: EmulatorConfig, backend: VmBackend | None = None) -> FastAPI:
+    """The emulator as an ASGI app; `app.state.engine` holds its world."""
+    engine = Engine(config, backend if backend is not None else InMemoryBackend())
+    gate = Gate(config)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        engine.resume()
+        yield
+        await engine.stop()
+
+    app = FastAPI(lifespan=lifespan, openapi_url=None, docs_url=None, redoc_url=None)
+    app.state.engine, app.state.gate = engine, gate
+    app.middleware("http")(gate)
+    app.include_router(_api(engine), prefix="/v1")
+    app.include_router(admin_router(engine, gate), prefix="/_emulator")
+
+    @app.exception_handler(ApiError)
+    async def api_error(request: Request, e: ApiError) -> Response:
+        return error_response(e.status, e.code, e.message)
+
+    @app.exception_handler(RequestValidationError)
+    async def bad_body(request: Request, e: RequestValidationError) -> Response:
+        first = e.errors()[0] if e.errors() else {}
+        where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
+        return error_response(400, "bad_request", f"{where}: {first.get('msg', 'invalid request')}")
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, e: StarletteHTTPException) -> Response:
+        return error_response(
+            e.status_code, "not_found" if e.status_code == 404 else "error", str(e.detail)
+        )
+
+    return app
+
+
+class EmulatorServer:
+    """Serves an app on 127.0.0.1 from a background thread; `stop()` ends the thread.
+
+    Example:
+        with EmulatorServer(create_app(config)) as server:
+            endpoint = server.url + "/v1"
+    """
+
+    def __init__(self, app: FastAPI, *, host: str = "127.0.0.1", port: int = 0) -> None:
+        self.app = app
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._sock.bind((host, port))
+        self.host, self.port = self._sock.getsockname()[:2]
+        config = uvicorn.Config(app, log_level="warning", lifespan="on")
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(
+            target=self._server.run, kwargs={"sockets": [self._sock]}, daemon=True
+        )
+
+    @property
+    def running(self) -> bool:
+        return self._thread.is_alive()
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def start(self, timeout_s: float = 10.0) -> EmulatorServer:
+        self._thread.start()
+        deadline = time.monotonic() + timeout_s
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("the Crusoe emulator did not start")
+            time.sleep(0.01)
+        return self
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        self._server.should_exit = True
+        if self._thread.is_alive():
+            self._thread.join(timeout_s)
+        self._sock.close()
+
+    def __enter__(self) -> EmulatorServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(
+        prog="python -m sandbox.crusoe_emulator",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--access-key-id", required=True)
+    ap.add_argument(
+        "--secret-key",
+        default=os.environ.get("CRUSOE_SECRET_KEY"),
+        help="base64url secret key (default: $CRUSOE_SECRET_KEY, kept out of `ps`)",
+    )
+    ap.add_argument("--project", required=True, help="the one project id it serves")
+    ap.add_argument("--state", type=Path, default=None, help="JSON file keeping the world")
+    ap.add_argument("--max-skew-s", type=float, default=300.0)
+    ap.add_argument("--operation-s", type=float, default=0.5)
+    ap.add_argument("--boot-delay-s", type=float, default=2.0)
+    ap.add_argument(
+        "--backend",
+        default=None,
+        help="MODULE:CALLABLE making the VmBackend (default: in memory, no machines)",
+    )
+    ap.add_argument("--backend-arg", default=None, help="one string passed to --backend")
+    args = ap.parse_args(argv)
+    if not args.secret_key:
+        ap.error("--secret-key or CRUSOE_SECRET_KEY is required")
+    config = EmulatorConfig(
+        access_key_id=args.access_key_id,
+        secret_key=SecretStr(args.secret_key),
+        project_id=args.project,
+        max_skew_s=args.max_skew_s,
+        operation_s=args.operation_s,
+        boot_delay_s=args.boot_delay_s,
+        state_file=args.state,
+    )
+    backend = _load_backend(args.backend, args.backend_arg) if args.backend else None
+    app = create_app(config, backend)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+
+
+def _load_backend(spec: str, arg: str | None) -> VmBackend:
+    module_name, _, attr = spec.partition(":")
+    factory = getattr(importlib.import_module(module_name), attr)
+    backend: VmBackend = factory(arg) if arg is not None else factory()
+    return backend
+
+
+if __name__ == "__main__":
+    main()

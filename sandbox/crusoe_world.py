@@ -1,0 +1,278 @@
+"""What the Crusoe emulator knows: VMs, node pools, clusters, and async operations.
+
+Operations run as asyncio tasks on the server's loop and take `operation_s` (plus the boot
+delay where a machine boots); while one runs on a VM, other mutations of that VM get 409.
+Machine lifecycle events (create, reset, stop, start, delete) go to a `VmBackend`: the
+sandbox's backend stops and starts slurmd; `InMemoryBackend` only records them.
+The world is saved to `state_file` after each change, so a restarted emulator keeps its VMs
+(an operation cut short by the restart ends FAILED).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import uuid
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
+
+__all__ = [
+    "Cluster",
+    "EmulatedVm",
+    "EmulatorConfig",
+    "InMemoryBackend",
+    "NodePool",
+    "Operation",
+    "VmBackend",
+    "World",
+]
+
+log = logging.getLogger(__name__)
+
+OperationKind = Literal["vm", "node_pool", "autocluster"]
+
+
+def now_rfc3339() -> str:
+    # Microseconds, so that created_at strings sort in creation order.
+    return datetime.now(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
+
+
+def new_id() -> str:
+    return str(uuid.uuid4())
+
+
+class EmulatorConfig(BaseModel):
+    access_key_id: str
+    secret_key: SecretStr
+    project_id: str
+    max_skew_s: float = 300.0  # the signed timestamp may be this far off, either way
+    operation_s: float = 0.5  # how long an async operation takes
+    boot_delay_s: float = 2.0  # how long a new VM takes to be RUNNING
+    state_file: Path | None = None
+
+
+class EmulatedVm(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    id: str = Field(default_factory=new_id)
+    name: str
+    state: str = "RUNNING"
+    type: str = "h100-80gb-sxm-ib.8x"
+    location: str = "us-east1-a"
+    project_id: str = ""
+    created_at: str = Field(default_factory=now_rfc3339)
+
+
+class NodePool(BaseModel):
+    id: str = Field(default_factory=new_id)
+    name: str = ""
+    cluster_id: str = ""
+    project_id: str = ""
+    count: int = 0
+    state: str = "STATE_RUNNING"
+    instance_ids: list[str] = Field(default_factory=list)
+    # Specs of deleted VMs whose replacement has not booted yet.
+    pending: list[dict[str, Any]] = Field(default_factory=list)
+
+    def public(self) -> dict[str, Any]:
+        return self.model_dump(exclude={"pending"})
+
+
+class Cluster(BaseModel):
+    id: str = Field(default_factory=new_id)
+    name: str = ""
+    autoclusters: bool = True  # the AutoClusters add-on
+
+
+class Operation(BaseModel):
+    operation_id: str = Field(default_factory=new_id)
+    kind: OperationKind
+    state: Literal["IN_PROGRESS", "SUCCEEDED", "FAILED"] = "IN_PROGRESS"
+    resource_id: str = ""
+    started_at: str = Field(default_factory=now_rfc3339)
+    completed_at: str = ""
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    result: dict[str, Any] | None = None
+
+    def public(self) -> dict[str, Any]:
+        return self.model_dump(exclude={"kind", "resource_id"}, exclude_none=True)
+
+
+class World(BaseModel):
+    vms: dict[str, EmulatedVm] = Field(default_factory=dict)
+    pools: dict[str, NodePool] = Field(default_factory=dict)
+    clusters: dict[str, Cluster] = Field(default_factory=dict)
+    operations: dict[str, Operation] = Field(default_factory=dict)
+
+    def pool_of(self, vm_id: str) -> NodePool | None:
+        return next((p for p in self.pools.values() if vm_id in p.instance_ids), None)
+
+    def vm_named(self, name: str) -> EmulatedVm | None:
+        return next((vm for vm in self.vms.values() if vm.name == name), None)
+
+
+class VmBackend(Protocol):
+    """What happens to the machine behind a VM. Each call gets a copy of the VM."""
+
+    async def on_create(self, vm: EmulatedVm) -> None: ...
+    async def on_reset(self, vm: EmulatedVm) -> None: ...
+    async def on_stop(self, vm: EmulatedVm) -> None: ...
+    async def on_start(self, vm: EmulatedVm) -> None: ...
+    async def on_delete(self, vm: EmulatedVm) -> None: ...
+
+
+class InMemoryBackend:
+    """No machines: records `(event, vm name, vm id)` in `events`, for tests to read."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, str, str]] = []
+
+    async def on_create(self, vm: EmulatedVm) -> None:
+        self.events.append(("create", vm.name, vm.id))
+
+    async def on_reset(self, vm: EmulatedVm) -> None:
+        self.events.append(("reset", vm.name, vm.id))
+
+    async def on_stop(self, vm: EmulatedVm) -> None:
+        self.events.append(("stop", vm.name, vm.id))
+
+    async def on_start(self, vm: EmulatedVm) -> None:
+        self.events.append(("start", vm.name, vm.id))
+
+    async def on_delete(self, vm: EmulatedVm) -> None:
+        self.events.append(("delete", vm.name, vm.id))
+
+
+class Engine:
+    """Runs operations against the world and keeps it saved."""
+
+    def __init__(self, config: EmulatorConfig, backend: VmBackend) -> None:
+        self.config = config
+        self.backend = backend
+        self.world = self._load()
+        self.busy: dict[str, str] = {}  # VM id -> the operation running on it
+        self.failures: list[str] = []  # messages: the next operations end FAILED with them
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    # --- lifecycle ------------------------------------------------------------------------
+
+    def resume(self) -> None:
+        """On startup: boot the replacements a restart interrupted."""
+        for pool in self.world.pools.values():
+            for spec in list(pool.pending):
+                self._spawn(self._replace_in_pool(pool.id, spec))
+
+    async def stop(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self.save()
+
+    def save(self) -> None:
+        path = self.config.state_file
+        if path is None:
+            return
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(self.world.model_dump_json(indent=2))
+        tmp.replace(path)
+
+    def _load(self) -> World:
+        path = self.config.state_file
+        if path is None or not path.exists():
+            return World()
+        world = World.model_validate(json.loads(path.read_text()))
+        for op in world.operations.values():
+            if op.state == "IN_PROGRESS":
+                op.state, op.completed_at = "FAILED", now_rfc3339()
+                op.result = {"code": "aborted", "message": "the emulator restarted"}
+        return world
+
+    def _spawn(self, coro: Awaitable[None]) -> None:
+        task: asyncio.Task[None] = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # --- operations -----------------------------------------------------------------------
+
+    def start(
+        self,
+        kind: OperationKind,
+        vm_id: str,
+        work: Callable[[Operation], Awaitable[None]],
+        metadata: dict[str, Any] | None = None,
+    ) -> Operation:
+        op = Operation(kind=kind, resource_id=vm_id, metadata=metadata or {})
+        self.world.operations[op.operation_id] = op
+        if vm_id:
+            self.busy[vm_id] = op.operation_id
+        self.save()
+        self._spawn(self._run(op, work))
+        return op
+
+    async def _run(self, op: Operation, work: Callable[[Operation], Awaitable[None]]) -> None:
+        try:
+            await asyncio.sleep(self.config.operation_s)
+            if self.failures:
+                raise RuntimeError(self.failures.pop(0))
+            await work(op)
+            op.state = "SUCCEEDED"
+        except asyncio.CancelledError:
+            op.state, op.result = "FAILED", {"code": "aborted", "message": "emulator stopped"}
+            raise
+        except Exception as e:
+            log.warning("emulated operation %s failed: %s", op.operation_id, e)
+            op.state, op.result = "FAILED", {"code": "operation_failed", "message": str(e)}
+        finally:
+            op.completed_at = now_rfc3339()
+            if self.busy.get(op.resource_id) == op.operation_id:
+                del self.busy[op.resource_id]
+            self.save()
+
+    # --- what operations do ---------------------------------------------------------------
+
+    async def boot(self, vm: EmulatedVm) -> None:
+        """A new VM: defined now, RUNNING after the boot delay."""
+        vm.state = "DEFINING"
+        self.world.vms[vm.id] = vm
+        self.save()
+        await asyncio.sleep(self.config.boot_delay_s)
+        await self.backend.on_create(vm.model_copy())
+        vm.state = "RUNNING"
+        self.save()
+
+    async def remove(self, vm: EmulatedVm) -> NodePool | None:
+        """The VM is gone: out of the world and out of its pool (returned)."""
+        vm.state = "SHUTOFF"
+        await self.backend.on_delete(vm.model_copy())
+        self.world.vms.pop(vm.id, None)
+        pool = self.world.pool_of(vm.id)
+        if pool is not None:
+            pool.instance_ids.remove(vm.id)
+        self.save()
+        return pool
+
+    def successor_spec(self, vm: EmulatedVm) -> dict[str, Any]:
+        return vm.model_dump(exclude={"id", "state", "created_at"})
+
+    def replace_later(self, pool: NodePool, vm: EmulatedVm) -> None:
+        """A managed pool notices a deleted VM and boots one with the same name."""
+        spec = self.successor_spec(vm)
+        pool.pending.append(spec)
+        self.save()
+        self._spawn(self._replace_in_pool(pool.id, spec))
+
+    async def _replace_in_pool(self, pool_id: str, spec: dict[str, Any]) -> None:
+        pool = self.world.pools[pool_id]
+        # After a restart mid-boot the successor may exist already: boot that one.
+        new = self.world.vm_named(str(spec.get("name")))
+        if new is None or new.id not in pool.instance_ids:
+            new = EmulatedVm.model_validate(spec)
+            pool.instance_ids.append(new.id)
+        await self.boot(new)
+        pool.pending.remove(spec)
+        self.save()
