@@ -20,6 +20,7 @@ HISTORIES = sorted((Path(__file__).parent / "histories").glob("remediation_*.jso
 
 def test_there_are_histories_to_replay() -> None:
     assert any("_v1_" in p.name for p in HISTORIES)
+    assert any("_v2_" in p.name for p in HISTORIES)
 
 
 @pytest.mark.parametrize("path", HISTORIES, ids=[p.stem for p in HISTORIES])
