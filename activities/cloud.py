@@ -42,7 +42,9 @@ class CloudActivities:
         try:
             yield
         except CloudError as e:
-            raise ApplicationError(str(e), type="CloudError") from e
+            raise ApplicationError(
+                str(e), type="CloudError", non_retryable=getattr(e, "non_retryable", False)
+            ) from e
         finally:
             beater.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -13,7 +13,12 @@ from autoclusters.policy import Rung
 
 
 class CloudError(RuntimeError):
-    """The provider refused or failed an operation."""
+    """The provider refused or failed an operation.
+
+    `non_retryable`: asking again cannot help (a 400, bad credentials, an unknown VM).
+    """
+
+    non_retryable: bool = False
 
 
 class CloudProvider(Protocol):

@@ -46,6 +46,8 @@ class IncidentRequest(BaseModel):
     timeouts: RemediationTimeouts = Field(default_factory=RemediationTimeouts)
     # The policy this incident runs under (a snapshot; None: the built-in defaults).
     policy: Policy | None = None
+    # Slurm on Kubernetes (Slinky): the node is also a Kubernetes Node to cordon and empty.
+    kubernetes: bool = False
 
     @field_validator("fault")
     @classmethod

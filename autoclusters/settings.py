@@ -43,7 +43,19 @@ class Settings(BaseSettings):
     slurm_conf: Path | None = Field(default=None, description="SLURM_CONF of the cluster")
     slurm_bin_dir: Path | None = None
 
-    cloud_provider: Literal["sandbox"] = "sandbox"
+    # Slurm on Kubernetes (Slinky): the cluster's kubeconfig; None: Slurm only.
+    kubeconfig: Path | None = None
+
+    cloud_provider: Literal["sandbox", "crusoe"] = "sandbox"
+    # Crusoe: credentials come from CRUSOE_* or ~/.crusoe/config, never from here.
+    crusoe_profile: str | None = None
+    crusoe_config_file: Path | None = None  # default ~/.crusoe/config
+    crusoe_project_id: str | None = None  # default: the credentials' default project
+    crusoe_cluster_id: str | None = None  # CMK cluster: replace through AutoClusters remediate
+    crusoe_node_pool_ids: list[str] = Field(default_factory=list)  # replace = delete, pool refills
+    crusoe_poll_s: float = 2
+    crusoe_replace_timeout_s: float = 840  # below repair_timeout_s
+    crusoe_journal: Path | None = None  # repairs in flight, so a restarted worker resumes them
     sandbox_state_dir: Path | None = None
     boot_delay_s: float = Field(default=20.0, ge=0, description="replacement VM boot time")
 

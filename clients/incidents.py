@@ -94,6 +94,7 @@ async def open_incident(
             repair_s=settings.repair_timeout_s, admission_poll_s=settings.admission_poll_s
         ),
         policy=policy or policy_for(settings),
+        kubernetes=settings.kubeconfig is not None,
     )
     report = FaultReport(incident_id=req.incident_id, fault=fault, source=opened_by, at=opened_at)
     slurm = SlurmCli(settings.slurm_conf, settings.slurm_bin_dir)

@@ -75,7 +75,7 @@ def sandbox_policy(cfg: SandboxConfig) -> str:
     policy = default_policy()
     guard = policy.guard.model_copy(update={"min_in_service_fraction": 0.5})
     policy = policy.model_copy(update={"approvers": cfg.approvers, "guard": guard})
-    header = "# Written by `autoclusters sandbox up`: the shipped default with sandbox approvers and guard.\n"
+    header = "# Written by `autoclusters sandbox up`: the shipped default, sandbox approvers.\n"
     return header + yaml.safe_dump(policy.model_dump(mode="json"), sort_keys=False)
 
 

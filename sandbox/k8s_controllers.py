@@ -95,7 +95,7 @@ def lifecycle_taints(node: Obj) -> None:
         spec.pop("taints", None)
 
 
-def set_ready(node: Obj, ready: bool, reason: str, message: str) -> None:
+def set_ready(node: Obj, *, ready: bool, reason: str, message: str = "") -> None:
     """The kubelet's Ready condition (in place); lastTransitionTime moves only on a change."""
     conds = node.setdefault("status", {}).setdefault("conditions", [])
     stamp = now()
@@ -170,6 +170,7 @@ def check_budget(pdb: Obj, status: Obj, pod: Obj) -> None:
 
 def machine(
     name: str,
+    *,
     provider_id: str,
     boot_id: str,
     labels: dict[str, str],
@@ -224,5 +225,5 @@ def machine(
             },
         },
     }
-    set_ready(node, ready, "KubeletReady" if ready else "KubeletNotReady", "")
+    set_ready(node, ready=ready, reason="KubeletReady" if ready else "KubeletNotReady")
     return node

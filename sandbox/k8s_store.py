@@ -258,9 +258,8 @@ class Store:
                 node["metadata"].setdefault("labels", {}).update(labels)
                 node["metadata"].setdefault("annotations", {}).update(annotations)
                 node.setdefault("status", {}).setdefault("nodeInfo", {})["bootID"] = boot_id
-                controllers.set_ready(
-                    node, ready, "KubeletReady" if ready else "KubeletNotReady", ""
-                )
+                reason = "KubeletReady" if ready else "KubeletNotReady"
+                controllers.set_ready(node, ready=ready, reason=reason)
                 self._commit(NODES, node, old)
             else:
                 if old is not None:
@@ -269,9 +268,16 @@ class Store:
                 self.create(
                     NODES,
                     None,
-                    controllers.machine(name, provider_id, boot_id, labels, annotations, ready),
+                    controllers.machine(
+                        name,
+                        provider_id=provider_id,
+                        boot_id=boot_id,
+                        labels=labels,
+                        annotations=annotations,
+                        ready=ready,
+                    ),
                 )
-            self._after_ready_change(name, ready)
+            self._after_ready_change(name, ready=ready)
             return self.get(NODES, None, name)
 
     def set_node_ready(self, name: str, *, ready: bool, reason: str, message: str) -> Obj:
@@ -279,9 +285,9 @@ class Store:
             old = self._find(NODES, None, name)
             node = copy.deepcopy(old)
             reason = reason or ("KubeletReady" if ready else "KubeletNotReady")
-            controllers.set_ready(node, ready, reason, message)
+            controllers.set_ready(node, ready=ready, reason=reason, message=message)
             self._commit(NODES, node, old)
-            self._after_ready_change(name, ready)
+            self._after_ready_change(name, ready=ready)
             return self._out(NODES, node)
 
     def remove_machine(self, name: str) -> None:
@@ -461,7 +467,7 @@ class Store:
             elif (pod.get("status") or {}).get("phase") not in TERMINAL:
                 self._set_pod_status(pod, ready=key not in self._unready)
 
-    def _after_ready_change(self, node_name: str, ready: bool) -> None:
+    def _after_ready_change(self, node_name: str, *, ready: bool) -> None:
         if ready:
             self._kubelet(node_name)
             return

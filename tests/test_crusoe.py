@@ -7,8 +7,8 @@ operations are polled to SUCCEEDED, a FAILED one raises its message, a busy VM a
 the provider resets in place and replaces through AutoClusters remediation, a node-pool
 delete, or a recreate, each giving a new VM id under the same name; a retried replace with
 the same key (after a retry, an interruption, or a worker restart) replaces once;
-credentials come from the environment or the config file; the secret never shows in a
-repr, a str, an error or the logs; the emulator's command line and state file work.
+the secret never shows in a repr, a str, an error or the logs
+(credentials loading: test_crusoe_credentials.py); the emulator's command line and state file work.
 """
 
 from __future__ import annotations
@@ -34,7 +34,6 @@ import pytest_asyncio
 from pydantic import SecretStr
 
 from autoclusters.crusoe import (
-    CredentialsError,
     CrusoeAuth,
     CrusoeClient,
     CrusoeCloud,
@@ -43,7 +42,6 @@ from autoclusters.crusoe import (
     CrusoeOperationFailed,
     CrusoeRequestError,
     CrusoeUnavailable,
-    load_credentials,
 )
 from autoclusters.crusoe.provider import RepairAttempt
 from autoclusters.crusoe.signing import format_timestamp, sign
@@ -380,6 +378,14 @@ async def test_replace_recreates_a_vm_in_no_pool(emulator: Emulator, client: Cru
     assert [e[0] for e in emulator.backend.events] == ["delete", "create"]
 
 
+async def test_a_wrong_cluster_id_fails_at_once_with_the_api_message(
+    emulator: Emulator, client: CrusoeClient
+) -> None:
+    with pytest.raises(CrusoeNotFound, match="cluster cmk-nope not found") as e:
+        await _cloud(client, cluster_id="cmk-nope").repair("gpu-01", Rung.REPLACE, "k")
+    assert e.value.non_retryable and emulator.backend.events == []
+
+
 async def test_replace_returns_the_first_runbooks_result(client: CrusoeClient) -> None:
     done = await _cloud(client, cluster_id=CLUSTER).replace("gpu-01", "inc-7")
     assert done.node == "gpu-01" and done.new_vm_id != done.old_vm_id and done.stopped_at > 0
@@ -459,74 +465,7 @@ async def test_monitor_is_not_a_repair(client: CrusoeClient) -> None:
     assert getattr(e.value, "non_retryable", False)
 
 
-# --- credentials and secrecy ------------------------------------------------------------
-
-CONFIG = f"""
-profile = "lab"
-
-[default]
-access_key_id = "file-default-key"
-secret_key = "{SECRET}"
-default_project = "file-project"
-
-[lab]
-access_key_id = "file-lab-key"
-secret_key = "{SECRET}"
-api_endpoint = "http://127.0.0.1:9/v1/"
-"""
-
-
-def test_credentials_from_the_environment(tmp_path: Path) -> None:
-    env = {
-        "CRUSOE_ACCESS_KEY_ID": "env-key",
-        "CRUSOE_SECRET_KEY": SECRET,
-        "CRUSOE_DEFAULT_PROJECT": "env-project",
-    }
-    creds = load_credentials(environ=env, config_path=tmp_path / "missing")
-    assert (creds.access_key_id, creds.default_project) == ("env-key", "env-project")
-    assert creds.secret_key.get_secret_value() == SECRET
-    assert creds.api_endpoint == "https://api.cloud.crusoe.ai/v1"
-    legacy = load_credentials(
-        environ=env | {"CRUSOE_API_ENDPOINT": "https://api.crusoecloud.com/v1alpha5"},
-        config_path=tmp_path / "missing",
-    )
-    assert legacy.api_endpoint == "https://api.cloud.crusoe.ai/v1"
-
-
-def test_credentials_from_the_config_file_and_env_wins(tmp_path: Path) -> None:
-    path = tmp_path / "config"
-    path.write_text(CONFIG)
-    lab = load_credentials(environ={}, config_path=path)  # the file's top-level profile
-    assert (lab.profile, lab.access_key_id, lab.api_endpoint) == (
-        "lab",
-        "file-lab-key",
-        "http://127.0.0.1:9/v1",
-    )
-    default = load_credentials(environ={"CRUSOE_PROFILE": "default"}, config_path=path)
-    assert (default.access_key_id, default.default_project) == ("file-default-key", "file-project")
-    assert load_credentials(profile="default", environ={}, config_path=path).profile == "default"
-    mixed = load_credentials(
-        environ={"CRUSOE_PROFILE": "default", "CRUSOE_ACCESS_KEY_ID": "env-key"},
-        config_path=path,
-    )
-    assert (mixed.access_key_id, mixed.default_project) == ("env-key", "file-project")
-
-
-def test_missing_or_broken_credentials_say_what_without_the_secret(tmp_path: Path) -> None:
-    with pytest.raises(CredentialsError, match="CRUSOE_SECRET_KEY"):
-        load_credentials(environ={"CRUSOE_ACCESS_KEY_ID": "k"}, config_path=tmp_path / "none")
-    bad_toml = tmp_path / "config"
-    bad_toml.write_text(f'[default]\nsecret_key = "{SECRET}" oops\n')
-    with pytest.raises(CredentialsError) as e:
-        load_credentials(environ={}, config_path=bad_toml)
-    assert SECRET not in str(e.value) and SECRET not in repr(e.value.__cause__)
-    not_b64 = "s3cr3t/with+slashes"
-    with pytest.raises(CredentialsError) as e:
-        load_credentials(
-            environ={"CRUSOE_ACCESS_KEY_ID": "k", "CRUSOE_SECRET_KEY": not_b64},
-            config_path=tmp_path / "none",
-        )
-    assert not_b64 not in str(e.value)
+# --- secrecy ------------------------------------------------------------
 
 
 async def test_the_secret_never_shows_in_repr_str_errors_or_logs(

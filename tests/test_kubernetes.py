@@ -135,7 +135,7 @@ def cordon(phase: str = "quarantine", incident: str = "INC-1") -> CordonNodeInpu
     return CordonNodeInput(node=NODE, incident_id=incident, phase=phase, reason=REASON)
 
 
-def pdb(ns: str, name: str, app: str, **spec: Any) -> dict[str, Any]:
+def pdb(name: str, app: str, **spec: Any) -> dict[str, Any]:
     return {"metadata": {"name": name}, "spec": {"selector": {"matchLabels": {"app": app}}, **spec}}
 
 
@@ -147,9 +147,7 @@ async def test_cordon_evict_replace_wait_uncordon(
     core.create_namespace({"metadata": {"name": "train"}})
     pod(core, "train", "web-0", NODE, labels={"app": "web"})
     policy = client.PolicyV1Api(api)
-    policy.create_namespaced_pod_disruption_budget(
-        "train", pdb("train", "web", "web", minAvailable=1)
-    )
+    policy.create_namespaced_pod_disruption_budget("train", pdb("web", "web", minAvailable=1))
     env, beats = ActivityEnvironment(), []
     env.on_heartbeat = lambda *d: beats.append(d)
 
@@ -357,7 +355,7 @@ async def test_blocked_eviction_is_forced_or_fails(
     machine(admin, NODE, "vm-1", "boot-1")
     pod(core, "default", "ps-0", NODE, labels={"app": "ps"})
     client.PolicyV1Api(api).create_namespaced_pod_disruption_budget(
-        "default", pdb("default", "ps", "ps", maxUnavailable=0)
+        "default", pdb("ps", "ps", maxUnavailable=0)
     )
     env = ActivityEnvironment()
     inp = EvictPodsInput(node=NODE, timeout_s=0.3, poll_s=0.05, max_backoff_s=0.1)
@@ -438,12 +436,8 @@ async def test_two_budgets_on_a_pod_fail_retryably(
     machine(admin, NODE, "vm-1", "boot-1")
     pod(core, "default", "web-0", NODE, labels={"app": "web"})
     policy = client.PolicyV1Api(api)
-    policy.create_namespaced_pod_disruption_budget(
-        "default", pdb("default", "a", "web", minAvailable=0)
-    )
-    policy.create_namespaced_pod_disruption_budget(
-        "default", pdb("default", "b", "web", minAvailable=0)
-    )
+    policy.create_namespaced_pod_disruption_budget("default", pdb("a", "web", minAvailable=0))
+    policy.create_namespaced_pod_disruption_budget("default", pdb("b", "web", minAvailable=0))
     with pytest.raises(ApplicationError) as err:
         await ActivityEnvironment().run(acts.evict_pods, EvictPodsInput(node=NODE, timeout_s=1))
     assert err.value.type == "KubernetesRetryable" and not err.value.non_retryable

@@ -15,9 +15,10 @@ from temporalio.worker import Worker
 from activities.cloud import CloudActivities
 from activities.guard import GuardActivities
 from activities.health import HealthActivities
+from activities.kubernetes import KubernetesActivities
 from activities.notify import NotifyActivities
 from activities.slurm import SlurmActivities
-from autoclusters import temporal
+from autoclusters import k8s, temporal
 from autoclusters.cloud import CloudProvider
 from autoclusters.health import HealthGate
 from autoclusters.notify import LogNotifier, Notifier
@@ -38,11 +39,29 @@ def cloud_provider(settings: Settings) -> CloudProvider:
         if settings.sandbox_state_dir is None:
             raise ValueError("cloud_provider=sandbox needs sandbox_state_dir")
         return SandboxCloud(settings.sandbox_state_dir, boot_delay_s=settings.boot_delay_s)
+    if settings.cloud_provider == "crusoe":
+        from autoclusters.crusoe import CrusoeClient, CrusoeCloud, load_credentials
+
+        creds = load_credentials(
+            profile=settings.crusoe_profile, config_path=settings.crusoe_config_file
+        )
+        client = CrusoeClient(
+            credentials=creds, project_id=settings.crusoe_project_id, poll_s=settings.crusoe_poll_s
+        )
+        return CrusoeCloud(
+            client,
+            cluster_id=settings.crusoe_cluster_id,
+            node_pool_ids=settings.crusoe_node_pool_ids,
+            replace_timeout_s=settings.crusoe_replace_timeout_s,
+            journal=settings.crusoe_journal,
+        )
     raise ValueError(f"unknown cloud provider {settings.cloud_provider!r}")
 
 
 def health_gate(settings: Settings, slurm: SlurmClient) -> HealthGate:
-    if settings.cloud_provider == "sandbox":
+    # The sandbox's machines (whichever cloud API fronts them) are checked by the sandbox;
+    # real nodes get theirs from the node health agent.
+    if settings.sandbox_state_dir is not None:
         from sandbox.health import SandboxHealth
 
         if settings.sandbox_state_dir is None:
@@ -57,10 +76,25 @@ def activities_for(
     health: HealthGate,
     guard: GuardActivities,
     notifiers: list[Notifier] | None = None,
+    kubernetes: KubernetesActivities | None = None,
 ) -> list[Any]:
     s, c, h = SlurmActivities(slurm), CloudActivities(cloud), HealthActivities(health)
     n = NotifyActivities(notifiers if notifiers is not None else [LogNotifier()])
+    k8s = (
+        [
+            kubernetes.cordon_node,
+            kubernetes.uncordon_node,
+            kubernetes.evict_pods,
+            kubernetes.wait_new_node_ready,
+            kubernetes.set_node_condition,
+            kubernetes.node_identity,
+            kubernetes.find_slurmd_pod,
+        ]
+        if kubernetes is not None
+        else []
+    )
     return [
+        *k8s,
         s.drain_node,
         s.requeue_jobs,
         s.wait_node_idle,
@@ -81,11 +115,16 @@ def build_worker(
     client: Client, settings: Settings, slurm: SlurmClient, cloud: CloudProvider, health: HealthGate
 ) -> Worker:
     guard = GuardActivities(client, slurm, settings.task_queue)
+    kubernetes = (
+        KubernetesActivities(k8s.api_client(kubeconfig=settings.kubeconfig))
+        if settings.kubeconfig is not None
+        else None
+    )
     return Worker(
         client,
         task_queue=settings.task_queue,
         workflows=WORKFLOWS,
-        activities=activities_for(slurm, cloud, health, guard),
+        activities=activities_for(slurm, cloud, health, guard, kubernetes=kubernetes),
         graceful_shutdown_timeout=timedelta(seconds=5),
     )
 

@@ -57,11 +57,14 @@ with workflow.unsafe.imports_passed_through():
     )
     from autoclusters.policy import LADDER, Policy, Rung, next_rung
 
+from workflows.kubernetes_steps import KubernetesSteps
 from workflows.runbook_v1 import run_v1
-from workflows.timeline import RETRY, Timeline, cause_of
+from workflows.timeline import RETRY, cause_of
 
 # Incidents started before this patch run the first runbook to the end.
 RUNBOOK_V2 = "runbook-v2-policy-ladder"
+# Kubernetes (Slinky) steps: cordon/taint/evict, new machine Ready, uncordon.
+RUNBOOK_V3_K8S = "runbook-v3-kubernetes"
 
 
 class Rejected(Exception):
@@ -73,7 +76,7 @@ class Unattended(Exception):
 
 
 @workflow.defn
-class NodeRemediation(Timeline):
+class NodeRemediation(KubernetesSteps):
     @workflow.init
     def __init__(self, req: IncidentRequest) -> None:
         # Built from the input so queries and updates see the incident from the first moment.
@@ -92,6 +95,7 @@ class NodeRemediation(Timeline):
         self._recent = 0  # earlier incidents on this node within the recurrence window
         self._repairing = False
         self._decision: ApprovalRecord | None = None
+        self._k8s = False  # decided once the run starts (behind a patch)
 
     # --- what people and other systems see and send -------------------------------------
 
@@ -184,6 +188,7 @@ class NodeRemediation(Timeline):
     async def _runbook(self, req: IncidentRequest) -> IncidentState:
         s, p = self._state, self._policy
         s.mode = p.mode
+        self._k8s = req.kubernetes and workflow.patched(RUNBOOK_V3_K8S)
         guard = GuardContext(cluster=req.cluster, policy=p.guard, topology=p.topology)
 
         reg = await self._step(
@@ -226,6 +231,8 @@ class NodeRemediation(Timeline):
             await self._admitted("quarantine", GuardActivities.admit_quarantine, guard)
             await self._quarantine(req)
             await self._repair_until_healthy(req, guard)
+            if self._k8s:
+                await self._k8s_return()
             back = await self._step(
                 "return_to_service",
                 lambda: workflow.execute_activity_method(
@@ -314,6 +321,8 @@ class NodeRemediation(Timeline):
             ),
         )
         self._state.waiting_for = None
+        if self._k8s:
+            await self._k8s_quarantine(first)
 
     async def _repair_until_healthy(self, req: IncidentRequest, guard: GuardContext) -> None:
         s, p = self._state, self._policy
@@ -335,11 +344,14 @@ class NodeRemediation(Timeline):
             # One key per attempt: a retried activity resumes it, a new rung is a new repair.
             key = f"{req.incident_id}:{s.repair_attempts}:{rung.value}"
             repair_input = RepairInput(node=req.node, rung=rung, key=key)
+            before = await self._k8s_identity() if self._k8s else None
             try:
                 done = await self._repair(repair_input, req.timeouts.repair_s)
             finally:
                 await self._release(guard, back_in_service=False)  # frees the repair slot
             s.old_vm_id, s.new_vm_id = done.old_vm_id, done.new_vm_id
+            if before is not None:
+                await self._k8s_wait_new_machine(before, done)
             await self._wait_registered(req, done)
             report = await self._step(
                 "health_gate",

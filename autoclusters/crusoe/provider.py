@@ -269,6 +269,10 @@ class CrusoeCloud:
                 await self._run_operation(att, "operation_id", kind, submit)
                 return
             except CrusoeNotFound:
+                # Gone meanwhile, or the 404 is about something else (a wrong cluster id).
+                again = await self._client.find_vm_by_name(att.node)
+                if again is not None and again.id == att.old_vm_id:
+                    raise
                 return
             except CrusoeUnavailable as e:
                 if e.status != 409 or time.monotonic() >= deadline:

@@ -1,0 +1,138 @@
+"""The Kubernetes side of the runbook, for Slurm-on-Kubernetes (Slinky) clusters.
+
+Slurm is drained first and the node is IDLE+DRAIN before any pod is touched (evicting a
+slurmd pod tells Slurm nothing). Then the Node is cordoned and tainted under the incident,
+marked GpuUnhealthy, and emptied through the Eviction API (PodDisruptionBudgets honoured).
+After a repair the Node must come back Ready *as a new machine* (a new providerID, or a new
+bootID after a reboot); after the health gate the marks come off.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import timedelta
+
+from temporalio import workflow
+
+with workflow.unsafe.imports_passed_through():
+    from activities.kubernetes import KubernetesActivities
+    from autoclusters.k8s import (
+        CordonNodeInput,
+        EvictPodsInput,
+        NodeIdentity,
+        NodeIdentityInput,
+        SetNodeConditionInput,
+        UncordonNodeInput,
+        WaitNewNodeInput,
+    )
+    from autoclusters.models import RepairResult, drain_reason
+    from autoclusters.policy import StepPolicy
+
+from workflows.timeline import RETRY, Timeline
+
+K8S_CALL = timedelta(seconds=60)
+
+
+def condition_reason(fault: str) -> str:
+    """XID_79 -> Xid79, GPU_FELL_OFF_BUS -> GpuFellOffBus (a condition reason is CamelCase)."""
+    return "".join(p.capitalize() for p in re.split(r"_+", fault) if p)
+
+
+class KubernetesSteps(Timeline):
+    async def _k8s_quarantine(self, step: StepPolicy) -> None:
+        r = self._state.request
+        await self._step(
+            "k8s_cordon",
+            lambda: workflow.execute_activity_method(
+                KubernetesActivities.cordon_node,
+                CordonNodeInput(
+                    node=r.node,
+                    incident_id=r.incident_id,
+                    phase="quarantine",
+                    reason=drain_reason(r.incident_id, r.fault),
+                ),
+                start_to_close_timeout=K8S_CALL,
+                retry_policy=RETRY,
+            ),
+            detail=lambda c: c.detail or ("cordoned" if c.cordoned else ""),
+        )
+        await self._k8s_condition(True, condition_reason(r.fault), f"incident {r.incident_id}")
+        await self._step(
+            "k8s_evict",
+            lambda: workflow.execute_activity_method(
+                KubernetesActivities.evict_pods,
+                # Slurm is drained and idle by now, so the slurmd pod may go too.
+                EvictPodsInput(
+                    node=r.node,
+                    timeout_s=min(step.idle_timeout_s, 600),
+                    force_after_timeout=step.on_idle_timeout == "force",
+                    skip_slurmd=False,
+                ),
+                start_to_close_timeout=timedelta(seconds=min(step.idle_timeout_s, 600) + 120),
+                heartbeat_timeout=timedelta(seconds=60),
+                retry_policy=RETRY,
+            ),
+            detail=lambda e: (
+                f"evicted {len(e.evicted)}, forced {len(e.forced)}, skipped {len(e.skipped)}"
+            ),
+        )
+
+    async def _k8s_identity(self) -> NodeIdentity:
+        r = self._state.request
+        return await self._step(
+            "k8s_identity",
+            lambda: workflow.execute_activity_method(
+                KubernetesActivities.node_identity,
+                NodeIdentityInput(node=r.node),
+                start_to_close_timeout=K8S_CALL,
+                retry_policy=RETRY,
+            ),
+            detail=lambda n: n.provider_id,
+        )
+
+    async def _k8s_wait_new_machine(self, before: NodeIdentity, done: RepairResult) -> None:
+        r = self._state.request
+        if done.stopped_at is None:
+            return  # the machine never went away
+        await self._step(
+            "k8s_wait_ready",
+            lambda: workflow.execute_activity_method(
+                KubernetesActivities.wait_new_node_ready,
+                WaitNewNodeInput(
+                    node=r.node, old_provider_id=before.provider_id, old_boot_id=before.boot_id
+                ),
+                start_to_close_timeout=timedelta(seconds=r.timeouts.wait_registered_s),
+                heartbeat_timeout=timedelta(seconds=30),
+                retry_policy=RETRY,
+            ),
+            detail=lambda n: f"Ready as {n.provider_id}",
+        )
+
+    async def _k8s_return(self) -> None:
+        r = self._state.request
+        await self._k8s_condition(False, "HealthGatePassed", f"incident {r.incident_id}")
+        await self._step(
+            "k8s_uncordon",
+            lambda: workflow.execute_activity_method(
+                KubernetesActivities.uncordon_node,
+                UncordonNodeInput(node=r.node, incident_id=r.incident_id),
+                start_to_close_timeout=K8S_CALL,
+                retry_policy=RETRY,
+            ),
+            detail=lambda u: u.detail,
+        )
+
+    async def _k8s_condition(self, unhealthy: bool, reason: str, message: str) -> None:
+        r = self._state.request
+        await self._step(
+            "k8s_condition",
+            lambda: workflow.execute_activity_method(
+                KubernetesActivities.set_node_condition,
+                SetNodeConditionInput(
+                    node=r.node, unhealthy=unhealthy, reason=reason, message=message
+                ),
+                start_to_close_timeout=K8S_CALL,
+                retry_policy=RETRY,
+            ),
+            detail=lambda c: f"GpuUnhealthy={c.status}",
+        )
