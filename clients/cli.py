@@ -76,6 +76,9 @@ def sandbox_up(
     cluster: Annotated[str, typer.Option(help="Slurm cluster name.")] = "sandbox",
     port_base: Annotated[int, typer.Option(help="First of the sandbox's ports.")] = 17200,
     boot_delay: Annotated[float, typer.Option(help="Seconds a replacement VM takes to boot.")] = 20,
+    k8s: Annotated[
+        bool, typer.Option("--k8s/--no-k8s", help="Slinky-style: Kubernetes + Crusoe emulators.")
+    ] = False,
 ) -> None:
     """Start Temporal, munge, Slurm (slurmctld + one slurmd per node) and a worker."""
     from sandbox import cluster as sb
@@ -85,7 +88,7 @@ def sandbox_up(
     try:
         cfg = SandboxConfig(
             state_dir=state_dir.absolute(), cluster=cluster, nodes=nodes,
-            port_base=port_base, boot_delay_s=boot_delay,
+            port_base=port_base, boot_delay_s=boot_delay, k8s=k8s,
         )  # fmt: skip
         res = sb.up(cfg)
     except (SandboxError, ValidationError) as e:

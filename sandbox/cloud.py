@@ -16,17 +16,15 @@ from pathlib import Path
 from autoclusters.cloud import CloudError
 from autoclusters.models import RepairResult, ReplaceResult
 from autoclusters.policy import Rung
-from sandbox import daemons
 from sandbox.config import SandboxConfig
 from sandbox.hardware import Hardware
-from sandbox.processes import ProcessTable, kill_sessions, sessions_holding
+from sandbox.machines import power_off, power_on
 from sandbox.vms import Operation, VmRegistry, new_vm_id
 
 
 class SandboxCloud:
     def __init__(self, state_dir: Path, boot_delay_s: float = 20.0) -> None:
         self._cfg = SandboxConfig.load(state_dir)
-        self._table = ProcessTable(state_dir)
         self._vms = VmRegistry(state_dir)
         self._hardware = Hardware(state_dir)
         self._boot_delay_s = boot_delay_s
@@ -77,23 +75,14 @@ class SandboxCloud:
         return _result(node, op)
 
     async def _power_cycle(self, node: str, op: Operation) -> None:
-        name = f"slurmd-{node}"
         if op.stopped_at is None:
-            await asyncio.to_thread(self._power_off, node)
+            await asyncio.to_thread(power_off, self._cfg, node)
             op.stopped_at = time.time()
         # A resumed operation only waits for what is left of the boot.
         remaining = op.stopped_at + self._boot_delay_s - time.time()
         if remaining > 0:
             await asyncio.sleep(remaining)
-        if not self._table.alive(name):
-            self._table.spawn(
-                name, daemons.slurmd_argv(self._cfg, node), daemons.slurm_env(self._cfg)
-            )
-
-    def _power_off(self, node: str) -> None:
-        """The machine goes down: its slurmd and every job step still running on it."""
-        self._table.stop(f"slurmd-{node}")
-        kill_sessions(sessions_holding(self._cfg.state_dir / "slurm" / "spool" / node))
+        power_on(self._cfg, node)
 
 
 def _result(node: str, op: Operation) -> RepairResult:

@@ -21,7 +21,7 @@ import yaml
 from autoclusters.models import SlurmNode
 from autoclusters.policy import default_policy
 from autoclusters.slurm import parse_jobs, parse_nodes
-from sandbox import daemons
+from sandbox import daemons, slinky
 from sandbox.config import GPUS_PER_NODE, SandboxConfig
 from sandbox.daemons import SandboxError
 from sandbox.processes import ProcessTable, kill_sessions, sessions_holding, wait_until
@@ -42,7 +42,9 @@ def slurmd_name(node: str) -> str:
 
 
 def _order(cfg: SandboxConfig) -> list[str]:
-    return ["munged", "temporal", "slurmctld", *map(slurmd_name, cfg.node_names()), WORKER]
+    emulators = [slinky.K8S_EMULATOR, slinky.CRUSOE_EMULATOR] if cfg.k8s else []
+    slurmds = list(map(slurmd_name, cfg.node_names()))
+    return ["munged", "temporal", "slurmctld", *slurmds, *emulators, WORKER]
 
 
 def is_running(cfg: SandboxConfig) -> bool:
@@ -66,6 +68,8 @@ def _prepare(cfg: SandboxConfig) -> None:
     (cfg.slurm_conf.parent / "gres.conf").write_text(gres_conf(cfg))
     cfg.settings_file.write_text(cfg.settings_toml())
     cfg.policy_file.write_text(sandbox_policy(cfg))
+    if cfg.k8s:
+        slinky.prepare(cfg)
     cfg.save()
 
 
@@ -157,6 +161,26 @@ def up(cfg: SandboxConfig, timeout_s: float = 60) -> UpResult:
             dead = [n for n in cfg.node_names() if not table.alive(slurmd_name(n))]
             culprit = slurmd_name(dead[0]) if dead else slurmd_name(cfg.node_names()[0])
             raise _not_ready(table, culprit, "the slurmd nodes did not all register")
+        if cfg.k8s:
+            _start(
+                table,
+                slinky.K8S_EMULATOR,
+                slinky.k8s_emulator_argv(cfg),
+                {},
+                lambda: slinky.answers(cfg.k8s_port, "/_emulator/state"),
+                timeout_s,
+                result,
+            )
+            _start(
+                table,
+                slinky.CRUSOE_EMULATOR,
+                slinky.crusoe_emulator_argv(cfg),
+                slinky.crusoe_emulator_env(cfg),
+                lambda: slinky.answers(cfg.crusoe_port, "/_emulator/health"),
+                timeout_s,
+                result,
+            )
+            slinky.seed(cfg)
         _start(
             table,
             WORKER,

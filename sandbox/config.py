@@ -19,6 +19,8 @@ class SandboxConfig(BaseModel):
     port_base: int = Field(default=17200, ge=1024, le=65000)
     boot_delay_s: float = Field(default=20.0, ge=0)
     task_queue: str = "autoclusters"
+    # Slurm on Kubernetes (Slinky-style) with the Crusoe Cloud API: both emulated on loopback.
+    k8s: bool = False
     # Who may approve in the sandbox (the shipped default trusts nobody).
     approvers: list[str] = Field(default_factory=lambda: ["alice", "bob"])
 
@@ -34,6 +36,42 @@ class SandboxConfig(BaseModel):
     @property
     def slurmctld_port(self) -> int:
         return self.port_base + 2
+
+    @property
+    def k8s_port(self) -> int:
+        return self.port_base + 5
+
+    @property
+    def crusoe_port(self) -> int:
+        return self.port_base + 6
+
+    @property
+    def k8s_url(self) -> str:
+        return f"http://127.0.0.1:{self.k8s_port}"
+
+    @property
+    def crusoe_url(self) -> str:
+        return f"http://127.0.0.1:{self.crusoe_port}/v1"
+
+    # The sandbox's Kubernetes and Crusoe identities (written by `sandbox up`).
+    crusoe_project: str = "sandbox-project"
+    crusoe_pool: str = "sandbox-pool"
+    crusoe_access_key_id: str = "sandbox-key"
+    nodeset_uid: str = "00000000-0000-4000-8000-00000000c0de"
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.state_dir / "k8s" / "kubeconfig"
+
+    @property
+    def crusoe_config(self) -> Path:
+        return self.state_dir / "crusoe" / "config"
+
+    def k8s_token(self) -> str:
+        return (self.state_dir / "k8s" / "token").read_text().strip()
+
+    def crusoe_secret(self) -> str:
+        return (self.state_dir / "crusoe" / "secret").read_text().strip()
 
     def slurmd_port(self, index: int) -> int:
         return self.port_base + 10 + index
@@ -83,7 +121,7 @@ class SandboxConfig(BaseModel):
 
     def settings_toml(self) -> str:
         """The settings every AutoClusters process of this sandbox reads (AUTOCLUSTERS_CONFIG)."""
-        lines = {
+        lines: dict[str, object] = {
             "temporal_address": self.temporal_address,
             "temporal_ui_url": self.temporal_ui_url,
             "task_queue": self.task_queue,
@@ -95,4 +133,14 @@ class SandboxConfig(BaseModel):
             "policy_file": str(self.policy_file),
             "admission_poll_s": 5,
         }
+        if self.k8s:
+            lines |= {
+                "kubeconfig": str(self.kubeconfig),
+                "cloud_provider": "crusoe",
+                "crusoe_config_file": str(self.crusoe_config),
+                "crusoe_project_id": self.crusoe_project,
+                "crusoe_node_pool_ids": [self.crusoe_pool],
+                "crusoe_journal": str(self.state_dir / "crusoe" / "repairs.json"),
+                "crusoe_poll_s": 0.5,
+            }
         return "".join(f"{k} = {json.dumps(v)}\n" for k, v in lines.items())

@@ -116,7 +116,7 @@ def build_worker(
 ) -> Worker:
     guard = GuardActivities(client, slurm, settings.task_queue)
     kubernetes = (
-        KubernetesActivities(k8s.api_client(kubeconfig=settings.kubeconfig))
+        KubernetesActivities(k8s.api_client(kubeconfig=settings.kubeconfig), request_timeout_s=10)
         if settings.kubeconfig is not None
         else None
     )

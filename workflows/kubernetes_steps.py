@@ -39,7 +39,7 @@ def condition_reason(fault: str) -> str:
 
 
 class KubernetesSteps(Timeline):
-    async def _k8s_quarantine(self, step: StepPolicy) -> None:
+    async def _k8s_cordon(self, phase: str) -> None:
         r = self._state.request
         await self._step(
             "k8s_cordon",
@@ -48,7 +48,7 @@ class KubernetesSteps(Timeline):
                 CordonNodeInput(
                     node=r.node,
                     incident_id=r.incident_id,
-                    phase="quarantine",
+                    phase=phase,
                     reason=drain_reason(r.incident_id, r.fault),
                 ),
                 start_to_close_timeout=K8S_CALL,
@@ -56,6 +56,10 @@ class KubernetesSteps(Timeline):
             ),
             detail=lambda c: c.detail or ("cordoned" if c.cordoned else ""),
         )
+
+    async def _k8s_quarantine(self, step: StepPolicy) -> None:
+        r = self._state.request
+        await self._k8s_cordon("quarantine")
         await self._k8s_condition(True, condition_reason(r.fault), f"incident {r.incident_id}")
         await self._step(
             "k8s_evict",
@@ -107,6 +111,9 @@ class KubernetesSteps(Timeline):
             ),
             detail=lambda n: f"Ready as {n.provider_id}",
         )
+        # A new machine registers as a fresh Node with none of our marks: keep pods off it
+        # until the health gate has passed.
+        await self._k8s_cordon("health-gate")
 
     async def _k8s_return(self) -> None:
         r = self._state.request

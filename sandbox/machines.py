@@ -1,0 +1,138 @@
+"""The sandbox's machines: a node's "machine" is its slurmd process (and, in Kubernetes
+mode, the Node its kubelet would register).
+
+Powering a machine off stops its slurmd and every job step still running on it; powering
+it on starts a fresh slurmd. `SandboxMachines` is the Crusoe emulator's VM backend: what the
+emulated cloud does to a VM happens to the sandbox node of the same name.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from pathlib import Path
+
+import httpx
+
+from autoclusters.k8s import INSTANCE_ID_LABEL
+from autoclusters.policy import Rung
+from sandbox import daemons
+from sandbox.config import SandboxConfig
+from sandbox.crusoe_world import EmulatedVm
+from sandbox.hardware import Hardware
+from sandbox.processes import ProcessTable, kill_sessions, sessions_holding
+from sandbox.vms import VmRecord, VmRegistry
+
+
+def power_off(cfg: SandboxConfig, node: str) -> None:
+    """The machine goes down: its slurmd and every job step still running on it."""
+    ProcessTable(cfg.state_dir).stop(f"slurmd-{node}")
+    kill_sessions(sessions_holding(cfg.state_dir / "slurm" / "spool" / node))
+
+
+def power_on(cfg: SandboxConfig, node: str) -> None:
+    table = ProcessTable(cfg.state_dir)
+    if not table.alive(f"slurmd-{node}"):
+        table.spawn(f"slurmd-{node}", daemons.slurmd_argv(cfg, node), daemons.slurm_env(cfg))
+
+
+def provider_id(vm_id: str) -> str:
+    return f"crusoe://{vm_id}"
+
+
+class SandboxMachines:
+    """VmBackend for the Crusoe emulator (`--backend sandbox.machines:SandboxMachines
+    --backend-arg <state dir>`)."""
+
+    def __init__(self, state_dir: str | Path) -> None:
+        self._cfg = SandboxConfig.load(Path(state_dir))
+        self._vms = VmRegistry(self._cfg.state_dir)
+        self._hardware = Hardware(self._cfg.state_dir)
+
+    async def _register_node(self, vm: EmulatedVm) -> None:
+        """The machine's kubelet registers (a new bootID each boot)."""
+        if not self._cfg.k8s:
+            return
+        async with httpx.AsyncClient(base_url=self._cfg.k8s_url, timeout=10) as k8s:
+            r = await k8s.post(
+                "/_emulator/nodes",
+                json={
+                    "name": vm.name,
+                    "provider_id": provider_id(vm.id),
+                    "boot_id": str(uuid.uuid4()),
+                    "labels": {INSTANCE_ID_LABEL: vm.id, "nvidia.com/gpu.present": "true"},
+                    "ready": True,
+                },
+            )
+            r.raise_for_status()
+            await ensure_slurmd_pod(k8s, self._cfg, vm.name)
+
+    async def on_create(self, vm: EmulatedVm) -> None:
+        rec = self._vms.get(vm.name) or VmRecord(node=vm.name, vm_id=vm.id)
+        rec.vm_id = vm.id
+        self._vms.save(rec)
+        await asyncio.to_thread(power_on, self._cfg, vm.name)
+        await self._register_node(vm)
+
+    async def on_reset(self, vm: EmulatedVm) -> None:
+        await asyncio.to_thread(power_off, self._cfg, vm.name)
+        await asyncio.sleep(self._cfg.boot_delay_s)
+        self._hardware.repaired(vm.name, vm.id, Rung.REBOOT)
+        await asyncio.to_thread(power_on, self._cfg, vm.name)
+        await self._register_node(vm)
+
+    async def on_stop(self, vm: EmulatedVm) -> None:
+        await asyncio.to_thread(power_off, self._cfg, vm.name)
+
+    async def on_start(self, vm: EmulatedVm) -> None:
+        await asyncio.to_thread(power_on, self._cfg, vm.name)
+        await self._register_node(vm)
+
+    async def on_delete(self, vm: EmulatedVm) -> None:
+        await asyncio.to_thread(power_off, self._cfg, vm.name)
+        if self._cfg.k8s:
+            async with httpx.AsyncClient(base_url=self._cfg.k8s_url, timeout=10) as k8s:
+                await k8s.delete(f"/_emulator/nodes/{vm.name}")
+
+
+async def ensure_slurmd_pod(k8s: httpx.AsyncClient, cfg: SandboxConfig, node: str) -> None:
+    """The NodeSet's slurmd pod for `node` (as the Slinky operator would (re)create it)."""
+    ns, name = SLURM_NAMESPACE, f"slurmd-{node}"
+    headers = {"Authorization": f"Bearer {cfg.k8s_token()}"}
+    got = await k8s.get(f"/api/v1/namespaces/{ns}/pods/{name}", headers=headers)
+    if got.status_code == 200:
+        return
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": ns,
+            "labels": {
+                "app.kubernetes.io/name": "slurmd",
+                "app.kubernetes.io/instance": NODESET,
+                "nodeset.slinky.slurm.net/pod-hostname": node,
+            },
+            "ownerReferences": [
+                {
+                    "apiVersion": "slinky.slurm.net/v1beta1",
+                    "kind": "NodeSet",
+                    "name": NODESET,
+                    "uid": cfg.nodeset_uid,
+                    "controller": True,
+                }
+            ],
+        },
+        "spec": {
+            "nodeName": node,
+            "hostname": node,
+            "containers": [{"name": "slurmd", "image": "ghcr.io/slinkyproject/slurmd:25.05"}],
+        },
+    }
+    r = await k8s.post(f"/api/v1/namespaces/{ns}/pods", json=pod, headers=headers)
+    r.raise_for_status()
+    await k8s.post(f"/_emulator/pods/{ns}/{name}/ready", json={"ready": True})
+
+
+SLURM_NAMESPACE = "slurm"
+NODESET = "gpu"
