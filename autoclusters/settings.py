@@ -7,6 +7,7 @@ used, so `autoclusters incident open ...` just works after `autoclusters sandbox
 from __future__ import annotations
 
 import os
+import tomllib
 from pathlib import Path
 from typing import Literal
 
@@ -82,6 +83,12 @@ class Settings(BaseSettings):
 
 def load(**overrides: object) -> Settings:
     return Settings(**overrides)  # type: ignore[arg-type]
+
+
+def load_file(path: Path) -> Settings:
+    """Exactly the settings in one TOML file (a sandbox's), whatever the environment says."""
+    with open(path, "rb") as f:
+        return Settings(**tomllib.load(f))
 
 
 def policy_for(settings: Settings) -> Policy:

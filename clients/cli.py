@@ -372,6 +372,17 @@ def demo(
     mode: Annotated[
         str, typer.Option(help="observe (touch nothing), approve (wait for a human), auto.")
     ] = "auto",
+    k8s: Annotated[
+        bool,
+        typer.Option("--k8s/--no-k8s", help="Slinky-style cluster: Kubernetes + Crusoe emulators."),
+    ] = True,
+    broken_until: Annotated[
+        str,
+        typer.Option(
+            help="The faulty machine's GPU is fixed only by this repair (reboot, replace): "
+            "with replace, the reboot fails the health gate and the incident escalates."
+        ),
+    ] = "replace",
 ) -> None:
     """Sandbox up, a 2-node job, a fault on one of its nodes, the remediation, a summary."""
     from clients.demo import DemoError, run_demo
@@ -380,12 +391,17 @@ def demo(
     if mode not in ("observe", "approve", "auto"):
         err.print(f"[red]refused:[/red] --mode must be observe, approve or auto, not {mode!r}")
         raise typer.Exit(2)
+    if broken_until not in ("reset_gpu", "reboot", "replace"):
+        err.print("[red]refused:[/red] --broken-until must be reset_gpu, reboot or replace")
+        raise typer.Exit(2)
     cfg = SandboxConfig(
-        state_dir=state_dir.absolute(), port_base=port_base, boot_delay_s=boot_delay
+        state_dir=state_dir.absolute(), port_base=port_base, boot_delay_s=boot_delay, k8s=k8s
     )
     out = err if as_json else console
     try:
-        summary = asyncio.run(run_demo(cfg, fault=fault, keep=keep, console=out, mode=mode))
+        summary = asyncio.run(
+            run_demo(cfg, fault=fault, keep=keep, console=out, mode=mode, broken_until=broken_until)
+        )
     except DemoError as e:
         err.print(f"[red]demo failed:[/red] {e}")
         raise typer.Exit(1) from None
@@ -417,6 +433,7 @@ def _print_summary(summary: Any, out: Console) -> None:
         f"{', '.join(summary.job_nodes_before)} → {', '.join(summary.job_nodes_after)}"
     )
     out.print(f"node before/after  {summary.node_state_before} / {summary.node_state_after}")
+    out.print(f"machine            {summary.old_vm_id} → {summary.new_vm_id}")
     for line in summary.planned_steps:
         out.print(f"would              {line}")
     t = Table("step", "outcome", "seconds")

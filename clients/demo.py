@@ -21,11 +21,14 @@ from temporalio.client import WorkflowFailureError
 import sandbox
 from autoclusters import hostlist, temporal
 from autoclusters.models import IncidentState, SlurmJob
-from autoclusters.settings import Settings, policy_for
+from autoclusters.policy import Rung
+from autoclusters.settings import load_file, policy_for
 from autoclusters.slurm import SlurmCli
 from clients import incidents
 from sandbox import cluster
 from sandbox.config import SandboxConfig
+from sandbox.hardware import Hardware, HardwareFault
+from sandbox.vms import VmRegistry
 from workflows.remediation import NodeRemediation
 
 T = TypeVar("T")
@@ -58,6 +61,10 @@ class DemoSummary(BaseModel):
     job_nodes_after: list[str]
     node_state_before: str
     node_state_after: str
+    kubernetes: bool
+    old_vm_id: str | None
+    new_vm_id: str | None
+    health_gates: list[bool]
     planned_steps: list[str]
     boot_delay_s: float
     temporal_ui: str
@@ -97,7 +104,12 @@ async def _job(slurm: SlurmCli, job_id: int) -> SlurmJob | None:
 
 
 async def run_demo(
-    cfg: SandboxConfig, fault: str, keep: bool, console: Console, mode: str = "auto"
+    cfg: SandboxConfig,
+    fault: str,
+    keep: bool,
+    console: Console,
+    mode: str = "auto",
+    broken_until: str = "reboot",
 ) -> DemoSummary:
     was_running = cluster.is_running(cfg) if cfg.record_file.exists() else False
     console.print(f"[bold]1. sandbox[/bold] in {cfg.state_dir} ({cfg.nodes} nodes)")
@@ -108,25 +120,17 @@ async def run_demo(
     if res.already_running:
         cfg = SandboxConfig.load(cfg.state_dir)
     try:
-        return await _demo(cfg, fault, mode, console)
+        return await _demo(cfg, fault, mode, Rung(broken_until), console)
     finally:
         if not keep and not was_running:
             console.print("[bold]sandbox down[/bold]")
             await asyncio.to_thread(cluster.down, cfg)
 
 
-async def _demo(cfg: SandboxConfig, fault: str, mode: str, console: Console) -> DemoSummary:
-    settings = Settings(
-        temporal_address=cfg.temporal_address,
-        temporal_ui_url=cfg.temporal_ui_url,
-        task_queue=cfg.task_queue,
-        cluster=cfg.cluster,
-        slurm_conf=cfg.slurm_conf,
-        sandbox_state_dir=cfg.state_dir,
-        boot_delay_s=cfg.boot_delay_s,
-        policy_file=cfg.policy_file,
-        admission_poll_s=5,
-    )
+async def _demo(
+    cfg: SandboxConfig, fault: str, mode: str, broken_until: Rung, console: Console
+) -> DemoSummary:
+    settings = load_file(cfg.settings_file)
     policy = policy_for(settings).model_copy(update={"mode": mode})
     slurm = SlurmCli(cfg.slurm_conf)
     script = Path(sandbox.__file__).parent / "jobs" / "progress.sh"
@@ -151,6 +155,12 @@ async def _demo(cfg: SandboxConfig, fault: str, mode: str, console: Console) -> 
 
     node = before[-1]
     node_before = await slurm.node(node)
+    vm = VmRegistry(cfg.state_dir).get(node)
+    if vm is not None:
+        # The fault is real on the machine: the health gate fails until `broken_until`.
+        Hardware(cfg.state_dir).inject(
+            node, vm.vm_id, HardwareFault(fault=fault, fixed_by=broken_until)
+        )
     console.print(f"[bold]3. fault[/bold] {fault} on {node} (mode {mode})")
     client = await temporal.connect(settings)
     fault_at = time.time()
@@ -216,6 +226,10 @@ async def _demo(cfg: SandboxConfig, fault: str, mode: str, console: Console) -> 
         job_nodes_after=hostlist.expand(job_after.nodes),
         node_state_before=node_before.display_state if node_before else "UNKNOWN",
         node_state_after=node_after.display_state if node_after else "UNKNOWN",
+        kubernetes=cfg.k8s,
+        old_vm_id=final.old_vm_id or (vm.vm_id if vm else None),
+        new_vm_id=final.new_vm_id or (vm.vm_id if vm else None),
+        health_gates=[h.passed for h in final.health],
         planned_steps=final.planned_steps,
         boot_delay_s=cfg.boot_delay_s,
         temporal_ui=f"{cfg.temporal_ui_url}/namespaces/default/workflows/{opened.workflow_id}",

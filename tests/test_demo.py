@@ -24,10 +24,21 @@ def test_demo_json_summary(tmp_path: Path) -> None:
     assert summary["job_restarts"] == 1
     assert summary["node_state_after"] == "IDLE"
     assert summary["node"] not in summary["job_nodes_after"]
-    assert summary["capacity_recovery_s"] >= 8
-    assert summary["job_recovery_s"] < summary["capacity_recovery_s"] / 2
+    assert summary["capacity_recovery_s"] >= 2 * 8  # a reboot and a replacement booted
+    assert summary["job_recovery_s"] < summary["capacity_recovery_s"] / 4
     names = [s["name"] for s in summary["steps"]]
     assert names.index("requeue") < names.index("repair") < names.index("return_to_service")
+    # Kubernetes mode (the default): the Node is cordoned and emptied before the repair and
+    # uncordoned after the health gate; the GPU is broken until a replacement, so the
+    # reboot fails the health gate and the incident climbs to a new VM.
+    assert summary["kubernetes"] is True
+    assert names.index("drain") < names.index("k8s_cordon") < names.index("k8s_evict")
+    assert names.index("k8s_evict") < names.index("repair")
+    assert names.index("k8s_uncordon") < names.index("return_to_service")
+    assert summary["health_gates"] == [False, True]
+    assert summary["rung"] == "replace"
+    assert summary["old_vm_id"] and summary["new_vm_id"]
+    assert summary["old_vm_id"] != summary["new_vm_id"]
     assert all(s["finished_at"] >= s["started_at"] for s in summary["steps"])
 
 
