@@ -28,6 +28,8 @@ from autoclusters.guard import (
     RegisterCall,
     Registration,
     ReleaseCall,
+    SpareCall,
+    SpareClaim,
     guard_workflow_id,
 )
 from autoclusters.slurm import SlurmClient
@@ -90,6 +92,16 @@ class GuardActivities:
     async def admit_repair(self, call: AdmitCall) -> Admission:
         req = await self._admit_request(call)
         result: Admission = await self._update(call.guard, FleetGuard.admit_repair, req)
+        return result
+
+    @activity.defn(name="guard_claim_spare")
+    async def claim_spare(self, call: SpareCall) -> SpareClaim:
+        result: SpareClaim = await self._update(call.guard, FleetGuard.claim_spare, call.request)
+        return result
+
+    @activity.defn(name="guard_refill_spare")
+    async def refill_spare(self, call: SpareCall) -> list[str]:
+        result: list[str] = await self._update(call.guard, FleetGuard.refill_spare, call.request)
         return result
 
     @activity.defn(name="guard_release")

@@ -10,6 +10,7 @@ from temporalio.exceptions import ApplicationError
 
 from autoclusters.models import (
     REASON_PREFIX,
+    SPARE_REASON,
     DrainInput,
     DrainResult,
     RequeueInput,
@@ -18,6 +19,7 @@ from autoclusters.models import (
     ReturnResult,
     SlurmJob,
     SlurmNode,
+    SpareInput,
     WaitIdleInput,
     WaitIdleResult,
     WaitRegisteredInput,
@@ -160,6 +162,37 @@ class SlurmActivities:
                 return WaitIdleResult(waited_s=waited, cancelled=busy)
             activity.heartbeat(f"jobs {busy} still running")
             await asyncio.sleep(inp.poll_s)
+
+    @activity.defn(name="take_spare")
+    async def take_spare(self, inp: SpareInput) -> ReturnResult:
+        """A hot spare goes into service at once (it was healthy and waiting drained)."""
+        node = await self._known_node(inp.node)
+        if node.drained and node.reason != SPARE_REASON:
+            return ReturnResult(
+                returned=False,
+                state_after=node.display_state,
+                detail=f"not a free spare: drained for {node.reason!r}",
+            )
+        if node.drained:
+            await self._slurm.resume(inp.node)
+            node = await self._known_node(inp.node)
+        return ReturnResult(returned=not node.drained, state_after=node.display_state)
+
+    @activity.defn(name="park_as_spare")
+    async def park_as_spare(self, inp: SpareInput) -> ReturnResult:
+        """The replaced node, proven healthy, waits as the new hot spare (still drained)."""
+        node = await self._known_node(inp.node)
+        if node.reason == SPARE_REASON:
+            return ReturnResult(returned=False, state_after=node.display_state, detail="spare")
+        if node.drained and not node.reason.startswith(f"{REASON_PREFIX} {inp.incident_id} "):
+            return ReturnResult(
+                returned=False,
+                state_after=node.display_state,
+                detail=f"left drained: reason {node.reason!r} is not ours",
+            )
+        await self._slurm.drain(inp.node, SPARE_REASON)
+        node = await self._known_node(inp.node)
+        return ReturnResult(returned=False, state_after=node.display_state, detail="spare")
 
     @activity.defn(name="return_to_service")
     async def return_to_service(self, inp: ReturnInput) -> ReturnResult:

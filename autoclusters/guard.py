@@ -55,6 +55,9 @@ class BreakerStatus(BaseModel):
 
 
 class GuardState(BaseModel):
+    # The hot spares free now (None: not yet taken from the policy).
+    spares: list[str] | None = None
+    spare_claims: dict[str, str] = Field(default_factory=dict)  # incident id -> spare taken
     opens: list[OpenRecord] = Field(default_factory=list)  # pruned to the longest window
     out_of_service: dict[str, str] = Field(default_factory=dict)  # node -> incident id
     repairing: dict[str, str] = Field(default_factory=dict)  # node -> incident id
@@ -92,6 +95,20 @@ class ReleaseRequest(BaseModel):
     node: str
     incident_id: str
     back_in_service: bool  # False: the node stays out (left drained for a human)
+
+
+class SpareRequest(BaseModel):
+    node: str  # the faulty node being replaced
+    incident_id: str
+
+
+class SpareClaim(BaseModel):
+    spare: str | None  # the spare this incident put into service, or None: none free
+
+
+class SpareCall(BaseModel):
+    guard: GuardContext
+    request: SpareRequest
 
 
 class ResetRequest(BaseModel):

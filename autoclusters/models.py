@@ -17,6 +17,10 @@ from autoclusters.policy import Policy, Rung
 REASON_PREFIX = "autoclusters:"
 
 
+# A hot spare waits drained under this reason, out of the scheduler's reach.
+SPARE_REASON = f"{REASON_PREFIX} spare"
+
+
 def drain_reason(incident_id: str, fault: str) -> str:
     """The Slurm drain reason we own; return-to-service only undrains reasons we wrote."""
     return f"{REASON_PREFIX} {incident_id} {fault}"
@@ -156,6 +160,7 @@ class IncidentState(BaseModel):
     planned_steps: list[str] = Field(default_factory=list)
     health: list[HealthReport] = Field(default_factory=list)
     repair_attempts: int = 0
+    spare_node: str | None = None  # the hot spare put into service in this node's place
     steps: list[StepRecord] = Field(default_factory=list)
     requeued_jobs: list[int] = Field(default_factory=list)
     old_vm_id: str | None = None
@@ -314,3 +319,8 @@ class WaitIdleInput(BaseModel):
 class WaitIdleResult(BaseModel):
     waited_s: float
     cancelled: list[int] = Field(default_factory=list)
+
+
+class SpareInput(BaseModel):
+    node: str  # the spare, or the replaced node to park as one
+    incident_id: str

@@ -108,6 +108,10 @@ class GuardPolicy(_Strict):
     min_in_service_fraction: float = Field(default=0.75, ge=0, le=1)
     breaker_threshold: int = Field(default=5, ge=1)  # trips on more than K opens ...
     breaker_window_s: float = Field(default=600, gt=0)  # ... within this sliding window
+    # Hot spares: healthy nodes kept drained ("autoclusters: spare") out of the partition. A
+    # replacement puts one into service at once; the replaced node, once healthy, becomes
+    # the spare.
+    spares: list[Annotated[str, AfterValidator(_node_name)]] = Field(default_factory=list)
 
 
 class NodeTopology(_Strict):

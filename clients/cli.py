@@ -79,6 +79,7 @@ def sandbox_up(
     k8s: Annotated[
         bool, typer.Option("--k8s/--no-k8s", help="Slinky-style: Kubernetes + Crusoe emulators.")
     ] = False,
+    spares: Annotated[int, typer.Option(help="Hot spare nodes, kept drained until needed.")] = 0,
 ) -> None:
     """Start Temporal, munge, Slurm (slurmctld + one slurmd per node) and a worker."""
     from sandbox import cluster as sb
@@ -88,7 +89,7 @@ def sandbox_up(
     try:
         cfg = SandboxConfig(
             state_dir=state_dir.absolute(), cluster=cluster, nodes=nodes,
-            port_base=port_base, boot_delay_s=boot_delay, k8s=k8s,
+            port_base=port_base, boot_delay_s=boot_delay, k8s=k8s, spares=spares,
         )  # fmt: skip
         res = sb.up(cfg)
     except (SandboxError, ValidationError) as e:
@@ -376,6 +377,7 @@ def demo(
         bool,
         typer.Option("--k8s/--no-k8s", help="Slinky-style cluster: Kubernetes + Crusoe emulators."),
     ] = True,
+    spares: Annotated[int, typer.Option(help="Hot spare nodes, kept drained until needed.")] = 0,
     broken_until: Annotated[
         str,
         typer.Option(
@@ -395,7 +397,11 @@ def demo(
         err.print("[red]refused:[/red] --broken-until must be reset_gpu, reboot or replace")
         raise typer.Exit(2)
     cfg = SandboxConfig(
-        state_dir=state_dir.absolute(), port_base=port_base, boot_delay_s=boot_delay, k8s=k8s
+        state_dir=state_dir.absolute(),
+        port_base=port_base,
+        boot_delay_s=boot_delay,
+        k8s=k8s,
+        spares=spares,
     )
     out = err if as_json else console
     try:
@@ -434,6 +440,8 @@ def _print_summary(summary: Any, out: Console) -> None:
     )
     out.print(f"node before/after  {summary.node_state_before} / {summary.node_state_after}")
     out.print(f"machine            {summary.old_vm_id} → {summary.new_vm_id}")
+    if summary.spare_node:
+        out.print(f"hot spare          {summary.spare_node} serves; {summary.node} is the spare")
     for line in summary.planned_steps:
         out.print(f"would              {line}")
     t = Table("step", "outcome", "seconds")

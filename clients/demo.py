@@ -65,6 +65,7 @@ class DemoSummary(BaseModel):
     old_vm_id: str | None
     new_vm_id: str | None
     health_gates: list[bool]
+    spare_node: str | None
     planned_steps: list[str]
     boot_delay_s: float
     temporal_ui: str
@@ -205,7 +206,8 @@ async def _demo(
     else:  # observe or monitor: nothing was requeued
         job_after, job_recovery = await _job(slurm, job_id) or job, None
     node_after = await slurm.node(node)
-    back = final.step("return_to_service")
+    # Capacity is back when the node returns, or at once when a hot spare took its place.
+    back = final.step("take_spare") if final.spare_node else final.step("return_to_service")
     capacity = (
         back.finished_at.timestamp() - fault_at
         if back and back.finished_at and status == "resolved"
@@ -230,6 +232,7 @@ async def _demo(
         old_vm_id=final.old_vm_id or (vm.vm_id if vm else None),
         new_vm_id=final.new_vm_id or (vm.vm_id if vm else None),
         health_gates=[h.passed for h in final.health],
+        spare_node=final.spare_node,
         planned_steps=final.planned_steps,
         boot_delay_s=cfg.boot_delay_s,
         temporal_ui=f"{cfg.temporal_ui_url}/namespaces/default/workflows/{opened.workflow_id}",

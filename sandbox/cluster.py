@@ -18,7 +18,7 @@ from pathlib import Path
 
 import yaml
 
-from autoclusters.models import SlurmNode
+from autoclusters.models import SPARE_REASON, SlurmNode
 from autoclusters.policy import default_policy
 from autoclusters.slurm import parse_jobs, parse_nodes
 from sandbox import daemons, slinky
@@ -77,7 +77,9 @@ def sandbox_policy(cfg: SandboxConfig) -> str:
     """The shipped default policy, with the sandbox's approvers; a small sandbox may have
     half its nodes out (the default 0.75 would freeze a 2-node sandbox)."""
     policy = default_policy()
-    guard = policy.guard.model_copy(update={"min_in_service_fraction": 0.5})
+    guard = policy.guard.model_copy(
+        update={"min_in_service_fraction": 0.5, "spares": cfg.spare_names()}
+    )
     policy = policy.model_copy(update={"approvers": cfg.approvers, "guard": guard})
     header = "# Written by `autoclusters sandbox up`: the shipped default, sandbox approvers.\n"
     return header + yaml.safe_dump(policy.model_dump(mode="json"), sort_keys=False)
@@ -97,7 +99,18 @@ def sinfo(cfg: SandboxConfig) -> list[SlurmNode]:
 
 def _nodes_registered(cfg: SandboxConfig) -> bool:
     nodes = sinfo(cfg)
-    return len(nodes) == cfg.nodes and all(n.responding and n.slurmd_start_time for n in nodes)
+    return len(nodes) == len(cfg.node_names()) and all(
+        n.responding and n.slurmd_start_time for n in nodes
+    )
+
+
+def _park_spares(cfg: SandboxConfig) -> None:
+    for node in cfg.spare_names():
+        subprocess.run(
+            [daemons.require("scontrol"), "update", f"NodeName={node}", "State=DRAIN",
+             f"Reason={SPARE_REASON}"],
+            env={**os.environ, **daemons.slurm_env(cfg)}, check=True, capture_output=True,
+        )  # fmt: skip
 
 
 def _worker_polling(cfg: SandboxConfig) -> bool:
@@ -161,6 +174,7 @@ def up(cfg: SandboxConfig, timeout_s: float = 60) -> UpResult:
             dead = [n for n in cfg.node_names() if not table.alive(slurmd_name(n))]
             culprit = slurmd_name(dead[0]) if dead else slurmd_name(cfg.node_names()[0])
             raise _not_ready(table, culprit, "the slurmd nodes did not all register")
+        _park_spares(cfg)
         if cfg.k8s:
             _start(
                 table,

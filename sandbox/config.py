@@ -16,6 +16,8 @@ class SandboxConfig(BaseModel):
     state_dir: Path = DEFAULT_SANDBOX_DIR
     cluster: str = Field(default="sandbox", pattern=r"^[a-z][a-z0-9]{0,30}$")
     nodes: int = Field(default=4, ge=2, le=64)
+    # Hot spares: extra nodes (after the `nodes`), healthy, kept drained as spares.
+    spares: int = Field(default=0, ge=0, le=8)
     port_base: int = Field(default=17200, ge=1024, le=65000)
     boot_delay_s: float = Field(default=20.0, ge=0)
     task_queue: str = "autoclusters"
@@ -85,7 +87,11 @@ class SandboxConfig(BaseModel):
         return f"http://127.0.0.1:{self.temporal_ui_port}"
 
     def node_names(self) -> list[str]:
-        return [f"gpu-{i:02d}" for i in range(1, self.nodes + 1)]
+        """Every Slurm node of the sandbox, the spares last."""
+        return [f"gpu-{i:02d}" for i in range(1, self.nodes + self.spares + 1)]
+
+    def spare_names(self) -> list[str]:
+        return self.node_names()[self.nodes :]
 
     # Paths.
     @property

@@ -59,4 +59,4 @@ def gres_conf(cfg: SandboxConfig) -> str:
     # The "GPUs" are plain files: Slurm only needs something to point File= at.
     dev = cfg.state_dir / "dev"
     last = GPUS_PER_NODE - 1
-    return f"NodeName=gpu-[01-{cfg.nodes:02d}] Name=gpu File={dev}/nvidia[0-{last}]\n"
+    return f"NodeName=gpu-[01-{len(cfg.node_names()):02d}] Name=gpu File={dev}/nvidia[0-{last}]\n"

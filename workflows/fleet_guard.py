@@ -36,6 +36,8 @@ with workflow.unsafe.imports_passed_through():
         Registration,
         ReleaseRequest,
         ResetRequest,
+        SpareClaim,
+        SpareRequest,
     )
 
 
@@ -237,6 +239,40 @@ class FleetGuard:
         _require(node=req.node, incident_id=req.incident_id)
 
     # --- reset -----------------------------------------------------------------------
+
+    @workflow.update
+    def claim_spare(self, req: SpareRequest) -> SpareClaim:
+        """A free hot spare for this incident's replacement (the same one if asked again)."""
+        st = self._state
+        if req.incident_id in st.spare_claims:
+            return SpareClaim(spare=st.spare_claims[req.incident_id])
+        free = self._free_spares()
+        spare = next((n for n in free if n != req.node), None)
+        if spare is not None:
+            free.remove(spare)
+            st.spare_claims[req.incident_id] = spare
+        return SpareClaim(spare=spare)
+
+    @claim_spare.validator
+    def _validate_claim_spare(self, req: SpareRequest) -> None:
+        _require(node=req.node, incident_id=req.incident_id)
+
+    @workflow.update
+    def refill_spare(self, req: SpareRequest) -> list[str]:
+        """The replaced node, healthy again, is a spare now; returns the free spares."""
+        free = self._free_spares()
+        if req.node not in free:
+            free.append(req.node)
+        return list(free)
+
+    @refill_spare.validator
+    def _validate_refill_spare(self, req: SpareRequest) -> None:
+        _require(node=req.node, incident_id=req.incident_id)
+
+    def _free_spares(self) -> list[str]:
+        if self._state.spares is None:
+            self._state.spares = list(self._input.policy.spares)
+        return self._state.spares
 
     @workflow.update
     def reset_breaker(self, req: ResetRequest) -> BreakerStatus:

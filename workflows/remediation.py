@@ -59,12 +59,15 @@ with workflow.unsafe.imports_passed_through():
 
 from workflows.kubernetes_steps import KubernetesSteps
 from workflows.runbook_v1 import run_v1
+from workflows.spare_steps import SpareSteps
 from workflows.timeline import RETRY, cause_of
 
 # Incidents started before this patch run the first runbook to the end.
 RUNBOOK_V2 = "runbook-v2-policy-ladder"
 # Kubernetes (Slinky) steps: cordon/taint/evict, new machine Ready, uncordon.
 RUNBOOK_V3_K8S = "runbook-v3-kubernetes"
+# Hot spares: a replacement takes a spare into service at once.
+RUNBOOK_V4_SPARES = "runbook-v4-hot-spares"
 
 
 class Rejected(Exception):
@@ -76,7 +79,7 @@ class Unattended(Exception):
 
 
 @workflow.defn
-class NodeRemediation(KubernetesSteps):
+class NodeRemediation(KubernetesSteps, SpareSteps):
     @workflow.init
     def __init__(self, req: IncidentRequest) -> None:
         # Built from the input so queries and updates see the incident from the first moment.
@@ -233,6 +236,15 @@ class NodeRemediation(KubernetesSteps):
             await self._repair_until_healthy(req, guard)
             if self._k8s:
                 await self._k8s_return()
+            if s.spare_node is not None:
+                # The spare took this node's place: it waits as the next spare instead.
+                await self._park_as_spare(guard)
+                await self._release(guard, back_in_service=True)
+                return await self._close(
+                    "resolved",
+                    f"resolved; {s.spare_node} serves in place of {req.node}, which is the "
+                    "new spare; " + self._timeline_text(),
+                )
             back = await self._step(
                 "return_to_service",
                 lambda: workflow.execute_activity_method(
@@ -335,6 +347,13 @@ class NodeRemediation(KubernetesSteps):
                 approved = await self._approval(rung)
                 continue
             await self._admitted("repair", GuardActivities.admit_repair, guard)
+            if (
+                rung == Rung.REPLACE
+                and p.guard.spares
+                and s.spare_node is None
+                and workflow.patched(RUNBOOK_V4_SPARES)
+            ):
+                s.spare_node = await self._spare_into_service(guard)
             if s.rung != rung.value:
                 # Raised while the repair was held: give the slot back, repair the new rung.
                 await self._release(guard, back_in_service=False)

@@ -1,0 +1,82 @@
+"""Hot spares: a replacement puts a healthy spare into service at once, and the replaced
+node, once it has passed its health gate, waits as the new spare.
+
+Capacity comes back in seconds instead of a VM boot; the fleet guard hands out the spares
+so two incidents never take the same one.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from temporalio import workflow
+
+with workflow.unsafe.imports_passed_through():
+    from activities.guard import GuardActivities
+    from activities.slurm import SlurmActivities
+    from autoclusters.guard import GuardContext, SpareCall, SpareRequest
+    from autoclusters.models import SpareInput
+
+from workflows.timeline import RETRY, Timeline
+
+CALL = timedelta(seconds=60)
+
+
+class SpareSteps(Timeline):
+    async def _spare_into_service(self, guard: GuardContext) -> str | None:
+        """Claim a free spare and resume it; None when there is none."""
+        r = self._state.request
+        claim = await self._step(
+            "claim_spare",
+            lambda: workflow.execute_activity_method(
+                GuardActivities.claim_spare,
+                SpareCall(
+                    guard=guard, request=SpareRequest(node=r.node, incident_id=r.incident_id)
+                ),
+                start_to_close_timeout=CALL,
+                retry_policy=RETRY,
+            ),
+            detail=lambda c: c.spare or "no spare free",
+        )
+        if claim.spare is None:
+            return None
+        spare = claim.spare
+        taken = await self._step(
+            "take_spare",
+            lambda: workflow.execute_activity_method(
+                SlurmActivities.take_spare,
+                SpareInput(node=spare, incident_id=r.incident_id),
+                start_to_close_timeout=CALL,
+                retry_policy=RETRY,
+            ),
+            detail=lambda t: f"{spare} {t.state_after}" + (f" ({t.detail})" if t.detail else ""),
+        )
+        if not taken.returned:
+            return None
+        await self._notify("spare_in_service", f"hot spare {spare} in service for {r.node}")
+        return spare
+
+    async def _park_as_spare(self, guard: GuardContext) -> None:
+        r = self._state.request
+        await self._step(
+            "park_as_spare",
+            lambda: workflow.execute_activity_method(
+                SlurmActivities.park_as_spare,
+                SpareInput(node=r.node, incident_id=r.incident_id),
+                start_to_close_timeout=CALL,
+                retry_policy=RETRY,
+            ),
+            detail=lambda p: p.state_after,
+        )
+        await self._step(
+            "refill_spare",
+            lambda: workflow.execute_activity_method(
+                GuardActivities.refill_spare,
+                SpareCall(
+                    guard=guard, request=SpareRequest(node=r.node, incident_id=r.incident_id)
+                ),
+                start_to_close_timeout=CALL,
+                retry_policy=RETRY,
+            ),
+            detail=lambda free: f"free spares {free}",
+        )
