@@ -54,6 +54,7 @@ from activities.slurm import SlurmActivities
 from autoclusters import binpaths, temporal
 from autoclusters.guard import GuardStatus, ResetRequest, guard_workflow_id
 from autoclusters.models import (
+    SPARE_REASON,
     ApprovalRequest,
     FaultAck,
     FaultReport,
@@ -1084,3 +1085,43 @@ async def test_busy_node_is_left_drained_when_idle_times_out(env: WorkflowEnviro
     assert node.drained and node.reason == _our_reason(req)
     assert f.events() == ["opened", "failed"]
     assert f.notes()[-1].severity == "critical"
+
+
+async def test_replacement_takes_a_hot_spare_into_service(env: WorkflowEnvironment) -> None:
+    async with _fleet(env, nodes=4) as f:
+        # gpu-04 waits as the cluster's hot spare.
+        await f.slurm.drain("gpu-04", SPARE_REASON)
+        spares = GuardPolicy(min_in_service_fraction=0.5, breaker_threshold=10, spares=["gpu-04"])
+        req = f.request(fault="XID_61", policy=_policy(guard=spares))  # XID_61: replace
+        result = await (await f.start(req)).result()
+        guard = await f.guard_status()
+
+    assert result.status == "resolved"
+    assert result.spare_node == "gpu-04"
+    names = [s.name for s in result.steps]
+    # The spare serves before the replacement even starts; the replaced node is parked.
+    assert names.index("take_spare") < names.index("repair")
+    assert names[-3:] == ["park_as_spare", "refill_spare", "notify_resolved"]
+    assert "return_to_service" not in names
+    assert not f.slurm.node_now("gpu-04").drained
+    parked = f.slurm.node_now("gpu-01")
+    assert parked.drained and parked.reason == SPARE_REASON
+    assert guard.state.spares == ["gpu-01"]
+    assert guard.state.spare_claims == {req.incident_id: "gpu-04"}
+    assert "spare_in_service" in f.events()
+
+
+async def test_no_free_spare_falls_back_to_returning_the_node(env: WorkflowEnvironment) -> None:
+    async with _fleet(env, nodes=4) as f:
+        # The configured spare is not free: an admin has it drained for something else.
+        await f.slurm.drain("gpu-04", "bad PSU -- bob")
+        spares = GuardPolicy(min_in_service_fraction=0.5, breaker_threshold=10, spares=["gpu-04"])
+        req = f.request(fault="XID_61", policy=_policy(guard=spares))
+        result = await (await f.start(req)).result()
+
+    assert result.status == "resolved"
+    assert result.spare_node is None
+    take = result.step("take_spare")
+    assert take is not None and "not a free spare" in take.detail
+    assert f.slurm.node_now("gpu-04").reason == "bad PSU -- bob"
+    assert not f.slurm.node_now("gpu-01").drained  # returned to service the usual way

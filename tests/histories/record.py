@@ -1,7 +1,7 @@
 """Record NodeRemediation histories for the replay test.
 
 Run once per released workflow version, *before* changing the workflow:
-    .venv/bin/python -m tests.histories.record v2
+    .venv/bin/python -m tests.histories.record v2 [case ...]
 It runs incidents on the time-skipping server against the in-memory cluster and writes
 remediation_<version>_<case>.json beside this file.
 """
@@ -23,7 +23,13 @@ from temporalio.worker import Worker
 
 from activities.guard import GuardActivities
 from autoclusters import binpaths, temporal
-from autoclusters.models import ApprovalRequest, IncidentRequest, IncidentState, workflow_id
+from autoclusters.models import (
+    SPARE_REASON,
+    ApprovalRequest,
+    IncidentRequest,
+    IncidentState,
+    workflow_id,
+)
 from autoclusters.policy import FaultRule, Policy, Rung
 from tests.fakes import FakeCloud, FakeHealth, FakeSlurm
 from workers.remediation import WORKFLOWS, activities_for
@@ -68,12 +74,21 @@ async def record(version: str) -> None:
             "escalated": ("auto", Rung.REPLACE, False),
             "approved": ("approve", Rung.REBOOT, False),
             "repair_failed": ("auto", Rung.REBOOT, True),
+            "hot_spare": ("auto", Rung.REPLACE, False),
         }
+        only = set(sys.argv[2:]) or set(cases)
         for case, (mode, fixed_by, fail) in cases.items():
+            if case not in only:
+                continue
             slurm = FakeSlurm()
             for name in ("gpu-01", "gpu-02", "gpu-03", "gpu-04"):
                 slurm.add_node(name)
             slurm.add_job(101, nodes="gpu-[01-02]")
+            policy = POLICY.model_copy(update={"mode": mode})
+            if case == "hot_spare":
+                await slurm.drain("gpu-04", SPARE_REASON)
+                spares = policy.guard.model_copy(update={"spares": ["gpu-04"]})
+                policy = policy.model_copy(update={"guard": spares})
             cloud = FakeCloud(slurm, fail=fail)
             cluster = f"history-{case}"
             req = IncidentRequest(
@@ -82,7 +97,7 @@ async def record(version: str) -> None:
                 node="gpu-01",
                 fault="XID_79",
                 opened_at=datetime(2026, 11, 29, 12, 0, tzinfo=UTC),
-                policy=POLICY.model_copy(update={"mode": mode}),
+                policy=policy,
             )
             tq = f"tq-{uuid.uuid4()}"
             guard = GuardActivities(env.client, slurm, tq, execution_timeout=timedelta(days=1))
