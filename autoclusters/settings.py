@@ -60,6 +60,7 @@ class Settings(BaseSettings):
     sandbox_state_dir: Path | None = None
     boot_delay_s: float = Field(default=20.0, ge=0, description="replacement VM boot time")
 
+    expected_gpus: int = 8  # per node, for the health gate
     repair_timeout_s: float = 900
     policy_file: Path | None = Field(default=None, description="remediation policy (YAML)")
     admission_poll_s: float = 30

@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
+from autoclusters.health import gres_gpus
 from autoclusters.models import HealthCheck, HealthReport
 from autoclusters.slurm import SlurmClient
 from sandbox.config import GPUS_PER_NODE
 from sandbox.hardware import Hardware
 from sandbox.vms import VmRegistry
-
-_GPUS = re.compile(r"gpu(?::[^:(,]+)?:(\d+)")
 
 
 class SandboxHealth:
@@ -30,7 +28,7 @@ class SandboxHealth:
                 detail=n.display_state if n else "not in Slurm",
             )
         )
-        gpus = int(m.group(1)) if n and (m := _GPUS.search(n.gres)) else 0
+        gpus = gres_gpus(n.gres) if n else 0
         checks.append(
             HealthCheck(
                 name="gpu_count",

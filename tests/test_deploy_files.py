@@ -39,3 +39,14 @@ def test_compose_worker_runs_a_real_cli_command_from_a_buildable_image() -> None
                 assert (ROOT / src).exists(), f"Dockerfile copies missing {src}"
     env = worker["environment"]
     assert env["AUTOCLUSTERS_TEMPORAL_ADDRESS"] == "temporal:7233"
+
+
+def test_compose_config_mount_holds_a_valid_policy() -> None:
+    from autoclusters.policy import load_policy
+
+    worker = _compose()["services"]["worker"]
+    mount = next(v for v in worker["volumes"] if v.endswith(":/etc/autoclusters:ro"))
+    host_dir = ROOT / mount.split(":")[0]
+    policy_path = worker["environment"]["AUTOCLUSTERS_POLICY_FILE"]
+    assert policy_path.startswith("/etc/autoclusters/")
+    load_policy(host_dir / policy_path.removeprefix("/etc/autoclusters/"))

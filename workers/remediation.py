@@ -20,7 +20,7 @@ from activities.notify import NotifyActivities
 from activities.slurm import SlurmActivities
 from autoclusters import k8s, temporal
 from autoclusters.cloud import CloudProvider
-from autoclusters.health import HealthGate
+from autoclusters.health import HealthGate, SlurmHealthGate
 from autoclusters.notify import LogNotifier, Notifier
 from autoclusters.settings import Settings
 from autoclusters.slurm import SlurmCli, SlurmClient
@@ -64,10 +64,8 @@ def health_gate(settings: Settings, slurm: SlurmClient) -> HealthGate:
     if settings.sandbox_state_dir is not None:
         from sandbox.health import SandboxHealth
 
-        if settings.sandbox_state_dir is None:
-            raise ValueError("cloud_provider=sandbox needs sandbox_state_dir")
         return SandboxHealth(settings.sandbox_state_dir, slurm)
-    raise ValueError(f"no health gate for {settings.cloud_provider!r}")
+    return SlurmHealthGate(slurm, expected_gpus=settings.expected_gpus)
 
 
 def activities_for(

@@ -1,0 +1,103 @@
+"""The agent's settings: environment (AUTOCLUSTERS_AGENT_*) over defaults; the CLI overrides.
+
+Every threshold is here with its unit and the reason for its default. Checks run every
+`interval_s`; a condition fault must hold for `hold_checks` consecutive checks before it is
+reported, so the time to detect one is about `hold_checks * interval_s`. Events (Xids,
+recovery-action changes, GPU lost) are reported at the first check after they arrive.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DEFAULT_HOME = Path.home() / ".autoclusters" / "agent"
+
+
+class AgentSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="AUTOCLUSTERS_AGENT_", extra="ignore")
+
+    # --- where reports go ------------------------------------------------------------------
+    api_url: str | None = Field(default=None, description="API base URL; POST {api}/v1/reports")
+    token: SecretStr | None = Field(default=None, description="bearer token for the API")
+    spool_dir: Path | None = Field(
+        default=None, description="reports not yet accepted, and the agent's state; "
+        "default ~/.autoclusters/agent/<node>"
+    )  # fmt: skip
+    request_timeout_s: float = Field(default=5.0, gt=0, description="one POST")
+    send_attempts: int = Field(default=3, ge=1, description="tries per report per flush")
+    backoff_s: float = Field(default=0.5, ge=0, description="first retry delay; doubles")
+    max_backoff_s: float = Field(
+        default=60.0, gt=0, description="longest wait between flushes while the API is down"
+    )
+
+    # --- the loop and the debounce --------------------------------------------------------
+    interval_s: float = Field(default=10.0, gt=0, description="seconds between checks")
+    hold_checks: int = Field(
+        default=3, ge=1, description="consecutive checks a condition must hold to fire"
+    )
+    clear_checks: int = Field(
+        default=3, ge=1, description="consecutive clean checks before a fault resolves"
+    )
+    # Thermal throttling is normal in bursts; only a sustained one (5 min at 10 s) matters.
+    hold_checks_by_fault: dict[str, int] = Field(default_factory=lambda: {"THERMAL": 30})
+    rereport_s: float = Field(
+        default=3600, gt=0, description="a fault still firing is re-sent this often"
+    )
+    flap_window_s: float = Field(
+        default=3600, gt=0, description="a fault that fired max_flaps times in this window "
+        "stays firing until it has been clear for the whole window"
+    )  # fmt: skip
+    max_flaps: int = Field(default=3, ge=1)
+    event_latch_s: float = Field(
+        default=600, gt=0, description="an event (Xid) fault holds this long after the event"
+    )
+    ignored_xids: list[int] = Field(default_factory=list, description="Xids never reported")
+
+    # --- what the node should have ----------------------------------------------------------
+    expected_gpus: int | None = Field(
+        default=None, ge=0, description="GPUs of the node type; None: the most seen"
+    )
+    expected_nvlinks: int | None = Field(
+        default=None, ge=0, description="active NVLinks per GPU (18 on H100/H200 SXM); "
+        "None: every link once seen active"
+    )  # fmt: skip
+    expected_hcas: list[str] = Field(
+        default_factory=list, description="HCA names (mlx5_0, ...); empty: every one seen"
+    )
+    expected_ib_rate_gbps: float | None = Field(
+        default=None, gt=0, description="port rate (NDR 400, HDR 200); None: not checked"
+    )
+    ib_ignore: list[str] = Field(
+        default_factory=list, description="fnmatch patterns of 'hca' or 'hca/port' not checked"
+    )
+
+    # --- thresholds (reference: docs on NVML, DCGM, NVSentinel) -----------------------------
+    fabric_grace_s: float = Field(default=300, ge=0, description="NVSwitch fabric set-up time")
+    thermal_margin_c: int = Field(default=5, ge=0, description="warn at slowdown minus this")
+    pcie_replay_per_min: float = Field(default=8, gt=0, description="DCGM's PCIe limit")
+    pcie_window_s: float = Field(default=300, gt=0)
+    nvlink_errors_per_min: float = Field(default=10, gt=0, description="replay+recovery+CRC")
+    nvlink_window_s: float = Field(default=300, gt=0)
+    ib_symbol_errors_per_hour: float = Field(default=120, gt=0, description="IBTA 1e-12 BER")
+    ib_symbol_errors_per_s: float = Field(default=10, gt=0, description="NVSentinel burst")
+    ib_link_error_recovery_per_min: float = Field(default=5, gt=0, description="flapping")
+    ib_event_window_s: float = Field(
+        default=600, gt=0, description="a link_downed increase holds this long"
+    )
+
+    # --- NVML -------------------------------------------------------------------------------
+    nvml_timeout_s: float = Field(default=10, gt=0, description="a call past this is hung")
+    event_wait_ms: int = Field(default=1000, gt=0, description="one nvmlEventSetWait_v2")
+
+    # --- Kubernetes (optional) --------------------------------------------------------------
+    k8s_condition: bool = Field(default=False, description="set the GpuUnhealthy condition")
+    kubeconfig: Path | None = Field(default=None, description="None: in-cluster account")
+
+    def hold_for(self, fault: str) -> int:
+        return self.hold_checks_by_fault.get(fault, self.hold_checks)
+
+    def spool_for(self, node: str) -> Path:
+        return self.spool_dir if self.spool_dir is not None else DEFAULT_HOME / node
