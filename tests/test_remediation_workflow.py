@@ -791,7 +791,14 @@ async def test_tripped_breaker_holds_repairs_until_reset(env: WorkflowEnvironmen
         await _approve(h1, "reboot")
         await _approve(h2, "reboot")
         for h in (h1, h2):
-            held = await _until(h, _waiting("admission", "repair"), "the repair held")
+            # The "held" notification is a step of its own inside admit_repair: wait past it.
+            held = await _until(
+                h,
+                lambda st: (
+                    _waiting("admission", "repair")(st) and st.current_step == "admit_repair"
+                ),
+                "the repair held",
+            )
             assert held.waiting_for is not None
             assert "circuit breaker tripped" in held.waiting_for.detail
             assert held.current_step == "admit_repair"
