@@ -17,6 +17,7 @@ from rich.table import Table
 
 from autoclusters import settings as settings_mod
 from autoclusters.settings import DEFAULT_SANDBOX_DIR, Settings
+from clients.agent_cli import agent_app, inject_app
 from clients.breaker import breaker_app
 from clients.policy_cli import policy_app
 
@@ -27,6 +28,8 @@ app.add_typer(sandbox_app, name="sandbox")
 app.add_typer(incident_app, name="incident")
 app.add_typer(breaker_app, name="breaker")
 app.add_typer(policy_app, name="policy")
+app.add_typer(agent_app, name="agent")
+app.add_typer(inject_app, name="inject")
 
 console = Console()
 err = Console(stderr=True)
@@ -355,6 +358,49 @@ def _show(incident_id: str, as_json: bool) -> None:
             f"{secs:.2f}" if secs is not None else "", st.detail,
         )  # fmt: skip
     console.print(t)
+
+
+@app.command("chaos")
+def chaos_cmd(
+    fault: Annotated[str, typer.Option(help="The fault to inject, e.g. XID_79.")] = "XID_79",
+    node: Annotated[
+        str | None, typer.Option(help="The node; default: a random node of a running job.")
+    ] = None,
+    broken_until: Annotated[
+        str | None,
+        typer.Option(help="Make the machine's fault real until this repair (reboot, replace)."),
+    ] = None,
+    kill_worker_at: Annotated[
+        str | None, typer.Option(help="SIGKILL the worker when the incident reaches this step.")
+    ] = None,
+    restart_temporal_at: Annotated[
+        str | None, typer.Option(help="Restart the Temporal server at this step.")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object.")] = False,
+    state_dir: StateDir = DEFAULT_SANDBOX_DIR,
+) -> None:
+    """Inject a fault into the sandbox, optionally crashing the worker or Temporal mid-incident."""
+    from autoclusters.policy import Rung
+    from clients.chaos import ChaosError, run_chaos
+    from sandbox import cluster as sb
+    from sandbox.daemons import SandboxError
+
+    try:
+        cfg = sb.load(state_dir.absolute())
+        rung = Rung(broken_until) if broken_until else None
+        report = asyncio.run(
+            run_chaos(
+                cfg, fault, node=node, broken_until=rung, kill_worker_at=kill_worker_at,
+                restart_temporal_at=restart_temporal_at, console=err,
+            )
+        )  # fmt: skip
+    except (SandboxError, ChaosError, ValueError) as e:
+        err.print(f"[red]chaos failed:[/red] {e}")
+        raise typer.Exit(1) from None
+    if as_json:
+        print(report.model_dump_json())
+    else:
+        console.print(report.model_dump())
 
 
 # --- demo ---------------------------------------------------------------------------------

@@ -34,7 +34,8 @@ from autoclusters.models import (
 )
 from autoclusters.policy import Policy
 from autoclusters.settings import Settings, policy_for
-from autoclusters.slurm import SlurmCli, UnknownNodeError
+from autoclusters.slurm import UnknownNodeError
+from clients.api.inventory import NodeInventory, SlurmInventory
 from workflows.remediation import NodeRemediation
 
 
@@ -76,11 +77,16 @@ async def open_incident(
     fault: str,
     opened_by: str = "cli",
     policy: Policy | None = None,
+    *,
+    inventory: NodeInventory | None = None,
+    update_id: str | None = None,
 ) -> OpenedIncident:
     """Open the node's incident, or join the one already open on it (no second drain).
 
-    The node is checked against Slurm first: an unknown node starts nothing. The incident
-    carries a snapshot of the cluster's policy (`policy` overrides it, e.g. the demo's mode).
+    The node is checked first (against Slurm unless `inventory` says otherwise): an unknown
+    node starts nothing. The incident carries a snapshot of the cluster's policy (`policy`
+    overrides it, e.g. the demo's mode). `update_id` makes the report idempotent: Temporal
+    answers a repeated id with the first answer instead of recording the report twice.
     """
     opened_at = datetime.now(UTC)
     req = IncidentRequest(
@@ -97,8 +103,8 @@ async def open_incident(
         kubernetes=settings.kubeconfig is not None,
     )
     report = FaultReport(incident_id=req.incident_id, fault=fault, source=opened_by, at=opened_at)
-    slurm = SlurmCli(settings.slurm_conf, settings.slurm_bin_dir)
-    if await slurm.node(node) is None:
+    inventory = inventory or SlurmInventory.for_settings(settings)
+    if not await inventory.known([node]):
         raise UnknownNodeError(f"node {node} is not in Slurm cluster {settings.cluster}")
     wf_id = workflow_id(settings.cluster, node)
     start = WithStartWorkflowOperation(
@@ -121,7 +127,7 @@ async def open_incident(
         static_details=f"incident {req.incident_id}, opened by {opened_by}",
     )
     ack = await client.execute_update_with_start_workflow(
-        NodeRemediation.report_fault, report, start_workflow_operation=start
+        NodeRemediation.report_fault, report, start_workflow_operation=start, id=update_id
     )
     handle = await start.workflow_handle()
     return OpenedIncident(
@@ -177,9 +183,11 @@ async def list_incidents(
     state: str | None = None,
     node: str | None = None,
     fault: str | None = None,
+    limit: int | None = None,
 ) -> list[IncidentSummary]:
     """Incidents of this cluster, newest first; `state` is the incident's own status
-    (open, waiting_approval, resolved, failed, rejected, observed, monitored)."""
+    (open, waiting_approval, resolved, failed, rejected, observed, monitored).
+    `limit`: at most that many (None: all)."""
     query = f"WorkflowType = 'NodeRemediation' AND Cluster = {_quoted(settings.cluster)}"
     if state:
         query += f" AND IncidentStatus = {_quoted(state)}"
@@ -188,7 +196,7 @@ async def list_incidents(
     if fault:
         query += f" AND Fault = {_quoted(fault)}"
     out = []
-    async for wf in client.list_workflows(query):
+    async for wf in client.list_workflows(query, limit=limit):
         sa = wf.typed_search_attributes
         out.append(
             IncidentSummary(

@@ -111,6 +111,17 @@ class ProcessTable:
         self._path(name).unlink(missing_ok=True)
         return was_running
 
+    def kill(self, name: str) -> int | None:
+        """SIGKILL the recorded PID (a crash, not a shutdown); return it, None if not running."""
+        rec = self.get(name)
+        if rec is None or _start_ticks(rec.pid) != rec.start_ticks:
+            return None
+        _signal(rec.pid, signal.SIGKILL)
+        while not _exited(rec):
+            time.sleep(0.05)
+        self._path(name).unlink(missing_ok=True)
+        return rec.pid
+
     def log_tail(self, name: str, lines: int = 15) -> str:
         path = self.log_dir / f"{name}.out"
         if not path.exists():

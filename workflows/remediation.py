@@ -408,7 +408,9 @@ class NodeRemediation(KubernetesSteps, SpareSteps):
                 CloudActivities.repair_node,
                 inp,
                 start_to_close_timeout=timedelta(seconds=timeout_s),
-                heartbeat_timeout=timedelta(seconds=30),
+                # The activity beats every 2 s: a dead worker is noticed within 10 s and the
+                # retry resumes the same keyed operation on another worker.
+                heartbeat_timeout=timedelta(seconds=10),
                 retry_policy=RETRY,
             ),
             detail=lambda r: f"{r.rung.value}: {r.old_vm_id} -> {r.new_vm_id}",

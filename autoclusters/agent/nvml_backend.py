@@ -46,6 +46,7 @@ ERROR_LIBRARY_NOT_FOUND = 12
 ERROR_FUNCTION_NOT_FOUND = 13
 ERROR_GPU_IS_LOST = 15
 ERROR_RESET_REQUIRED = 16
+ERROR_ARGUMENT_VERSION_MISMATCH = 25
 # Event bits and field ids (pynvml names, with the values nvml.h gives them).
 EVENT_XID = 0x8
 EVENT_RECOVERY_ACTION = 0x8000
@@ -93,7 +94,7 @@ class NvmlBackend:
         nvml: Any | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        self._nvml = nvml
+        self._nvml: Any = nvml
         self._watchdog = Watchdog(timeout_s=timeout_s)
         self._wait_ms = event_wait_ms
         self._clock = clock
@@ -121,10 +122,9 @@ class NvmlBackend:
             if isinstance(e, ImportError | Hung) or self._is_nvml_error(e):
                 raise BackendUnavailable(unavailable_message(e)) from None
             raise
+        driver = self._fn("nvmlSystemGetDriverVersion")
         try:
-            self._driver = _text(
-                self._call("nvmlSystemGetDriverVersion", self._fn("nvmlSystemGetDriverVersion"))
-            )
+            self._driver = _text(self._call("nvmlSystemGetDriverVersion", driver)) if driver else ""
         except Exception:
             self._driver = ""
         self._start_events()
@@ -288,10 +288,11 @@ class NvmlBackend:
                 code = self._code(e)
                 if code == ERROR_GPU_IS_LOST:
                     raise _GpuLost from None
-                if code in (ERROR_NOT_SUPPORTED, ERROR_FUNCTION_NOT_FOUND, ERROR_INVALID_ARGUMENT):
-                    continue  # older driver or struct version: try the next one
-                if "Version" in _text(e) or "version" in _text(e):
-                    continue
+                if code in (
+                    ERROR_NOT_SUPPORTED, ERROR_FUNCTION_NOT_FOUND, ERROR_INVALID_ARGUMENT,
+                    ERROR_ARGUMENT_VERSION_MISMATCH,
+                ):  # fmt: skip
+                    continue  # an older driver or struct version: try the next one
                 g.errors[fn_name] = _text(e)
                 return None
             summary = getattr(info, "healthSummary", None)

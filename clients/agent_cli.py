@@ -1,0 +1,294 @@
+"""`autoclusters agent run` (the per-node health agent) and `autoclusters inject` (fake faults).
+
+Register on the main app with::
+
+    app.add_typer(agent_app, name="agent")
+    app.add_typer(inject_app, name="inject")
+
+`python -m clients.agent_cli agent run ...` / `... inject ...` runs the same commands on
+their own, which is how a GPU machine without the full CLI set-up can run the agent.
+
+Exit codes: 0 the agent ran (with `--once`: and found no fault), 1 `--once` found a firing
+fault, 2 it cannot run (NVML unavailable, bad options). Errors are one line on stderr.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+if TYPE_CHECKING:
+    from autoclusters.agent.agent import Agent, CheckResult
+    from autoclusters.agent.settings import AgentSettings
+
+agent_app = typer.Typer(no_args_is_help=True, help="The per-node GPU and InfiniBand health agent.")
+inject_app = typer.Typer(
+    invoke_without_command=True, help="Make a fault appear on a node running the fake backend."
+)
+
+
+@agent_app.callback()
+def _group() -> None:
+    # Keeps `run` a named sub-command while it is the only one.
+    pass
+
+
+def _fail(message: str, code: int = 2) -> typer.Exit:
+    typer.echo(message, err=True)
+    return typer.Exit(code)
+
+
+def default_fake_file(node: str) -> Path:
+    """Where the sandbox's agent for `node` and `inject` meet by default."""
+    from autoclusters.settings import DEFAULT_SANDBOX_DIR
+
+    return DEFAULT_SANDBOX_DIR / "agent" / f"{node}.json"
+
+
+@agent_app.command("run")
+def run(
+    node: Annotated[str, typer.Option(help="This node's name, as Slurm/Kubernetes know it.")],
+    backend: Annotated[str, typer.Option(help="nvml (real GPUs) or fake (a JSON file).")] = "nvml",
+    fake_file: Annotated[
+        Path | None,
+        typer.Option(
+            help="The fake backend's file (default: ~/.autoclusters/sandbox/agent/NODE.json)."
+        ),
+    ] = None,
+    sysfs_root: Annotated[
+        Path | None,
+        typer.Option(
+            help="Read InfiniBand from ROOT/class/infiniband "
+            "(default: /sys for nvml, the fake file for fake)."
+        ),
+    ] = None,
+    api: Annotated[
+        str | None, typer.Option(help="API base URL: reports go to API/v1/reports.")
+    ] = None,
+    token: Annotated[
+        str | None, typer.Option(help="Bearer token (better: AUTOCLUSTERS_AGENT_TOKEN).")
+    ] = None,
+    spool_dir: Annotated[
+        Path | None,
+        typer.Option(help="Unsent reports and state (default: ~/.autoclusters/agent/NODE)."),
+    ] = None,
+    interval: Annotated[
+        float | None, typer.Option(help="Seconds between checks (default: 10).")
+    ] = None,
+    expected_gpus: Annotated[int | None, typer.Option(help="GPUs the node has.")] = None,
+    hold_checks: Annotated[
+        int | None,
+        typer.Option(help="Checks a condition must hold before it is reported (default: 3)."),
+    ] = None,
+    once: Annotated[
+        bool, typer.Option("--once", help="One check without debounce, then exit.")
+    ] = False,
+    print_: Annotated[
+        bool, typer.Option("--print", help="Print reports as JSON lines instead of sending them.")
+    ] = False,
+    show_readings: Annotated[
+        bool, typer.Option("--show-readings", help="Print each check's readings (JSON).")
+    ] = False,
+    k8s_condition: Annotated[
+        bool, typer.Option("--k8s-condition", help="Also set the node's GpuUnhealthy condition.")
+    ] = False,
+    kubeconfig: Annotated[
+        Path | None, typer.Option(help="For --k8s-condition (default: in-cluster).")
+    ] = None,
+    log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING.")] = "INFO",
+) -> None:
+    """Check this node's GPUs and InfiniBand every interval; report faults to the API."""
+    from pydantic import ValidationError
+
+    from autoclusters.agent.settings import AgentSettings
+
+    logging.basicConfig(
+        level=log_level.upper(), stream=sys.stderr, format="%(asctime)s %(levelname)s %(message)s"
+    )
+    if backend not in ("nvml", "fake"):
+        raise _fail(f"--backend must be nvml or fake, not {backend!r}")
+    overrides: dict[str, Any] = {
+        k: v
+        for k, v in {
+            "api_url": api, "token": token, "spool_dir": spool_dir, "interval_s": interval,
+            "expected_gpus": expected_gpus, "hold_checks": hold_checks, "kubeconfig": kubeconfig,
+        }.items()
+        if v is not None
+    }  # fmt: skip
+    if k8s_condition:
+        overrides["k8s_condition"] = True
+    if once:
+        overrides |= {"hold_checks": 1, "clear_checks": 1, "hold_checks_by_fault": {}}
+    try:
+        settings = AgentSettings(**overrides)
+    except ValidationError as e:
+        raise _fail(f"bad agent settings: {e}") from None
+    if not print_ and not settings.api_url:
+        raise _fail("say where reports go: --api URL (or AUTOCLUSTERS_AGENT_API_URL), or --print")
+    agent = _build(
+        node, settings, backend, fake_file, sysfs_root, print_=print_, spool_dir=spool_dir
+    )
+    try:
+        if once:
+            result = agent.check()
+            if show_readings:
+                _print_readings(result)
+            if result.firing:
+                raise typer.Exit(1)
+            return
+        _run_forever(agent, show_readings=show_readings)
+    finally:
+        if agent.backend is not None:
+            agent.backend.close()
+
+
+def _build(
+    node: str,
+    settings: AgentSettings,
+    backend_name: str,
+    fake_file: Path | None,
+    sysfs_root: Path | None,
+    *,
+    print_: bool,
+    spool_dir: Path | None,
+) -> Agent:
+    from autoclusters.agent.agent import STATE_FILE, Agent
+    from autoclusters.agent.backend import BackendUnavailable, GpuBackend, IbSource
+    from autoclusters.agent.fake_backend import FakeBackend, FakeInfiniband
+    from autoclusters.agent.infiniband import SysfsInfiniband
+    from autoclusters.agent.nvml_backend import NvmlBackend
+    from autoclusters.agent.reporter import HttpSender, PrintSink, Reporter, ReportSink, Spool
+
+    gpu: GpuBackend
+    ib: IbSource
+    if backend_name == "nvml":
+        gpu = NvmlBackend(timeout_s=settings.nvml_timeout_s, event_wait_ms=settings.event_wait_ms)
+        ib = SysfsInfiniband(sysfs_root or "/sys")
+    else:
+        path = fake_file or default_fake_file(node)
+        gpu = FakeBackend(path, gpus=settings.expected_gpus or 8)
+        ib = SysfsInfiniband(sysfs_root) if sysfs_root else FakeInfiniband(path)
+    try:
+        gpu.open()
+    except BackendUnavailable as e:
+        raise _fail(str(e)) from None
+    except Exception as e:  # whatever else opening throws: one line, not a traceback
+        raise _fail(f"{backend_name} backend unavailable: {type(e).__name__}: {e}") from None
+    spool = settings.spool_for(node)
+    sink: ReportSink
+    if print_:
+        sink = PrintSink()
+    else:
+        token = settings.token.get_secret_value() if settings.token else None
+        assert settings.api_url is not None
+        sink = Reporter(
+            spool=Spool(spool),
+            sender=HttpSender(
+                api=settings.api_url, token=token, timeout_s=settings.request_timeout_s
+            ),
+            attempts=settings.send_attempts,
+            backoff_s=settings.backoff_s,
+            max_backoff_s=settings.max_backoff_s,
+        )
+    # --print leaves no state behind unless a spool directory was named.
+    state = spool / STATE_FILE if (not print_ or spool_dir is not None) else None
+    return Agent(
+        node=node, settings=settings, backend=gpu, infiniband=ib, sink=sink, state_file=state,
+        condition=_condition(node, settings),
+    )  # fmt: skip
+
+
+def _condition(node: str, settings: AgentSettings) -> Any:
+    if not settings.k8s_condition:
+        return None
+    from autoclusters.agent.node_condition import NodeCondition
+    from autoclusters.k8s import api_client
+
+    try:
+        return NodeCondition(node=node, api_client=api_client(kubeconfig=settings.kubeconfig))
+    except Exception as e:
+        raise _fail(f"--k8s-condition: cannot reach Kubernetes: {e}") from None
+
+
+def _run_forever(agent: Agent, *, show_readings: bool) -> None:
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    if show_readings:
+        check = agent.check
+
+        def check_and_show() -> CheckResult:
+            result = check()
+            _print_readings(result)
+            return result
+
+        agent.check = check_and_show  # type: ignore[method-assign]
+    logging.getLogger(__name__).info(
+        "agent for %s checking every %.0f s", agent.node, agent.settings.interval_s
+    )
+    agent.run(stop)
+
+
+def _print_readings(result: CheckResult) -> None:
+    doc = {
+        "gpus": result.gpus.model_dump(mode="json") if result.gpus else None,
+        "infiniband": result.infiniband.model_dump(mode="json") if result.infiniband else None,
+        "findings": {f: x.message for f, x in result.findings.items()},
+        "firing": result.firing,
+    }
+    typer.echo(json.dumps({"readings": doc}, indent=1))
+
+
+@inject_app.callback()
+def inject(
+    node: Annotated[str, typer.Option(help="The node whose fake file gets the fault.")],
+    fault: Annotated[
+        str | None, typer.Option(help="XID_<n>, ECC_DBE, IB_LINK_DOWN, ... (see --help).")
+    ] = None,
+    fake_file: Annotated[
+        Path | None,
+        typer.Option(
+            help="The fake backend's file (default: ~/.autoclusters/sandbox/agent/NODE.json)."
+        ),
+    ] = None,
+    gpu: Annotated[int, typer.Option(help="Which GPU (index) the fault is on.")] = 0,
+    hca: Annotated[
+        str | None, typer.Option(help="Which HCA, for IB faults (default: the first).")
+    ] = None,
+    clear: Annotated[bool, typer.Option("--clear", help="Make the node healthy again.")] = False,
+) -> None:
+    """Write FAULT into the node's fake-backend file, as NVML or sysfs would show it."""
+    from autoclusters.agent import fake_backend
+
+    path = fake_file or default_fake_file(node)
+    if clear:
+        fake_backend.reset(path)
+        typer.echo(f"{node}: healthy ({path})")
+        return
+    if not fault:
+        raise _fail(f"say --fault (one of: {', '.join(fake_backend.injectable())}) or --clear")
+    try:
+        fake_backend.inject(path, fault=fault, gpu=gpu, hca=hca)
+    except fake_backend.UnknownFault as e:
+        raise _fail(str(e)) from None
+    typer.echo(f"{node}: {fault} injected ({path})")
+
+
+cli = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
+cli.add_typer(agent_app, name="agent")
+cli.add_typer(inject_app, name="inject")
+
+
+def main() -> None:
+    cli()
+
+
+if __name__ == "__main__":
+    main()

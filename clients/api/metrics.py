@@ -1,0 +1,87 @@
+"""The API's Prometheus metrics, on a registry of its own (one per app, so two apps in one
+process, as in tests, count separately)."""
+
+from __future__ import annotations
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+
+
+class ApiMetrics:
+    content_type = CONTENT_TYPE_LATEST
+
+    def __init__(self) -> None:
+        self.registry = r = CollectorRegistry(auto_describe=True)
+        self.alerts_received = Counter(
+            "autoclusters_api_alerts_received",
+            "Alerts and agent reports received, by source and status (firing, resolved).",
+            ["source", "status"],
+            registry=r,
+        )
+        self.alerts_deduplicated = Counter(
+            "autoclusters_api_alerts_deduplicated",
+            "Alerts already accepted before (same fingerprint+startsAt, or report_id).",
+            ["source"],
+            registry=r,
+        )
+        self.alerts_rejected = Counter(
+            "autoclusters_api_alerts_rejected",
+            "Alerts not acted on: unmapped alertname, no node label, bad fault, unknown node.",
+            ["source", "reason"],
+            registry=r,
+        )
+        self.requests_refused = Counter(
+            "autoclusters_api_requests_refused",
+            "Write requests refused as a whole, by reason (unauthorized, invalid, "
+            "unknown_node, too_large, temporal_unavailable, error).",
+            ["endpoint", "reason"],
+            registry=r,
+        )
+        self.incidents = Counter(
+            "autoclusters_api_incidents",
+            "Accepted firing alerts by outcome: opened a new incident, or joined an open one.",
+            ["outcome"],
+            registry=r,
+        )
+        self.temporal_errors = Counter(
+            "autoclusters_api_temporal_errors",
+            "Temporal calls that failed: unavailable, timeout, closing (incident closing), other.",
+            ["kind"],
+            registry=r,
+        )
+        self.request_duration = Histogram(
+            "autoclusters_api_request_duration_seconds",
+            "HTTP request latency, by endpoint and status code.",
+            ["endpoint", "code"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.temporal_duration = Histogram(
+            "autoclusters_api_temporal_call_duration_seconds",
+            "Latency of one open-or-join (update-with-start) call to Temporal.",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.batch_size = Histogram(
+            "autoclusters_api_batch_alerts",
+            "Alerts carried by one Temporal call (a node's alerts of one fault kind that "
+            "arrived while its previous call was in flight).",
+            buckets=(1, 2, 5, 10, 20, 50, 100, 200, 500, 1000),
+            registry=r,
+        )
+        self.temporal_in_flight = Gauge(
+            "autoclusters_api_temporal_in_flight",
+            "Temporal calls in flight.",
+            registry=r,
+        )
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,86 @@
+"""The API's settings: the shared ones plus what only the HTTP API needs (AUTOCLUSTERS_API_*).
+
+Kept in a subclass so the worker and the CLI never see them; `autoclusters.toml` and the
+environment fill them as they fill the rest.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, SecretStr, field_validator
+
+from autoclusters.faults import FAULT_PATTERN
+from autoclusters.settings import Settings
+
+# Alertmanager alertname -> fault kind. `{xid}` is filled from the alert's `xid` label
+# (dcgm-exporter's DCGM_EXP_XID_ERRORS_COUNT), or `err_code` (DCGM_FI_DEV_XID_ERRORS on
+# newer exporters). The rules in deploy/prometheus/gpu-alerts.yml use these names, and
+# also carry a `fault` label, which wins over this table.
+DEFAULT_ALERT_FAULTS: dict[str, str] = {
+    "GpuXidError": "XID_{xid}",
+    "GPUXidFatal": "XID_{xid}",  # the name in our reference rules
+    "GpuFellOffBus": "GPU_FELL_OFF_BUS",
+    "GpuRowRemapFailure": "ROW_REMAP_FAILURE",
+    "GpuRowRemapPending": "ROW_REMAP_PENDING",
+    "GpuDoubleBitEcc": "ECC_DBE",
+    "GpuMissing": "GPU_COUNT_LOW",
+    "GPUMissingFromExporter": "GPU_COUNT_LOW",
+    "NvlinkDown": "NVLINK_DOWN",
+    "InfinibandLinkDown": "IB_LINK_DOWN",
+    "InfinibandLinkDegraded": "IB_LINK_DEGRADED",
+    "InfinibandHcaMissing": "HCA_FELL_OFF_BUS",
+}
+
+
+class ApiSettings(Settings):
+    # Who may write (POST alerts and reports): caller name -> bearer token. The name is
+    # only for logs. No tokens: every write is refused (401), never accepted unchecked.
+    api_tokens: dict[str, SecretStr] = Field(default_factory=dict)
+    # Reads (GET /v1/incidents...) need a token too; /healthz and /metrics never do.
+    api_auth_reads: bool = False
+
+    api_host: str = "127.0.0.1"
+    api_port: int = Field(default=8480, ge=0, le=65535)
+
+    # Where node names are checked: Slurm (sinfo, cached) or a fixed list (hostlist
+    # expressions such as gpu-[001-128]), for clusters the API host cannot reach with sinfo.
+    api_inventory: Literal["slurm", "static"] = "slurm"
+    api_nodes: list[str] = Field(default_factory=list)
+    api_inventory_ttl_s: float = Field(default=30, ge=0)
+
+    # An alert (or report) naming a node the inventory does not know:
+    #   reject  the whole payload is refused with 404 and nothing starts (Alertmanager
+    #           counts the failed notification, so someone sees it);
+    #   skip    known nodes are acted on, unknown ones are listed in the 202 answer.
+    api_unknown_node: Literal["reject", "skip"] = "reject"
+
+    # Extra or replacing entries for DEFAULT_ALERT_FAULTS; "" ignores an alertname.
+    api_alert_faults: dict[str, str] = Field(default_factory=dict)
+
+    # Temporal calls in flight at once, over all nodes (one per node at a time anyway).
+    api_max_in_flight: int = Field(default=64, ge=1)
+    # How long a request waits for Temporal to accept its alerts before answering 503.
+    api_temporal_timeout_s: float = Field(default=10, gt=0)
+    api_retry_after_s: int = Field(default=5, ge=1)
+    # fingerprint+startsAt (agent: report_id) already accepted: Alertmanager re-sends a
+    # firing alert every repeat_interval (default 4 h) and retries on 5xx.
+    api_dedupe_ttl_s: float = Field(default=6 * 3600, ge=0)
+    api_dedupe_max: int = Field(default=200_000, ge=1)
+    api_max_body_bytes: int = Field(default=16 * 1024 * 1024, ge=1024)
+
+    @field_validator("api_alert_faults")
+    @classmethod
+    def _fault_templates(cls, v: dict[str, str]) -> dict[str, str]:
+        for name, template in v.items():
+            probe = template.replace("{xid}", "1")
+            if template and not FAULT_PATTERN.match(probe):
+                raise ValueError(f"alertname {name}: {template!r} is not a fault kind")
+        return v
+
+    def alert_faults(self) -> dict[str, str]:
+        return {**DEFAULT_ALERT_FAULTS, **self.api_alert_faults}
+
+    def token_names(self) -> dict[str, str]:
+        """token -> caller name."""
+        return {t.get_secret_value(): name for name, t in self.api_tokens.items()}

@@ -1,0 +1,65 @@
+"""`autoclusters api run|token`: serve the HTTP API (Alertmanager webhook, agent reports,
+incident reads), and make a bearer token for it."""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import sys
+from typing import Annotated
+
+import typer
+from pydantic import ValidationError
+from rich.console import Console
+
+api_app = typer.Typer(no_args_is_help=True, help="The HTTP API for alerts and incidents.")
+err = Console(stderr=True)
+
+
+@api_app.command("run")
+def run(
+    host: Annotated[
+        str | None, typer.Option(help="Address to listen on (default: api_host, 127.0.0.1).")
+    ] = None,
+    port: Annotated[int | None, typer.Option(help="Port (default: api_port, 8480).")] = None,
+) -> None:
+    """Serve the API until interrupted.
+
+    Settings come from AUTOCLUSTERS_* and autoclusters.toml; bearer tokens from api_tokens,
+    e.g. AUTOCLUSTERS_API_TOKENS='{"alertmanager": "<token>"}'.
+    """
+    import uvicorn
+
+    from autoclusters.policy import PolicyError
+    from clients.api.app import create_app
+    from clients.api.settings import ApiSettings
+
+    try:
+        s = ApiSettings()
+        app = create_app(s)
+    except (ValidationError, PolicyError) as e:
+        err.print(f"[red]bad settings:[/red] {e}")
+        raise typer.Exit(2) from None
+    logging.basicConfig(
+        level=s.log_level,
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+        stream=sys.stdout,
+    )
+    if not s.api_tokens:
+        err.print("[yellow]no api_tokens configured: every write will be refused (401)[/yellow]")
+    uvicorn.run(
+        app,
+        host=host or s.api_host,
+        port=s.api_port if port is None else port,
+        log_level=s.log_level.lower(),
+        access_log=False,
+        # Alertmanager and agents keep connections open; in-flight requests finish on
+        # shutdown (each waits at most api_temporal_timeout_s for Temporal).
+        timeout_graceful_shutdown=int(s.api_temporal_timeout_s) + 5,
+    )
+
+
+@api_app.command("token")
+def token() -> None:
+    """Print a new random bearer token (put it in api_tokens and the caller's config)."""
+    print(secrets.token_urlsafe(32))

@@ -1,0 +1,55 @@
+"""Breaking the sandbox on purpose, by PID: kill the worker, restart the Temporal server.
+
+Durable execution is the claim under test: an incident must finish correctly when its
+worker dies mid-step or the workflow server restarts, with no step's effect applied twice.
+"""
+
+from __future__ import annotations
+
+from sandbox import daemons
+from sandbox.cluster import WORKER, UpResult, _start, _worker_polling
+from sandbox.config import SandboxConfig
+from sandbox.processes import ProcessTable
+
+
+def kill_worker(cfg: SandboxConfig) -> int:
+    """SIGKILL the worker (no graceful shutdown: a crash); return the PID killed."""
+    pid = ProcessTable(cfg.state_dir).kill(WORKER)
+    if pid is None:
+        raise daemons.SandboxError("the sandbox's worker is not running")
+    return pid
+
+
+def start_worker(cfg: SandboxConfig, timeout_s: float = 60) -> int:
+    table = ProcessTable(cfg.state_dir)
+    _start(
+        table,
+        WORKER,
+        daemons.worker_argv(cfg),
+        daemons.worker_env(cfg),
+        lambda: _worker_polling(cfg),
+        timeout_s,
+        UpResult(already_running=False),
+    )
+    rec = table.get(WORKER)
+    assert rec is not None
+    return rec.pid
+
+
+def restart_temporal(cfg: SandboxConfig, timeout_s: float = 60) -> int:
+    """Stop the Temporal dev server (by PID, waiting for it to exit: it holds its SQLite
+    file) and start it again on the same file; return the new PID."""
+    table = ProcessTable(cfg.state_dir)
+    table.stop("temporal")
+    _start(
+        table,
+        "temporal",
+        daemons.temporal_argv(cfg),
+        {},
+        lambda: daemons.port_open(cfg.temporal_port) and daemons.port_open(cfg.temporal_ui_port),
+        timeout_s,
+        UpResult(already_running=False),
+    )
+    rec = table.get("temporal")
+    assert rec is not None
+    return rec.pid

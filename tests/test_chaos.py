@@ -1,0 +1,67 @@
+"""Durable execution under chaos, on real sandboxes:
+
+- the worker is SIGKILLed in the middle of the repair: a new worker resumes the incident,
+  the keyed repair is resumed (one machine operation, not two), and the job's Slurm
+  restart count is exactly 1;
+- the Temporal server is restarted in the middle of the incident: it still resolves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from autoclusters import hostlist
+from autoclusters.slurm import SlurmCli
+from clients.chaos import run_chaos
+from sandbox import cluster
+from sandbox.config import SandboxConfig
+from tests.conftest import free_port_base
+from tests.helpers import cancel, eventually, job, running, submit_progress_job
+
+
+async def test_worker_killed_mid_repair_incident_still_resolves_once(
+    sandbox: SandboxConfig, slurm: SlurmCli
+) -> None:
+    job_id = submit_progress_job(sandbox)
+    try:
+        started = await eventually(lambda: running(slurm, job_id), 60, "job running")
+        node = hostlist.expand(started.nodes)[0]
+        report = await run_chaos(sandbox, "XID_48", node=node, kill_worker_at="repair")
+
+        assert report.status == "resolved", report
+        assert (
+            report.actions[0].startswith("killed worker") and "during repair" in report.actions[0]
+        )
+        assert report.actions[1].startswith("started worker")
+        assert report.repairs == ["reboot"]
+        assert report.machine_operations == 1  # the retried repair resumed, not repeated
+
+        async def restarted_once():  # type: ignore[no-untyped-def]
+            j = await job(slurm, job_id)
+            return j if j and j.job_state == "RUNNING" and j.restart_cnt >= 1 else None
+
+        after = await eventually(restarted_once, 60, "the job running again")
+        assert after.restart_cnt == 1
+        n = await slurm.node(node)
+        assert n is not None and n.display_state == "IDLE"
+    finally:
+        cancel(sandbox, job_id)
+
+
+async def test_temporal_restarted_mid_incident_still_resolves(tmp_path: Path) -> None:
+    cfg = SandboxConfig(
+        state_dir=tmp_path / "chaos", cluster="chaos", nodes=3, port_base=free_port_base(),
+        boot_delay_s=4,
+    )  # fmt: skip
+    await asyncio.to_thread(cluster.up, cfg)  # sync: it runs its own event loop
+    try:
+        report = await run_chaos(
+            cfg, "XID_79", node="gpu-02", restart_temporal_at="repair", timeout_s=300
+        )
+        assert report.status == "resolved", report
+        assert report.actions and report.actions[0].startswith("restarted Temporal during repair")
+        assert report.repairs == ["reboot"]
+        assert report.machine_operations == 1
+    finally:
+        await asyncio.to_thread(cluster.down, cfg)
