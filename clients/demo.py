@@ -7,7 +7,6 @@ from the job's own log) and capacity recovery (fault → the node back in servic
 from __future__ import annotations
 
 import asyncio
-import re
 import time
 from collections.abc import Awaitable, Callable
 from datetime import datetime
@@ -25,6 +24,7 @@ from autoclusters.policy import Rung
 from autoclusters.settings import load_file, policy_for
 from autoclusters.slurm import SlurmCli
 from clients import incidents
+from clients.joblog import first_progress_after_restart
 from sandbox import cluster
 from sandbox.config import SandboxConfig
 from sandbox.hardware import Hardware, HardwareFault
@@ -70,22 +70,6 @@ class DemoSummary(BaseModel):
     boot_delay_s: float
     temporal_ui: str
     steps: list[StepSummary]
-
-
-_LINE = re.compile(
-    r"ts=(?P<ts>[\d.]+) node=(?P<node>\S+) restart=(?P<restart>\d+) step=(?P<step>\d+)"
-)
-
-
-def first_progress_after_restart(log: Path, restart: int) -> float | None:
-    """Timestamp of the first progress line the `restart`-th run of the job wrote."""
-    if not log.exists():
-        return None
-    for line in log.read_text(errors="replace").splitlines():
-        m = _LINE.search(line)
-        if m and int(m["restart"]) >= restart:
-            return float(m["ts"])
-    return None
 
 
 async def _wait_for(

@@ -628,14 +628,15 @@ async def test_health_and_metrics(http: httpx.AsyncClient) -> None:
         'autoclusters_api_alerts_received_total{source="alertmanager",status="firing"} 1.0',
         'autoclusters_api_incidents_total{outcome="opened"} 1.0',
         "autoclusters_api_temporal_call_duration_seconds_count 1.0",
-        'autoclusters_api_request_duration_seconds_count{code="202",endpoint="/v1/alerts/alertmanager"} 1.0',
+        "autoclusters_api_request_duration_seconds_count"
+        '{code="202",endpoint="/v1/alerts/alertmanager"} 1.0',
     ]:
         assert line in text, line
 
 
 # --- the storm --------------------------------------------------------------------------------
 
-STORM_FAULTS = [
+STORM_FAULTS: list[tuple[str, dict[str, Any], str]] = [
     ("GpuXidError", {"xid": "79"}, "XID_79"),
     ("GpuRowRemapFailure", {}, "ROW_REMAP_FAILURE"),
     ("GpuDoubleBitEcc", {}, "ECC_DBE"),

@@ -258,7 +258,9 @@ class Api:
 
     # --- Temporal -------------------------------------------------------------------------
 
-    async def deliver(self, node: str, fault: str, source: str, update_id: str) -> Any:
+    async def deliver(
+        self, node: str, fault: str, source: str, update_id: str
+    ) -> incidents.OpenedIncident:
         client = await self.gate.client()
         try:
             return await incidents.open_incident(
@@ -303,6 +305,9 @@ class Api:
             raise self.unavailable(e, endpoint) from None
         except UnknownNodeError as e:  # Slurm dropped the node between check and start
             raise self.refuse(404, "unknown_node", endpoint, "unknown node", str(e)) from None
+        except Exception as e:  # a bug or a misconfiguration (e.g. a namespace): loud, 500
+            log.exception("alerts not accepted")
+            raise self.refuse(500, "error", endpoint, "internal error", str(e)) from None
 
     async def read(self, call: Callable[[Client], Awaitable[T]], endpoint: str) -> T:
         try:
@@ -623,7 +628,10 @@ def create_app(
         async def check(client: Client) -> bool:
             return await client.service_client.check_health()
 
-        await api.read(check, "readyz")
+        if not await api.read(check, "readyz"):
+            raise api.unavailable(
+                TemporalUnavailable("Temporal reports itself unhealthy"), "readyz"
+            )
         return {"status": "ready"}
 
     @app.get("/metrics", summary="Prometheus metrics")

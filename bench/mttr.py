@@ -1,0 +1,271 @@
+"""Recovery benchmark: K incidents in a sandbox, each a fault on a node of a running job.
+
+Prints, per phase, the median and p95 seconds from the fault (detection, quarantine, job
+requeued, job running again, repair, health gate, back in service); the orchestration
+overhead (incident time spent outside every external call and deliberate wait); and the
+job's effective training time ratio over the whole run. Writes a PNG timeline.
+
+    .venv/bin/python bench/mttr.py --incidents 5 --boot-delay 0 --out docs/recovery
+    .venv/bin/python bench/mttr.py --incidents 3 --boot-delay 60 --k8s --out /tmp/mttr
+
+Set beside Crusoe's published "detect, replace and resume in under 15 minutes": the boot
+delay stands for the replacement VM's boot; 0 s, 60 s and 300 s bracket what clouds take.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import statistics
+import sys
+import tempfile
+import time
+from datetime import datetime
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from autoclusters import hostlist, temporal  # noqa: E402
+from autoclusters.models import IncidentState  # noqa: E402
+from autoclusters.settings import load_file, policy_for  # noqa: E402
+from autoclusters.slurm import SlurmCli  # noqa: E402
+from clients import incidents  # noqa: E402
+from clients.joblog import first_progress_after_restart, progress_lines  # noqa: E402
+from sandbox import cluster  # noqa: E402
+from sandbox.config import SandboxConfig  # noqa: E402
+from workflows.remediation import NodeRemediation  # noqa: E402
+
+PHASES = [
+    "detection",
+    "quarantine",
+    "job requeued",
+    "job running again",
+    "repair",
+    "health gate",
+    "back in service",
+]
+
+
+def _since(state: IncidentState, step: str, fault_at: float, last: bool = False) -> float | None:
+    recs = [s for s in state.steps if s.name == step and s.finished_at]
+    if not recs:
+        return None
+    rec = recs[-1] if last else recs[0]
+    assert rec.finished_at is not None
+    return rec.finished_at.timestamp() - fault_at
+
+
+def _span(state: IncidentState, step: str) -> float:
+    return sum(
+        (s.finished_at - s.started_at).total_seconds()
+        for s in state.steps
+        if s.name == step and s.finished_at
+    )
+
+
+def overhead(state: IncidentState) -> float:
+    """Incident time outside every step (each step is an external call or a deliberate wait)."""
+    assert state.closed_at is not None
+    spans = sorted(
+        (s.started_at.timestamp(), s.finished_at.timestamp()) for s in state.steps if s.finished_at
+    )
+    covered, end = 0.0, state.request.opened_at.timestamp()
+    for a, b in spans:
+        if b > end:
+            covered += b - max(a, end)
+            end = b
+    return state.closed_at.timestamp() - state.request.opened_at.timestamp() - covered
+
+
+def pct(values: list[float], q: float) -> float:
+    vs = sorted(values)
+    return vs[min(len(vs) - 1, round(q * (len(vs) - 1)))]
+
+
+async def run(args: argparse.Namespace) -> int:
+    state_dir = Path(args.state_dir or tempfile.mkdtemp(prefix="mttr-"))
+    cfg = SandboxConfig(
+        state_dir=state_dir,
+        cluster="bench",
+        nodes=args.nodes,
+        port_base=args.port_base,
+        boot_delay_s=args.boot_delay,
+        k8s=args.k8s,
+    )
+    print(f"sandbox in {state_dir} ({args.nodes} nodes, boot delay {args.boot_delay:.0f} s)")
+    await asyncio.to_thread(cluster.up, cfg)
+    try:
+        return await _bench(cfg, args)
+    finally:
+        await asyncio.to_thread(cluster.down, cfg)
+
+
+async def _bench(cfg: SandboxConfig, args: argparse.Namespace) -> int:
+    settings = load_file(cfg.settings_file)
+    # Each incident is a fresh fault: no recurrence escalation between bench incidents.
+    policy = policy_for(settings).model_copy(update={"recurrence_window_s": 0.001})
+    slurm = SlurmCli(cfg.slurm_conf)
+    client = await temporal.connect(settings)
+    script = Path(__file__).resolve().parent.parent / "sandbox" / "jobs" / "progress.sh"
+    out = await slurm._run(  # noqa: SLF001
+        "sbatch", "--parsable", f"--output={cfg.state_dir}/jobs/bench-%j.log", str(script)
+    )
+    job_id = int(out.strip().split(";")[0])
+    log = cfg.state_dir / "jobs" / f"bench-{job_id}.log"
+    rows: list[dict[str, float | None]] = []
+    overheads: list[float] = []
+    timelines: list[tuple[str, float, IncidentState, float]] = []
+    run_start = time.time()
+    for k in range(args.incidents):
+        job = await _running(slurm, job_id, k)
+        node = random.choice(hostlist.expand(job.nodes))
+        fault_at = time.time()
+        opened = await incidents.open_incident(
+            client, settings, node, args.fault, opened_by="bench", policy=policy
+        )
+        handle = client.get_workflow_handle_for(
+            NodeRemediation.run, opened.workflow_id, run_id=opened.run_id
+        )
+        state = await handle.result()
+        resumed = await _resumed(slurm, job_id, log, k + 1)
+        rows.append(
+            {
+                "detection": state.request.opened_at.timestamp() - fault_at,
+                "quarantine": _since(state, "drain", fault_at),
+                "job requeued": _since(state, "requeue", fault_at),
+                "job running again": resumed - fault_at,
+                "repair": _span(state, "repair"),
+                "health gate": _span(state, "health_gate"),
+                "back in service": _since(state, "return_to_service", fault_at, last=True),
+            }
+        )
+        overheads.append(overhead(state))
+        timelines.append((f"#{k + 1} {node}", fault_at, state, resumed - fault_at))
+        print(
+            f"incident {k + 1}/{args.incidents}: {opened.incident_id} {state.status} "
+            f"job again +{rows[-1]['job running again']:.1f}s, "
+            f"node back +{rows[-1]['back in service'] or float('nan'):.1f}s"
+        )
+    run_end = time.time()
+    ratio = _effective_ratio(log, run_start, run_end)
+    await slurm.cancel(job_id)
+
+    print()
+    print(f"{'phase (s from the fault)':<28}{'median':>9}{'p95':>9}")
+    for phase in PHASES:
+        vals = [v for r in rows if (v := r[phase]) is not None]
+        if vals:
+            print(f"{phase:<28}{statistics.median(vals):>9.2f}{pct(vals, 0.95):>9.2f}")
+    print(
+        f"{'orchestration overhead':<28}{statistics.median(overheads):>9.3f}"
+        f"{pct(overheads, 0.95):>9.3f}"
+    )
+    print(f"effective training time ratio over the run: {ratio:.3f}")
+    print(f"boot delay {args.boot_delay:.0f} s; incidents {args.incidents}; k8s {args.k8s}")
+    if args.out:
+        png = _plot(timelines, Path(args.out))
+        print(f"timeline: {png}")
+    return 0
+
+
+def _effective_ratio(log: Path, start: float, end: float) -> float:
+    """The steps that counted over the steps an unbroken job would have made.
+
+    Every rank logs each step: a (run, step) pair counts once. The stand-in job keeps no
+    checkpoint, so a requeued run starts again from step 0 and only new steps count:
+    progress is the most steps any run reached plus nothing redone. A checkpointing job
+    (examples/training) logs `resumed_from`, and its progress is its last step.
+    """
+    lines = [ln for ln in progress_lines(log) if start <= ln.ts <= end]
+    first: dict[tuple[int, int], float] = {}
+    for ln in lines:
+        first.setdefault((ln.restart, ln.step), ln.ts)
+    if len(first) < 3:
+        return 0.0
+    run0 = sorted(ts for (r, _), ts in first.items() if r == lines[0].restart)
+    period = statistics.median(b - a for a, b in zip(run0, run0[1:], strict=False))
+    last = max(first, key=first.__getitem__)  # the latest (run, step) logged
+    resumed = [ln.resumed_from for ln in lines if ln.restart == last[0] and ln.resumed_from]
+    # Progress: a checkpointing job continues its step count; the stand-in restarts at 0.
+    progress = last[1] if resumed else max(step for (_, step) in first) + 1
+    ideal = (end - start) / period
+    return min(1.0, progress / ideal)
+
+
+async def _running(slurm: SlurmCli, job_id: int, restarts: int):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        job = next((j for j in await slurm.jobs() if j.job_id == job_id), None)
+        if job and job.job_state == "RUNNING" and job.restart_cnt >= restarts:
+            return job
+        await asyncio.sleep(0.5)
+    raise RuntimeError(f"job {job_id} is not running")
+
+
+async def _resumed(slurm: SlurmCli, job_id: int, log: Path, restart: int) -> float:
+    await _running(slurm, job_id, restart)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        ts = first_progress_after_restart(log, restart)
+        if ts:
+            return ts
+        await asyncio.sleep(0.2)
+    raise RuntimeError("the job never logged progress again")
+
+
+def _plot(timelines: list[tuple[str, float, IncidentState, float]], out: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out.mkdir(parents=True, exist_ok=True)
+    colours = {
+        "drain": "#d62728", "requeue": "#ff7f0e", "wait_idle": "#bcbd22", "repair": "#1f77b4",
+        "wait_registered": "#17becf", "health_gate": "#2ca02c", "return_to_service": "#9467bd",
+    }  # fmt: skip
+    fig, ax = plt.subplots(figsize=(10, 0.6 * len(timelines) + 1.5))
+    for i, (_label, fault_at, state, job_again) in enumerate(timelines):
+        ax.plot([job_again], [i], marker="v", color="black", markersize=9, zorder=3)
+        for s in state.steps:
+            if s.finished_at is None:
+                continue
+            a = s.started_at.timestamp() - fault_at
+            w = max((s.finished_at - s.started_at).total_seconds(), 0.05)
+            ax.barh(i, w, left=a, color=colours.get(s.name, "#c7c7c7"), edgecolor="none")
+    ax.set_yticks(range(len(timelines)), [t[0] for t in timelines])
+    ax.invert_yaxis()
+    ax.set_xlabel("seconds after the fault")
+    ax.set_title("AutoClusters incidents: steps after the fault")
+    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in colours.values()]
+    handles.append(plt.Line2D([], [], marker="v", color="black", linestyle=""))
+    ax.legend(handles, [*colours, "job steps again"], loc="lower right", fontsize=7)
+    fig.tight_layout()
+    path = out / f"timeline-{datetime.now():%Y%m%d-%H%M%S}.png"
+    fig.savefig(path, dpi=110)
+    return path
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--incidents", type=int, default=5)
+    p.add_argument("--boot-delay", type=float, default=0)
+    p.add_argument("--nodes", type=int, default=4)
+    p.add_argument("--fault", default="XID_79")
+    p.add_argument("--k8s", action="store_true")
+    p.add_argument("--port-base", type=int, default=17400)
+    p.add_argument("--state-dir", default=None)
+    p.add_argument("--out", default=None, help="folder for the PNG timeline")
+    args = p.parse_args()
+    rc = asyncio.run(run(args))
+    sys.stdout.flush()
+    import os
+
+    os._exit(rc)  # Temporal's threads can crash a finishing interpreter (sdk-python#300)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,50 @@
+"""Reading a training job's own log: `key=value` progress lines such as
+
+    ts=1795983517.03 node=gpu-01 restart=0 rank=0 step=12 resumed_from=0 loss=0.41
+
+The job's log is the truth about when it was stepping, so recovery is measured from it.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from pydantic import BaseModel
+
+_PAIR = re.compile(r"(\w+)=(\S+)")
+
+
+class ProgressLine(BaseModel):
+    ts: float
+    node: str
+    restart: int
+    step: int
+    resumed_from: int | None = None
+
+
+def parse(line: str) -> ProgressLine | None:
+    fields = dict(_PAIR.findall(line))
+    if not {"ts", "restart", "step"} <= fields.keys():
+        return None
+    try:
+        return ProgressLine(
+            ts=float(fields["ts"]),
+            node=fields.get("node", ""),
+            restart=int(fields["restart"]),
+            step=int(fields["step"]),
+            resumed_from=int(fields["resumed_from"]) if "resumed_from" in fields else None,
+        )
+    except ValueError:
+        return None
+
+
+def progress_lines(log: Path) -> list[ProgressLine]:
+    if not log.exists():
+        return []
+    return [p for line in log.read_text(errors="replace").splitlines() if (p := parse(line))]
+
+
+def first_progress_after_restart(log: Path, restart: int) -> float | None:
+    """Timestamp of the first progress line the `restart`-th run of the job wrote."""
+    return next((p.ts for p in progress_lines(log) if p.restart >= restart), None)

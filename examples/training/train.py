@@ -1,0 +1,331 @@
+"""A fault-tolerant DDP training job: the workload AutoClusters kills and resumes.
+
+Launched by torchrun (one agent per node, c10d rendezvous). A tiny MLP learns a fixed
+function from synthetic batches; each step's batch depends only on (seed, step, rank), so a
+run resumed from step n continues exactly the sequence an uninterrupted run would have.
+
+Checkpoints (torch.distributed.checkpoint) go to `<ckpt-dir>/step-<n>/`. Only once a save
+has completed on every rank does rank 0 move the `latest` marker (write a temp file, fsync,
+os.replace): a run killed mid-save leaves the marker at the previous checkpoint, and the
+half-written directory is ignored (and removed at the next start).
+
+SIGTERM (Slurm requeue/cancel, torchrun shutting down) and SIGUSR1 (Slurm's warning before
+the time limit) make every rank stop at the same step boundary, save, and exit 128+signal.
+
+One line per step, flushed, by the ranks `--log-ranks` picks (default: local rank 0, i.e.
+one line per node):
+
+    ts=<epoch> node=<node> restart=<n> step=<n> rank=<r> resumed_from=<n> loss=<x>
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import sys
+import time
+import warnings
+from concurrent.futures import Future
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+# The CPU wheel warns on import when numpy is absent; this job never touches numpy.
+warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import torch.distributed.checkpoint as dcp  # noqa: E402
+from torch import nn  # noqa: E402
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict  # noqa: E402
+from torch.nn.parallel import DistributedDataParallel  # noqa: E402
+
+MARKER = "latest"
+STEP_DIR = re.compile(r"^step-(\d+)$")
+DIM = 32
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--steps", type=int, default=0, help="total steps to reach; 0 = forever")
+    p.add_argument(
+        "--ckpt-dir",
+        type=Path,
+        default=os.environ.get("CKPT_DIR"),
+        help="checkpoint directory, shared by all nodes (default: $CKPT_DIR)",
+    )
+    p.add_argument("--ckpt-every", type=int, default=10, help="checkpoint every N steps")
+    p.add_argument("--keep", type=int, default=2, help="complete checkpoints to keep (>= 1)")
+    p.add_argument("--step-sleep", type=float, default=0.0, help="seconds to idle per step")
+    p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--batch", type=int, default=64, help="samples per rank per step")
+    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument(
+        "--log-ranks",
+        choices=["node", "all", "zero"],
+        default="node",
+        help="who logs step lines: local rank 0 of each node, every rank, or rank 0",
+    )
+    p.add_argument(
+        "--sync-save",
+        action="store_true",
+        help="block training while a checkpoint is written (default: dcp.async_save)",
+    )
+    p.add_argument(
+        "--timeout", type=float, default=120, help="collective timeout, seconds (a dead peer)"
+    )
+    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads per rank")
+    args = p.parse_args(argv)
+    if args.ckpt_dir is None:
+        p.error("--ckpt-dir (or $CKPT_DIR) is required")
+    if args.ckpt_every < 1 or args.keep < 1:
+        p.error("--ckpt-every and --keep must be >= 1")
+    return args
+
+
+class StopRequest:
+    """Remembers the first SIGTERM/SIGUSR1; the training loop acts on it between steps."""
+
+    def __init__(self) -> None:
+        self.signum = 0
+        for sig in (signal.SIGTERM, signal.SIGUSR1):
+            signal.signal(sig, self._handle)
+
+    def _handle(self, signum: int, _frame: object) -> None:
+        self.signum = self.signum or signum
+
+    def sleep(self, seconds: float) -> None:
+        # Short slices so a signal during the idle part of a step is acted on promptly.
+        end = time.monotonic() + seconds
+        while not self.signum and (left := end - time.monotonic()) > 0:
+            time.sleep(min(left, 0.1))
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def step_dirs(root: Path) -> dict[int, Path]:
+    found: dict[int, Path] = {}
+    if root.is_dir():
+        for entry in root.iterdir():
+            m = STEP_DIR.match(entry.name)
+            if m and entry.is_dir():
+                found[int(m[1])] = entry
+    return found
+
+
+def read_marker(root: Path) -> int:
+    """The step of the last complete checkpoint, 0 when there is none.
+
+    Only the marker counts: a `step-*` directory without it is an interrupted save. A marker
+    whose directory lost its metadata falls back to the newest older complete one.
+    """
+    try:
+        step = int(json.loads((root / MARKER).read_text())["step"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0
+    dirs = step_dirs(root)
+    for s in sorted((s for s in dirs if s <= step), reverse=True):
+        if (dirs[s] / ".metadata").is_file():
+            return s
+    return 0
+
+
+def write_marker(root: Path, step: int) -> None:
+    tmp = root / f".{MARKER}.tmp.{os.getpid()}"
+    body = json.dumps({"step": step, "dir": f"step-{step}", "saved_at": time.time()})
+    with open(tmp, "w") as f:
+        f.write(body + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, root / MARKER)
+    _fsync_dir(root)
+
+
+class Checkpointer:
+    """DCP saves with at most one in flight; rank 0 commits each by moving the marker."""
+
+    def __init__(self, root: Path, group: dist.ProcessGroup, use_async: bool, keep: int):
+        self.root = root
+        self.group = group  # its own gloo group: the async save thread runs collectives
+        self.use_async = use_async and hasattr(dcp, "async_save")
+        self.keep = keep
+        self.rank = dist.get_rank()
+        self.last_saved = 0
+        self._pending: tuple[int, Future[Any], float] | None = None
+
+    def resume_point(self) -> int:
+        """Agree on the latest complete checkpoint; rank 0 clears interrupted saves."""
+        latest = [0]
+        if self.rank == 0:
+            self.root.mkdir(parents=True, exist_ok=True)
+            latest[0] = read_marker(self.root)
+            for s, path in step_dirs(self.root).items():
+                if s > latest[0]:
+                    shutil.rmtree(path, ignore_errors=True)
+        dist.broadcast_object_list(latest, src=0, group=self.group)
+        self.last_saved = latest[0]
+        return latest[0]
+
+    def load(self, step: int, model: nn.Module, optim: torch.optim.Optimizer) -> None:
+        model_sd, optim_sd = get_state_dict(model, optim)
+        state = {"model": model_sd, "optim": optim_sd}
+        dcp.load(state, checkpoint_id=str(self.root / f"step-{step}"), process_group=self.group)
+        set_state_dict(
+            model, optim, model_state_dict=state["model"], optim_state_dict=state["optim"]
+        )
+
+    def save(self, step: int, model: nn.Module, optim: torch.optim.Optimizer, block: bool) -> None:
+        self.wait()
+        if step <= self.last_saved:
+            return
+        model_sd, optim_sd = get_state_dict(model, optim)
+        state = {"model": model_sd, "optim": optim_sd}
+        path = str(self.root / f"step-{step}")
+        started = time.monotonic()
+        if self.use_async and not block:
+            res = dcp.async_save(state, checkpoint_id=path, process_group=self.group)
+            # torch >= 2.7 may return an AsyncSaveResponse; the upload future is the one.
+            fut = getattr(res, "upload_completion", res)
+            self._pending = (step, fut, started)
+            self._event("checkpoint_started", step, stall_s=time.monotonic() - started)
+        else:
+            dcp.save(state, checkpoint_id=path, process_group=self.group)
+            self._commit(step, started)
+
+    def poll(self) -> None:
+        if self._pending and self._pending[1].done():
+            self.wait()
+
+    def wait(self) -> None:
+        if self._pending is None:
+            return
+        step, fut, started = self._pending
+        self._pending = None
+        try:
+            fut.result()
+        except Exception as e:  # a failed save leaves the marker where it was
+            self._event("checkpoint_failed", step, error=repr(e))
+            return
+        self._commit(step, started)
+
+    def _commit(self, step: int, started: float) -> None:
+        # DCP's save returns on every rank only after the coordinator wrote .metadata,
+        # which it does after gathering every rank's write results: the save is complete.
+        self.last_saved = step
+        if self.rank != 0:
+            return
+        write_marker(self.root, step)
+        self._event("checkpoint_saved", step, save_s=time.monotonic() - started)
+        older = sorted(s for s in step_dirs(self.root) if s < step)
+        for s in older[: max(0, len(older) - (self.keep - 1))]:
+            shutil.rmtree(self.root / f"step-{s}", ignore_errors=True)
+
+    def _event(self, name: str, step: int, **fields: object) -> None:
+        if self.rank == 0:
+            extra = " ".join(
+                f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in fields.items()
+            )
+            emit(f"{_prefix()} event={name} ckpt_step={step} {extra}".rstrip())
+
+
+def emit(line: str) -> None:
+    # One write per line: ranks (and nodes) share one output file, and a single short
+    # write to a pipe or an O_APPEND file is not interleaved with another.
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+def _prefix() -> str:
+    node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+    restart = os.environ.get("SLURM_RESTART_COUNT") or "0"
+    return f"ts={time.time():.3f} node={node} restart={restart}"
+
+
+def make_model(seed: int) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(DIM, 64), nn.ReLU(), nn.Linear(64, 1))
+
+
+def batch(seed: int, step: int, rank: int, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The same (seed, step, rank) always gives the same batch, across restarts."""
+    g = torch.Generator().manual_seed(seed * 1_000_003 + step * 1_009 + rank)
+    x = torch.randn(size, DIM, generator=g)
+    teacher = torch.Generator().manual_seed(seed)
+    w = torch.randn(DIM, 1, generator=teacher) / DIM**0.5
+    return x, torch.sin(3 * x @ w)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    stop = StopRequest()  # before the rendezvous: a signal then must not kill a rank mid-save
+    torch.set_num_threads(args.threads)
+
+    cuda = torch.cuda.is_available()
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if cuda:
+        torch.cuda.set_device(local_rank)
+    device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
+    dist.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(seconds=args.timeout))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    ckpt_group = dist.new_group(backend="gloo", timeout=timedelta(seconds=args.timeout))
+
+    model = DistributedDataParallel(
+        make_model(args.seed).to(device), device_ids=[local_rank] if cuda else None
+    )
+    optim = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    ckpt = Checkpointer(args.ckpt_dir, ckpt_group, not args.sync_save, args.keep)
+
+    resumed_from = ckpt.resume_point()
+    if resumed_from:
+        started = time.monotonic()
+        ckpt.load(resumed_from, model, optim)
+        ckpt._event("resumed", resumed_from, load_s=time.monotonic() - started)
+
+    logs = {"all": True, "node": local_rank == 0, "zero": rank == 0}[args.log_ranks]
+    step = resumed_from
+    while not args.steps or step < args.steps:
+        step += 1
+        x, y = batch(args.seed, step, rank, args.batch)
+        loss = nn.functional.mse_loss(model(x.to(device)), y.to(device))
+        optim.zero_grad(set_to_none=True)
+        loss.backward()
+        optim.step()
+        # One small all-reduce per step: the mean loss, and whether any rank was signalled,
+        # so that every rank stops (and saves) at the same step.
+        stats = torch.tensor([loss.item(), float(stop.signum)], device=device)
+        dist.all_reduce(stats)
+        if logs:
+            emit(
+                f"{_prefix()} step={step} rank={rank} resumed_from={resumed_from} "
+                f"loss={stats[0].item() / world:.6f}"
+            )
+        ckpt.poll()
+        if stats[1].item() > 0:
+            ckpt.save(step, model, optim, block=True)
+            ckpt._event("stopped", step, signal=signal.Signals(stop.signum or 15).name)
+            ckpt.wait()
+            dist.destroy_process_group()
+            return 128 + (stop.signum or signal.SIGTERM)
+        if step % args.ckpt_every == 0:
+            ckpt.save(step, model, optim, block=False)
+        stop.sleep(args.step_sleep)
+
+    ckpt.save(step, model, optim, block=True)
+    ckpt.wait()
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
