@@ -23,11 +23,12 @@ import tempfile
 import time
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from autoclusters import hostlist, temporal  # noqa: E402
-from autoclusters.models import IncidentState  # noqa: E402
+from autoclusters.models import IncidentState, SlurmJob  # noqa: E402
 from autoclusters.settings import load_file, policy_for  # noqa: E402
 from autoclusters.slurm import SlurmCli  # noqa: E402
 from clients import incidents  # noqa: E402
@@ -193,7 +194,7 @@ def _effective_ratio(log: Path, start: float, end: float) -> float:
     return min(1.0, progress / ideal)
 
 
-async def _running(slurm: SlurmCli, job_id: int, restarts: int):  # type: ignore[no-untyped-def]
+async def _running(slurm: SlurmCli, job_id: int, restarts: int) -> SlurmJob:
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         job = next((j for j in await slurm.jobs() if j.job_id == job_id), None)
@@ -238,7 +239,7 @@ def _plot(timelines: list[tuple[str, float, IncidentState, float]], out: Path) -
     ax.invert_yaxis()
     ax.set_xlabel("seconds after the fault")
     ax.set_title("AutoClusters incidents: steps after the fault")
-    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in colours.values()]
+    handles: list[Any] = [plt.Rectangle((0, 0), 1, 1, color=c) for c in colours.values()]
     handles.append(plt.Line2D([], [], marker="v", color="black", linestyle=""))
     ax.legend(handles, [*colours, "job steps again"], loc="lower right", fontsize=7)
     fig.tight_layout()

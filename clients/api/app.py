@@ -144,6 +144,9 @@ class TemporalGate:
         self._timeout_s = timeout_s
         self._client: Client | None = None
         self._lock = asyncio.Lock()
+        # A failed connect is not retried for a second: a storm against a dead address
+        # answers 503 at once instead of queueing on connect attempts.
+        self._failed: tuple[float, str] | None = None
 
     @property
     def connected(self) -> bool:
@@ -153,14 +156,17 @@ class TemporalGate:
         if self._client is not None:
             return self._client
         async with self._lock:
-            if self._client is None:
-                try:
-                    self._client = await asyncio.wait_for(self._factory(), self._timeout_s)
-                except Exception as e:
-                    raise TemporalUnavailable(
-                        f"cannot reach Temporal at {self._address}: {e}"
-                    ) from None
-        return self._client
+            if self._client is not None:
+                return self._client
+            if self._failed is not None and time.monotonic() - self._failed[0] < 1.0:
+                raise TemporalUnavailable(self._failed[1])
+            try:
+                self._client = await asyncio.wait_for(self._factory(), self._timeout_s)
+            except Exception as e:
+                why = f"cannot reach Temporal at {self._address}: {e or type(e).__name__}"
+                self._failed = (time.monotonic(), why)
+                raise TemporalUnavailable(why) from None
+            return self._client
 
 
 class PolicyCache:
@@ -219,7 +225,7 @@ def _invalid(e: ValidationError, what: str) -> ApiError:
 
 def _body_schema(model: type[BaseModel]) -> dict[str, Any]:
     # The body is read by hand (auth comes first); this keeps it in the OpenAPI document.
-    schema = model.model_json_schema(by_alias=True, ref_template="#/components/schemas/{model}")
+    schema = model.model_json_schema(by_alias=True)
     return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
 
 
