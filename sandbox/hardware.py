@@ -7,10 +7,12 @@ a new machine with no faults at all. The health gate reads what is left.
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 from pydantic import BaseModel, Field
 
+from autoclusters.agent import fake_backend
 from autoclusters.policy import LADDER, Rung
 
 
@@ -38,16 +40,28 @@ class Hardware:
             return []
         return rec.faults if rec.vm_id == vm_id else []  # a new machine has none
 
+    def agent_file(self, node: str) -> Path:
+        """What the node's health agent (fake backend) reads as the machine's GPUs."""
+        return self.dir.parent / "agent" / f"{node}.json"
+
     def inject(self, node: str, vm_id: str, fault: HardwareFault) -> None:
         rec = MachineFaults(vm_id=vm_id, faults=[*self.faults(node, vm_id), fault])
         self._save(node, rec)
+        # The node's agent sees it as NVML would report it (if an agent can see it at all).
+        path = self.agent_file(node)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(fake_backend.UnknownFault):
+            fake_backend.inject(path, fault=fault.fault)
 
     def repaired(self, node: str, vm_id: str, rung: Rung) -> None:
-        """What `rung` clears on this machine is gone."""
+        """What `rung` clears on this machine is gone (a new machine has no faults)."""
         left = [
             f for f in self.faults(node, vm_id) if LADDER.index(f.fixed_by) > LADDER.index(rung)
         ]
         self._save(node, MachineFaults(vm_id=vm_id, faults=left))
+        path = self.agent_file(node)
+        if not left and path.exists():
+            fake_backend.reset(path)
 
     def _save(self, node: str, rec: MachineFaults) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)

@@ -71,6 +71,7 @@ class SandboxMachines:
         rec = self._vms.get(vm.name) or VmRecord(node=vm.name, vm_id=vm.id)
         rec.vm_id = vm.id
         self._vms.save(rec)
+        self._hardware.repaired(vm.name, vm.id, Rung.REPLACE)  # a new machine: no faults
         await asyncio.to_thread(power_on, self._cfg, vm.name)
         await self._register_node(vm)
 

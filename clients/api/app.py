@@ -136,17 +136,15 @@ class ApiError(Exception):
 
 class TemporalGate:
     """The Temporal client, connected on first need: the API starts (and answers 503)
-    while Temporal is down, and connects once it is up."""
+    while Temporal is down, and connects once it is up. Callers that arrive while a
+    connect is under way share it, so a storm against a dead address makes one attempt."""
 
     def __init__(self, factory: ClientFactory, address: str, timeout_s: float) -> None:
         self._factory = factory
         self._address = address
         self._timeout_s = timeout_s
         self._client: Client | None = None
-        self._lock = asyncio.Lock()
-        # A failed connect is not retried for a second: a storm against a dead address
-        # answers 503 at once instead of queueing on connect attempts.
-        self._failed: tuple[float, str] | None = None
+        self._connecting: asyncio.Task[Client] | None = None
 
     @property
     def connected(self) -> bool:
@@ -155,18 +153,20 @@ class TemporalGate:
     async def client(self) -> Client:
         if self._client is not None:
             return self._client
-        async with self._lock:
-            if self._client is not None:
-                return self._client
-            if self._failed is not None and time.monotonic() - self._failed[0] < 1.0:
-                raise TemporalUnavailable(self._failed[1])
-            try:
-                self._client = await asyncio.wait_for(self._factory(), self._timeout_s)
-            except Exception as e:
-                why = f"cannot reach Temporal at {self._address}: {e or type(e).__name__}"
-                self._failed = (time.monotonic(), why)
-                raise TemporalUnavailable(why) from None
-            return self._client
+        if self._connecting is None or self._connecting.done():
+            self._connecting = asyncio.create_task(self._connect())
+            self._connecting.add_done_callback(lambda t: t.cancelled() or t.exception())
+        # Shielded: a caller that gives up does not cancel the others' attempt.
+        return await asyncio.shield(self._connecting)
+
+    async def _connect(self) -> Client:
+        try:
+            client = await asyncio.wait_for(self._factory(), self._timeout_s)
+        except Exception as e:
+            why = str(e) or type(e).__name__
+            raise TemporalUnavailable(f"cannot reach Temporal at {self._address}: {why}") from None
+        self._client = client
+        return client
 
 
 class PolicyCache:
