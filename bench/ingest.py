@@ -1,12 +1,13 @@
-"""Alert-storm benchmark for the HTTP API: N payloads × M alerts over M nodes, at once.
+"""Alert-storm benchmark for the HTTP API: N alerts on each of M nodes, posted at once.
 
 Starts a local Temporal dev server, a worker hosting NodeRemediation and the API (each its
 own process, as in production), posts the storm, and prints alerts/s, request latency
 p50/p99, the Temporal calls it took and the incidents that exist afterwards (exactly one
 per node). Everything it starts is stopped by handle at the end.
 
-    .venv/bin/python bench/ingest.py                 # 100 payloads × 100 alerts, 100 nodes
-    .venv/bin/python bench/ingest.py --payloads 200 --nodes 500 --faults 1
+    .venv/bin/python bench/ingest.py                   # 100 payloads × 100 alerts, 100 nodes
+    .venv/bin/python bench/ingest.py --group-by node   # 100 payloads, one per node
+    .venv/bin/python bench/ingest.py --payloads 20 --nodes 500 --faults 1
 """
 
 from __future__ import annotations
@@ -46,29 +47,33 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def storm(payloads: int, nodes: list[str], kinds: int) -> list[dict[str, Any]]:
-    """Alertmanager grouped by alertname: every payload has one alert per node."""
-    out = []
-    for p in range(payloads):
+def storm(payloads: int, nodes: list[str], kinds: int, group_by: str) -> list[dict[str, Any]]:
+    """`payloads` alerts per node, `kinds` fault kinds. Grouped by alertname (Alertmanager's
+    usual route): `payloads` payloads of one alert per node. Grouped by node (the route we
+    ship): one payload per node holding all its alerts."""
+
+    def one(p: int, n: int) -> dict[str, Any]:
         name, labels = FAULTS[p % kinds]
-        alerts = [
-            {
-                "status": "firing",
-                "labels": {"alertname": name, "Hostname": node, "gpu": str(p % 8), **labels},
-                "annotations": {},
-                "startsAt": "2026-05-01T10:00:00Z",
-                "endsAt": "0001-01-01T00:00:00Z",
-                "generatorURL": "",
-                "fingerprint": f"{p:08x}{n:08x}",
-            }
-            for n, node in enumerate(nodes)
-        ]
-        out.append(
-            {"version": "4", "groupKey": f"{{}}:{{alertname={name!r}}}", "status": "firing",
-             "receiver": "autoclusters", "groupLabels": {}, "commonLabels": {},
-             "commonAnnotations": {}, "externalURL": "", "truncatedAlerts": 0, "alerts": alerts}
-        )  # fmt: skip
-    return out
+        return {
+            "status": "firing",
+            "labels": {"alertname": name, "Hostname": nodes[n], "gpu": str(p % 8), **labels},
+            "annotations": {},
+            "startsAt": "2026-05-01T10:00:00Z",
+            "endsAt": "0001-01-01T00:00:00Z",
+            "generatorURL": "",
+            "fingerprint": f"{p:08x}{n:08x}",
+        }
+
+    if group_by == "node":
+        groups = [[one(p, n) for p in range(payloads)] for n in range(len(nodes))]
+    else:
+        groups = [[one(p, n) for n in range(len(nodes))] for p in range(payloads)]
+    return [
+        {"version": "4", "groupKey": f"{{}}:{{group={i}}}", "status": "firing",
+         "receiver": "autoclusters", "groupLabels": {}, "commonLabels": {},
+         "commonAnnotations": {}, "externalURL": "", "truncatedAlerts": 0, "alerts": alerts}
+        for i, alerts in enumerate(groups)
+    ]  # fmt: skip
 
 
 async def run_worker(address: str, task_queue: str) -> None:
@@ -154,7 +159,7 @@ async def bench(args: argparse.Namespace) -> int:
                             break
                     except httpx.TransportError:
                         await asyncio.sleep(0.05)
-                payloads = storm(args.payloads, nodes, args.faults)
+                payloads = storm(args.payloads, nodes, args.faults, args.group_by)
                 headers = {"Authorization": f"Bearer {token}"}
                 latencies: list[float] = []
                 codes: dict[int, int] = {}
@@ -182,15 +187,16 @@ async def bench(args: argparse.Namespace) -> int:
         cuts = statistics.quantiles(latencies, n=100) if len(latencies) > 1 else latencies * 99
         calls = metric(metrics, "autoclusters_api_temporal_call_duration_seconds_count")
         call_s = metric(metrics, "autoclusters_api_temporal_call_duration_seconds_sum")
-        print(f"storm:      {args.payloads} payloads × {len(nodes)} alerts = {total} alerts, "
-              f"{args.faults} fault kind(s), {args.concurrency} connections")  # fmt: skip
+        print(f"storm:      {total} alerts over {len(nodes)} nodes in {len(payloads)} payloads "
+              f"(grouped by {args.group_by}), {args.faults} fault kind(s), "
+              f"{args.concurrency} connections")  # fmt: skip
         print(f"answers:    {dict(sorted(codes.items()))}")
         print(f"throughput: {total / took:,.0f} alerts/s ({took:.2f} s)")
         print(f"latency:    p50 {cuts[49] * 1000:.0f} ms, p99 {cuts[98] * 1000:.0f} ms per request")
         print(f"temporal:   {calls:.0f} calls ({total / max(calls, 1):.1f} alerts per call), "
               f"mean {call_s / max(calls, 1) * 1000:.0f} ms")  # fmt: skip
         print(f"incidents:  {incidents} (want {len(nodes)})")
-        ok = codes == {202: args.payloads} and incidents == len(nodes)
+        ok = codes == {202: len(payloads)} and incidents == len(nodes)
         return 0 if ok else 1
     finally:
         for p in procs:
@@ -206,8 +212,9 @@ async def bench(args: argparse.Namespace) -> int:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--payloads", type=int, default=100)
-    parser.add_argument("--nodes", type=int, default=100, help="also: alerts per payload")
+    parser.add_argument("--payloads", type=int, default=100, help="alerts per node")
+    parser.add_argument("--nodes", type=int, default=100)
+    parser.add_argument("--group-by", choices=["alertname", "node"], default="alertname")
     parser.add_argument("--faults", type=int, default=5, choices=range(1, len(FAULTS) + 1))
     parser.add_argument("--concurrency", type=int, default=100, help="HTTP connections")
     parser.add_argument("--timeout", type=float, default=30, help="api_temporal_timeout_s")

@@ -18,6 +18,7 @@ from rich.table import Table
 from autoclusters import settings as settings_mod
 from autoclusters.settings import DEFAULT_SANDBOX_DIR, Settings
 from clients.agent_cli import agent_app, inject_app
+from clients.api_cli import api_app
 from clients.breaker import breaker_app
 from clients.policy_cli import policy_app
 
@@ -30,6 +31,7 @@ app.add_typer(breaker_app, name="breaker")
 app.add_typer(policy_app, name="policy")
 app.add_typer(agent_app, name="agent")
 app.add_typer(inject_app, name="inject")
+app.add_typer(api_app, name="api")
 
 console = Console()
 err = Console(stderr=True)
@@ -472,6 +474,7 @@ def _print_summary(summary: Any, out: Console) -> None:
         f"mode {summary.mode}, rung {summary.rung})"
     )
     out.print(f"node / fault       {summary.node} / {summary.fault}")
+    out.print(f"[bold]detection[/bold]          {secs(summary.detect_s)}  (GPU fault → incident)")
     out.print(
         f"[bold]job recovery[/bold]       {secs(summary.job_recovery_s)}  "
         "(fault → the job logs progress again)"

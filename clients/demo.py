@@ -15,17 +15,19 @@ from typing import TypeVar
 
 from pydantic import BaseModel
 from rich.console import Console
-from temporalio.client import WorkflowFailureError
+from temporalio.client import Client, WorkflowFailureError
+from temporalio.service import RPCError
 
 import sandbox
 from autoclusters import hostlist, temporal
-from autoclusters.models import IncidentState, SlurmJob
+from autoclusters.models import IncidentState, SlurmJob, workflow_id
 from autoclusters.policy import Rung
 from autoclusters.settings import load_file, policy_for
 from autoclusters.slurm import SlurmCli
 from clients import incidents
 from clients.joblog import first_progress_after_restart
 from sandbox import cluster
+from sandbox.cluster import sandbox_policy
 from sandbox.config import SandboxConfig
 from sandbox.hardware import Hardware, HardwareFault
 from sandbox.vms import VmRegistry
@@ -54,6 +56,7 @@ class DemoSummary(BaseModel):
     status: str
     rung: str | None
     job_id: int
+    detect_s: float  # fault on the GPU -> incident opened (node agent -> API -> Temporal)
     job_recovery_s: float | None
     capacity_recovery_s: float | None
     job_restarts: int
@@ -141,18 +144,27 @@ async def _demo(
     node = before[-1]
     node_before = await slurm.node(node)
     vm = VmRegistry(cfg.state_dir).get(node)
+    # The cluster's mode lives in its policy file, which every new incident reads.
+    cfg.policy_file.write_text(sandbox_policy(cfg, mode=mode))
+    client = await temporal.connect(settings)
+    console.print(f"[bold]3. fault[/bold] {fault} on {node}'s GPU 0 (mode {mode})")
+    fault_at = time.time()
     if vm is not None:
-        # The fault is real on the machine: the health gate fails until `broken_until`.
+        # The fault is real on the machine: the node's agent sees it (NVML, as it would on a
+        # GPU node) and reports it; the health gate fails until `broken_until`.
         Hardware(cfg.state_dir).inject(
             node, vm.vm_id, HardwareFault(fault=fault, fixed_by=broken_until)
         )
-    console.print(f"[bold]3. fault[/bold] {fault} on {node} (mode {mode})")
-    client = await temporal.connect(settings)
-    fault_at = time.time()
-    opened = await incidents.open_incident(
-        client, settings, node, fault, opened_by="demo", policy=policy
+    opened = await _wait_for(
+        "the node agent's report to open an incident",
+        lambda: _incident_since(client, settings.cluster, node, fault_at),
+        60,
+        0.1,
     )
-    console.print(f"   incident {opened.incident_id}; follow it in {cfg.temporal_ui_url}")
+    console.print(
+        f"   detected by the node agent: incident {opened.incident_id}; "
+        f"follow it in {cfg.temporal_ui_url}"
+    )
 
     handle = client.get_workflow_handle_for(
         NodeRemediation.run, opened.workflow_id, run_id=opened.run_id
@@ -205,6 +217,7 @@ async def _demo(
         status=status,
         rung=final.rung,
         job_id=job_id,
+        detect_s=round(final.request.opened_at.timestamp() - fault_at, 3),
         job_recovery_s=job_recovery,
         capacity_recovery_s=round(capacity, 3) if capacity is not None else None,
         job_restarts=job_after.restart_cnt,
@@ -232,6 +245,24 @@ async def _demo(
             )
             for s in final.steps
         ],
+    )
+
+
+async def _incident_since(
+    client: Client, cluster: str, node: str, since: float
+) -> incidents.OpenedIncident | None:
+    """The node's incident, if one opened after `since`."""
+    try:
+        desc = await client.get_workflow_handle(workflow_id(cluster, node)).describe()
+    except RPCError:
+        return None
+    if desc.start_time is None or desc.start_time.timestamp() < since - 1:
+        return None
+    return incidents.OpenedIncident(
+        incident_id=desc.typed_search_attributes.get(temporal.INCIDENT_ID) or "?",
+        workflow_id=desc.id,
+        run_id=desc.run_id,
+        joined=False,
     )
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import yaml
 
+from autoclusters.agent import fake_backend
 from autoclusters.models import SPARE_REASON, SlurmNode
 from autoclusters.policy import default_policy
 from autoclusters.slurm import parse_jobs, parse_nodes
@@ -29,6 +30,7 @@ from sandbox.slurm_files import gres_conf, slurm_conf
 from sandbox.vms import VmRegistry
 
 WORKER = "worker"
+API = "api"
 
 
 @dataclass
@@ -41,10 +43,15 @@ def slurmd_name(node: str) -> str:
     return f"slurmd-{node}"
 
 
+def agent_name(node: str) -> str:
+    return f"agent-{node}"
+
+
 def _order(cfg: SandboxConfig) -> list[str]:
     emulators = [slinky.K8S_EMULATOR, slinky.CRUSOE_EMULATOR] if cfg.k8s else []
     slurmds = list(map(slurmd_name, cfg.node_names()))
-    return ["munged", "temporal", "slurmctld", *slurmds, *emulators, WORKER]
+    agents = list(map(agent_name, cfg.node_names()))
+    return ["munged", "temporal", "slurmctld", *slurmds, *emulators, WORKER, API, *agents]
 
 
 def is_running(cfg: SandboxConfig) -> bool:
@@ -66,6 +73,14 @@ def _prepare(cfg: SandboxConfig) -> None:
         (d / "dev" / f"nvidia{i}").touch()
     cfg.slurm_conf.write_text(slurm_conf(cfg))
     (cfg.slurm_conf.parent / "gres.conf").write_text(gres_conf(cfg))
+    token_file = d / "api" / "token"
+    if not token_file.exists():
+        token_file.parent.mkdir(parents=True, exist_ok=True)
+        token_file.write_text(secrets.token_urlsafe(24))
+        os.chmod(token_file, 0o600)
+    for node in cfg.node_names():  # every machine starts healthy, as its agent sees it
+        (d / "agent").mkdir(parents=True, exist_ok=True)
+        fake_backend.write_node(cfg.agent_file(node), fake_backend.healthy_node())
     cfg.settings_file.write_text(cfg.settings_toml())
     cfg.policy_file.write_text(sandbox_policy(cfg))
     if cfg.k8s:
@@ -73,14 +88,14 @@ def _prepare(cfg: SandboxConfig) -> None:
     cfg.save()
 
 
-def sandbox_policy(cfg: SandboxConfig) -> str:
+def sandbox_policy(cfg: SandboxConfig, mode: str = "auto") -> str:
     """The shipped default policy, with the sandbox's approvers; a small sandbox may have
     half its nodes out (the default 0.75 would freeze a 2-node sandbox)."""
     policy = default_policy()
     guard = policy.guard.model_copy(
         update={"min_in_service_fraction": 0.5, "spares": cfg.spare_names()}
     )
-    policy = policy.model_copy(update={"approvers": cfg.approvers, "guard": guard})
+    policy = policy.model_copy(update={"approvers": cfg.approvers, "guard": guard, "mode": mode})
     header = "# Written by `autoclusters sandbox up`: the shipped default, sandbox approvers.\n"
     return header + yaml.safe_dump(policy.model_dump(mode="json"), sort_keys=False)
 
@@ -204,6 +219,18 @@ def up(cfg: SandboxConfig, timeout_s: float = 60) -> UpResult:
             timeout_s,
             result,
         )
+        _start(
+            table,
+            API,
+            daemons.api_argv(cfg),
+            daemons.worker_env(cfg),
+            lambda: daemons.port_open(cfg.api_port),
+            timeout_s,
+            result,
+        )
+        for node in cfg.node_names():
+            table.spawn(agent_name(node), daemons.agent_argv(cfg, node), daemons.agent_env(cfg))
+            result.started.append(agent_name(node))
     except BaseException:
         down(cfg)
         raise

@@ -40,6 +40,20 @@ class SandboxConfig(BaseModel):
         return self.port_base + 2
 
     @property
+    def api_port(self) -> int:
+        return self.port_base + 7
+
+    @property
+    def api_url(self) -> str:
+        return f"http://127.0.0.1:{self.api_port}"
+
+    def api_token(self) -> str:
+        return (self.state_dir / "api" / "token").read_text().strip()
+
+    def agent_file(self, node: str) -> Path:
+        return self.state_dir / "agent" / f"{node}.json"
+
+    @property
     def k8s_port(self) -> int:
         return self.port_base + 5
 
@@ -138,6 +152,8 @@ class SandboxConfig(BaseModel):
             "boot_delay_s": self.boot_delay_s,
             "policy_file": str(self.policy_file),
             "admission_poll_s": 5,
+            "api_port": self.api_port,
+            "api_inventory": "slurm",
         }
         if self.k8s:
             lines |= {
@@ -149,4 +165,14 @@ class SandboxConfig(BaseModel):
                 "crusoe_journal": str(self.state_dir / "crusoe" / "repairs.json"),
                 "crusoe_poll_s": 0.5,
             }
-        return "".join(f"{k} = {json.dumps(v)}\n" for k, v in lines.items())
+        token_file = self.state_dir / "api" / "token"
+        if token_file.exists():
+            lines["api_tokens"] = {"agents": token_file.read_text().strip()}
+        return "".join(f"{k} = {_toml(v)}\n" for k, v in lines.items())
+
+
+def _toml(value: object) -> str:
+    """A TOML value: JSON's scalars and arrays are TOML too; a table is written inline."""
+    if isinstance(value, dict):
+        return "{ " + ", ".join(f"{json.dumps(k)} = {_toml(v)}" for k, v in value.items()) + " }"
+    return json.dumps(value)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from autoclusters.binpaths import temporal_cli
 from autoclusters.temporal import SEARCH_ATTRIBUTES
-from sandbox.config import SandboxConfig
+from sandbox.config import GPUS_PER_NODE, SandboxConfig
 
 
 class SandboxError(RuntimeError):
@@ -100,3 +100,22 @@ def slurm_env(cfg: SandboxConfig) -> dict[str, str]:
 
 def worker_env(cfg: SandboxConfig) -> dict[str, str]:
     return {"AUTOCLUSTERS_CONFIG": str(cfg.settings_file), **slurm_env(cfg)}
+
+
+def api_argv(cfg: SandboxConfig) -> list[str]:
+    return [sys.executable, "-m", "clients.cli", "api", "run", "--port", str(cfg.api_port)]
+
+
+def agent_argv(cfg: SandboxConfig, node: str) -> list[str]:
+    return [
+        sys.executable, "-m", "clients.cli", "agent", "run",
+        "--node", node, "--backend", "fake", "--fake-file", str(cfg.agent_file(node)),
+        "--api", cfg.api_url, "--spool-dir", str(cfg.state_dir / "agent" / f"{node}.spool"),
+        "--interval", "1", "--hold-checks", "2", "--expected-gpus", str(GPUS_PER_NODE),
+    ]  # fmt: skip
+
+
+def agent_env(cfg: SandboxConfig) -> dict[str, str]:
+    # The token travels in the environment, not on the command line (`ps` shows that).
+    # A short event latch: a repaired sandbox machine reports its XID resolved in seconds.
+    return {"AUTOCLUSTERS_AGENT_TOKEN": cfg.api_token(), "AUTOCLUSTERS_AGENT_EVENT_LATCH_S": "3"}

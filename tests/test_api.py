@@ -14,7 +14,8 @@ Aspects covered:
 - unknown node: 404 naming it and nothing started; with api_unknown_node=skip, known
   nodes go ahead and the unknown one is listed;
 - Temporal down: 503 with Retry-After; the retry succeeds once a server listens, and again
-  after the server went away and came back;
+  after the server went away and came back; no worker accepting reports: 503, and the
+  retry once one polls is recorded once;
 - agent reports (NodeReport): open, dedupe on report_id, 404, 422, resolved;
 - resolved alerts start nothing and show on the node's incident;
 - reads: list with filters, one incident, 404; /healthz, /readyz, /metrics;
@@ -497,6 +498,23 @@ async def test_temporal_down_is_503_and_the_retry_succeeds_once_it_is_back(
         metrics = (await http.get("/metrics")).text
         assert "autoclusters_api_temporal_errors_total" in metrics
         assert time.monotonic() - down_at < 60
+
+
+async def test_no_worker_is_503_and_the_retry_is_recorded_once(env: WorkflowEnvironment) -> None:
+    # Nobody polls this task queue yet: Temporal starts the workflow but no worker accepts
+    # the report, so the API may not say 202.
+    queue = f"idle-{uuid.uuid4().hex[:8]}"
+    s = settings_for(env.client.service_client.config.target_host, queue, api_temporal_timeout_s=1)
+    body = payload(alert("gpu-035", fingerprint="00000000000000dd"))
+    async with api_server(s) as http:
+        r = await http.post(AM, json=body, headers=AUTH)
+        assert r.status_code == 503, r.text
+        assert "worker" in r.json()["detail"] and r.headers["Retry-After"] == "3"
+        async with Worker(env.client, task_queue=queue, workflows=[NodeRemediation]):
+            r = await http.post(AM, json=body, headers=AUTH)
+            assert r.status_code == 202, r.text
+            # The report admitted before and its retry carry one update id: recorded once.
+            assert await updates_accepted(env.client, s, "gpu-035") == 1
 
 
 # --- the node agent ---------------------------------------------------------------------------

@@ -21,6 +21,9 @@ def test_demo_json_summary(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr[-3000:]
     summary = json.loads(r.stdout.strip().splitlines()[-1])
     assert summary["status"] == "resolved"
+    # Detected by the node's agent (fake NVML backend), reported to the API, which opened
+    # the incident: no one called `incident open`.
+    assert 0 <= summary["detect_s"] < 10
     assert summary["job_restarts"] == 1
     assert summary["node_state_after"] == "IDLE"
     assert summary["node"] not in summary["job_nodes_after"]

@@ -54,6 +54,8 @@ class Timeline:
         self._show_current(name)
         try:
             out = await run()
+        except GeneratorExit:
+            raise  # the worker evicted this workflow from its cache: not the step's outcome
         except BaseException as e:
             rec.outcome, rec.finished_at = "failed", workflow.now()
             rec.detail = str(cause_of(e))

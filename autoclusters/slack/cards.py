@@ -176,9 +176,8 @@ def card_message(
     """The (fallback text, Block Kit blocks) of the incident's message."""
     mark = EVENT_MARKS.get(card.event, ":information_source:")
     mention = _mention(card.severity, page_group_id)
-    fallback = (
-        f"{mention}[{card.state}] {card.fault} on {card.node} ({card.cluster}): {card.text}"
-    )
+    where = f"{card.fault} on {card.node} ({card.cluster})"
+    fallback = f"{mention}[{card.state}] {where}: {card.text}"
     field = [
         ("Node", f"`{card.node}`"),
         ("Cluster", card.cluster),

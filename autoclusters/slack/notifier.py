@@ -81,9 +81,8 @@ class SlackNotifier:
         self._history_lookup = history_lookup
         self._history_pages = history_pages
         # One event at a time per incident in this process; gone once nobody holds it.
-        self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = (
-            weakref.WeakValueDictionary()
-        )
+        self._locks: weakref.WeakValueDictionary[str, asyncio.Lock]
+        self._locks = weakref.WeakValueDictionary()
 
     @classmethod
     def from_config(cls, config: SlackConfig) -> SlackNotifier:
@@ -116,7 +115,7 @@ class SlackNotifier:
                     await self._tell(note)
         except TimeoutError:
             log.warning(
-                "Slack: %s of %s not told within %.1fs",
+                "Slack: %s of %s not told: timed out (bound %.1fs)",
                 note.event, note.incident_id, self._send_timeout_s,
             )  # fmt: skip
         except SlackApiError as e:

@@ -52,9 +52,13 @@ class SocketModeRunner:
             await self._client.close()
             self._client = None
 
-    async def on_request(self, client: Any, req: SocketModeRequest) -> InteractionResponse | None:
-        """Acknowledge an envelope; run an interactive one through the handler."""
+    async def on_request(self, client: Any, req: SocketModeRequest) -> None:
+        """Acknowledge an envelope at once, then run it through the handler."""
         await client.send_socket_mode_response(SocketModeResponse(envelope_id=req.envelope_id))
+        await self.dispatch(req)
+
+    async def dispatch(self, req: SocketModeRequest) -> InteractionResponse | None:
+        """An interactive envelope's outcome; None for any other kind of envelope."""
         if req.type != "interactive":
             return None
         result = await self._handler.handle_payload(req.payload)

@@ -290,6 +290,10 @@ class Api:
             raise TemporalUnavailable(
                 f"the incident on {node} is closing ({e.cause or e}); retry", kind="closing"
             ) from None
+        except UnknownNodeError:
+            raise
+        except SlurmError as e:  # the node list could not be read: retry later
+            raise TemporalUnavailable(f"Slurm: {e}", kind="inventory") from None
 
     def unavailable(self, e: Exception, endpoint: str) -> ApiError:
         self.metrics.requests_refused.labels(endpoint, "temporal_unavailable").inc()

@@ -21,6 +21,7 @@ one line per node):
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import os
 import re
@@ -163,6 +164,7 @@ class Checkpointer:
         self.rank = dist.get_rank()
         self.last_saved = 0
         self._pending: tuple[int, Future[Any], float] | None = None
+        self._finished: dict[int, float] = {}
 
     def resume_point(self) -> int:
         """Agree on the latest complete checkpoint; rank 0 clears interrupted saves."""
@@ -179,7 +181,7 @@ class Checkpointer:
 
     def load(self, step: int, model: nn.Module, optim: torch.optim.Optimizer) -> None:
         model_sd, optim_sd = get_state_dict(model, optim)
-        state = {"model": model_sd, "optim": optim_sd}
+        state: dict[str, Any] = {"model": model_sd, "optim": optim_sd}
         dcp.load(state, checkpoint_id=str(self.root / f"step-{step}"), process_group=self.group)
         set_state_dict(
             model, optim, model_state_dict=state["model"], optim_state_dict=state["optim"]
@@ -190,13 +192,15 @@ class Checkpointer:
         if step <= self.last_saved:
             return
         model_sd, optim_sd = get_state_dict(model, optim)
-        state = {"model": model_sd, "optim": optim_sd}
+        state: dict[str, Any] = {"model": model_sd, "optim": optim_sd}
         path = str(self.root / f"step-{step}")
         started = time.monotonic()
         if self.use_async and not block:
-            res = dcp.async_save(state, checkpoint_id=path, process_group=self.group)
+            res: Any = dcp.async_save(state, checkpoint_id=path, process_group=self.group)
             # torch >= 2.7 may return an AsyncSaveResponse; the upload future is the one.
-            fut = getattr(res, "upload_completion", res)
+            fut: Future[Any] = getattr(res, "upload_completion", res)
+            # Noted when the writer finishes, not when the loop next looks: save_s is honest.
+            fut.add_done_callback(lambda _f: self._finished.setdefault(step, time.monotonic()))
             self._pending = (step, fut, started)
             self._event("checkpoint_started", step, stall_s=time.monotonic() - started)
         else:
@@ -223,10 +227,11 @@ class Checkpointer:
         # DCP's save returns on every rank only after the coordinator wrote .metadata,
         # which it does after gathering every rank's write results: the save is complete.
         self.last_saved = step
+        finished = self._finished.pop(step, time.monotonic())
         if self.rank != 0:
             return
         write_marker(self.root, step)
-        self._event("checkpoint_saved", step, save_s=time.monotonic() - started)
+        self._event("checkpoint_saved", step, save_s=finished - started)
         older = sorted(s for s in step_dirs(self.root) if s < step)
         for s in older[: max(0, len(older) - (self.keep - 1))]:
             shutil.rmtree(self.root / f"step-{s}", ignore_errors=True)
@@ -266,8 +271,23 @@ def batch(seed: int, step: int, rank: int, size: int) -> tuple[torch.Tensor, tor
     return x, torch.sin(3 * x @ w)
 
 
+def die_with_agent() -> None:
+    """Under torchrun, die when the agent dies.
+
+    torchrun starts each rank in a session of its own: a SIGKILLed agent (OOM killer, a
+    node-local kill) would leave orphan ranks that hold the GPUs the requeued job needs.
+    """
+    if sys.platform != "linux" or "TORCHELASTIC_RUN_ID" not in os.environ:
+        return
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None).prctl(pr_set_pdeathsig, int(signal.SIGKILL))
+    if os.getppid() == 1:  # the agent was already gone before prctl took effect
+        os._exit(1)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    die_with_agent()
     stop = StopRequest()  # before the rendezvous: a signal then must not kill a rank mid-save
     torch.set_num_threads(args.threads)
 

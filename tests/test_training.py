@@ -1,0 +1,334 @@
+"""The fault-tolerant training job (examples/training) under real torchrun, on gloo.
+
+Each test starts torchrun in a session of its own and, at the end, kills what is left of
+exactly the processes it started (torchrun, found by its PID, and the ranks below it).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any, TypeVar
+
+import pytest
+
+pytest.importorskip("torch")
+
+from sandbox.config import SandboxConfig  # noqa: E402
+
+T = TypeVar("T")
+ROOT = Path(__file__).resolve().parent.parent
+TRAIN = ROOT / "examples" / "training" / "train.py"
+SBATCH = ROOT / "examples" / "training" / "train.sbatch"
+STEP_LINE = re.compile(
+    r"^ts=(?P<ts>\d+\.\d+) node=(?P<node>\S+) restart=(?P<restart>\d+) step=(?P<step>\d+) "
+    r"rank=(?P<rank>\d+) resumed_from=(?P<resumed_from>\d+) loss=(?P<loss>\d+\.\d+)$"
+)
+# What sbatch's torchrun line adds: USR1 (Slurm's time-limit warning) reaches the ranks.
+SIGNALS = "--signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
+
+
+def until(check: Callable[[], T | None], timeout_s: float, what: str) -> T:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+        time.sleep(0.1)
+
+
+def step_lines(log: Path) -> list[dict[str, Any]]:
+    if not log.exists():
+        return []
+    out = []
+    for line in log.read_text(errors="replace").splitlines():
+        if m := STEP_LINE.match(line):
+            d: dict[str, Any] = m.groupdict()
+            d.update({k: int(d[k]) for k in ("restart", "step", "rank", "resumed_from")})
+            d["ts"] = float(d["ts"])
+            out.append(d)
+    return out
+
+
+def marker(ckpt: Path) -> int:
+    try:
+        return int(json.loads((ckpt / "latest").read_text())["step"])
+    except (OSError, ValueError):
+        return 0
+
+
+def _children() -> dict[int, list[int]]:
+    kids: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        ppid = int(text[text.rindex(")") + 2 :].split()[1])
+        kids.setdefault(ppid, []).append(int(stat.parent.name))
+    return kids
+
+
+class Torchrun:
+    """One torchrun we started; its ranks run in sessions of their own (torchrun's doing)."""
+
+    def __init__(self, log: Path, args: list[str], torchrun_args: list[str] | None = None):
+        self.log = log
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM")}
+        env["OMP_NUM_THREADS"] = "1"
+        with open(log, "ab") as out:
+            self.started = time.time()
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "torch.distributed.run",
+                 *(torchrun_args or ["--standalone", "--nproc-per-node=2"]),
+                 str(TRAIN), *args],
+                stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+            )  # fmt: skip
+
+    def tree(self) -> list[int]:
+        kids, found, todo = _children(), [], [self.proc.pid]
+        while todo:
+            pid = todo.pop()
+            found.append(pid)
+            todo.extend(kids.get(pid, []))
+        return found
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        """`sig` to torchrun and every process below it, all at once: a node dying."""
+        for pid in self.tree():
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        self.proc.wait(timeout=30)
+
+    def wait(self, timeout_s: float) -> int:
+        return self.proc.wait(timeout=timeout_s)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.kill()
+        # Ranks die with their agent (PR_SET_PDEATHSIG); wait until none is left.
+        until(lambda: len(self.tree()) == 1, 10, "the ranks to exit")
+
+
+@pytest.fixture
+def runs() -> Iterator[list[Torchrun]]:
+    started: list[Torchrun] = []
+    yield started
+    for run in started:
+        run.stop()
+
+
+def start(runs: list[Torchrun], log: Path, *args: str, **kw: Any) -> Torchrun:
+    run = Torchrun(log, list(args), **kw)
+    runs.append(run)
+    return run
+
+
+def load_train() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("train_example", TRAIN)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.timeout(120)
+def test_trains_logs_and_checkpoints_then_resumes(tmp_path: Path, runs: list[Torchrun]) -> None:
+    ckpt, log = tmp_path / "ckpt", tmp_path / "train.log"
+    run = start(runs, log, "--steps", "12", "--ckpt-dir", str(ckpt), "--ckpt-every", "5",
+                "--log-ranks", "all")  # fmt: skip
+    assert run.wait(60) == 0, log.read_text()[-3000:]
+
+    lines = step_lines(log)
+    assert sorted((d["rank"], d["step"]) for d in lines) == [
+        (r, s) for r in (0, 1) for s in range(1, 13)
+    ]
+    assert {(d["restart"], d["resumed_from"], d["node"]) for d in lines} == {
+        (0, 0, socket.gethostname())
+    }
+    by_step: dict[int, set[str]] = {}
+    for d in lines:
+        by_step.setdefault(d["step"], set()).add(d["loss"])
+    assert all(len(losses) == 1 for losses in by_step.values())  # the all-reduced mean
+
+    # The demo reads these lines as it read the placeholder job's.
+    from clients.demo import first_progress_after_restart
+
+    assert first_progress_after_restart(log, 0) == lines[0]["ts"]
+
+    assert marker(ckpt) == 12
+    assert (ckpt / "step-12" / ".metadata").is_file()
+    assert sorted(p.name for p in ckpt.glob("step-*")) == ["step-10", "step-12"]  # --keep 2
+
+    # A save that died half-way: a newer directory without the marker moving. Ignored, and
+    # cleared so that the step can be saved again.
+    (ckpt / "step-99").mkdir()
+    (ckpt / "step-99" / "__0_0.distcp").write_bytes(b"\x00half a shard")
+    log2 = tmp_path / "train2.log"
+    run = start(runs, log2, "--steps", "14", "--ckpt-dir", str(ckpt), "--log-ranks", "zero")
+    assert run.wait(60) == 0, log2.read_text()[-3000:]
+    resumed = step_lines(log2)
+    assert [(d["step"], d["resumed_from"]) for d in resumed] == [(13, 12), (14, 12)]
+    assert marker(ckpt) == 14
+    assert not (ckpt / "step-99").exists()
+
+
+@pytest.mark.timeout(120)
+def test_killed_run_resumes_from_latest_checkpoint(tmp_path: Path, runs: list[Torchrun]) -> None:
+    ckpt = tmp_path / "ckpt"
+    args = ["--ckpt-dir", str(ckpt), "--ckpt-every", "4", "--step-sleep", "0.05",
+            "--log-ranks", "zero"]  # fmt: skip
+    first = start(runs, tmp_path / "a.log", *args)
+    until(
+        lambda: marker(ckpt) >= 8 and len(step_lines(first.log)) >= marker(ckpt) + 2,
+        60,
+        "two checkpoints and steps past the last one",
+    )
+    first.kill()  # SIGKILL to torchrun and every rank: no chance to save
+    saved = marker(ckpt)
+    before = {d["step"]: d["loss"] for d in step_lines(first.log)}
+    assert max(before) > saved
+
+    second = start(runs, tmp_path / "b.log", *args)
+    after = until(
+        lambda: step_lines(second.log)[:3] if len(step_lines(second.log)) >= 3 else None,
+        60,
+        "the restarted run to take three steps",
+    )
+    restart_to_first_step = after[0]["ts"] - second.started
+    print(f"restart to first step: {restart_to_first_step:.2f}s (resumed from step {saved})")
+    assert [d["step"] for d in after] == [saved + 1, saved + 2, saved + 3]
+    assert {d["resumed_from"] for d in after} == {saved}
+    # Same batches, same weights, same optimiser state: the losses repeat exactly.
+    for d in after:
+        if d["step"] in before:
+            assert d["loss"] == before[d["step"]], d
+    second.kill()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1])
+def test_signal_checkpoints_before_exit(
+    tmp_path: Path, runs: list[Torchrun], sig: signal.Signals
+) -> None:
+    ckpt, log = tmp_path / "ckpt", tmp_path / "train.log"
+    run = start(runs, log, "--ckpt-dir", str(ckpt), "--ckpt-every", "1000",
+                "--step-sleep", "0.1", "--log-ranks", "zero",
+                torchrun_args=["--standalone", "--nproc-per-node=2", SIGNALS])  # fmt: skip
+    until(lambda: len(step_lines(log)) >= 5, 60, "five steps")
+    assert marker(ckpt) == 0  # nothing periodic yet
+    os.kill(run.proc.pid, sig)  # torchrun passes it to the ranks, as under Slurm
+    assert run.wait(45) != 0  # stopped, not finished: Slurm must not call it COMPLETED
+    last = step_lines(log)[-1]["step"]
+    assert marker(ckpt) == last
+    assert (ckpt / f"step-{last}" / ".metadata").is_file()
+    assert f"event=stopped ckpt_step={last} signal={sig.name}" in log.read_text()
+
+
+@pytest.mark.timeout(90)
+def test_step_dirs_without_marker_are_ignored(tmp_path: Path, runs: list[Torchrun]) -> None:
+    ckpt, log = tmp_path / "ckpt", tmp_path / "train.log"
+    (ckpt / "step-7").mkdir(parents=True)
+    (ckpt / "step-7" / ".metadata").write_bytes(b"not a checkpoint")
+    run = start(runs, log, "--steps", "2", "--ckpt-dir", str(ckpt), "--log-ranks", "zero")
+    assert run.wait(60) == 0, log.read_text()[-3000:]
+    assert [(d["step"], d["resumed_from"]) for d in step_lines(log)] == [(1, 0), (2, 0)]
+    assert marker(ckpt) == 2
+    assert not (ckpt / "step-7").exists()
+
+
+def test_marker_rules(tmp_path: Path) -> None:
+    train = load_train()
+    assert train.read_marker(tmp_path) == 0
+    for step in (3, 6):
+        (tmp_path / f"step-{step}").mkdir()
+        (tmp_path / f"step-{step}" / ".metadata").write_bytes(b"x")
+    (tmp_path / "step-9").mkdir()  # interrupted: no metadata, no marker
+    train.write_marker(tmp_path, 6)
+    assert train.read_marker(tmp_path) == 6
+    assert not list(tmp_path.glob(".latest.tmp*"))
+    (tmp_path / "step-6" / ".metadata").unlink()  # the marked one lost its metadata
+    assert train.read_marker(tmp_path) == 3
+    (tmp_path / "latest").write_text("{garbage")
+    assert train.read_marker(tmp_path) == 0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.timeout(120)
+def test_two_agents_rendezvous_on_one_host(tmp_path: Path, runs: list[Torchrun]) -> None:
+    """The sandbox's "nodes" share one host: two torchrun agents, one c10d store on 127.0.0.1."""
+    ckpt = tmp_path / "ckpt"
+    rdzv = ["--nnodes=2", "--nproc-per-node=1", "--rdzv-backend=c10d",
+            f"--rdzv-endpoint=127.0.0.1:{_free_port()}", "--rdzv-id=test"]  # fmt: skip
+    args = ["--steps", "6", "--ckpt-dir", str(ckpt), "--ckpt-every", "3"]
+    agents = [start(runs, tmp_path / f"node{i}.log", *args, torchrun_args=rdzv) for i in range(2)]
+    for agent in agents:
+        assert agent.wait(90) == 0, agent.log.read_text()[-3000:]
+    ranks = {d["rank"] for a in agents for d in step_lines(a.log)}
+    assert ranks == {0, 1}  # one line per node: each agent's local rank 0
+    assert marker(ckpt) == 6
+
+
+@pytest.mark.timeout(180)
+def test_sbatch_requeue_resumes_on_sandbox(sandbox: SandboxConfig, tmp_path: Path) -> None:
+    """train.sbatch on the sandbox's Slurm: 2 nodes, requeued, resumes from its checkpoint."""
+    env = {**os.environ, "SLURM_CONF": str(sandbox.slurm_conf),
+           "TORCHRUN": str(Path(sys.executable).parent / "torchrun"), "TRAIN_PY": str(TRAIN),
+           "CKPT_ROOT": str(tmp_path / "ckpt"), "STEP_SLEEP": "0.5", "CKPT_EVERY": "3"}  # fmt: skip
+
+    def slurm(*argv: str) -> str:
+        return subprocess.run(argv, env=env, capture_output=True, text=True, check=True).stdout
+
+    log = tmp_path / "train.log"
+    job = int(slurm("sbatch", "--parsable", f"--output={log}", str(SBATCH)).split(";")[0])
+    ckpt = tmp_path / "ckpt" / str(job)
+    try:
+        until(
+            lambda: marker(ckpt) >= 3 and len({d["node"] for d in step_lines(log)}) == 2,
+            90,
+            "steps on both nodes and a checkpoint",
+        )
+        slurm("scontrol", "requeue", str(job))
+
+        def restarted() -> list[dict[str, Any]]:
+            # A requeued job is held for a while (BeginTime); release it, as remediation does.
+            subprocess.run(["scontrol", "update", f"jobid={job}", "StartTime=now"], env=env,
+                           capture_output=True)  # fmt: skip
+            return [d for d in step_lines(log) if d["restart"] == 1]
+
+        after = until(restarted, 90, "the requeued job to step again")
+        first_run = [d for d in step_lines(log) if d["restart"] == 0]
+        saved = after[0]["resumed_from"]
+        # Requeue sends SIGTERM: the ranks saved the step they were at before exiting.
+        assert saved == max(d["step"] for d in first_run)
+        assert after[0]["step"] == saved + 1
+        assert "event=launch" in log.read_text()
+    finally:
+        subprocess.run(["scancel", str(job)], env=env, capture_output=True)
+        until(
+            lambda: not subprocess.run(
+                ["squeue", "-h", "-j", str(job), "-t", "PD,R,CG"],
+                env=env, capture_output=True, text=True,
+            ).stdout.strip(),
+            60,
+            "the job to leave the queue",
+        )  # fmt: skip
