@@ -171,14 +171,14 @@ async def _demo(
     )
     result_task = asyncio.create_task(handle.result())
     shown: set[str] = set()
-    asked = False
+    asked: set[tuple[str | None, datetime]] = set()  # approvals already asked for
     approver = policy.approvers[0] if policy.approvers else "USER"
     while not result_task.done():
         state = await handle.query(NodeRemediation.status)
         _print_new_steps(console, state, shown)
         waiting = state.waiting_for
-        if waiting and waiting.kind == "approval" and not asked:
-            asked = True
+        if waiting and waiting.kind == "approval" and (waiting.step, waiting.since) not in asked:
+            asked.add((waiting.step, waiting.since))
             console.print(
                 f"   [yellow]waiting for approval of {waiting.step}[/yellow]: in another "
                 f"terminal run\n     AUTOCLUSTERS_CONFIG={cfg.settings_file} "

@@ -11,6 +11,7 @@ import asyncio
 import json
 import os
 import secrets
+import shutil
 import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -61,8 +62,9 @@ def is_running(cfg: SandboxConfig) -> bool:
 
 def _prepare(cfg: SandboxConfig) -> None:
     d = cfg.state_dir
-    for sub in ("munge", "log", "temporal", "slurm/ctld", "slurm/spool", "dev", "pids", "jobs"):
+    for sub in ("munge", "log", "temporal", "slurm/ctld", "dev", "pids", "jobs"):
         (d / sub).mkdir(parents=True, exist_ok=True)
+    cfg.spool_dir.mkdir(parents=True, exist_ok=True)
     # munged insists the socket's directory be reachable and the key private.
     os.chmod(d / "munge", 0o755)
     key = d / "munge" / "munge.key"
@@ -302,9 +304,10 @@ def down(cfg: SandboxConfig) -> list[str]:
     for rec in records:
         if rec.name == "slurmctld":
             # Job steps that outlived their slurmd (it was killed mid-job) go with the nodes.
-            kill_sessions(sessions_holding(cfg.state_dir / "slurm" / "spool"))
+            kill_sessions(sessions_holding(cfg.spool_dir))
         if table.stop(rec.name):
             stopped.append(rec.name)
+    shutil.rmtree(cfg.spool_dir, ignore_errors=True)  # nothing runs from it any more
     return stopped
 
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
+import tempfile
 from pathlib import Path
 
 from pydantic import BaseModel, Field
@@ -115,6 +117,13 @@ class SandboxConfig(BaseModel):
     @property
     def munge_socket(self) -> Path:
         return self.state_dir / "munge" / "munge.socket"
+
+    @property
+    def spool_dir(self) -> Path:
+        """slurmd's spool: short on purpose, slurmstepd puts Unix sockets in it (108 bytes
+        at most), and a state dir can be deep (pytest's are)."""
+        digest = hashlib.sha1(str(self.state_dir.resolve()).encode()).hexdigest()[:10]
+        return Path(tempfile.gettempdir()) / f"acspool-{digest}"
 
     @property
     def log_dir(self) -> Path:

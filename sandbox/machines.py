@@ -27,7 +27,7 @@ from sandbox.vms import VmRecord, VmRegistry
 def power_off(cfg: SandboxConfig, node: str) -> None:
     """The machine goes down: its slurmd and every job step still running on it."""
     ProcessTable(cfg.state_dir).stop(f"slurmd-{node}")
-    kill_sessions(sessions_holding(cfg.state_dir / "slurm" / "spool" / node))
+    kill_sessions(sessions_holding(cfg.spool_dir / node))
 
 
 def power_on(cfg: SandboxConfig, node: str) -> None:

@@ -23,7 +23,7 @@ AuthType=auth/munge
 AuthInfo=socket={cfg.munge_socket}
 CredType=cred/munge
 StateSaveLocation={d}/slurm/ctld
-SlurmdSpoolDir={d}/slurm/spool/%n
+SlurmdSpoolDir={cfg.spool_dir}/%n
 SlurmctldPidFile={d}/slurm/slurmctld.pid
 SlurmdPidFile={d}/slurm/slurmd-%n.pid
 SlurmctldLogFile={d}/log/slurmctld.log

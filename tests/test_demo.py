@@ -49,10 +49,12 @@ def test_demo_observe_and_approve_modes(tmp_path: Path) -> None:
     state = tmp_path / "modes"
     base = [sys.executable, "-m", "clients.cli"]
     common = ["--json", "--boot-delay", "2", "--state-dir", str(state),
-              "--port-base", str(free_port_base()), "--keep"]  # fmt: skip
+              "--port-base", str(free_port_base())]  # fmt: skip
     try:
+        # Its own sandbox (stopped at the end): the observed fault stays on the machine.
         observed = subprocess.run(
-            [*base, "demo", "--mode", "observe", *common],
+            [*base, "demo", "--mode", "observe", "--json", "--boot-delay", "2",
+             "--state-dir", str(tmp_path / "observe"), "--port-base", str(free_port_base())],
             capture_output=True, text=True, timeout=240,
         )  # fmt: skip
         assert observed.returncode == 0, observed.stderr[-3000:]
@@ -63,7 +65,7 @@ def test_demo_observe_and_approve_modes(tmp_path: Path) -> None:
 
         # Approve mode: the demo waits until someone runs `autoclusters approve`.
         demo = subprocess.Popen(
-            [*base, "demo", "--mode", "approve", *common],
+            [*base, "demo", "--mode", "approve", "--broken-until", "reboot", *common],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
         try:
