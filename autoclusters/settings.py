@@ -20,6 +20,7 @@ from pydantic_settings import (
 )
 
 from autoclusters.policy import Policy, default_policy, load_policy
+from autoclusters.slack.config import SlackConfig
 
 DEFAULT_SANDBOX_DIR = Path.home() / ".autoclusters" / "sandbox"
 CONFIG_FILE_NAME = "autoclusters.toml"
@@ -60,6 +61,10 @@ class Settings(BaseSettings):
     sandbox_state_dir: Path | None = None
     boot_delay_s: float = Field(default=20.0, ge=0, description="replacement VM boot time")
 
+    # Slack: one thread per incident, approval buttons; None: Slack is off.
+    slack: SlackConfig | None = None
+    # Where people reach the API (the incident links in Slack).
+    api_public_url: str | None = None
     expected_gpus: int = 8  # per node, for the health gate
     repair_timeout_s: float = 900
     policy_file: Path | None = Field(default=None, description="remediation policy (YAML)")

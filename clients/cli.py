@@ -21,11 +21,13 @@ from clients.agent_cli import agent_app, inject_app
 from clients.api_cli import api_app
 from clients.breaker import breaker_app
 from clients.policy_cli import policy_app
+from clients.slack_cli import slack_app
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
 sandbox_app = typer.Typer(no_args_is_help=True, help="The local sandbox cluster.")
 incident_app = typer.Typer(no_args_is_help=True, help="Open, list and read incidents.")
 app.add_typer(sandbox_app, name="sandbox")
+sandbox_app.add_typer(slack_app, name="slack")
 app.add_typer(incident_app, name="incident")
 app.add_typer(breaker_app, name="breaker")
 app.add_typer(policy_app, name="policy")

@@ -34,6 +34,12 @@ SlackUrl = Annotated[
 def emulator_root(url: str | None) -> str:
     """The emulator's root from its Web API URL (…/api/ is what slack-sdk is given)."""
     if not url:
+        # The settings (a running sandbox's) know where its Slack is.
+        from autoclusters.settings import load
+
+        slack = load().slack
+        url = slack.base_url if slack is not None else None
+    if not url:
         typer.echo("set --slack-url or AUTOCLUSTERS_SLACK_API_URL", err=True)
         raise typer.Exit(2)
     root = url.rstrip("/")

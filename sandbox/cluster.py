@@ -32,6 +32,7 @@ from sandbox.vms import VmRegistry
 
 WORKER = "worker"
 API = "api"
+SLACK = "slack-emulator"
 
 
 @dataclass
@@ -52,7 +53,9 @@ def _order(cfg: SandboxConfig) -> list[str]:
     emulators = [slinky.K8S_EMULATOR, slinky.CRUSOE_EMULATOR] if cfg.k8s else []
     slurmds = list(map(slurmd_name, cfg.node_names()))
     agents = list(map(agent_name, cfg.node_names()))
-    return ["munged", "temporal", "slurmctld", *slurmds, *emulators, WORKER, API, *agents]
+    return [
+        "munged", "temporal", "slurmctld", *slurmds, *emulators, SLACK, WORKER, API, *agents,
+    ]  # fmt: skip
 
 
 def is_running(cfg: SandboxConfig) -> bool:
@@ -80,6 +83,11 @@ def _prepare(cfg: SandboxConfig) -> None:
         token_file.parent.mkdir(parents=True, exist_ok=True)
         token_file.write_text(secrets.token_urlsafe(24))
         os.chmod(token_file, 0o600)
+    slack_secret = d / "slack" / "secret"
+    if not slack_secret.exists():
+        slack_secret.parent.mkdir(parents=True, exist_ok=True)
+        slack_secret.write_text(secrets.token_hex(16))
+        os.chmod(slack_secret, 0o600)
     for node in cfg.node_names():  # every machine starts healthy, as its agent sees it
         (d / "agent").mkdir(parents=True, exist_ok=True)
         fake_backend.write_node(cfg.agent_file(node), fake_backend.healthy_node())
@@ -212,6 +220,15 @@ def up(cfg: SandboxConfig, timeout_s: float = 60) -> UpResult:
                 result,
             )
             slinky.seed(cfg)
+        _start(
+            table,
+            SLACK,
+            daemons.slack_emulator_argv(cfg),
+            {},
+            lambda: daemons.port_open(cfg.slack_port),
+            timeout_s,
+            result,
+        )
         _start(
             table,
             WORKER,

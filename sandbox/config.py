@@ -12,6 +12,7 @@ from pydantic import BaseModel, Field
 from autoclusters.settings import CONFIG_FILE_NAME, DEFAULT_SANDBOX_DIR
 
 GPUS_PER_NODE = 8
+SLACK_TOKEN = "xoxb-sandbox"  # the emulator's bot token (a sandbox has no real secrets)
 
 
 class SandboxConfig(BaseModel):
@@ -48,6 +49,17 @@ class SandboxConfig(BaseModel):
     @property
     def api_url(self) -> str:
         return f"http://127.0.0.1:{self.api_port}"
+
+    @property
+    def slack_port(self) -> int:
+        return self.port_base + 8
+
+    def slack_secret(self) -> str:
+        return (self.state_dir / "slack" / "secret").read_text().strip()
+
+    def slack_users(self) -> dict[str, str]:
+        """The sandbox workspace's Slack users, as the policy's approvers."""
+        return {f"U_{name.upper()}": name for name in self.approvers}
 
     def api_token(self) -> str:
         return (self.state_dir / "api" / "token").read_text().strip()
@@ -177,6 +189,16 @@ class SandboxConfig(BaseModel):
         token_file = self.state_dir / "api" / "token"
         if token_file.exists():
             lines["api_tokens"] = {"agents": token_file.read_text().strip()}
+        if (self.state_dir / "slack" / "secret").exists():
+            lines["api_public_url"] = self.api_url
+            lines["slack"] = {
+                "token": SLACK_TOKEN,
+                "channel": "C00000001",  # the emulator's #incidents
+                "base_url": f"http://127.0.0.1:{self.slack_port}/api/",
+                "signing_secret": self.slack_secret(),
+                "approvers": self.slack_users(),
+                "store_dir": str(self.state_dir / "slack" / "threads"),
+            }
         return "".join(f"{k} = {_toml(v)}\n" for k, v in lines.items())
 
 

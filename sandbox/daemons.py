@@ -10,7 +10,7 @@ from pathlib import Path
 
 from autoclusters.binpaths import temporal_cli
 from autoclusters.temporal import SEARCH_ATTRIBUTES
-from sandbox.config import GPUS_PER_NODE, SandboxConfig
+from sandbox.config import GPUS_PER_NODE, SLACK_TOKEN, SandboxConfig
 
 
 class SandboxError(RuntimeError):
@@ -119,3 +119,12 @@ def agent_env(cfg: SandboxConfig) -> dict[str, str]:
     # The token travels in the environment, not on the command line (`ps` shows that).
     # A short event latch: a repaired sandbox machine reports its XID resolved in seconds.
     return {"AUTOCLUSTERS_AGENT_TOKEN": cfg.api_token(), "AUTOCLUSTERS_AGENT_EVENT_LATCH_S": "3"}
+
+
+def slack_emulator_argv(cfg: SandboxConfig) -> list[str]:
+    users = [f"--user={uid}={name}" for uid, name in cfg.slack_users().items()]
+    return [
+        sys.executable, "-m", "sandbox.slack_emulator", "--port", str(cfg.slack_port),
+        "--token", SLACK_TOKEN, "--signing-secret", cfg.slack_secret(),
+        "--interactivity-url", f"{cfg.api_url}/slack/interactions", *users,
+    ]  # fmt: skip

@@ -23,6 +23,7 @@ from autoclusters.cloud import CloudProvider
 from autoclusters.health import HealthGate, SlurmHealthGate
 from autoclusters.notify import LogNotifier, Notifier
 from autoclusters.settings import Settings
+from autoclusters.slack.fanout import MultiNotifier
 from autoclusters.slurm import SlurmCli, SlurmClient
 from workflows.fleet_guard import FleetGuard
 from workflows.remediation import NodeRemediation
@@ -66,6 +67,23 @@ def health_gate(settings: Settings, slurm: SlurmClient) -> HealthGate:
 
         return SandboxHealth(settings.sandbox_state_dir, slurm)
     return SlurmHealthGate(slurm, expected_gpus=settings.expected_gpus)
+
+
+def notifiers_for(settings: Settings) -> list[Notifier]:
+    """The log always; Slack when configured. Sent side by side, so a Slack outage
+    neither blocks nor fails a remediation (each notifier is bounded in time)."""
+    chosen: list[Notifier] = [LogNotifier()]
+    if settings.slack is not None:
+        from autoclusters.slack import SlackNotifier
+
+        cfg = settings.slack.model_copy(
+            update={
+                "temporal_ui_url": settings.slack.temporal_ui_url or settings.temporal_ui_url,
+                "api_url": settings.slack.api_url or settings.api_public_url,
+            }
+        )
+        chosen.append(SlackNotifier.from_config(cfg))
+    return [MultiNotifier(chosen, timeout_s=20)]
 
 
 def activities_for(
@@ -117,6 +135,7 @@ def build_worker(
     client: Client, settings: Settings, slurm: SlurmClient, cloud: CloudProvider, health: HealthGate
 ) -> Worker:
     guard = GuardActivities(client, slurm, settings.task_queue)
+    notifiers = notifiers_for(settings)
     kubernetes = (
         KubernetesActivities(k8s.api_client(kubeconfig=settings.kubeconfig), request_timeout_s=10)
         if settings.kubeconfig is not None
@@ -126,7 +145,7 @@ def build_worker(
         client,
         task_queue=settings.task_queue,
         workflows=WORKFLOWS,
-        activities=activities_for(slurm, cloud, health, guard, kubernetes=kubernetes),
+        activities=activities_for(slurm, cloud, health, guard, notifiers, kubernetes=kubernetes),
         graceful_shutdown_timeout=timedelta(seconds=5),
     )
 

@@ -648,7 +648,32 @@ def create_app(
     async def metrics() -> Response:
         return Response(api.metrics.render(), media_type=api.metrics.content_type)
 
+    if settings.slack is not None and settings.slack.signing_secret is not None:
+        _slack_interactions(app, api, settings)
+
     return app
+
+
+def _slack_interactions(app: FastAPI, api: Api, settings: ApiSettings) -> None:
+    """`POST /slack/interactions`: Approve / Reject clicks. The Slack signature over the raw
+    body is the authentication (no bearer token); the click becomes the Temporal Update."""
+    from autoclusters.slack import InteractionHandler
+
+    assert settings.slack is not None
+    slack = settings.slack
+
+    async def decide(
+        *, incident_id: str, approver: str, approve: bool, comment: str = ""
+    ) -> object:
+        client = await api.gate.client()
+        return await incidents.decide(client, settings, incident_id, approver, approve, comment)
+
+    handler = InteractionHandler.from_config(slack, decide=decide)
+
+    @app.post("/slack/interactions", summary="Slack interactivity (signed by Slack)")
+    async def slack_interactions(request: Request) -> JSONResponse:
+        answer = await handler.handle(await request.body(), request.headers)
+        return JSONResponse(answer.body, status_code=answer.status_code)
 
 
 def app_from_env() -> FastAPI:
