@@ -180,9 +180,13 @@ async def _demo(
         if waiting and waiting.kind == "approval" and (waiting.step, waiting.since) not in asked:
             asked.add((waiting.step, waiting.since))
             console.print(
-                f"   [yellow]waiting for approval of {waiting.step}[/yellow]: in another "
-                f"terminal run\n     AUTOCLUSTERS_CONFIG={cfg.settings_file} "
-                f"autoclusters approve {opened.incident_id} --as {approver} [--reject]"
+                f"   [yellow]waiting for approval of {waiting.step}[/yellow]: click Approve in "
+                "Slack, in another terminal:\n"
+                f"     AUTOCLUSTERS_CONFIG={cfg.settings_file} autoclusters sandbox slack click "
+                f"--incident {opened.incident_id} --action approve --as U_{approver.upper()}\n"
+                f"   or: AUTOCLUSTERS_CONFIG={cfg.settings_file} "
+                f"autoclusters approve {opened.incident_id} --as {approver} [--reject]",
+                soft_wrap=True,  # whole command lines, to copy and paste
             )
         await asyncio.wait({result_task}, timeout=0.5)
     try:
@@ -193,6 +197,9 @@ async def _demo(
         final = await handle.query(NodeRemediation.status)
         status = "failed"
     _print_new_steps(console, final, shown)
+    if mode == "approve":
+        console.print("[bold]4. the incident's Slack thread[/bold]")
+        console.print(await asyncio.to_thread(_slack_channel, cfg))
 
     if final.requeued_jobs:
         job_after, resumed_ts = await _wait_for(
@@ -246,6 +253,18 @@ async def _demo(
             for s in final.steps
         ],
     )
+
+
+def _slack_channel(cfg: SandboxConfig) -> str:
+    import httpx
+
+    from clients.slack_cli import render_channel
+
+    try:
+        view = httpx.get(f"http://127.0.0.1:{cfg.slack_port}/_emulator/channels/incidents").json()
+    except httpx.HTTPError as e:
+        return f"(the sandbox's Slack did not answer: {e})"
+    return render_channel(view)
 
 
 async def _incident_since(

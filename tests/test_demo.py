@@ -63,7 +63,7 @@ def test_demo_observe_and_approve_modes(tmp_path: Path) -> None:
         assert summary["planned_steps"] and summary["job_restarts"] == 0
         assert summary["node_state_after"] == summary["node_state_before"]
 
-        # Approve mode: the demo waits until someone runs `autoclusters approve`.
+        # Approve mode: the demo waits until someone clicks Approve in (the sandbox's) Slack.
         demo = subprocess.Popen(
             [*base, "demo", "--mode", "approve", "--broken-until", "reboot", *common],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -72,18 +72,24 @@ def test_demo_observe_and_approve_modes(tmp_path: Path) -> None:
             assert demo.stderr is not None
             command = ""
             for line in demo.stderr:
-                if "autoclusters approve" in line:
+                if "autoclusters sandbox slack click" in line:
                     command = line.strip()
                     break
             assert command, "the demo never asked for an approval"
-            incident_id = command.split("autoclusters approve ")[1].split()[0]
+            incident_id = command.split("--incident ")[1].split()[0]
             env = {**os.environ, "AUTOCLUSTERS_CONFIG": str(state / "autoclusters.toml")}
-            ok = subprocess.run(
-                [*base, "approve", incident_id, "--as", "alice"],
+            click = [*base, "sandbox", "slack", "click", "--incident", incident_id]
+            refused = subprocess.run(
+                [*click, "--action", "approve", "--as", "U_MALLORY"],
                 env=env, capture_output=True, text=True, timeout=60,
             )  # fmt: skip
-            assert ok.returncode == 0, ok.stderr
-            out, _ = demo.communicate(timeout=240)
+            assert refused.returncode == 1 and "not_allowed" in refused.stdout + refused.stderr
+            ok = subprocess.run(
+                [*click, "--action", "approve", "--as", "U_ALICE"],
+                env=env, capture_output=True, text=True, timeout=60,
+            )  # fmt: skip
+            assert ok.returncode == 0, ok.stdout + ok.stderr
+            out, err = demo.communicate(timeout=240)
         finally:
             if demo.poll() is None:
                 demo.kill()
@@ -92,5 +98,8 @@ def test_demo_observe_and_approve_modes(tmp_path: Path) -> None:
         summary = json.loads(out.strip().splitlines()[-1])
         assert summary["status"] == "resolved" and summary["mode"] == "approve"
         assert summary["job_restarts"] == 1
+        # The demo shows the incident's thread: the click replaced the buttons.
+        assert "Approved by <@U_ALICE> (alice)" in err
+        assert "You are not allowed" in err  # the refused click's ephemeral answer
     finally:
         subprocess.run([*base, "sandbox", "down", "--state-dir", str(state)], timeout=120)
