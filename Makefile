@@ -1,5 +1,6 @@
 # `make demo` and `make test` do all the set-up on a fresh Debian machine (run as root, or
-# install Slurm and munge first: scripts/system-deps.sh says how).
+# install Slurm and munge first: scripts/system-deps.sh says how). The `training` extra is
+# torch==2.13.0, the CPU build (a bare `torch` would pull a multi-GB CUDA build).
 VENV ?= .venv
 PYTHON ?= python3
 BIN := $(VENV)/bin
@@ -8,7 +9,7 @@ BIN := $(VENV)/bin
 
 $(BIN)/autoclusters: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[dev]'
+	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[dev,training]'
 	@touch $@
 
 install: $(BIN)/autoclusters

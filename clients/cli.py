@@ -489,6 +489,11 @@ def _print_summary(summary: Any, out: Console) -> None:
         f"job {summary.job_id}             restarts {summary.job_restarts}: "
         f"{', '.join(summary.job_nodes_before)} → {', '.join(summary.job_nodes_after)}"
     )
+    if summary.resumed_from_step is not None:
+        out.print(
+            f"training           resumed from step {summary.resumed_from_step}, "
+            f"reached step {summary.last_step} ({summary.job})"
+        )
     out.print(f"node before/after  {summary.node_state_before} / {summary.node_state_after}")
     out.print(f"machine            {summary.old_vm_id} → {summary.new_vm_id}")
     if summary.spare_node:

@@ -18,14 +18,13 @@ from rich.console import Console
 from temporalio.client import Client, WorkflowFailureError
 from temporalio.service import RPCError
 
-import sandbox
 from autoclusters import hostlist, temporal
 from autoclusters.models import IncidentState, SlurmJob, workflow_id
 from autoclusters.policy import Rung
 from autoclusters.settings import load_file, policy_for
 from autoclusters.slurm import SlurmCli
-from clients import incidents
-from clients.joblog import first_progress_after_restart
+from clients import incidents, training_job
+from clients.joblog import first_progress_after_restart, progress_lines
 from sandbox import cluster
 from sandbox.cluster import sandbox_policy
 from sandbox.config import SandboxConfig
@@ -60,6 +59,9 @@ class DemoSummary(BaseModel):
     job_recovery_s: float | None
     capacity_recovery_s: float | None
     job_restarts: int
+    job: str  # torchrun (examples/training) or stand-in
+    resumed_from_step: int | None  # the checkpoint the restarted job resumed from
+    last_step: int | None  # the job's last step logged before the summary
     job_nodes_before: list[str]
     job_nodes_after: list[str]
     node_state_before: str
@@ -121,15 +123,8 @@ async def _demo(
     settings = load_file(cfg.settings_file)
     policy = policy_for(settings).model_copy(update={"mode": mode})
     slurm = SlurmCli(cfg.slurm_conf)
-    script = Path(sandbox.__file__).parent / "jobs" / "progress.sh"
-    job_dir = cfg.state_dir / "jobs"
-
-    console.print("[bold]2. job[/bold] a 2-node batch job with --requeue")
-    out = await slurm._run(  # noqa: SLF001 - sbatch is the demo's, not an activity's
-        "sbatch", "--parsable", f"--output={job_dir}/progress-%j.log", str(script)
-    )
-    job_id = int(out.strip().split(";")[0])
-    log = job_dir / f"progress-{job_id}.log"
+    job_id, log, kind = await training_job.submit(slurm, cfg, "train")
+    console.print(f"[bold]2. job[/bold] a 2-node batch job with --requeue ({kind})")
 
     async def running_with_progress() -> SlurmJob | None:
         job = await _job(slurm, job_id)
@@ -228,6 +223,9 @@ async def _demo(
         job_recovery_s=job_recovery,
         capacity_recovery_s=round(capacity, 3) if capacity is not None else None,
         job_restarts=job_after.restart_cnt,
+        job=kind,
+        resumed_from_step=_resumed_from(log, job_after.restart_cnt),
+        last_step=max((p.step for p in progress_lines(log)), default=None),
         job_nodes_before=before,
         job_nodes_after=hostlist.expand(job_after.nodes),
         node_state_before=node_before.display_state if node_before else "UNKNOWN",
@@ -252,6 +250,20 @@ async def _demo(
             )
             for s in final.steps
         ],
+    )
+
+
+def _resumed_from(log: Path, restart: int) -> int | None:
+    """Where the `restart`-th run resumed (a checkpointing job logs it on every step)."""
+    if restart < 1:
+        return None
+    return next(
+        (
+            p.resumed_from
+            for p in progress_lines(log)
+            if p.restart == restart and p.resumed_from is not None
+        ),
+        None,
     )
 
 

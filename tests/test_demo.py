@@ -14,7 +14,7 @@ from tests.conftest import free_port_base
 
 def test_demo_json_summary(tmp_path: Path) -> None:
     r = subprocess.run(
-        [sys.executable, "-m", "clients.cli", "demo", "--json", "--boot-delay", "8",
+        [sys.executable, "-m", "clients.cli", "demo", "--json", "--boot-delay", "10",
          "--state-dir", str(tmp_path / "demo"), "--port-base", str(free_port_base())],
         capture_output=True, text=True, timeout=240,
     )  # fmt: skip
@@ -27,8 +27,11 @@ def test_demo_json_summary(tmp_path: Path) -> None:
     assert summary["job_restarts"] == 1
     assert summary["node_state_after"] == "IDLE"
     assert summary["node"] not in summary["job_nodes_after"]
-    assert summary["capacity_recovery_s"] >= 2 * 8  # a reboot and a replacement booted
-    assert summary["job_recovery_s"] < summary["capacity_recovery_s"] / 4
+    assert summary["capacity_recovery_s"] >= 2 * 10  # a reboot and a replacement booted
+    assert summary["job_recovery_s"] < summary["capacity_recovery_s"] / 2
+    if summary["job"] == "torchrun":  # the training extra is installed (make test does)
+        assert summary["resumed_from_step"] > 0
+        assert summary["last_step"] > summary["resumed_from_step"]
     names = [s["name"] for s in summary["steps"]]
     assert names.index("requeue") < names.index("repair") < names.index("return_to_service")
     # Kubernetes mode (the default): the Node is cordoned and emptied before the repair and
