@@ -31,7 +31,7 @@ from autoclusters import hostlist, temporal  # noqa: E402
 from autoclusters.models import IncidentState, SlurmJob  # noqa: E402
 from autoclusters.settings import load_file, policy_for  # noqa: E402
 from autoclusters.slurm import SlurmCli  # noqa: E402
-from clients import incidents  # noqa: E402
+from clients import incidents, training_job  # noqa: E402
 from clients.joblog import first_progress_after_restart, progress_lines  # noqa: E402
 from sandbox import cluster  # noqa: E402
 from sandbox.config import SandboxConfig  # noqa: E402
@@ -108,12 +108,8 @@ async def _bench(cfg: SandboxConfig, args: argparse.Namespace) -> int:
     policy = policy_for(settings).model_copy(update={"recurrence_window_s": 0.001})
     slurm = SlurmCli(cfg.slurm_conf)
     client = await temporal.connect(settings)
-    script = Path(__file__).resolve().parent.parent / "sandbox" / "jobs" / "progress.sh"
-    out = await slurm._run(  # noqa: SLF001
-        "sbatch", "--parsable", f"--output={cfg.state_dir}/jobs/bench-%j.log", str(script)
-    )
-    job_id = int(out.strip().split(";")[0])
-    log = cfg.state_dir / "jobs" / f"bench-{job_id}.log"
+    job_id, log, kind = await training_job.submit(slurm, cfg, "bench")
+    print(f"job {job_id} ({kind}), log {log}")
     rows: list[dict[str, float | None]] = []
     overheads: list[float] = []
     timelines: list[tuple[str, float, IncidentState, float]] = []
@@ -163,7 +159,10 @@ async def _bench(cfg: SandboxConfig, args: argparse.Namespace) -> int:
         f"{pct(overheads, 0.95):>9.3f}"
     )
     print(f"effective training time ratio over the run: {ratio:.3f}")
-    print(f"boot delay {args.boot_delay:.0f} s; incidents {args.incidents}; k8s {args.k8s}")
+    print(
+        f"boot delay {args.boot_delay:.0f} s; incidents {args.incidents}; k8s {args.k8s}; "
+        f"job {kind}"
+    )
     if args.out:
         png = _plot(timelines, Path(args.out))
         print(f"timeline: {png}")

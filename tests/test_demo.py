@@ -92,6 +92,11 @@ def test_demo_observe_and_approve_modes(tmp_path: Path) -> None:
                 env=env, capture_output=True, text=True, timeout=60,
             )  # fmt: skip
             assert ok.returncode == 0, ok.stdout + ok.stderr
+            twice = subprocess.run(
+                [*click, "--action", "approve", "--as", "U_BOB"],
+                env=env, capture_output=True, text=True, timeout=60,
+            )  # fmt: skip
+            assert twice.returncode == 1  # one approval: the second click is refused
             out, err = demo.communicate(timeout=240)
         finally:
             if demo.poll() is None:

@@ -1132,3 +1132,51 @@ async def test_no_free_spare_falls_back_to_returning_the_node(env: WorkflowEnvir
     assert take is not None and "not a free spare" in take.detail
     assert f.slurm.node_now("gpu-04").reason == "bad PSU -- bob"
     assert not f.slurm.node_now("gpu-01").drained  # returned to service the usual way
+
+
+class _BrokenNotifier:
+    """Slack (or any notifier) down: every send fails."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def send(self, note: Notification) -> None:
+        self.calls += 1
+        raise ConnectionError("slack.com unreachable")
+
+
+async def test_a_notifier_outage_leaves_the_remediation_unaffected(
+    env: WorkflowEnvironment,
+) -> None:
+    broken = _BrokenNotifier()
+    slurm = FakeSlurm()
+    _add_nodes(slurm, 3)
+    cloud = FakeCloud(slurm)
+    tq = f"tq-{uuid.uuid4()}"
+    guard = GuardActivities(env.client, slurm, tq, execution_timeout=timedelta(days=30))
+    req = IncidentRequest(
+        incident_id=f"INC-{uuid.uuid4().hex[:8]}",
+        cluster=f"test-{uuid.uuid4().hex[:8]}",
+        node="gpu-01",
+        fault="XID_79",
+        opened_at=datetime(2026, 1, 5, 3, 0, tzinfo=UTC),
+        policy=_policy(),
+    )
+    async with Worker(
+        env.client,
+        task_queue=tq,
+        workflows=WORKFLOWS,
+        activities=activities_for(slurm, cloud, FakeHealth(cloud), guard, [broken]),
+    ):
+        handle = await env.client.start_workflow(
+            NodeRemediation.run, req, id=workflow_id(req.cluster, req.node), task_queue=tq,
+            execution_timeout=EXECUTION_TIMEOUT,
+        )  # fmt: skip
+        result = await handle.result()
+        await env.client.get_workflow_handle(guard_workflow_id(req.cluster)).terminate()
+
+    assert result.status == "resolved"
+    assert not slurm.node_now("gpu-01").drained
+    notes = [s for s in result.steps if s.name.startswith("notify_")]
+    assert notes and all(s.outcome == "failed" for s in notes)
+    assert broken.calls >= 2 * len(notes)  # each notification was retried, then given up
