@@ -97,21 +97,25 @@ class SlurmActivities:
         # Release the requeue hold of every job this incident requeued, including those an
         # earlier attempt requeued before it was interrupted. A requeued job passes through
         # COMPLETING while its processes are killed; the hold can only be released once it
-        # is PENDING.
+        # is PENDING. A job requeued while it was still launching gets its hold a moment
+        # *after* it shows PENDING, so keep watching until it has been quiet for a while.
+        quiet, deadline = 0, time.monotonic() + inp.hold_watch_s
         while True:
             mine = [
                 j for j in await self._slurm.jobs() if _marked_for(j, inp.incident_id) is not None
             ]
-            settling = [j.job_id for j in mine if _settling(j)]
-            if not settling:
-                break
-            activity.heartbeat(f"waiting for jobs {settling} to leave COMPLETING")
-            await asyncio.sleep(inp.poll_s)
-        for job in mine:
-            result.requeued.append(job.job_id)
-            if job.job_state == "PENDING" and job.state_reason == "BeginTime":
+            held = [j for j in mine if j.job_state == "PENDING" and j.state_reason == "BeginTime"]
+            for job in held:
                 await self._slurm.release_hold(job.job_id)
-                result.holds_released.append(job.job_id)
+                if job.job_id not in result.holds_released:
+                    result.holds_released.append(job.job_id)
+            settling = [j.job_id for j in mine if _settling(j)]
+            quiet = 0 if held or settling else quiet + 1
+            if quiet >= 2 or (not settling and time.monotonic() > deadline):
+                break
+            activity.heartbeat(f"jobs {settling or [j.job_id for j in held]} settling")
+            await asyncio.sleep(inp.poll_s)
+        result.requeued = [j.job_id for j in mine]
         return result
 
     @activity.defn(name="wait_node_registered")

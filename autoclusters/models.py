@@ -252,6 +252,7 @@ class RequeueInput(BaseModel):
     node: str
     incident_id: str
     poll_s: float = 0.25
+    hold_watch_s: float = 5.0  # how long a late requeue hold is watched for at most
 
 
 class RequeueResult(BaseModel):

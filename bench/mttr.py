@@ -116,6 +116,7 @@ async def _bench(cfg: SandboxConfig, args: argparse.Namespace) -> int:
     run_start = time.time()
     for k in range(args.incidents):
         job = await _running(slurm, job_id, k)
+        await _resumed(slurm, job_id, log, k)  # stepping, not just launched
         node = random.choice(hostlist.expand(job.nodes))
         fault_at = time.time()
         opened = await incidents.open_incident(
