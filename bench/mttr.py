@@ -25,6 +25,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from autoclusters import hostlist, temporal  # noqa: E402
@@ -32,9 +34,12 @@ from autoclusters.models import IncidentState, SlurmJob  # noqa: E402
 from autoclusters.settings import load_file, policy_for  # noqa: E402
 from autoclusters.slurm import SlurmCli  # noqa: E402
 from clients import incidents, training_job  # noqa: E402
+from clients.demo import incident_since, wait_for  # noqa: E402
 from clients.joblog import first_progress_after_restart, progress_lines  # noqa: E402
 from sandbox import cluster  # noqa: E402
 from sandbox.config import SandboxConfig  # noqa: E402
+from sandbox.hardware import Hardware, HardwareFault  # noqa: E402
+from sandbox.vms import VmRegistry  # noqa: E402
 from workflows.remediation import NodeRemediation  # noqa: E402
 
 PHASES = [
@@ -106,6 +111,7 @@ async def _bench(cfg: SandboxConfig, args: argparse.Namespace) -> int:
     settings = load_file(cfg.settings_file)
     # Each incident is a fresh fault: no recurrence escalation between bench incidents.
     policy = policy_for(settings).model_copy(update={"recurrence_window_s": 0.001})
+    cfg.policy_file.write_text(yaml.safe_dump(policy.model_dump(mode="json"), sort_keys=False))
     slurm = SlurmCli(cfg.slurm_conf)
     client = await temporal.connect(settings)
     job_id, log, kind = await training_job.submit(slurm, cfg, "bench")
@@ -117,11 +123,22 @@ async def _bench(cfg: SandboxConfig, args: argparse.Namespace) -> int:
     for k in range(args.incidents):
         job = await _running(slurm, job_id, k)
         await _resumed(slurm, job_id, log, k)  # stepping, not just launched
+        await asyncio.sleep(args.gap)  # let it train between faults
         node = random.choice(hostlist.expand(job.nodes))
+        vm = VmRegistry(cfg.state_dir).get(node)
         fault_at = time.time()
-        opened = await incidents.open_incident(
-            client, settings, node, args.fault, opened_by="bench", policy=policy
-        )
+        if vm is not None and args.fault.startswith("XID_"):
+            # A real fault on the machine: the node's agent detects and reports it.
+            Hardware(cfg.state_dir).inject(node, vm.vm_id, HardwareFault(fault=args.fault))
+            opened = await wait_for(
+                "the agent's report",
+                lambda n=node, at=fault_at: incident_since(client, cfg.cluster, n, at),  # type: ignore[misc]
+                60, 0.05,
+            )  # fmt: skip
+        else:
+            opened = await incidents.open_incident(
+                client, settings, node, args.fault, opened_by="bench", policy=policy
+            )
         handle = client.get_workflow_handle_for(
             NodeRemediation.run, opened.workflow_id, run_id=opened.run_id
         )
@@ -256,6 +273,7 @@ def main() -> None:
     p.add_argument("--boot-delay", type=float, default=0)
     p.add_argument("--nodes", type=int, default=4)
     p.add_argument("--fault", default="XID_79")
+    p.add_argument("--gap", type=float, default=30, help="seconds of training between faults")
     p.add_argument("--k8s", action="store_true")
     p.add_argument("--port-base", type=int, default=17400)
     p.add_argument("--state-dir", default=None)

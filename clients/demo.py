@@ -77,7 +77,7 @@ class DemoSummary(BaseModel):
     steps: list[StepSummary]
 
 
-async def _wait_for(
+async def wait_for(
     what: str, check: Callable[[], Awaitable[T | None]], timeout_s: float, interval_s: float = 0.5
 ) -> T:
     deadline = time.monotonic() + timeout_s
@@ -132,7 +132,7 @@ async def _demo(
             return job
         return None
 
-    job = await _wait_for("the job to run", running_with_progress, 60)
+    job = await wait_for("the job to run", running_with_progress, 60)
     before = hostlist.expand(job.nodes)
     console.print(f"   job {job_id} running on {', '.join(before)}; log {log}")
 
@@ -150,9 +150,9 @@ async def _demo(
         Hardware(cfg.state_dir).inject(
             node, vm.vm_id, HardwareFault(fault=fault, fixed_by=broken_until)
         )
-    opened = await _wait_for(
+    opened = await wait_for(
         "the node agent's report to open an incident",
-        lambda: _incident_since(client, settings.cluster, node, fault_at),
+        lambda: incident_since(client, settings.cluster, node, fault_at),
         60,
         0.1,
     )
@@ -197,7 +197,7 @@ async def _demo(
         console.print(await asyncio.to_thread(_slack_channel, cfg))
 
     if final.requeued_jobs:
-        job_after, resumed_ts = await _wait_for(
+        job_after, resumed_ts = await wait_for(
             "the job to step again", lambda: _restarted_job(slurm, job_id, log), 60
         )
         job_recovery: float | None = round(resumed_ts - fault_at, 3)
@@ -279,7 +279,7 @@ def _slack_channel(cfg: SandboxConfig) -> str:
     return render_channel(view)
 
 
-async def _incident_since(
+async def incident_since(
     client: Client, cluster: str, node: str, since: float
 ) -> incidents.OpenedIncident | None:
     """The node's incident, if one opened after `since`."""
