@@ -103,7 +103,11 @@ def sandbox_policy(cfg: SandboxConfig, mode: str = "auto") -> str:
     half its nodes out (the default 0.75 would freeze a 2-node sandbox)."""
     policy = default_policy()
     guard = policy.guard.model_copy(
-        update={"min_in_service_fraction": 0.5, "spares": cfg.spare_names()}
+        update={
+            "min_in_service_fraction": 0.5,
+            "spares": cfg.spare_names(),
+            "breaker_threshold": cfg.breaker_threshold,
+        }
     )
     policy = policy.model_copy(update={"approvers": cfg.approvers, "guard": guard, "mode": mode})
     header = "# Written by `autoclusters sandbox up`: the shipped default, sandbox approvers.\n"
@@ -324,6 +328,12 @@ def down(cfg: SandboxConfig) -> list[str]:
             kill_sessions(sessions_holding(cfg.spool_dir))
         if table.stop(rec.name):
             stopped.append(rec.name)
+    # A repair in flight when its emulator was told to stop may still have started a slurmd:
+    # whatever is recorded now goes too.
+    for rec in table.records():
+        if table.stop(rec.name):
+            stopped.append(rec.name)
+    kill_sessions(sessions_holding(cfg.spool_dir))
     shutil.rmtree(cfg.spool_dir, ignore_errors=True)  # nothing runs from it any more
     return stopped
 

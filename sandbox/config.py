@@ -26,6 +26,8 @@ class SandboxConfig(BaseModel):
     task_queue: str = "autoclusters"
     # Slurm on Kubernetes (Slinky-style) with the Crusoe Cloud API: both emulated on loopback.
     k8s: bool = False
+    # The fleet guard's circuit breaker (more than this many incidents within its window).
+    breaker_threshold: int = Field(default=5, ge=1)
     # Who may approve in the sandbox (the shipped default trusts nobody).
     approvers: list[str] = Field(default_factory=lambda: ["alice", "bob"])
 

@@ -50,6 +50,8 @@ def sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SandboxConfig]
         nodes=4,
         port_base=free_port_base(),
         boot_delay_s=3,
+        # Many tests share this cluster within minutes: not a systemic failure.
+        breaker_threshold=100,
     )
     cluster.up(cfg)
     table = ProcessTable(cfg.state_dir)

@@ -39,9 +39,9 @@ CLI = [sys.executable, "-m", "clients.cli"]
 
 
 def fresh_policy(**changes: object) -> Policy:
-    """The sandbox's policy, forgetting earlier incidents: tests share the nodes, and a
-    recurrence would otherwise move a later test's incident up the ladder."""
-    policy = parse_policy(sandbox_policy(SandboxConfig()))
+    """The test sandbox's policy, forgetting earlier incidents: tests share the nodes, and
+    a recurrence would otherwise move a later test's incident up the ladder."""
+    policy = parse_policy(sandbox_policy(SandboxConfig(breaker_threshold=100)))
     return policy.model_copy(update={"recurrence_window_s": 0.001, **changes})
 
 
