@@ -452,7 +452,18 @@ async def test_monitor_only_fault_stays_in_service(env: WorkflowEnvironment) -> 
 async def _approval_pending(f: Fleet, req: IncidentRequest) -> Incident:
     """Start an incident and wait until it asks for a decision on its first rung."""
     handle = await f.start(req)
-    state = await _until(handle, _waiting("approval", "reboot"), "the approval request")
+    # The "approval_needed" notification is a step of its own inside the approval: wait
+    # until it has been sent.
+    state = await _until(
+        handle,
+        lambda st: (
+            _waiting("approval", "reboot")(st)
+            and st.current_step == "approval"
+            and st.step("notify_approval_needed") is not None
+            and st.step("notify_approval_needed").finished_at is not None
+        ),  # type: ignore[union-attr]
+        "the approval request",
+    )
     assert state.current_step == "approval"
     assert [s.name for s in state.steps] == APPROVED_RUNBOOK[:8]
     # Quarantined before anyone is asked: the node is drained, nothing repaired yet.
