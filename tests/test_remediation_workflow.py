@@ -878,7 +878,13 @@ async def test_min_in_service_fraction_holds_the_second_quarantine(
         h1 = await f.start(one)
         await asyncio.wait_for(f.cloud.started.wait(), timeout=30)  # gpu-01 is out
         h2 = await f.start(two)
-        held = await _until(h2, _waiting("admission", "quarantine"), "the quarantine held")
+        held = await _until(
+            h2,
+            lambda st: (
+                _waiting("admission", "quarantine")(st) and st.current_step == "admit_quarantine"
+            ),  # past the nested "held" notification
+            "the quarantine held",
+        )
         assert held.waiting_for is not None
         assert "below the minimum 3" in held.waiting_for.detail
         assert held.current_step == "admit_quarantine"
