@@ -6,32 +6,24 @@ worker dies mid-step or the workflow server restarts, with no step's effect appl
 
 from __future__ import annotations
 
-from sandbox import daemons
-from sandbox.cluster import WORKER, UpResult, _start, _worker_polling
+from sandbox import cluster, daemons
 from sandbox.config import SandboxConfig
 from sandbox.processes import ProcessTable
 
 
 def kill_worker(cfg: SandboxConfig) -> int:
     """SIGKILL the worker (no graceful shutdown: a crash); return the PID killed."""
-    pid = ProcessTable(cfg.state_dir).kill(WORKER)
+    pid = ProcessTable(cfg.state_dir).kill(cluster.WORKER)
     if pid is None:
         raise daemons.SandboxError("the sandbox's worker is not running")
     return pid
 
 
 def start_worker(cfg: SandboxConfig, timeout_s: float = 60) -> int:
+    """A new worker (after a kill); return its PID."""
     table = ProcessTable(cfg.state_dir)
-    _start(
-        table,
-        WORKER,
-        daemons.worker_argv(cfg),
-        daemons.worker_env(cfg),
-        lambda: _worker_polling(cfg),
-        timeout_s,
-        UpResult(already_running=False),
-    )
-    rec = table.get(WORKER)
+    cluster.start_worker(cfg, table, timeout_s, cluster.UpResult(already_running=False))
+    rec = table.get(cluster.WORKER)
     assert rec is not None
     return rec.pid
 
@@ -41,15 +33,7 @@ def restart_temporal(cfg: SandboxConfig, timeout_s: float = 60) -> int:
     file) and start it again on the same file; return the new PID."""
     table = ProcessTable(cfg.state_dir)
     table.stop("temporal")
-    _start(
-        table,
-        "temporal",
-        daemons.temporal_argv(cfg),
-        {},
-        lambda: daemons.port_open(cfg.temporal_port) and daemons.port_open(cfg.temporal_ui_port),
-        timeout_s,
-        UpResult(already_running=False),
-    )
+    cluster.start_temporal(cfg, table, timeout_s, cluster.UpResult(already_running=False))
     rec = table.get("temporal")
     assert rec is not None
     return rec.pid

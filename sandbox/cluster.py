@@ -182,9 +182,7 @@ def up(cfg: SandboxConfig, timeout_s: float = 60) -> UpResult:
             "temporal",
             daemons.temporal_argv(cfg),
             {},
-            lambda: (
-                daemons.port_open(cfg.temporal_port) and daemons.port_open(cfg.temporal_ui_port)
-            ),
+            lambda: daemons.temporal_ready(cfg),
         ),
         (
             "slurmctld",
@@ -233,15 +231,7 @@ def up(cfg: SandboxConfig, timeout_s: float = 60) -> UpResult:
             timeout_s,
             result,
         )
-        _start(
-            table,
-            WORKER,
-            daemons.worker_argv(cfg),
-            daemons.worker_env(cfg),
-            lambda: _worker_polling(cfg),
-            timeout_s,
-            result,
-        )
+        start_worker(cfg, table, timeout_s, result)
         _start(
             table,
             API,
@@ -258,6 +248,35 @@ def up(cfg: SandboxConfig, timeout_s: float = 60) -> UpResult:
         down(cfg)
         raise
     return result
+
+
+def start_worker(
+    cfg: SandboxConfig, table: ProcessTable, timeout_s: float, result: UpResult
+) -> None:
+    """The worker, ready once it polls its task queue."""
+    _start(
+        table,
+        WORKER,
+        daemons.worker_argv(cfg),
+        daemons.worker_env(cfg),
+        lambda: _worker_polling(cfg),
+        timeout_s,
+        result,
+    )
+
+
+def start_temporal(
+    cfg: SandboxConfig, table: ProcessTable, timeout_s: float, result: UpResult
+) -> None:
+    _start(
+        table,
+        "temporal",
+        daemons.temporal_argv(cfg),
+        {},
+        lambda: daemons.temporal_ready(cfg),
+        timeout_s,
+        result,
+    )
 
 
 def _start(

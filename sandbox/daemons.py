@@ -81,6 +81,10 @@ def port_open(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
+def temporal_ready(cfg: SandboxConfig) -> bool:
+    return port_open(cfg.temporal_port) and port_open(cfg.temporal_ui_port)
+
+
 def slurmctld_argv(cfg: SandboxConfig) -> list[str]:
     # -c: start with no jobs from an earlier sandbox; -i: ignore stale state errors.
     return [require("slurmctld"), "-D", "-c", "-i", "-f", str(cfg.slurm_conf)]

