@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 
 $(BIN)/autoclusters: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[dev,training]'
+	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[dev,sandbox,training]'
 	@touch $@
 
 install: $(BIN)/autoclusters

@@ -9,8 +9,8 @@ from collections.abc import AsyncIterator
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from autoclusters.cloud import CloudError, CloudProvider
-from autoclusters.models import RepairInput, RepairResult, ReplaceInput, ReplaceResult
+from autoclusters.core.models import RepairInput, RepairResult, ReplaceInput, ReplaceResult
+from autoclusters.integrations.cloud import CloudError, CloudProvider
 
 
 class CloudActivities:

@@ -20,7 +20,7 @@ from temporalio.client import (
 from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.exceptions import ApplicationError
 
-from autoclusters.guard import (
+from autoclusters.core.guard import (
     Admission,
     AdmitCall,
     AdmitRequest,
@@ -32,8 +32,8 @@ from autoclusters.guard import (
     SpareClaim,
     guard_workflow_id,
 )
-from autoclusters.slurm import SlurmClient
-from workflows.fleet_guard import FleetGuard
+from autoclusters.integrations.slurm import SlurmClient
+from autoclusters.workflows.fleet_guard import FleetGuard
 
 
 class GuardActivities:

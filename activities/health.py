@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from temporalio import activity
 
-from autoclusters.health import HealthGate
-from autoclusters.models import HealthGateInput, HealthReport
+from autoclusters.core.models import HealthGateInput, HealthReport
+from autoclusters.integrations.health import HealthGate
 
 
 class HealthActivities:

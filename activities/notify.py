@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from temporalio import activity
 
-from autoclusters.models import Notification
-from autoclusters.notify import Notifier
+from autoclusters.core.models import Notification
+from autoclusters.integrations.notify import Notifier
 
 
 class NotifyActivities:

@@ -8,7 +8,7 @@ import time
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from autoclusters.models import (
+from autoclusters.core.models import (
     REASON_PREFIX,
     SPARE_REASON,
     DrainInput,
@@ -24,7 +24,7 @@ from autoclusters.models import (
     WaitIdleResult,
     WaitRegisteredInput,
 )
-from autoclusters.slurm import SlurmClient
+from autoclusters.integrations.slurm import SlurmClient
 
 # Jobs that hold the node's resources and can be requeued.
 _ACTIVE = {"RUNNING", "CONFIGURING", "SUSPENDED"}

@@ -83,7 +83,7 @@ async def run_worker(address: str, task_queue: str) -> None:
     from temporalio.contrib.pydantic import pydantic_data_converter
     from temporalio.worker import Worker
 
-    from workflows.remediation import NodeRemediation
+    from autoclusters.workflows.remediation import NodeRemediation
 
     client = await Client.connect(address, data_converter=pydantic_data_converter)
     async with Worker(client, task_queue=task_queue, workflows=[NodeRemediation]):
@@ -99,7 +99,8 @@ def metric(text: str, name: str) -> float:
 async def bench(args: argparse.Namespace) -> int:
     from temporalio.testing import WorkflowEnvironment
 
-    from autoclusters import binpaths, temporal
+    from autoclusters.core import binpaths
+    from autoclusters.integrations import temporal
 
     path = binpaths.temporal_cli()
     if not path:
@@ -140,7 +141,8 @@ async def bench(args: argparse.Namespace) -> int:
             )  # fmt: skip
             procs.append(worker)
             api = subprocess.Popen(
-                [sys.executable, "-m", "uvicorn", "--factory", "clients.api.app:app_from_env",
+                [sys.executable, "-m", "uvicorn", "--factory",
+                 "autoclusters.clients.api.app:app_from_env",
                  "--host", "127.0.0.1", "--port", str(api_port), "--log-level", "warning",
                  "--no-access-log"],
                 env=child_env,

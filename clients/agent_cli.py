@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 if TYPE_CHECKING:
-    from autoclusters.agent.agent import Agent, CheckResult
-    from autoclusters.agent.settings import AgentSettings
+    from autoclusters.clients.agent.agent import Agent, CheckResult
+    from autoclusters.clients.agent.settings import AgentSettings
 
 agent_app = typer.Typer(no_args_is_help=True, help="The per-node GPU and InfiniBand health agent.")
 inject_app = typer.Typer(
@@ -47,7 +47,7 @@ def _fail(message: str, code: int = 2) -> typer.Exit:
 
 def default_fake_file(node: str) -> Path:
     """Where the sandbox's agent for `node` and `inject` meet by default."""
-    from autoclusters.settings import DEFAULT_SANDBOX_DIR
+    from autoclusters.core.settings import DEFAULT_SANDBOX_DIR
 
     return DEFAULT_SANDBOX_DIR / "agent" / f"{node}.json"
 
@@ -107,7 +107,7 @@ def run(
     """Check this node's GPUs and InfiniBand every interval; report faults to the API."""
     from pydantic import ValidationError
 
-    from autoclusters.agent.settings import AgentSettings
+    from autoclusters.clients.agent.settings import AgentSettings
 
     logging.basicConfig(
         level=log_level.upper(), stream=sys.stderr, format="%(asctime)s %(levelname)s %(message)s"
@@ -159,12 +159,18 @@ def _build(
     print_: bool,
     spool_dir: Path | None,
 ) -> Agent:
-    from autoclusters.agent.agent import STATE_FILE, Agent
-    from autoclusters.agent.backend import BackendUnavailable, GpuBackend, IbSource
-    from autoclusters.agent.fake_backend import FakeBackend, FakeInfiniband
-    from autoclusters.agent.infiniband import SysfsInfiniband
-    from autoclusters.agent.nvml_backend import NvmlBackend
-    from autoclusters.agent.reporter import HttpSender, PrintSink, Reporter, ReportSink, Spool
+    from autoclusters.clients.agent.agent import STATE_FILE, Agent
+    from autoclusters.clients.agent.backend import BackendUnavailable, GpuBackend, IbSource
+    from autoclusters.clients.agent.fake_backend import FakeBackend, FakeInfiniband
+    from autoclusters.clients.agent.infiniband import SysfsInfiniband
+    from autoclusters.clients.agent.nvml_backend import NvmlBackend
+    from autoclusters.clients.agent.reporter import (
+        HttpSender,
+        PrintSink,
+        Reporter,
+        ReportSink,
+        Spool,
+    )
 
     gpu: GpuBackend
     ib: IbSource
@@ -208,8 +214,8 @@ def _build(
 def _condition(node: str, settings: AgentSettings) -> Any:
     if not settings.k8s_condition:
         return None
-    from autoclusters.agent.node_condition import NodeCondition
-    from autoclusters.k8s import api_client
+    from autoclusters.clients.agent.node_condition import NodeCondition
+    from autoclusters.integrations.k8s import api_client
 
     try:
         return NodeCondition(node=node, api_client=api_client(kubeconfig=settings.kubeconfig))
@@ -265,7 +271,7 @@ def inject(
     clear: Annotated[bool, typer.Option("--clear", help="Make the node healthy again.")] = False,
 ) -> None:
     """Write FAULT into the node's fake-backend file, as NVML or sysfs would show it."""
-    from autoclusters.agent import fake_backend
+    from autoclusters.clients.agent import fake_backend
 
     path = fake_file or default_fake_file(node)
     if clear:

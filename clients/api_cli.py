@@ -30,9 +30,9 @@ def run(
     """
     import uvicorn
 
-    from autoclusters.policy import PolicyError
-    from clients.api.app import create_app
-    from clients.api.settings import ApiSettings
+    from autoclusters.clients.api.app import create_app
+    from autoclusters.clients.api.settings import ApiSettings
+    from autoclusters.core.policy import PolicyError
 
     try:
         s = ApiSettings()

@@ -24,9 +24,9 @@ from temporalio.client import (
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
-from autoclusters.guard import BreakerStatus, GuardStatus, ResetRequest, guard_workflow_id
-from autoclusters.settings import Settings
-from workflows.fleet_guard import FleetGuard
+from autoclusters.core.guard import BreakerStatus, GuardStatus, ResetRequest, guard_workflow_id
+from autoclusters.core.settings import Settings
+from autoclusters.workflows.fleet_guard import FleetGuard
 
 T = TypeVar("T")
 # A guard that does not answer within this long has no worker polling its task queue.
@@ -110,8 +110,8 @@ ClusterOpt = Annotated[
 
 def _run(fn: Callable[[Client, Settings], Awaitable[T]]) -> T:
     """Run `fn(client, settings)` against the configured Temporal, saying what went wrong."""
-    from autoclusters import settings as settings_mod
-    from autoclusters import temporal
+    from autoclusters.core import settings as settings_mod
+    from autoclusters.integrations import temporal
 
     try:
         s = settings_mod.load()

@@ -12,17 +12,18 @@ from pydantic import BaseModel
 from rich.console import Console
 from temporalio.client import Client, WorkflowFailureError
 
-from autoclusters import hostlist, temporal
-from autoclusters.models import IncidentState
-from autoclusters.policy import Rung
-from autoclusters.settings import load_file
-from autoclusters.slurm import SlurmCli
-from clients import incidents
-from sandbox import chaos
-from sandbox.config import SandboxConfig
-from sandbox.hardware import Hardware, HardwareFault
-from sandbox.vms import VmRegistry
-from workflows.remediation import NodeRemediation
+from autoclusters.clients import incidents
+from autoclusters.core import hostlist
+from autoclusters.core.models import IncidentState
+from autoclusters.core.policy import Rung
+from autoclusters.core.settings import load_file
+from autoclusters.integrations import temporal
+from autoclusters.integrations.slurm import SlurmCli
+from autoclusters.sandbox import chaos
+from autoclusters.sandbox.config import SandboxConfig
+from autoclusters.sandbox.hardware import Hardware, HardwareFault
+from autoclusters.sandbox.vms import VmRegistry
+from autoclusters.workflows.remediation import NodeRemediation
 
 
 class ChaosError(RuntimeError):

@@ -15,13 +15,13 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
-from autoclusters import settings as settings_mod
-from autoclusters.settings import DEFAULT_SANDBOX_DIR, Settings
-from clients.agent_cli import agent_app, inject_app
-from clients.api_cli import api_app
-from clients.breaker import breaker_app
-from clients.policy_cli import policy_app
-from clients.slack_cli import slack_app
+from autoclusters.clients.agent_cli import agent_app, inject_app
+from autoclusters.clients.api_cli import api_app
+from autoclusters.clients.breaker import breaker_app
+from autoclusters.clients.policy_cli import policy_app
+from autoclusters.clients.slack_cli import slack_app
+from autoclusters.core import settings as settings_mod
+from autoclusters.core.settings import DEFAULT_SANDBOX_DIR, Settings
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
 sandbox_app = typer.Typer(no_args_is_help=True, help="The local sandbox cluster.")
@@ -54,7 +54,7 @@ def _settings() -> Settings:
 
 def _run_client(fn: Callable[[Any], Awaitable[T]]) -> T:
     """Run `fn(client)` against the configured Temporal; say clearly when it is not there."""
-    from autoclusters import temporal
+    from autoclusters.integrations import temporal
 
     async def go() -> T:
         client = await temporal.connect(_settings())
@@ -89,9 +89,9 @@ def sandbox_up(
     spares: Annotated[int, typer.Option(help="Hot spare nodes, kept drained until needed.")] = 0,
 ) -> None:
     """Start Temporal, munge, Slurm (slurmctld + one slurmd per node) and a worker."""
-    from sandbox import cluster as sb
-    from sandbox.config import SandboxConfig
-    from sandbox.daemons import SandboxError
+    from autoclusters.sandbox import cluster as sb
+    from autoclusters.sandbox.config import SandboxConfig
+    from autoclusters.sandbox.daemons import SandboxError
 
     try:
         cfg = SandboxConfig(
@@ -118,8 +118,8 @@ def _print_access(cfg: Any) -> None:
 @sandbox_app.command("status")
 def sandbox_status(state_dir: StateDir = DEFAULT_SANDBOX_DIR) -> None:
     """Show the sandbox's processes and Slurm nodes."""
-    from sandbox import cluster as sb
-    from sandbox.daemons import SandboxError
+    from autoclusters.sandbox import cluster as sb
+    from autoclusters.sandbox.daemons import SandboxError
 
     try:
         cfg = sb.load(state_dir.absolute())
@@ -142,8 +142,8 @@ def sandbox_status(state_dir: StateDir = DEFAULT_SANDBOX_DIR) -> None:
 @sandbox_app.command("down")
 def sandbox_down(state_dir: StateDir = DEFAULT_SANDBOX_DIR) -> None:
     """Stop every process the sandbox started, by its recorded PID."""
-    from sandbox import cluster as sb
-    from sandbox.daemons import SandboxError
+    from autoclusters.sandbox import cluster as sb
+    from autoclusters.sandbox.daemons import SandboxError
 
     try:
         cfg = sb.load(state_dir.absolute())
@@ -164,11 +164,11 @@ def sandbox_hardware_fault(
     state_dir: StateDir = DEFAULT_SANDBOX_DIR,
 ) -> None:
     """Break a sandbox machine: its health gate fails until a repair at `fixed_by` or above."""
-    from autoclusters.policy import Rung
-    from sandbox import cluster as sb
-    from sandbox.daemons import SandboxError
-    from sandbox.hardware import Hardware, HardwareFault
-    from sandbox.vms import VmRegistry
+    from autoclusters.core.policy import Rung
+    from autoclusters.sandbox import cluster as sb
+    from autoclusters.sandbox.daemons import SandboxError
+    from autoclusters.sandbox.hardware import Hardware, HardwareFault
+    from autoclusters.sandbox.vms import VmRegistry
 
     try:
         cfg = sb.load(state_dir.absolute())
@@ -190,7 +190,7 @@ def sandbox_hardware_fault(
 @app.command("worker")
 def worker() -> None:
     """Run a worker hosting the remediation workflow and its activities."""
-    from workers.remediation import run
+    from autoclusters.workers.remediation import run
 
     s = _settings()
     logging.basicConfig(
@@ -211,9 +211,9 @@ def incident_open(
     wait: Annotated[bool, typer.Option(help="Wait until the incident closes.")] = False,
 ) -> None:
     """Open an incident on a node (or join the one already open on it)."""
-    from autoclusters.policy import PolicyError
-    from autoclusters.slurm import SlurmError
-    from clients import incidents
+    from autoclusters.clients import incidents
+    from autoclusters.core.policy import PolicyError
+    from autoclusters.integrations.slurm import SlurmError
 
     s = _settings()
 
@@ -259,7 +259,7 @@ def incident_list(
     fault: Annotated[str | None, typer.Option(help="Only incidents opened for this fault.")] = None,
 ) -> None:
     """List the cluster's incidents, newest first."""
-    from clients import incidents
+    from autoclusters.clients import incidents
 
     s = _settings()
     rows = _run_client(
@@ -286,7 +286,7 @@ def approve(
     comment: Annotated[str, typer.Option(help="Why, for the record.")] = "",
 ) -> None:
     """Approve (or reject) the step an incident is waiting on."""
-    from clients import incidents
+    from autoclusters.clients import incidents
 
     s = _settings()
     try:
@@ -315,7 +315,7 @@ def incident_show(
 
 
 def _show(incident_id: str, as_json: bool) -> None:
-    from clients import incidents
+    from autoclusters.clients import incidents
 
     s = _settings()
 
@@ -384,10 +384,10 @@ def chaos_cmd(
     state_dir: StateDir = DEFAULT_SANDBOX_DIR,
 ) -> None:
     """Inject a fault into the sandbox, optionally crashing the worker or Temporal mid-incident."""
-    from autoclusters.policy import Rung
-    from clients.chaos import ChaosError, run_chaos
-    from sandbox import cluster as sb
-    from sandbox.daemons import SandboxError
+    from autoclusters.clients.chaos import ChaosError, run_chaos
+    from autoclusters.core.policy import Rung
+    from autoclusters.sandbox import cluster as sb
+    from autoclusters.sandbox.daemons import SandboxError
 
     try:
         cfg = sb.load(state_dir.absolute())
@@ -437,8 +437,8 @@ def demo(
     ] = "replace",
 ) -> None:
     """Sandbox up, a 2-node job, a fault on one of its nodes, the remediation, a summary."""
-    from clients.demo import DemoError, run_demo
-    from sandbox.config import SandboxConfig
+    from autoclusters.clients.demo import DemoError, run_demo
+    from autoclusters.sandbox.config import SandboxConfig
 
     if mode not in ("observe", "approve", "auto"):
         err.print(f"[red]refused:[/red] --mode must be observe, approve or auto, not {mode!r}")

@@ -18,19 +18,20 @@ from rich.console import Console
 from temporalio.client import Client, WorkflowFailureError
 from temporalio.service import RPCError
 
-from autoclusters import hostlist, temporal
-from autoclusters.models import IncidentState, SlurmJob, workflow_id
-from autoclusters.policy import Rung
-from autoclusters.settings import load_file, policy_for
-from autoclusters.slurm import SlurmCli
-from clients import incidents, training_job
-from clients.joblog import first_progress_after_restart, progress_lines
-from sandbox import cluster
-from sandbox.cluster import sandbox_policy
-from sandbox.config import SandboxConfig
-from sandbox.hardware import Hardware, HardwareFault
-from sandbox.vms import VmRegistry
-from workflows.remediation import NodeRemediation
+from autoclusters.clients import incidents, training_job
+from autoclusters.clients.joblog import first_progress_after_restart, progress_lines
+from autoclusters.core import hostlist
+from autoclusters.core.models import IncidentState, SlurmJob, workflow_id
+from autoclusters.core.policy import Rung
+from autoclusters.core.settings import load_file, policy_for
+from autoclusters.integrations import temporal
+from autoclusters.integrations.slurm import SlurmCli
+from autoclusters.sandbox import cluster
+from autoclusters.sandbox.cluster import sandbox_policy
+from autoclusters.sandbox.config import SandboxConfig
+from autoclusters.sandbox.hardware import Hardware, HardwareFault
+from autoclusters.sandbox.vms import VmRegistry
+from autoclusters.workflows.remediation import NodeRemediation
 
 T = TypeVar("T")
 
@@ -270,7 +271,7 @@ def _resumed_from(log: Path, restart: int) -> int | None:
 def _slack_channel(cfg: SandboxConfig) -> str:
     import httpx
 
-    from clients.slack_cli import render_channel
+    from autoclusters.clients.slack_cli import render_channel
 
     try:
         view = httpx.get(f"http://127.0.0.1:{cfg.slack_port}/_emulator/channels/incidents").json()

@@ -21,8 +21,8 @@ from temporalio.common import (
 )
 from temporalio.service import RPCError
 
-from autoclusters import temporal
-from autoclusters.models import (
+from autoclusters.clients.api.inventory import NodeInventory, SlurmInventory
+from autoclusters.core.models import (
     ApprovalRecord,
     ApprovalRequest,
     FaultReport,
@@ -32,11 +32,11 @@ from autoclusters.models import (
     RemediationTimeouts,
     workflow_id,
 )
-from autoclusters.policy import Policy
-from autoclusters.settings import Settings, policy_for
-from autoclusters.slurm import UnknownNodeError
-from clients.api.inventory import NodeInventory, SlurmInventory
-from workflows.remediation import NodeRemediation
+from autoclusters.core.policy import Policy
+from autoclusters.core.settings import Settings, policy_for
+from autoclusters.integrations import temporal
+from autoclusters.integrations.slurm import UnknownNodeError
+from autoclusters.workflows.remediation import NodeRemediation
 
 
 class IncidentNotFound(LookupError):

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from autoclusters.policy import LADDER, PolicyError, load_policy
+from autoclusters.core.policy import LADDER, PolicyError, load_policy
 
 policy_app = typer.Typer(no_args_is_help=True, help="Check remediation policy files.")
 

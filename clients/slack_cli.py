@@ -35,7 +35,7 @@ def emulator_root(url: str | None) -> str:
     """The emulator's root from its Web API URL (…/api/ is what slack-sdk is given)."""
     if not url:
         # The settings (a running sandbox's) know where its Slack is.
-        from autoclusters.settings import load
+        from autoclusters.core.settings import load
 
         slack = load().slack
         url = slack.base_url if slack is not None else None

@@ -8,9 +8,9 @@ import importlib.util
 import sys
 from pathlib import Path
 
-import sandbox
-from autoclusters.slurm import SlurmCli
-from sandbox.config import SandboxConfig
+from autoclusters import sandbox
+from autoclusters.integrations.slurm import SlurmCli
+from autoclusters.sandbox.config import SandboxConfig
 
 REPO = Path(__file__).resolve().parent.parent
 TRAINING = REPO / "examples" / "training"

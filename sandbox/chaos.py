@@ -6,9 +6,9 @@ worker dies mid-step or the workflow server restarts, with no step's effect appl
 
 from __future__ import annotations
 
-from sandbox import cluster, daemons
-from sandbox.config import SandboxConfig
-from sandbox.processes import ProcessTable
+from autoclusters.sandbox import cluster, daemons
+from autoclusters.sandbox.config import SandboxConfig
+from autoclusters.sandbox.processes import ProcessTable
 
 
 def kill_worker(cfg: SandboxConfig) -> int:

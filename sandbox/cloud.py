@@ -13,13 +13,13 @@ import asyncio
 import time
 from pathlib import Path
 
-from autoclusters.cloud import CloudError
-from autoclusters.models import RepairResult, ReplaceResult
-from autoclusters.policy import Rung
-from sandbox.config import SandboxConfig
-from sandbox.hardware import Hardware
-from sandbox.machines import power_off, power_on
-from sandbox.vms import Operation, VmRegistry, new_vm_id
+from autoclusters.core.models import RepairResult, ReplaceResult
+from autoclusters.core.policy import Rung
+from autoclusters.integrations.cloud import CloudError
+from autoclusters.sandbox.config import SandboxConfig
+from autoclusters.sandbox.hardware import Hardware
+from autoclusters.sandbox.machines import power_off, power_on
+from autoclusters.sandbox.vms import Operation, VmRegistry, new_vm_id
 
 
 class SandboxCloud:

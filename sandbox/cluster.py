@@ -19,16 +19,16 @@ from pathlib import Path
 
 import yaml
 
-from autoclusters.agent import fake_backend
-from autoclusters.models import SPARE_REASON, SlurmNode
-from autoclusters.policy import default_policy
-from autoclusters.slurm import parse_jobs, parse_nodes
-from sandbox import daemons, slinky
-from sandbox.config import GPUS_PER_NODE, SandboxConfig
-from sandbox.daemons import SandboxError
-from sandbox.processes import ProcessTable, kill_sessions, sessions_holding, wait_until
-from sandbox.slurm_files import gres_conf, slurm_conf
-from sandbox.vms import VmRegistry
+from autoclusters.clients.agent import fake_backend
+from autoclusters.core.models import SPARE_REASON, SlurmNode
+from autoclusters.core.policy import default_policy
+from autoclusters.integrations.slurm import parse_jobs, parse_nodes
+from autoclusters.sandbox import daemons, slinky
+from autoclusters.sandbox.config import GPUS_PER_NODE, SandboxConfig
+from autoclusters.sandbox.daemons import SandboxError
+from autoclusters.sandbox.processes import ProcessTable, kill_sessions, sessions_holding, wait_until
+from autoclusters.sandbox.slurm_files import gres_conf, slurm_conf
+from autoclusters.sandbox.vms import VmRegistry
 
 WORKER = "worker"
 API = "api"
@@ -372,6 +372,6 @@ def status(cfg: SandboxConfig) -> tuple[list[ProcessStatus], list[SlurmNode]]:
 
 
 def load(state_dir: Path) -> SandboxConfig:
-    if not (state_dir / "sandbox.json").exists():
+    if not (state_dir / "autoclusters.sandbox.json").exists():
         raise SandboxError(f"no sandbox in {state_dir}")
     return SandboxConfig.load(state_dir)

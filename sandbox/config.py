@@ -9,7 +9,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
-from autoclusters.settings import CONFIG_FILE_NAME, DEFAULT_SANDBOX_DIR
+from autoclusters.core.settings import CONFIG_FILE_NAME, DEFAULT_SANDBOX_DIR
 
 GPUS_PER_NODE = 8
 SLACK_TOKEN = "xoxb-sandbox"  # the emulator's bot token (a sandbox has no real secrets)
@@ -153,14 +153,14 @@ class SandboxConfig(BaseModel):
 
     @property
     def record_file(self) -> Path:
-        return self.state_dir / "sandbox.json"
+        return self.state_dir / "autoclusters.sandbox.json"
 
     def save(self) -> None:
         self.record_file.write_text(self.model_dump_json(indent=2))
 
     @classmethod
     def load(cls, state_dir: Path) -> SandboxConfig:
-        return cls.model_validate(json.loads((state_dir / "sandbox.json").read_text()))
+        return cls.model_validate(json.loads((state_dir / "autoclusters.sandbox.json").read_text()))
 
     def settings_toml(self) -> str:
         """The settings every AutoClusters process of this sandbox reads (AUTOCLUSTERS_CONFIG)."""

@@ -17,8 +17,8 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from autoclusters.crusoe.signing import SignatureError, verify
-from sandbox.crusoe_world import Cluster, EmulatedVm, EmulatorConfig, Engine, NodePool
+from autoclusters.integrations.crusoe.signing import SignatureError, verify
+from autoclusters.sandbox.crusoe_world import Cluster, EmulatedVm, EmulatorConfig, Engine, NodePool
 
 __all__ = ["ApiError", "FaultRule", "Gate", "RequestSeen", "Seed", "admin_router", "error_response"]
 

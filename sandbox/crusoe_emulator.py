@@ -36,8 +36,8 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import SecretStr
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from sandbox.crusoe_controls import ApiError, Gate, admin_router, error_response
-from sandbox.crusoe_world import (
+from autoclusters.sandbox.crusoe_controls import ApiError, Gate, admin_router, error_response
+from autoclusters.sandbox.crusoe_world import (
     EmulatedVm,
     EmulatorConfig,
     Engine,

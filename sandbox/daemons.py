@@ -8,9 +8,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from autoclusters.binpaths import temporal_cli
-from autoclusters.temporal import SEARCH_ATTRIBUTES
-from sandbox.config import GPUS_PER_NODE, SLACK_TOKEN, SandboxConfig
+from autoclusters.core.binpaths import temporal_cli
+from autoclusters.integrations.temporal import SEARCH_ATTRIBUTES
+from autoclusters.sandbox.config import GPUS_PER_NODE, SLACK_TOKEN, SandboxConfig
 
 
 class SandboxError(RuntimeError):
@@ -95,7 +95,7 @@ def slurmd_argv(cfg: SandboxConfig, node: str) -> list[str]:
 
 
 def worker_argv(cfg: SandboxConfig) -> list[str]:
-    return [sys.executable, "-m", "clients.cli", "worker"]
+    return [sys.executable, "-m", "autoclusters.clients.cli", "worker"]
 
 
 def slurm_env(cfg: SandboxConfig) -> dict[str, str]:
@@ -107,12 +107,20 @@ def worker_env(cfg: SandboxConfig) -> dict[str, str]:
 
 
 def api_argv(cfg: SandboxConfig) -> list[str]:
-    return [sys.executable, "-m", "clients.cli", "api", "run", "--port", str(cfg.api_port)]
+    return [
+        sys.executable,
+        "-m",
+        "autoclusters.clients.cli",
+        "api",
+        "run",
+        "--port",
+        str(cfg.api_port),
+    ]
 
 
 def agent_argv(cfg: SandboxConfig, node: str) -> list[str]:
     return [
-        sys.executable, "-m", "clients.cli", "agent", "run",
+        sys.executable, "-m", "autoclusters.clients.cli", "agent", "run",
         "--node", node, "--backend", "fake", "--fake-file", str(cfg.agent_file(node)),
         "--api", cfg.api_url, "--spool-dir", str(cfg.state_dir / "agent" / f"{node}.spool"),
         "--interval", "1", "--hold-checks", "2", "--expected-gpus", str(GPUS_PER_NODE),
@@ -128,7 +136,7 @@ def agent_env(cfg: SandboxConfig) -> dict[str, str]:
 def slack_emulator_argv(cfg: SandboxConfig) -> list[str]:
     users = [f"--user={uid}={name}" for uid, name in cfg.slack_users().items()]
     return [
-        sys.executable, "-m", "sandbox.slack_emulator", "--port", str(cfg.slack_port),
+        sys.executable, "-m", "autoclusters.sandbox.slack_emulator", "--port", str(cfg.slack_port),
         "--token", SLACK_TOKEN, "--signing-secret", cfg.slack_secret(),
         "--interactivity-url", f"{cfg.api_url}/slack/interactions", *users,
     ]  # fmt: skip

@@ -12,8 +12,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
-from autoclusters.agent import fake_backend
-from autoclusters.policy import LADDER, Rung
+from autoclusters.clients.agent import fake_backend
+from autoclusters.core.policy import LADDER, Rung
 
 
 class HardwareFault(BaseModel):

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from autoclusters.health import gres_gpus
-from autoclusters.models import HealthCheck, HealthReport
-from autoclusters.slurm import SlurmClient
-from sandbox.config import GPUS_PER_NODE
-from sandbox.hardware import Hardware
-from sandbox.vms import VmRegistry
+from autoclusters.core.models import HealthCheck, HealthReport
+from autoclusters.integrations.health import gres_gpus
+from autoclusters.integrations.slurm import SlurmClient
+from autoclusters.sandbox.config import GPUS_PER_NODE
+from autoclusters.sandbox.hardware import Hardware
+from autoclusters.sandbox.vms import VmRegistry
 
 
 class SandboxHealth:

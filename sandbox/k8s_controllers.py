@@ -18,7 +18,7 @@ import math
 import random
 from typing import Any
 
-from sandbox.k8s_objects import ApiError, Obj, new_uid, now
+from autoclusters.sandbox.k8s_objects import ApiError, Obj, new_uid, now
 
 TERMINAL = ("Succeeded", "Failed")
 _LIFECYCLE_TAINTS = (

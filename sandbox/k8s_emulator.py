@@ -44,8 +44,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
-from sandbox.k8s_objects import BY_PATH, PODS, ApiError, Kind, bad_request
-from sandbox.k8s_store import Store
+from autoclusters.sandbox.k8s_objects import BY_PATH, PODS, ApiError, Kind, bad_request
+from autoclusters.sandbox.k8s_store import Store
 
 VERSION = {
     "major": "1",

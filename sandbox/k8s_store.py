@@ -29,10 +29,10 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from sandbox import k8s_controllers as controllers
-from sandbox import k8s_patch
-from sandbox.k8s_controllers import TERMINAL, is_ready
-from sandbox.k8s_objects import (
+from autoclusters.sandbox import k8s_controllers as controllers
+from autoclusters.sandbox import k8s_patch
+from autoclusters.sandbox.k8s_controllers import TERMINAL, is_ready
+from autoclusters.sandbox.k8s_objects import (
     KINDS,
     NAMESPACES,
     NODES,

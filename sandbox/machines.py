@@ -14,14 +14,14 @@ from pathlib import Path
 
 import httpx
 
-from autoclusters.k8s import INSTANCE_ID_LABEL
-from autoclusters.policy import Rung
-from sandbox import daemons
-from sandbox.config import SandboxConfig
-from sandbox.crusoe_world import EmulatedVm
-from sandbox.hardware import Hardware
-from sandbox.processes import ProcessTable, kill_sessions, sessions_holding
-from sandbox.vms import VmRecord, VmRegistry
+from autoclusters.core.policy import Rung
+from autoclusters.integrations.k8s import INSTANCE_ID_LABEL
+from autoclusters.sandbox import daemons
+from autoclusters.sandbox.config import SandboxConfig
+from autoclusters.sandbox.crusoe_world import EmulatedVm
+from autoclusters.sandbox.hardware import Hardware
+from autoclusters.sandbox.processes import ProcessTable, kill_sessions, sessions_holding
+from autoclusters.sandbox.vms import VmRecord, VmRegistry
 
 
 def power_off(cfg: SandboxConfig, node: str) -> None:

@@ -44,7 +44,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 from slack_sdk.signature import SignatureVerifier
 
-from sandbox.slack_workspace import ApiError, Fault, Workspace, WorkspaceConfig
+from autoclusters.sandbox.slack_workspace import ApiError, Fault, Workspace, WorkspaceConfig
 
 __all__ = ["ClickRequest", "EmulatorConfig", "Fault", "create_app", "main"]
 

@@ -17,10 +17,10 @@ import uuid
 import httpx
 import yaml
 
-from autoclusters.k8s import INSTANCE_ID_LABEL
-from sandbox.config import SandboxConfig
-from sandbox.machines import NODESET, SLURM_NAMESPACE, ensure_slurmd_pod, provider_id
-from sandbox.vms import VmRegistry
+from autoclusters.integrations.k8s import INSTANCE_ID_LABEL
+from autoclusters.sandbox.config import SandboxConfig
+from autoclusters.sandbox.machines import NODESET, SLURM_NAMESPACE, ensure_slurmd_pod, provider_id
+from autoclusters.sandbox.vms import VmRegistry
 
 K8S_EMULATOR = "k8s-emulator"
 CRUSOE_EMULATOR = "crusoe-emulator"
@@ -70,20 +70,20 @@ def prepare(cfg: SandboxConfig) -> None:
 
 def k8s_emulator_argv(cfg: SandboxConfig) -> list[str]:
     return [
-        sys.executable, "-m", "sandbox.k8s_emulator",
+        sys.executable, "-m", "autoclusters.sandbox.k8s_emulator",
         "--port", str(cfg.k8s_port), "--token", cfg.k8s_token(),
     ]  # fmt: skip
 
 
 def crusoe_emulator_argv(cfg: SandboxConfig) -> list[str]:
     return [
-        sys.executable, "-m", "sandbox.crusoe_emulator",
+        sys.executable, "-m", "autoclusters.sandbox.crusoe_emulator",
         "--port", str(cfg.crusoe_port),
         "--access-key-id", cfg.crusoe_access_key_id,
         "--project", cfg.crusoe_project,
         "--boot-delay-s", str(cfg.boot_delay_s),
         "--operation-s", "0.5",
-        "--backend", "sandbox.machines:SandboxMachines",
+        "--backend", "autoclusters.sandbox.machines:SandboxMachines",
         "--backend-arg", str(cfg.state_dir),
     ]  # fmt: skip
 

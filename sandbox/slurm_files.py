@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sandbox.config import GPUS_PER_NODE, SandboxConfig
+from autoclusters.sandbox.config import GPUS_PER_NODE, SandboxConfig
 
 
 def slurm_conf(cfg: SandboxConfig) -> str:

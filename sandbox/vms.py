@@ -13,7 +13,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from autoclusters.policy import Rung
+from autoclusters.core.policy import Rung
 
 
 class Operation(BaseModel):

@@ -17,12 +17,12 @@ import pytest
 import pytest_asyncio
 from temporalio.client import Client
 
-from autoclusters import temporal
-from autoclusters.settings import Settings
-from autoclusters.slurm import SlurmCli
-from sandbox import cluster
-from sandbox.config import SandboxConfig
-from sandbox.processes import ProcessTable
+from autoclusters.core.settings import Settings
+from autoclusters.integrations import temporal
+from autoclusters.integrations.slurm import SlurmCli
+from autoclusters.sandbox import cluster
+from autoclusters.sandbox.config import SandboxConfig
+from autoclusters.sandbox.processes import ProcessTable
 
 
 def free_port_base(span: int = 20) -> int:
@@ -63,7 +63,7 @@ def sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SandboxConfig]
 
 
 def _alive(pid: int, ticks: int) -> bool:
-    from sandbox.processes import _start_ticks
+    from autoclusters.sandbox.processes import _start_ticks
 
     return _start_ticks(pid) == ticks
 

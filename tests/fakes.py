@@ -16,9 +16,8 @@ import math
 import time
 from collections import Counter
 
-from autoclusters import hostlist
-from autoclusters.cloud import CloudError
-from autoclusters.models import (
+from autoclusters.core import hostlist
+from autoclusters.core.models import (
     HealthCheck,
     HealthReport,
     Notification,
@@ -27,14 +26,15 @@ from autoclusters.models import (
     SlurmJob,
     SlurmNode,
 )
-from autoclusters.policy import LADDER, Rung
-from autoclusters.slurm import SlurmError
+from autoclusters.core.policy import LADDER, Rung
+from autoclusters.integrations.cloud import CloudError
+from autoclusters.integrations.slurm import SlurmError
 
 _REQUEUEABLE_STATES = {"RUNNING", "CONFIGURING", "SUSPENDED"}
 
 
 class FakeSlurm:
-    """A Slurm controller in memory: implements `autoclusters.slurm.SlurmClient`.
+    """A Slurm controller in memory: implements `autoclusters.integrations.slurm.SlurmClient`.
 
     fail_after_requeue_once: the first `requeue` call requeues the job and then raises a
     transient `SlurmError`, as if the worker lost its connection right after the side effect.
@@ -237,7 +237,7 @@ class FakeSlurm:
 
 
 class FakeCloud:
-    """A cloud provider in memory: implements `autoclusters.cloud.CloudProvider`.
+    """A cloud provider in memory: implements `autoclusters.integrations.cloud.CloudProvider`.
 
     A replacement boots the node's new machine at once: its slurmd registers with a start
     time after `stopped_at`, so `wait_node_registered` succeeds.
@@ -355,7 +355,7 @@ class FakeHealth:
 
 
 class RecordingNotifier:
-    """Implements `autoclusters.notify.Notifier`: keeps every notification it is sent."""
+    """A `Notifier` (integrations.notify) that keeps every notification it is sent."""
 
     def __init__(self) -> None:
         self.notes: list[Notification] = []

@@ -14,10 +14,11 @@ from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
-from autoclusters import binpaths, temporal
-from autoclusters.models import SlurmJob
-from autoclusters.slurm import SlurmCli
-from sandbox.config import SandboxConfig
+from autoclusters.core import binpaths
+from autoclusters.core.models import SlurmJob
+from autoclusters.integrations import temporal
+from autoclusters.integrations.slurm import SlurmCli
+from autoclusters.sandbox.config import SandboxConfig
 
 T = TypeVar("T")
 

@@ -21,9 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from autoclusters.agent import fake_backend
-from autoclusters.agent.fake_backend import FakeBackend, read_node
-from autoclusters.agent.report import NodeReport
+from autoclusters.clients.agent import fake_backend
+from autoclusters.clients.agent.fake_backend import FakeBackend, read_node
+from autoclusters.clients.agent.report import NodeReport
 
 ROOT = Path(__file__).resolve().parent.parent
 NO_DRIVER = "NVML unavailable: driver not loaded (libnvidia-ml.so.1 not found)"
@@ -38,7 +38,7 @@ def env() -> dict[str, str]:
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "clients.agent_cli", *args],
+        [sys.executable, "-m", "autoclusters.clients.agent_cli", *args],
         cwd=ROOT, env=env(), capture_output=True, text=True, timeout=60,
     )  # fmt: skip
 

@@ -16,13 +16,13 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from pathlib import Path
 
-from autoclusters.agent import fake_backend
-from autoclusters.agent.agent import Agent
-from autoclusters.agent.classify import Finding
-from autoclusters.agent.debounce import Debouncer, Transition
-from autoclusters.agent.fake_backend import FakeBackend, FakeInfiniband, healthy_node
-from autoclusters.agent.report import NodeReport, ReportState
-from autoclusters.agent.settings import AgentSettings
+from autoclusters.clients.agent import fake_backend
+from autoclusters.clients.agent.agent import Agent
+from autoclusters.clients.agent.classify import Finding
+from autoclusters.clients.agent.debounce import Debouncer, Transition
+from autoclusters.clients.agent.fake_backend import FakeBackend, FakeInfiniband, healthy_node
+from autoclusters.clients.agent.report import NodeReport, ReportState
+from autoclusters.clients.agent.settings import AgentSettings
 
 FIRING, RESOLVED = ReportState.FIRING, ReportState.RESOLVED
 

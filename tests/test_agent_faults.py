@@ -21,16 +21,16 @@ from typing import Any
 
 import pytest
 
-from autoclusters.agent import fake_backend
-from autoclusters.agent.agent import Agent
-from autoclusters.agent.classify import EXTRA_KINDS, POLICY_KINDS
-from autoclusters.agent.fake_backend import FakeBackend, FakeInfiniband, healthy_node
-from autoclusters.agent.infiniband import SysfsInfiniband
-from autoclusters.agent.readings import FabricReading, GpuEvent
-from autoclusters.agent.report import NodeReport, ReportState
-from autoclusters.agent.settings import AgentSettings
-from autoclusters.faults import FAULT_PATTERN
-from autoclusters.policy import default_policy
+from autoclusters.clients.agent import fake_backend
+from autoclusters.clients.agent.agent import Agent
+from autoclusters.clients.agent.classify import EXTRA_KINDS, POLICY_KINDS
+from autoclusters.clients.agent.fake_backend import FakeBackend, FakeInfiniband, healthy_node
+from autoclusters.clients.agent.infiniband import SysfsInfiniband
+from autoclusters.clients.agent.readings import FabricReading, GpuEvent
+from autoclusters.clients.agent.report import NodeReport, ReportState
+from autoclusters.clients.agent.settings import AgentSettings
+from autoclusters.core.faults import FAULT_PATTERN
+from autoclusters.core.policy import default_policy
 
 NODE = "gpu-01"
 T0 = 1_800_000_000.0

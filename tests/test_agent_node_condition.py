@@ -19,9 +19,9 @@ import pytest
 import yaml
 from kubernetes import client
 
-from autoclusters.agent.node_condition import NodeCondition, reason_for
-from autoclusters.k8s import GPU_UNHEALTHY, api_client
-from sandbox.k8s_emulator import THREAD_NAME, Running, running
+from autoclusters.clients.agent.node_condition import NodeCondition, reason_for
+from autoclusters.integrations.k8s import GPU_UNHEALTHY, api_client
+from autoclusters.sandbox.k8s_emulator import THREAD_NAME, Running, running
 
 TOKEN = "agent-token"
 NODE = "gpu-03"

@@ -22,12 +22,12 @@ from typing import Any
 
 import pytest
 
-from autoclusters.agent.agent import Agent
-from autoclusters.agent.backend import BackendUnavailable
-from autoclusters.agent.nvml_backend import NvmlBackend
-from autoclusters.agent.report import NodeReport
-from autoclusters.agent.settings import AgentSettings
-from autoclusters.agent.watchdog import Hung, Watchdog
+from autoclusters.clients.agent.agent import Agent
+from autoclusters.clients.agent.backend import BackendUnavailable
+from autoclusters.clients.agent.nvml_backend import NvmlBackend
+from autoclusters.clients.agent.report import NodeReport
+from autoclusters.clients.agent.settings import AgentSettings
+from autoclusters.clients.agent.watchdog import Hung, Watchdog
 
 
 class NVMLError(Exception):

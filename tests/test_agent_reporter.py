@@ -29,8 +29,8 @@ from typing import Any
 
 import pytest
 
-from autoclusters.agent.report import NodeReport
-from autoclusters.agent.reporter import HttpSender, Reporter, Spool
+from autoclusters.clients.agent.report import NodeReport
+from autoclusters.clients.agent.reporter import HttpSender, Reporter, Spool
 
 TOKEN = "s3cret"
 ROOT = Path(__file__).resolve().parent.parent
@@ -224,7 +224,7 @@ def wait_for(check: Callable[[], Any], what: str, timeout_s: float = 20) -> Any:
 
 
 def cli(*args: str) -> list[str]:
-    return [sys.executable, "-m", "clients.agent_cli", *args]
+    return [sys.executable, "-m", "autoclusters.clients.agent_cli", *args]
 
 
 def test_agent_process_reports_an_injected_fault_and_its_resolution(

@@ -48,13 +48,14 @@ from temporalio.service import RPCError, RPCStatusCode
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from autoclusters import binpaths, temporal
-from autoclusters.agent.report import NodeReport
-from autoclusters.models import IncidentState, workflow_id
-from clients.api.app import create_app
-from clients.api.inventory import NodeInventory, StaticInventory
-from clients.api.settings import ApiSettings
-from workflows.remediation import NodeRemediation
+from autoclusters.clients.agent.report import NodeReport
+from autoclusters.clients.api.app import create_app
+from autoclusters.clients.api.inventory import NodeInventory, StaticInventory
+from autoclusters.clients.api.settings import ApiSettings
+from autoclusters.core import binpaths
+from autoclusters.core.models import IncidentState, workflow_id
+from autoclusters.integrations import temporal
+from autoclusters.workflows.remediation import NodeRemediation
 
 TOKEN = "test-token-" + uuid.uuid4().hex
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

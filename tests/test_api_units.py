@@ -15,19 +15,19 @@ import pytest
 import yaml
 from pydantic import SecretStr, ValidationError
 
-from autoclusters.faults import FAULT_PATTERN
-from autoclusters.policy import Rung, default_policy
-from clients.api.alertmanager import (
+from autoclusters.clients.api.alertmanager import (
     AlertmanagerPayload,
     FaultMap,
     fingerprint_of,
     node_candidates,
     read_alerts,
 )
-from clients.api.auth import BearerAuth, Unauthorized
-from clients.api.dedupe import DedupeStore
-from clients.api.inventory import SlurmInventory, StaticInventory
-from clients.api.settings import DEFAULT_ALERT_FAULTS, ApiSettings
+from autoclusters.clients.api.auth import BearerAuth, Unauthorized
+from autoclusters.clients.api.dedupe import DedupeStore
+from autoclusters.clients.api.inventory import SlurmInventory, StaticInventory
+from autoclusters.clients.api.settings import DEFAULT_ALERT_FAULTS, ApiSettings
+from autoclusters.core.faults import FAULT_PATTERN
+from autoclusters.core.policy import Rung, default_policy
 from tests.fakes import FakeSlurm
 
 ROOT = Path(__file__).resolve().parent.parent

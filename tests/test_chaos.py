@@ -11,11 +11,11 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from autoclusters import hostlist
-from autoclusters.slurm import SlurmCli
-from clients.chaos import run_chaos
-from sandbox import cluster
-from sandbox.config import SandboxConfig
+from autoclusters.clients.chaos import run_chaos
+from autoclusters.core import hostlist
+from autoclusters.integrations.slurm import SlurmCli
+from autoclusters.sandbox import cluster
+from autoclusters.sandbox.config import SandboxConfig
 from tests.conftest import free_port_base
 from tests.helpers import cancel, eventually, job, running, submit_progress_job
 

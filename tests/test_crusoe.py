@@ -33,7 +33,8 @@ import pytest
 import pytest_asyncio
 from pydantic import SecretStr
 
-from autoclusters.crusoe import (
+from autoclusters.core.policy import Rung
+from autoclusters.integrations.crusoe import (
     CrusoeAuth,
     CrusoeClient,
     CrusoeCloud,
@@ -43,11 +44,10 @@ from autoclusters.crusoe import (
     CrusoeRequestError,
     CrusoeUnavailable,
 )
-from autoclusters.crusoe.provider import RepairAttempt
-from autoclusters.crusoe.signing import format_timestamp, sign
-from autoclusters.policy import Rung
-from sandbox.crusoe_emulator import EmulatorServer, create_app
-from sandbox.crusoe_world import EmulatorConfig, InMemoryBackend
+from autoclusters.integrations.crusoe.provider import RepairAttempt
+from autoclusters.integrations.crusoe.signing import format_timestamp, sign
+from autoclusters.sandbox.crusoe_emulator import EmulatorServer, create_app
+from autoclusters.sandbox.crusoe_world import EmulatorConfig, InMemoryBackend
 from tests.helpers import eventually
 
 SECRET = base64.urlsafe_b64encode(os.urandom(32)).decode().rstrip("=")
@@ -512,9 +512,9 @@ def _free_port() -> int:
 
 async def test_the_emulator_runs_from_its_command_line() -> None:
     port = _free_port()
-    argv = [sys.executable, "-m", "sandbox.crusoe_emulator", "--port", str(port)]
+    argv = [sys.executable, "-m", "autoclusters.sandbox.crusoe_emulator", "--port", str(port)]
     argv += ["--access-key-id", KEY_ID, "--project", PROJECT, "--operation-s", "0.05"]
-    argv += ["--backend", "sandbox.crusoe_world:InMemoryBackend"]
+    argv += ["--backend", "autoclusters.sandbox.crusoe_world:InMemoryBackend"]
     proc = subprocess.Popen(
         argv,
         env={**os.environ, "CRUSOE_SECRET_KEY": SECRET},

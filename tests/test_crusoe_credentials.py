@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from autoclusters.crusoe import CredentialsError, load_credentials
+from autoclusters.integrations.crusoe import CredentialsError, load_credentials
 
 SECRET = base64.urlsafe_b64encode(os.urandom(32)).decode().rstrip("=")
 

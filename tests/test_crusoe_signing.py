@@ -17,8 +17,8 @@ import httpx
 import pytest
 from pydantic import SecretStr
 
-from autoclusters.crusoe import signing
-from autoclusters.crusoe.signing import (
+from autoclusters.integrations.crusoe import signing
+from autoclusters.integrations.crusoe.signing import (
     CrusoeAuth,
     SignatureError,
     SigningError,

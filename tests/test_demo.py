@@ -14,7 +14,7 @@ from tests.conftest import free_port_base
 
 def test_demo_json_summary(tmp_path: Path) -> None:
     r = subprocess.run(
-        [sys.executable, "-m", "clients.cli", "demo", "--json", "--boot-delay", "10",
+        [sys.executable, "-m", "autoclusters.clients.cli", "demo", "--json", "--boot-delay", "10",
          "--state-dir", str(tmp_path / "demo"), "--port-base", str(free_port_base())],
         capture_output=True, text=True, timeout=240,
     )  # fmt: skip
@@ -50,7 +50,7 @@ def test_demo_json_summary(tmp_path: Path) -> None:
 
 def test_demo_observe_and_approve_modes(tmp_path: Path) -> None:
     state = tmp_path / "modes"
-    base = [sys.executable, "-m", "clients.cli"]
+    base = [sys.executable, "-m", "autoclusters.clients.cli"]
     common = ["--json", "--boot-delay", "2", "--state-dir", str(state),
               "--port-base", str(free_port_base()), "--keep"]  # fmt: skip
     try:

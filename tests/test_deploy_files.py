@@ -7,8 +7,8 @@ from pathlib import Path
 
 import yaml
 
-from autoclusters.temporal import SEARCH_ATTRIBUTES
-from clients.cli import app
+from autoclusters.clients.cli import app
+from autoclusters.integrations.temporal import SEARCH_ATTRIBUTES
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -42,7 +42,7 @@ def test_compose_worker_runs_a_real_cli_command_from_a_buildable_image() -> None
 
 
 def test_compose_config_mount_holds_a_valid_policy() -> None:
-    from autoclusters.policy import load_policy
+    from autoclusters.core.policy import load_policy
 
     worker = _compose()["services"]["worker"]
     mount = next(v for v in worker["volumes"] if v.endswith(":/etc/autoclusters:ro"))

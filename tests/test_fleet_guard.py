@@ -34,8 +34,9 @@ from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
 from temporalio.worker import Worker
 from typer.testing import CliRunner
 
-from activities.guard import GuardActivities
-from autoclusters.guard import (
+from autoclusters.activities.guard import GuardActivities
+from autoclusters.clients import breaker
+from autoclusters.core.guard import (
     Admission,
     AdmitCall,
     AdmitRequest,
@@ -53,11 +54,10 @@ from autoclusters.guard import (
     ResetRequest,
     guard_workflow_id,
 )
-from autoclusters.policy import GuardPolicy, NodeTopology
-from clients import breaker
+from autoclusters.core.policy import GuardPolicy, NodeTopology
+from autoclusters.workflows.fleet_guard import FleetGuard
 from tests.fakes import FakeSlurm
 from tests.helpers import time_skipping_env
-from workflows.fleet_guard import FleetGuard
 
 # Virtual time: the guard runs forever, so every test also terminates the guards it started.
 EXECUTION_TIMEOUT = timedelta(days=7)
@@ -510,7 +510,7 @@ def _fake_connect(monkeypatch: pytest.MonkeyPatch) -> None:
     async def connect(settings: Any) -> Any:
         return object()
 
-    monkeypatch.setattr("autoclusters.temporal.connect", connect)
+    monkeypatch.setattr("autoclusters.integrations.temporal.connect", connect)
 
 
 def test_breaker_cli_status_json_and_reset(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from autoclusters.hostlist import expand
-from autoclusters.slurm import parse_jobs, parse_nodes
+from autoclusters.core.hostlist import expand
+from autoclusters.integrations.slurm import parse_jobs, parse_nodes
 
 
 @pytest.mark.parametrize(

@@ -22,20 +22,20 @@ from temporalio.client import Client
 from temporalio.service import RPCError
 from temporalio.testing import ActivityEnvironment
 
-from activities.slurm import SlurmActivities
-from autoclusters import hostlist
-from autoclusters.models import IncidentState, RequeueInput, workflow_id
-from autoclusters.policy import Policy, parse_policy
-from autoclusters.settings import Settings
-from autoclusters.slurm import SlurmCli
-from clients import incidents
-from sandbox.cluster import sandbox_policy
-from sandbox.config import SandboxConfig
-from sandbox.vms import VmRegistry
+from autoclusters.activities.slurm import SlurmActivities
+from autoclusters.clients import incidents
+from autoclusters.core import hostlist
+from autoclusters.core.models import IncidentState, RequeueInput, workflow_id
+from autoclusters.core.policy import Policy, parse_policy
+from autoclusters.core.settings import Settings
+from autoclusters.integrations.slurm import SlurmCli
+from autoclusters.sandbox.cluster import sandbox_policy
+from autoclusters.sandbox.config import SandboxConfig
+from autoclusters.sandbox.vms import VmRegistry
+from autoclusters.workflows.remediation import NodeRemediation
 from tests.helpers import cancel, eventually, job, running, submit_progress_job
-from workflows.remediation import NodeRemediation
 
-CLI = [sys.executable, "-m", "clients.cli"]
+CLI = [sys.executable, "-m", "autoclusters.clients.cli"]
 
 
 def fresh_policy(**changes: object) -> Policy:

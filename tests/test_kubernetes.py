@@ -35,8 +35,8 @@ from kubernetes.client import ApiException
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
-from activities.kubernetes import KubernetesActivities
-from autoclusters.k8s import (
+from autoclusters.activities.kubernetes import KubernetesActivities
+from autoclusters.integrations.k8s import (
     CORDON_REASON_ANNOTATION,
     GPU_UNHEALTHY,
     INCIDENT_ANNOTATION,
@@ -51,8 +51,8 @@ from autoclusters.k8s import (
     WaitNewNodeInput,
     api_client,
 )
-from sandbox.k8s_emulator import THREAD_NAME, Running, running
-from sandbox.k8s_objects import NODES
+from autoclusters.sandbox.k8s_emulator import THREAD_NAME, Running, running
+from autoclusters.sandbox.k8s_objects import NODES
 from tests.helpers import eventually
 
 TOKEN = "test-token"
@@ -597,7 +597,15 @@ def test_the_emulator_runs_as_a_module() -> None:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "sandbox.k8s_emulator", "--port", str(port), "--token", TOKEN],
+        [
+            sys.executable,
+            "-m",
+            "autoclusters.sandbox.k8s_emulator",
+            "--port",
+            str(port),
+            "--token",
+            TOKEN,
+        ],
         cwd=Path(__file__).resolve().parent.parent,
     )
     try:

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from autoclusters.models import (
+from autoclusters.core.models import (
     REASON_PREFIX,
     IncidentRequest,
     IncidentState,

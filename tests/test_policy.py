@@ -20,8 +20,9 @@ import yaml
 from pydantic import ValidationError
 from typer.testing import CliRunner
 
-from autoclusters.faults import FAULT_PATTERN
-from autoclusters.policy import (
+from autoclusters.clients.policy_cli import policy_app
+from autoclusters.core.faults import FAULT_PATTERN
+from autoclusters.core.policy import (
     DEFAULT_POLICY_FILE,
     FaultRule,
     Policy,
@@ -31,9 +32,8 @@ from autoclusters.policy import (
     default_policy,
     load_policy,
 )
-from clients.policy_cli import policy_app
 
-DEFAULT_FILE = Path(__file__).parents[1] / "autoclusters" / DEFAULT_POLICY_FILE
+DEFAULT_FILE = Path(__file__).parents[1] / "core" / DEFAULT_POLICY_FILE
 
 
 @pytest.fixture(scope="module")

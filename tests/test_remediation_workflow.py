@@ -46,11 +46,10 @@ from temporalio.service import RPCError
 from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
 from temporalio.worker import Worker
 
-from activities.guard import GuardActivities
-from activities.slurm import SlurmActivities
-from autoclusters import temporal
-from autoclusters.guard import GuardStatus, ResetRequest, guard_workflow_id
-from autoclusters.models import (
+from autoclusters.activities.guard import GuardActivities
+from autoclusters.activities.slurm import SlurmActivities
+from autoclusters.core.guard import GuardStatus, ResetRequest, guard_workflow_id
+from autoclusters.core.models import (
     SPARE_REASON,
     ApprovalRequest,
     FaultAck,
@@ -62,12 +61,13 @@ from autoclusters.models import (
     RequeueInput,
     workflow_id,
 )
-from autoclusters.policy import FaultRule, GuardPolicy, Policy, Rung, StepPolicy
+from autoclusters.core.policy import FaultRule, GuardPolicy, Policy, Rung, StepPolicy
+from autoclusters.integrations import temporal
+from autoclusters.workers.remediation import WORKFLOWS, activities_for
+from autoclusters.workflows.fleet_guard import FleetGuard
+from autoclusters.workflows.remediation import RETRY, NodeRemediation
 from tests.fakes import FakeCloud, FakeHealth, FakeSlurm, RecordingNotifier
 from tests.helpers import time_skipping_env
-from workers.remediation import WORKFLOWS, activities_for
-from workflows.fleet_guard import FleetGuard
-from workflows.remediation import RETRY, NodeRemediation
 
 # Virtual time under the test server: a workflow stuck on a bug fails instead of hanging.
 EXECUTION_TIMEOUT = timedelta(days=1)

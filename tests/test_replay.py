@@ -13,7 +13,7 @@ from temporalio.client import WorkflowHistory
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 
-from workflows.remediation import NodeRemediation
+from autoclusters.workflows.remediation import NodeRemediation
 
 HISTORIES = sorted((Path(__file__).parent / "histories").glob("remediation_*.json"))
 

@@ -18,13 +18,13 @@ from pathlib import Path
 
 import pytest
 
-from sandbox import cluster
-from sandbox.config import SandboxConfig
-from sandbox.daemons import SandboxError
-from sandbox.processes import ProcessTable, _start_ticks
+from autoclusters.sandbox import cluster
+from autoclusters.sandbox.config import SandboxConfig
+from autoclusters.sandbox.daemons import SandboxError
+from autoclusters.sandbox.processes import ProcessTable, _start_ticks
 from tests.conftest import free_port_base
 
-CLI = [sys.executable, "-m", "clients.cli", "sandbox"]
+CLI = [sys.executable, "-m", "autoclusters.clients.cli", "sandbox"]
 
 
 def _no_recorded_process_alive(records: list) -> bool:  # type: ignore[type-arg]
@@ -76,7 +76,7 @@ def test_incident_history_survives_a_restart(tmp_path: Path) -> None:
     state = tmp_path / "restart"
     args = ["--nodes", "2", "--state-dir", str(state), "--port-base", str(free_port_base())]
     env = {**os.environ, "AUTOCLUSTERS_CONFIG": str(state / "autoclusters.toml")}
-    incident = [sys.executable, "-m", "clients.cli", "incident"]
+    incident = [sys.executable, "-m", "autoclusters.clients.cli", "incident"]
     try:
         assert subprocess.run([*CLI, "up", *args, "--boot-delay", "1"], timeout=120).returncode == 0
         opened = subprocess.run(

@@ -39,8 +39,10 @@ from slack_sdk.signature import SignatureVerifier
 from slack_sdk.socket_mode.request import SocketModeRequest
 from typer.testing import CliRunner
 
-from autoclusters.models import Notification
-from autoclusters.slack import (
+from autoclusters.clients.incidents import DecisionRefused, IncidentNotFound
+from autoclusters.clients.slack_cli import slack_app
+from autoclusters.core.models import Notification
+from autoclusters.integrations.slack import (
     ApproverDirectory,
     FileThreadStore,
     InteractionHandler,
@@ -53,12 +55,10 @@ from autoclusters.slack import (
     WebhookNotifier,
     slack_web_client,
 )
-from autoclusters.slack.cards import IncidentCard
-from autoclusters.slack.fanout import webhook_signature
-from clients.incidents import DecisionRefused, IncidentNotFound
-from clients.slack_cli import slack_app
-from sandbox.crusoe_emulator import EmulatorServer
-from sandbox.slack_emulator import EmulatorConfig, create_app
+from autoclusters.integrations.slack.cards import IncidentCard
+from autoclusters.integrations.slack.fanout import webhook_signature
+from autoclusters.sandbox.crusoe_emulator import EmulatorServer
+from autoclusters.sandbox.slack_emulator import EmulatorConfig, create_app
 
 TOKEN = "xoxb-test-token"
 SECRET = "test-signing-secret"
@@ -576,7 +576,7 @@ async def test_multi_notifier_isolates_and_the_webhook_is_signed() -> None:
 
 
 def test_the_package_surface_is_sorted_and_complete() -> None:
-    import autoclusters.slack as pkg
+    import autoclusters.integrations.slack as pkg
 
     assert pkg.__all__ == sorted(pkg.__all__)
     assert all(hasattr(pkg, name) for name in pkg.__all__)

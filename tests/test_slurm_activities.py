@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from temporalio.testing import ActivityEnvironment
 
-from activities.slurm import SlurmActivities, requeue_marker
-from autoclusters.models import DrainInput, RequeueInput, drain_reason
+from autoclusters.activities.slurm import SlurmActivities, requeue_marker
+from autoclusters.core.models import DrainInput, RequeueInput, drain_reason
 from tests.fakes import FakeSlurm
 
 

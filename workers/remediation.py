@@ -12,21 +12,21 @@ from typing import Any
 from temporalio.client import Client
 from temporalio.worker import Worker
 
-from activities.cloud import CloudActivities
-from activities.guard import GuardActivities
-from activities.health import HealthActivities
-from activities.kubernetes import KubernetesActivities
-from activities.notify import NotifyActivities
-from activities.slurm import SlurmActivities
-from autoclusters import k8s, temporal
-from autoclusters.cloud import CloudProvider
-from autoclusters.health import HealthGate, SlurmHealthGate
-from autoclusters.notify import LogNotifier, Notifier
-from autoclusters.settings import Settings
-from autoclusters.slack.fanout import MultiNotifier
-from autoclusters.slurm import SlurmCli, SlurmClient
-from workflows.fleet_guard import FleetGuard
-from workflows.remediation import NodeRemediation
+from autoclusters.activities.cloud import CloudActivities
+from autoclusters.activities.guard import GuardActivities
+from autoclusters.activities.health import HealthActivities
+from autoclusters.activities.kubernetes import KubernetesActivities
+from autoclusters.activities.notify import NotifyActivities
+from autoclusters.activities.slurm import SlurmActivities
+from autoclusters.core.settings import Settings
+from autoclusters.integrations import k8s, temporal
+from autoclusters.integrations.cloud import CloudProvider
+from autoclusters.integrations.health import HealthGate, SlurmHealthGate
+from autoclusters.integrations.notify import LogNotifier, Notifier
+from autoclusters.integrations.slack.fanout import MultiNotifier
+from autoclusters.integrations.slurm import SlurmCli, SlurmClient
+from autoclusters.workflows.fleet_guard import FleetGuard
+from autoclusters.workflows.remediation import NodeRemediation
 
 log = logging.getLogger("autoclusters.worker")
 
@@ -35,13 +35,13 @@ WORKFLOWS = [NodeRemediation, FleetGuard]
 
 def cloud_provider(settings: Settings) -> CloudProvider:
     if settings.cloud_provider == "sandbox":
-        from sandbox.cloud import SandboxCloud
+        from autoclusters.sandbox.cloud import SandboxCloud
 
         if settings.sandbox_state_dir is None:
             raise ValueError("cloud_provider=sandbox needs sandbox_state_dir")
         return SandboxCloud(settings.sandbox_state_dir, boot_delay_s=settings.boot_delay_s)
     if settings.cloud_provider == "crusoe":
-        from autoclusters.crusoe import CrusoeClient, CrusoeCloud, load_credentials
+        from autoclusters.integrations.crusoe import CrusoeClient, CrusoeCloud, load_credentials
 
         creds = load_credentials(
             profile=settings.crusoe_profile, config_path=settings.crusoe_config_file
@@ -63,7 +63,7 @@ def health_gate(settings: Settings, slurm: SlurmClient) -> HealthGate:
     # The sandbox's machines (whichever cloud API fronts them) are checked by the sandbox;
     # real nodes get theirs from the node health agent.
     if settings.sandbox_state_dir is not None:
-        from sandbox.health import SandboxHealth
+        from autoclusters.sandbox.health import SandboxHealth
 
         return SandboxHealth(settings.sandbox_state_dir, slurm)
     return SlurmHealthGate(slurm, expected_gpus=settings.expected_gpus)
@@ -74,7 +74,7 @@ def notifiers_for(settings: Settings) -> list[Notifier]:
     neither blocks nor fails a remediation (each notifier is bounded in time)."""
     chosen: list[Notifier] = [LogNotifier()]
     if settings.slack is not None:
-        from autoclusters.slack import SlackNotifier
+        from autoclusters.integrations.slack import SlackNotifier
 
         cfg = settings.slack.model_copy(
             update={

@@ -24,7 +24,7 @@ from temporalio import workflow
 from temporalio.exceptions import ApplicationError
 
 with workflow.unsafe.imports_passed_through():
-    from autoclusters.guard import (
+    from autoclusters.core.guard import (
         Admission,
         AdmitRequest,
         BreakerStatus,

@@ -15,8 +15,10 @@ from datetime import timedelta
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
-    from activities.kubernetes import KubernetesActivities
-    from autoclusters.k8s import (
+    from autoclusters.activities.kubernetes import KubernetesActivities
+    from autoclusters.core.models import RepairResult, drain_reason
+    from autoclusters.core.policy import StepPolicy
+    from autoclusters.integrations.k8s import (
         CordonNodeInput,
         EvictPodsInput,
         NodeIdentity,
@@ -25,10 +27,8 @@ with workflow.unsafe.imports_passed_through():
         UncordonNodeInput,
         WaitNewNodeInput,
     )
-    from autoclusters.models import RepairResult, drain_reason
-    from autoclusters.policy import StepPolicy
 
-from workflows.timeline import RETRY, Timeline
+from autoclusters.workflows.timeline import RETRY, Timeline
 
 K8S_CALL = timedelta(seconds=60)
 

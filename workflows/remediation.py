@@ -19,12 +19,11 @@ from temporalio import workflow
 from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
-    from activities.cloud import CloudActivities
-    from activities.guard import GuardActivities
-    from activities.health import HealthActivities
-    from activities.slurm import SlurmActivities
-    from autoclusters import temporal
-    from autoclusters.guard import (
+    from autoclusters.activities.cloud import CloudActivities
+    from autoclusters.activities.guard import GuardActivities
+    from autoclusters.activities.health import HealthActivities
+    from autoclusters.activities.slurm import SlurmActivities
+    from autoclusters.core.guard import (
         Admission,
         AdmitCall,
         GuardContext,
@@ -34,7 +33,7 @@ with workflow.unsafe.imports_passed_through():
         ReleaseCall,
         ReleaseRequest,
     )
-    from autoclusters.models import (
+    from autoclusters.core.models import (
         ApprovalRecord,
         ApprovalRequest,
         DrainInput,
@@ -55,12 +54,13 @@ with workflow.unsafe.imports_passed_through():
         WaitRegisteredInput,
         drain_reason,
     )
-    from autoclusters.policy import LADDER, Policy, Rung, next_rung
+    from autoclusters.core.policy import LADDER, Policy, Rung, next_rung
+    from autoclusters.integrations import temporal
 
-from workflows.kubernetes_steps import KubernetesSteps
-from workflows.runbook_v1 import run_v1
-from workflows.spare_steps import SpareSteps
-from workflows.timeline import RETRY, cause_of
+from autoclusters.workflows.kubernetes_steps import KubernetesSteps
+from autoclusters.workflows.runbook_v1 import run_v1
+from autoclusters.workflows.spare_steps import SpareSteps
+from autoclusters.workflows.timeline import RETRY, cause_of
 
 # Incidents started before this patch run the first runbook to the end.
 RUNBOOK_V2 = "runbook-v2-policy-ladder"

@@ -12,9 +12,9 @@ from temporalio import workflow
 from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
-    from activities.cloud import CloudActivities
-    from activities.slurm import SlurmActivities
-    from autoclusters.models import (
+    from autoclusters.activities.cloud import CloudActivities
+    from autoclusters.activities.slurm import SlurmActivities
+    from autoclusters.core.models import (
         DrainInput,
         IncidentRequest,
         IncidentState,
@@ -25,7 +25,7 @@ with workflow.unsafe.imports_passed_through():
         drain_reason,
     )
 
-from workflows.timeline import RETRY, Timeline
+from autoclusters.workflows.timeline import RETRY, Timeline
 
 
 async def run_v1(wf: Timeline, req: IncidentRequest) -> IncidentState:

@@ -12,12 +12,12 @@ from datetime import timedelta
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
-    from activities.guard import GuardActivities
-    from activities.slurm import SlurmActivities
-    from autoclusters.guard import GuardContext, SpareCall, SpareRequest
-    from autoclusters.models import SpareInput
+    from autoclusters.activities.guard import GuardActivities
+    from autoclusters.activities.slurm import SlurmActivities
+    from autoclusters.core.guard import GuardContext, SpareCall, SpareRequest
+    from autoclusters.core.models import SpareInput
 
-from workflows.timeline import RETRY, Timeline
+from autoclusters.workflows.timeline import RETRY, Timeline
 
 CALL = timedelta(seconds=60)
 

@@ -12,8 +12,8 @@ from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError
 
 with workflow.unsafe.imports_passed_through():
-    from activities.notify import NotifyActivities
-    from autoclusters.models import IncidentState, Notification, StepRecord
+    from autoclusters.activities.notify import NotifyActivities
+    from autoclusters.core.models import IncidentState, Notification, StepRecord
 
 T = TypeVar("T")
 

@@ -17,7 +17,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from autoclusters.faults import FAULT_PATTERN, NODE_PATTERN
+from autoclusters.core.faults import FAULT_PATTERN, NODE_PATTERN
 
 # Where dcgm-exporter and kube-prometheus put the node: `Hostname` (dcgm-exporter, renamed
 # `hostname` in newer releases), `node` / `kubernetes_node` (relabelled from the pod's

@@ -46,21 +46,26 @@ from temporalio.client import (
 )
 from temporalio.service import RPCError, RPCStatusCode
 
-from autoclusters import temporal
-from autoclusters.agent.report import NodeReport, ReportState
-from autoclusters.models import IncidentState
-from autoclusters.policy import Policy, PolicyError
-from autoclusters.settings import policy_for
-from autoclusters.slurm import SlurmError, UnknownNodeError
-from clients import incidents
-from clients.api.alertmanager import AlertmanagerPayload, FaultMap, MappedAlert, read_alerts
-from clients.api.auth import BearerAuth, Unauthorized
-from clients.api.dedupe import DedupeStore
-from clients.api.intake import Delivered, Intake, Outcome, Signal, TemporalUnavailable
-from clients.api.inventory import NodeInventory, SlurmInventory, StaticInventory
-from clients.api.metrics import ApiMetrics
-from clients.api.resolutions import Resolution, ResolutionLog
-from clients.api.settings import ApiSettings
+from autoclusters.clients import incidents
+from autoclusters.clients.agent.report import NodeReport, ReportState
+from autoclusters.clients.api.alertmanager import (
+    AlertmanagerPayload,
+    FaultMap,
+    MappedAlert,
+    read_alerts,
+)
+from autoclusters.clients.api.auth import BearerAuth, Unauthorized
+from autoclusters.clients.api.dedupe import DedupeStore
+from autoclusters.clients.api.intake import Delivered, Intake, Outcome, Signal, TemporalUnavailable
+from autoclusters.clients.api.inventory import NodeInventory, SlurmInventory, StaticInventory
+from autoclusters.clients.api.metrics import ApiMetrics
+from autoclusters.clients.api.resolutions import Resolution, ResolutionLog
+from autoclusters.clients.api.settings import ApiSettings
+from autoclusters.core.models import IncidentState
+from autoclusters.core.policy import Policy, PolicyError
+from autoclusters.core.settings import policy_for
+from autoclusters.integrations import temporal
+from autoclusters.integrations.slurm import SlurmError, UnknownNodeError
 
 log = logging.getLogger("autoclusters.api")
 
@@ -657,7 +662,7 @@ def create_app(
 def _slack_interactions(app: FastAPI, api: Api, settings: ApiSettings) -> None:
     """`POST /slack/interactions`: Approve / Reject clicks. The Slack signature over the raw
     body is the authentication (no bearer token); the click becomes the Temporal Update."""
-    from autoclusters.slack import InteractionHandler
+    from autoclusters.integrations.slack import InteractionHandler
 
     assert settings.slack is not None
     slack = settings.slack

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import hmac
 
-from clients.api.settings import ApiSettings
+from autoclusters.clients.api.settings import ApiSettings
 
 
 class Unauthorized(Exception):

@@ -22,9 +22,9 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from clients.api.dedupe import DedupeStore
-from clients.api.metrics import ApiMetrics
-from clients.incidents import OpenedIncident
+from autoclusters.clients.api.dedupe import DedupeStore
+from autoclusters.clients.api.metrics import ApiMetrics
+from autoclusters.clients.incidents import OpenedIncident
 
 log = logging.getLogger("autoclusters.api")
 

@@ -11,9 +11,9 @@ import time
 from collections.abc import Collection, Iterable
 from typing import Protocol
 
-from autoclusters import hostlist
-from autoclusters.settings import Settings
-from autoclusters.slurm import SlurmCli, SlurmClient
+from autoclusters.core import hostlist
+from autoclusters.core.settings import Settings
+from autoclusters.integrations.slurm import SlurmCli, SlurmClient
 
 
 class NodeInventory(Protocol):

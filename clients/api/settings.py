@@ -10,8 +10,8 @@ from typing import Literal
 
 from pydantic import Field, SecretStr, field_validator
 
-from autoclusters.faults import FAULT_PATTERN
-from autoclusters.settings import Settings
+from autoclusters.core.faults import FAULT_PATTERN
+from autoclusters.core.settings import Settings
 
 # Alertmanager alertname -> fault kind. `{xid}` is filled from the alert's `xid` label
 # (dcgm-exporter's DCGM_EXP_XID_ERRORS_COUNT), or `err_code` (DCGM_FI_DEV_XID_ERRORS on

@@ -14,10 +14,6 @@ import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from temporalio.client import WorkflowFailureError, WorkflowHandle
-from temporalio.worker import Worker
-
-from activities.guard import GuardActivities
 from autoclusters.models import (
     SPARE_REASON,
     ApprovalRequest,
@@ -26,6 +22,10 @@ from autoclusters.models import (
     workflow_id,
 )
 from autoclusters.policy import FaultRule, Policy, Rung
+from temporalio.client import WorkflowFailureError, WorkflowHandle
+from temporalio.worker import Worker
+
+from activities.guard import GuardActivities
 from tests.fakes import FakeCloud, FakeHealth, FakeSlurm
 from tests.helpers import time_skipping_env
 from workers.remediation import WORKFLOWS, activities_for

@@ -1,0 +1,44 @@
+"""The interface between the agent and what it reads: a GPU backend and an InfiniBand source.
+
+A GPU backend gives the device count and per-device readings (`read`) and the events that
+arrived since the last call (`events`: Xids, recovery-action changes, GPU lost). Two
+implement it: `nvml_backend.NvmlBackend` (real NVML through pynvml) and
+`fake_backend.FakeBackend` (a JSON file that `autoclusters inject` writes).
+
+An InfiniBand source gives the adapters and ports (`infiniband.SysfsInfiniband`, or the
+fake file's `infiniband` section); None means the node has no InfiniBand to check.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from autoclusters.clients.agent.readings import GpuEvent, GpuReadings, IbReadings
+
+
+class BackendUnavailable(RuntimeError):
+    """The backend cannot run on this machine; the message is one line for the operator."""
+
+
+class GpuBackend(Protocol):
+    name: str
+
+    def open(self) -> None:
+        """Connect (nvmlInit, event registration); raises BackendUnavailable."""
+        ...
+
+    def read(self) -> GpuReadings:
+        """One reading of every GPU. Never raises for a GPU fault: faults are readings."""
+        ...
+
+    def events(self) -> list[GpuEvent]:
+        """The events that arrived since the last call, oldest first."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class IbSource(Protocol):
+    def read(self) -> IbReadings | None:
+        """The node's adapters and ports; None when it has no InfiniBand at all."""
+        ...

@@ -1,0 +1,134 @@
+"""Findings over time -> the reports worth sending: fire, re-report, resolve; never a storm.
+
+Per fault kind:
+
+- A finding fires after it has held for `hold_for(fault)` consecutive checks; an immediate
+  finding (an event, a lost GPU) fires on the first check that sees it.
+- While it fires it is not reported again, except once every `rereport_s` (a reminder,
+  with the next `sequence`), so a lost report or a closed incident gets another chance.
+- It resolves after `clear_checks` consecutive clean checks: one "resolved" report.
+- Up/down/up within the hold never fires; down/up while firing neither resolves nor
+  re-fires. A fault that fires for the `max_flaps`-th time within `flap_window_s` is damped:
+  it stays firing until it has been clean for a whole `flap_window_s`, so slow flapping
+  costs at most `max_flaps` firing and `max_flaps - 1` resolved reports, then one resolved.
+
+The state is a pydantic model so the agent can persist it: after a restart a fault that
+was reported stays reported, and one that cleared meanwhile gets its "resolved".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from autoclusters.clients.agent.classify import Finding
+from autoclusters.clients.agent.report import ReportState
+
+
+class Track(BaseModel):
+    present_streak: int = 0
+    absent_streak: int = 0
+    streak_start: float | None = None
+    absent_since: float | None = None
+    firing: bool = False
+    since: float | None = None  # when the firing period's streak began
+    sequence: int = 0
+    last_sent: float | None = None
+    fired_at: list[float] = Field(default_factory=list)  # firing starts inside the flap window
+    damped: bool = False  # fired max_flaps times in the window: resolves only after a clean one
+    message: str = ""
+    evidence: dict[str, Any] = Field(default_factory=dict)
+
+
+class DebounceMemory(BaseModel):
+    tracks: dict[str, Track] = Field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Transition:
+    fault: str
+    state: ReportState
+    since: float
+    sequence: int
+    message: str
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+
+class Debouncer:
+    def __init__(
+        self,
+        *,
+        hold_for: Callable[[str], int],
+        clear_checks: int,
+        rereport_s: float,
+        flap_window_s: float,
+        max_flaps: int,
+        memory: DebounceMemory | None = None,
+    ) -> None:
+        self._hold_for = hold_for
+        self._clear = clear_checks
+        self._rereport = rereport_s
+        self._window = flap_window_s
+        self._max_flaps = max_flaps
+        self.memory = memory or DebounceMemory()
+
+    @property
+    def firing(self) -> dict[str, Track]:
+        return {k: t for k, t in self.memory.tracks.items() if t.firing}
+
+    def update(self, now: float, findings: dict[str, Finding]) -> list[Transition]:
+        """Feed one check's findings; returns what to report, in a stable order."""
+        out: list[Transition] = []
+        tracks = self.memory.tracks
+        for fault in sorted(set(tracks) | set(findings)):
+            t = tracks.setdefault(fault, Track())
+            t.fired_at = [x for x in t.fired_at if now - x < self._window]
+            f = findings.get(fault)
+            if f is not None:
+                out += self._present(now, fault, t, f)
+            else:
+                out += self._absent(now, fault, t)
+                if not t.firing and not t.fired_at and t.present_streak == 0:
+                    del tracks[fault]
+        return out
+
+    def _present(self, now: float, fault: str, t: Track, f: Finding) -> list[Transition]:
+        if t.present_streak == 0:
+            t.streak_start = now
+        t.present_streak += 1
+        t.absent_streak, t.absent_since = 0, None
+        t.message, t.evidence = f.message, f.evidence()
+        if not t.firing:
+            need = 1 if f.immediate else self._hold_for(fault)
+            if t.present_streak < need:
+                return []
+            t.firing, t.sequence, t.last_sent = True, 0, now
+            t.since = t.streak_start if t.streak_start is not None else now
+            t.fired_at.append(now)
+            t.damped = len(t.fired_at) >= self._max_flaps
+            return [self._transition(fault, t, ReportState.FIRING)]
+        if t.last_sent is not None and now - t.last_sent >= self._rereport:
+            t.sequence += 1
+            t.last_sent = now
+            return [self._transition(fault, t, ReportState.FIRING)]
+        return []
+
+    def _absent(self, now: float, fault: str, t: Track) -> list[Transition]:
+        if t.absent_streak == 0:
+            t.absent_since = now
+        t.absent_streak += 1
+        t.present_streak, t.streak_start = 0, None
+        if not t.firing or t.absent_streak < self._clear:
+            return []
+        clean_for = now - (t.absent_since if t.absent_since is not None else now)
+        if t.damped and clean_for < self._window:
+            return []
+        t.firing, t.damped = False, False
+        return [self._transition(fault, t, ReportState.RESOLVED)]
+
+    def _transition(self, fault: str, t: Track, state: ReportState) -> Transition:
+        since = t.since if t.since is not None else 0.0
+        return Transition(fault, state, since, t.sequence, t.message, dict(t.evidence))

@@ -1,0 +1,334 @@
+"""The fake GPU backend: one JSON file per node, in the shape the NVML backend reads.
+
+The file (`FakeNode`) holds GPU readings, events (injected Xids and the like), and an
+optional InfiniBand section. The agent reads it every check; `inject` (the CLI's
+`autoclusters inject`) changes it so that the named fault kind appears exactly as it would
+from NVML or sysfs: an Xid event, an uncorrected ECC count, a lost GPU, a port going DOWN.
+
+Writes are atomic (temporary file, fsync, rename) and serialised by an flock on
+`<file>.lock`, so an agent reading concurrently sees the old or the new file, never half of
+one, and two injections never lose each other. Events are numbered (`seq`); the backend
+delivers each once per process. An agent restarted within `event_latch_s` sees recent
+events again and keeps their faults firing, which its persisted state does not re-report.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import re
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+
+from autoclusters.clients.agent.readings import (
+    FabricReading,
+    GpuEvent,
+    GpuReading,
+    GpuReadings,
+    IbPortReading,
+    IbReadings,
+    NvLinkReading,
+    RemappedRows,
+)
+from autoclusters.clients.agent.reporter import write_atomic
+
+GPUS_PER_NODE = 8
+NVLINKS_PER_GPU = 18  # H100/H200 SXM
+HCAS_PER_NODE = 8
+IB_RATE = "400 Gb/sec (4X NDR)"
+IB_COUNTERS = ("link_downed", "symbol_error", "link_error_recovery", "port_rcv_errors")
+XID_FAULT = re.compile(r"^XID_(\d{1,3})$")
+
+
+class FakeNode(BaseModel):
+    gpus: GpuReadings
+    events: list[GpuEvent] = Field(default_factory=list)
+    last_seq: int = 0  # event numbers are never reused, even after a reset
+    infiniband: IbReadings | None = None
+    # What the healthy node has, so a reset restores exactly that.
+    shape: dict[str, int] = Field(
+        default_factory=lambda: {
+            "gpus": GPUS_PER_NODE,
+            "nvlinks": NVLINKS_PER_GPU,
+            "hcas": HCAS_PER_NODE,
+        }
+    )
+
+
+class UnknownFault(ValueError):
+    """A fault kind `inject` cannot produce; the message says which it can."""
+
+
+def healthy_node(
+    *, gpus: int = GPUS_PER_NODE, nvlinks: int = NVLINKS_PER_GPU, hcas: int = HCAS_PER_NODE
+) -> FakeNode:
+    """A node with nothing wrong: H200-like GPUs on an NVSwitch fabric, NDR InfiniBand."""
+    readings = GpuReadings(backend="fake", driver_version="fake", device_count=gpus)
+    for i in range(gpus):
+        readings.gpus.append(
+            GpuReading(
+                index=i,
+                uuid=f"GPU-fake-{i:04d}",
+                pci_bus_id=f"00000000:{0x18 + 0x10 * i:02X}:00.0",
+                ecc_uncorrected_volatile=0,
+                ecc_corrected_volatile=0,
+                remapped_rows=RemappedRows(),
+                nvlinks={
+                    n: NvLinkReading(active=True, errors={"replay": 0, "recovery": 0})
+                    for n in range(nvlinks)
+                },
+                recovery_action=0,
+                fabric=FabricReading(state=3, status=0, health_summary=1),
+                clock_event_reasons=0,
+                temperature_c=40,
+                slowdown_temp_c=87,
+                pcie_replay_counter=0,
+            )
+        )
+    ib = IbReadings(hcas=[f"mlx5_{n}" for n in range(hcas)])
+    for hca in ib.hcas:
+        ib.ports.append(
+            IbPortReading(
+                hca=hca, port=1, state="4: ACTIVE", phys_state="5: LinkUp", rate=IB_RATE,
+                link_layer="InfiniBand", counters=dict.fromkeys(IB_COUNTERS, 0),
+            )
+        )  # fmt: skip
+    shape = {"gpus": gpus, "nvlinks": nvlinks, "hcas": hcas}
+    return FakeNode(gpus=readings, infiniband=ib if hcas else None, shape=shape)
+
+
+def read_node(path: Path) -> FakeNode:
+    return FakeNode.model_validate_json(Path(path).read_bytes())
+
+
+def write_node(path: Path, node: FakeNode) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(path, node.model_dump_json(indent=1).encode())
+
+
+@contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_name(path.name + ".lock"), "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def update_node(
+    path: Path, change: Callable[[FakeNode], None], *, gpus: int = GPUS_PER_NODE
+) -> FakeNode:
+    """Read (or start healthy, with `gpus`), change, write back atomically, under the lock."""
+    path = Path(path)
+    with _locked(path):
+        node = read_node(path) if path.exists() else healthy_node(gpus=gpus)
+        change(node)
+        write_node(path, node)
+        return node
+
+
+def reset(path: Path) -> FakeNode:
+    """A healthy node again (what a repair leaves); earlier event numbers are not reused."""
+
+    def change(node: FakeNode) -> None:
+        fresh = healthy_node(**node.shape)
+        node.gpus, node.infiniband, node.events = fresh.gpus, fresh.infiniband, []
+
+    return update_node(path, change)
+
+
+def inject(
+    path: Path, *, fault: str, gpu: int = 0, hca: str | None = None, now: datetime | None = None
+) -> FakeNode:
+    """Make `fault` appear in the fake file as the real backend would read it."""
+    at = now or datetime.now(UTC)
+    apply = _injector(fault, gpu=gpu, hca=hca, at=at)
+    return update_node(path, apply)
+
+
+def injectable() -> list[str]:
+    return ["XID_<n>", *sorted(_INJECTORS)]
+
+
+def _injector(fault: str, *, gpu: int, hca: str | None, at: datetime) -> Callable[[FakeNode], None]:
+    if m := XID_FAULT.match(fault):
+        code = int(m.group(1))
+        return lambda node: _event(node, "xid", code, gpu, at)
+    if fault not in _INJECTORS:
+        raise UnknownFault(
+            f"cannot inject {fault!r}: the agent does not detect it on the node "
+            f"(injectable: {', '.join(injectable())})"
+        )
+    fn = _INJECTORS[fault]
+    return lambda node: fn(node, gpu, hca, at)
+
+
+def _event(node: FakeNode, kind: str, code: int, gpu: int | None, at: datetime) -> None:
+    node.last_seq += 1
+    uuid = next((g.uuid for g in node.gpus.gpus if g.index == gpu), "")
+    node.events.append(
+        GpuEvent(kind=kind, code=code, gpu=gpu, uuid=uuid, at=at, seq=node.last_seq)  # type: ignore[arg-type]
+    )
+
+
+def _gpu(node: FakeNode, index: int) -> GpuReading:
+    for g in node.gpus.gpus:
+        if g.index == index:
+            return g
+    raise UnknownFault(f"the fake node has no GPU {index}")
+
+
+def _port(node: FakeNode, hca: str | None) -> IbPortReading:
+    if node.infiniband is None or not node.infiniband.ports:
+        raise UnknownFault("the fake node has no InfiniBand ports")
+    for p in node.infiniband.ports:
+        if hca is None or p.hca == hca:
+            return p
+    raise UnknownFault(f"the fake node has no HCA {hca}")
+
+
+def _fell_off(node: FakeNode, gpu: int, _hca: str | None, _at: datetime) -> None:
+    _gpu(node, gpu).lost = True
+
+
+def _count_low(node: FakeNode, gpu: int, _hca: str | None, _at: datetime) -> None:
+    node.gpus.gpus = [g for g in node.gpus.gpus if g.index != gpu]
+    node.gpus.device_count = len(node.gpus.gpus)
+
+
+def _ecc(node: FakeNode, gpu: int, _hca: str | None, _at: datetime) -> None:
+    g = _gpu(node, gpu)
+    g.ecc_uncorrected_volatile = (g.ecc_uncorrected_volatile or 0) + 1
+
+
+def _remap(failure: bool) -> Callable[[FakeNode, int, str | None, datetime], None]:
+    def change(node: FakeNode, gpu: int, _hca: str | None, _at: datetime) -> None:
+        g = _gpu(node, gpu)
+        rows = g.remapped_rows or RemappedRows()
+        rows.uncorrectable += 1
+        rows.pending = rows.pending or not failure
+        rows.failure = rows.failure or failure
+        g.remapped_rows = rows
+
+    return change
+
+
+def _nvlink(node: FakeNode, gpu: int, _hca: str | None, _at: datetime) -> None:
+    g = _gpu(node, gpu)
+    g.nvlinks[0] = NvLinkReading(active=False)
+
+
+def _recovery(node: FakeNode, gpu: int, _hca: str | None, _at: datetime) -> None:
+    _gpu(node, gpu).recovery_action = 2  # NVML_GPU_RECOVERY_ACTION_NODE_REBOOT
+
+
+def _fabric(node: FakeNode, gpu: int, _hca: str | None, _at: datetime) -> None:
+    _gpu(node, gpu).fabric = FabricReading(state=3, status=999, health_summary=2)
+
+
+def _thermal(node: FakeNode, gpu: int, _hca: str | None, _at: datetime) -> None:
+    g = _gpu(node, gpu)
+    g.clock_event_reasons = (g.clock_event_reasons or 0) | 0x40  # HwThermalSlowdown
+    g.temperature_c = g.slowdown_temp_c or 90
+
+
+def _hung(node: FakeNode, _gpu: int, _hca: str | None, _at: datetime) -> None:
+    node.gpus.hung_calls = ["nvmlDeviceGetCount"]
+
+
+def _nvlink_errors(node: FakeNode, gpu: int, _hca: str | None, _at: datetime) -> None:
+    link = _gpu(node, gpu).nvlinks.setdefault(0, NvLinkReading(active=True))
+    link.errors["replay"] = link.errors.get("replay", 0) + 100_000
+
+
+def _pcie(node: FakeNode, gpu: int, _hca: str | None, _at: datetime) -> None:
+    g = _gpu(node, gpu)
+    g.pcie_replay_counter = (g.pcie_replay_counter or 0) + 100_000
+
+
+def _ib_down(node: FakeNode, _gpu: int, hca: str | None, _at: datetime) -> None:
+    p = _port(node, hca)
+    p.state, p.phys_state = "1: DOWN", "3: Disabled"
+
+
+def _ib_degraded(node: FakeNode, _gpu: int, hca: str | None, _at: datetime) -> None:
+    p = _port(node, hca)
+    p.counters["link_downed"] = p.counters.get("link_downed", 0) + 1
+
+
+def _hca_gone(node: FakeNode, _gpu: int, hca: str | None, _at: datetime) -> None:
+    ib = node.infiniband
+    name = _port(node, hca).hca
+    assert ib is not None
+    ib.hcas = [h for h in ib.hcas if h != name]
+    ib.ports = [p for p in ib.ports if p.hca != name]
+
+
+_INJECTORS: dict[str, Callable[[FakeNode, int, str | None, datetime], None]] = {
+    "GPU_FELL_OFF_BUS": _fell_off,
+    "GPU_COUNT_LOW": _count_low,
+    "ECC_DBE": _ecc,
+    "ROW_REMAP_PENDING": _remap(failure=False),
+    "ROW_REMAP_FAILURE": _remap(failure=True),
+    "NVLINK_DOWN": _nvlink,
+    "GPU_RECOVERY_ACTION": _recovery,
+    "FABRIC_NOT_READY": _fabric,
+    "THERMAL": _thermal,
+    "GPU_DRIVER_UNRESPONSIVE": _hung,
+    "NVLINK_ERRORS": _nvlink_errors,
+    "PCIE_ERRORS": _pcie,
+    "IB_LINK_DOWN": _ib_down,
+    "IB_LINK_DEGRADED": _ib_degraded,
+    "HCA_FELL_OFF_BUS": _hca_gone,
+}
+
+
+class FakeBackend:
+    """Reads the fake file; a missing file is written healthy first, so inject has a base."""
+
+    name = "fake"
+
+    def __init__(self, path: Path, *, gpus: int = GPUS_PER_NODE) -> None:
+        self.path = Path(path)
+        self._gpus = gpus  # for a file this backend has to create
+        self._delivered = 0  # the highest event seq handed out
+        self._node: FakeNode | None = None
+
+    def open(self) -> None:
+        if not self.path.exists():
+            update_node(self.path, lambda node: None, gpus=self._gpus)
+
+    def _load(self) -> FakeNode:
+        self._node = read_node(self.path)
+        return self._node
+
+    def read(self) -> GpuReadings:
+        readings = self._load().gpus
+        readings.backend = self.name
+        return readings
+
+    def events(self) -> list[GpuEvent]:
+        node = self._node or self._load()
+        self._node = None
+        new = [e for e in node.events if e.seq > self._delivered]
+        self._delivered = max([self._delivered, *(e.seq for e in new)])
+        return new
+
+    def close(self) -> None:
+        pass
+
+
+class FakeInfiniband:
+    """The fake file's InfiniBand section, for an agent run without a sysfs root."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+
+    def read(self) -> IbReadings | None:
+        return read_node(self.path).infiniband

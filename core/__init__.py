@@ -1,0 +1,1 @@
+"""What every layer shares: models, the policy, settings; no I/O."""

@@ -1,0 +1,157 @@
+"""What the fleet guard (one workflow per cluster) is asked and answers.
+
+The guard admits quarantines and repairs so that a flood of alerts never drains the
+cluster: at most N repairs at once, never fewer than a minimum fraction of nodes in
+service, and a circuit breaker that holds every repair when too many incidents open at
+once (a switch, power, a driver rollout — not N independent GPU failures).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from pydantic import BaseModel, Field
+
+from autoclusters.core.policy import GuardPolicy, NodeTopology
+
+
+def guard_workflow_id(cluster: str) -> str:
+    return f"fleet-guard-{cluster}"
+
+
+class GuardInput(BaseModel):
+    cluster: str
+    policy: GuardPolicy = Field(default_factory=GuardPolicy)
+    topology: dict[str, NodeTopology] = Field(default_factory=dict)
+    # Carried across continue-as-new.
+    state: GuardState | None = None
+    # Also continue as new once the history has this many events (None: only when the
+    # server suggests it). Small values exercise continue-as-new in tests.
+    max_history_events: int | None = Field(default=None, ge=1)
+
+
+class OpenRecord(BaseModel):
+    node: str
+    incident_id: str
+    fault: str
+    at: datetime
+    # What `register` answered for it, so a re-registration answers the same.
+    recent_on_node: int = 0
+    # False once a human reset the breaker after it opened: the sliding window restarts
+    # from the reset, so the burst that tripped it does not trip it again at once.
+    counts_for_breaker: bool = True
+
+
+class BreakerStatus(BaseModel):
+    tripped: bool = False
+    # The last trip; kept after a reset (then `tripped` is False) as a record of it.
+    tripped_at: datetime | None = None
+    # The nodes whose incidents tripped it, and those that opened while it stayed tripped.
+    nodes: list[str] = Field(default_factory=list)
+    shared_leaf: str | None = None  # all of them behind one InfiniBand leaf?
+    shared_pod: str | None = None
+    reset_by: str | None = None
+    reset_at: datetime | None = None
+
+
+class GuardState(BaseModel):
+    # The hot spares free now (None: not yet taken from the policy).
+    spares: list[str] | None = None
+    spare_claims: dict[str, str] = Field(default_factory=dict)  # incident id -> spare taken
+    opens: list[OpenRecord] = Field(default_factory=list)  # pruned to the longest window
+    out_of_service: dict[str, str] = Field(default_factory=dict)  # node -> incident id
+    repairing: dict[str, str] = Field(default_factory=dict)  # node -> incident id
+    breaker: BreakerStatus = Field(default_factory=BreakerStatus)
+    # The longest recurrence window asked about so far: opens are kept this long (or the
+    # breaker window, if longer) so recurrence counts stay right.
+    recurrence_window_s: float = 0
+    continued_as_new: int = 0  # how many runs this state has been carried across
+
+
+class IncidentOpened(BaseModel):
+    node: str
+    incident_id: str
+    fault: str
+    recurrence_window_s: float = 86400
+
+
+class Registration(BaseModel):
+    recent_on_node: int  # earlier incidents on this node within the recurrence window
+    breaker: BreakerStatus
+
+
+class AdmitRequest(BaseModel):
+    node: str
+    incident_id: str
+    cluster_nodes: int  # nodes in the cluster now (from Slurm), for the in-service fraction
+
+
+class Admission(BaseModel):
+    admitted: bool
+    reason: str = ""
+
+
+class ReleaseRequest(BaseModel):
+    node: str
+    incident_id: str
+    back_in_service: bool  # False: the node stays out (left drained for a human)
+
+
+class SpareRequest(BaseModel):
+    node: str  # the faulty node being replaced
+    incident_id: str
+
+
+class SpareClaim(BaseModel):
+    spare: str | None  # the spare this incident put into service, or None: none free
+
+
+class SpareCall(BaseModel):
+    guard: GuardContext
+    request: SpareRequest
+
+
+class ResetRequest(BaseModel):
+    by: str
+
+
+class GuardStatus(BaseModel):
+    cluster: str
+    policy: GuardPolicy
+    state: GuardState
+
+
+# --- what the guard activities take: the call, and the guard to send it to ----------------
+
+
+class GuardContext(BaseModel):
+    """Which cluster's guard, and what it starts with if it is not running yet.
+
+    A guard already running keeps the policy and topology it was started with.
+    """
+
+    cluster: str
+    policy: GuardPolicy = Field(default_factory=GuardPolicy)
+    topology: dict[str, NodeTopology] = Field(default_factory=dict)
+
+    def guard_input(self) -> GuardInput:
+        return GuardInput(cluster=self.cluster, policy=self.policy, topology=self.topology)
+
+
+class RegisterCall(BaseModel):
+    guard: GuardContext
+    incident: IncidentOpened
+
+
+class AdmitCall(BaseModel):
+    guard: GuardContext
+    node: str
+    incident_id: str
+
+
+class ReleaseCall(BaseModel):
+    guard: GuardContext
+    release: ReleaseRequest
+
+
+GuardInput.model_rebuild()

@@ -1,0 +1,327 @@
+"""The shared vocabulary: what workflows, activities and clients pass to each other.
+
+Every workflow and activity takes one model and returns one model, so fields can be
+added later with defaults without breaking running incidents.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal
+
+from pydantic import BaseModel, Field, field_validator
+
+from autoclusters.core.faults import FAULT_PATTERN, NODE_PATTERN
+from autoclusters.core.policy import Policy, Rung
+
+REASON_PREFIX = "autoclusters:"
+
+
+# A hot spare waits drained under this reason, out of the scheduler's reach.
+SPARE_REASON = f"{REASON_PREFIX} spare"
+
+
+def drain_reason(incident_id: str, fault: str) -> str:
+    """The Slurm drain reason we own; return-to-service only undrains reasons we wrote."""
+    return f"{REASON_PREFIX} {incident_id} {fault}"
+
+
+def workflow_id(cluster: str, node: str) -> str:
+    """One open incident per node: the workflow id is derived from the node, not the fault."""
+    return f"remediation-{cluster}-{node}"
+
+
+class RemediationTimeouts(BaseModel):
+    """Per-step limits, chosen by whoever opens the incident (the workflow stays deterministic)."""
+
+    slurm_step_s: float = 60
+    repair_s: float = 900
+    wait_registered_s: float = 600
+    admission_poll_s: float = 30  # how often a held incident asks the fleet guard again
+
+
+class IncidentRequest(BaseModel):
+    incident_id: str
+    cluster: str
+    node: str
+    fault: str
+    opened_at: datetime
+    opened_by: str = "cli"
+    timeouts: RemediationTimeouts = Field(default_factory=RemediationTimeouts)
+    # The policy this incident runs under (a snapshot; None: the built-in defaults).
+    policy: Policy | None = None
+    # Slurm on Kubernetes (Slinky): the node is also a Kubernetes Node to cordon and empty.
+    kubernetes: bool = False
+
+    @field_validator("fault")
+    @classmethod
+    def _fault_kind(cls, v: str) -> str:
+        if not FAULT_PATTERN.match(v):
+            raise ValueError(f"fault {v!r} is not a fault kind such as XID_79 or GPU_FELL_OFF_BUS")
+        return v
+
+    @field_validator("node")
+    @classmethod
+    def _node_name(cls, v: str) -> str:
+        if not NODE_PATTERN.match(v):
+            raise ValueError(f"node {v!r} is not a single Slurm node name")
+        return v
+
+
+StepOutcome = Literal["running", "ok", "failed"]
+
+
+class StepRecord(BaseModel):
+    name: str
+    started_at: datetime
+    finished_at: datetime | None = None
+    outcome: StepOutcome = "running"
+    detail: str = ""
+
+
+# open: in progress; resolved: node back in service; failed: left drained, a human paged;
+# rejected: a human said no, left drained; observed: observe mode, nothing touched;
+# monitored: the fault only warrants watching, the node stayed in service.
+IncidentStatus = Literal["open", "resolved", "failed", "rejected", "observed", "monitored"]
+
+
+class FaultSeen(BaseModel):
+    fault: str
+    source: str
+    first_at: datetime
+    last_at: datetime
+    count: int = 1
+
+
+class FaultReport(BaseModel):
+    """An alert for a node: opens its incident, or joins the one already open."""
+
+    incident_id: str  # the id a new incident would get
+    fault: str
+    source: str = "cli"
+    at: datetime
+
+    @field_validator("fault")
+    @classmethod
+    def _fault_kind(cls, v: str) -> str:
+        if not FAULT_PATTERN.match(v):
+            raise ValueError(f"fault {v!r} is not a fault kind such as XID_79 or GPU_FELL_OFF_BUS")
+        return v
+
+
+class FaultAck(BaseModel):
+    incident_id: str
+    joined: bool  # True: the node already had this incident open
+    rung: str | None
+    status: str
+
+
+class ApprovalRequest(BaseModel):
+    step: str  # the rung waiting for a decision: reset_gpu, reboot, replace
+    approver: str
+    comment: str = ""
+
+
+class ApprovalRecord(BaseModel):
+    step: str
+    approver: str
+    approved: bool
+    comment: str = ""
+    at: datetime
+
+
+class RefusedApproval(BaseModel):
+    step: str
+    approver: str
+    approved: bool
+    reason: str
+    at: datetime
+
+
+class Waiting(BaseModel):
+    kind: Literal["approval", "admission", "idle"]
+    step: str | None = None
+    detail: str = ""
+    since: datetime
+
+
+class IncidentState(BaseModel):
+    """What the `status` query and the workflow result return: the incident's timeline."""
+
+    request: IncidentRequest
+    status: IncidentStatus = "open"
+    current_step: str | None = None
+    mode: str = "auto"
+    rung: str | None = None  # the repair the incident is on now
+    faults: list[FaultSeen] = Field(default_factory=list)
+    waiting_for: Waiting | None = None
+    approvals: list[ApprovalRecord] = Field(default_factory=list)
+    refusals: list[RefusedApproval] = Field(default_factory=list)
+    planned_steps: list[str] = Field(default_factory=list)
+    health: list[HealthReport] = Field(default_factory=list)
+    repair_attempts: int = 0
+    spare_node: str | None = None  # the hot spare put into service in this node's place
+    steps: list[StepRecord] = Field(default_factory=list)
+    requeued_jobs: list[int] = Field(default_factory=list)
+    old_vm_id: str | None = None
+    new_vm_id: str | None = None
+    error: str | None = None
+    closed_at: datetime | None = None
+
+    def step(self, name: str) -> StepRecord | None:
+        """The latest record of the step `name` (repairs and health gates can repeat)."""
+        return next((s for s in reversed(self.steps) if s.name == name), None)
+
+
+class HealthCheck(BaseModel):
+    name: str
+    passed: bool
+    detail: str = ""
+
+
+class HealthReport(BaseModel):
+    node: str
+    passed: bool
+    checks: list[HealthCheck] = Field(default_factory=list)
+
+    def failures(self) -> str:
+        return "; ".join(f"{c.name}: {c.detail}" for c in self.checks if not c.passed)
+
+
+# --- Slurm, as parsed from `sinfo --json` / `squeue --json` -----------------------------
+
+
+class SlurmNode(BaseModel):
+    name: str
+    state: str  # base state, lower case as Slurm prints it: idle, mixed, allocated, down, ...
+    state_flags: list[str] = Field(default_factory=list)  # DRAIN, NOT_RESPONDING, ...
+    reason: str = ""
+    slurmd_start_time: int = 0
+    gres: str = ""  # e.g. gpu:8 or gpu:h100:8
+
+    @property
+    def drained(self) -> bool:
+        return "DRAIN" in self.state_flags
+
+    @property
+    def responding(self) -> bool:
+        return "NOT_RESPONDING" not in self.state_flags and self.state not in ("down", "unknown")
+
+    @property
+    def display_state(self) -> str:
+        """The state as an operator reads it: IDLE, IDLE+DRAIN, MIXED+DRAIN, DOWN+NOT_RESPONDING."""
+        return "+".join([self.state.upper(), *self.state_flags])
+
+
+class SlurmJob(BaseModel):
+    job_id: int
+    name: str = ""
+    job_state: str  # RUNNING, PENDING, COMPLETING, ...
+    nodes: str = ""  # hostlist expression, e.g. gpu-[01-02]
+    restart_cnt: int = 0
+    state_reason: str = ""
+    admin_comment: str = ""
+    requeue: bool = False
+    batch_flag: bool = True
+
+
+# --- activity inputs and results --------------------------------------------------------
+
+
+class Notification(BaseModel):
+    incident_id: str
+    cluster: str
+    node: str
+    fault: str
+    event: str  # opened, held, approval_needed, escalated, failed, resolved, ...
+    text: str
+    severity: str = "info"  # info, warning, critical (critical pages a human)
+
+
+class DrainInput(BaseModel):
+    node: str
+    reason: str
+
+
+class DrainResult(BaseModel):
+    already_drained: bool
+    previous_reason: str = ""
+
+
+class RequeueInput(BaseModel):
+    node: str
+    incident_id: str
+    poll_s: float = 0.25
+    hold_watch_s: float = 5.0  # how long a late requeue hold is watched for at most
+
+
+class RequeueResult(BaseModel):
+    requeued: list[int] = Field(default_factory=list)
+    not_requeueable: list[int] = Field(default_factory=list)
+    holds_released: list[int] = Field(default_factory=list)
+
+
+class ReplaceInput(BaseModel):
+    node: str
+    incident_id: str
+
+
+class ReplaceResult(BaseModel):
+    node: str
+    old_vm_id: str
+    new_vm_id: str
+    stopped_at: float  # epoch seconds: the old machine was gone from here on
+
+
+class WaitRegisteredInput(BaseModel):
+    node: str
+    since: float  # epoch seconds; the node's slurmd must have started at or after this
+    poll_s: float = 0.5
+    settle_s: float = 2.0
+
+
+class ReturnInput(BaseModel):
+    node: str
+    incident_id: str
+    poll_s: float = 0.25
+
+
+class ReturnResult(BaseModel):
+    returned: bool
+    state_after: str
+    detail: str = ""
+
+
+class RepairInput(BaseModel):
+    node: str
+    rung: Rung
+    key: str  # idempotency key: one incident attempt; a retry never repairs twice
+
+
+class RepairResult(BaseModel):
+    node: str
+    rung: Rung
+    old_vm_id: str
+    new_vm_id: str
+    stopped_at: float | None = None  # epoch s the machine went down (None: it never did)
+
+
+class HealthGateInput(BaseModel):
+    node: str
+
+
+class WaitIdleInput(BaseModel):
+    node: str
+    timeout_s: float
+    force: bool  # on timeout: cancel what still runs (True) or give up (False)
+    poll_s: float = 1.0
+
+
+class WaitIdleResult(BaseModel):
+    waited_s: float
+    cancelled: list[int] = Field(default_factory=list)
+
+
+class SpareInput(BaseModel):
+    node: str  # the spare, or the replaced node to park as one
+    incident_id: str

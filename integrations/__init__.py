@@ -1,0 +1,1 @@
+"""Clients of the systems we act on: Slurm, Kubernetes, Crusoe, Slack, Temporal."""

@@ -1,0 +1,316 @@
+"""A small async client for the Crusoe API v1: VMs, node pools, AutoClusters remediation.
+
+Every request is signed (`CrusoeAuth`). 409 (another operation runs on the resource), 429
+and 5xx are retried with exponential backoff, honouring `Retry-After`; a POST that creates
+something is retried only where the API cannot have acted on it (409, 429, 503), because
+Crusoe takes no idempotency key and a second create would make a second VM. Any other 4xx
+raises `CrusoeRequestError` (non-retryable) carrying the API's own message.
+
+Mutations answer with an async operation; `wait_operation` polls it on the endpoint of its
+API family until it leaves IN_PROGRESS, and raises `CrusoeOperationFailed` with the
+operation's `result.message` when it ends FAILED.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import random
+from collections.abc import Callable, Mapping, Sequence
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
+from types import TracebackType
+from typing import Any, Literal
+from urllib.parse import quote
+
+import httpx
+
+from autoclusters.integrations.crusoe.credentials import CrusoeCredentials
+from autoclusters.integrations.crusoe.errors import (
+    CrusoeNotFound,
+    CrusoeOperationFailed,
+    CrusoeRequestError,
+    CrusoeTimeout,
+    CrusoeUnavailable,
+)
+from autoclusters.integrations.crusoe.resources import NodePool, Operation, OperationKind, Vm
+from autoclusters.integrations.crusoe.signing import CrusoeAuth
+
+__all__ = ["CrusoeClient", "VmAction"]
+
+log = logging.getLogger(__name__)
+
+# The power actions (the API also knows RESERVE, UNRESERVE and UPDATE, which we never send).
+VmAction = Literal["RESET", "STOP", "START"]
+RETRY_STATUSES = frozenset({409, 429, 500, 502, 503, 504})
+# What a non-idempotent POST may retry: the API refused it before acting.
+UNSAFE_RETRY_STATUSES = frozenset({409, 429, 503})
+
+
+def _seg(value: str) -> str:
+    return quote(value, safe="")
+
+
+def _api_message(resp: httpx.Response) -> str:
+    try:
+        body = resp.json()
+    except ValueError:
+        return resp.text.strip()[:500] or resp.reason_phrase
+    if isinstance(body, dict):
+        for field in ("message", "detail", "error", "code"):
+            if body.get(field):
+                return str(body[field])
+    return str(body)[:500]
+
+
+def _retry_after_s(value: str | None) -> float | None:
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return max(0.0, (when - datetime.now(UTC)).total_seconds())
+
+
+def _operation(body: Any) -> Operation:
+    return Operation.model_validate(body.get("operation", body) if isinstance(body, dict) else {})
+
+
+def _items(body: Any) -> list[Any]:
+    if isinstance(body, list):
+        return body
+    if isinstance(body, dict):
+        for field in ("items", "vms", "instances"):
+            if isinstance(body.get(field), list):
+                return list(body[field])
+    return []
+
+
+class CrusoeClient:
+    """One project's view of the Crusoe API.
+
+    Example:
+        async with CrusoeClient(credentials=load_credentials()) as crusoe:
+            op = await crusoe.patch_vm_action(vm.id, "RESET")
+            await crusoe.wait_operation(op, "vm")
+
+    Args:
+        credentials: keys and endpoint (`load_credentials()`).
+        project_id: the project; defaults to the credentials' `default_project`.
+        timeout_s: per HTTP request.
+        max_attempts: tries per request on 409/429/5xx and network errors.
+        backoff_s: first retry delay; doubled per try, up to `max_backoff_s`.
+        poll_s: how often `wait_operation` polls (Crusoe's Terraform provider uses 2 s).
+        transport: an httpx transport (tests; a proxy).
+    """
+
+    def __init__(
+        self,
+        *,
+        credentials: CrusoeCredentials,
+        project_id: str | None = None,
+        timeout_s: float = 30.0,
+        max_attempts: int = 6,
+        backoff_s: float = 1.0,
+        max_backoff_s: float = 30.0,
+        poll_s: float = 2.0,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        project = project_id or credentials.default_project
+        if not project:
+            raise ValueError("no Crusoe project: pass project_id or set CRUSOE_DEFAULT_PROJECT")
+        self.project_id = project
+        self.poll_s = poll_s
+        self._max_attempts = max(1, max_attempts)
+        self._backoff_s = backoff_s
+        self._max_backoff_s = max_backoff_s
+        self._http = httpx.AsyncClient(
+            base_url=credentials.api_endpoint,
+            auth=CrusoeAuth(credentials.access_key_id, credentials.secret_key),
+            timeout=httpx.Timeout(timeout_s),
+            headers={"Accept": "application/json"},
+            transport=transport,
+        )
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def __aenter__(self) -> CrusoeClient:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    # --- VMs ------------------------------------------------------------------------------
+
+    def _vms(self, suffix: str = "") -> str:
+        return f"/projects/{_seg(self.project_id)}/compute/vms/instances{suffix}"
+
+    async def get_vm(self, vm_id: str) -> Vm:
+        return Vm.model_validate(await self._request("GET", self._vms(f"/{_seg(vm_id)}")))
+
+    async def list_vms(
+        self,
+        *,
+        names: Sequence[str] | None = None,
+        ids: Sequence[str] | None = None,
+        states: Sequence[str] | None = None,
+    ) -> list[Vm]:
+        params: dict[str, str] = {}
+        for field, values in (("names", names), ("ids", ids), ("states", states)):
+            if values:
+                params[field] = ",".join(values)
+        vms: list[Vm] = []
+        while True:
+            body = await self._request("GET", self._vms(), params=params)
+            vms += [Vm.model_validate(v) for v in _items(body)]
+            token = body.get("next_page_token") if isinstance(body, dict) else None
+            if not token:
+                return vms
+            params["next_token"] = token
+
+    async def find_vm_by_name(self, name: str) -> Vm | None:
+        """The VM named `name`; of several (an old one still deleting), the newest."""
+        found = [vm for vm in await self.list_vms(names=[name]) if vm.name == name]
+        return max(found, key=lambda vm: vm.created_at) if found else None
+
+    async def patch_vm_action(self, vm_id: str, action: VmAction) -> Operation:
+        body = await self._request("PATCH", self._vms(f"/{_seg(vm_id)}"), json={"action": action})
+        return _operation(body)
+
+    async def create_vm(self, spec: Mapping[str, Any]) -> Operation:
+        body = await self._request("POST", self._vms(), json=dict(spec), idempotent=False)
+        return _operation(body)
+
+    async def delete_vm(self, vm_id: str) -> Operation:
+        return _operation(await self._request("DELETE", self._vms(f"/{_seg(vm_id)}")))
+
+    # --- node pools and AutoClusters ------------------------------------------------------
+
+    def _pools(self, suffix: str = "") -> str:
+        return f"/projects/{_seg(self.project_id)}/kubernetes/nodepools{suffix}"
+
+    async def get_node_pool(self, node_pool_id: str) -> NodePool:
+        body = await self._request("GET", self._pools(f"/{_seg(node_pool_id)}"))
+        return NodePool.model_validate(body)
+
+    async def node_pool_vms(self, node_pool_id: str) -> list[Vm]:
+        body = await self._request("GET", self._pools(f"/{_seg(node_pool_id)}/vms"))
+        return [Vm.model_validate(v) for v in _items(body)]
+
+    async def remediate_vm(self, cluster_id: str, vm_id: str) -> Operation:
+        """Ask AutoClusters to remediate the VM (today this always replaces the node)."""
+        path = (
+            f"/projects/{_seg(self.project_id)}/kubernetes/clusters/{_seg(cluster_id)}"
+            f"/autoclusters/vms/{_seg(vm_id)}/remediate"
+        )
+        return _operation(await self._request("POST", path, idempotent=False))
+
+    # --- operations -----------------------------------------------------------------------
+
+    def _operation_path(self, operation_id: str, kind: OperationKind) -> str:
+        pid, oid = _seg(self.project_id), _seg(operation_id)
+        if kind == "vm":
+            return self._vms(f"/operations/{oid}")
+        if kind == "node_pool":
+            return self._pools(f"/operations/{oid}")
+        return f"/projects/{pid}/kubernetes/autocluster-operations/{oid}"
+
+    async def get_operation(self, operation_id: str, kind: OperationKind) -> Operation:
+        return _operation(await self._request("GET", self._operation_path(operation_id, kind)))
+
+    async def wait_operation(
+        self,
+        op: Operation,
+        kind: OperationKind,
+        *,
+        poll_s: float | None = None,
+        timeout_s: float | None = None,
+        on_poll: Callable[[Operation], object] | None = None,
+    ) -> Operation:
+        """Poll until the operation leaves IN_PROGRESS; return it SUCCEEDED or raise.
+
+        `on_poll` sees the operation before every wait (an activity heartbeats through it);
+        it may be a plain function or a coroutine function.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout_s is None else loop.time() + timeout_s
+        while not op.done:
+            if on_poll is not None:
+                result = on_poll(op)
+                if inspect.isawaitable(result):
+                    await result
+            if deadline is not None and loop.time() >= deadline:
+                raise CrusoeTimeout(
+                    f"Crusoe operation {op.operation_id} still {op.state} after {timeout_s}s"
+                )
+            await asyncio.sleep(self.poll_s if poll_s is None else poll_s)
+            op = await self.get_operation(op.operation_id, kind)
+        if op.state != "SUCCEEDED":
+            raise CrusoeOperationFailed(op.operation_id, op.failure_message())
+        return op
+
+    # --- transport ------------------------------------------------------------------------
+
+    def _delay(self, attempt: int, retry_after: str | None) -> float:
+        told = _retry_after_s(retry_after)
+        if told is not None:
+            return min(told, max(self._max_backoff_s, 60.0))
+        base: float = min(self._max_backoff_s, self._backoff_s * 2.0 ** (attempt - 1))
+        return base * random.uniform(0.5, 1.0)  # jitter: many workers must not retry in step
+
+    async def _request(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Mapping[str, str] | None = None,
+        json: Any = None,
+        idempotent: bool = True,
+    ) -> Any:
+        retry_on = RETRY_STATUSES if idempotent else UNSAFE_RETRY_STATUSES
+        for attempt in range(1, self._max_attempts + 1):
+            last = attempt == self._max_attempts
+            try:
+                resp = await self._http.request(method, path, params=params, json=json)
+            except httpx.TransportError as e:
+                # A refused connection never reached the API, so even a create may retry.
+                never_sent = isinstance(e, httpx.ConnectError | httpx.ConnectTimeout)
+                if last or not (idempotent or never_sent):
+                    raise CrusoeUnavailable(f"Crusoe API {method} {path}: {e!r}") from e
+                delay = self._delay(attempt, None)
+                log.warning("crusoe %s %s: %r; retry %d in %.1fs", method, path, e, attempt, delay)
+                await asyncio.sleep(delay)
+                continue
+            status = resp.status_code
+            if status < 300:
+                return resp.json() if resp.content else {}
+            message = _api_message(resp)
+            if status in retry_on and not last:
+                delay = self._delay(attempt, resp.headers.get("Retry-After"))
+                log.warning(
+                    "crusoe %s %s: %d %s; retry %d in %.1fs",
+                    method, path, status, message, attempt, delay,
+                )  # fmt: skip
+                await asyncio.sleep(delay)
+                continue
+            if status in RETRY_STATUSES:
+                raise CrusoeUnavailable(
+                    f"Crusoe API {method} {path}: {status} {message}", status=status
+                )
+            error = CrusoeNotFound if status == 404 else CrusoeRequestError
+            raise error(status, message, method=method, path=path)
+        raise AssertionError("unreachable")  # the loop returns or raises

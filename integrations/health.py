@@ -1,0 +1,54 @@
+"""The health gate: checks on the node itself before it may take jobs again.
+
+Implementations: `sandbox.health.SandboxHealth`. On real nodes the checks come from the
+node health agent (NVML, InfiniBand) and DCGM diagnostics.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Protocol
+
+from autoclusters.core.models import HealthCheck, HealthReport
+from autoclusters.integrations.slurm import SlurmClient
+
+
+class HealthGate(Protocol):
+    async def check(self, node: str) -> HealthReport: ...
+
+
+_GPUS = re.compile(r"gpu(?::[^:(,]+)?:(\d+)")
+
+
+def gres_gpus(gres: str) -> int:
+    """GPUs a Slurm node offers: `gpu:8`, `gpu:h100:8`, `gpu:8(S:0-1)` -> 8."""
+    m = _GPUS.search(gres)
+    return int(m.group(1)) if m else 0
+
+
+class SlurmHealthGate:
+    """What Slurm itself can prove: slurmd answers, and the node offers all its GPUs.
+
+    The node health agent's own checks (NVML, InfiniBand) add to this where it runs.
+    """
+
+    def __init__(self, slurm: SlurmClient, expected_gpus: int = 8) -> None:
+        self._slurm = slurm
+        self._expected = expected_gpus
+
+    async def check(self, node: str) -> HealthReport:
+        n = await self._slurm.node(node)
+        gpus = gres_gpus(n.gres) if n else 0
+        checks = [
+            HealthCheck(
+                name="slurmd",
+                passed=n is not None and n.responding,
+                detail=n.display_state if n else "not in Slurm",
+            ),
+            HealthCheck(
+                name="gpu_count",
+                passed=gpus == self._expected,
+                detail=f"{gpus} of {self._expected} GPUs",
+            ),
+        ]
+        return HealthReport(node=node, passed=all(c.passed for c in checks), checks=checks)

@@ -1,0 +1,264 @@
+"""The incident card: the one Slack message an incident keeps, and its thread replies.
+
+A `Notification` carries an event and a sentence. The card remembers what earlier events
+said (the planned repair, the step waiting for approval) so every update of the message
+shows the whole picture, not just the latest sentence. Rendering is pure: the same card
+always gives the same message, so an update repeated after a retry changes nothing.
+
+Approve / Reject buttons are on the card only while the incident waits for a decision;
+the next event's update takes them away, so an old button can never decide a later step.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from datetime import UTC, datetime
+from typing import Any
+from urllib.parse import quote
+
+from pydantic import BaseModel
+
+from autoclusters.core.models import Notification, workflow_id
+
+__all__ = [
+    "APPROVAL_BLOCK_PREFIX",
+    "METADATA_EVENT_TYPE",
+    "IncidentCard",
+    "Links",
+    "approval_value",
+    "card_message",
+    "card_metadata",
+    "decided_blocks",
+    "event_text",
+    "parse_approval_value",
+]
+
+METADATA_EVENT_TYPE = "autoclusters_incident"
+APPROVAL_BLOCK_PREFIX = "approval"
+APPROVAL_EVENTS = frozenset({"approval_needed", "approval_reminder"})
+TERMINAL_EVENTS = frozenset({"resolved", "failed", "rejected", "observed", "monitored"})
+
+STATE_WORDS = {
+    "opened": "open",
+    "held": "held by the fleet guard",
+    "approval_needed": "waiting for approval",
+    "approval_reminder": "waiting for approval",
+    "escalated": "escalated",
+    "spare_in_service": "hot spare in service",
+    "resolved": "resolved: back in service",
+    "failed": "failed: left drained, a human is paged",
+    "rejected": "rejected: left drained",
+    "observed": "observed: nothing changed",
+    "monitored": "monitored: stays in service",
+}
+EVENT_MARKS = {
+    "opened": ":rotating_light:",
+    "held": ":hourglass:",
+    "approval_needed": ":raising_hand:",
+    "approval_reminder": ":raising_hand:",
+    "escalated": ":arrow_double_up:",
+    "spare_in_service": ":twisted_rightwards_arrows:",
+    "resolved": ":white_check_mark:",
+    "failed": ":x:",
+    "rejected": ":no_entry:",
+    "observed": ":eyes:",
+    "monitored": ":eyes:",
+}
+
+# What the workflow's sentences carry (workflows/remediation.py); the fields belong in
+# the Notification itself, these patterns only bridge until they are there.
+_PLAN = re.compile(r"\bplan (\w+)")
+_NEXT = re.compile(r"\bnext: (\w+)")
+_APPROVAL_STEP = re.compile(r"^(?:still waiting: )?(\w+) of \S+ needs approval")
+
+
+class IncidentCard(BaseModel):
+    """What the incident's message shows, folded from the notifications seen so far."""
+
+    incident_id: str
+    cluster: str
+    node: str
+    fault: str
+    rung: str | None = None
+    event: str = "opened"
+    waiting_step: str | None = None  # set while Approve / Reject are offered
+    severity: str = "info"
+    text: str = ""
+    updated_at: datetime
+
+    @classmethod
+    def for_note(cls, note: Notification) -> IncidentCard:
+        return cls(
+            incident_id=note.incident_id,
+            cluster=note.cluster,
+            node=note.node,
+            fault=note.fault,
+            updated_at=datetime.now(UTC),
+        )
+
+    def apply(self, note: Notification) -> IncidentCard:
+        """The card after `note`: a new card, this one is left as it was."""
+        rung = self.rung
+        if m := (_PLAN.search(note.text) or _NEXT.search(note.text)):
+            rung = m.group(1)
+        waiting = None
+        if note.event in APPROVAL_EVENTS:
+            m = _APPROVAL_STEP.match(note.text)
+            waiting = m.group(1) if m else (self.waiting_step or rung)
+            rung = waiting or rung
+        return self.model_copy(
+            update={
+                "rung": rung,
+                "event": note.event,
+                "waiting_step": waiting,
+                "severity": note.severity,
+                "text": note.text,
+                "updated_at": datetime.now(UTC),
+            }
+        )
+
+    @property
+    def state(self) -> str:
+        return STATE_WORDS.get(self.event, self.event.replace("_", " "))
+
+
+class Links(BaseModel):
+    """Where a reader goes next: the workflow in the Temporal UI, the incident in the API."""
+
+    temporal_ui_url: str | None = None
+    temporal_namespace: str = "default"
+    api_url: str | None = None
+
+    def workflow(self, card: IncidentCard) -> str | None:
+        if not self.temporal_ui_url:
+            return None
+        wf = quote(workflow_id(card.cluster, card.node), safe="")
+        ns = quote(self.temporal_namespace, safe="")
+        return f"{self.temporal_ui_url.rstrip('/')}/namespaces/{ns}/workflows/{wf}"
+
+    def incident(self, card: IncidentCard) -> str | None:
+        if not self.api_url:
+            return None
+        return f"{self.api_url.rstrip('/')}/v1/incidents/{quote(card.incident_id, safe='')}"
+
+
+def approval_value(incident_id: str, step: str) -> str:
+    """A button's value: which incident and which step the click decides."""
+    return json.dumps({"incident_id": incident_id, "step": step}, separators=(",", ":"))
+
+
+def parse_approval_value(value: str) -> tuple[str, str]:
+    """The (incident_id, step) of a button value; ValueError when it is not ours."""
+    try:
+        data = json.loads(value)
+        incident_id, step = data["incident_id"], data["step"]
+    except (TypeError, ValueError, KeyError) as e:
+        raise ValueError(f"not an approval button value: {value!r}") from e
+    if not isinstance(incident_id, str) or not isinstance(step, str) or not incident_id:
+        raise ValueError(f"not an approval button value: {value!r}")
+    return incident_id, step
+
+
+def _mention(severity: str, page_group_id: str | None) -> str:
+    return f"<!subteam^{page_group_id}> " if severity == "critical" and page_group_id else ""
+
+
+def event_text(note: Notification, *, page_group_id: str | None = None) -> str:
+    """A thread reply: one event, in order, paging the group when it is critical."""
+    mark = EVENT_MARKS.get(note.event, ":information_source:")
+    return f"{_mention(note.severity, page_group_id)}{mark} *{note.event}*: {note.text}"
+
+
+def card_message(
+    card: IncidentCard, links: Links, *, page_group_id: str | None = None
+) -> tuple[str, list[dict[str, Any]]]:
+    """The (fallback text, Block Kit blocks) of the incident's message."""
+    mark = EVENT_MARKS.get(card.event, ":information_source:")
+    mention = _mention(card.severity, page_group_id)
+    where = f"{card.fault} on {card.node} ({card.cluster})"
+    fallback = f"{mention}[{card.state}] {where}: {card.text}"
+    field = [
+        ("Node", f"`{card.node}`"),
+        ("Cluster", card.cluster),
+        ("Fault", f"`{card.fault}`"),
+        ("Action", card.rung or "to be decided"),
+        ("State", card.state),
+        ("Severity", card.severity),
+    ]
+    blocks: list[dict[str, Any]] = [
+        {"type": "header", "text": {"type": "plain_text", "text": f"{card.fault} on {card.node}"}},
+        {"type": "section", "text": {"type": "mrkdwn", "text": f"{mention}{mark} {card.text}"}},
+        {
+            "type": "section",
+            "fields": [{"type": "mrkdwn", "text": f"*{k}*\n{v}"} for k, v in field],
+        },
+    ]
+    refs = [f"incident `{card.incident_id}`"]
+    if url := links.workflow(card):
+        refs.append(f"<{url}|Temporal workflow>")
+    if url := links.incident(card):
+        refs.append(f"<{url}|API>")
+    refs.append(f"updated {card.updated_at:%Y-%m-%d %H:%M:%S} UTC")
+    blocks.append({"type": "context", "elements": [{"type": "mrkdwn", "text": " · ".join(refs)}]})
+    if card.waiting_step and card.event in APPROVAL_EVENTS:
+        blocks.append(_approval_block(card, card.waiting_step))
+    return fallback, blocks
+
+
+def _approval_block(card: IncidentCard, step: str) -> dict[str, Any]:
+    value = approval_value(card.incident_id, step)
+    question = f"{step} of {card.node} ({card.fault})"
+
+    def button(action: str, label: str, style: str) -> dict[str, Any]:
+        return {
+            "type": "button",
+            "action_id": action,
+            "text": {"type": "plain_text", "text": label},
+            "style": style,
+            "value": value,
+            "confirm": {
+                "title": {"type": "plain_text", "text": f"{label}?"},
+                "text": {"type": "mrkdwn", "text": f"{label} {question}?"},
+                "confirm": {"type": "plain_text", "text": label},
+                "deny": {"type": "plain_text", "text": "Cancel"},
+            },
+        }
+
+    return {
+        "type": "actions",
+        # A new block_id per step: Slack asks for one per iteration of an updated message.
+        "block_id": f"{APPROVAL_BLOCK_PREFIX}:{step}",
+        "elements": [
+            button("approve", "Approve", "primary"),
+            button("reject", "Reject", "danger"),
+        ],
+    }
+
+
+def decided_blocks(blocks: list[dict[str, Any]], line: str) -> list[dict[str, Any]]:
+    """`blocks` with the Approve / Reject buttons replaced by `line` (who decided, when)."""
+    kept = [
+        b
+        for b in blocks
+        if not (
+            b.get("type") == "actions"
+            and str(b.get("block_id", "")).startswith(APPROVAL_BLOCK_PREFIX)
+        )
+    ]
+    kept.append({"type": "context", "elements": [{"type": "mrkdwn", "text": line}]})
+    return kept
+
+
+def card_metadata(card: IncidentCard) -> dict[str, Any]:
+    """Message metadata that lets a worker with no local record find the message again."""
+    payload = {
+        "incident_id": card.incident_id,
+        "cluster": card.cluster,
+        "node": card.node,
+        "fault": card.fault,
+        "rung": card.rung or "",
+        "event": card.event,
+        "severity": card.severity,
+    }
+    return {"event_type": METADATA_EVENT_TYPE, "event_payload": payload}
