@@ -21,6 +21,7 @@ from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.exceptions import ApplicationError
 
 from autoclusters.core.guard import (
+    GUARD_WORKFLOW,
     Admission,
     AdmitCall,
     AdmitRequest,
@@ -33,7 +34,6 @@ from autoclusters.core.guard import (
     guard_workflow_id,
 )
 from autoclusters.integrations.slurm import SlurmClient
-from autoclusters.workflows.fleet_guard import FleetGuard
 
 
 class GuardActivities:
@@ -55,7 +55,7 @@ class GuardActivities:
     def _start(self, guard: GuardContext) -> WithStartWorkflowOperation[Any, Any]:
         # A fresh operation per call: one cannot be reused.
         return WithStartWorkflowOperation(
-            FleetGuard.run,
+            GUARD_WORKFLOW,
             guard.guard_input(),
             id=guard_workflow_id(guard.cluster),
             task_queue=self._task_queue,
@@ -63,10 +63,11 @@ class GuardActivities:
             execution_timeout=self._execution_timeout,
         )
 
-    async def _update(self, guard: GuardContext, update: Any, arg: Any) -> Any:
+    async def _update(self, guard: GuardContext, update: str, arg: Any, result: type) -> Any:
+        # By name: the workflow is the layer above, this module does not import it.
         try:
             return await self._client.execute_update_with_start_workflow(
-                update, arg, start_workflow_operation=self._start(guard)
+                update, arg, start_workflow_operation=self._start(guard), result_type=result
             )
         except WorkflowUpdateFailedError as e:
             # The guard rejected the request as malformed: asking again cannot help.
@@ -79,34 +80,36 @@ class GuardActivities:
 
     @activity.defn(name="guard_register")
     async def register(self, call: RegisterCall) -> Registration:
-        result: Registration = await self._update(call.guard, FleetGuard.register, call.incident)
+        result: Registration = await self._update(
+            call.guard, "register", call.incident, Registration
+        )
         return result
 
     @activity.defn(name="guard_admit_quarantine")
     async def admit_quarantine(self, call: AdmitCall) -> Admission:
         req = await self._admit_request(call)
-        result: Admission = await self._update(call.guard, FleetGuard.admit_quarantine, req)
+        result: Admission = await self._update(call.guard, "admit_quarantine", req, Admission)
         return result
 
     @activity.defn(name="guard_admit_repair")
     async def admit_repair(self, call: AdmitCall) -> Admission:
         req = await self._admit_request(call)
-        result: Admission = await self._update(call.guard, FleetGuard.admit_repair, req)
+        result: Admission = await self._update(call.guard, "admit_repair", req, Admission)
         return result
 
     @activity.defn(name="guard_claim_spare")
     async def claim_spare(self, call: SpareCall) -> SpareClaim:
-        result: SpareClaim = await self._update(call.guard, FleetGuard.claim_spare, call.request)
+        result: SpareClaim = await self._update(call.guard, "claim_spare", call.request, SpareClaim)
         return result
 
     @activity.defn(name="guard_refill_spare")
     async def refill_spare(self, call: SpareCall) -> list[str]:
-        result: list[str] = await self._update(call.guard, FleetGuard.refill_spare, call.request)
+        result: list[str] = await self._update(call.guard, "refill_spare", call.request, list[str])
         return result
 
     @activity.defn(name="guard_release")
     async def release(self, call: ReleaseCall) -> None:
-        await self._update(call.guard, FleetGuard.release, call.release)
+        await self._update(call.guard, "release", call.release, type(None))
 
     async def _admit_request(self, call: AdmitCall) -> AdmitRequest:
         cluster_nodes = len(await self._slurm.nodes())

@@ -1,6 +1,6 @@
 """Kubernetes steps of the runbook: cordon, evict, wait for the new machine, mark, uncordon.
 
-Every step is idempotent and undoes only its own marks (integrations/k8s.py): a cordon
+Every step is idempotent and undoes only its own marks (core/kubernetes.py): a cordon
 someone else made stands, and uncordon leaves it. Writes that replace a list (`spec.taints`)
 carry the resourceVersion they were computed from, so a concurrent writer makes them retry
 instead of being overwritten.
@@ -27,7 +27,7 @@ from kubernetes.client import ApiException
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from autoclusters.integrations.k8s import (
+from autoclusters.core.kubernetes import (
     CORDON_REASON_ANNOTATION,
     GPU_UNHEALTHY,
     INCIDENT_ANNOTATION,

@@ -14,6 +14,9 @@ from pydantic import BaseModel, Field
 
 from autoclusters.core.policy import GuardPolicy, NodeTopology
 
+# The fleet guard's workflow type, as activities and clients name it.
+GUARD_WORKFLOW = "FleetGuard"
+
 
 def guard_workflow_id(cluster: str) -> str:
     return f"fleet-guard-{cluster}"

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import httpx
 
+from autoclusters.core.kubernetes import INSTANCE_ID_LABEL
 from autoclusters.core.policy import Rung
-from autoclusters.integrations.k8s import INSTANCE_ID_LABEL
 from autoclusters.sandbox import daemons
 from autoclusters.sandbox.config import SandboxConfig
 from autoclusters.sandbox.crusoe_world import EmulatedVm

@@ -17,7 +17,7 @@ import uuid
 import httpx
 import yaml
 
-from autoclusters.integrations.k8s import INSTANCE_ID_LABEL
+from autoclusters.core.kubernetes import INSTANCE_ID_LABEL
 from autoclusters.sandbox.config import SandboxConfig
 from autoclusters.sandbox.machines import NODESET, SLURM_NAMESPACE, ensure_slurmd_pod, provider_id
 from autoclusters.sandbox.vms import VmRegistry

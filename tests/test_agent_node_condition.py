@@ -20,7 +20,8 @@ import yaml
 from kubernetes import client
 
 from autoclusters.clients.agent.node_condition import NodeCondition, reason_for
-from autoclusters.integrations.k8s import GPU_UNHEALTHY, api_client
+from autoclusters.core.kubernetes import GPU_UNHEALTHY
+from autoclusters.integrations.k8s import api_client
 from autoclusters.sandbox.k8s_emulator import THREAD_NAME, Running, running
 
 TOKEN = "agent-token"

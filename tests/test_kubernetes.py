@@ -36,7 +36,7 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
 from autoclusters.activities.kubernetes import KubernetesActivities
-from autoclusters.integrations.k8s import (
+from autoclusters.core.kubernetes import (
     CORDON_REASON_ANNOTATION,
     GPU_UNHEALTHY,
     INCIDENT_ANNOTATION,
@@ -49,8 +49,8 @@ from autoclusters.integrations.k8s import (
     SetNodeConditionInput,
     UncordonNodeInput,
     WaitNewNodeInput,
-    api_client,
 )
+from autoclusters.integrations.k8s import api_client
 from autoclusters.sandbox.k8s_emulator import THREAD_NAME, Running, running
 from autoclusters.sandbox.k8s_objects import NODES
 from tests.helpers import eventually

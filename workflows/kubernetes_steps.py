@@ -15,10 +15,8 @@ from datetime import timedelta
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
-    from autoclusters.activities.kubernetes import KubernetesActivities
-    from autoclusters.core.models import RepairResult, drain_reason
-    from autoclusters.core.policy import StepPolicy
-    from autoclusters.integrations.k8s import (
+    from autoclusters.activities import contracts
+    from autoclusters.core.kubernetes import (
         CordonNodeInput,
         EvictPodsInput,
         NodeIdentity,
@@ -27,6 +25,8 @@ with workflow.unsafe.imports_passed_through():
         UncordonNodeInput,
         WaitNewNodeInput,
     )
+    from autoclusters.core.models import RepairResult, drain_reason
+    from autoclusters.core.policy import StepPolicy
 
 from autoclusters.workflows.timeline import RETRY, Timeline
 
@@ -43,8 +43,8 @@ class KubernetesSteps(Timeline):
         r = self._state.request
         await self._step(
             "k8s_cordon",
-            lambda: workflow.execute_activity_method(
-                KubernetesActivities.cordon_node,
+            lambda: workflow.execute_activity(
+                contracts.k8s_cordon,
                 CordonNodeInput(
                     node=r.node,
                     incident_id=r.incident_id,
@@ -63,8 +63,8 @@ class KubernetesSteps(Timeline):
         await self._k8s_condition(True, condition_reason(r.fault), f"incident {r.incident_id}")
         await self._step(
             "k8s_evict",
-            lambda: workflow.execute_activity_method(
-                KubernetesActivities.evict_pods,
+            lambda: workflow.execute_activity(
+                contracts.k8s_evict_pods,
                 # Slurm is drained and idle by now, so the slurmd pod may go too.
                 EvictPodsInput(
                     node=r.node,
@@ -85,8 +85,8 @@ class KubernetesSteps(Timeline):
         r = self._state.request
         return await self._step(
             "k8s_identity",
-            lambda: workflow.execute_activity_method(
-                KubernetesActivities.node_identity,
+            lambda: workflow.execute_activity(
+                contracts.k8s_node_identity,
                 NodeIdentityInput(node=r.node),
                 start_to_close_timeout=K8S_CALL,
                 retry_policy=RETRY,
@@ -100,8 +100,8 @@ class KubernetesSteps(Timeline):
             return  # the machine never went away
         await self._step(
             "k8s_wait_ready",
-            lambda: workflow.execute_activity_method(
-                KubernetesActivities.wait_new_node_ready,
+            lambda: workflow.execute_activity(
+                contracts.k8s_wait_new_node_ready,
                 WaitNewNodeInput(
                     node=r.node, old_provider_id=before.provider_id, old_boot_id=before.boot_id
                 ),
@@ -120,8 +120,8 @@ class KubernetesSteps(Timeline):
         await self._k8s_condition(False, "HealthGatePassed", f"incident {r.incident_id}")
         await self._step(
             "k8s_uncordon",
-            lambda: workflow.execute_activity_method(
-                KubernetesActivities.uncordon_node,
+            lambda: workflow.execute_activity(
+                contracts.k8s_uncordon,
                 UncordonNodeInput(node=r.node, incident_id=r.incident_id),
                 start_to_close_timeout=K8S_CALL,
                 retry_policy=RETRY,
@@ -133,8 +133,8 @@ class KubernetesSteps(Timeline):
         r = self._state.request
         await self._step(
             "k8s_condition",
-            lambda: workflow.execute_activity_method(
-                KubernetesActivities.set_node_condition,
+            lambda: workflow.execute_activity(
+                contracts.k8s_set_condition,
                 SetNodeConditionInput(
                     node=r.node, unhealthy=unhealthy, reason=reason, message=message
                 ),

@@ -19,10 +19,7 @@ from temporalio import workflow
 from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
-    from autoclusters.activities.cloud import CloudActivities
-    from autoclusters.activities.guard import GuardActivities
-    from autoclusters.activities.health import HealthActivities
-    from autoclusters.activities.slurm import SlurmActivities
+    from autoclusters.activities import contracts
     from autoclusters.core.guard import (
         Admission,
         AdmitCall,
@@ -196,8 +193,8 @@ class NodeRemediation(KubernetesSteps, SpareSteps):
 
         reg = await self._step(
             "guard_register",
-            lambda: workflow.execute_activity_method(
-                GuardActivities.register,
+            lambda: workflow.execute_activity(
+                contracts.guard_register,
                 RegisterCall(
                     guard=guard,
                     incident=IncidentOpened(
@@ -231,7 +228,7 @@ class NodeRemediation(KubernetesSteps, SpareSteps):
             )
 
         try:
-            await self._admitted("quarantine", GuardActivities.admit_quarantine, guard)
+            await self._admitted("quarantine", contracts.guard_admit_quarantine, guard)
             await self._quarantine(req)
             await self._repair_until_healthy(req, guard)
             if self._k8s:
@@ -247,8 +244,8 @@ class NodeRemediation(KubernetesSteps, SpareSteps):
                 )
             back = await self._step(
                 "return_to_service",
-                lambda: workflow.execute_activity_method(
-                    SlurmActivities.return_to_service,
+                lambda: workflow.execute_activity(
+                    contracts.return_to_service,
                     ReturnInput(node=req.node, incident_id=req.incident_id),
                     start_to_close_timeout=self._slurm_timeout(),
                     retry_policy=RETRY,
@@ -283,8 +280,8 @@ class NodeRemediation(KubernetesSteps, SpareSteps):
     async def _quarantine(self, req: IncidentRequest) -> None:
         await self._step(
             "drain",
-            lambda: workflow.execute_activity_method(
-                SlurmActivities.drain_node,
+            lambda: workflow.execute_activity(
+                contracts.drain_node,
                 DrainInput(node=req.node, reason=drain_reason(req.incident_id, req.fault)),
                 start_to_close_timeout=self._slurm_timeout(),
                 retry_policy=RETRY,
@@ -297,8 +294,8 @@ class NodeRemediation(KubernetesSteps, SpareSteps):
         )
         requeued = await self._step(
             "requeue",
-            lambda: workflow.execute_activity_method(
-                SlurmActivities.requeue_jobs,
+            lambda: workflow.execute_activity(
+                contracts.requeue_jobs,
                 RequeueInput(node=req.node, incident_id=req.incident_id),
                 start_to_close_timeout=self._slurm_timeout(),
                 retry_policy=RETRY,
@@ -317,8 +314,8 @@ class NodeRemediation(KubernetesSteps, SpareSteps):
         )
         await self._step(
             "wait_idle",
-            lambda: workflow.execute_activity_method(
-                SlurmActivities.wait_node_idle,
+            lambda: workflow.execute_activity(
+                contracts.wait_node_idle,
                 WaitIdleInput(
                     node=req.node,
                     timeout_s=first.idle_timeout_s if first.wait_for_idle else 0,
@@ -346,7 +343,7 @@ class NodeRemediation(KubernetesSteps, SpareSteps):
                 # while we wait asks again, for the new rung.
                 approved = await self._approval(rung)
                 continue
-            await self._admitted("repair", GuardActivities.admit_repair, guard)
+            await self._admitted("repair", contracts.guard_admit_repair, guard)
             if (
                 rung == Rung.REPLACE
                 and p.guard.spares
@@ -374,8 +371,8 @@ class NodeRemediation(KubernetesSteps, SpareSteps):
             await self._wait_registered(req, done)
             report = await self._step(
                 "health_gate",
-                lambda: workflow.execute_activity_method(
-                    HealthActivities.health_gate,
+                lambda: workflow.execute_activity(
+                    contracts.health_gate,
                     HealthGateInput(node=req.node),
                     start_to_close_timeout=timedelta(minutes=10),
                     retry_policy=RETRY,
@@ -404,8 +401,8 @@ class NodeRemediation(KubernetesSteps, SpareSteps):
     async def _repair(self, inp: RepairInput, timeout_s: float) -> RepairResult:
         return await self._step(
             "repair",
-            lambda: workflow.execute_activity_method(
-                CloudActivities.repair_node,
+            lambda: workflow.execute_activity(
+                contracts.repair_node,
                 inp,
                 start_to_close_timeout=timedelta(seconds=timeout_s),
                 # The activity beats every 2 s: a dead worker is noticed within 10 s and the
@@ -422,8 +419,8 @@ class NodeRemediation(KubernetesSteps, SpareSteps):
         stopped_at = done.stopped_at
         await self._step(
             "wait_registered",
-            lambda: workflow.execute_activity_method(
-                SlurmActivities.wait_node_registered,
+            lambda: workflow.execute_activity(
+                contracts.wait_node_registered,
                 WaitRegisteredInput(node=req.node, since=stopped_at),
                 start_to_close_timeout=timedelta(seconds=req.timeouts.wait_registered_s),
                 heartbeat_timeout=timedelta(seconds=30),
@@ -489,7 +486,7 @@ class NodeRemediation(KubernetesSteps, SpareSteps):
     async def _admitted(
         self,
         what: str,
-        act: Callable[[GuardActivities, AdmitCall], Awaitable[Admission]],
+        act: Callable[[AdmitCall], Awaitable[Admission]],
         guard: GuardContext,
     ) -> None:
         """Ask the fleet guard until it admits; tell the humans once why we wait."""
@@ -498,7 +495,7 @@ class NodeRemediation(KubernetesSteps, SpareSteps):
         async def ask() -> Admission:
             told = False
             while True:
-                adm: Admission = await workflow.execute_activity_method(
+                adm: Admission = await workflow.execute_activity(
                     act,
                     AdmitCall(guard=guard, node=req.node, incident_id=req.incident_id),
                     start_to_close_timeout=self._slurm_timeout(),
@@ -524,8 +521,8 @@ class NodeRemediation(KubernetesSteps, SpareSteps):
         req = self._state.request
         self._repairing = False
         try:
-            await workflow.execute_activity_method(
-                GuardActivities.release,
+            await workflow.execute_activity(
+                contracts.guard_release,
                 ReleaseCall(
                     guard=guard,
                     release=ReleaseRequest(

@@ -12,8 +12,7 @@ from temporalio import workflow
 from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
-    from autoclusters.activities.cloud import CloudActivities
-    from autoclusters.activities.slurm import SlurmActivities
+    from autoclusters.activities import contracts
     from autoclusters.core.models import (
         DrainInput,
         IncidentRequest,
@@ -37,8 +36,8 @@ async def run_v1(wf: Timeline, req: IncidentRequest) -> IncidentState:
     try:
         await wf._step(
             "drain",
-            lambda: workflow.execute_activity_method(
-                SlurmActivities.drain_node,
+            lambda: workflow.execute_activity(
+                contracts.drain_node,
                 DrainInput(node=req.node, reason=drain_reason(req.incident_id, req.fault)),
                 start_to_close_timeout=slurm,
                 retry_policy=RETRY,
@@ -46,8 +45,8 @@ async def run_v1(wf: Timeline, req: IncidentRequest) -> IncidentState:
         )
         requeued = await wf._step(
             "requeue",
-            lambda: workflow.execute_activity_method(
-                SlurmActivities.requeue_jobs,
+            lambda: workflow.execute_activity(
+                contracts.requeue_jobs,
                 RequeueInput(node=req.node, incident_id=req.incident_id),
                 start_to_close_timeout=slurm,
                 retry_policy=RETRY,
@@ -57,8 +56,8 @@ async def run_v1(wf: Timeline, req: IncidentRequest) -> IncidentState:
         state.requeued_jobs = requeued.requeued
         repair = await wf._step(
             "repair",
-            lambda: workflow.execute_activity_method(
-                CloudActivities.replace_node,
+            lambda: workflow.execute_activity(
+                contracts.replace_node,
                 ReplaceInput(node=req.node, incident_id=req.incident_id),
                 start_to_close_timeout=timedelta(seconds=t.repair_s),
                 heartbeat_timeout=timedelta(seconds=30),
@@ -69,8 +68,8 @@ async def run_v1(wf: Timeline, req: IncidentRequest) -> IncidentState:
         state.old_vm_id, state.new_vm_id = repair.old_vm_id, repair.new_vm_id
         await wf._step(
             "wait_registered",
-            lambda: workflow.execute_activity_method(
-                SlurmActivities.wait_node_registered,
+            lambda: workflow.execute_activity(
+                contracts.wait_node_registered,
                 WaitRegisteredInput(node=req.node, since=repair.stopped_at),
                 start_to_close_timeout=timedelta(seconds=t.wait_registered_s),
                 heartbeat_timeout=timedelta(seconds=30),
@@ -80,8 +79,8 @@ async def run_v1(wf: Timeline, req: IncidentRequest) -> IncidentState:
         )
         back = await wf._step(
             "return_to_service",
-            lambda: workflow.execute_activity_method(
-                SlurmActivities.return_to_service,
+            lambda: workflow.execute_activity(
+                contracts.return_to_service,
                 ReturnInput(node=req.node, incident_id=req.incident_id),
                 start_to_close_timeout=slurm,
                 retry_policy=RETRY,

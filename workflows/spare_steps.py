@@ -12,8 +12,7 @@ from datetime import timedelta
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
-    from autoclusters.activities.guard import GuardActivities
-    from autoclusters.activities.slurm import SlurmActivities
+    from autoclusters.activities import contracts
     from autoclusters.core.guard import GuardContext, SpareCall, SpareRequest
     from autoclusters.core.models import SpareInput
 
@@ -28,8 +27,8 @@ class SpareSteps(Timeline):
         r = self._state.request
         claim = await self._step(
             "claim_spare",
-            lambda: workflow.execute_activity_method(
-                GuardActivities.claim_spare,
+            lambda: workflow.execute_activity(
+                contracts.guard_claim_spare,
                 SpareCall(
                     guard=guard, request=SpareRequest(node=r.node, incident_id=r.incident_id)
                 ),
@@ -43,8 +42,8 @@ class SpareSteps(Timeline):
         spare = claim.spare
         taken = await self._step(
             "take_spare",
-            lambda: workflow.execute_activity_method(
-                SlurmActivities.take_spare,
+            lambda: workflow.execute_activity(
+                contracts.take_spare,
                 SpareInput(node=spare, incident_id=r.incident_id),
                 start_to_close_timeout=CALL,
                 retry_policy=RETRY,
@@ -60,8 +59,8 @@ class SpareSteps(Timeline):
         r = self._state.request
         await self._step(
             "park_as_spare",
-            lambda: workflow.execute_activity_method(
-                SlurmActivities.park_as_spare,
+            lambda: workflow.execute_activity(
+                contracts.park_as_spare,
                 SpareInput(node=r.node, incident_id=r.incident_id),
                 start_to_close_timeout=CALL,
                 retry_policy=RETRY,
@@ -70,8 +69,8 @@ class SpareSteps(Timeline):
         )
         await self._step(
             "refill_spare",
-            lambda: workflow.execute_activity_method(
-                GuardActivities.refill_spare,
+            lambda: workflow.execute_activity(
+                contracts.guard_refill_spare,
                 SpareCall(
                     guard=guard, request=SpareRequest(node=r.node, incident_id=r.incident_id)
                 ),

@@ -12,7 +12,7 @@ from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError
 
 with workflow.unsafe.imports_passed_through():
-    from autoclusters.activities.notify import NotifyActivities
+    from autoclusters.activities import contracts
     from autoclusters.core.models import IncidentState, Notification, StepRecord
 
 T = TypeVar("T")
@@ -89,8 +89,8 @@ class Timeline:
         try:
             await self._step(
                 f"notify_{event}",
-                lambda: workflow.execute_activity_method(
-                    NotifyActivities.notify,
+                lambda: workflow.execute_activity(
+                    contracts.notify,
                     note,
                     start_to_close_timeout=timedelta(seconds=30),
                     retry_policy=NOTIFY_RETRY,

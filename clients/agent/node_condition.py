@@ -3,7 +3,7 @@
 Off by default (`--k8s-condition` turns it on). While any fault fires the condition is
 True, its reason `Agent<Fault>` (e.g. AgentXid79) and its message the firing faults. When
 none fires, the agent sets it False only if the agent set it: a GpuUnhealthy that the
-remediation workflow set (integrations/k8s.py) is the incident's, and stays. Patches go
+remediation workflow set (core/kubernetes.py) is the incident's, and stays. Patches go
 through nodes/status (merged by condition type, so other conditions stay), at a change
 and otherwise every `heartbeat_s` to refresh lastHeartbeatTime. Failures are logged and
 retried at the next check; they never stop the agent.
@@ -17,7 +17,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from autoclusters.integrations.k8s import GPU_UNHEALTHY
+from autoclusters.core.kubernetes import GPU_UNHEALTHY
 
 log = logging.getLogger(__name__)
 REASON_PREFIX = "Agent"

@@ -1,0 +1,188 @@
+"""The activities as the workflows see them: name, input and result, and nothing else.
+
+Workflows call these stubs, so importing a workflow loads no client library (Kubernetes,
+Slack, HTTP) and replays stay cheap. The worker registers the implementations
+(the classes next to this module) under the same names; `tests/test_contracts.py` checks that
+every stub has an implementation with the same input and result types.
+"""
+
+from __future__ import annotations
+
+from temporalio import activity
+
+from autoclusters.core.guard import (
+    Admission,
+    AdmitCall,
+    RegisterCall,
+    Registration,
+    ReleaseCall,
+    SpareCall,
+    SpareClaim,
+)
+from autoclusters.core.kubernetes import (
+    CordonNodeInput,
+    CordonNodeResult,
+    EvictPodsInput,
+    EvictPodsResult,
+    NodeIdentity,
+    NodeIdentityInput,
+    SetNodeConditionInput,
+    SetNodeConditionResult,
+    UncordonNodeInput,
+    UncordonNodeResult,
+    WaitNewNodeInput,
+)
+from autoclusters.core.models import (
+    DrainInput,
+    DrainResult,
+    HealthGateInput,
+    HealthReport,
+    Notification,
+    RepairInput,
+    RepairResult,
+    ReplaceInput,
+    ReplaceResult,
+    RequeueInput,
+    RequeueResult,
+    ReturnInput,
+    ReturnResult,
+    SlurmNode,
+    SpareInput,
+    WaitIdleInput,
+    WaitIdleResult,
+    WaitRegisteredInput,
+)
+
+
+def _stub() -> NotImplementedError:
+    return NotImplementedError("a contract: the worker runs the implementation")
+
+
+# --- Slurm ----------------------------------------------------------------------------------
+
+
+@activity.defn(name="drain_node")
+async def drain_node(inp: DrainInput) -> DrainResult:
+    raise _stub()
+
+
+@activity.defn(name="requeue_jobs")
+async def requeue_jobs(inp: RequeueInput) -> RequeueResult:
+    raise _stub()
+
+
+@activity.defn(name="wait_node_idle")
+async def wait_node_idle(inp: WaitIdleInput) -> WaitIdleResult:
+    raise _stub()
+
+
+@activity.defn(name="wait_node_registered")
+async def wait_node_registered(inp: WaitRegisteredInput) -> SlurmNode:
+    raise _stub()
+
+
+@activity.defn(name="return_to_service")
+async def return_to_service(inp: ReturnInput) -> ReturnResult:
+    raise _stub()
+
+
+@activity.defn(name="take_spare")
+async def take_spare(inp: SpareInput) -> ReturnResult:
+    raise _stub()
+
+
+@activity.defn(name="park_as_spare")
+async def park_as_spare(inp: SpareInput) -> ReturnResult:
+    raise _stub()
+
+
+# --- the cloud and the health gate ----------------------------------------------------------
+
+
+@activity.defn(name="repair_node")
+async def repair_node(inp: RepairInput) -> RepairResult:
+    raise _stub()
+
+
+@activity.defn(name="replace_node")
+async def replace_node(inp: ReplaceInput) -> ReplaceResult:
+    raise _stub()
+
+
+@activity.defn(name="health_gate")
+async def health_gate(inp: HealthGateInput) -> HealthReport:
+    raise _stub()
+
+
+# --- the fleet guard ------------------------------------------------------------------------
+
+
+@activity.defn(name="guard_register")
+async def guard_register(call: RegisterCall) -> Registration:
+    raise _stub()
+
+
+@activity.defn(name="guard_admit_quarantine")
+async def guard_admit_quarantine(call: AdmitCall) -> Admission:
+    raise _stub()
+
+
+@activity.defn(name="guard_admit_repair")
+async def guard_admit_repair(call: AdmitCall) -> Admission:
+    raise _stub()
+
+
+@activity.defn(name="guard_claim_spare")
+async def guard_claim_spare(call: SpareCall) -> SpareClaim:
+    raise _stub()
+
+
+@activity.defn(name="guard_refill_spare")
+async def guard_refill_spare(call: SpareCall) -> list[str]:
+    raise _stub()
+
+
+@activity.defn(name="guard_release")
+async def guard_release(call: ReleaseCall) -> None:
+    raise _stub()
+
+
+# --- Kubernetes -----------------------------------------------------------------------------
+
+
+@activity.defn(name="k8s_cordon")
+async def k8s_cordon(inp: CordonNodeInput) -> CordonNodeResult:
+    raise _stub()
+
+
+@activity.defn(name="k8s_uncordon")
+async def k8s_uncordon(inp: UncordonNodeInput) -> UncordonNodeResult:
+    raise _stub()
+
+
+@activity.defn(name="k8s_evict_pods")
+async def k8s_evict_pods(inp: EvictPodsInput) -> EvictPodsResult:
+    raise _stub()
+
+
+@activity.defn(name="k8s_wait_new_node_ready")
+async def k8s_wait_new_node_ready(inp: WaitNewNodeInput) -> NodeIdentity:
+    raise _stub()
+
+
+@activity.defn(name="k8s_set_condition")
+async def k8s_set_condition(inp: SetNodeConditionInput) -> SetNodeConditionResult:
+    raise _stub()
+
+
+@activity.defn(name="k8s_node_identity")
+async def k8s_node_identity(inp: NodeIdentityInput) -> NodeIdentity:
+    raise _stub()
+
+
+# --- notifications --------------------------------------------------------------------------
+
+
+@activity.defn(name="notify")
+async def notify(note: Notification) -> None:
+    raise _stub()
