@@ -1,11 +1,14 @@
 """Settings for every entry point: environment (AUTOCLUSTERS_*) over a TOML file over defaults.
 
-The file is named by AUTOCLUSTERS_CONFIG; without it, a running default sandbox's file is
-used, so `autoclusters incident open ...` just works after `autoclusters sandbox up`.
+The file is named by AUTOCLUSTERS_CONFIG; without it, the default sandbox's file is used
+while that sandbox is running, so `autoclusters incident open ...` just works after
+`autoclusters sandbox up`, and a stopped sandbox's leftover file (its kubeconfig, its API
+tokens) is never read.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import tomllib
 from pathlib import Path
@@ -24,13 +27,52 @@ from autoclusters.core.slack_config import SlackConfig
 
 DEFAULT_SANDBOX_DIR = Path.home() / ".autoclusters" / "sandbox"
 CONFIG_FILE_NAME = "autoclusters.toml"
+# What `sandbox up` writes into its state dir (sandbox/config.py, sandbox/processes.py):
+# the sandbox's record, and one JSON record per process under pids/.
+SANDBOX_RECORD_NAME = "autoclusters.sandbox.json"
+SANDBOX_LIVENESS_PROCESS = "temporal"  # every client of a sandbox talks to it
+
+
+def default_sandbox_dir() -> Path:
+    """The default sandbox's state dir, from HOME as it is now (not at import)."""
+    return Path.home() / ".autoclusters" / "sandbox"
+
+
+def _start_ticks(pid: int) -> int | None:
+    """Field 22 of /proc/<pid>/stat (start time); None if the process is gone or a zombie."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2 :].split()
+    if fields[0] in ("Z", "X"):
+        return None
+    return int(fields[19])
+
+
+def sandbox_running(state_dir: Path) -> bool:
+    """Whether the sandbox in `state_dir` runs: its record exists and its Temporal server's
+    recorded PID is alive with the recorded start time (a reused PID is not ours).
+
+    A minimal, read-only copy of sandbox/processes.py's check: core imports no sandbox code.
+    """
+    if not (state_dir / SANDBOX_RECORD_NAME).is_file():
+        return False
+    try:
+        rec = json.loads((state_dir / "pids" / f"{SANDBOX_LIVENESS_PROCESS}.json").read_text())
+        pid, ticks = int(rec["pid"]), int(rec["start_ticks"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    return pid > 0 and _start_ticks(pid) == ticks
 
 
 def config_file() -> Path | None:
+    """AUTOCLUSTERS_CONFIG; else the default sandbox's file while that sandbox runs."""
     if os.environ.get("AUTOCLUSTERS_CONFIG"):
         return Path(os.environ["AUTOCLUSTERS_CONFIG"])
-    default = DEFAULT_SANDBOX_DIR / CONFIG_FILE_NAME
-    return default if default.exists() else None
+    state_dir = default_sandbox_dir()
+    default = state_dir / CONFIG_FILE_NAME
+    return default if default.exists() and sandbox_running(state_dir) else None
 
 
 class Settings(BaseSettings):

@@ -3,6 +3,10 @@
 The sandbox gets its own state dir and free ports so it never collides with a user's
 demo sandbox, and is stopped by PID at the end; the fixture then checks that nothing it
 recorded is still alive.
+
+Every test is hermetic: HOME is a temporary directory and no AUTOCLUSTERS_* variable is
+set (for the session, so the processes the session's sandboxes start inherit neither, and
+again for each test), so no test reads a user's ~/.autoclusters or their environment.
 """
 
 from __future__ import annotations
@@ -23,6 +27,38 @@ from autoclusters.integrations.slurm import SlurmCli
 from autoclusters.sandbox import cluster
 from autoclusters.sandbox.config import SandboxConfig
 from autoclusters.sandbox.processes import ProcessTable
+
+
+def _isolate(mp: pytest.MonkeyPatch, home: Path) -> None:
+    mp.setenv("HOME", str(home))
+    for name in list(os.environ):
+        if name.startswith("AUTOCLUSTERS_"):
+            mp.delenv(name)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _hermetic_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """Before any session fixture (a sandbox) starts: a private HOME, no AUTOCLUSTERS_*."""
+    home = tmp_path_factory.mktemp("home")
+    with pytest.MonkeyPatch.context() as mp:
+        _isolate(mp, home)
+        yield home
+
+
+@pytest.fixture(autouse=True)
+def _hermetic(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Each test: a HOME of its own (nothing a test writes there reaches another), and
+    whatever AUTOCLUSTERS_* a previous test set is gone."""
+    home = tmp_path_factory.mktemp("home")
+    _isolate(monkeypatch, home)
+    return home
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test on the session's real sandbox is an integration test, marked or not."""
+    for item in items:
+        if "sandbox" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.integration)
 
 
 def free_port_base(span: int = 20) -> int:
