@@ -13,6 +13,8 @@ Test controls live beside the API under `/_emulator` (no auth; the server binds 
   POST /_emulator/timings {"operation_s", "boot_delay_s"}: change how long operations take
   POST /_emulator/vms {"clusters": [...], "node_pools": [...], "vms": [...]}: seed the world
   GET /_emulator/state, GET|DELETE /_emulator/requests, GET /_emulator/health
+  GET /_emulator/operations[?vm_name=N][&since=RFC3339]: every operation the emulator
+    performed (kept in its world, so across restarts with --state), oldest first
 
     python -m sandbox.crusoe_emulator --port 8787 --access-key-id K --secret-key S --project P
 """
@@ -27,6 +29,7 @@ import threading
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -252,6 +255,18 @@ def create_app(config: EmulatorConfig, backend: VmBackend | None = None) -> Fast
     app.include_router(_api(engine), prefix="/v1")
     app.include_router(admin_router(engine, gate), prefix="/_emulator")
 
+    @app.get("/_emulator/operations")
+    async def operations(vm_name: str | None = None, since: str | None = None) -> dict[str, Any]:
+        """The emulator's own record of the operations it performed (read-only)."""
+        after = _instant(since) if since is not None else None
+        ops = [
+            op.record()
+            for op in engine.world.operations.values()
+            if (vm_name is None or op.resource_name == vm_name)
+            and (after is None or _instant(op.started_at) >= after)
+        ]
+        return {"operations": sorted(ops, key=lambda o: _instant(o["started_at"]))}
+
     @app.exception_handler(ApiError)
     async def api_error(request: Request, e: ApiError) -> Response:
         return error_response(e.status, e.code, e.message)
@@ -269,6 +284,14 @@ def create_app(config: EmulatorConfig, backend: VmBackend | None = None) -> Fast
         )
 
     return app
+
+
+def _instant(rfc3339: str) -> datetime:
+    try:
+        t = datetime.fromisoformat(rfc3339.replace("Z", "+00:00"))
+    except ValueError as e:
+        raise ApiError(400, "bad_request", f"not an RFC 3339 time: {rfc3339!r}") from e
+    return t if t.tzinfo is not None else t.replace(tzinfo=UTC)
 
 
 class EmulatorServer:

@@ -98,9 +98,25 @@ class Operation(BaseModel):
     completed_at: str = ""
     metadata: dict[str, Any] = Field(default_factory=dict)
     result: dict[str, Any] | None = None
+    # The VM's name when the operation started (a node's machine is named after the node,
+    # and a deleted VM leaves the world): the emulator's own record, not part of the API.
+    resource_name: str = ""
 
     def public(self) -> dict[str, Any]:
-        return self.model_dump(exclude={"kind", "resource_id"}, exclude_none=True)
+        return self.model_dump(exclude={"kind", "resource_id", "resource_name"}, exclude_none=True)
+
+    def record(self) -> dict[str, Any]:
+        """What `/_emulator/operations` lists: which operation ran on which machine."""
+        return {
+            "operation_id": self.operation_id,
+            "kind": self.kind,
+            "action": self.metadata.get("action") or self.metadata.get("operation_type", ""),
+            "vm_id": self.resource_id,
+            "vm_name": self.resource_name,
+            "state": self.state,
+            "started_at": self.started_at,
+            "completed_at": self.completed_at,
+        }
 
 
 class World(BaseModel):
@@ -206,7 +222,13 @@ class Engine:
         work: Callable[[Operation], Awaitable[None]],
         metadata: dict[str, Any] | None = None,
     ) -> Operation:
-        op = Operation(kind=kind, resource_id=vm_id, metadata=metadata or {})
+        vm = self.world.vms.get(vm_id)
+        op = Operation(
+            kind=kind,
+            resource_id=vm_id,
+            resource_name=vm.name if vm is not None else "",
+            metadata=metadata or {},
+        )
         self.world.operations[op.operation_id] = op
         if vm_id:
             self.busy[vm_id] = op.operation_id
