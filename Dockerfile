@@ -6,12 +6,16 @@ RUN apt-get update \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /app
 COPY pyproject.toml README.md ./
+# autoclusters/ links the layer folders into the one import root. The sandbox is left out
+# (its link dangles, so it is not packaged), and no extra is installed: no Temporal CLI
+# binary, no torch.
 COPY autoclusters ./autoclusters
+COPY core ./core
+COPY integrations ./integrations
 COPY workflows ./workflows
 COPY activities ./activities
 COPY workers ./workers
 COPY clients ./clients
-COPY sandbox ./sandbox
 RUN pip install --no-cache-dir .
 ENTRYPOINT ["autoclusters"]
 CMD ["worker"]

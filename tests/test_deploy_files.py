@@ -33,10 +33,15 @@ def test_compose_worker_runs_a_real_cli_command_from_a_buildable_image() -> None
     assert worker["command"][0] in commands
     assert worker["depends_on"]["temporal"]["condition"] == "service_healthy"
     dockerfile = (ROOT / worker["build"] / "Dockerfile").read_text()
+    copied = set()
     for line in dockerfile.splitlines():
         if line.startswith("COPY "):
             for src in line.split()[1:-1]:
                 assert (ROOT / src).exists(), f"Dockerfile copies missing {src}"
+                copied.add(src)
+    # Every layer linked into the import root is in the image, except the sandbox.
+    layers = {p.name for p in (ROOT / "autoclusters").iterdir() if p.is_symlink()}
+    assert layers - copied == {"sandbox"}
     env = worker["environment"]
     assert env["AUTOCLUSTERS_TEMPORAL_ADDRESS"] == "temporal:7233"
 
