@@ -74,9 +74,28 @@ def _node_name(v: str) -> str:
     )
 
 
+# Bounds that keep every policy usable: each duration finite and at most a week, each count
+# small enough to mean something, so a policy that loads can always be encoded into a
+# workflow input and never overflows inside one.
+MAX_DURATION_S = 7 * 86400
+MAX_COUNT = 100_000  # nodes, repairs, incidents: no cluster is larger
+MAX_POLICY_BYTES = 1024 * 1024
+# Nodes of the YAML document once aliases are expanded: a real policy has a few hundred.
+MAX_POLICY_NODES = 50_000
+
+
+def Duration(default: float) -> Any:  # noqa: N802 - reads as a type in the models below
+    """Seconds: positive, finite, at most MAX_DURATION_S."""
+    return Field(default=default, gt=0, le=MAX_DURATION_S, allow_inf_nan=False)
+
+
+def Count(default: int, *, ge: int = 1, le: int = MAX_COUNT) -> Any:  # noqa: N802
+    return Field(default=default, ge=ge, le=le)
+
+
 FaultKind = Annotated[str, AfterValidator(_fault_kind)]
 NodeName = Annotated[str, AfterValidator(_node_name)]
-Approver = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1)]
+Approver = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=256)]
 
 
 class _Strict(BaseModel):
@@ -95,7 +114,7 @@ class StepPolicy(_Strict):
     needs_approval: bool = False
     # Never repair under a running job unless `force`: wait until the node is idle.
     wait_for_idle: bool = True
-    idle_timeout_s: float = Field(default=3600, gt=0)
+    idle_timeout_s: float = Duration(3600)
     # When the node is still busy after idle_timeout_s: cancel its jobs and go on (force),
     # or stop here, leave the node drained and page a human.
     on_idle_timeout: Literal["force", "leave_drained"] = "leave_drained"
@@ -104,34 +123,38 @@ class StepPolicy(_Strict):
 class GuardPolicy(_Strict):
     """Blast-radius limits, enforced by the cluster's fleet guard."""
 
-    max_concurrent_repairs: int = Field(default=2, ge=1)
-    min_in_service_fraction: float = Field(default=0.75, ge=0, le=1)
-    breaker_threshold: int = Field(default=5, ge=1)  # trips on more than K opens ...
-    breaker_window_s: float = Field(default=600, gt=0)  # ... within this sliding window
+    max_concurrent_repairs: int = Count(2)
+    min_in_service_fraction: float = Field(default=0.75, ge=0, le=1, allow_inf_nan=False)
+    breaker_threshold: int = Count(5)  # trips on more than K opens ...
+    breaker_window_s: float = Duration(600)  # ... within this sliding window
     # Hot spares: healthy nodes kept drained ("autoclusters: spare") out of the partition. A
     # replacement puts one into service at once; the replaced node, once healthy, becomes
     # the spare.
-    spares: list[Annotated[str, AfterValidator(_node_name)]] = Field(default_factory=list)
+    spares: list[Annotated[str, AfterValidator(_node_name)]] = Field(
+        default_factory=list, max_length=1024
+    )
 
 
 class NodeTopology(_Strict):
-    leaf: str | None = None  # InfiniBand leaf switch
-    pod: str | None = None  # scalable unit / pod
+    leaf: str | None = Field(default=None, max_length=256)  # InfiniBand leaf switch
+    pod: str | None = Field(default=None, max_length=256)  # scalable unit / pod
 
 
 class Policy(_Strict):
     mode: Mode = "auto"
-    approvers: list[Approver] = Field(default_factory=list)
-    approval_timeout_s: float = Field(default=3600, gt=0)
+    approvers: list[Approver] = Field(default_factory=list, max_length=1024)
+    approval_timeout_s: float = Duration(3600)
     # After the timeout and one reminder: leave the node drained and page (default), or go on.
     approval_timeout_action: Literal["leave_drained", "proceed"] = "leave_drained"
-    recurrence_window_s: float = Field(default=86400, gt=0)
-    max_repair_attempts: int = Field(default=3, ge=1)
+    recurrence_window_s: float = Duration(86400)
+    max_repair_attempts: int = Count(3, le=len(LADDER) * 3)
+    # The health gate waits this long after a repair for the node agent's fresh report.
+    agent_report_timeout_s: float = Field(default=300, gt=0, le=3600)
     faults: dict[FaultKind, FaultRule] = Field(default_factory=dict)
     default_rule: FaultRule = FaultRule(severity="warning", first_rung=Rung.REBOOT)
     steps: dict[Rung, StepPolicy] = Field(default_factory=dict)
     guard: GuardPolicy = Field(default_factory=GuardPolicy)
-    topology: dict[NodeName, NodeTopology] = Field(default_factory=dict)
+    topology: dict[NodeName, NodeTopology] = Field(default_factory=dict, max_length=MAX_COUNT)
 
     def rule_for(self, fault: str) -> FaultRule:
         return self.faults.get(fault, self.default_rule)
@@ -189,6 +212,9 @@ def load_policy(path: Path) -> Policy:
     """Read and validate a policy file; PolicyError names the line and field of each problem."""
     path = Path(path)
     try:
+        size = path.stat().st_size
+        if size > MAX_POLICY_BYTES:
+            raise PolicyError(path, [_too_large(size)])
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
         raise PolicyError(path, [PolicyProblem(None, "", f"cannot read: {e}")]) from None
@@ -197,11 +223,28 @@ def load_policy(path: Path) -> Policy:
 
 def parse_policy(text: str, source: str = "<policy>") -> Policy:
     """Validate policy YAML held in memory; `source` names it in errors."""
+    if len(text.encode("utf-8", errors="replace")) > MAX_POLICY_BYTES:
+        raise PolicyError(source, [_too_large(len(text.encode("utf-8", errors="replace")))])
     loader = yaml.SafeLoader(text)
     try:
         root = loader.get_single_node()
         if root is None:
             raise PolicyError(source, [PolicyProblem(1, "", "the file is empty")])
+        # Aliases share nodes: a few hundred bytes can name billions of them. Count the
+        # expanded size first, in time linear in the file, before anything walks the tree.
+        expanded = _expanded_size(root)
+        if expanded > MAX_POLICY_NODES:
+            raise PolicyError(
+                source,
+                [
+                    PolicyProblem(
+                        None,
+                        "",
+                        f"the document expands to more than {MAX_POLICY_NODES} values "
+                        "(YAML aliases repeated too often)",
+                    )
+                ],
+            )
         # Checked on the pristine tree: constructing it flattens `<<` merges in place.
         dups = _duplicate_keys(root, ())
         if dups:
@@ -211,12 +254,55 @@ def parse_policy(text: str, source: str = "<policy>") -> Policy:
         raise PolicyError(source, [_syntax_problem(e)]) from None
     except yaml.YAMLError as e:
         raise PolicyError(source, [PolicyProblem(None, "", f"YAML error: {e}")]) from None
+    except RecursionError:
+        raise PolicyError(source, [PolicyProblem(None, "", "nested too deeply")]) from None
     finally:
         loader.dispose()
     try:
         return Policy.model_validate(data)
     except ValidationError as e:
         raise PolicyError(source, [_problem(root, err) for err in e.errors()]) from None
+
+
+def _too_large(size: int) -> PolicyProblem:
+    return PolicyProblem(
+        None, "", f"the file is {size} bytes; a policy may be at most {MAX_POLICY_BYTES} bytes"
+    )
+
+
+def _expanded_size(root: yaml.Node) -> int:
+    """Values the document holds once every alias is expanded, stopping once it is too many.
+
+    Each distinct node's size is computed once (aliases point at the same node object), so
+    this is linear in the file however deeply aliases nest; a cycle counts as too many.
+    """
+    sizes: dict[int, int] = {}
+    visiting: set[int] = set()
+    cap = MAX_POLICY_NODES + 1
+
+    def size(node: yaml.Node) -> int:
+        key = id(node)
+        if key in sizes:
+            return sizes[key]
+        if key in visiting:
+            return cap
+        visiting.add(key)
+        total = 1
+        if isinstance(node, yaml.MappingNode):
+            for k, v in node.value:
+                total += size(k) + size(v)
+                if total >= cap:
+                    break
+        elif isinstance(node, yaml.SequenceNode):
+            for item in node.value:
+                total += size(item)
+                if total >= cap:
+                    break
+        visiting.discard(key)
+        sizes[key] = min(total, cap)
+        return sizes[key]
+
+    return size(root)
 
 
 def _syntax_problem(e: yaml.MarkedYAMLError) -> PolicyProblem:
