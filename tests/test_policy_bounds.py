@@ -23,6 +23,7 @@ from autoclusters.core.policy import (
     MAX_POLICY_BYTES,
     Policy,
     PolicyError,
+    Rung,
     load_policy,
     parse_policy,
 )
@@ -55,7 +56,7 @@ steps:
   replace: *careful
 """
     policy = parse_policy(text)
-    assert policy.steps["replace"].needs_approval
+    assert policy.steps[Rung.REPLACE].needs_approval
 
 
 def test_a_policy_over_one_mebibyte_is_refused(tmp_path: Path) -> None:
