@@ -22,6 +22,7 @@ from temporalio.common import (
 from temporalio.service import RPCError
 
 from autoclusters.clients.api.inventory import NodeInventory, SlurmInventory
+from autoclusters.core.faults import INCIDENT_ID_PATTERN
 from autoclusters.core.models import (
     ApprovalRecord,
     ApprovalRequest,
@@ -220,9 +221,14 @@ def _quoted(value: str) -> str:
 
 
 async def find_incident(client: Client, settings: Settings, incident_id: str) -> WorkflowHandle:
+    if not INCIDENT_ID_PATTERN.match(incident_id):
+        # Never let it near a visibility query: it would be query syntax, not an id.
+        raise IncidentNotFound(
+            f"{incident_id[:80]!r} is not an incident id (inc-YYYYMMDD-HHMMSS-<node>)"
+        )
     # The id names the node, so the node's workflow id is a direct look-up (no wait for
     # visibility); an older incident of that node is found through visibility.
-    node = incident_id.split("-", 3)[-1] if incident_id.count("-") >= 3 else ""
+    node = incident_id.split("-", 3)[-1]
     if node:
         handle = client.get_workflow_handle(workflow_id(settings.cluster, node))
         try:
@@ -231,7 +237,8 @@ async def find_incident(client: Client, settings: Settings, incident_id: str) ->
                 return client.get_workflow_handle(desc.id, run_id=desc.run_id)
         except RPCError:
             pass
-    async for wf in client.list_workflows(f"IncidentId = '{incident_id}'"):
+    query = f"IncidentId = {_quoted(incident_id)} AND Cluster = {_quoted(settings.cluster)}"
+    async for wf in client.list_workflows(query):
         return client.get_workflow_handle(wf.id, run_id=wf.run_id)
     raise IncidentNotFound(f"no incident {incident_id} in cluster {settings.cluster}")
 
