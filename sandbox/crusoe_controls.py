@@ -17,7 +17,7 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from autoclusters.integrations.crusoe.signing import SignatureError, verify
+from autoclusters.sandbox import crusoe_signature
 from autoclusters.sandbox.crusoe_world import Cluster, EmulatedVm, EmulatorConfig, Engine, NodePool
 
 __all__ = ["ApiError", "FaultRule", "Gate", "RequestSeen", "Seed", "admin_router", "error_response"]
@@ -83,18 +83,19 @@ class Gate:
             headers = {"Retry-After": f"{fault.retry_after:g}"} if fault.retry_after else None
             return error_response(fault.status, "injected", fault.message, headers)
         try:
-            verify(
+            # Our own check, written from the public algorithm: not the client's code.
+            crusoe_signature.check(
                 method=request.method,
-                path=path,
-                query=query,
+                raw_path=request.scope.get("raw_path") or path.encode(),
+                raw_query=query,
                 headers=dict(request.headers),
                 access_key_id=self.config.access_key_id,
-                secret_key=self.config.secret_key.get_secret_value(),
+                secret=self.config.secret_key.get_secret_value(),
                 max_skew=timedelta(seconds=self.config.max_skew_s),
             )
-        except SignatureError as e:
+        except crusoe_signature.Refused as e:
             entry.status = 401
-            return error_response(401, "unauthorized", e.reason)
+            return error_response(401, "unauthorized", str(e))
         response = await call_next(request)
         entry.status = response.status_code
         return response

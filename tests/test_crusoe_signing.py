@@ -69,8 +69,11 @@ def test_canonical_query_refuses_semicolons_and_bad_escapes() -> None:
 
 
 def test_string_to_sign_is_four_newline_terminated_lines() -> None:
-    payload = string_to_sign(method="get", path=PATH, query=QUERY, timestamp=TS)
+    payload = string_to_sign(method="GET", path=PATH, query=QUERY, timestamp=TS)
     assert payload == f"{PATH}\n{CANONICAL}\nGET\n{TS}\n".encode()
+    # The method as sent, as Go signs req.Method: HTTP methods are case-sensitive.
+    lower = string_to_sign(method="get", path=PATH, query=QUERY, timestamp=TS)
+    assert lower == f"{PATH}\n{CANONICAL}\nget\n{TS}\n".encode()
     empty = string_to_sign(method="DELETE", path="/v1/x", query="", timestamp=TS)
     assert empty == f"/v1/x\n\nDELETE\n{TS}\n".encode()
 
@@ -108,9 +111,11 @@ def test_signature_matches_hmac_by_hand_for_other_keys() -> None:
     )
     expected = by_hand(f"/v1/a b\nq=x+y\nPOST\n{TS}\n", raw_key)
     assert headers["Authorization"] == f"Bearer 1.0:k:{expected}"
-    # A padded key decodes to the same bytes.
-    padded = base64.urlsafe_b64encode(raw_key).decode()
-    assert signing.signature(b"x", padded) == signing.signature(b"x", secret)
+    # A padded key is refused, as Go's base64.RawURLEncoding refuses it.
+    padded = base64.urlsafe_b64encode(raw_key[:32]).decode()
+    assert padded.endswith("=")
+    with pytest.raises(SigningError):
+        signing.signature(b"x", padded)
 
 
 def test_a_secret_key_that_is_not_base64url_is_refused_without_echoing_it() -> None:
@@ -164,7 +169,10 @@ def test_verify_accepts_a_good_request_within_the_window() -> None:
         ({}, "missing"),
         ({"X-Crusoe-Timestamp": TS, "Authorization": "Basic abc"}, "Bearer"),
         (_headers(key_id="other"), "unknown access key"),
-        (_headers(secret=base64.urlsafe_b64encode(b"k" * 32).decode()), "does not match"),
+        (
+            _headers(secret=base64.urlsafe_b64encode(b"k" * 32).decode().rstrip("=")),
+            "does not match",
+        ),
         (_headers(timestamp="2026-03-26T11:54:59Z"), "off the clock"),  # stale
         (_headers(timestamp="2026-03-26T12:05:01Z"), "off the clock"),  # from the future
         (_headers(timestamp="yesterday"), "RFC 3339"),

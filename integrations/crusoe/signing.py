@@ -9,7 +9,13 @@ keyed with the secret key base64url-decoded (no padding); the signature is base6
 This follows Crusoe's Go signer (client-go `auth/v1/auth.go`) byte for byte: the canonical
 query is parsed like Go's `url.ParseQuery` (pairs split on `&`, a `;` is an error),
 sorted by key with values in their original order, and re-encoded with `url.QueryEscape`.
-The path is the decoded path (Go's `req.URL.Path`).
+The path is the decoded path (Go's `req.URL.Path`); a path with a malformed escape cannot
+be sent at all (Go's URL parser refuses it), the method is signed exactly as sent, and the
+secret key is decoded as Go's `base64.RawURLEncoding` does (no `=` padding; CR and LF are
+skipped; anything else outside the alphabet is an error).
+
+The emulator checks signatures with its own implementation (sandbox/crusoe_signature.py),
+so a mistake here cannot hide behind the same mistake there.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ __all__ = [
     "SignatureError",
     "SigningError",
     "canonical_query",
+    "check_raw_path",
     "decode_secret_key",
     "format_timestamp",
     "sign",
@@ -44,7 +51,7 @@ TIMESTAMP_HEADER = "X-Crusoe-Timestamp"
 AUTH_VERSION = "1.0"
 
 _BAD_ESCAPE = re.compile(rb"%(?![0-9A-Fa-f]{2})")
-_BASE64URL = re.compile(r"[A-Za-z0-9_-]+")
+_BASE64URL = re.compile(r"[A-Za-z0-9_-]*")
 
 
 class SigningError(ValueError):
@@ -93,19 +100,27 @@ def canonical_query(query: str | bytes) -> str:
     return "&".join(f"{_escape(k)}={_escape(v)}" for k, v in pairs)
 
 
+def check_raw_path(raw_path: str | bytes) -> None:
+    """A path with a malformed %-escape is not a URL Crusoe's signer would ever send."""
+    raw = raw_path.encode() if isinstance(raw_path, str) else raw_path
+    if _BAD_ESCAPE.search(raw):
+        raise SigningError(f"invalid URL escape in path: {raw[:60]!r}")
+
+
 def string_to_sign(*, method: str, path: str, query: str | bytes, timestamp: str) -> bytes:
-    return f"{path}\n{canonical_query(query)}\n{method.upper()}\n{timestamp}\n".encode()
+    # The method exactly as sent: HTTP methods are case-sensitive and Go signs req.Method.
+    return f"{path}\n{canonical_query(query)}\n{method}\n{timestamp}\n".encode()
 
 
 def decode_secret_key(secret_key: str) -> bytes:
-    # Messages never echo the key itself.
-    text = secret_key.strip().rstrip("=")
-    if not _BASE64URL.fullmatch(text):
-        raise SigningError("the Crusoe secret key is not base64url")
-    try:
-        return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
-    except ValueError as e:
-        raise SigningError("the Crusoe secret key is not base64url") from e
+    # As Go's base64.RawURLEncoding: line breaks are skipped, padding and any other character
+    # outside the alphabet are errors. Messages never echo the key itself.
+    text = secret_key.replace("\r", "").replace("\n", "")
+    if not text or not _BASE64URL.fullmatch(text):
+        raise SigningError("the Crusoe secret key is not unpadded base64url")
+    if len(text) % 4 == 1:
+        raise SigningError("the Crusoe secret key is not unpadded base64url (truncated)")
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
 
 
 def signature(payload: bytes, secret_key: str) -> str:
@@ -193,6 +208,7 @@ class CrusoeAuth(httpx.Auth):
         return f"CrusoeAuth(access_key_id={self._access_key_id!r})"
 
     def auth_flow(self, request: httpx.Request) -> Generator[httpx.Request, httpx.Response, None]:
+        check_raw_path(request.url.raw_path.split(b"?", 1)[0])
         request.headers.update(
             sign(
                 method=request.method,
