@@ -22,7 +22,7 @@ from temporalio.common import (
 from temporalio.service import RPCError
 
 from autoclusters.clients.api.inventory import NodeInventory, SlurmInventory
-from autoclusters.core.faults import INCIDENT_ID_PATTERN
+from autoclusters.core.faults import INCIDENT_ID_PATTERN, check_known_fault
 from autoclusters.core.models import (
     ApprovalRecord,
     ApprovalRequest,
@@ -89,6 +89,8 @@ async def open_incident(
     overrides it, e.g. the demo's mode). `update_id` makes the report idempotent: Temporal
     answers a repeated id with the first answer instead of recording the report twice.
     """
+    policy = policy or policy_for(settings)
+    check_known_fault(fault, policy.faults)  # before anything is asked or started
     opened_at = datetime.now(UTC)
     req = IncidentRequest(
         incident_id=new_incident_id(node, opened_at),
@@ -100,7 +102,7 @@ async def open_incident(
         timeouts=RemediationTimeouts(
             repair_s=settings.repair_timeout_s, admission_poll_s=settings.admission_poll_s
         ),
-        policy=policy or policy_for(settings),
+        policy=policy,
         kubernetes=settings.kubeconfig is not None,
     )
     report = FaultReport(incident_id=req.incident_id, fault=fault, source=opened_by, at=opened_at)
