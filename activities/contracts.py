@@ -52,6 +52,7 @@ from autoclusters.core.models import (
     WaitIdleResult,
     WaitRegisteredInput,
 )
+from autoclusters.core.quarantine import QuarantineStatus, VerifyQuarantineInput
 
 
 def _stub() -> NotImplementedError:
@@ -93,6 +94,11 @@ async def take_spare(inp: SpareInput) -> ReturnResult:
 
 @activity.defn(name="park_as_spare")
 async def park_as_spare(inp: SpareInput) -> ReturnResult:
+    raise _stub()
+
+
+@activity.defn(name="verify_quarantine")
+async def verify_quarantine(inp: VerifyQuarantineInput) -> QuarantineStatus:
     raise _stub()
 
 

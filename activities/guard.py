@@ -20,6 +20,7 @@ from temporalio.client import (
 from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.exceptions import ApplicationError
 
+from autoclusters.activities.heartbeat import heartbeating
 from autoclusters.core.guard import (
     GUARD_WORKFLOW,
     Admission,
@@ -66,9 +67,10 @@ class GuardActivities:
     async def _update(self, guard: GuardContext, update: str, arg: Any, result: type) -> Any:
         # By name: the workflow is the layer above, this module does not import it.
         try:
-            return await self._client.execute_update_with_start_workflow(
-                update, arg, start_workflow_operation=self._start(guard), result_type=result
-            )
+            async with heartbeating(f"fleet guard {update}"):
+                return await self._client.execute_update_with_start_workflow(
+                    update, arg, start_workflow_operation=self._start(guard), result_type=result
+                )
         except WorkflowUpdateFailedError as e:
             # The guard rejected the request as malformed: asking again cannot help.
             raise ApplicationError(
@@ -112,7 +114,8 @@ class GuardActivities:
         await self._update(call.guard, "release", call.release, type(None))
 
     async def _admit_request(self, call: AdmitCall) -> AdmitRequest:
-        cluster_nodes = len(await self._slurm.nodes())
+        async with heartbeating(f"counting the nodes of {call.guard.cluster}"):
+            cluster_nodes = len(await self._slurm.nodes())
         return AdmitRequest(
             node=call.node, incident_id=call.incident_id, cluster_nodes=cluster_nodes
         )

@@ -27,6 +27,7 @@ from kubernetes.client import ApiException
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from autoclusters.activities.heartbeat import heartbeating
 from autoclusters.core.kubernetes import (
     CORDON_REASON_ANNOTATION,
     GPU_UNHEALTHY,
@@ -155,16 +156,28 @@ class KubernetesActivities:
 
     @activity.defn(name="k8s_cordon")
     async def cordon_node(self, inp: CordonNodeInput) -> CordonNodeResult:
+        async with heartbeating(f"k8s_cordon {inp.node}"):
+            return await self._cordon_node(inp)
+
+    async def _cordon_node(self, inp: CordonNodeInput) -> CordonNodeResult:
         with _api_errors(inp.node):
             return await self._rewrite_node(inp.node, lambda node: _cordon_plan(node, inp))
 
     @activity.defn(name="k8s_uncordon")
     async def uncordon_node(self, inp: UncordonNodeInput) -> UncordonNodeResult:
+        async with heartbeating(f"k8s_uncordon {inp.node}"):
+            return await self._uncordon_node(inp)
+
+    async def _uncordon_node(self, inp: UncordonNodeInput) -> UncordonNodeResult:
         with _api_errors(inp.node):
             return await self._rewrite_node(inp.node, lambda node: _uncordon_plan(node, inp))
 
     @activity.defn(name="k8s_evict_pods")
     async def evict_pods(self, inp: EvictPodsInput) -> EvictPodsResult:
+        async with heartbeating(f"k8s_evict_pods {inp.node}"):
+            return await self._evict_pods(inp)
+
+    async def _evict_pods(self, inp: EvictPodsInput) -> EvictPodsResult:
         """Evict every pod on the node that a drain should move; PDB refusals are retried.
 
         Waits until the evicted pods are gone (by uid: a pod recreated under the same name is
@@ -261,6 +274,10 @@ class KubernetesActivities:
 
     @activity.defn(name="k8s_wait_new_node_ready")
     async def wait_new_node_ready(self, inp: WaitNewNodeInput) -> NodeIdentity:
+        async with heartbeating(f"k8s_wait_new_node_ready {inp.node}"):
+            return await self._wait_new_node_ready(inp)
+
+    async def _wait_new_node_ready(self, inp: WaitNewNodeInput) -> NodeIdentity:
         """Poll until the node is back as another machine (providerID) or a new boot (bootID).
 
         A missing node is expected mid-replacement, and a passing API outage only delays the
@@ -284,6 +301,10 @@ class KubernetesActivities:
 
     @activity.defn(name="k8s_set_condition")
     async def set_node_condition(self, inp: SetNodeConditionInput) -> SetNodeConditionResult:
+        async with heartbeating(f"k8s_set_condition {inp.node}"):
+            return await self._set_node_condition(inp)
+
+    async def _set_node_condition(self, inp: SetNodeConditionInput) -> SetNodeConditionResult:
         """Set or clear GpuUnhealthy through nodes/status, merged by type: others stay as is."""
         status = "True" if inp.unhealthy else "False"
         with _api_errors(inp.node):
@@ -315,11 +336,19 @@ class KubernetesActivities:
 
     @activity.defn(name="k8s_node_identity")
     async def node_identity(self, inp: NodeIdentityInput) -> NodeIdentity:
+        async with heartbeating(f"k8s_node_identity {inp.node}"):
+            return await self._node_identity(inp)
+
+    async def _node_identity(self, inp: NodeIdentityInput) -> NodeIdentity:
         with _api_errors(inp.node):
             return identity_of(await self._node(inp.node))
 
     @activity.defn(name="k8s_find_slurmd_pod")
     async def find_slurmd_pod(self, inp: FindSlurmdPodInput) -> FindSlurmdPodResult:
+        async with heartbeating(f"k8s_find_slurmd_pod {inp.node}"):
+            return await self._find_slurmd_pod(inp)
+
+    async def _find_slurmd_pod(self, inp: FindSlurmdPodInput) -> FindSlurmdPodResult:
         """The slurmd pod a Slinky NodeSet runs on the node, if any (a live one first)."""
         with _api_errors(inp.node):
             await self._node(inp.node)

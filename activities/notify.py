@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from temporalio import activity
 
+from autoclusters.activities.heartbeat import heartbeating
 from autoclusters.core.models import Notification
 from autoclusters.integrations.notify import Notifier
 
@@ -14,5 +15,6 @@ class NotifyActivities:
 
     @activity.defn(name="notify")
     async def notify(self, note: Notification) -> None:
-        for n in self._notifiers:
-            await n.send(note)
+        async with heartbeating(f"notify {note.event}"):
+            for n in self._notifiers:
+                await n.send(note)

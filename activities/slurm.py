@@ -8,6 +8,7 @@ import time
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from autoclusters.activities.heartbeat import heartbeating
 from autoclusters.core.models import (
     REASON_PREFIX,
     SPARE_REASON,
@@ -24,6 +25,7 @@ from autoclusters.core.models import (
     WaitIdleResult,
     WaitRegisteredInput,
 )
+from autoclusters.core.quarantine import QuarantineStatus, VerifyQuarantineInput
 from autoclusters.integrations.slurm import SlurmClient
 
 # Jobs that hold the node's resources and can be requeued.
@@ -67,6 +69,10 @@ class SlurmActivities:
 
     @activity.defn(name="drain_node")
     async def drain_node(self, inp: DrainInput) -> DrainResult:
+        async with heartbeating(f"drain_node {inp.node}"):
+            return await self._drain_node(inp)
+
+    async def _drain_node(self, inp: DrainInput) -> DrainResult:
         node = await self._known_node(inp.node)
         if node.drained and not node.reason.startswith(f"{REASON_PREFIX} "):
             # An admin's drain stands: overwriting their reason would let our return to
@@ -79,6 +85,10 @@ class SlurmActivities:
 
     @activity.defn(name="requeue_jobs")
     async def requeue_jobs(self, inp: RequeueInput) -> RequeueResult:
+        async with heartbeating(f"requeue_jobs {inp.node}"):
+            return await self._requeue_jobs(inp)
+
+    async def _requeue_jobs(self, inp: RequeueInput) -> RequeueResult:
         result = RequeueResult()
         for job in await self._slurm.jobs_on_node(inp.node):
             if job.job_state not in _ACTIVE:
@@ -120,6 +130,10 @@ class SlurmActivities:
 
     @activity.defn(name="wait_node_registered")
     async def wait_node_registered(self, inp: WaitRegisteredInput) -> SlurmNode:
+        async with heartbeating(f"wait_node_registered {inp.node}"):
+            return await self._wait_node_registered(inp)
+
+    async def _wait_node_registered(self, inp: WaitRegisteredInput) -> SlurmNode:
         """Poll until the node's slurmd (re)started after `since` and answers the controller.
 
         The controller can flag a freshly registered node NOT_RESPONDING for a moment while
@@ -141,6 +155,10 @@ class SlurmActivities:
 
     @activity.defn(name="wait_node_idle")
     async def wait_node_idle(self, inp: WaitIdleInput) -> WaitIdleResult:
+        async with heartbeating(f"wait_node_idle {inp.node}"):
+            return await self._wait_node_idle(inp)
+
+    async def _wait_node_idle(self, inp: WaitIdleInput) -> WaitIdleResult:
         """Never repair under a running job: wait until the node runs none, or force.
 
         Force cancels what still runs when the time is up; without it the step fails
@@ -169,6 +187,10 @@ class SlurmActivities:
 
     @activity.defn(name="take_spare")
     async def take_spare(self, inp: SpareInput) -> ReturnResult:
+        async with heartbeating(f"take_spare {inp.node}"):
+            return await self._take_spare(inp)
+
+    async def _take_spare(self, inp: SpareInput) -> ReturnResult:
         """A hot spare goes into service at once (it was healthy and waiting drained)."""
         node = await self._known_node(inp.node)
         if node.drained and node.reason != SPARE_REASON:
@@ -184,6 +206,10 @@ class SlurmActivities:
 
     @activity.defn(name="park_as_spare")
     async def park_as_spare(self, inp: SpareInput) -> ReturnResult:
+        async with heartbeating(f"park_as_spare {inp.node}"):
+            return await self._park_as_spare(inp)
+
+    async def _park_as_spare(self, inp: SpareInput) -> ReturnResult:
         """The replaced node, proven healthy, waits as the new hot spare (still drained)."""
         node = await self._known_node(inp.node)
         if node.reason == SPARE_REASON:
@@ -200,6 +226,10 @@ class SlurmActivities:
 
     @activity.defn(name="return_to_service")
     async def return_to_service(self, inp: ReturnInput) -> ReturnResult:
+        async with heartbeating(f"return_to_service {inp.node}"):
+            return await self._return_to_service(inp)
+
+    async def _return_to_service(self, inp: ReturnInput) -> ReturnResult:
         node = await self._known_node(inp.node)
         if not node.drained:
             return ReturnResult(returned=True, state_after=node.display_state, detail="not drained")
@@ -218,3 +248,26 @@ class SlurmActivities:
                 return ReturnResult(returned=not node.drained, state_after=node.display_state)
             activity.heartbeat(node.display_state)
             await asyncio.sleep(inp.poll_s)
+
+    @activity.defn(name="verify_quarantine")
+    async def verify_quarantine(self, inp: VerifyQuarantineInput) -> QuarantineStatus:
+        """Right before a reboot or replacement: is the node still drained for this incident
+        and running nothing? It reports; the workflow decides (quarantine again, or stop)."""
+        async with heartbeating(f"verify_quarantine {inp.node}"):
+            node = await self._known_node(inp.node)
+            busy = [
+                j.job_id for j in await self._slurm.jobs_on_node(inp.node) if j.job_state in _BUSY
+            ]
+        # On Slinky the operator may have copied our cordon reason into Slurm with its own
+        # prefix ("slurm-operator: <reason>"): still ours.
+        ours = node.drained and any(
+            node.reason == r or node.reason.endswith(f": {r}") for r in inp.reasons if r
+        )
+        return QuarantineStatus(
+            node=inp.node,
+            state=node.display_state,
+            drained=node.drained,
+            reason=node.reason,
+            ours=ours,
+            busy_jobs=busy,
+        )

@@ -119,6 +119,21 @@ class FakeSlurm:
         n.reason = reason
         self.record("admin_drain", node)
 
+    def admin_resume(self, node: str) -> None:
+        """Undrain, as an admin's `scontrol update nodename=X state=resume` would."""
+        n = self._nodes[node]
+        n.state_flags = [f for f in n.state_flags if f != "DRAIN"]
+        n.reason = ""
+        self.record("admin_resume", node)
+
+    def finish_job(self, job_id: int) -> None:
+        """The job ends on its own; the nodes it leaves go idle."""
+        job = self._jobs[job_id]
+        job.job_state = "COMPLETED"
+        self.record("completed", str(job_id))
+        for n in hostlist.expand(job.nodes):
+            self._settle(n)
+
     def boot(self, node: str, *, slurmd_start_time: int) -> None:
         """A fresh machine's slurmd registers: the node answers again, DRAIN survives."""
         n = self._nodes[node]

@@ -118,6 +118,7 @@ def activities_for(
         s.return_to_service,
         s.take_spare,
         s.park_as_spare,
+        s.verify_quarantine,
         guard.claim_spare,
         guard.refill_spare,
         c.repair_node,

@@ -28,7 +28,7 @@ with workflow.unsafe.imports_passed_through():
     from autoclusters.core.models import RepairResult, drain_reason
     from autoclusters.core.policy import StepPolicy
 
-from autoclusters.workflows.timeline import RETRY, Timeline
+from autoclusters.workflows.timeline import HEARTBEAT, RETRY, Timeline
 
 K8S_CALL = timedelta(seconds=60)
 
@@ -52,6 +52,7 @@ class KubernetesSteps(Timeline):
                     reason=drain_reason(r.incident_id, r.fault),
                 ),
                 start_to_close_timeout=K8S_CALL,
+                heartbeat_timeout=HEARTBEAT,
                 retry_policy=RETRY,
             ),
             detail=lambda c: c.detail or ("cordoned" if c.cordoned else ""),
@@ -73,7 +74,7 @@ class KubernetesSteps(Timeline):
                     skip_slurmd=False,
                 ),
                 start_to_close_timeout=timedelta(seconds=min(step.idle_timeout_s, 600) + 120),
-                heartbeat_timeout=timedelta(seconds=60),
+                heartbeat_timeout=HEARTBEAT,
                 retry_policy=RETRY,
             ),
             detail=lambda e: (
@@ -89,6 +90,7 @@ class KubernetesSteps(Timeline):
                 contracts.k8s_node_identity,
                 NodeIdentityInput(node=r.node),
                 start_to_close_timeout=K8S_CALL,
+                heartbeat_timeout=HEARTBEAT,
                 retry_policy=RETRY,
             ),
             detail=lambda n: n.provider_id,
@@ -106,7 +108,7 @@ class KubernetesSteps(Timeline):
                     node=r.node, old_provider_id=before.provider_id, old_boot_id=before.boot_id
                 ),
                 start_to_close_timeout=timedelta(seconds=r.timeouts.wait_registered_s),
-                heartbeat_timeout=timedelta(seconds=30),
+                heartbeat_timeout=HEARTBEAT,
                 retry_policy=RETRY,
             ),
             detail=lambda n: f"Ready as {n.provider_id}",
@@ -124,6 +126,7 @@ class KubernetesSteps(Timeline):
                 contracts.k8s_uncordon,
                 UncordonNodeInput(node=r.node, incident_id=r.incident_id),
                 start_to_close_timeout=K8S_CALL,
+                heartbeat_timeout=HEARTBEAT,
                 retry_policy=RETRY,
             ),
             detail=lambda u: u.detail,
@@ -139,6 +142,7 @@ class KubernetesSteps(Timeline):
                     node=r.node, unhealthy=unhealthy, reason=reason, message=message
                 ),
                 start_to_close_timeout=K8S_CALL,
+                heartbeat_timeout=HEARTBEAT,
                 retry_policy=RETRY,
             ),
             detail=lambda c: f"GpuUnhealthy={c.status}",

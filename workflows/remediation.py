@@ -55,9 +55,10 @@ with workflow.unsafe.imports_passed_through():
     from autoclusters.integrations import temporal
 
 from autoclusters.workflows.kubernetes_steps import KubernetesSteps
+from autoclusters.workflows.quarantine_check import QuarantineCheck
 from autoclusters.workflows.runbook_v1 import run_v1
 from autoclusters.workflows.spare_steps import SpareSteps
-from autoclusters.workflows.timeline import RETRY, cause_of
+from autoclusters.workflows.timeline import HEARTBEAT, RETRY, cause_of
 
 # Incidents started before this patch run the first runbook to the end.
 RUNBOOK_V2 = "runbook-v2-policy-ladder"
@@ -76,7 +77,7 @@ class Unattended(Exception):
 
 
 @workflow.defn
-class NodeRemediation(KubernetesSteps, SpareSteps):
+class NodeRemediation(QuarantineCheck, KubernetesSteps, SpareSteps):
     @workflow.init
     def __init__(self, req: IncidentRequest) -> None:
         # Built from the input so queries and updates see the incident from the first moment.
@@ -205,6 +206,7 @@ class NodeRemediation(KubernetesSteps, SpareSteps):
                     ),
                 ),
                 start_to_close_timeout=timedelta(seconds=req.timeouts.slurm_step_s),
+                heartbeat_timeout=HEARTBEAT,
                 retry_policy=RETRY,
             ),
             detail=lambda r: (
@@ -248,6 +250,7 @@ class NodeRemediation(KubernetesSteps, SpareSteps):
                     contracts.return_to_service,
                     ReturnInput(node=req.node, incident_id=req.incident_id),
                     start_to_close_timeout=self._slurm_timeout(),
+                    heartbeat_timeout=HEARTBEAT,
                     retry_policy=RETRY,
                 ),
                 detail=lambda r: r.state_after + (f" ({r.detail})" if r.detail else ""),
@@ -278,12 +281,13 @@ class NodeRemediation(KubernetesSteps, SpareSteps):
         return await self._close("resolved", "resolved; " + self._timeline_text())
 
     async def _quarantine(self, req: IncidentRequest) -> None:
-        await self._step(
+        drain = await self._step(
             "drain",
             lambda: workflow.execute_activity(
                 contracts.drain_node,
                 DrainInput(node=req.node, reason=drain_reason(req.incident_id, req.fault)),
                 start_to_close_timeout=self._slurm_timeout(),
+                heartbeat_timeout=HEARTBEAT,
                 retry_policy=RETRY,
             ),
             detail=lambda r: (
@@ -292,12 +296,14 @@ class NodeRemediation(KubernetesSteps, SpareSteps):
                 else ""
             ),
         )
+        self._note_drain(drain)
         requeued = await self._step(
             "requeue",
             lambda: workflow.execute_activity(
                 contracts.requeue_jobs,
                 RequeueInput(node=req.node, incident_id=req.incident_id),
                 start_to_close_timeout=self._slurm_timeout(),
+                heartbeat_timeout=HEARTBEAT,
                 retry_policy=RETRY,
             ),
             detail=lambda r: (
@@ -322,7 +328,7 @@ class NodeRemediation(KubernetesSteps, SpareSteps):
                     force=not first.wait_for_idle or first.on_idle_timeout == "force",
                 ),
                 start_to_close_timeout=timedelta(seconds=first.idle_timeout_s + 120),
-                heartbeat_timeout=timedelta(seconds=60),
+                heartbeat_timeout=HEARTBEAT,
                 retry_policy=RETRY,
             ),
             detail=lambda r: (
@@ -355,6 +361,7 @@ class NodeRemediation(KubernetesSteps, SpareSteps):
                 # Raised while the repair was held: give the slot back, repair the new rung.
                 await self._release(guard, back_in_service=False)
                 continue
+            await self._recheck_quarantine()  # after every wait: never repair under a job
             self._repairing = True
             s.repair_attempts += 1
             # One key per attempt: a retried activity resumes it, a new rung is a new repair.
@@ -423,7 +430,7 @@ class NodeRemediation(KubernetesSteps, SpareSteps):
                 contracts.wait_node_registered,
                 WaitRegisteredInput(node=req.node, since=stopped_at),
                 start_to_close_timeout=timedelta(seconds=req.timeouts.wait_registered_s),
-                heartbeat_timeout=timedelta(seconds=30),
+                heartbeat_timeout=HEARTBEAT,
                 retry_policy=RETRY,
             ),
             detail=lambda n: n.display_state,
@@ -499,6 +506,7 @@ class NodeRemediation(KubernetesSteps, SpareSteps):
                     act,
                     AdmitCall(guard=guard, node=req.node, incident_id=req.incident_id),
                     start_to_close_timeout=self._slurm_timeout(),
+                    heartbeat_timeout=HEARTBEAT,
                     retry_policy=RETRY,
                 )
                 if adm.admitted:
@@ -530,6 +538,7 @@ class NodeRemediation(KubernetesSteps, SpareSteps):
                     ),
                 ),
                 start_to_close_timeout=self._slurm_timeout(),
+                heartbeat_timeout=HEARTBEAT,
                 retry_policy=RETRY,
             )
         except ActivityError:

@@ -16,7 +16,7 @@ with workflow.unsafe.imports_passed_through():
     from autoclusters.core.guard import GuardContext, SpareCall, SpareRequest
     from autoclusters.core.models import SpareInput
 
-from autoclusters.workflows.timeline import RETRY, Timeline
+from autoclusters.workflows.timeline import HEARTBEAT, RETRY, Timeline
 
 CALL = timedelta(seconds=60)
 
@@ -33,6 +33,7 @@ class SpareSteps(Timeline):
                     guard=guard, request=SpareRequest(node=r.node, incident_id=r.incident_id)
                 ),
                 start_to_close_timeout=CALL,
+                heartbeat_timeout=HEARTBEAT,
                 retry_policy=RETRY,
             ),
             detail=lambda c: c.spare or "no spare free",
@@ -46,6 +47,7 @@ class SpareSteps(Timeline):
                 contracts.take_spare,
                 SpareInput(node=spare, incident_id=r.incident_id),
                 start_to_close_timeout=CALL,
+                heartbeat_timeout=HEARTBEAT,
                 retry_policy=RETRY,
             ),
             detail=lambda t: f"{spare} {t.state_after}" + (f" ({t.detail})" if t.detail else ""),
@@ -63,6 +65,7 @@ class SpareSteps(Timeline):
                 contracts.park_as_spare,
                 SpareInput(node=r.node, incident_id=r.incident_id),
                 start_to_close_timeout=CALL,
+                heartbeat_timeout=HEARTBEAT,
                 retry_policy=RETRY,
             ),
             detail=lambda p: p.state_after,
@@ -75,6 +78,7 @@ class SpareSteps(Timeline):
                     guard=guard, request=SpareRequest(node=r.node, incident_id=r.incident_id)
                 ),
                 start_to_close_timeout=CALL,
+                heartbeat_timeout=HEARTBEAT,
                 retry_policy=RETRY,
             ),
             detail=lambda free: f"free spares {free}",

@@ -27,6 +27,9 @@ RETRY = RetryPolicy(
     non_retryable_error_types=["UnknownNode", "NodeBusy", "PolicyForbids", "BadCredentials"],
 )
 NOTIFY_RETRY = RetryPolicy(maximum_attempts=3)
+# Every activity that can take more than a few seconds heartbeats (activities/heartbeat.py):
+# a worker killed mid-step is noticed within this, and the retry starts on another worker.
+HEARTBEAT = timedelta(seconds=10)
 
 
 def cause_of(err: BaseException) -> BaseException:
@@ -93,6 +96,7 @@ class Timeline:
                     contracts.notify,
                     note,
                     start_to_close_timeout=timedelta(seconds=30),
+                    heartbeat_timeout=HEARTBEAT,
                     retry_policy=NOTIFY_RETRY,
                 ),
             )
