@@ -1,15 +1,29 @@
-"""Cloud steps of the runbook: replace the node's machine."""
+"""Cloud steps of the runbook: record the machine to repair, then repair it.
+
+`plan_repair` puts the node's VM id (and when) into the workflow's history; `repair_node`
+repairs that VM only, and keeps the repair's progress (its cloud operation ids) in its
+heartbeat details, so a retry on any worker resumes the same operation.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from autoclusters.core.models import RepairInput, RepairResult, ReplaceInput, ReplaceResult
+from autoclusters.core.models import (
+    PlanRepairInput,
+    RepairInput,
+    RepairPlan,
+    RepairResult,
+    ReplaceInput,
+    ReplaceResult,
+)
 from autoclusters.integrations.cloud import CloudError, CloudProvider
 
 
@@ -18,10 +32,30 @@ class CloudActivities:
         self._provider = provider
         self._heartbeat_s = heartbeat_s
 
+    @activity.defn(name="plan_repair")
+    async def plan_repair(self, inp: PlanRepairInput) -> RepairPlan:
+        """The VM the repair is about, and when it was planned (taken first)."""
+        planned_at = time.time()
+        try:
+            vm_id = await self._provider.vm_id(inp.node)
+        except CloudError as e:
+            raise _application_error(e) from e
+        return RepairPlan(node=inp.node, vm_id=vm_id, planned_at=planned_at)
+
     @activity.defn(name="repair_node")
     async def repair_node(self, inp: RepairInput) -> RepairResult:
-        async with self._heartbeating(f"{inp.rung.value} {inp.node}"):
-            return await self._provider.repair(inp.node, inp.rung, idempotency_key=inp.key)
+        details = activity.info().heartbeat_details
+        progress = details[0] if details and isinstance(details[0], dict) else None
+        async with self._heartbeating(f"{inp.rung.value} {inp.node}", progress) as record:
+            return await self._provider.repair(
+                inp.node,
+                inp.rung,
+                idempotency_key=inp.key,
+                vm_id=inp.vm_id,
+                planned_at=inp.planned_at,
+                progress=progress,
+                on_progress=record,
+            )
 
     @activity.defn(name="replace_node")
     async def replace_node(self, inp: ReplaceInput) -> ReplaceResult:
@@ -30,22 +64,35 @@ class CloudActivities:
             return await self._provider.replace(inp.node, idempotency_key=inp.incident_id)
 
     @contextlib.asynccontextmanager
-    async def _heartbeating(self, what: str) -> AsyncIterator[None]:
-        # A reboot or replacement takes minutes (the machine boots); heartbeat so a dead
-        # worker is noticed in seconds, and so the workflow can cancel it.
+    async def _heartbeating(
+        self, what: str, progress: dict[str, Any] | None = None
+    ) -> AsyncIterator[Callable[[dict[str, Any]], None]]:
+        """Heartbeat the repair's latest progress (or `what`, before there is any) every
+        `heartbeat_s`, and at once whenever it changes: a dead worker is noticed in seconds,
+        the workflow can cancel the repair, and a retry reads the progress back."""
+        latest: list[Any] = [progress if progress is not None else what]
+
+        def record(details: dict[str, Any]) -> None:
+            latest[0] = details
+            activity.heartbeat(details)
+
         async def beat() -> None:
             while True:
-                activity.heartbeat(what)
+                activity.heartbeat(latest[0])
                 await asyncio.sleep(self._heartbeat_s)
 
         beater = asyncio.create_task(beat())
         try:
-            yield
+            yield record
         except CloudError as e:
-            raise ApplicationError(
-                str(e), type="CloudError", non_retryable=getattr(e, "non_retryable", False)
-            ) from e
+            raise _application_error(e) from e
         finally:
             beater.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await beater
+
+
+def _application_error(e: CloudError) -> ApplicationError:
+    return ApplicationError(
+        str(e), type="CloudError", non_retryable=getattr(e, "non_retryable", False)
+    )

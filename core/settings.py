@@ -90,7 +90,7 @@ class Settings(BaseSettings):
     # Slurm on Kubernetes (Slinky): the cluster's kubeconfig; None: Slurm only.
     kubeconfig: Path | None = None
 
-    cloud_provider: Literal["sandbox", "crusoe"] = "sandbox"
+    cloud_provider: Literal["crusoe"] = "crusoe"
     # Crusoe: credentials come from CRUSOE_* or ~/.crusoe/config, never from here.
     crusoe_profile: str | None = None
     crusoe_config_file: Path | None = None  # default ~/.crusoe/config
@@ -99,7 +99,6 @@ class Settings(BaseSettings):
     crusoe_node_pool_ids: list[str] = Field(default_factory=list)  # replace = delete, pool refills
     crusoe_poll_s: float = 2
     crusoe_replace_timeout_s: float = 840  # below repair_timeout_s
-    crusoe_journal: Path | None = None  # repairs in flight, so a restarted worker resumes them
     sandbox_state_dir: Path | None = None
     boot_delay_s: float = Field(default=20.0, ge=0, description="replacement VM boot time")
 

@@ -1,12 +1,13 @@
 """The cloud provider interface: how a node's machine is reset, rebooted or replaced.
 
-Implementations: `sandbox.cloud.SandboxCloud` (local slurmd processes stand in for VMs).
-The Crusoe Cloud provider arrives with the Crusoe API work.
+Implementation: `integrations.crusoe.CrusoeCloud` (the sandbox runs it against its Crusoe
+Cloud API emulator, whose VMs are the sandbox's slurmd processes).
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
 
 from autoclusters.core.models import RepairResult, ReplaceResult
 from autoclusters.core.policy import Rung
@@ -26,10 +27,22 @@ class CloudProvider(Protocol):
         """The id of the machine currently behind `node`."""
         ...
 
-    async def repair(self, node: str, rung: Rung, idempotency_key: str) -> RepairResult:
+    async def repair(
+        self,
+        node: str,
+        rung: Rung,
+        idempotency_key: str,
+        *,
+        vm_id: str | None = None,
+        planned_at: float | None = None,
+        progress: Mapping[str, Any] | None = None,
+        on_progress: Callable[[dict[str, Any]], None] | None = None,
+    ) -> RepairResult:
         """Reset the node's GPUs, reboot its machine, or replace the machine.
 
-        The same key never repairs twice: a retried call returns the first call's result.
+        `vm_id`, `planned_at`: the machine recorded by the plan (only that one is acted on)
+        and when. `on_progress` gets the repair's progress (operation ids) after each step;
+        a retry passes the last of it back as `progress` and resumes, never repairing twice.
         """
         ...
 

@@ -1,6 +1,8 @@
 """`sandbox up | status | down`: bring a whole local cluster up, report on it, stop it.
 
-Order up: munged → Temporal dev server → slurmctld → one slurmd per node → worker.
+Order up: munged → Temporal dev server → slurmctld → one slurmd per node → [Kubernetes
+API emulator] → Crusoe Cloud API emulator (every mode: the machines are its VMs) → Slack
+emulator → worker → API → agents.
 A daemon that does not become ready stops the whole start: everything already started
 is stopped again and the daemon's last log lines are shown.
 """
@@ -23,7 +25,7 @@ from autoclusters.clients.agent import fake_backend
 from autoclusters.core.models import SPARE_REASON, SlurmNode
 from autoclusters.core.policy import default_policy
 from autoclusters.integrations.slurm import parse_jobs, parse_nodes
-from autoclusters.sandbox import daemons, slinky
+from autoclusters.sandbox import cloud_api, daemons, slinky
 from autoclusters.sandbox.config import GPUS_PER_NODE, SandboxConfig
 from autoclusters.sandbox.daemons import SandboxError
 from autoclusters.sandbox.processes import ProcessTable, kill_sessions, sessions_holding, wait_until
@@ -50,7 +52,9 @@ def agent_name(node: str) -> str:
 
 
 def _order(cfg: SandboxConfig) -> list[str]:
-    emulators = [slinky.K8S_EMULATOR, slinky.CRUSOE_EMULATOR] if cfg.k8s else []
+    # The cloud API in every mode; Kubernetes only in k8s mode.
+    emulators = [slinky.K8S_EMULATOR] if cfg.k8s else []
+    emulators.append(cloud_api.CRUSOE_EMULATOR)
     slurmds = list(map(slurmd_name, cfg.node_names()))
     agents = list(map(agent_name, cfg.node_names()))
     return [
@@ -93,6 +97,7 @@ def _prepare(cfg: SandboxConfig) -> None:
         fake_backend.write_node(cfg.agent_file(node), fake_backend.healthy_node())
     cfg.settings_file.write_text(cfg.settings_toml())
     cfg.policy_file.write_text(sandbox_policy(cfg))
+    cloud_api.prepare(cfg)
     if cfg.k8s:
         slinky.prepare(cfg)
     cfg.save()
@@ -212,15 +217,17 @@ def up(cfg: SandboxConfig, timeout_s: float = 60) -> UpResult:
                 timeout_s,
                 result,
             )
-            _start(
-                table,
-                slinky.CRUSOE_EMULATOR,
-                slinky.crusoe_emulator_argv(cfg),
-                slinky.crusoe_emulator_env(cfg),
-                lambda: slinky.answers(cfg.crusoe_port, "/_emulator/health"),
-                timeout_s,
-                result,
-            )
+        _start(
+            table,
+            cloud_api.CRUSOE_EMULATOR,
+            cloud_api.crusoe_emulator_argv(cfg),
+            cloud_api.crusoe_emulator_env(cfg),
+            lambda: cloud_api.answers(cfg.crusoe_port, "/_emulator/health"),
+            timeout_s,
+            result,
+        )
+        cloud_api.seed(cfg)
+        if cfg.k8s:
             slinky.seed(cfg)
         _start(
             table,
@@ -336,7 +343,7 @@ def down(cfg: SandboxConfig) -> list[str]:
         cancel_all_jobs(cfg)
     stopped = []
     order = _order(cfg)
-    # Slurmd processes started by the sandbox cloud (replacements) are recorded too.
+    # Slurmd processes started by the Crusoe emulator's machines (replacements) are recorded too.
     records = sorted(
         table.records(),
         key=lambda r: -order.index(r.name) if r.name in order else -len(order),

@@ -24,7 +24,8 @@ class SandboxConfig(BaseModel):
     port_base: int = Field(default=17200, ge=1024, le=65000)
     boot_delay_s: float = Field(default=20.0, ge=0)
     task_queue: str = "autoclusters"
-    # Slurm on Kubernetes (Slinky-style) with the Crusoe Cloud API: both emulated on loopback.
+    # Slurm on Kubernetes (Slinky-style), emulated on loopback; the Crusoe Cloud API emulator
+    # fronts the machines in both modes.
     k8s: bool = False
     # The fleet guard's circuit breaker (more than this many incidents within its window).
     breaker_threshold: int = Field(default=5, ge=1)
@@ -170,7 +171,12 @@ class SandboxConfig(BaseModel):
             "task_queue": self.task_queue,
             "cluster": self.cluster,
             "slurm_conf": str(self.slurm_conf),
-            "cloud_provider": "sandbox",
+            # The machines are the Crusoe emulator's VMs in every mode.
+            "cloud_provider": "crusoe",
+            "crusoe_config_file": str(self.crusoe_config),
+            "crusoe_project_id": self.crusoe_project,
+            "crusoe_node_pool_ids": [self.crusoe_pool],
+            "crusoe_poll_s": 0.5,
             "sandbox_state_dir": str(self.state_dir),
             "boot_delay_s": self.boot_delay_s,
             "policy_file": str(self.policy_file),
@@ -179,15 +185,7 @@ class SandboxConfig(BaseModel):
             "api_inventory": "slurm",
         }
         if self.k8s:
-            lines |= {
-                "kubeconfig": str(self.kubeconfig),
-                "cloud_provider": "crusoe",
-                "crusoe_config_file": str(self.crusoe_config),
-                "crusoe_project_id": self.crusoe_project,
-                "crusoe_node_pool_ids": [self.crusoe_pool],
-                "crusoe_journal": str(self.state_dir / "crusoe" / "repairs.json"),
-                "crusoe_poll_s": 0.5,
-            }
+            lines["kubeconfig"] = str(self.kubeconfig)
         token_file = self.state_dir / "api" / "token"
         if token_file.exists():
             lines["api_tokens"] = {"agents": token_file.read_text().strip()}

@@ -13,6 +13,7 @@ Test controls live beside the API under `/_emulator` (no auth; the server binds 
   POST /_emulator/timings {"operation_s", "boot_delay_s"}: change how long operations take
   POST /_emulator/vms {"clusters": [...], "node_pools": [...], "vms": [...]}: seed the world
   GET /_emulator/state, GET|DELETE /_emulator/requests, GET /_emulator/health
+  (the API's own GET .../operations lists take resource_id, state, lower_time_bound)
   GET /_emulator/operations[?vm_name=N][&since=RFC3339]: every operation the emulator
     performed (kept in its world, so across restarts with --state), oldest first
 
@@ -110,6 +111,36 @@ def _api(engine: Engine) -> APIRouter:
 
     def answer(op: Operation) -> dict[str, Any]:
         return {"operation": op.public()}
+
+    # Listing operations (declared before `{vm_id}`/`{pool_id}`, which would match too):
+    # `resource_id` and `lower_time_bound` filter as in the API's
+    # listComputeVMsInstancesOperations; this emulator lists completed ones too.
+    def list_operations(project_id: str, request: Request, kind: OperationKind) -> dict[str, Any]:
+        project(project_id)
+        q = request.query_params
+        after = _instant(q["lower_time_bound"]) if q.get("lower_time_bound") else None
+        states = {s for v in q.getlist("state") for s in v.split(",") if s}
+        ops = [
+            op
+            for op in world.operations.values()
+            if op.kind == kind
+            and (not q.get("resource_id") or op.resource_id == q["resource_id"])
+            and (not states or op.state in states)
+            and (after is None or _instant(op.started_at) >= after)
+        ]
+        return {"items": [op.public() for op in sorted(ops, key=lambda o: o.started_at)]}
+
+    @router.get(P + "/compute/vms/instances/operations")
+    async def vm_operations(project_id: str, request: Request) -> dict[str, Any]:
+        return list_operations(project_id, request, "vm")
+
+    @router.get(P + "/kubernetes/nodepools/operations")
+    async def pool_operations(project_id: str, request: Request) -> dict[str, Any]:
+        return list_operations(project_id, request, "node_pool")
+
+    @router.get(P + "/kubernetes/autocluster-operations")
+    async def autocluster_operations(project_id: str, request: Request) -> dict[str, Any]:
+        return list_operations(project_id, request, "autocluster")
 
     @router.get(P + "/compute/vms/instances")
     async def list_vms(project_id: str, request: Request) -> dict[str, Any]:

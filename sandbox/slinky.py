@@ -1,14 +1,12 @@
-"""Kubernetes mode of the sandbox: a Slinky-style cluster on the emulated Kubernetes API,
-fronted by the emulated Crusoe Cloud API.
+"""Kubernetes mode of the sandbox: a Slinky-style cluster on the emulated Kubernetes API.
 
 Every Slurm node is also a Kubernetes Node (providerID `crusoe://<vm id>`) running a
-slurmd pod owned by the NodeSet `gpu`; every node's machine is a VM of the managed node
-pool, so replacing a node is deleting its VM and the pool boots a new one.
+slurmd pod owned by the NodeSet `gpu`. The machines are the Crusoe emulator's VMs, in
+every mode (`sandbox/cloud_api.py`).
 """
 
 from __future__ import annotations
 
-import base64
 import os
 import secrets
 import sys
@@ -18,27 +16,26 @@ import httpx
 import yaml
 
 from autoclusters.core.kubernetes import INSTANCE_ID_LABEL
+from autoclusters.sandbox.cloud_api import (  # noqa: F401  (names other modules use)
+    CRUSOE_EMULATOR,
+    answers,
+    crusoe_emulator_argv,
+    crusoe_emulator_env,
+)
 from autoclusters.sandbox.config import SandboxConfig
 from autoclusters.sandbox.machines import NODESET, SLURM_NAMESPACE, ensure_slurmd_pod, provider_id
 from autoclusters.sandbox.vms import VmRegistry
 
 K8S_EMULATOR = "k8s-emulator"
-CRUSOE_EMULATOR = "crusoe-emulator"
 
 
 def prepare(cfg: SandboxConfig) -> None:
-    """Credentials and the kubeconfig, as a real cluster hands them to an operator."""
+    """The token and the kubeconfig, as a real cluster hands them to an operator."""
     (cfg.state_dir / "k8s").mkdir(parents=True, exist_ok=True)
-    (cfg.state_dir / "crusoe").mkdir(parents=True, exist_ok=True)
     token_file = cfg.state_dir / "k8s" / "token"
     if not token_file.exists():
         token_file.write_text(secrets.token_urlsafe(24))
         os.chmod(token_file, 0o600)
-    secret_file = cfg.state_dir / "crusoe" / "secret"
-    if not secret_file.exists():
-        raw = base64.urlsafe_b64encode(secrets.token_bytes(32)).decode().rstrip("=")
-        secret_file.write_text(raw)
-        os.chmod(secret_file, 0o600)
     cfg.kubeconfig.write_text(
         yaml.safe_dump(
             {
@@ -57,15 +54,6 @@ def prepare(cfg: SandboxConfig) -> None:
         )
     )
     os.chmod(cfg.kubeconfig, 0o600)
-    # The Crusoe CLI's own config format (~/.crusoe/config).
-    cfg.crusoe_config.write_text(
-        "[default]\n"
-        f'access_key_id = "{cfg.crusoe_access_key_id}"\n'
-        f'secret_key = "{cfg.crusoe_secret()}"\n'
-        f'default_project = "{cfg.crusoe_project}"\n'
-        f'api_endpoint = "{cfg.crusoe_url}"\n'
-    )
-    os.chmod(cfg.crusoe_config, 0o600)
 
 
 def k8s_emulator_argv(cfg: SandboxConfig) -> list[str]:
@@ -75,26 +63,8 @@ def k8s_emulator_argv(cfg: SandboxConfig) -> list[str]:
     ]  # fmt: skip
 
 
-def crusoe_emulator_argv(cfg: SandboxConfig) -> list[str]:
-    return [
-        sys.executable, "-m", "autoclusters.sandbox.crusoe_emulator",
-        "--port", str(cfg.crusoe_port),
-        "--access-key-id", cfg.crusoe_access_key_id,
-        "--project", cfg.crusoe_project,
-        "--boot-delay-s", str(cfg.boot_delay_s),
-        "--operation-s", "0.5",
-        "--backend", "autoclusters.sandbox.machines:SandboxMachines",
-        "--backend-arg", str(cfg.state_dir),
-    ]  # fmt: skip
-
-
-def crusoe_emulator_env(cfg: SandboxConfig) -> dict[str, str]:
-    # The secret travels in the environment, not on the command line (`ps` shows that).
-    return {"CRUSOE_SECRET_KEY": cfg.crusoe_secret()}
-
-
 def seed(cfg: SandboxConfig) -> None:
-    """The nodes as Kubernetes Nodes with their slurmd pods, and as VMs of one node pool."""
+    """The nodes as Kubernetes Nodes with their slurmd pods."""
     vms = VmRegistry(cfg.state_dir)
     headers = {"Authorization": f"Bearer {cfg.k8s_token()}"}
     with httpx.Client(base_url=cfg.k8s_url, timeout=10) as k8s:
@@ -127,26 +97,6 @@ def seed(cfg: SandboxConfig) -> None:
                 },
             ).raise_for_status()
     _slurmd_pods(cfg)
-    seed_vms = [
-        {"id": vms.get(n).vm_id, "name": n, "node_pool_id": cfg.crusoe_pool}  # type: ignore[union-attr]
-        for n in cfg.node_names()
-    ]
-    with httpx.Client(base_url=f"http://127.0.0.1:{cfg.crusoe_port}", timeout=10) as crusoe:
-        crusoe.post(
-            "/_emulator/vms",
-            json={
-                "node_pools": [
-                    {
-                        "id": cfg.crusoe_pool,
-                        "name": "gpu",
-                        "project_id": cfg.crusoe_project,
-                        "count": cfg.nodes,
-                        "instance_ids": [v["id"] for v in seed_vms],
-                    }
-                ],
-                "vms": [{**v, "project_id": cfg.crusoe_project} for v in seed_vms],
-            },
-        ).raise_for_status()
 
 
 def _slurmd_pods(cfg: SandboxConfig) -> None:
@@ -158,10 +108,3 @@ def _slurmd_pods(cfg: SandboxConfig) -> None:
                 await ensure_slurmd_pod(k8s, cfg, node)
 
     asyncio.run(make())
-
-
-def answers(port: int, path: str) -> bool:
-    try:
-        return httpx.get(f"http://127.0.0.1:{port}{path}", timeout=1).status_code == 200
-    except httpx.HTTPError:
-        return False

@@ -5,8 +5,9 @@ future) get 401 and change nothing; 409/429/5xx are retried (Retry-After honoure
 only where the API cannot have acted) and other 4xx are not, the API's message in the error;
 operations are polled to SUCCEEDED, a FAILED one raises its message, a busy VM answers 409;
 the provider resets in place and replaces through AutoClusters remediation, a node-pool
-delete, or a recreate, each giving a new VM id under the same name; a retried replace with
-the same key (after a retry, an interruption, or a worker restart) replaces once;
+delete, or a recreate, each giving a new VM id under the same name; a retry (any worker,
+no disk) resumes the operation in its heartbeat details, adopts the one a lost heartbeat
+forgot from the API's operation list, and never touches a VM other than the recorded one;
 the secret never shows in a repr, a str, an error or the logs
 (credentials loading: test_crusoe_credentials.py); the emulator's command line and state file work.
 """
@@ -15,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import json
 import logging
 import os
 import socket
@@ -44,7 +44,6 @@ from autoclusters.integrations.crusoe import (
     CrusoeRequestError,
     CrusoeUnavailable,
 )
-from autoclusters.integrations.crusoe.provider import RepairAttempt
 from autoclusters.integrations.crusoe.signing import format_timestamp, sign
 from autoclusters.sandbox.crusoe_emulator import EmulatorServer, create_app
 from autoclusters.sandbox.crusoe_world import EmulatorConfig, InMemoryBackend
@@ -391,72 +390,153 @@ async def test_replace_returns_the_first_runbooks_result(client: CrusoeClient) -
     assert done.node == "gpu-01" and done.new_vm_id != done.old_vm_id and done.stopped_at > 0
 
 
-async def test_a_retried_replace_with_the_same_key_replaces_once(
+class Heartbeats:
+    """What the repair activity keeps in its heartbeat details: the last progress reported."""
+
+    def __init__(self) -> None:
+        self.details: list[dict[str, Any]] = []
+
+    def __call__(self, details: dict[str, Any]) -> None:
+        self.details.append(details)
+
+    @property
+    def last(self) -> dict[str, Any] | None:
+        return self.details[-1] if self.details else None
+
+
+async def _plan(client: CrusoeClient, node: str) -> tuple[str, float]:
+    """What `plan_repair` records in the workflow's history: the VM, and when."""
+    planned_at = time.time()
+    return await _cloud(client).vm_id(node), planned_at
+
+
+def _operations(emulator: Emulator, vm_name: str) -> list[dict[str, Any]]:
+    """The emulator's own record of what it did to the machine."""
+    return list(emulator.admin("GET", f"/operations?vm_name={vm_name}")["operations"])
+
+
+async def test_a_retry_with_heartbeat_details_resumes_the_same_operation(
     emulator: Emulator, client: CrusoeClient
 ) -> None:
-    cloud = _cloud(client, node_pool_ids=[POOL])
-    first = await cloud.repair("gpu-01", Rung.REPLACE, "inc-1:2:replace")
-    again = await cloud.repair("gpu-01", Rung.REPLACE, "inc-1:2:replace")
-    assert again == first
-    assert [e[0] for e in emulator.backend.events] == ["delete", "create"]
-    # A new key is a new repair.
-    third = await cloud.repair("gpu-01", Rung.REPLACE, "inc-1:3:replace")
-    assert third.old_vm_id == first.new_vm_id != third.new_vm_id
+    vm_id, planned_at = await _plan(client, "gpu-01")
+    emulator.admin("POST", "/timings", {"operation_s": 1.0})  # the kill lands mid-operation
+    beats = Heartbeats()
+    first = asyncio.create_task(
+        _cloud(client, cluster_id=CLUSTER).repair(
+            "gpu-01", Rung.REPLACE, "inc-2:1:replace", vm_id=vm_id, planned_at=planned_at,
+            on_progress=beats,
+        )
+    )  # fmt: skip
 
+    async def operation_recorded() -> bool:
+        return bool(beats.last and beats.last["operation_id"])
 
-async def test_an_interrupted_replace_resumes_instead_of_replacing_again(
-    emulator: Emulator, client: CrusoeClient
-) -> None:
-    cloud = _cloud(client, cluster_id=CLUSTER)
-    old = emulator.vm_id("gpu-01")
-    emulator.admin("POST", "/timings", {"operation_s": 1.0})  # the cancel lands mid-operation
-    first = asyncio.create_task(cloud.repair("gpu-01", Rung.REPLACE, "inc-2:1:replace"))
-
-    async def remediate_sent() -> bool:
-        return bool(emulator.requests(method="POST"))
-
-    await eventually(remediate_sent, timeout_s=10, what="the remediate request")
-    first.cancel()  # the activity's worker dies mid-replace
+    await eventually(operation_recorded, timeout_s=10, what="the operation in the heartbeat")
+    first.cancel()  # the worker dies mid-replace
     with pytest.raises(asyncio.CancelledError):
         await first
-    done = await cloud.repair("gpu-01", Rung.REPLACE, "inc-2:1:replace")  # Temporal's retry
-    assert done.old_vm_id == old != done.new_vm_id == emulator.vm_id("gpu-01")
+    # Temporal's retry, on another worker (a new provider, nothing on any disk).
+    assert beats.last is not None
+    recorded = beats.last["operation_id"]
+    done = await _cloud(client, cluster_id=CLUSTER).repair(
+        "gpu-01", Rung.REPLACE, "inc-2:1:replace", vm_id=vm_id, planned_at=planned_at,
+        progress=beats.last, on_progress=beats,
+    )  # fmt: skip
+    assert done.old_vm_id == vm_id != done.new_vm_id == emulator.vm_id("gpu-01")
     assert len(emulator.requests(method="POST")) == 1
+    assert [op["operation_id"] for op in _operations(emulator, "gpu-01")] == [recorded]
     assert [e[0] for e in emulator.backend.events] == ["delete", "create"]
+    assert beats.last["done"] and beats.last["new_vm_id"] == done.new_vm_id
 
 
-async def test_a_replace_whose_answer_was_lost_waits_for_it_instead_of_replacing_again(
-    emulator: Emulator, client: CrusoeClient, tmp_path: Path
+@pytest.mark.parametrize("route", ["reset", "remediate"])
+async def test_a_retry_whose_heartbeat_was_lost_adopts_the_submitted_operation(
+    emulator: Emulator, client: CrusoeClient, route: str
 ) -> None:
-    # The worker recorded the attempt, sent remediate, and died before the answer came back:
-    # the journal knows no operation, yet one is running on the VM.
-    old = emulator.vm_id("gpu-01")
-    attempt = RepairAttempt(
-        key="inc-4:1:replace", node="gpu-01", rung=Rung.REPLACE, route="remediate", old_vm_id=old
-    )
-    journal = tmp_path / "crusoe-repairs.json"
-    journal.write_text(json.dumps({attempt.key: attempt.model_dump(mode="json")}))
+    # The worker sent the request and died before its heartbeat carried the operation id:
+    # the retry has the plan (the history) and no details, yet one operation runs.
+    vm_id, planned_at = await _plan(client, "gpu-01")
     emulator.admin("POST", "/timings", {"operation_s": 0.5})
-    await client.remediate_vm(CLUSTER, old)
-    cloud = _cloud(client, cluster_id=CLUSTER, journal=journal)
-    done = await cloud.repair("gpu-01", Rung.REPLACE, attempt.key)
-    assert done.old_vm_id == old != done.new_vm_id == emulator.vm_id("gpu-01")
-    assert [e[0] for e in emulator.backend.events] == ["delete", "create"]
-    statuses = [r["status"] for r in emulator.requests(method="POST")]
-    assert statuses[0] == 200 and set(statuses[1:]) <= {409, 404}
-
-
-async def test_a_restarted_worker_remembers_its_replace_through_the_journal(
-    emulator: Emulator, client: CrusoeClient, tmp_path: Path
-) -> None:
-    journal = tmp_path / "crusoe-repairs.json"
-    first = await _cloud(client, node_pool_ids=[POOL], journal=journal).repair(
-        "gpu-02", Rung.REPLACE, "inc-3:1:replace"
+    if route == "reset":
+        rung, cloud = Rung.REBOOT, _cloud(client)
+        submitted = await client.patch_vm_action(vm_id, "RESET")
+    else:
+        rung, cloud = Rung.REPLACE, _cloud(client, cluster_id=CLUSTER)
+        submitted = await client.remediate_vm(CLUSTER, vm_id)
+    beats = Heartbeats()
+    done = await cloud.repair(
+        "gpu-01", rung, "inc-4:1", vm_id=vm_id, planned_at=planned_at, on_progress=beats
     )
-    restarted = _cloud(client, node_pool_ids=[POOL], journal=journal)
-    assert await restarted.repair("gpu-02", Rung.REPLACE, "inc-3:1:replace") == first
+    ops = _operations(emulator, "gpu-01")
+    assert [op["operation_id"] for op in ops] == [submitted.operation_id]  # exactly one
+    assert ops[0]["state"] == "SUCCEEDED"
+    assert any(d["operation_id"] == submitted.operation_id for d in beats.details)
+    if route == "reset":
+        assert done.old_vm_id == done.new_vm_id == vm_id
+        assert emulator.backend.events == [("reset", "gpu-01", vm_id)]
+        assert len(emulator.requests(method="PATCH")) == 1
+    else:
+        assert done.old_vm_id == vm_id != done.new_vm_id == emulator.vm_id("gpu-01")
+        assert [e[0] for e in emulator.backend.events] == ["delete", "create"]
+        assert len(emulator.requests(method="POST")) == 1
+    assert done.stopped_at is not None and done.stopped_at >= planned_at - 1
+
+
+async def test_a_retry_after_the_replacement_finished_returns_the_new_vm_and_deletes_nothing(
+    emulator: Emulator, client: CrusoeClient
+) -> None:
+    vm_id, planned_at = await _plan(client, "gpu-02")
+    first = await _cloud(client, node_pool_ids=[POOL]).repair(
+        "gpu-02", Rung.REPLACE, "inc-3:1:replace", vm_id=vm_id, planned_at=planned_at
+    )  # its result and its heartbeat were lost: the worker died as it finished
+    events = list(emulator.backend.events)
+    again = await _cloud(client, node_pool_ids=[POOL]).repair(
+        "gpu-02", Rung.REPLACE, "inc-3:1:replace", vm_id=vm_id, planned_at=planned_at
+    )
+    assert (again.old_vm_id, again.new_vm_id) == (first.old_vm_id, first.new_vm_id)
+    assert again.new_vm_id == emulator.vm_id("gpu-02") != vm_id
     assert len(emulator.requests(method="DELETE")) == 1
-    assert [e[0] for e in emulator.backend.events] == ["delete", "create"]
+    assert (
+        emulator.backend.events
+        == events
+        == [
+            ("delete", "gpu-02", vm_id),
+            ("create", "gpu-02", first.new_vm_id),
+        ]
+    )
+    assert len(_operations(emulator, "gpu-02")) == 1
+
+
+@pytest.mark.parametrize("rung", [Rung.REBOOT, Rung.REPLACE])
+async def test_a_vm_other_than_the_recorded_one_is_never_touched(
+    emulator: Emulator, client: CrusoeClient, rung: Rung
+) -> None:
+    # Planned on VM A; then someone else replaced the machine: B has the node's name now.
+    recorded, planned_at = await _plan(client, "gpu-01")
+    await client.wait_operation(await client.delete_vm(recorded), "vm")
+
+    async def replaced() -> str | None:
+        vm = emulator.vms().get("gpu-01")
+        return str(vm["id"]) if vm and vm["state"] == "RUNNING" else None
+
+    successor = await eventually(replaced, timeout_s=10, what="the pool's new VM")
+    before = (len(emulator.requests(method="DELETE")), list(emulator.backend.events))
+    done = await _cloud(client, node_pool_ids=[POOL], cluster_id=CLUSTER).repair(
+        "gpu-01", rung, "inc-5:1", vm_id=recorded, planned_at=planned_at
+    )
+    assert done.old_vm_id == recorded and done.new_vm_id == successor
+    assert (len(emulator.requests(method="DELETE")), emulator.backend.events) == before
+    assert emulator.requests(method="PATCH") == [] and emulator.requests(method="POST") == []
+    assert emulator.vm_id("gpu-01") == successor
+
+
+async def test_a_repair_without_a_plan_acts_on_the_vm_named_so_now(
+    emulator: Emulator, client: CrusoeClient
+) -> None:
+    # Incidents of older runbooks record no VM: the one that has the name when it runs.
+    first = await _cloud(client, node_pool_ids=[POOL]).repair("gpu-01", Rung.REPLACE, "k1")
+    second = await _cloud(client, node_pool_ids=[POOL]).repair("gpu-01", Rung.REPLACE, "k2")
+    assert second.old_vm_id == first.new_vm_id != second.new_vm_id
 
 
 async def test_monitor_is_not_a_repair(client: CrusoeClient) -> None:

@@ -24,6 +24,7 @@ Activities run in real time (only workflow timers skip): waits are kept small, e
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -1180,3 +1181,37 @@ async def test_a_notifier_outage_leaves_the_remediation_unaffected(
     notes = [s for s in result.steps if s.name.startswith("notify_")]
     assert notes and all(s.outcome == "failed" for s in notes)
     assert broken.calls >= 2 * len(notes)  # each notification was retried, then given up
+
+
+class _NameMovesAfterPlan(FakeCloud):
+    """Right after the plan looked the node's VM up, the name moves to another VM."""
+
+    async def vm_id(self, node: str) -> str:
+        recorded = await super().vm_id(node)
+        self._vms[node] = self._new_vm()
+        return recorded
+
+
+async def test_the_planned_vm_reaches_the_repair_input(env: WorkflowEnvironment) -> None:
+    async with _fleet(env, cloud=_NameMovesAfterPlan) as f:
+        req = f.request()
+        handle = await f.start(req)
+        result = await handle.result()
+        history = await handle.fetch_history()
+
+    key = f"{req.incident_id}:1:reboot"
+    planned = f.cloud.planned_vms[key]
+    assert planned is not None and result.status == "resolved"
+    # The repair acted on the recorded VM, not on the one that has the name now.
+    assert result.old_vm_id == result.new_vm_id == planned != await f.cloud.vm_id("gpu-01")
+    # The plan is in the history, before the repair, and the repair's input carries it.
+    scheduled = [
+        e.activity_task_scheduled_event_attributes
+        for e in history.events
+        if e.HasField("activity_task_scheduled_event_attributes")
+    ]
+    names = [a.activity_type.name for a in scheduled]
+    assert names.index("plan_repair") == names.index("repair_node") - 1
+    repair = scheduled[names.index("repair_node")]
+    inp = json.loads(repair.input.payloads[0].data)
+    assert (inp["vm_id"], inp["key"]) == (planned, key) and inp["planned_at"] > 0

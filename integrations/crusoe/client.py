@@ -232,6 +232,28 @@ class CrusoeClient:
     async def get_operation(self, operation_id: str, kind: OperationKind) -> Operation:
         return _operation(await self._request("GET", self._operation_path(operation_id, kind)))
 
+    async def list_operations(
+        self,
+        kind: OperationKind,
+        *,
+        resource_id: str | None = None,
+        since: datetime | None = None,
+    ) -> list[Operation]:
+        """The operations of an API family (`GET .../operations`), filtered by the resource
+        they act on (`resource_id`, a VM id) and by start time (`lower_time_bound`).
+
+        The API lists operations in flight and those completed but not queried yet: what
+        a worker that died right after submitting one never got to poll.
+        """
+        params: dict[str, str] = {}
+        if resource_id:
+            params["resource_id"] = resource_id
+        if since is not None:
+            # Whole seconds, as the API's examples: rounded down, so nothing is left out.
+            params["lower_time_bound"] = since.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        path = self._operation_path("", kind).rstrip("/")
+        return [_operation(o) for o in _items(await self._request("GET", path, params=params))]
+
     async def wait_operation(
         self,
         op: Operation,

@@ -11,21 +11,27 @@
   3. otherwise: delete it and create a VM from its spec (name, type, location, image, ...).
   Done when a RUNNING VM with the node's name and a new id exists.
 
-Idempotency: each repair is recorded under its key before anything is sent (in memory, and
-in `journal` when given, so a restarted worker remembers too), with the old VM's id and the
-operations it started. A retried call resumes the recorded operations, and reads the remote
-state first: once the node's name belongs to a VM other than the recorded old one, the
-replacement happened and is never done a second time.
+Idempotency lives in the workflow's history, never on a disk: the runbook records the VM
+to repair (`plan_repair`: its id and when the repair was planned) before the repair starts,
+and the repair activity keeps this repair's progress (route, operation ids) in its heartbeat
+details, handed to `repair` as `progress` on a retry and sent through `on_progress` after
+every step. So a retry on any worker resumes the same operation and only ever acts on the
+recorded VM:
+- with progress: the recorded operations are resumed;
+- without (the heartbeat was lost: the worker died right after the cloud call): the
+  recorded VM's operations started since the plan are listed from Crusoe's own record and
+  one of this repair's kind is adopted rather than a second one submitted;
+- once the recorded VM is gone, the replacement happened: the VM that now has the node's
+  name is the result, and it is never deleted or reset.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from pathlib import Path
+from datetime import UTC, datetime
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
@@ -46,7 +52,8 @@ __all__ = ["CrusoeCloud", "RepairAttempt"]
 
 log = logging.getLogger(__name__)
 
-Route = Literal["reset", "remediate", "node_pool", "recreate"]
+# gone: the recorded VM no longer exists (replaced already): wait for its successor only.
+Route = Literal["reset", "remediate", "node_pool", "recreate", "gone"]
 # A VM in one of these states is down already: "resetting" it means starting it.
 _STOPPED_STATES = frozenset({"SHUTOFF", "SHUTDOWN", "STOPPED", "CRASHED"})
 # Fields of an existing VM worth carrying into the request that recreates it.
@@ -62,7 +69,7 @@ _SPEC_FIELDS = (
 
 
 class RepairAttempt(BaseModel):
-    """One repair, recorded under its idempotency key before the first request is sent."""
+    """One repair's progress: what the repair activity keeps in its heartbeat details."""
 
     key: str
     node: str
@@ -70,6 +77,7 @@ class RepairAttempt(BaseModel):
     route: Route
     action: Literal["RESET", "START"] = "RESET"  # route reset: a stopped VM is started instead
     old_vm_id: str
+    planned_at: float | None = None  # epoch s; operations on old_vm_id since then are ours
     node_pool_id: str | None = None
     spec: dict[str, Any] = Field(default_factory=dict)  # to recreate the VM (route recreate)
     operation_id: str | None = None  # reset, remediate or delete
@@ -99,7 +107,8 @@ class CrusoeCloud:
         replace_timeout_s: the longest a replacement may take to be RUNNING (default: inside
             the repair activity's default 900 s, so the activity fails with our message).
         poll_s: how often operations and VM lists are polled; None: the client's.
-        journal: a JSON file of repair attempts, so a restarted worker resumes them.
+        clock_skew_s: how far this worker's clock may be ahead of Crusoe's when operations
+            started since a plan are listed.
     """
 
     def __init__(
@@ -112,7 +121,7 @@ class CrusoeCloud:
         operation_timeout_s: float = 600.0,
         replace_timeout_s: float = 840.0,
         poll_s: float | None = None,
-        journal: Path | None = None,
+        clock_skew_s: float = 1.0,
     ) -> None:
         self._client = client
         self._cluster_id = cluster_id
@@ -121,9 +130,7 @@ class CrusoeCloud:
         self._operation_timeout_s = operation_timeout_s
         self._replace_timeout_s = replace_timeout_s
         self._poll_s = client.poll_s if poll_s is None else poll_s
-        self._journal = journal
-        self._attempts: dict[str, RepairAttempt] = self._load_journal()
-        self._vm_ids: dict[str, str] = {}
+        self._clock_skew_s = clock_skew_s
         self._locks: dict[str, asyncio.Lock] = {}
 
     async def aclose(self) -> None:
@@ -133,9 +140,8 @@ class CrusoeCloud:
     # --- CloudProvider --------------------------------------------------------------------
 
     async def vm_id(self, node: str) -> str:
-        if node not in self._vm_ids:
-            self._vm_ids[node] = (await self._current_vm(node)).id
-        return self._vm_ids[node]
+        """The VM that has the node's name now (read fresh: a plan records it)."""
+        return (await self._current_vm(node)).id
 
     async def replace(self, node: str, idempotency_key: str) -> ReplaceResult:
         done = await self.repair(node, Rung.REPLACE, idempotency_key)
@@ -146,22 +152,44 @@ class CrusoeCloud:
             stopped_at=done.stopped_at if done.stopped_at is not None else time.time(),
         )
 
-    async def repair(self, node: str, rung: Rung, idempotency_key: str) -> RepairResult:
+    async def repair(
+        self,
+        node: str,
+        rung: Rung,
+        idempotency_key: str,
+        *,
+        vm_id: str | None = None,
+        planned_at: float | None = None,
+        progress: Mapping[str, Any] | None = None,
+        on_progress: Callable[[dict[str, Any]], None] | None = None,
+    ) -> RepairResult:
+        """Repair the node's machine: the recorded `vm_id` (None: the VM named so now).
+
+        `progress`: what `on_progress` last reported for this key (a retry's heartbeat
+        details); `on_progress` gets the repair's progress after every step.
+        """
         if rung == Rung.MONITOR:
             raise _not_a_repair(rung)
+
+        def emit(att: RepairAttempt) -> None:
+            if on_progress is not None:
+                on_progress(att.model_dump(mode="json"))
+
         async with self._locks.setdefault(node, asyncio.Lock()):
-            att = self._attempts.get(idempotency_key)
+            att = None
+            if progress and progress.get("key") == idempotency_key:
+                att = RepairAttempt.model_validate(dict(progress))
             if att is None:
-                att = await self._plan(node, rung, idempotency_key)
+                att = await self._plan(node, rung, idempotency_key, vm_id, planned_at)
+                emit(att)
             if not att.done:
                 if att.route == "reset":
-                    await self._reset(att)
+                    await self._reset(att, emit)
                 else:
-                    await self._replace(att)
+                    await self._replace(att, emit)
                 att.done = True
-                self._record(att)
+                emit(att)
             assert att.new_vm_id is not None
-            self._vm_ids[node] = att.new_vm_id
             return RepairResult(
                 node=node,
                 rung=att.rung,
@@ -178,8 +206,26 @@ class CrusoeCloud:
             raise CrusoeError(f"no Crusoe VM named {node} in project {self._client.project_id}")
         return vm
 
-    async def _plan(self, node: str, rung: Rung, key: str) -> RepairAttempt:
-        vm = await self._current_vm(node)  # fresh: the cache may predate someone else's repair
+    async def _recorded_vm(self, vm_id: str) -> Vm | None:
+        try:
+            return await self._client.get_vm(vm_id)
+        except CrusoeNotFound:
+            return None
+
+    async def _plan(
+        self, node: str, rung: Rung, key: str, vm_id: str | None, planned_at: float | None
+    ) -> RepairAttempt:
+        if vm_id is None:  # an older runbook recorded no VM: the one named so now
+            vm = await self._current_vm(node)
+        else:
+            found = await self._recorded_vm(vm_id)
+            if found is None:
+                log.info("crusoe VM %s of %s is gone: it was replaced already", vm_id, node)
+                return RepairAttempt(
+                    key=key, node=node, rung=rung, route="gone", old_vm_id=vm_id,
+                    planned_at=planned_at,
+                )  # fmt: skip
+            vm = found
         route: Route = "reset"
         pool_id: str | None = None
         if rung == Rung.REPLACE:
@@ -195,10 +241,10 @@ class CrusoeCloud:
             route=route,
             action="START" if vm.state in _STOPPED_STATES else "RESET",
             old_vm_id=vm.id,
+            planned_at=planned_at,
             node_pool_id=pool_id,
             spec=self._spec_of(vm) if route == "recreate" else {},
         )
-        self._record(att)
         log.info("crusoe %s of %s (VM %s) planned as %s, key %s", rung, node, vm.id, route, key)
         return att
 
@@ -221,25 +267,37 @@ class CrusoeCloud:
 
     # --- the rungs ------------------------------------------------------------------------
 
-    async def _reset(self, att: RepairAttempt) -> None:
+    async def _reset(self, att: RepairAttempt, emit: Emit) -> None:
         vm_id, action = att.old_vm_id, att.action
         await self._run_operation(
-            att, "operation_id", "vm", lambda: self._client.patch_vm_action(vm_id, action)
+            att,
+            emit,
+            "operation_id",
+            "vm",
+            lambda: self._client.patch_vm_action(vm_id, action),
+            adopt={"RESET", "START"},  # a retry may plan RESET after its own START ran
         )
         att.new_vm_id = att.old_vm_id
 
-    async def _replace(self, att: RepairAttempt) -> None:
+    async def _replace(self, att: RepairAttempt, emit: Emit) -> None:
         if att.route == "remediate":
             assert self._cluster_id is not None
             cluster = self._cluster_id
             await self._take_down(
-                att, "autocluster", lambda: self._client.remediate_vm(cluster, att.old_vm_id)
+                att,
+                emit,
+                "autocluster",
+                lambda: self._client.remediate_vm(cluster, att.old_vm_id),
+                adopt={"REPLACE_NODE", "REMEDIATE"},
             )
-        else:
-            await self._take_down(att, "vm", lambda: self._client.delete_vm(att.old_vm_id))
+        elif att.route != "gone":
+            await self._take_down(
+                att, emit, "vm", lambda: self._client.delete_vm(att.old_vm_id), adopt={"DELETE"}
+            )
             if att.route == "recreate" and await self._client.find_vm_by_name(att.node) is None:
                 await self._run_operation(
                     att,
+                    emit,
                     "create_operation_id",
                     "vm",
                     lambda: self._client.create_vm(att.spec),
@@ -247,31 +305,35 @@ class CrusoeCloud:
                 )
         new = await self._wait_replacement(att)
         att.new_vm_id = new.id
-        if att.stopped_at is None:  # replaced before a worker restart that lost the record
-            att.stopped_at = time.time()
+        if att.stopped_at is None:  # replaced before a retry that had no record of it
+            att.stopped_at = att.planned_at if att.planned_at is not None else time.time()
         log.info("crusoe replaced %s: VM %s -> %s", att.node, att.old_vm_id, new.id)
 
     async def _take_down(
-        self, att: RepairAttempt, kind: OperationKind, submit: Callable[[], Awaitable[Operation]]
+        self,
+        att: RepairAttempt,
+        emit: Emit,
+        kind: OperationKind,
+        submit: Callable[[], Awaitable[Operation]],
+        *,
+        adopt: set[str],
     ) -> None:
-        """Remediate or delete the old VM, unless it is gone already.
+        """Remediate or delete the recorded VM, unless it is gone already.
 
-        A try whose answer was lost (the worker died mid-request) leaves an operation we did
-        not record: a second request then meets 409 while it runs and 404 once the VM is
-        gone. Both mean "wait and look again", never "replace again".
+        Only the recorded VM is ever acted on, by its id: a VM that has the node's name now
+        is a replacement. A busy VM (409: an operation runs on it) is waited for; a 404 means
+        the VM went meanwhile.
         """
         deadline = time.monotonic() + self._operation_timeout_s
         while True:
-            current = await self._client.find_vm_by_name(att.node)
-            if current is None or current.id != att.old_vm_id:
+            if await self._recorded_vm(att.old_vm_id) is None:
                 return
             try:
-                await self._run_operation(att, "operation_id", kind, submit)
+                await self._run_operation(att, emit, "operation_id", kind, submit, adopt=adopt)
                 return
             except CrusoeNotFound:
                 # Gone meanwhile, or the 404 is about something else (a wrong cluster id).
-                again = await self._client.find_vm_by_name(att.node)
-                if again is not None and again.id == att.old_vm_id:
+                if await self._recorded_vm(att.old_vm_id) is not None:
                     raise
                 return
             except CrusoeUnavailable as e:
@@ -280,16 +342,44 @@ class CrusoeCloud:
                 log.info("crusoe VM %s is busy; waiting to replace it", att.old_vm_id)
             await asyncio.sleep(self._poll_s)
 
+    async def _adoptable(
+        self, att: RepairAttempt, kind: OperationKind, actions: set[str]
+    ) -> Operation | None:
+        """An operation of this repair on the recorded VM that a lost heartbeat forgot:
+        started since the plan, of the repair's action, not FAILED."""
+        if att.planned_at is None:
+            return None
+        since = att.planned_at - self._clock_skew_s
+        ops = await self._client.list_operations(
+            kind, resource_id=att.old_vm_id, since=datetime.fromtimestamp(since, UTC)
+        )
+        for op in ops:
+            meta = op.metadata if isinstance(op.metadata, dict) else {}
+            if meta.get("vm_id", att.old_vm_id) != att.old_vm_id or op.state == "FAILED":
+                continue
+            action = meta.get("action") or meta.get("operation_type")
+            started = _epoch(op.started_at)
+            if (action is None or action in actions) and (started is None or started >= since):
+                log.info(
+                    "crusoe %s of %s: adopting operation %s on VM %s",
+                    att.rung, att.node, op.operation_id, att.old_vm_id,
+                )  # fmt: skip
+                return op
+        return None
+
     async def _run_operation(
         self,
         att: RepairAttempt,
+        emit: Emit,
         field: Literal["operation_id", "create_operation_id"],
         kind: OperationKind,
         submit: Callable[[], Awaitable[Operation]],
         *,
+        adopt: set[str] | None = None,
         marks_stop: bool = True,
     ) -> None:
-        """Resume the operation recorded in `field`, or submit one and record it first."""
+        """Resume the operation recorded in `field`, adopt this repair's operation from the
+        cloud's record, or submit one; report its id at once."""
         op: Operation | None = None
         recorded = getattr(att, field)
         if recorded:
@@ -297,12 +387,17 @@ class CrusoeCloud:
                 op = await self._client.get_operation(recorded, kind)
             except CrusoeNotFound:
                 op = None
+        if op is None and adopt is not None:
+            op = await self._adoptable(att, kind, adopt)
+            if op is not None and marks_stop and att.stopped_at is None:
+                att.stopped_at = _epoch(op.started_at) or att.planned_at
         if op is None:
             if marks_stop:
                 att.stopped_at = time.time()  # the machine goes down from this request on
             op = await submit()
+        if getattr(att, field) != op.operation_id:
             setattr(att, field, op.operation_id)
-            self._record(att)
+            emit(att)
         try:
             await self._client.wait_operation(
                 op, kind, poll_s=self._poll_s, timeout_s=self._operation_timeout_s
@@ -310,7 +405,7 @@ class CrusoeCloud:
         except CrusoeOperationFailed:
             # A retry submits a new operation rather than waiting on this failed one.
             setattr(att, field, None)
-            self._record(att)
+            emit(att)
             raise
 
     async def _wait_replacement(self, att: RepairAttempt) -> Vm:
@@ -331,20 +426,13 @@ class CrusoeCloud:
                 )
             await asyncio.sleep(self._poll_s)
 
-    # --- the record -----------------------------------------------------------------------
 
-    def _record(self, att: RepairAttempt) -> None:
-        self._attempts[att.key] = att
-        if self._journal is None:
-            return
-        self._journal.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self._journal.with_suffix(".tmp")
-        data = {k: a.model_dump(mode="json") for k, a in self._attempts.items()}
-        tmp.write_text(json.dumps(data, indent=2))
-        tmp.replace(self._journal)
+Emit = Callable[[RepairAttempt], None]
 
-    def _load_journal(self) -> dict[str, RepairAttempt]:
-        if self._journal is None or not self._journal.exists():
-            return {}
-        data = json.loads(self._journal.read_text())
-        return {k: RepairAttempt.model_validate(v) for k, v in data.items()}
+
+def _epoch(rfc3339: str) -> float | None:
+    try:
+        t = datetime.fromisoformat(rfc3339.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return (t if t.tzinfo is not None else t.replace(tzinfo=UTC)).timestamp()

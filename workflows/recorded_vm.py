@@ -1,0 +1,34 @@
+"""Record the machine before a repair: its VM id goes into the workflow's history.
+
+The repair activity then gets that VM in its input and acts on it alone, and lists the
+cloud's operations on it since the plan when a retry lost its heartbeat: idempotency lives
+in the history, not on a worker's disk.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from temporalio import workflow
+
+with workflow.unsafe.imports_passed_through():
+    from autoclusters.activities import contracts
+    from autoclusters.core.models import PlanRepairInput, RepairInput
+
+from autoclusters.workflows.timeline import RETRY
+
+# Incidents started before this patch repair the VM named like the node when the repair runs.
+RUNBOOK_V5_RECORDED_VM = "runbook-v5-recorded-vm"
+
+
+async def with_recorded_vm(inp: RepairInput) -> RepairInput:
+    """`inp` with the node's current VM and the time, recorded by `plan_repair`."""
+    if not workflow.patched(RUNBOOK_V5_RECORDED_VM):
+        return inp
+    plan = await workflow.execute_activity(
+        contracts.plan_repair,
+        PlanRepairInput(node=inp.node, rung=inp.rung, key=inp.key),
+        start_to_close_timeout=timedelta(seconds=60),
+        retry_policy=RETRY,
+    )
+    return inp.model_copy(update={"vm_id": plan.vm_id, "planned_at": plan.planned_at})
