@@ -38,7 +38,9 @@ from autoclusters.core.models import (
     HealthGateInput,
     HealthReport,
     Notification,
+    PlanRepairInput,
     RepairInput,
+    RepairPlan,
     RepairResult,
     ReplaceInput,
     ReplaceResult,
@@ -103,6 +105,11 @@ async def verify_quarantine(inp: VerifyQuarantineInput) -> QuarantineStatus:
 
 
 # --- the cloud and the health gate ----------------------------------------------------------
+
+
+@activity.defn(name="plan_repair")
+async def plan_repair(inp: PlanRepairInput) -> RepairPlan:
+    raise _stub()
 
 
 @activity.defn(name="repair_node")
