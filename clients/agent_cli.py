@@ -82,6 +82,10 @@ def run(
     interval: Annotated[
         float | None, typer.Option(help="Seconds between checks (default: 10).")
     ] = None,
+    snapshot_interval: Annotated[
+        float | None,
+        typer.Option(help="Seconds between health snapshots to the API (default: 10)."),
+    ] = None,
     expected_gpus: Annotated[int | None, typer.Option(help="GPUs the node has.")] = None,
     hold_checks: Annotated[
         int | None,
@@ -119,6 +123,7 @@ def run(
         for k, v in {
             "api_url": api, "token": token, "spool_dir": spool_dir, "interval_s": interval,
             "expected_gpus": expected_gpus, "hold_checks": hold_checks, "kubeconfig": kubeconfig,
+            "snapshot_interval_s": snapshot_interval,
         }.items()
         if v is not None
     }  # fmt: skip
@@ -189,16 +194,16 @@ def _build(
         raise _fail(f"{backend_name} backend unavailable: {type(e).__name__}: {e}") from None
     spool = settings.spool_for(node)
     sink: ReportSink
+    sender: HttpSender | None = None  # also sends the health snapshots
     if print_:
         sink = PrintSink()
     else:
         token = settings.token.get_secret_value() if settings.token else None
         assert settings.api_url is not None
+        sender = HttpSender(api=settings.api_url, token=token, timeout_s=settings.request_timeout_s)
         sink = Reporter(
             spool=Spool(spool),
-            sender=HttpSender(
-                api=settings.api_url, token=token, timeout_s=settings.request_timeout_s
-            ),
+            sender=sender,
             attempts=settings.send_attempts,
             backoff_s=settings.backoff_s,
             max_backoff_s=settings.max_backoff_s,
@@ -207,7 +212,7 @@ def _build(
     state = spool / STATE_FILE if (not print_ or spool_dir is not None) else None
     return Agent(
         node=node, settings=settings, backend=gpu, infiniband=ib, sink=sink, state_file=state,
-        condition=_condition(node, settings),
+        condition=_condition(node, settings), snapshots=sender,
     )  # fmt: skip
 
 

@@ -139,7 +139,7 @@ class RefusedApproval(BaseModel):
 
 
 class Waiting(BaseModel):
-    kind: Literal["approval", "admission", "idle"]
+    kind: Literal["approval", "admission", "idle", "agent_report"]
     step: str | None = None
     detail: str = ""
     since: datetime
@@ -183,6 +183,10 @@ class HealthReport(BaseModel):
     node: str
     passed: bool
     checks: list[HealthCheck] = Field(default_factory=list)
+    # Set by the Slurm side of the gate: when it checked (epoch s) and the GPUs the node
+    # must have; the agent's evidence is judged against them.
+    checked_at: float | None = None
+    expected_gpus: int | None = None
 
     def failures(self) -> str:
         return "; ".join(f"{c.name}: {c.detail}" for c in self.checks if not c.passed)
@@ -296,6 +300,25 @@ class RepairInput(BaseModel):
     node: str
     rung: Rung
     key: str  # idempotency key: one incident attempt; a retry never repairs twice
+    # From `plan_repair` (runbook v5 on), so they are in the workflow's history: the VM to
+    # repair (never another one) and when the repair was planned (operations on that VM
+    # started since then are this repair's). None: an older runbook, the VM named now.
+    vm_id: str | None = None
+    planned_at: float | None = None
+
+
+class PlanRepairInput(BaseModel):
+    node: str
+    rung: Rung
+    key: str
+
+
+class RepairPlan(BaseModel):
+    """The machine a repair is about, recorded in the workflow's history before it starts."""
+
+    node: str
+    vm_id: str
+    planned_at: float  # epoch seconds, taken before the VM was looked up
 
 
 class RepairResult(BaseModel):

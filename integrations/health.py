@@ -1,12 +1,14 @@
-"""The health gate: checks on the node itself before it may take jobs again.
+"""The health gate's Slurm side: slurmd registered again and answers with all its GPUs.
 
-Implementations: `sandbox.health.SandboxHealth`. On real nodes the checks come from the
-node health agent (NVML, InfiniBand) and DCGM diagnostics.
+The hardware side comes from the node's own agent: its health snapshots reach the
+incident (the API forwards them as an update) and the workflow waits for a fresh healthy
+one (`workflows/health_gate_steps.py`).
 """
 
 from __future__ import annotations
 
 import re
+import time
 from typing import Protocol
 
 from autoclusters.core.models import HealthCheck, HealthReport
@@ -29,7 +31,7 @@ def gres_gpus(gres: str) -> int:
 class SlurmHealthGate:
     """What Slurm itself can prove: slurmd answers, and the node offers all its GPUs.
 
-    The node health agent's own checks (NVML, InfiniBand) add to this where it runs.
+    The node agent's evidence (NVML, InfiniBand) is judged in the workflow after this.
     """
 
     def __init__(self, slurm: SlurmClient, expected_gpus: int = 8) -> None:
@@ -51,4 +53,10 @@ class SlurmHealthGate:
                 detail=f"{gpus} of {self._expected} GPUs",
             ),
         ]
-        return HealthReport(node=node, passed=all(c.passed for c in checks), checks=checks)
+        return HealthReport(
+            node=node,
+            passed=all(c.passed for c in checks),
+            checks=checks,
+            checked_at=time.time(),
+            expected_gpus=self._expected,
+        )

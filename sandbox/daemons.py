@@ -124,6 +124,7 @@ def agent_argv(cfg: SandboxConfig, node: str) -> list[str]:
         "--node", node, "--backend", "fake", "--fake-file", str(cfg.agent_file(node)),
         "--api", cfg.api_url, "--spool-dir", str(cfg.state_dir / "agent" / f"{node}.spool"),
         "--interval", "1", "--hold-checks", "2", "--expected-gpus", str(GPUS_PER_NODE),
+        "--snapshot-interval", "2",
     ]  # fmt: skip
 
 

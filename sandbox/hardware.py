@@ -2,7 +2,8 @@
 
 A fault sits on one VM and records the cheapest repair that clears it: a GPU reset clears
 what `fixed_by: reset_gpu` says, a reboot also clears `reboot` faults, and a replacement is
-a new machine with no faults at all. The health gate reads what is left.
+a new machine with no faults at all. The machine's agent (fake backend) sees what is
+left, and the health gate hears it from the agent.
 """
 
 from __future__ import annotations
@@ -60,7 +61,12 @@ class Hardware:
         ]
         self._save(node, MachineFaults(vm_id=vm_id, faults=left))
         path = self.agent_file(node)
-        if not left and path.exists():
+        if not path.exists():
+            return
+        if rung in (Rung.REBOOT, Rung.REPLACE):
+            # The machine boots again (a new boot id): what is left shows to its agent anew.
+            fake_backend.boot(path, healthy=not left, still_broken=[f.fault for f in left])
+        elif not left:
             fake_backend.reset(path)
 
     def _save(self, node: str, rec: MachineFaults) -> None:

@@ -15,8 +15,13 @@ import asyncio
 import math
 import time
 from collections import Counter
+from datetime import UTC, datetime
+
+from temporalio import activity
+from temporalio.client import Client
 
 from autoclusters.core import hostlist
+from autoclusters.core.evidence import ActiveFault, EvidenceAck, HealthSnapshot, IbPortState
 from autoclusters.core.models import (
     HealthCheck,
     HealthReport,
@@ -25,6 +30,7 @@ from autoclusters.core.models import (
     ReplaceResult,
     SlurmJob,
     SlurmNode,
+    workflow_id,
 )
 from autoclusters.core.policy import LADDER, Rung
 from autoclusters.integrations.cloud import CloudError
@@ -283,6 +289,7 @@ class FakeCloud:
         self._done: dict[str, ReplaceResult] = {}
         self._repairs: dict[str, RepairResult] = {}
         self.repair_calls: list[tuple[str, Rung, str]] = []
+        self.planned_vms: dict[str, str | None] = {}  # repair key -> the VM in its input
         self._serial = 0
 
     def _new_vm(self) -> str:
@@ -294,16 +301,25 @@ class FakeCloud:
             self._vms[node] = self._new_vm()
         return self._vms[node]
 
-    async def repair(self, node: str, rung: Rung, idempotency_key: str) -> RepairResult:
+    async def repair(
+        self,
+        node: str,
+        rung: Rung,
+        idempotency_key: str,
+        *,
+        vm_id: str | None = None,
+        **_: object,
+    ) -> RepairResult:
         if idempotency_key in self._repairs:
             return self._repairs[idempotency_key]
         self.repair_calls.append((node, rung, idempotency_key))
+        self.planned_vms[idempotency_key] = vm_id
         if self.fail:
             raise CloudError(f"{rung.value} {node}: no capacity for this instance type")
         if self.hold:
             self.started.set()
             await self.release.wait()
-        old = await self.vm_id(node)
+        old = vm_id or await self.vm_id(node)
         self._slurm.record(f"cloud.{rung.value}", node)
         if self.admin_drain_reason is not None:
             self._slurm.set_reason(node, self.admin_drain_reason)
@@ -346,11 +362,18 @@ class FakeHealth:
     repair at `fixed_by` or higher on the ladder (a GPU reset does not fix a lost GPU).
 
     fixed_by=None: no repair ever fixes it (the node fails every health gate).
+
+    agent: the node's agent too: when the node passes, the check (run as the health_gate
+      activity) sends its incident a healthy snapshot observed now, from a new boot, as the
+      agent of a repaired machine would (False: no agent reports; the gate waits for one).
     """
 
-    def __init__(self, cloud: FakeCloud, fixed_by: Rung | None = Rung.RESET_GPU) -> None:
+    def __init__(
+        self, cloud: FakeCloud, fixed_by: Rung | None = Rung.RESET_GPU, *, agent: bool = True
+    ) -> None:
         self._cloud = cloud
         self.fixed_by = fixed_by
+        self.agent = agent
         self.checks: list[str] = []
 
     async def check(self, node: str) -> HealthReport:
@@ -364,9 +387,69 @@ class FakeHealth:
             detail = "fault persists whatever is repaired"
         else:
             detail = f"fault persists until {fixed_by.value}"
-        return HealthReport(
-            node=node, passed=ok, checks=[HealthCheck(name="gpu_faults", passed=ok, detail=detail)]
+        report = HealthReport(
+            node=node,
+            passed=ok,
+            checks=[HealthCheck(name="gpu_faults", passed=ok, detail=detail)],
+            checked_at=time.time(),
+            expected_gpus=GPUS,
         )
+        if ok and self.agent and activity.in_activity():
+            await send_evidence(agent_snapshot(node, boot_id=f"boot-after-repair-{len(done)}"))
+        return report
+
+
+GPUS = 8
+
+
+def agent_snapshot(
+    node: str,
+    *,
+    observed_at: datetime | None = None,
+    boot_id: str = "boot-1",
+    gpus: int = GPUS,
+    faults: dict[str, datetime | None] | None = None,
+    ib_down: int = 0,
+) -> HealthSnapshot:
+    """What a node agent sends: healthy unless told otherwise. `faults`: fault kind ->
+    when last seen (None: at `observed_at`); `ib_down`: that many ports down."""
+    at = observed_at or datetime.now(UTC)
+    ports = [
+        IbPortState(
+            hca=f"mlx5_{i}", port=1, healthy=i >= ib_down,
+            state="4: ACTIVE" if i >= ib_down else "1: DOWN",
+            phys_state="5: LinkUp" if i >= ib_down else "3: Disabled",
+        )
+        for i in range(8)
+    ]  # fmt: skip
+    return HealthSnapshot.build(
+        node=node,
+        observed_at=at,
+        boot_id=boot_id,
+        gpu_count=gpus,
+        expected_gpus=GPUS,
+        faults=[
+            ActiveFault(fault=f, message=f"{f} seen", last_at=when or at)
+            for f, when in (faults or {}).items()
+        ],
+        firing=list(faults or {}),
+        infiniband=ports,
+        backend="fake",
+    )
+
+
+async def send_evidence(
+    snap: HealthSnapshot, *, client: Client | None = None, cluster: str | None = None
+) -> EvidenceAck:
+    """Send `snap` to its node's incident (the API's forward); inside an activity, to the
+    activity's own workflow."""
+    if client is None or cluster is None:
+        own = activity.info().workflow_id
+        assert own is not None, "an activity of a workflow"
+        handle = activity.client().get_workflow_handle(own)
+    else:
+        handle = client.get_workflow_handle(workflow_id(cluster, snap.node))
+    return await handle.execute_update("health_evidence", snap, result_type=EvidenceAck)
 
 
 class RecordingNotifier:

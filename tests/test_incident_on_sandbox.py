@@ -35,6 +35,8 @@ from autoclusters.sandbox.vms import VmRegistry
 from autoclusters.workflows.remediation import NodeRemediation
 from tests.helpers import cancel, eventually, job, running, submit_progress_job
 
+pytestmark = pytest.mark.integration  # the session's real sandbox
+
 CLI = [sys.executable, "-m", "autoclusters.clients.cli"]
 
 
@@ -288,7 +290,14 @@ async def test_fault_surviving_a_reboot_escalates_to_replace(
 
     assert state.status == "resolved"
     assert [h.passed for h in state.health] == [False, True]
-    assert "XID_79" in state.health[0].failures()
+    # Slurm's side passed after the reboot: it is the node's agent that said the GPU is
+    # still broken (its fake backend sees the Xid again), and the replacement's that it is not.
+    failed, passed = ({c.name: c for c in h.checks} for h in state.health)
+    assert failed["slurmd"].passed and failed["gpu_count"].passed
+    assert not failed["gpu_faults"].passed
+    assert "XID_79 still reported by the agent" in failed["gpu_faults"].detail
+    assert passed["agent_report"].passed and "fake agent" in passed["agent_report"].detail
+    assert passed["infiniband"].passed and passed["agent_gpu_count"].passed
     repairs = [s.detail.split(":")[0] for s in state.steps if s.name == "repair"]
     assert repairs == ["reboot", "replace"]
     assert state.rung == "replace"

@@ -34,12 +34,6 @@ WORKFLOWS = [NodeRemediation, FleetGuard]
 
 
 def cloud_provider(settings: Settings) -> CloudProvider:
-    if settings.cloud_provider == "sandbox":
-        from autoclusters.sandbox.cloud import SandboxCloud
-
-        if settings.sandbox_state_dir is None:
-            raise ValueError("cloud_provider=sandbox needs sandbox_state_dir")
-        return SandboxCloud(settings.sandbox_state_dir, boot_delay_s=settings.boot_delay_s)
     if settings.cloud_provider == "crusoe":
         from autoclusters.integrations.crusoe import CrusoeClient, CrusoeCloud, load_credentials
 
@@ -54,18 +48,12 @@ def cloud_provider(settings: Settings) -> CloudProvider:
             cluster_id=settings.crusoe_cluster_id,
             node_pool_ids=settings.crusoe_node_pool_ids,
             replace_timeout_s=settings.crusoe_replace_timeout_s,
-            journal=settings.crusoe_journal,
         )
     raise ValueError(f"unknown cloud provider {settings.cloud_provider!r}")
 
 
 def health_gate(settings: Settings, slurm: SlurmClient) -> HealthGate:
-    # The sandbox's machines (whichever cloud API fronts them) are checked by the sandbox;
-    # real nodes get theirs from the node health agent.
-    if settings.sandbox_state_dir is not None:
-        from autoclusters.sandbox.health import SandboxHealth
-
-        return SandboxHealth(settings.sandbox_state_dir, slurm)
+    # Slurm's side; the hardware's is the node agent's evidence, judged in the workflow.
     return SlurmHealthGate(slurm, expected_gpus=settings.expected_gpus)
 
 
@@ -121,6 +109,7 @@ def activities_for(
         s.verify_quarantine,
         guard.claim_spare,
         guard.refill_spare,
+        c.plan_repair,
         c.repair_node,
         c.replace_node,
         h.health_gate,

@@ -20,6 +20,7 @@ from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
     from autoclusters.activities import contracts
+    from autoclusters.core.evidence import EvidenceAck, HealthSnapshot
     from autoclusters.core.guard import (
         Admission,
         AdmitCall,
@@ -37,7 +38,6 @@ with workflow.unsafe.imports_passed_through():
         FaultAck,
         FaultReport,
         FaultSeen,
-        HealthGateInput,
         IncidentRequest,
         IncidentState,
         IncidentStatus,
@@ -54,8 +54,10 @@ with workflow.unsafe.imports_passed_through():
     from autoclusters.core.policy import LADDER, Policy, Rung, next_rung
     from autoclusters.integrations import temporal
 
+from autoclusters.workflows.health_gate_steps import HealthGateSteps
 from autoclusters.workflows.kubernetes_steps import KubernetesSteps
 from autoclusters.workflows.quarantine_check import QuarantineCheck
+from autoclusters.workflows.recorded_vm import with_recorded_vm
 from autoclusters.workflows.runbook_v1 import run_v1
 from autoclusters.workflows.spare_steps import SpareSteps
 from autoclusters.workflows.timeline import HEARTBEAT, RETRY, cause_of
@@ -77,7 +79,7 @@ class Unattended(Exception):
 
 
 @workflow.defn
-class NodeRemediation(QuarantineCheck, KubernetesSteps, SpareSteps):
+class NodeRemediation(QuarantineCheck, KubernetesSteps, SpareSteps, HealthGateSteps):
     @workflow.init
     def __init__(self, req: IncidentRequest) -> None:
         # Built from the input so queries and updates see the incident from the first moment.
@@ -103,6 +105,12 @@ class NodeRemediation(QuarantineCheck, KubernetesSteps, SpareSteps):
     @workflow.query
     def status(self) -> IncidentState:
         return self._state
+
+    @workflow.update
+    def health_evidence(self, snap: HealthSnapshot) -> EvidenceAck:
+        """A health snapshot from the node's agent (the API forwards them): kept for the
+        health gate, which waits for a fresh healthy one after each repair."""
+        return self._take_evidence(snap)
 
     @workflow.update
     def report_fault(self, rep: FaultReport) -> FaultAck:
@@ -369,6 +377,7 @@ class NodeRemediation(QuarantineCheck, KubernetesSteps, SpareSteps):
             repair_input = RepairInput(node=req.node, rung=rung, key=key)
             before = await self._k8s_identity() if self._k8s else None
             try:
+                repair_input = await with_recorded_vm(repair_input)  # the VM, into history
                 done = await self._repair(repair_input, req.timeouts.repair_s)
             finally:
                 await self._release(guard, back_in_service=False)  # frees the repair slot
@@ -376,16 +385,7 @@ class NodeRemediation(QuarantineCheck, KubernetesSteps, SpareSteps):
             if before is not None:
                 await self._k8s_wait_new_machine(before, done)
             await self._wait_registered(req, done)
-            report = await self._step(
-                "health_gate",
-                lambda: workflow.execute_activity(
-                    contracts.health_gate,
-                    HealthGateInput(node=req.node),
-                    start_to_close_timeout=timedelta(minutes=10),
-                    retry_policy=RETRY,
-                ),
-                detail=lambda r: "passed" if r.passed else f"FAILED: {r.failures()}",
-            )
+            report = await self._health_gate(done)  # Slurm's side and the agent's evidence
             s.health.append(report)
             if report.passed:
                 return

@@ -22,12 +22,18 @@ from typing import Protocol
 
 from pydantic import BaseModel, ValidationError
 
-from autoclusters.clients.agent.backend import GpuBackend, IbSource
-from autoclusters.clients.agent.classify import Classifier, ClassifierMemory, Finding
+from autoclusters.clients.agent.backend import GpuBackend, IbSource, read_boot_id
+from autoclusters.clients.agent.classify import (
+    IB_ACTIVE,
+    IB_LINK_UP,
+    Classifier,
+    ClassifierMemory,
+    Finding,
+)
 from autoclusters.clients.agent.debounce import DebounceMemory, Debouncer
-from autoclusters.clients.agent.readings import GpuReadings, IbReadings
-from autoclusters.clients.agent.report import NodeReport
-from autoclusters.clients.agent.reporter import ReportSink, write_atomic
+from autoclusters.clients.agent.readings import GpuReadings, IbReadings, state_number
+from autoclusters.clients.agent.report import ActiveFault, HealthSnapshot, IbPortState, NodeReport
+from autoclusters.clients.agent.reporter import Answer, Outcome, ReportSink, write_atomic
 from autoclusters.clients.agent.settings import AgentSettings
 
 log = logging.getLogger(__name__)
@@ -36,6 +42,37 @@ STATE_FILE = "state.json"
 
 class ConditionSink(Protocol):
     def update(self, firing: dict[str, str]) -> None: ...
+
+
+class SnapshotSink(Protocol):
+    def send_snapshot(self, snapshot: HealthSnapshot) -> Answer: ...
+
+
+def active_faults(findings: dict[str, Finding], observed: datetime) -> list[ActiveFault]:
+    """What the hardware shows in this check: a condition at the check's time, an event
+    fault (an Xid, latched for a while after it) at its latest event's time."""
+    out = []
+    for fault, f in sorted(findings.items()):
+        times = [s.get("at") for s in f.subjects]
+        if times and all(isinstance(t, str) for t in times):
+            last = max(datetime.fromisoformat(str(t)) for t in times)
+        else:
+            last = observed
+        out.append(ActiveFault(fault=fault, message=f.message, last_at=last))
+    return out
+
+
+def ib_ports(ib: IbReadings | None) -> list[IbPortState] | None:
+    if ib is None:
+        return None
+    return [
+        IbPortState(
+            hca=p.hca, port=p.port, state=p.state, phys_state=p.phys_state,
+            healthy=state_number(p.state) == IB_ACTIVE
+            and state_number(p.phys_state) == IB_LINK_UP,
+        )
+        for p in ib.ports
+    ]  # fmt: skip
 
 
 class AgentState(BaseModel):
@@ -52,6 +89,7 @@ class CheckResult:
     findings: dict[str, Finding]
     reports: list[NodeReport]
     firing: dict[str, str] = field(default_factory=dict)  # fault -> message
+    snapshot: HealthSnapshot | None = None
 
 
 class Agent:
@@ -66,6 +104,7 @@ class Agent:
         state_file: Path | None = None,
         clock: Callable[[], float] = time.time,
         condition: ConditionSink | None = None,
+        snapshots: SnapshotSink | None = None,
     ) -> None:
         self.node = node
         self.settings = settings
@@ -75,6 +114,8 @@ class Agent:
         self.state_file = state_file
         self.clock = clock
         self.condition = condition
+        self.snapshots = snapshots
+        self._snapshot_sent: tuple[float, tuple[object, ...]] | None = None
         state = self._load_state()
         self.classifier = Classifier(settings, state.classifier if state else None)
         self.debouncer = Debouncer(
@@ -117,7 +158,55 @@ class Agent:
         firing = {f: t.message for f, t in self.debouncer.firing.items()}
         if self.condition is not None:
             self.condition.update(firing)
-        return CheckResult(now, gpus, ib, findings, reports, firing)
+        snapshot = self._snapshot(observed, gpus, ib, findings, firing)
+        self._send_snapshot(now, snapshot)
+        return CheckResult(now, gpus, ib, findings, reports, firing, snapshot)
+
+    def _snapshot(
+        self,
+        observed: datetime,
+        gpus: GpuReadings | None,
+        ib: IbReadings | None,
+        findings: dict[str, Finding],
+        firing: dict[str, str],
+    ) -> HealthSnapshot:
+        count = None
+        if gpus is not None:
+            count = gpus.device_count if gpus.device_count is not None else len(gpus.gpus)
+        boot = getattr(self.backend, "boot_id", None)
+        expected = self.settings.expected_gpus
+        if expected is None:
+            expected = self.classifier.memory.max_gpu_count or None
+        return HealthSnapshot.build(
+            node=self.node,
+            observed_at=observed,
+            boot_id=boot() if callable(boot) else read_boot_id(),
+            gpu_count=count,
+            expected_gpus=expected,
+            faults=active_faults(findings, observed),
+            firing=sorted(firing),
+            infiniband=ib_ports(ib) if self.infiniband is not None else None,
+            backend=gpus.backend if gpus is not None else "none",
+        )
+
+    def _send_snapshot(self, now: float, snap: HealthSnapshot) -> None:
+        """At start, every snapshot interval, and at once when what is seen changes."""
+        if self.snapshots is None:
+            return
+        seen = (
+            snap.boot_id,
+            snap.gpu_count,
+            tuple(f.fault for f in snap.faults),
+            tuple((p.hca, p.port, p.healthy) for p in snap.infiniband or []),
+        )
+        last, every = self._snapshot_sent, self.settings.snapshot_interval_s
+        if last is not None and last[1] == seen and now - last[0] < every:
+            return
+        answer = self.snapshots.send_snapshot(snap)
+        if answer.outcome is not Outcome.SENT:
+            log.warning("health snapshot not taken: %s", answer.detail)
+            return  # the next check tries again
+        self._snapshot_sent = (now, seen)
 
     def run(self, stop: threading.Event) -> None:
         """Check every interval until `stop` is set."""

@@ -11,9 +11,21 @@ fake file's `infiniband` section); None means the node has no InfiniBand to chec
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Protocol
 
 from autoclusters.clients.agent.readings import GpuEvent, GpuReadings, IbReadings
+
+BOOT_ID_FILE = Path("/proc/sys/kernel/random/boot_id")
+
+
+def read_boot_id(path: Path = BOOT_ID_FILE) -> str:
+    """This boot of the machine: a reboot or a new machine changes it ("" if unreadable).
+    A backend may say otherwise (`boot_id()`: the fake backend's file carries its own)."""
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return ""
 
 
 class BackendUnavailable(RuntimeError):

@@ -16,13 +16,15 @@ from __future__ import annotations
 
 import fcntl
 import re
-from collections.abc import Callable, Iterator
+import uuid
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 
 from pydantic import BaseModel, Field
 
+from autoclusters.clients.agent.backend import read_boot_id
 from autoclusters.clients.agent.readings import (
     FabricReading,
     GpuEvent,
@@ -48,6 +50,8 @@ class FakeNode(BaseModel):
     events: list[GpuEvent] = Field(default_factory=list)
     last_seq: int = 0  # event numbers are never reused, even after a reset
     infiniband: IbReadings | None = None
+    # This boot of the machine (None: the agent's own /proc value); `boot` sets a new one.
+    boot_id: str | None = None
     # What the healthy node has, so a reset restores exactly that.
     shape: dict[str, int] = Field(
         default_factory=lambda: {
@@ -139,6 +143,26 @@ def reset(path: Path) -> FakeNode:
     def change(node: FakeNode) -> None:
         fresh = healthy_node(**node.shape)
         node.gpus, node.infiniband, node.events = fresh.gpus, fresh.infiniband, []
+
+    return update_node(path, change)
+
+
+def boot(path: Path, *, healthy: bool, still_broken: Sequence[str] = ()) -> FakeNode:
+    """The machine booted again (a reboot, or a new machine): a new boot id; healthy
+    hardware if the repair fixed everything, else what is still broken shows again: an Xid
+    fault raises its Xid anew once the machine is up (conditions stay in the file)."""
+    at = datetime.now(UTC)
+
+    def change(node: FakeNode) -> None:
+        if healthy:
+            fresh = healthy_node(**node.shape)
+            node.gpus, node.infiniband, node.events = fresh.gpus, fresh.infiniband, []
+        else:
+            for fault in still_broken:
+                if m := XID_FAULT.match(fault):
+                    gpu = next((e.gpu for e in node.events if e.code == int(m.group(1))), 0)
+                    _event(node, "xid", int(m.group(1)), gpu, at)
+        node.boot_id = str(uuid.uuid4())
 
     return update_node(path, change)
 
@@ -299,6 +323,7 @@ class FakeBackend:
         self._gpus = gpus  # for a file this backend has to create
         self._delivered = 0  # the highest event seq handed out
         self._node: FakeNode | None = None
+        self._boot_id: str | None = None
 
     def open(self) -> None:
         if not self.path.exists():
@@ -306,7 +331,12 @@ class FakeBackend:
 
     def _load(self) -> FakeNode:
         self._node = read_node(self.path)
+        self._boot_id = self._node.boot_id
         return self._node
+
+    def boot_id(self) -> str:
+        """The fake machine's boot id as of the last read (the real one when it has none)."""
+        return self._boot_id or read_boot_id()
 
     def read(self) -> GpuReadings:
         readings = self._load().gpus

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from autoclusters.clients.agent.backend import BackendUnavailable
+from autoclusters.clients.agent.backend import BackendUnavailable, read_boot_id
 from autoclusters.clients.agent.readings import (
     FabricReading,
     GpuEvent,
@@ -128,6 +128,9 @@ class NvmlBackend:
         except Exception:
             self._driver = ""
         self._start_events()
+
+    def boot_id(self) -> str:
+        return read_boot_id()
 
     def close(self) -> None:
         self._stop.set()

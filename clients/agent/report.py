@@ -26,9 +26,18 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field
 
+from autoclusters.core.evidence import ActiveFault, HealthSnapshot, IbPortState
 from autoclusters.core.faults import FAULT_PATTERN, NODE_PATTERN
 
+__all__ = [
+    "AGENT_VERSION", "REPORTS_PATH", "SNAPSHOTS_PATH", "ActiveFault", "HealthSnapshot",
+    "IbPortState", "NodeReport", "ReportState", "episode_id", "report_id",
+]  # fmt: skip
+
 REPORTS_PATH = "/v1/reports"
+# The agent's periodic health snapshot (`HealthSnapshot`, in core so that the incident
+# workflow, which judges it, shares the model): `POST {api}/v1/health-snapshots`.
+SNAPSHOTS_PATH = "/v1/health-snapshots"
 
 # A fixed namespace: the same inputs give the same ids on every agent and across restarts.
 _ID_NAMESPACE = uuid.UUID("6f1d3c0e-9a51-4d7e-8f43-2b8a4c9e0d17")

@@ -30,7 +30,12 @@ from typing import IO, Protocol
 
 import httpx
 
-from autoclusters.clients.agent.report import REPORTS_PATH, NodeReport
+from autoclusters.clients.agent.report import (
+    REPORTS_PATH,
+    SNAPSHOTS_PATH,
+    HealthSnapshot,
+    NodeReport,
+)
 
 log = logging.getLogger(__name__)
 
@@ -125,6 +130,7 @@ class HttpSender:
         client: httpx.Client | None = None,
     ) -> None:
         self.url = api.rstrip("/") + REPORTS_PATH
+        self.snapshots_url = api.rstrip("/") + SNAPSHOTS_PATH
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._client = client or httpx.Client(timeout=timeout_s, headers=headers, trust_env=False)
 
@@ -139,6 +145,23 @@ class HttpSender:
             return Answer(Outcome.RETRY, f"{type(e).__name__}: {e}")
         detail = f"HTTP {r.status_code} {r.text[:500]}"
         if r.is_success or r.status_code == 409:
+            return Answer(Outcome.SENT, detail)
+        if r.status_code >= 500 or r.status_code in _RETRY_STATUSES:
+            return Answer(Outcome.RETRY, detail)
+        return Answer(Outcome.REJECTED, detail)
+
+    def send_snapshot(self, snapshot: HealthSnapshot) -> Answer:
+        """One try, never raises: a snapshot is not spooled (the next one supersedes it)."""
+        try:
+            r = self._client.post(
+                self.snapshots_url,
+                content=snapshot.model_dump_json(),
+                headers={"Content-Type": "application/json"},
+            )
+        except httpx.HTTPError as e:
+            return Answer(Outcome.RETRY, f"{type(e).__name__}: {e}")
+        detail = f"HTTP {r.status_code} {r.text[:500]}"
+        if r.is_success:
             return Answer(Outcome.SENT, detail)
         if r.status_code >= 500 or r.status_code in _RETRY_STATUSES:
             return Answer(Outcome.RETRY, detail)

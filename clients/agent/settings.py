@@ -35,6 +35,10 @@ class AgentSettings(BaseSettings):
 
     # --- the loop and the debounce --------------------------------------------------------
     interval_s: float = Field(default=10.0, gt=0, description="seconds between checks")
+    snapshot_interval_s: float = Field(
+        default=10.0, gt=0, description="a health snapshot goes to the API this often (and at "
+        "start, and at once when what the check sees changes)"
+    )  # fmt: skip
     hold_checks: int = Field(
         default=3, ge=1, description="consecutive checks a condition must hold to fire"
     )

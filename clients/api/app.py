@@ -3,6 +3,8 @@
 Writes (bearer token):
   POST /v1/alerts/alertmanager   Alertmanager webhook, payload version "4"
   POST /v1/reports               one NodeReport from the node health agent
+  POST /v1/health-snapshots      the agent's HealthSnapshot: forwarded to the node's open
+                                 incident (the health gate's evidence); starts nothing
 Reads (a token only with api_auth_reads):
   GET  /v1/incidents             ?state=&node=&fault=&limit=
   GET  /v1/incidents/{id}        the incident's timeline (the workflow's `status` query)
@@ -47,7 +49,12 @@ from temporalio.client import (
 from temporalio.service import RPCError, RPCStatusCode
 
 from autoclusters.clients import incidents
-from autoclusters.clients.agent.report import NodeReport, ReportState
+from autoclusters.clients.agent.report import (
+    SNAPSHOTS_PATH,
+    HealthSnapshot,
+    NodeReport,
+    ReportState,
+)
 from autoclusters.clients.api.alertmanager import (
     AlertmanagerPayload,
     FaultMap,
@@ -56,12 +63,13 @@ from autoclusters.clients.api.alertmanager import (
 )
 from autoclusters.clients.api.auth import BearerAuth, Unauthorized
 from autoclusters.clients.api.dedupe import DedupeStore
+from autoclusters.clients.api.evidence import SnapshotAnswer, forward
 from autoclusters.clients.api.intake import Delivered, Intake, Outcome, Signal, TemporalUnavailable
 from autoclusters.clients.api.inventory import NodeInventory, SlurmInventory, StaticInventory
 from autoclusters.clients.api.metrics import ApiMetrics
 from autoclusters.clients.api.resolutions import Resolution, ResolutionLog
 from autoclusters.clients.api.settings import ApiSettings
-from autoclusters.core.models import IncidentState
+from autoclusters.core.models import IncidentState, workflow_id
 from autoclusters.core.policy import Policy, PolicyError
 from autoclusters.core.settings import policy_for
 from autoclusters.integrations import temporal
@@ -592,6 +600,45 @@ def create_app(
         outcomes = await api.submit(signals, ep)
         return answer(outcomes, 0, skipped, api.metrics, src)
 
+    @app.post(
+        SNAPSHOTS_PATH,
+        status_code=202,
+        response_model=SnapshotAnswer,
+        openapi_extra=_body_schema(HealthSnapshot),
+        summary="A node agent's health snapshot: evidence for the node's open incident",
+    )
+    async def health_snapshot(request: Request) -> JSONResponse:
+        ep = "health_snapshots"
+        api.authorize(request, ep)
+        snap = await api.body(request, HealthSnapshot, "HealthSnapshot", ep)
+        if snap.node not in await api.known_nodes([snap.node], ep):
+            detail = f"node {snap.node} is not in cluster {settings.cluster}"
+            if settings.api_unknown_node == "reject":
+                _raise(
+                    api.refuse(
+                        404,
+                        "unknown_node",
+                        ep,
+                        "unknown node",
+                        detail + "; nothing was started",
+                        nodes=[snap.node],
+                    )  # fmt: skip
+                )
+            wf_id = workflow_id(settings.cluster, snap.node)
+            body = SnapshotAnswer(node=snap.node, forwarded=False, workflow_id=wf_id, detail=detail)
+        else:
+            try:
+                body = await asyncio.wait_for(
+                    forward(await api.gate.client(), settings.cluster, snap),
+                    settings.api_temporal_timeout_s,
+                )
+            except TimeoutError:
+                late = TemporalUnavailable("Temporal did not take the snapshot in time", "timeout")
+                raise api.unavailable(late, ep) from None
+            except TemporalUnavailable as e:
+                raise api.unavailable(e, ep) from None
+        return JSONResponse(body.model_dump(mode="json"), status_code=202)
+
     @app.get("/v1/incidents", response_model=IncidentList, summary="This cluster's incidents")
     async def list_incidents(
         request: Request,
@@ -668,10 +715,12 @@ def _slack_interactions(app: FastAPI, api: Api, settings: ApiSettings) -> None:
     slack = settings.slack
 
     async def decide(
-        *, incident_id: str, approver: str, approve: bool, comment: str = ""
+        *, incident_id: str, step: str, approver: str, approve: bool, comment: str = ""
     ) -> object:
         client = await api.gate.client()
-        return await incidents.decide(client, settings, incident_id, approver, approve, comment)
+        return await incidents.decide(
+            client, settings, incident_id, approver, approve, comment, step=step
+        )
 
     handler = InteractionHandler.from_config(slack, decide=decide)
 
