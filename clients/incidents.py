@@ -148,14 +148,22 @@ async def decide(
     approver: str,
     approve: bool,
     comment: str = "",
+    step: str | None = None,
 ) -> ApprovalRecord:
     """Approve or reject the step an incident waits on. A refusal (not an approver, wrong
-    step, already decided) raises DecisionRefused and is recorded in the incident's history."""
+    step, already decided) raises DecisionRefused and is recorded in the incident's history.
+
+    `step`: the step the decision was shown for (a Slack button's, `approve --step`). The
+    workflow refuses it unless the incident waits on exactly that step, so a replayed or
+    stale decision can never approve a later, different step. None: the step it waits on
+    now (the CLI shows which before it decides).
+    """
     handle = await find_incident(client, settings, incident_id)
     state = await handle.query(NodeRemediation.status)
     if state.status != "open":
         raise DecisionRefused(f"incident {incident_id} is closed ({state.status})")
-    step = state.waiting_for.step if state.waiting_for and state.waiting_for.step else "none"
+    waiting = state.waiting_for.step if state.waiting_for and state.waiting_for.step else "none"
+    step = step or waiting
     req = ApprovalRequest(step=step, approver=approver, comment=comment)
     update = NodeRemediation.approve if approve else NodeRemediation.reject
     try:

@@ -93,9 +93,11 @@ class Decisions:
     error: Exception | None = None
 
     async def __call__(
-        self, *, incident_id: str, approver: str, approve: bool, comment: str
+        self, *, incident_id: str, step: str, approver: str, approve: bool, comment: str
     ) -> None:
-        self.calls.append({"incident_id": incident_id, "approver": approver, "approve": approve})
+        self.calls.append(
+            {"incident_id": incident_id, "step": step, "approver": approver, "approve": approve}
+        )
         if self.error is not None:
             raise self.error
 
@@ -358,12 +360,27 @@ async def test_a_signed_click_decides_and_replaces_the_buttons(
     answer = await slack.click("approve", "U_ALICE")
     assert answer["status"] == 200 and answer["body"]["outcome"] == "approved"
     assert interactions.decisions.calls == [
-        {"incident_id": INCIDENT, "approver": "alice", "approve": True}
+        {"incident_id": INCIDENT, "step": "reboot", "approver": "alice", "approve": True}
     ]
     (parent,) = (await slack.channel())["messages"]
     assert not actions_of(parent)
     assert "Approved by <@U_ALICE> (alice) at " in flat(parent)
     assert parent["replies"][-1]["text"].startswith(":white_check_mark: Approved by <@U_ALICE>")
+
+
+async def test_the_same_click_delivered_twice_decides_once(
+    slack: Slack, interactions: Interactions
+) -> None:
+    """A click re-sent byte for byte (a retry, or an attacker replaying a captured request
+    within the signature window) is answered, and decides nothing the second time."""
+    first = await slack.click("approve", "U_ALICE")
+    assert first["body"]["outcome"] == "approved"
+    body, headers = interactions.seen[-1]
+    keep = {k: v for k, v in headers.items() if k.lower().startswith(("x-slack", "content-type"))}
+    async with httpx.AsyncClient(trust_env=False) as http:
+        again = await http.post(interactions.url, content=body, headers=keep)
+    assert again.status_code == 200 and again.json()["outcome"] == "duplicate"
+    assert len(interactions.decisions.calls) == 1
 
 
 async def test_a_group_member_rejects_as_their_username(
@@ -510,7 +527,9 @@ async def test_socket_mode_acks_and_feeds_the_same_handler(slack: Slack) -> None
         ack, SocketModeRequest(type="interactive", envelope_id="env-1", payload=payload)
     )
     assert ack.acks == ["env-1"]
-    assert decisions.calls == [{"incident_id": INCIDENT, "approver": "alice", "approve": True}]
+    assert decisions.calls == [
+        {"incident_id": INCIDENT, "step": "reboot", "approver": "alice", "approve": True}
+    ]
 
 
 # --- the `sandbox slack` CLI --------------------------------------------------------------

@@ -10,12 +10,18 @@ Slack POSTs a click as `application/x-www-form-urlencoded` with one field, `payl
    acknowledged and ignored;
 3. maps the Slack user to an approver name (the configured mapping, else membership of
    the approver user group as the Slack username); nobody → an ephemeral refusal;
-4. calls the injected `decide(incident_id=, approver=, approve=, comment=)`; a refusal
+4. calls the injected `decide(incident_id=, step=, approver=, approve=, comment=)` with the
+   step the button was rendered for, so the incident refuses it unless it waits on exactly
+   that step (a stale or replayed click never approves a later step); a refusal
    (`PermissionError`, e.g. DecisionRefused: already decided, incident closed, not an
    approver by policy) or `LookupError` (IncidentNotFound) → an ephemeral message to
    the clicker with the reason;
 5. on success replaces the buttons with "Approved by <user> at <time>" (`chat.update`)
    and says so in the incident's thread.
+
+Each authentic request is processed at most once: a byte-identical request seen within the
+last `remember_s` (longer than the 5-minute signature window, after which a replay fails
+the signature check anyway) is answered `duplicate` and decides nothing.
 
 Every click is acknowledged with 200 once it is authentic, so Slack shows no error; the
 body says what happened (`{"ok": true, "outcome": ...}`). Slack calls after the decision
@@ -24,9 +30,11 @@ body says what happened (`{"ok": true, "outcome": ...}`). Slack calls after the 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any, Protocol
@@ -66,7 +74,7 @@ class Decide(Protocol):
     """Records a decision; raises PermissionError / LookupError when it is refused."""
 
     def __call__(
-        self, *, incident_id: str, approver: str, approve: bool, comment: str
+        self, *, incident_id: str, step: str, approver: str, approve: bool, comment: str
     ) -> Awaitable[object]: ...
 
 
@@ -188,12 +196,16 @@ class InteractionHandler:
         decide: Decide,
         approvers: ApproverDirectory,
         now: Callable[[], float] = time.time,
+        remember_s: float = 600.0,
     ) -> None:
         self._verifier = SignatureVerifier(signing_secret, clock=_Clock(now))
         self._client = client
         self._decide = decide
         self._approvers = approvers
         self._now = now
+        self._remember_s = remember_s
+        # sha256 of each authentic request body -> when it was first processed.
+        self._seen: OrderedDict[str, float] = OrderedDict()
 
     @classmethod
     def from_config(cls, config: SlackConfig, *, decide: Decide) -> InteractionHandler:
@@ -222,6 +234,8 @@ class InteractionHandler:
             return InteractionResponse(
                 status_code=401, body={"ok": False, "error": "invalid_signature"}
             )
+        if self._seen_before(body):
+            return InteractionResponse(status_code=200, body={"ok": True, "outcome": "duplicate"})
         try:
             fields = parse_qs(body.decode("utf-8"), strict_parsing=True)
             payload = json.loads(fields["payload"][0])
@@ -230,6 +244,17 @@ class InteractionHandler:
         if not isinstance(payload, dict):
             return InteractionResponse(status_code=400, body={"ok": False, "error": "no_payload"})
         return await self.handle_payload(payload)
+
+    def _seen_before(self, body: bytes) -> bool:
+        """Remember this request; True if it was processed already."""
+        now = self._now()
+        while self._seen and next(iter(self._seen.values())) < now - self._remember_s:
+            self._seen.popitem(last=False)
+        key = hashlib.sha256(body).hexdigest()
+        if key in self._seen:
+            return True
+        self._seen[key] = now
+        return False
 
     async def handle_payload(self, payload: Mapping[str, Any]) -> InteractionResponse:
         """An already authenticated payload (HTTP after `verify`, or Socket Mode)."""
@@ -249,6 +274,7 @@ class InteractionHandler:
         try:
             await self._decide(
                 incident_id=click.incident_id,
+                step=click.step,
                 approver=approver,
                 approve=click.approve,
                 comment=f"via Slack by <@{click.user_id}>",
