@@ -25,16 +25,21 @@ from datetime import timedelta
 import pytest
 import pytest_asyncio
 from temporalio.api.enums.v1 import EventType
-from temporalio.client import WorkflowFailureError
+from temporalio.client import Client, WorkflowFailureError
 from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
 
 from autoclusters.activities.slurm import SlurmActivities, requeue_marker
-from autoclusters.core.models import DrainInput
+from autoclusters.clients import incidents
+from autoclusters.core.models import ApprovalRequest, DrainInput, IncidentState
 from autoclusters.core.policy import Rung, StepPolicy
 from autoclusters.core.quarantine import VerifyQuarantineInput
+from autoclusters.core.settings import Settings
+from autoclusters.integrations.slurm import SlurmCli
+from autoclusters.sandbox.config import SandboxConfig
 from autoclusters.workflows.remediation import NodeRemediation
 from tests.fakes import FakeSlurm
-from tests.helpers import time_skipping_env
+from tests.helpers import cancel, eventually, job, running, submit_progress_job, time_skipping_env
+from tests.test_incident_on_sandbox import fresh_policy
 from tests.test_remediation_workflow import (
     APPROVED_RUNBOOK,
     STEPS,
@@ -306,3 +311,64 @@ async def test_a_slow_slurm_call_keeps_heartbeating() -> None:
     result = await asyncio.wait_for(task, timeout=10)
     assert not result.already_drained
     assert slurm.node_now("gpu-01").reason == "r"
+
+
+# --- on the real sandbox ---------------------------------------------------------------------
+
+
+@pytest.mark.integration
+async def test_on_the_sandbox_a_job_started_during_approval_is_requeued_once_before_the_repair(
+    sandbox: SandboxConfig, sandbox_settings: Settings, sandbox_client: Client, slurm: SlurmCli
+) -> None:
+    nodes = [n for n in await slurm.nodes() if n.display_state == "IDLE"]
+    assert nodes, "no idle node in the sandbox"
+    node = nodes[-1].name
+    opened = await incidents.open_incident(
+        sandbox_client,
+        sandbox_settings,
+        node,
+        "ROW_REMAP_FAILURE",  # straight to replace
+        policy=fresh_policy(mode="approve"),
+    )
+    handle = sandbox_client.get_workflow_handle_for(
+        NodeRemediation.run, opened.workflow_id, run_id=opened.run_id
+    )
+
+    async def waiting() -> IncidentState | None:
+        st = await handle.query(NodeRemediation.status)
+        return st if st.waiting_for and st.waiting_for.kind == "approval" else None
+
+    await eventually(waiting, 120, "the approval gate")
+    # While the humans think: an admin undrains the node and a job starts on it.
+    await slurm.resume(node)
+    job_id = submit_progress_job(sandbox, "--nodes=1", f"--nodelist={node}")
+    try:
+        started = await eventually(lambda: running(slurm, job_id), 60, "job running")
+        assert started.nodes == node and started.restart_cnt == 0
+
+        await handle.execute_update(
+            NodeRemediation.approve, ApprovalRequest(step="replace", approver="alice")
+        )
+        state = await handle.result()
+
+        assert state.status == "resolved", state.error
+        names = [s.name for s in state.steps]
+        repair = state.step("repair")
+        again = state.step("requarantine")
+        assert again is not None and again.outcome == "ok" and repair is not None
+        assert f"running jobs [{job_id}]" in again.detail
+        # Drained, requeued and idle again, all before the machine was touched.
+        after_approval = names[names.index("requarantine") :]
+        assert after_approval[:5] == ["requarantine", "drain", "requeue", "wait_idle", "repair"]
+        idle = [s for s in state.steps if s.name == "wait_idle"][-1]
+        assert idle.finished_at is not None and idle.finished_at <= repair.started_at
+        assert job_id in state.requeued_jobs
+        assert state.old_vm_id and state.new_vm_id and state.old_vm_id != state.new_vm_id
+        # Requeued exactly once, under this incident's marker.
+        after = await job(slurm, job_id)
+        assert after is not None and after.restart_cnt == 1, after
+        assert after.admin_comment == requeue_marker(opened.incident_id, 0)
+        back = await slurm.node(node)
+        assert back is not None and not back.drained
+    finally:
+        cancel(sandbox, job_id)
