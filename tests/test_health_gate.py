@@ -21,9 +21,10 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 import pytest_asyncio
-from temporalio.client import WorkflowFailureError
+from temporalio.client import WorkflowFailureError, WorkflowUpdateFailedError
 from temporalio.testing import WorkflowEnvironment
 
+from autoclusters.clients.api.evidence import SnapshotAnswer, forward
 from autoclusters.core.evidence import HealthSnapshot, judge
 from autoclusters.core.models import IncidentState
 from autoclusters.workflows.remediation import NodeRemediation
@@ -195,3 +196,43 @@ def test_judge_waits_on_an_unhealthy_fresh_report(snapshot: HealthSnapshot, fail
         incident_faults=["XID_79"],
     )  # fmt: skip
     assert j.verdict == "passed"
+
+
+async def test_repeated_snapshots_of_a_waiting_incident_cost_no_history(
+    env: WorkflowEnvironment,
+) -> None:
+    """Agents send every few seconds; an incident held for a human records only what
+    changes: the API asks first (a query, not recorded) and forwards only news."""
+    async with _fleet(env) as f:
+        handle = await f.start(f.request(policy=_policy(mode="approve")))
+        await _until(
+            handle,
+            lambda s: s.waiting_for is not None and s.waiting_for.kind == "approval",
+            "the approval wait",
+        )
+        broken = {"XID_79": None}
+
+        async def send(snap: HealthSnapshot) -> SnapshotAnswer:
+            return await forward(env.client, f.cluster, snap)
+
+        first = await send(agent_snapshot("gpu-01", faults=broken))
+        assert first.forwarded
+
+        async def history() -> int:
+            info = (await handle.describe()).raw_description.workflow_execution_info
+            return info.history_length
+
+        before = await history()
+        repeats = [await send(agent_snapshot("gpu-01", faults=broken)) for _ in range(20)]
+        after = await history()
+        # The update itself refuses a repeat too (a client that does not ask first).
+        with pytest.raises(WorkflowUpdateFailedError, match="(?i)workflow update failed"):
+            await send_evidence(
+                agent_snapshot("gpu-01", faults=broken), client=env.client, cluster=f.cluster
+            )
+        # What changes the picture is recorded: the machine came back on another boot.
+        changed = await send(agent_snapshot("gpu-01", boot_id="boot-2"))
+        await handle.terminate("test done")
+    assert [r.detail for r in repeats] == ["nothing new"] * 20
+    assert after == before
+    assert changed.forwarded

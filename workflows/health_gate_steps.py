@@ -56,6 +56,16 @@ class HealthGateSteps(Timeline):
             boots = self.__dict__["_agent_boots"] = {}
         return boots
 
+    def _evidence_is_news(self, snap: HealthSnapshot) -> bool:
+        """Worth a place in the history: anything while the gate waits for it; otherwise
+        only what changes the picture (another boot, GPUs, fault kinds, ports). Agents
+        send every few seconds; an incident held for days must not record each one."""
+        waiting = self._state.waiting_for
+        if waiting is not None and waiting.kind == "agent_report":
+            return True
+        ev = self._evidence()
+        return not ev or _gist(snap) != _gist(ev[-1])
+
     def _take_evidence(self, snap: HealthSnapshot) -> EvidenceAck:
         ev, req = self._evidence(), self._state.request
         kept = snap.node == req.node and all(s.snapshot_id != snap.snapshot_id for s in ev)
@@ -157,3 +167,16 @@ class HealthGateSteps(Timeline):
         """The boot the agent reported from before the machine stopped (None: unknown)."""
         before = [(first, b) for b, first in self._boots().items() if first < since]
         return max(before)[1] if before else None
+
+
+def _gist(snap: HealthSnapshot) -> tuple[object, ...]:
+    """What a snapshot says about the machine, without when it said it."""
+    ib = tuple(sorted((p.hca, p.port, p.healthy) for p in snap.infiniband or []))
+    return (
+        snap.boot_id,
+        snap.gpu_count,
+        snap.expected_gpus,
+        tuple(sorted({f.fault for f in snap.faults})),
+        tuple(sorted(set(snap.firing))),
+        ib,
+    )

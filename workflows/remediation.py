@@ -112,6 +112,20 @@ class NodeRemediation(QuarantineCheck, KubernetesSteps, SpareSteps, HealthGateSt
         health gate, which waits for a fresh healthy one after each repair."""
         return self._take_evidence(snap)
 
+    @workflow.query
+    def wants_evidence(self, snap: HealthSnapshot) -> bool:
+        """Would `health_evidence` keep this snapshot? The API asks first: a query leaves
+        no trace in the history, so the repeats of an incident held for days cost nothing."""
+        return self._state.status == "open" and self._evidence_is_news(snap)
+
+    @health_evidence.validator
+    def _check_evidence(self, snap: HealthSnapshot) -> None:
+        # A refused update leaves no event: repeats of what is known cost nothing.
+        if self._state.status != "open":
+            raise ValueError(f"incident {self._state.request.incident_id} is closed")
+        if not self._evidence_is_news(snap):
+            raise ValueError("nothing new: the same as the last snapshot kept")
+
     @workflow.update
     def report_fault(self, rep: FaultReport) -> FaultAck:
         """An alert for this node: merged into the open incident (no second drain)."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 from pydantic import BaseModel
 from temporalio.client import (
     Client,
+    WorkflowQueryFailedError,
     WorkflowUpdateFailedError,
     WorkflowUpdateRPCTimeoutOrCancelledError,
 )
@@ -21,6 +22,7 @@ from autoclusters.core.evidence import EvidenceAck, HealthSnapshot
 from autoclusters.core.models import workflow_id
 
 UPDATE = "health_evidence"  # NodeRemediation.health_evidence, by name
+QUERY = "wants_evidence"  # NodeRemediation.wants_evidence
 # No workflow, or it has completed: no open incident to tell.
 _NO_INCIDENT = {RPCStatusCode.NOT_FOUND, RPCStatusCode.FAILED_PRECONDITION}
 _RETRYABLE = {
@@ -45,6 +47,12 @@ async def forward(client: Client, cluster: str, snap: HealthSnapshot) -> Snapsho
     wf_id = workflow_id(cluster, snap.node)
     handle = client.get_workflow_handle(wf_id)
     try:
+        # Ask first (a query is not recorded): most snapshots repeat what the incident
+        # knows, and an update, even a refused one, may cost history events.
+        if not await handle.query(QUERY, snap, result_type=bool):
+            return SnapshotAnswer(
+                node=snap.node, forwarded=False, workflow_id=wf_id, detail="nothing new"
+            )
         ack = await handle.execute_update(
             UPDATE, snap, id=f"health-{snap.snapshot_id}", result_type=EvidenceAck
         )
@@ -58,6 +66,8 @@ async def forward(client: Client, cluster: str, snap: HealthSnapshot) -> Snapsho
         raise
     except WorkflowUpdateRPCTimeoutOrCancelledError:
         raise TemporalUnavailable("Temporal did not answer in time", kind="timeout") from None
+    except WorkflowQueryFailedError as e:  # an incident that cannot answer: keep nothing
+        return SnapshotAnswer(node=snap.node, forwarded=False, workflow_id=wf_id, detail=str(e))
     except WorkflowUpdateFailedError as e:  # the incident refused it (closing)
         return SnapshotAnswer(
             node=snap.node, forwarded=False, workflow_id=wf_id, detail=str(e.cause or e)
