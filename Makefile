@@ -28,5 +28,10 @@ lint: install
 test: system-deps install lint
 	$(BIN)/pytest
 
+# The fast lane: no sandbox, no Slurm, no Temporal server of any kind (the `integration`
+# and `workflow` markers, pyproject.toml); `make test` runs everything.
+unit: install
+	$(BIN)/pytest -m "not integration and not workflow"
+
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info

@@ -154,6 +154,37 @@ def sandbox_down(state_dir: StateDir = DEFAULT_SANDBOX_DIR) -> None:
     console.print(f"stopped: {', '.join(stopped) if stopped else 'nothing was running'}")
 
 
+@sandbox_app.command("restart")
+def sandbox_restart(
+    component: Annotated[
+        str,
+        typer.Argument(
+            help="worker, api, temporal, slurmctld, an agent (agent-gpu-02), a slurmd "
+            "(slurmd-gpu-02), k8s-emulator, crusoe-emulator, slack-emulator, munged."
+        ),
+    ],
+    kill: Annotated[
+        bool, typer.Option("--kill", help="SIGKILL (a crash) instead of SIGTERM.")
+    ] = False,
+    timeout_s: Annotated[float, typer.Option(help="How long it may take to be ready.")] = 60,
+    state_dir: StateDir = DEFAULT_SANDBOX_DIR,
+) -> None:
+    """Restart one process of a running sandbox; jobs, drains and incidents stay as they are."""
+    from autoclusters.sandbox import cluster as sb
+    from autoclusters.sandbox import restart as rs
+    from autoclusters.sandbox.daemons import SandboxError
+
+    try:
+        cfg = sb.load(state_dir.absolute())
+        done = rs.restart(cfg, component, kill=kill, timeout_s=timeout_s)
+    except SandboxError as e:
+        err.print(f"[red]restart failed:[/red] {e}")
+        raise typer.Exit(1) from None
+    console.print(
+        f"restarted {done.name}: pid {done.old_pid} ({done.signal}) -> pid {done.new_pid}, ready"
+    )
+
+
 @sandbox_app.command("hardware-fault")
 def sandbox_hardware_fault(
     node: Annotated[str, typer.Option(help="The sandbox node whose machine breaks.")],
@@ -212,6 +243,7 @@ def incident_open(
 ) -> None:
     """Open an incident on a node (or join the one already open on it)."""
     from autoclusters.clients import incidents
+    from autoclusters.core.faults import UnknownFaultError
     from autoclusters.core.policy import PolicyError
     from autoclusters.integrations.slurm import SlurmError
 
@@ -232,7 +264,7 @@ def incident_open(
     except ValidationError as e:
         err.print(f"[red]refused:[/red] {_first_error(e)}")
         raise typer.Exit(2) from None
-    except (SlurmError, PolicyError) as e:
+    except (SlurmError, PolicyError, UnknownFaultError) as e:
         err.print(f"[red]refused:[/red] {e}")
         raise typer.Exit(2) from None
     verb = "joined open incident" if opened.joined else "opened"
@@ -284,15 +316,31 @@ def approve(
     as_user: Annotated[str, typer.Option("--as", help="Who decides (must be an approver).")],
     reject: Annotated[bool, typer.Option("--reject", help="Reject instead of approve.")] = False,
     comment: Annotated[str, typer.Option(help="Why, for the record.")] = "",
+    step: Annotated[
+        str | None,
+        typer.Option(
+            help="The step you mean (reset_gpu, reboot, replace): refused unless "
+            "the incident waits on exactly that one."
+        ),
+    ] = None,
 ) -> None:
-    """Approve (or reject) the step an incident is waiting on."""
+    """Approve (or reject) the step an incident is waiting on; says which before deciding."""
     from autoclusters.clients import incidents
 
     s = _settings()
+    verb = "approving" if not reject else "rejecting"
+
+    async def go(client: Any) -> Any:
+        handle = await incidents.find_incident(client, s, incident_id)
+        state, _ = await incidents.incident_state(handle)
+        if state is not None and state.waiting_for and state.waiting_for.kind == "approval":
+            r = state.request
+            shown = step or state.waiting_for.step
+            console.print(f"{verb} {shown} of {r.node} ({r.fault}, incident {incident_id})")
+        return await incidents.decide(client, s, incident_id, as_user, not reject, comment, step)
+
     try:
-        rec = _run_client(
-            lambda c: incidents.decide(c, s, incident_id, as_user, not reject, comment)
-        )
+        rec = _run_client(go)
     except incidents.IncidentNotFound as e:
         err.print(str(e))
         raise typer.Exit(1) from None
@@ -374,16 +422,35 @@ def chaos_cmd(
         str | None,
         typer.Option(help="Make the machine's fault real until this repair (reboot, replace)."),
     ] = None,
+    kill: Annotated[
+        str | None,
+        typer.Option(
+            "--kill",
+            help="SIGKILL this and start it again at --at: worker, temporal, api, slurmctld.",
+        ),
+    ] = None,
+    at: Annotated[
+        str | None,
+        typer.Option(
+            "--at",
+            help="The step: drain, requeue, wait_idle, repair, wait_registered, health_gate, "
+            "return_to_service.",
+        ),
+    ] = None,
     kill_worker_at: Annotated[
-        str | None, typer.Option(help="SIGKILL the worker when the incident reaches this step.")
+        str | None, typer.Option(help="Same as --kill worker --at STEP.")
     ] = None,
     restart_temporal_at: Annotated[
-        str | None, typer.Option(help="Restart the Temporal server at this step.")
+        str | None, typer.Option(help="Restart the Temporal server (SIGTERM) at this step.")
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object.")] = False,
     state_dir: StateDir = DEFAULT_SANDBOX_DIR,
 ) -> None:
-    """Inject a fault into the sandbox, optionally crashing the worker or Temporal mid-incident."""
+    """Inject a fault into the sandbox, optionally crashing a process mid-incident.
+
+    The report counts the cloud operations the Crusoe emulator performed on the node's
+    machines during the incident (one per repair: a retried repair resumes, it does not
+    repeat)."""
     from autoclusters.clients.chaos import ChaosError, run_chaos
     from autoclusters.core.policy import Rung
     from autoclusters.sandbox import cluster as sb
@@ -395,7 +462,7 @@ def chaos_cmd(
         report = asyncio.run(
             run_chaos(
                 cfg, fault, node=node, broken_until=rung, kill_worker_at=kill_worker_at,
-                restart_temporal_at=restart_temporal_at, console=err,
+                restart_temporal_at=restart_temporal_at, console=err, kill=kill, at=at,
             )
         )  # fmt: skip
     except (SandboxError, ChaosError, ValueError) as e:

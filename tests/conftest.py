@@ -55,10 +55,16 @@ def _hermetic(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.Monk
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """A test on the session's real sandbox is an integration test, marked or not."""
+    """A test on the session's real sandbox is an integration test, marked or not; a test
+    of a module that runs workflows on the time-skipping server is a `workflow` test."""
+    from tests.helpers import time_skipping_env
+
     for item in items:
         if "sandbox" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.integration)
+        module = getattr(item, "module", None)
+        if getattr(module, "time_skipping_env", None) is time_skipping_env:
+            item.add_marker(pytest.mark.workflow)
 
 
 def free_port_base(span: int = 20) -> int:

@@ -57,6 +57,8 @@ from autoclusters.core.models import IncidentState, workflow_id
 from autoclusters.integrations import temporal
 from autoclusters.workflows.remediation import NodeRemediation
 
+pytestmark = pytest.mark.integration  # a Temporal dev server
+
 TOKEN = "test-token-" + uuid.uuid4().hex
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 NODES = [f"gpu-{i:03d}" for i in range(1, 101)]

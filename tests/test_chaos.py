@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import pytest
+
 from autoclusters.clients.chaos import run_chaos
 from autoclusters.core import hostlist
 from autoclusters.integrations.slurm import SlurmCli
@@ -18,6 +20,8 @@ from autoclusters.sandbox import cluster
 from autoclusters.sandbox.config import SandboxConfig
 from tests.conftest import free_port_base
 from tests.helpers import cancel, eventually, job, running, submit_progress_job
+
+pytestmark = pytest.mark.integration  # real sandboxes (Temporal dev server, Slurm)
 
 
 async def test_worker_killed_mid_repair_incident_still_resolves_once(

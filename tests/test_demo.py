@@ -9,7 +9,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import free_port_base
+
+pytestmark = pytest.mark.integration  # the whole demo on its own sandbox
 
 
 def test_demo_json_summary(tmp_path: Path) -> None:

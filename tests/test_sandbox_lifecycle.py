@@ -24,6 +24,8 @@ from autoclusters.sandbox.daemons import SandboxError
 from autoclusters.sandbox.processes import ProcessTable, _start_ticks
 from tests.conftest import free_port_base
 
+pytestmark = pytest.mark.integration  # real sandboxes
+
 CLI = [sys.executable, "-m", "autoclusters.clients.cli", "sandbox"]
 
 

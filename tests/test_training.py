@@ -26,6 +26,8 @@ pytest.importorskip("torch")
 
 from autoclusters.sandbox.config import SandboxConfig  # noqa: E402
 
+pytestmark = pytest.mark.integration  # torchrun runs and the session's real sandbox
+
 T = TypeVar("T")
 ROOT = Path(__file__).resolve().parent.parent
 TRAIN = ROOT / "examples" / "training" / "train.py"

@@ -1,0 +1,192 @@
+"""`sandbox restart COMPONENT`: stop one process of a running sandbox by its recorded PID
+(SIGTERM, or SIGKILL: a crash), wait until that PID has exited, start it again with the
+same command line and environment, and wait until it is ready. Jobs, drains, incidents and
+the emulated clouds' worlds are left as they are:
+
+- slurmctld comes back from its saved state (without `-c`, which would forget the jobs);
+  slurmstepd runs the jobs' steps outside it, so they keep running;
+- the Temporal dev server comes back on the same SQLite file, only after the old PID exited
+  (it holds that file);
+- an emulator started without a state file gets one, written from its live state just
+  before it stops.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from autoclusters.sandbox import cloud_api, cluster, daemons, slinky
+from autoclusters.sandbox.config import SandboxConfig
+from autoclusters.sandbox.daemons import SandboxError
+from autoclusters.sandbox.processes import ProcessRecord, ProcessTable, _signal, _start_ticks
+
+SLURMD_PREFIX = "slurmd-"
+AGENT_PREFIX = "agent-"
+
+
+@dataclass
+class Restarted:
+    name: str
+    old_pid: int
+    new_pid: int
+    signal: str  # what stopped the old process
+
+
+@dataclass
+class _Spec:
+    env: dict[str, str]
+    ready: Callable[[], bool]
+
+
+def components(cfg: SandboxConfig) -> list[str]:
+    """What can be restarted: every process the sandbox recorded, in start order."""
+    recorded = {r.name for r in ProcessTable(cfg.state_dir).records()}
+    order = cluster._order(cfg)
+    return [n for n in order if n in recorded] + sorted(recorded - set(order))
+
+
+def _node_responding(cfg: SandboxConfig, node: str) -> bool:
+    return any(n.name == node and n.responding for n in cluster.sinfo(cfg))
+
+
+def _spec(cfg: SandboxConfig, name: str) -> _Spec:
+    """The environment `sandbox up` gave the process, and when it is ready again."""
+    worker_env = daemons.worker_env(cfg)
+    fixed: dict[str, _Spec] = {
+        "munged": _Spec({}, lambda: daemons.munge_ready(cfg)),
+        "temporal": _Spec({}, lambda: daemons.temporal_ready(cfg)),
+        "slurmctld": _Spec(daemons.slurm_env(cfg), lambda: bool(cluster.sinfo(cfg))),
+        cluster.WORKER: _Spec(worker_env, lambda: cluster._worker_polling(cfg)),
+        cluster.API: _Spec(worker_env, lambda: _answers(f"{cfg.api_url}/healthz")),
+        cluster.SLACK: _Spec({}, lambda: daemons.port_open(cfg.slack_port)),
+        slinky.K8S_EMULATOR: _Spec({}, lambda: slinky.answers(cfg.k8s_port, "/_emulator/state")),
+    }
+    if name in fixed:
+        return fixed[name]
+    if name == cloud_api.CRUSOE_EMULATOR:
+        return _Spec(
+            cloud_api.crusoe_emulator_env(cfg),
+            lambda: cloud_api.answers(cfg.crusoe_port, "/_emulator/health"),
+        )
+    if name.startswith(SLURMD_PREFIX):
+        node = name.removeprefix(SLURMD_PREFIX)
+        return _Spec(daemons.slurm_env(cfg), lambda: _node_responding(cfg, node))
+    if name.startswith(AGENT_PREFIX):
+        return _Spec(daemons.agent_env(cfg), lambda: True)
+    raise SandboxError(f"{name}: not a component this sandbox knows how to start")
+
+
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=2).status_code < 500
+    except httpx.HTTPError:
+        return False
+
+
+def _argv(cfg: SandboxConfig, rec: ProcessRecord) -> list[str]:
+    """The recorded command line, less what would undo the sandbox's state."""
+    argv = list(rec.argv)
+    if rec.name == "slurmctld":
+        argv = [a for a in argv if a != "-c"]  # -c: clear all jobs (a fresh sandbox only)
+    if rec.name in (slinky.K8S_EMULATOR, cloud_api.CRUSOE_EMULATOR) and "--state" not in argv:
+        argv += ["--state", str(_state_file(cfg, rec.name))]
+    return argv
+
+
+def _state_file(cfg: SandboxConfig, name: str) -> Path:
+    return cfg.state_dir / "emulators" / f"{name}.json"
+
+
+def _snapshot(cfg: SandboxConfig, rec: ProcessRecord) -> None:
+    """An emulator without a state file: save its live state where the restart reads it."""
+    if rec.name not in (slinky.K8S_EMULATOR, cloud_api.CRUSOE_EMULATOR) or "--state" in rec.argv:
+        return
+    port = cfg.k8s_port if rec.name == slinky.K8S_EMULATOR else cfg.crusoe_port
+    try:
+        state: Any = httpx.get(f"http://127.0.0.1:{port}/_emulator/state", timeout=10).json()
+    except (httpx.HTTPError, ValueError) as e:
+        raise SandboxError(f"{rec.name}: cannot read its state to keep it: {e}") from e
+    if rec.name == slinky.K8S_EMULATOR:
+        state = k8s_state_file(state)
+    path = _state_file(cfg, rec.name)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(state))
+    tmp.replace(path)
+
+
+def k8s_state_file(dump: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """The Kubernetes emulator's `/_emulator/state` as its `--state` file (sandbox/k8s_store)."""
+    from autoclusters.sandbox.k8s_store import KINDS
+
+    objects: dict[str, list[dict[str, Any]]] = {}
+    rv = 0
+    for resource, items in dump.items():
+        kind = KINDS[resource]
+        objects[resource] = []
+        for item in items:
+            obj = dict(item)
+            if not kind.custom:  # the store keeps built-in objects without these
+                obj.pop("kind", None)
+                obj.pop("apiVersion", None)
+            objects[resource].append(obj)
+            rv = max(rv, int(obj.get("metadata", {}).get("resourceVersion", 0) or 0))
+    return {"rv": rv, "objects": objects}
+
+
+def _wait_exited(rec: ProcessRecord, timeout_s: float) -> bool:
+    from autoclusters.sandbox.processes import _exited, wait_until
+
+    return wait_until(lambda: _exited(rec), timeout_s, 0.05)
+
+
+def stop(cfg: SandboxConfig, name: str, *, kill: bool = False, timeout_s: float = 30) -> int:
+    """Stop one component by its recorded PID and wait until that PID has exited; return it.
+    SIGTERM (SIGKILL after `timeout_s`), or SIGKILL at once with `kill`."""
+    table = ProcessTable(cfg.state_dir)
+    rec = table.get(name)
+    if rec is None or _start_ticks(rec.pid) != rec.start_ticks:
+        raise SandboxError(
+            f"{name} is not running in the sandbox in {cfg.state_dir} "
+            f"(components: {', '.join(components(cfg)) or 'none'})"
+        )
+    if kill:
+        table.kill(name)
+        return rec.pid
+    _signal(rec.pid, signal.SIGTERM)
+    if not _wait_exited(rec, timeout_s):
+        _signal(rec.pid, signal.SIGKILL)
+        _wait_exited(rec, 30)
+    table.stop(name)  # it has exited: this only forgets the record
+    return rec.pid
+
+
+def restart(
+    cfg: SandboxConfig, name: str, *, kill: bool = False, timeout_s: float = 60
+) -> Restarted:
+    """Restart one component of a running sandbox; see the module's docstring."""
+    table = ProcessTable(cfg.state_dir)
+    rec = table.get(name)
+    if rec is None or not table.alive(name):
+        raise SandboxError(
+            f"{name} is not running in the sandbox in {cfg.state_dir} "
+            f"(components: {', '.join(components(cfg)) or 'none'})"
+        )
+    spec = _spec(cfg, name)
+    argv = _argv(cfg, rec)
+    _snapshot(cfg, rec)  # what a persisting emulator would have on disk when it dies
+    old = stop(cfg, name, kill=kill)
+    result = cluster.UpResult(already_running=True)
+    cluster._start(table, name, argv, spec.env, spec.ready, timeout_s, result)
+    new = table.get(name)
+    assert new is not None
+    return Restarted(
+        name=name, old_pid=old, new_pid=new.pid, signal="SIGKILL" if kill else "SIGTERM"
+    )

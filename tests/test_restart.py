@@ -1,0 +1,190 @@
+"""`autoclusters sandbox restart COMPONENT` and `autoclusters chaos --kill X --at STEP`, on a
+real Slurm-on-Kubernetes sandbox (Crusoe emulator included) of this module's own:
+
+- the worker (SIGKILL) and the API (SIGTERM, through the CLI) come back with new PIDs, the
+  API answers, and an incident opened afterwards resolves;
+- slurmctld SIGKILLed and restarted: a drained node is still drained under its reason and a
+  running job is still running, not requeued;
+- the emulators come back with their worlds (VMs, Nodes);
+- chaos SIGKILLs the worker when the incident reaches `repair`: it resolves with exactly one
+  cloud operation, counted from the Crusoe emulator's own record.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+import pytest_asyncio
+from temporalio.client import Client
+
+from autoclusters.clients import incidents
+from autoclusters.clients.chaos import ChaosError, run_chaos
+from autoclusters.core.models import IncidentState
+from autoclusters.core.settings import Settings, load_file
+from autoclusters.integrations import temporal
+from autoclusters.integrations.slurm import SlurmCli
+from autoclusters.sandbox import cloud_api, cluster, restart, slinky
+from autoclusters.sandbox.config import SandboxConfig
+from autoclusters.sandbox.daemons import SandboxError
+from autoclusters.sandbox.processes import ProcessTable
+from autoclusters.workflows.remediation import NodeRemediation
+from tests.conftest import free_port_base
+from tests.helpers import cancel, eventually, job, running, submit_progress_job
+
+pytestmark = pytest.mark.integration  # a real sandbox of its own
+
+CLI = [sys.executable, "-m", "autoclusters.clients.cli"]
+
+
+@pytest_asyncio.fixture(scope="module")
+async def k8s_sandbox(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[SandboxConfig]:
+    cfg = SandboxConfig(
+        state_dir=tmp_path_factory.mktemp("restart"), cluster="restart", nodes=3,
+        port_base=free_port_base(), boot_delay_s=2, k8s=True, breaker_threshold=100,
+    )  # fmt: skip
+    await asyncio.to_thread(cluster.up, cfg)  # sync: it runs its own event loop
+    try:
+        yield cfg
+    finally:
+        await asyncio.to_thread(cluster.down, cfg)
+
+
+def _settings(cfg: SandboxConfig) -> Settings:
+    return load_file(cfg.settings_file)
+
+
+async def _resolve(cfg: SandboxConfig, node: str, fault: str = "XID_48") -> IncidentState:
+    settings = _settings(cfg)
+    client: Client = await temporal.connect(settings)
+    opened = await incidents.open_incident(client, settings, node, fault, opened_by="test")
+    handle = client.get_workflow_handle_for(
+        NodeRemediation.run, opened.workflow_id, run_id=opened.run_id
+    )
+    return await asyncio.wait_for(handle.result(), 240)
+
+
+def _pid(cfg: SandboxConfig, name: str) -> int:
+    rec = ProcessTable(cfg.state_dir).get(name)
+    assert rec is not None
+    return rec.pid
+
+
+async def test_worker_and_api_restart_and_an_incident_still_resolves(
+    k8s_sandbox: SandboxConfig,
+) -> None:
+    cfg = k8s_sandbox
+    table = ProcessTable(cfg.state_dir)
+    before = {name: _pid(cfg, name) for name in ("worker", "api", "temporal")}
+
+    done = await asyncio.to_thread(restart.restart, cfg, "worker", kill=True)
+    assert (done.old_pid, done.signal) == (before["worker"], "SIGKILL")
+    assert done.new_pid != done.old_pid and table.alive("worker")
+
+    r = subprocess.run(
+        [*CLI, "sandbox", "restart", "api", "--state-dir", str(cfg.state_dir)],
+        env={**os.environ, "AUTOCLUSTERS_CONFIG": str(cfg.settings_file)},
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert f"restarted api: pid {before['api']} (SIGTERM) -> pid {_pid(cfg, 'api')}" in r.stdout
+    assert _pid(cfg, "api") != before["api"] and table.alive("api")
+    async with httpx.AsyncClient() as http:
+        assert (await http.get(f"{cfg.api_url}/healthz")).status_code == 200
+    assert _pid(cfg, "temporal") == before["temporal"]  # nothing else was touched
+
+    final = await _resolve(cfg, "gpu-03")
+    assert final.status == "resolved", final
+
+
+async def test_slurmctld_killed_keeps_drains_and_jobs(k8s_sandbox: SandboxConfig) -> None:
+    cfg = k8s_sandbox
+    slurm = SlurmCli(cfg.slurm_conf)
+    env = {**os.environ, "SLURM_CONF": str(cfg.slurm_conf)}
+    reason = "test: drained by an admin"
+    saved = cfg.state_dir / "slurm" / "ctld"  # StateSaveLocation
+    drained_at = time.time()
+    subprocess.run(
+        ["scontrol", "update", "NodeName=gpu-01", "State=DRAIN", f"Reason={reason}"],
+        env=env, check=True,
+    )  # fmt: skip
+    job_id = submit_progress_job(cfg, "-w", "gpu-02")
+    try:
+        started = await eventually(lambda: running(slurm, job_id), 60, "job running")
+        nodes_before = {n.name: (n.drained, n.reason) for n in await slurm.nodes()}
+        assert nodes_before["gpu-01"] == (True, reason)
+
+        async def state_saved() -> bool:
+            # A SIGKILLed slurmctld keeps what it had saved: its state-save thread writes
+            # within seconds of a change.
+            return all(
+                (saved / f).exists() and (saved / f).stat().st_mtime > drained_at
+                for f in ("node_state", "job_state")
+            )
+
+        await eventually(state_saved, 30, "slurmctld to save the drain and the job")
+        done = await asyncio.to_thread(restart.restart, cfg, "slurmctld", kill=True)
+        assert done.new_pid != done.old_pid
+
+        async def all_responding() -> bool:
+            nodes = await slurm.nodes()
+            return len(nodes) == len(cfg.node_names()) and all(n.responding for n in nodes)
+
+        await eventually(all_responding, 60, "every slurmd registered with the new slurmctld")
+        assert {n.name: (n.drained, n.reason) for n in await slurm.nodes()} == nodes_before
+        after = await job(slurm, job_id)
+        assert after is not None and after.job_state == "RUNNING"
+        assert (after.restart_cnt, after.nodes) == (started.restart_cnt, started.nodes)
+    finally:
+        cancel(cfg, job_id)
+        subprocess.run(["scontrol", "update", "NodeName=gpu-01", "State=RESUME"], env=env)
+
+
+async def test_emulators_restart_with_their_worlds(k8s_sandbox: SandboxConfig) -> None:
+    cfg = k8s_sandbox
+
+    def world() -> tuple[dict[str, str], list[str]]:
+        crusoe = httpx.get(f"http://127.0.0.1:{cfg.crusoe_port}/_emulator/state").json()
+        k8s = httpx.get(f"{cfg.k8s_url}/_emulator/state").json()
+        vms = {vm["name"]: vm["id"] for vm in crusoe["vms"].values()}
+        return vms, sorted(n["metadata"]["name"] for n in k8s["nodes"])
+
+    before = world()
+    assert sorted(before[0]) == cfg.node_names() and before[1] == cfg.node_names()
+    for name in (cloud_api.CRUSOE_EMULATOR, slinky.K8S_EMULATOR):
+        old = _pid(cfg, name)
+        done = await asyncio.to_thread(restart.restart, cfg, name)
+        assert done.old_pid == old and done.new_pid != old
+    assert world() == before
+    with pytest.raises(SandboxError, match="not running"):
+        restart.restart(cfg, "no-such-thing")
+
+
+async def test_chaos_kill_worker_at_repair_counts_one_cloud_operation(
+    k8s_sandbox: SandboxConfig,
+) -> None:
+    report = await run_chaos(k8s_sandbox, "XID_48", node="gpu-02", kill="worker", at="repair")
+    assert report.status == "resolved", report
+    assert report.actions[0].startswith("killed worker ") and report.actions[0].endswith(
+        "during repair"
+    )
+    assert report.actions[1].startswith("started worker ")
+    assert report.repairs == ["reboot"]
+    # The emulator's own record: one RESET of the node's VM, not two.
+    assert report.cloud_operations == 1, report.cloud_operation_log
+    assert report.cloud_operation_log[0].startswith("RESET ")
+    assert report.machine_operations == report.cloud_operations
+    r = subprocess.run(
+        [*CLI, "chaos", "--kill", "scheduler", "--at", "repair", "--state-dir",
+         str(k8s_sandbox.state_dir)],
+        env={**os.environ, "COLUMNS": "300"}, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert r.returncode == 1 and "expected one of worker, temporal, api, slurmctld" in r.stderr
+    with pytest.raises(ChaosError, match="go together"):
+        await run_chaos(k8s_sandbox, "XID_48", node="gpu-02", kill="worker")
