@@ -29,7 +29,7 @@ from typing import Any
 
 import pytest
 
-from autoclusters.clients.agent.report import NodeReport
+from autoclusters.clients.agent.report import REPORTS_PATH, NodeReport
 from autoclusters.clients.agent.reporter import HttpSender, Reporter, Spool
 
 TOKEN = "s3cret"
@@ -53,7 +53,11 @@ class Api:
     @property
     def accepted(self) -> list[NodeReport]:
         with self.lock:
-            return [NodeReport.model_validate(p["body"]) for p in self.posts if p["status"] < 300]
+            return [
+                NodeReport.model_validate(p["body"])
+                for p in self.posts
+                if p["status"] < 300 and p["path"] == REPORTS_PATH  # not the health snapshots
+            ]
 
     def start(self) -> None:
         api = self

@@ -172,7 +172,10 @@ async def test_cordon_evict_replace_wait_uncordon(
     evicting = asyncio.create_task(env.run(acts.evict_pods, inp))
 
     async def refused() -> bool:
-        return any("train/web-0" in (d[0].get("blocked") or {}) for d in beats)
+        # Beats with details (a dict) say what blocks; the plain ones only keep it alive.
+        return any(
+            "train/web-0" in (d[0].get("blocked") or {}) for d in beats if isinstance(d[0], dict)
+        )
 
     await eventually(refused, what="the PDB to refuse the eviction")
     assert not evicting.done() and pod_names(core, NODE) == ["train/web-0"]
