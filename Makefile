@@ -24,14 +24,16 @@ lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 test: system-deps install lint
 	$(BIN)/pytest
 
 # The fast lane: no sandbox, no Slurm, no Temporal server of any kind (the `integration`
 # and `workflow` markers, pyproject.toml); `make test` runs everything.
+# Most of these wait on sockets and subprocesses, not the CPU: four at a time.
 unit: install
-	$(BIN)/pytest -m "not integration and not workflow"
+	$(BIN)/pytest -m "not integration and not workflow" -n 4
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info

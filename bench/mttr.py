@@ -29,16 +29,20 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from autoclusters import hostlist, temporal  # noqa: E402
-from autoclusters.clients import incidents, training_job  # noqa: E402
-from autoclusters.clients.demo import incident_since, wait_for  # noqa: E402
-from autoclusters.clients.joblog import first_progress_after_restart, progress_lines  # noqa: E402
+from autoclusters.clients import incidents
+from autoclusters.core import hostlist  # noqa: E402
 from autoclusters.core.models import IncidentState, SlurmJob  # noqa: E402
 from autoclusters.core.settings import load_file, policy_for  # noqa: E402
+from autoclusters.integrations import temporal  # noqa: E402
 from autoclusters.integrations.slurm import SlurmCli  # noqa: E402
-from autoclusters.sandbox import cluster  # noqa: E402
+from autoclusters.sandbox import (
+    cluster,  # noqa: E402
+    training_job,  # noqa: E402
+)
 from autoclusters.sandbox.config import SandboxConfig  # noqa: E402
+from autoclusters.sandbox.demo import incident_since, wait_for  # noqa: E402
 from autoclusters.sandbox.hardware import Hardware, HardwareFault  # noqa: E402
+from autoclusters.sandbox.joblog import first_progress_after_restart, progress_lines  # noqa: E402
 from autoclusters.sandbox.vms import VmRegistry  # noqa: E402
 from autoclusters.workflows.remediation import NodeRemediation  # noqa: E402
 

@@ -7,7 +7,7 @@ import logging
 import os
 import sys
 from collections.abc import Awaitable, Callable
-from pathlib import Path
+from importlib.metadata import entry_points
 from typing import Annotated, Any, TypeVar
 
 import typer
@@ -19,15 +19,11 @@ from autoclusters.clients.agent_cli import agent_app, inject_app
 from autoclusters.clients.api_cli import api_app
 from autoclusters.clients.breaker import breaker_app
 from autoclusters.clients.policy_cli import policy_app
-from autoclusters.clients.slack_cli import slack_app
 from autoclusters.core import settings as settings_mod
-from autoclusters.core.settings import DEFAULT_SANDBOX_DIR, Settings
+from autoclusters.core.settings import Settings
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
-sandbox_app = typer.Typer(no_args_is_help=True, help="The local sandbox cluster.")
 incident_app = typer.Typer(no_args_is_help=True, help="Open, list and read incidents.")
-app.add_typer(sandbox_app, name="sandbox")
-sandbox_app.add_typer(slack_app, name="slack")
 app.add_typer(incident_app, name="incident")
 app.add_typer(breaker_app, name="breaker")
 app.add_typer(policy_app, name="policy")
@@ -38,10 +34,6 @@ app.add_typer(api_app, name="api")
 console = Console()
 err = Console(stderr=True)
 T = TypeVar("T")
-
-StateDir = Annotated[
-    Path, typer.Option("--state-dir", help="Where the sandbox keeps its state, logs and PIDs.")
-]
 
 
 def _settings() -> Settings:
@@ -71,151 +63,6 @@ def _run_client(fn: Callable[[Any], Awaitable[T]]) -> T:
             )
             raise typer.Exit(1) from None
         raise
-
-
-# --- sandbox ------------------------------------------------------------------------------
-
-
-@sandbox_app.command("up")
-def sandbox_up(
-    nodes: Annotated[int, typer.Option(help="Number of gpu-NN nodes.")] = 4,
-    state_dir: StateDir = DEFAULT_SANDBOX_DIR,
-    cluster: Annotated[str, typer.Option(help="Slurm cluster name.")] = "sandbox",
-    port_base: Annotated[int, typer.Option(help="First of the sandbox's ports.")] = 17200,
-    boot_delay: Annotated[float, typer.Option(help="Seconds a replacement VM takes to boot.")] = 20,
-    k8s: Annotated[
-        bool, typer.Option("--k8s/--no-k8s", help="Slinky-style: Kubernetes + Crusoe emulators.")
-    ] = False,
-    spares: Annotated[int, typer.Option(help="Hot spare nodes, kept drained until needed.")] = 0,
-) -> None:
-    """Start Temporal, munge, Slurm (slurmctld + one slurmd per node) and a worker."""
-    from autoclusters.sandbox import cluster as sb
-    from autoclusters.sandbox.config import SandboxConfig
-    from autoclusters.sandbox.daemons import SandboxError
-
-    try:
-        cfg = SandboxConfig(
-            state_dir=state_dir.absolute(), cluster=cluster, nodes=nodes,
-            port_base=port_base, boot_delay_s=boot_delay, k8s=k8s, spares=spares,
-        )  # fmt: skip
-        res = sb.up(cfg)
-    except (SandboxError, ValidationError) as e:
-        err.print(f"[red]sandbox up failed:[/red] {e}")
-        raise typer.Exit(1) from None
-    if res.already_running:
-        console.print(f"sandbox in {state_dir} is already running; nothing to do")
-    else:
-        console.print(f"sandbox up: {', '.join(res.started)}")
-    _print_access(cfg)
-
-
-def _print_access(cfg: Any) -> None:
-    console.print(f"Temporal UI: {cfg.temporal_ui_url}")
-    console.print(f"settings:    export AUTOCLUSTERS_CONFIG={cfg.settings_file}")
-    console.print(f"slurm:       export SLURM_CONF={cfg.slurm_conf}")
-
-
-@sandbox_app.command("status")
-def sandbox_status(state_dir: StateDir = DEFAULT_SANDBOX_DIR) -> None:
-    """Show the sandbox's processes and Slurm nodes."""
-    from autoclusters.sandbox import cluster as sb
-    from autoclusters.sandbox.daemons import SandboxError
-
-    try:
-        cfg = sb.load(state_dir.absolute())
-    except SandboxError as e:
-        err.print(str(e))
-        raise typer.Exit(1) from None
-    procs, nodes = sb.status(cfg)
-    t = Table("process", "pid", "state")
-    for p in procs:
-        t.add_row(p.name, str(p.pid), "running" if p.alive else "[red]dead[/red]")
-    console.print(t)
-    if nodes:
-        nt = Table("node", "state", "reason")
-        for n in nodes:
-            nt.add_row(n.name, n.display_state, n.reason)
-        console.print(nt)
-    _print_access(cfg)
-
-
-@sandbox_app.command("down")
-def sandbox_down(state_dir: StateDir = DEFAULT_SANDBOX_DIR) -> None:
-    """Stop every process the sandbox started, by its recorded PID."""
-    from autoclusters.sandbox import cluster as sb
-    from autoclusters.sandbox.daemons import SandboxError
-
-    try:
-        cfg = sb.load(state_dir.absolute())
-    except SandboxError as e:
-        err.print(str(e))
-        raise typer.Exit(1) from None
-    stopped = sb.down(cfg)
-    console.print(f"stopped: {', '.join(stopped) if stopped else 'nothing was running'}")
-
-
-@sandbox_app.command("restart")
-def sandbox_restart(
-    component: Annotated[
-        str,
-        typer.Argument(
-            help="worker, api, temporal, slurmctld, an agent (agent-gpu-02), a slurmd "
-            "(slurmd-gpu-02), k8s-emulator, crusoe-emulator, slack-emulator, munged."
-        ),
-    ],
-    kill: Annotated[
-        bool, typer.Option("--kill", help="SIGKILL (a crash) instead of SIGTERM.")
-    ] = False,
-    timeout_s: Annotated[float, typer.Option(help="How long it may take to be ready.")] = 60,
-    state_dir: StateDir = DEFAULT_SANDBOX_DIR,
-) -> None:
-    """Restart one process of a running sandbox; jobs, drains and incidents stay as they are."""
-    from autoclusters.sandbox import cluster as sb
-    from autoclusters.sandbox import restart as rs
-    from autoclusters.sandbox.daemons import SandboxError
-
-    try:
-        cfg = sb.load(state_dir.absolute())
-        done = rs.restart(cfg, component, kill=kill, timeout_s=timeout_s)
-    except SandboxError as e:
-        err.print(f"[red]restart failed:[/red] {e}")
-        raise typer.Exit(1) from None
-    console.print(
-        f"restarted {done.name}: pid {done.old_pid} ({done.signal}) -> pid {done.new_pid}, ready"
-    )
-
-
-@sandbox_app.command("hardware-fault")
-def sandbox_hardware_fault(
-    node: Annotated[str, typer.Option(help="The sandbox node whose machine breaks.")],
-    fault: Annotated[str, typer.Option(help="What the health gate will report, e.g. XID_79.")],
-    fixed_by: Annotated[
-        str, typer.Option(help="The cheapest repair that clears it: reset_gpu, reboot, replace.")
-    ] = "reboot",
-    state_dir: StateDir = DEFAULT_SANDBOX_DIR,
-) -> None:
-    """Break a sandbox machine: its health gate fails until a repair at `fixed_by` or above."""
-    from autoclusters.core.policy import Rung
-    from autoclusters.sandbox import cluster as sb
-    from autoclusters.sandbox.daemons import SandboxError
-    from autoclusters.sandbox.hardware import Hardware, HardwareFault
-    from autoclusters.sandbox.vms import VmRegistry
-
-    try:
-        cfg = sb.load(state_dir.absolute())
-        rung = Rung(fixed_by)
-    except (SandboxError, ValueError) as e:
-        err.print(f"[red]refused:[/red] {e}")
-        raise typer.Exit(2) from None
-    vm = VmRegistry(cfg.state_dir).get(node)
-    if vm is None:
-        err.print(f"[red]refused:[/red] {node} is not a node of the sandbox in {cfg.state_dir}")
-        raise typer.Exit(2)
-    Hardware(cfg.state_dir).inject(node, vm.vm_id, HardwareFault(fault=fault, fixed_by=rung))
-    console.print(f"{node} (VM {vm.vm_id}) now has {fault}, cleared by {rung.value} or above")
-
-
-# --- worker -------------------------------------------------------------------------------
 
 
 @app.command("worker")
@@ -412,166 +259,17 @@ def _show(incident_id: str, as_json: bool) -> None:
     console.print(t)
 
 
-@app.command("chaos")
-def chaos_cmd(
-    fault: Annotated[str, typer.Option(help="The fault to inject, e.g. XID_79.")] = "XID_79",
-    node: Annotated[
-        str | None, typer.Option(help="The node; default: a random node of a running job.")
-    ] = None,
-    broken_until: Annotated[
-        str | None,
-        typer.Option(help="Make the machine's fault real until this repair (reboot, replace)."),
-    ] = None,
-    kill: Annotated[
-        str | None,
-        typer.Option(
-            "--kill",
-            help="SIGKILL this and start it again at --at: worker, temporal, api, slurmctld.",
-        ),
-    ] = None,
-    at: Annotated[
-        str | None,
-        typer.Option(
-            "--at",
-            help="The step: drain, requeue, wait_idle, repair, wait_registered, health_gate, "
-            "return_to_service.",
-        ),
-    ] = None,
-    kill_worker_at: Annotated[
-        str | None, typer.Option(help="Same as --kill worker --at STEP.")
-    ] = None,
-    restart_temporal_at: Annotated[
-        str | None, typer.Option(help="Restart the Temporal server (SIGTERM) at this step.")
-    ] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="One JSON object.")] = False,
-    state_dir: StateDir = DEFAULT_SANDBOX_DIR,
-) -> None:
-    """Inject a fault into the sandbox, optionally crashing a process mid-incident.
-
-    The report counts the cloud operations the Crusoe emulator performed on the node's
-    machines during the incident (one per repair: a retried repair resumes, it does not
-    repeat)."""
-    from autoclusters.clients.chaos import ChaosError, run_chaos
-    from autoclusters.core.policy import Rung
-    from autoclusters.sandbox import cluster as sb
-    from autoclusters.sandbox.daemons import SandboxError
-
-    try:
-        cfg = sb.load(state_dir.absolute())
-        rung = Rung(broken_until) if broken_until else None
-        report = asyncio.run(
-            run_chaos(
-                cfg, fault, node=node, broken_until=rung, kill_worker_at=kill_worker_at,
-                restart_temporal_at=restart_temporal_at, console=err, kill=kill, at=at,
-            )
-        )  # fmt: skip
-    except (SandboxError, ChaosError, ValueError) as e:
-        err.print(f"[red]chaos failed:[/red] {e}")
-        raise typer.Exit(1) from None
-    if as_json:
-        print(report.model_dump_json())
-    else:
-        console.print(report.model_dump())
-
-
-# --- demo ---------------------------------------------------------------------------------
-
-
-@app.command("demo")
-def demo(
-    as_json: Annotated[
-        bool, typer.Option("--json", help="End with one JSON summary line.")
-    ] = False,
-    keep: Annotated[bool, typer.Option(help="Leave the sandbox running afterwards.")] = False,
-    state_dir: StateDir = DEFAULT_SANDBOX_DIR,
-    port_base: Annotated[int, typer.Option(help="First of the sandbox's ports.")] = 17200,
-    boot_delay: Annotated[float, typer.Option(help="Seconds a replacement VM takes to boot.")] = 20,
-    fault: Annotated[str, typer.Option(help="The fault to inject.")] = "XID_79",
-    mode: Annotated[
-        str, typer.Option(help="observe (touch nothing), approve (wait for a human), auto.")
-    ] = "auto",
-    k8s: Annotated[
-        bool,
-        typer.Option("--k8s/--no-k8s", help="Slinky-style cluster: Kubernetes + Crusoe emulators."),
-    ] = True,
-    spares: Annotated[int, typer.Option(help="Hot spare nodes, kept drained until needed.")] = 0,
-    broken_until: Annotated[
-        str,
-        typer.Option(
-            help="The faulty machine's GPU is fixed only by this repair (reboot, replace): "
-            "with replace, the reboot fails the health gate and the incident escalates."
-        ),
-    ] = "replace",
-) -> None:
-    """Sandbox up, a 2-node job, a fault on one of its nodes, the remediation, a summary."""
-    from autoclusters.clients.demo import DemoError, run_demo
-    from autoclusters.sandbox.config import SandboxConfig
-
-    if mode not in ("observe", "approve", "auto"):
-        err.print(f"[red]refused:[/red] --mode must be observe, approve or auto, not {mode!r}")
-        raise typer.Exit(2)
-    if broken_until not in ("reset_gpu", "reboot", "replace"):
-        err.print("[red]refused:[/red] --broken-until must be reset_gpu, reboot or replace")
-        raise typer.Exit(2)
-    cfg = SandboxConfig(
-        state_dir=state_dir.absolute(),
-        port_base=port_base,
-        boot_delay_s=boot_delay,
-        k8s=k8s,
-        spares=spares,
-    )
-    out = err if as_json else console
-    try:
-        summary = asyncio.run(
-            run_demo(cfg, fault=fault, keep=keep, console=out, mode=mode, broken_until=broken_until)
-        )
-    except DemoError as e:
-        err.print(f"[red]demo failed:[/red] {e}")
-        raise typer.Exit(1) from None
-    _print_summary(summary, err if as_json else console)
-    if as_json:
-        print(summary.model_dump_json())
-
-
-def _print_summary(summary: Any, out: Console) -> None:
-    def secs(v: float | None) -> str:
-        return f"{v:.1f} s" if v is not None else "n/a"
-
-    out.print()
-    out.print(
-        f"[bold]incident[/bold]           {summary.incident_id} ({summary.status}; "
-        f"mode {summary.mode}, rung {summary.rung})"
-    )
-    out.print(f"node / fault       {summary.node} / {summary.fault}")
-    out.print(f"[bold]detection[/bold]          {secs(summary.detect_s)}  (GPU fault → incident)")
-    out.print(
-        f"[bold]job recovery[/bold]       {secs(summary.job_recovery_s)}  "
-        "(fault → the job logs progress again)"
-    )
-    out.print(
-        f"[bold]capacity recovery[/bold]  {secs(summary.capacity_recovery_s)}  "
-        f"(fault → node back in service; boot delay {summary.boot_delay_s:.0f} s)"
-    )
-    out.print(
-        f"job {summary.job_id}             restarts {summary.job_restarts}: "
-        f"{', '.join(summary.job_nodes_before)} → {', '.join(summary.job_nodes_after)}"
-    )
-    if summary.resumed_from_step is not None:
-        out.print(
-            f"training           resumed from step {summary.resumed_from_step}, "
-            f"reached step {summary.last_step} ({summary.job})"
-        )
-    out.print(f"node before/after  {summary.node_state_before} / {summary.node_state_after}")
-    out.print(f"machine            {summary.old_vm_id} → {summary.new_vm_id}")
-    if summary.spare_node:
-        out.print(f"hot spare          {summary.spare_node} serves; {summary.node} is the spare")
-    for line in summary.planned_steps:
-        out.print(f"would              {line}")
-    t = Table("step", "outcome", "seconds")
-    for st in summary.steps:
-        t.add_row(st.name, st.outcome, f"{st.duration_s:.2f}" if st.duration_s is not None else "")
-    out.print(t)
-    out.print(f"Temporal UI        {summary.temporal_ui}")
+def _plugins() -> None:
+    """Commands other installed parts add (the sandbox: `sandbox ...`, `demo`, `chaos`),
+    found through the `autoclusters.cli` entry points: this module imports none of them,
+    and an install without them (the worker image) simply lacks those commands."""
+    for ep in entry_points(group="autoclusters.cli"):
+        try:
+            register = ep.load()
+        except ImportError as e:  # the part is not installed here (its extra is missing)
+            logging.getLogger("autoclusters.cli").debug("no %s commands: %s", ep.name, e)
+            continue
+        register(app)
 
 
 def main() -> None:
@@ -579,6 +277,7 @@ def main() -> None:
     # leave with os._exit so the exit code is the command's own.
     rc = 0
     try:
+        _plugins()
         app()
     except SystemExit as e:
         rc = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from autoclusters.clients.chaos import run_chaos
 from autoclusters.core import hostlist
 from autoclusters.integrations.slurm import SlurmCli
 from autoclusters.sandbox import cluster
+from autoclusters.sandbox.chaos import run_chaos
 from autoclusters.sandbox.config import SandboxConfig
 from tests.conftest import free_port_base
 from tests.helpers import cancel, eventually, job, running, submit_progress_job

@@ -25,12 +25,12 @@ import pytest_asyncio
 from temporalio.client import Client
 
 from autoclusters.clients import incidents
-from autoclusters.clients.chaos import ChaosError, run_chaos
 from autoclusters.core.models import IncidentState
 from autoclusters.core.settings import Settings, load_file
 from autoclusters.integrations import temporal
 from autoclusters.integrations.slurm import SlurmCli
 from autoclusters.sandbox import cloud_api, cluster, restart, slinky
+from autoclusters.sandbox.chaos import ChaosError, run_chaos
 from autoclusters.sandbox.config import SandboxConfig
 from autoclusters.sandbox.daemons import SandboxError
 from autoclusters.sandbox.processes import ProcessTable

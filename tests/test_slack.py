@@ -40,7 +40,6 @@ from slack_sdk.socket_mode.request import SocketModeRequest
 from typer.testing import CliRunner
 
 from autoclusters.clients.incidents import DecisionRefused, IncidentNotFound
-from autoclusters.clients.slack_cli import slack_app
 from autoclusters.core.models import Notification
 from autoclusters.integrations.slack import (
     ApproverDirectory,
@@ -58,6 +57,7 @@ from autoclusters.integrations.slack import (
 from autoclusters.integrations.slack.cards import IncidentCard
 from autoclusters.integrations.slack.fanout import webhook_signature
 from autoclusters.sandbox.crusoe_emulator import EmulatorServer
+from autoclusters.sandbox.slack_cli import slack_app
 from autoclusters.sandbox.slack_emulator import EmulatorConfig, create_app
 
 TOKEN = "xoxb-test-token"

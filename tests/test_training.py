@@ -168,7 +168,7 @@ def test_trains_logs_and_checkpoints_then_resumes(tmp_path: Path, runs: list[Tor
     assert all(len(losses) == 1 for losses in by_step.values())  # the all-reduced mean
 
     # The demo reads these lines as it read the placeholder job's.
-    from autoclusters.clients.demo import first_progress_after_restart
+    from autoclusters.sandbox.demo import first_progress_after_restart
 
     assert first_progress_after_restart(log, 0) == lines[0]["ts"]
 

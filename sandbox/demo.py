@@ -18,18 +18,18 @@ from rich.console import Console
 from temporalio.client import Client, WorkflowFailureError
 from temporalio.service import RPCError
 
-from autoclusters.clients import incidents, training_job
-from autoclusters.clients.joblog import first_progress_after_restart, progress_lines
+from autoclusters.clients import incidents
 from autoclusters.core import hostlist
 from autoclusters.core.models import IncidentState, SlurmJob, workflow_id
 from autoclusters.core.policy import Rung
 from autoclusters.core.settings import load_file, policy_for
 from autoclusters.integrations import temporal
 from autoclusters.integrations.slurm import SlurmCli
-from autoclusters.sandbox import cluster
+from autoclusters.sandbox import cluster, training_job
 from autoclusters.sandbox.cluster import sandbox_policy
 from autoclusters.sandbox.config import SandboxConfig
 from autoclusters.sandbox.hardware import Hardware, HardwareFault
+from autoclusters.sandbox.joblog import first_progress_after_restart, progress_lines
 from autoclusters.sandbox.vms import VmRegistry
 from autoclusters.workflows.remediation import NodeRemediation
 
@@ -271,7 +271,7 @@ def _resumed_from(log: Path, restart: int) -> int | None:
 def _slack_channel(cfg: SandboxConfig) -> str:
     import httpx
 
-    from autoclusters.clients.slack_cli import render_channel
+    from autoclusters.sandbox.slack_cli import render_channel
 
     try:
         view = httpx.get(f"http://127.0.0.1:{cfg.slack_port}/_emulator/channels/incidents").json()
