@@ -2,14 +2,25 @@
 and optionally one of the sandbox's processes (worker, temporal, api, slurmctld) SIGKILLed
 and started again at the moment the incident's current step becomes a given step. The
 incident must still finish correctly, with no step's effect applied twice: the cloud
-operations are counted from the Crusoe emulator's own record, not from our side."""
+operations are counted from the Crusoe emulator's own record, not from our side.
+
+`repair` can be split at the cloud call: `repair:before-cloud` crashes the process while
+the repair step runs but before its call reached the Crusoe emulator (the emulator holds
+the repair's first request to the VM back for a few seconds, a slow API, so the crash
+lands there), `repair:after-cloud` once the emulator has recorded the repair's operation
+(it still runs: the repair waits for it). The report says which happened
+(`killed_at_moment`, and what the emulator had recorded at the crash). With
+`wipe_worker_disk`, everything the worker keeps on disk (the Slack thread store) is
+deleted between the crash and the restart: the incident must not need it."""
 
 from __future__ import annotations
 
 import asyncio
 import random
+import shutil
 import time
 from datetime import UTC, datetime
+from pathlib import Path
 
 import httpx
 from pydantic import BaseModel
@@ -18,7 +29,7 @@ from temporalio.client import Client, WorkflowFailureError
 
 from autoclusters.clients import incidents
 from autoclusters.core import hostlist
-from autoclusters.core.models import IncidentState
+from autoclusters.core.models import IncidentState, StepRecord
 from autoclusters.core.policy import Rung
 from autoclusters.core.settings import load_file
 from autoclusters.integrations import temporal
@@ -38,6 +49,11 @@ STEPS = (
     "drain", "requeue", "wait_idle", "repair", "wait_registered", "health_gate",
     "return_to_service",
 )  # fmt: skip
+BEFORE_CLOUD, AFTER_CLOUD = "before-cloud", "after-cloud"
+# Where `--at` may crash something: a step, or the repair before / after its cloud call.
+AT_CHOICES = (*STEPS, f"repair:{BEFORE_CLOUD}", f"repair:{AFTER_CLOUD}")
+# How long the emulator holds the repair's first request back for `repair:before-cloud`.
+HOLD_CLOUD_S = 5.0
 
 
 class ChaosError(RuntimeError):
@@ -56,6 +72,72 @@ class ChaosReport(BaseModel):
     cloud_operations: int
     cloud_operation_log: list[str] = []  # "ACTION vm_id STATE", oldest first
     machine_operations: int  # the same number, under its old name
+    # Where the crash really landed: the step, and for the repair whether the emulator had
+    # recorded its operation yet ("repair:before-cloud" / "repair:after-cloud").
+    killed_at_moment: str | None = None
+    cloud_operations_at_kill: list[str] | None = None  # the emulator's record at the crash
+    killed_at: datetime | None = None
+    wiped: list[str] = []  # the worker's files deleted between the crash and the restart
+    opened_at: datetime | None = None  # when chaos opened the incident (the fault)
+    steps: list[StepRecord] = []  # the incident's timeline, as it closed
+
+
+def parse_at(at: str) -> tuple[str, str | None]:
+    """`repair:before-cloud` -> ("repair", "before-cloud"); `drain` -> ("drain", None)."""
+    if at not in AT_CHOICES:
+        raise ChaosError(f"step {at!r}: expected one of {', '.join(AT_CHOICES)}")
+    step, _, moment = at.partition(":")
+    return step, moment or None
+
+
+def worker_disk(cfg: SandboxConfig) -> list[Path]:
+    """What the sandbox's worker keeps on disk: its Slack thread store (the message of
+    each incident). Idempotency lives in the workflows' histories, not here."""
+    settings = load_file(cfg.settings_file)
+    paths = []
+    if settings.slack is not None and settings.slack.store_dir is not None:
+        paths.append(settings.slack.store_dir)
+    return paths
+
+
+def wipe_worker_disk(cfg: SandboxConfig) -> list[str]:
+    """Delete what the worker keeps on disk (see `worker_disk`); say what went."""
+    wiped = []
+    for path in worker_disk(cfg):
+        if path.is_dir():
+            files = sum(1 for p in path.rglob("*") if p.is_file())
+            shutil.rmtree(path)
+            wiped.append(f"{path} ({files} files)")
+        elif path.exists():
+            path.unlink()
+            wiped.append(str(path))
+    return wiped
+
+
+def _emulator(cfg: SandboxConfig, method: str, path: str, **kw: object) -> httpx.Response:
+    url = f"http://127.0.0.1:{cfg.crusoe_port}/_emulator{path}"
+    try:
+        r = httpx.request(method, url, timeout=10, **kw)  # type: ignore[arg-type]
+        r.raise_for_status()
+    except httpx.HTTPError as e:
+        raise ChaosError(f"the Crusoe emulator at {url}: {e}") from e
+    return r
+
+
+def hold_first_repair_request(cfg: SandboxConfig, node: str) -> str:
+    """Make the emulator hold the next request about the node's VM (the repair's first
+    look at the VM it recorded) for HOLD_CLOUD_S; return the VM id."""
+    vms = _emulator(cfg, "GET", "/state").json()["vms"].values()
+    ids = [vm["id"] for vm in vms if vm.get("name") == node and vm.get("state") != "DELETED"]
+    if not ids:
+        raise ChaosError(f"the Crusoe emulator has no VM named {node}")
+    rule = {"seconds": HOLD_CLOUD_S, "count": 1, "path_contains": f"/instances/{ids[0]}"}
+    _emulator(cfg, "POST", "/delay", json=rule | {"method": "GET"})
+    return str(ids[0])
+
+
+def _op_line(o: dict[str, object]) -> str:
+    return f"{o['action']} {o['vm_id']} {o['state']}"
 
 
 def cloud_operations(cfg: SandboxConfig, node: str, since: datetime) -> list[dict[str, object]]:
@@ -96,19 +178,23 @@ async def run_chaos(
     timeout_s: float = 600,
     kill: str | None = None,
     at: str | None = None,
+    wipe_worker_disk_on_restart: bool = False,
+    poll_s: float = 0.05,
 ) -> ChaosReport:
     """`kill` (one of KILLABLE) is SIGKILLed and started again when the incident's current
-    step becomes `at` (one of STEPS). The older `kill_worker_at=STEP` is `kill="worker"`;
-    `restart_temporal_at=STEP` stops the Temporal server gracefully (SIGTERM)."""
+    step becomes `at` (one of AT_CHOICES). The older `kill_worker_at=STEP` is
+    `kill="worker"`; `restart_temporal_at=STEP` stops the Temporal server gracefully
+    (SIGTERM). `wipe_worker_disk_on_restart`: a restarted worker starts with its disk
+    state deleted. The incident's status is polled every `poll_s` while a crash is due."""
     console = console or Console(stderr=True)
     if (kill is None) != (at is None):
         raise ChaosError("--kill and --at go together")
     if kill is not None and kill not in KILLABLE:
         raise ChaosError(f"--kill {kill}: expected one of {', '.join(KILLABLE)}")
     for step in (at, kill_worker_at, restart_temporal_at):
-        if step is not None and step not in STEPS:
-            raise ChaosError(f"step {step!r}: expected one of {', '.join(STEPS)}")
-    # (what, step, SIGKILL?)
+        if step is not None:
+            parse_at(step)
+    # (what, `--at`, SIGKILL?)
     pending: list[tuple[str, str, bool]] = []
     if kill is not None and at is not None:
         pending.append((kill, at, True))
@@ -116,6 +202,9 @@ async def run_chaos(
         pending.append(("worker", kill_worker_at, True))
     if restart_temporal_at:
         pending.append(("temporal", restart_temporal_at, False))
+    has_emulator = ProcessTable(cfg.state_dir).get(CRUSOE_EMULATOR) is not None
+    if any(parse_at(a)[1] for _, a, _ in pending) and not has_emulator:
+        raise ChaosError("repair:before-cloud / after-cloud need the Crusoe emulator")
     settings = load_file(cfg.settings_file)
     slurm = SlurmCli(cfg.slurm_conf)
     node = node or await random_job_node(slurm)
@@ -125,6 +214,8 @@ async def run_chaos(
             node, vm.vm_id, HardwareFault(fault=fault, fixed_by=broken_until)
         )
     client: Client = await temporal.connect(settings)
+    if any(parse_at(a)[1] == BEFORE_CLOUD for _, a, _ in pending):
+        await asyncio.to_thread(hold_first_repair_request, cfg, node)
     since = datetime.now(UTC)
     opened = await incidents.open_incident(client, settings, node, fault, opened_by="chaos")
     console.print(f"chaos: {fault} on {node}: incident {opened.incident_id}")
@@ -132,6 +223,10 @@ async def run_chaos(
         NodeRemediation.run, opened.workflow_id, run_id=opened.run_id
     )
     actions: list[str] = []
+    wiped: list[str] = []
+    at_kill: list[str] | None = None
+    moment: str | None = None
+    killed_at: datetime | None = None
     deadline = time.monotonic() + timeout_s
     final: IncidentState | None = None
     while final is None:
@@ -143,20 +238,51 @@ async def run_chaos(
             await asyncio.sleep(0.5)
             continue
         for item in list(pending):
-            what, step, sigkill = item
+            what, where, sigkill = item
+            step, cloud = parse_at(where)
             if state.current_step != step:
                 continue
             pending.remove(item)
+            if cloud == AFTER_CLOUD:
+                # The repair runs: crash once the emulator has recorded its operation.
+                await _until_cloud_operation(cfg, node, since, deadline)
+            observed: dict[str, object] = {}
+
+            def between(what: str = what, observed: dict[str, object] = observed) -> None:
+                # The old process has exited: what the cloud had seen at the crash, then
+                # the worker's disk as a fresh machine would have it.
+                observed["at"] = datetime.now(UTC)
+                if has_emulator:
+                    observed["ops"] = [_op_line(o) for o in cloud_operations(cfg, node, since)]
+                if what == "worker" and wipe_worker_disk_on_restart:
+                    observed["wiped"] = wipe_worker_disk(cfg)
+
             try:
-                done = await asyncio.to_thread(restart.restart, cfg, what, kill=sigkill)
+                done = await asyncio.to_thread(
+                    restart.restart, cfg, what, kill=sigkill, between=between
+                )
             except SandboxError as e:
-                raise ChaosError(f"restarting {what} during {step}: {e}") from e
+                raise ChaosError(f"restarting {what} during {where}: {e}") from e
+            if cloud == BEFORE_CLOUD:  # the held request may still be waiting: let it go
+                await asyncio.to_thread(_emulator, cfg, "DELETE", "/delay")
+            ops_then = observed.get("ops")
+            at_kill = list(ops_then) if isinstance(ops_then, list) else None
+            at_ = observed.get("at")
+            killed_at = at_ if isinstance(at_, datetime) else None
+            moment = step
+            if step == "repair" and at_kill is not None:
+                moment = f"repair:{AFTER_CLOUD if at_kill else BEFORE_CLOUD}"
             if sigkill:
-                actions.append(f"killed {what} {done.old_pid} during {step}")
+                actions.append(f"killed {what} {done.old_pid} during {moment}")
                 console.print(f"chaos: {actions[-1]}")
+                gone = observed.get("wiped")
+                if isinstance(gone, list):
+                    wiped += gone
+                    actions.append("wiped the worker's disk: " + (", ".join(gone) or "nothing"))
+                    console.print(f"chaos: {actions[-1]}")
                 actions.append(f"started {what} {done.new_pid}")
             else:
-                actions.append(f"restarted Temporal during {step} (pid {done.new_pid})")
+                actions.append(f"restarted Temporal during {moment} (pid {done.new_pid})")
             console.print(f"chaos: {actions[-1]}")
         if state.status != "open":
             try:
@@ -164,14 +290,14 @@ async def run_chaos(
             except WorkflowFailureError:
                 final = await handle.query(NodeRemediation.status)
             break
-        await asyncio.sleep(0.2)
+        await asyncio.sleep(poll_s if pending else 0.2)
     if pending:
         missed = ", ".join(f"{what} at {step}" for what, step, _ in pending)
         console.print(f"chaos: the incident never reached the step for: {missed}")
         actions += [f"never reached {step} (no {what} restart)" for what, step, _ in pending]
-    if ProcessTable(cfg.state_dir).get(CRUSOE_EMULATOR) is not None:
+    if has_emulator:
         ops = cloud_operations(cfg, node, since)
-        log = [f"{o['action']} {o['vm_id']} {o['state']}" for o in ops]
+        log = [_op_line(o) for o in ops]
     else:  # no Crusoe emulator: what the sandbox's own machines recorded
         rec = VmRegistry(cfg.state_dir).get(node)
         keys = [k for k in (rec.operations if rec else {}) if k.startswith(opened.incident_id)]
@@ -188,4 +314,20 @@ async def run_chaos(
         cloud_operations=len(ops),
         cloud_operation_log=log,
         machine_operations=len(ops),
+        killed_at_moment=moment,
+        cloud_operations_at_kill=at_kill,
+        killed_at=killed_at,
+        wiped=wiped,
+        opened_at=since,
+        steps=final.steps,
     )
+
+
+async def _until_cloud_operation(
+    cfg: SandboxConfig, node: str, since: datetime, deadline: float
+) -> None:
+    """Poll the emulator's record tightly until it has an operation on the node's machine."""
+    while not await asyncio.to_thread(cloud_operations, cfg, node, since):
+        if time.monotonic() > deadline:
+            raise ChaosError(f"the repair of {node} never reached the Crusoe emulator")
+        await asyncio.sleep(0.02)

@@ -200,9 +200,17 @@ def chaos_cmd(
         typer.Option(
             "--at",
             help="The step: drain, requeue, wait_idle, repair, wait_registered, health_gate, "
-            "return_to_service.",
+            "return_to_service; or repair:before-cloud / repair:after-cloud (the repair's "
+            "cloud call not yet / already recorded by the Crusoe emulator).",
         ),
     ] = None,
+    wipe_worker_disk: Annotated[
+        bool,
+        typer.Option(
+            "--wipe-worker-disk",
+            help="Delete what the worker keeps on disk between the crash and the restart.",
+        ),
+    ] = False,
     kill_worker_at: Annotated[
         str | None, typer.Option(help="Same as --kill worker --at STEP.")
     ] = None,
@@ -229,6 +237,7 @@ def chaos_cmd(
             run_chaos(
                 cfg, fault, node=node, broken_until=rung, kill_worker_at=kill_worker_at,
                 restart_temporal_at=restart_temporal_at, console=err, kill=kill, at=at,
+                wipe_worker_disk_on_restart=wipe_worker_disk,
             )
         )  # fmt: skip
     except (SandboxError, ChaosError, ValueError) as e:

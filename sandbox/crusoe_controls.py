@@ -1,7 +1,9 @@
 """The Crusoe emulator's front door and test controls.
 
-`Gate` stands in front of `/v1`: it records every request, answers injected faults (a 429 or
-a 503 before the API sees the request), and checks the signature and timestamp, answering
+`Gate` stands in front of `/v1`: it records every request, holds a request back for a while
+when a delay rule matches it (a slow API: chaos uses it to crash a worker whose call has
+not reached the cloud yet), answers injected faults (a 429 or a 503 before the API sees the
+request), and checks the signature and timestamp, answering
 401 with nothing changed when they fail. `admin_router` serves `/_emulator`: fault
 injection, failing operations, seeding VMs, node pools and clusters, and reading back the
 world and the requests seen. It has no auth: the emulator binds loopback.
@@ -9,6 +11,7 @@ world and the requests seen. It has no auth: the emulator binds loopback.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from typing import Any
@@ -20,7 +23,16 @@ from pydantic import BaseModel, ConfigDict, Field
 from autoclusters.sandbox import crusoe_signature
 from autoclusters.sandbox.crusoe_world import Cluster, EmulatedVm, EmulatorConfig, Engine, NodePool
 
-__all__ = ["ApiError", "FaultRule", "Gate", "RequestSeen", "Seed", "admin_router", "error_response"]
+__all__ = [
+    "ApiError",
+    "DelayRule",
+    "FaultRule",
+    "Gate",
+    "RequestSeen",
+    "Seed",
+    "admin_router",
+    "error_response",
+]
 
 
 class ApiError(Exception):
@@ -44,6 +56,16 @@ class FaultRule(BaseModel):
     message: str = "injected fault"
 
 
+class DelayRule(BaseModel):
+    """Hold the next `count` requests whose method matches and whose path contains
+    `path_contains` for `seconds` before the API sees them (a slow network or API)."""
+
+    seconds: float = Field(gt=0, le=600)
+    count: int = Field(default=1, ge=1)
+    path_contains: str = "/v1/"
+    method: str | None = None
+
+
 class RequestSeen(BaseModel):
     method: str
     path: str
@@ -57,6 +79,7 @@ class Gate:
     def __init__(self, config: EmulatorConfig) -> None:
         self.config = config
         self.faults: list[FaultRule] = []
+        self.delays: list[DelayRule] = []
         self.seen: list[RequestSeen] = []
 
     def _take_fault(self, method: str, path: str) -> FaultRule | None:
@@ -65,6 +88,15 @@ class Gate:
                 rule.count -= 1
                 if rule.count == 0:
                     self.faults.remove(rule)
+                return rule
+        return None
+
+    def _take_delay(self, method: str, path: str) -> DelayRule | None:
+        for rule in self.delays:
+            if rule.path_contains in path and rule.method in (None, method):
+                rule.count -= 1
+                if rule.count == 0:
+                    self.delays.remove(rule)
                 return rule
         return None
 
@@ -77,6 +109,9 @@ class Gate:
         query: bytes = request.scope["query_string"]
         entry = RequestSeen(method=request.method, path=path, query=query.decode("latin-1"))
         self.seen.append(entry)
+        delay = self._take_delay(request.method, path)
+        if delay is not None:
+            await asyncio.sleep(delay.seconds)
         fault = self._take_fault(request.method, path)
         if fault is not None:
             entry.status = fault.status
@@ -140,6 +175,16 @@ def admin_router(engine: Engine, gate: Gate) -> APIRouter:
     async def clear_faults() -> dict[str, int]:
         gate.faults.clear()
         return {"faults": 0}
+
+    @router.post("/delay")
+    async def delay(rule: DelayRule) -> dict[str, int]:
+        gate.delays.append(rule)
+        return {"delays": len(gate.delays)}
+
+    @router.delete("/delay")
+    async def clear_delays() -> dict[str, int]:
+        gate.delays.clear()
+        return {"delays": 0}
 
     @router.post("/operation-failures")
     async def fail_operations(spec: OperationFailures) -> dict[str, int]:

@@ -9,6 +9,8 @@ with an async operation, 409 while another operation runs on the VM, 404 for unk
 
 Test controls live beside the API under `/_emulator` (no auth; the server binds loopback):
   POST /_emulator/inject {"status", "count", "path_prefix", "method", "retry_after"}
+  POST|DELETE /_emulator/delay {"seconds", "count", "path_contains", "method"}: hold the
+    next matching requests back before the API sees them
   POST /_emulator/operation-failures {"count", "message"}: the next operations end FAILED
   POST /_emulator/timings {"operation_s", "boot_delay_s"}: change how long operations take
   POST /_emulator/vms {"clusters": [...], "node_pools": [...], "vms": [...]}: seed the world

@@ -169,9 +169,16 @@ def stop(cfg: SandboxConfig, name: str, *, kill: bool = False, timeout_s: float 
 
 
 def restart(
-    cfg: SandboxConfig, name: str, *, kill: bool = False, timeout_s: float = 60
+    cfg: SandboxConfig,
+    name: str,
+    *,
+    kill: bool = False,
+    timeout_s: float = 60,
+    between: Callable[[], object] | None = None,
 ) -> Restarted:
-    """Restart one component of a running sandbox; see the module's docstring."""
+    """Restart one component of a running sandbox; see the module's docstring. `between`
+    runs once the old process has exited and before the new one starts (chaos: look at
+    the world as the crash left it, wipe the worker's disk)."""
     table = ProcessTable(cfg.state_dir)
     rec = table.get(name)
     if rec is None or not table.alive(name):
@@ -183,6 +190,8 @@ def restart(
     argv = _argv(cfg, rec)
     _snapshot(cfg, rec)  # what a persisting emulator would have on disk when it dies
     old = stop(cfg, name, kill=kill)
+    if between is not None:
+        between()
     result = cluster.UpResult(already_running=True)
     cluster._start(table, name, argv, spec.env, spec.ready, timeout_s, result)
     new = table.get(name)
