@@ -16,6 +16,8 @@ from autoclusters.core.guard import (
     RegisterCall,
     Registration,
     ReleaseCall,
+    SlurmView,
+    SlurmViewCall,
     SpareCall,
     SpareClaim,
 )
@@ -157,6 +159,11 @@ async def guard_refill_spare(call: SpareCall) -> list[str]:
 
 @activity.defn(name="guard_release")
 async def guard_release(call: ReleaseCall) -> None:
+    raise _stub()
+
+
+@activity.defn(name="guard_slurm_view")
+async def guard_slurm_view(call: SlurmViewCall) -> SlurmView:
     raise _stub()
 
 

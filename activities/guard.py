@@ -2,8 +2,11 @@
 
 A workflow cannot send an update to another workflow, so the incident asks its cluster's
 guard through these activities. Each call is an update-with-start: the first incident of a
-cluster starts its guard, every later one reaches the guard already running (whose policy
-and topology are the ones it was started with).
+cluster starts its guard, every later one reaches the guard already running. A registration
+carries the incident's guard policy, topology and approvers (the guard adopts the newest),
+and registrations and admissions carry Slurm's view (the cluster's size, the nodes out of
+service), on which the guard reconciles its count. `guard_slurm_view` is the guard's own:
+it re-reads Slurm now and then while incidents wait.
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ from autoclusters.core.guard import (
     RegisterCall,
     Registration,
     ReleaseCall,
+    SlurmView,
+    SlurmViewCall,
     SpareCall,
     SpareClaim,
     guard_workflow_id,
@@ -82,9 +87,20 @@ class GuardActivities:
 
     @activity.defn(name="guard_register")
     async def register(self, call: RegisterCall) -> Registration:
-        result: Registration = await self._update(
-            call.guard, "register", call.incident, Registration
+        g = call.guard
+        opened = call.incident.model_copy(
+            update={
+                "policy": call.incident.policy or g.policy,
+                "topology": call.incident.topology
+                if call.incident.topology is not None
+                else g.topology,
+                "approvers": call.incident.approvers
+                if call.incident.approvers is not None
+                else g.approvers,
+                "slurm": call.incident.slurm or await self._view(g.cluster),
+            }
         )
+        result: Registration = await self._update(g, "register", opened, Registration)
         return result
 
     @activity.defn(name="guard_admit_quarantine")
@@ -113,9 +129,24 @@ class GuardActivities:
     async def release(self, call: ReleaseCall) -> None:
         await self._update(call.guard, "release", call.release, type(None))
 
+    @activity.defn(name="guard_slurm_view")
+    async def slurm_view(self, call: SlurmViewCall) -> SlurmView:
+        return await self._view(call.cluster)
+
+    async def _view(self, cluster: str) -> SlurmView:
+        async with heartbeating(f"reading the nodes of {cluster}"):
+            nodes = await self._slurm.nodes()
+        return SlurmView(
+            cluster_nodes=len(nodes),
+            out_of_service=sorted(n.name for n in nodes if n.drained or not n.responding),
+        )
+
     async def _admit_request(self, call: AdmitCall) -> AdmitRequest:
-        async with heartbeating(f"counting the nodes of {call.guard.cluster}"):
-            cluster_nodes = len(await self._slurm.nodes())
+        view = await self._view(call.guard.cluster)
         return AdmitRequest(
-            node=call.node, incident_id=call.incident_id, cluster_nodes=cluster_nodes
+            node=call.node,
+            incident_id=call.incident_id,
+            cluster_nodes=view.cluster_nodes,
+            workflow_id=call.workflow_id,
+            out_of_service=view.out_of_service,
         )

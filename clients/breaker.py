@@ -45,6 +45,10 @@ class BreakerNotTripped(GuardError):
     pass
 
 
+class NotAnApprover(GuardError):
+    """The reset was refused: only the policy's approvers may reset the breaker."""
+
+
 def _handle(client: Client, cluster: str) -> WorkflowHandle[FleetGuard, None]:
     return client.get_workflow_handle_for(FleetGuard.run, guard_workflow_id(cluster))
 
@@ -85,6 +89,8 @@ async def reset_breaker(client: Client, cluster: str, by: str) -> BreakerStatus:
         cause = e.cause
         if isinstance(cause, ApplicationError) and cause.type == "BreakerNotTripped":
             raise BreakerNotTripped(cause.message) from None
+        if isinstance(cause, ApplicationError) and cause.type == "NotAnApprover":
+            raise NotAnApprover(f"reset refused: {cause.message}") from None
         raise GuardError(f"reset refused: {getattr(cause, 'message', None) or cause}") from None
     except WorkflowUpdateRPCTimeoutOrCancelledError:
         raise _no_answer(cluster) from None
@@ -125,7 +131,7 @@ def _run(fn: Callable[[Client, Settings], Awaitable[T]]) -> T:
     try:
         return asyncio.run(go())
     except GuardError as e:
-        err.print(str(e), style="red", markup=False)
+        err.print(" ".join(str(e).split()), style="red", markup=False, soft_wrap=True)
         raise typer.Exit(1) from None
     except RuntimeError as e:
         if "connect" in str(e).lower():
@@ -176,10 +182,15 @@ def _print_status(st: GuardStatus) -> None:
     if b.reset_at is not None:
         console.print(f"last reset by {b.reset_by} at {b.reset_at:%Y-%m-%d %H:%M:%S} UTC")
     console.print(
-        f"limits: trips on more than {p.breaker_threshold} incidents within "
-        f"{p.breaker_window_s:.0f} s; at most {p.max_concurrent_repairs} repairs at once; "
+        f"limits: trips on more than {p.breaker_limit(state.cluster_nodes)} incidents within "
+        f"{p.breaker_window_s:.0f} s (at least {p.breaker_threshold}, "
+        f"{p.breaker_threshold_fraction:.0%} of {state.cluster_nodes} nodes); at most "
+        f"{p.max_concurrent_repairs} repairs at once; "
         f"at least {p.min_in_service_fraction:.0%} of nodes in service"
     )
+    console.print(f"approvers (may reset): {', '.join(st.approvers) or 'none'}")
+    for w in state.queue:
+        console.print(f"waiting for {w.kind}: {w.node} ({w.incident_id}) since {w.since:%H:%M:%S}")
     t = Table("node", "out of service", "repairing")
     for node in sorted({*state.out_of_service, *state.repairing}):
         t.add_row(node, state.out_of_service.get(node, ""), state.repairing.get(node, ""))
@@ -189,10 +200,10 @@ def _print_status(st: GuardStatus) -> None:
 
 @breaker_app.command("reset")
 def reset_cmd(
-    by: Annotated[str, typer.Option("--as", help="Who resets it (recorded).")],
+    by: Annotated[str, typer.Option("--as", help="Who resets it: an approver (recorded).")],
     cluster: ClusterOpt = None,
 ) -> None:
-    """Reset the tripped breaker: repairs are admitted again."""
+    """Reset the tripped breaker (approvers only; recorded): repairs are admitted again."""
 
     async def go(client: Client, s: Settings) -> tuple[str, BreakerStatus | None]:
         name = cluster or s.cluster

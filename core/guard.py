@@ -9,6 +9,7 @@ once (a switch, power, a driver rollout — not N independent GPU failures).
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Literal
 
 from pydantic import BaseModel, Field
 
@@ -16,6 +17,10 @@ from autoclusters.core.policy import GuardPolicy, NodeTopology
 
 # The fleet guard's workflow type, as activities and clients name it.
 GUARD_WORKFLOW = "FleetGuard"
+
+
+# The signal the guard sends an incident it admitted from its queue.
+GUARD_ADMITTED_SIGNAL = "guard_admitted"
 
 
 def guard_workflow_id(cluster: str) -> str:
@@ -31,6 +36,8 @@ class GuardInput(BaseModel):
     # Also continue as new once the history has this many events (None: only when the
     # server suggests it). Small values exercise continue-as-new in tests.
     max_history_events: int | None = Field(default=None, ge=1)
+    # Who may reset the breaker (the policy's approvers, learnt from registrations).
+    approvers: list[str] = Field(default_factory=list)
 
 
 class OpenRecord(BaseModel):
@@ -57,6 +64,41 @@ class BreakerStatus(BaseModel):
     reset_at: datetime | None = None
 
 
+AdmissionKind = Literal["quarantine", "repair"]
+
+
+class Waiter(BaseModel):
+    """An incident waiting in the guard's queue for a quarantine or a repair."""
+
+    kind: AdmissionKind
+    node: str
+    incident_id: str
+    workflow_id: str | None  # where the admission is signalled (None: it asks again)
+    ticket: int
+    since: datetime
+
+
+class AdmittedNotice(BaseModel):
+    """What the guard tells a waiting incident (the `guard_admitted` signal)."""
+
+    kind: AdmissionKind
+    incident_id: str
+    ticket: int
+
+
+class PendingNotice(BaseModel):
+    workflow_id: str
+    notice: AdmittedNotice
+
+
+class SlurmView(BaseModel):
+    """What Slurm shows now: the cluster's size and the nodes not in service (drained,
+    down or not responding). The guard reconciles its count on it."""
+
+    cluster_nodes: int = Field(ge=0)
+    out_of_service: list[str] = Field(default_factory=list)
+
+
 class GuardState(BaseModel):
     # The hot spares free now (None: not yet taken from the policy).
     spares: list[str] | None = None
@@ -69,6 +111,16 @@ class GuardState(BaseModel):
     # breaker window, if longer) so recurrence counts stay right.
     recurrence_window_s: float = 0
     continued_as_new: int = 0  # how many runs this state has been carried across
+    # First come, first served: incidents waiting for a quarantine or a repair, in
+    # arrival order; and the admissions not yet told to their incidents.
+    queue: list[Waiter] = Field(default_factory=list)
+    notices: list[PendingNotice] = Field(default_factory=list)
+    next_ticket: int = 1
+    # Nodes released "not back in service" (left drained for a human): node -> incident.
+    # They count as out of service only while Slurm still shows them so.
+    left_out: dict[str, str] = Field(default_factory=dict)
+    cluster_nodes: int = 0  # the cluster's size, as Slurm last showed it (0: not yet known)
+    reconciled_at: datetime | None = None
 
 
 class IncidentOpened(BaseModel):
@@ -76,6 +128,11 @@ class IncidentOpened(BaseModel):
     incident_id: str
     fault: str
     recurrence_window_s: float = 86400
+    # The incident's guard policy, topology and approvers: the guard adopts the newest.
+    policy: GuardPolicy | None = None
+    topology: dict[str, NodeTopology] | None = None
+    approvers: list[str] | None = None
+    slurm: SlurmView | None = None  # Slurm's view when it registered
 
 
 class Registration(BaseModel):
@@ -87,17 +144,26 @@ class AdmitRequest(BaseModel):
     node: str
     incident_id: str
     cluster_nodes: int  # nodes in the cluster now (from Slurm), for the in-service fraction
+    # The asking incident's workflow id: held, it is queued and told by a signal when
+    # admitted. None (incidents started before the queue): it asks again later.
+    workflow_id: str | None = None
+    out_of_service: list[str] | None = None  # Slurm's view: the nodes not in service now
 
 
 class Admission(BaseModel):
     admitted: bool
     reason: str = ""
+    queued: bool = False  # held and queued: a `guard_admitted` signal will follow
+    position: int | None = None  # 1: next in line for this kind of admission
+    ticket: int | None = None  # the queue ticket the signal will carry
 
 
 class ReleaseRequest(BaseModel):
     node: str
     incident_id: str
     back_in_service: bool  # False: the node stays out (left drained for a human)
+    # True: only the repair slot is given back, the incident still holds the node.
+    slot_only: bool = False
 
 
 class SpareRequest(BaseModel):
@@ -118,10 +184,19 @@ class ResetRequest(BaseModel):
     by: str
 
 
+class PolicyUpdate(BaseModel):
+    """A newer guard policy (and topology, approvers) for the running guard."""
+
+    policy: GuardPolicy
+    topology: dict[str, NodeTopology] | None = None
+    approvers: list[str] | None = None
+
+
 class GuardStatus(BaseModel):
     cluster: str
     policy: GuardPolicy
     state: GuardState
+    approvers: list[str] = Field(default_factory=list)
 
 
 # --- what the guard activities take: the call, and the guard to send it to ----------------
@@ -130,15 +205,21 @@ class GuardStatus(BaseModel):
 class GuardContext(BaseModel):
     """Which cluster's guard, and what it starts with if it is not running yet.
 
-    A guard already running keeps the policy and topology it was started with.
+    A guard already running adopts them from each new registration.
     """
 
     cluster: str
     policy: GuardPolicy = Field(default_factory=GuardPolicy)
     topology: dict[str, NodeTopology] = Field(default_factory=dict)
+    approvers: list[str] = Field(default_factory=list)
 
     def guard_input(self) -> GuardInput:
-        return GuardInput(cluster=self.cluster, policy=self.policy, topology=self.topology)
+        return GuardInput(
+            cluster=self.cluster,
+            policy=self.policy,
+            topology=self.topology,
+            approvers=self.approvers,
+        )
 
 
 class RegisterCall(BaseModel):
@@ -150,6 +231,11 @@ class AdmitCall(BaseModel):
     guard: GuardContext
     node: str
     incident_id: str
+    workflow_id: str | None = None  # the incident's, to be told when admitted
+
+
+class SlurmViewCall(BaseModel):
+    cluster: str
 
 
 class ReleaseCall(BaseModel):

@@ -82,7 +82,9 @@ class StepRecord(BaseModel):
 # open: in progress; resolved: node back in service; failed: left drained, a human paged;
 # rejected: a human said no, left drained; observed: observe mode, nothing touched;
 # monitored: the fault only warrants watching, the node stayed in service.
-IncidentStatus = Literal["open", "resolved", "failed", "rejected", "observed", "monitored"]
+IncidentStatus = Literal[
+    "open", "resolved", "failed", "rejected", "observed", "monitored", "cancelled"
+]
 
 
 class FaultSeen(BaseModel):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import importlib.resources
+import math
 import re
 from dataclasses import dataclass
 from enum import StrEnum
@@ -125,14 +126,29 @@ class GuardPolicy(_Strict):
 
     max_concurrent_repairs: int = Count(2)
     min_in_service_fraction: float = Field(default=0.75, ge=0, le=1, allow_inf_nan=False)
-    breaker_threshold: int = Count(5)  # trips on more than K opens ...
-    breaker_window_s: float = Duration(600)  # ... within this sliding window
+    # Trips on more than K opens within the sliding window, K = the larger of
+    # breaker_threshold (the floor) and breaker_threshold_fraction of the cluster's nodes.
+    breaker_threshold: int = Count(5)
+    breaker_threshold_fraction: float = Field(default=0.05, ge=0, le=1, allow_inf_nan=False)
+    breaker_window_s: float = Duration(600)
+    # While incidents wait or nodes are left drained, the guard re-reads Slurm this often
+    # (a node a human resumed is in service again).
+    reconcile_interval_s: float = Duration(300)
+    # A critical fault whose quarantine is held: drain the node without requeueing (its
+    # running jobs go on, it takes no new ones) until the guard admits the quarantine.
+    drain_held_critical: bool = True
     # Hot spares: healthy nodes kept drained ("autoclusters: spare") out of the partition. A
     # replacement puts one into service at once; the replaced node, once healthy, becomes
     # the spare.
     spares: list[Annotated[str, AfterValidator(_node_name)]] = Field(
         default_factory=list, max_length=1024
     )
+
+    def breaker_limit(self, cluster_nodes: int) -> int:
+        """K: the breaker trips on more than K opens within the window."""
+        return max(
+            self.breaker_threshold, math.floor(self.breaker_threshold_fraction * cluster_nodes)
+        )
 
 
 class NodeTopology(_Strict):

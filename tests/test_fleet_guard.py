@@ -21,13 +21,14 @@ Aspects covered:
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 import pytest_asyncio
+from temporalio import workflow
 from temporalio.client import Client, WorkflowHandle, WorkflowUpdateFailedError
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
@@ -37,9 +38,11 @@ from typer.testing import CliRunner
 from autoclusters.activities.guard import GuardActivities
 from autoclusters.clients import breaker
 from autoclusters.core.guard import (
+    GUARD_ADMITTED_SIGNAL,
     Admission,
     AdmitCall,
     AdmitRequest,
+    AdmittedNotice,
     BreakerStatus,
     GuardContext,
     GuardInput,
@@ -47,17 +50,19 @@ from autoclusters.core.guard import (
     GuardStatus,
     IncidentOpened,
     OpenRecord,
+    PolicyUpdate,
     RegisterCall,
     Registration,
     ReleaseCall,
     ReleaseRequest,
     ResetRequest,
+    SlurmView,
     guard_workflow_id,
 )
 from autoclusters.core.policy import GuardPolicy, NodeTopology
 from autoclusters.workflows.fleet_guard import FleetGuard
 from tests.fakes import FakeSlurm
-from tests.helpers import time_skipping_env
+from tests.helpers import eventually, time_skipping_env
 
 # Virtual time: the guard runs forever, so every test also terminates the guards it started.
 EXECUTION_TIMEOUT = timedelta(days=7)
@@ -78,12 +83,65 @@ def _cluster() -> str:
     return f"test-{uuid.uuid4().hex[:8]}"
 
 
+@workflow.defn(sandboxed=False)
+class Waiting:
+    """Stands in for an incident: keeps the guard's `guard_admitted` signals."""
+
+    def __init__(self) -> None:
+        self.notices: list[AdmittedNotice] = []
+
+    @workflow.run
+    async def run(self) -> None:
+        await workflow.wait_condition(lambda: False)
+
+    @workflow.signal(name=GUARD_ADMITTED_SIGNAL)
+    def admitted(self, notice: AdmittedNotice) -> None:
+        self.notices.append(notice)
+
+    @workflow.query
+    def told(self) -> list[AdmittedNotice]:
+        return self.notices
+
+
 @asynccontextmanager
-async def _worker(env: WorkflowEnvironment) -> AsyncIterator[str]:
-    """A worker hosting FleetGuard on its own task queue, for the block."""
+async def _worker(
+    env: WorkflowEnvironment, activities: list[Any] | None = None
+) -> AsyncIterator[str]:
+    """A worker hosting FleetGuard (and `Waiting` incidents) on its own task queue."""
     task_queue = f"tq-{uuid.uuid4()}"
-    async with Worker(env.client, task_queue=task_queue, workflows=[FleetGuard]):
+    async with Worker(
+        env.client,
+        task_queue=task_queue,
+        workflows=[FleetGuard, Waiting],
+        activities=activities or [],
+    ):
         yield task_queue
+
+
+async def _waiting(env: WorkflowEnvironment, g: Guard, name: str) -> str:
+    """Start a stand-in incident on the guard's task queue; returns its workflow id."""
+    wf_id = f"waiting-{name}-{uuid.uuid4().hex[:6]}"
+    task_queue = (await g.describe()).task_queue
+    await env.client.start_workflow(
+        Waiting.run, id=wf_id, task_queue=task_queue, execution_timeout=EXECUTION_TIMEOUT
+    )
+    return wf_id
+
+
+async def _told(env: WorkflowEnvironment, wf_id: str, count: int = 1) -> list[AdmittedNotice]:
+    """The notices `wf_id` got, once it has `count` of them."""
+    handle = env.client.get_workflow_handle_for(Waiting.run, wf_id)
+    got = await eventually(
+        lambda: _at_least(handle.query(Waiting.told), count), what=f"{count} notice(s) to {wf_id}"
+    )
+    return got
+
+
+async def _at_least(
+    notices: Awaitable[list[AdmittedNotice]], count: int
+) -> list[AdmittedNotice] | None:
+    got = await notices
+    return got if len(got) >= count else None
 
 
 @asynccontextmanager
@@ -94,14 +152,17 @@ async def _guard(
     topology: dict[str, NodeTopology] | None = None,
     state: GuardState | None = None,
     max_history_events: int | None = None,
+    approvers: list[str] | None = None,
 ) -> AsyncIterator[Guard]:
-    """Start a guard for a fresh cluster on its own worker; terminate it after the block."""
+    """Start a guard for a fresh cluster on its own worker; terminate it after the block.
+    alice and bob are its approvers unless said otherwise."""
     inp = GuardInput(
         cluster=_cluster(),
         policy=policy or GuardPolicy(),
         topology=topology or {},
         state=state,
         max_history_events=max_history_events,
+        approvers=["alice", "bob"] if approvers is None else approvers,
     )
     async with _worker(env) as task_queue:
         handle = await env.client.start_workflow(
@@ -131,17 +192,25 @@ async def _register(
     )
 
 
-async def _quarantine(g: Guard, node: str, incident_id: str, cluster_nodes: int = 8) -> Admission:
+async def _quarantine(
+    g: Guard, node: str, incident_id: str, cluster_nodes: int = 8, wf: str | None = None
+) -> Admission:
     return await g.execute_update(
         FleetGuard.admit_quarantine,
-        AdmitRequest(node=node, incident_id=incident_id, cluster_nodes=cluster_nodes),
+        AdmitRequest(
+            node=node, incident_id=incident_id, cluster_nodes=cluster_nodes, workflow_id=wf
+        ),
     )
 
 
-async def _repair(g: Guard, node: str, incident_id: str, cluster_nodes: int = 8) -> Admission:
+async def _repair(
+    g: Guard, node: str, incident_id: str, cluster_nodes: int = 8, wf: str | None = None
+) -> Admission:
     return await g.execute_update(
         FleetGuard.admit_repair,
-        AdmitRequest(node=node, incident_id=incident_id, cluster_nodes=cluster_nodes),
+        AdmitRequest(
+            node=node, incident_id=incident_id, cluster_nodes=cluster_nodes, workflow_id=wf
+        ),
     )
 
 
@@ -249,6 +318,230 @@ async def test_reset_is_refused_when_not_tripped_or_anonymous(env: WorkflowEnvir
         breaker_now = (await _status(g)).state.breaker
         assert breaker_now.tripped
         assert breaker_now.reset_by is None
+
+
+async def test_a_non_approver_cannot_reset_the_breaker_an_approver_can(
+    env: WorkflowEnvironment,
+) -> None:
+    async with _guard(env, policy=GuardPolicy(breaker_threshold=1), approvers=["alice"]) as g:
+        await _register(g, "gpu-01")
+        await _register(g, "gpu-02")
+
+        with pytest.raises(WorkflowUpdateFailedError) as caught:
+            await g.execute_update(FleetGuard.reset_breaker, ResetRequest(by="mallory"))
+
+        refused = _rejection(caught.value)
+        assert refused.type == "NotAnApprover"
+        assert "mallory is not an approver" in refused.message
+        still = (await _status(g)).state.breaker
+        assert still.tripped and still.reset_by is None
+        assert not (await _repair(g, "gpu-01", "INC-1")).admitted
+
+        reset = await g.execute_update(FleetGuard.reset_breaker, ResetRequest(by=" alice "))
+
+        assert not reset.tripped and reset.reset_by == "alice" and reset.reset_at is not None
+        # The accepted reset is an update in the guard's history, with who asked.
+        history = await g.fetch_history()
+        resets = [
+            e
+            for e in history.events
+            if e.HasField("workflow_execution_update_accepted_event_attributes")
+            and e.workflow_execution_update_accepted_event_attributes.accepted_request.input.name
+            == "reset_breaker"
+        ]
+        assert len(resets) == 1
+        args = resets[0].workflow_execution_update_accepted_event_attributes.accepted_request
+        assert b"alice" in args.input.args.payloads[0].data
+
+
+async def test_the_breaker_threshold_is_a_fraction_of_the_cluster_with_a_floor(
+    env: WorkflowEnvironment,
+) -> None:
+    policy = GuardPolicy(breaker_threshold=2, breaker_threshold_fraction=0.1)
+    async with _guard(env, policy=policy) as g:
+        big = SlurmView(cluster_nodes=40)  # 10 % of 40: more than 4 opens trip it
+        for i in range(1, 5):
+            opened = IncidentOpened(
+                node=f"gpu-{i:02d}", incident_id=f"INC-{i}", fault="XID_79", slurm=big
+            )
+            reg = await g.execute_update(FleetGuard.register, opened)
+            assert not reg.breaker.tripped, f"tripped at {i} on a 40-node cluster"
+        assert (await _status(g)).state.cluster_nodes == 40
+        assert (await _register(g, "gpu-05")).breaker.tripped
+
+    # A small cluster: the floor (2) holds, not 10 % of 4.
+    async with _guard(env, policy=policy) as g:
+        small = SlurmView(cluster_nodes=4)
+        for i in range(1, 3):
+            opened = IncidentOpened(
+                node=f"gpu-{i:02d}", incident_id=f"INC-{i}", fault="XID_79", slurm=small
+            )
+            assert not (await g.execute_update(FleetGuard.register, opened)).breaker.tripped
+        assert (await _register(g, "gpu-03")).breaker.tripped
+
+
+def test_breaker_threshold_fraction_is_bounded() -> None:
+    for bad in (-0.1, 1.5, float("inf"), float("nan")):
+        with pytest.raises(ValueError):
+            GuardPolicy(breaker_threshold_fraction=bad)
+    assert GuardPolicy().breaker_limit(1000) == 50
+    assert GuardPolicy().breaker_limit(4) == 5
+
+
+async def test_the_guard_adopts_the_newest_policy(env: WorkflowEnvironment) -> None:
+    async with _guard(env, policy=GuardPolicy(max_concurrent_repairs=1)) as g:
+        assert (await _repair(g, "gpu-01", "INC-1")).admitted
+        held = await _repair(g, "gpu-02", "INC-2")
+        assert not held.admitted and held.queued
+
+        newer = GuardPolicy(max_concurrent_repairs=2, breaker_threshold=7)
+        opened = IncidentOpened(
+            node="gpu-03",
+            incident_id="INC-3",
+            fault="XID_79",
+            policy=newer,
+            topology=TOPOLOGY,
+            approvers=["carol"],
+        )
+        await g.execute_update(FleetGuard.register, opened)
+
+        st = await _status(g)
+        assert (st.policy, st.approvers) == (newer, ["carol"])
+        # Two repairs allowed now: the waiter was served at once.
+        assert st.state.repairing == {"gpu-01": "INC-1", "gpu-02": "INC-2"}
+        assert st.state.queue == []
+        # The old approvers are not the cluster's any more.
+        await _register(g, "gpu-04")
+        with pytest.raises(WorkflowUpdateFailedError):
+            await g.execute_update(FleetGuard.reset_breaker, ResetRequest(by="alice"))
+
+        # An explicit update, for an operator.
+        strict = GuardPolicy(max_concurrent_repairs=1)
+        after = await g.execute_update(FleetGuard.update_policy, PolicyUpdate(policy=strict))
+        assert after.policy == strict and after.approvers == ["carol"]
+
+
+# --- the queue -----------------------------------------------------------------------------
+
+
+async def test_waiters_are_admitted_in_arrival_order_and_told(env: WorkflowEnvironment) -> None:
+    async with _guard(env, policy=GuardPolicy(max_concurrent_repairs=1)) as g:
+        assert (await _repair(g, "gpu-01", "INC-1")).admitted
+        waiters = {i: await _waiting(env, g, f"inc-{i}") for i in (2, 3, 4, 5)}
+        answers = {}
+        for i in (2, 3, 4, 5):
+            answers[i] = await _repair(g, f"gpu-0{i}", f"INC-{i}", wf=waiters[i])
+        assert [(a.admitted, a.queued, a.position) for a in answers.values()] == [
+            (False, True, 1),
+            (False, True, 2),
+            (False, True, 3),
+            (False, True, 4),
+        ]
+        assert "1 repairs already running (gpu-01)" in answers[2].reason
+        assert "2 earlier incident(s) wait first" in answers[4].reason
+        # Asking again while queued: the same place and ticket.
+        again = await _repair(g, "gpu-03", "INC-3", wf=waiters[3])
+        assert (again.position, again.ticket) == (2, answers[3].ticket)
+        # A waiter cancelled (released) leaves the queue; the others move up.
+        await _release(g, "gpu-04", "INC-4", back=True)
+        assert (await _repair(g, "gpu-05", "INC-5", wf=waiters[5])).position == 3
+
+        for done, nxt in ((1, 2), (2, 3), (3, 5)):
+            await _release(g, f"gpu-0{done}", f"INC-{done}", back=True)
+            told = await _told(env, waiters[nxt])
+            assert told == [
+                AdmittedNotice(kind="repair", incident_id=f"INC-{nxt}", ticket=answers[nxt].ticket)
+            ]
+            st = (await _status(g)).state
+            assert st.repairing == {f"gpu-0{nxt}": f"INC-{nxt}"}
+            # A later waiter never overtakes: the next one asking still waits its turn.
+            assert (await _repair(g, f"gpu-0{nxt}", f"INC-{nxt}")).reason == "already repairing"
+        assert (await _status(g)).state.queue == []
+        for wf_id in waiters.values():
+            await env.client.get_workflow_handle(wf_id).terminate("test over")
+        assert (
+            await env.client.get_workflow_handle_for(Waiting.run, waiters[4]).query(Waiting.told)
+        ) == []
+
+
+async def test_a_quarantine_waiter_is_served_before_a_later_one(env: WorkflowEnvironment) -> None:
+    # 8 nodes, 75 %: two out at most.
+    async with _guard(env, policy=GuardPolicy(min_in_service_fraction=0.75)) as g:
+        assert (await _quarantine(g, "gpu-01", "INC-1")).admitted
+        assert (await _quarantine(g, "gpu-02", "INC-2")).admitted
+        first = await _quarantine(g, "gpu-03", "INC-3")
+        later = await _quarantine(g, "gpu-04", "INC-4")
+        assert (first.position, later.position) == (1, 2)
+
+        await _release(g, "gpu-01", "INC-1", back=True)
+
+        st = (await _status(g)).state
+        assert st.out_of_service == {"gpu-02": "INC-2", "gpu-03": "INC-3"}
+        assert [w.incident_id for w in st.queue] == ["INC-4"]
+        # INC-4 asking again is still second to nobody but capacity: still held.
+        assert not (await _quarantine(g, "gpu-04", "INC-4")).admitted
+
+
+async def test_the_count_recovers_once_a_human_resumes_a_node(env: WorkflowEnvironment) -> None:
+    slurm = FakeSlurm()
+    for i in range(1, 5):
+        slurm.add_node(f"gpu-0{i}")
+    # 4 nodes, 75 % in service: one out at a time.
+    policy = GuardPolicy(min_in_service_fraction=0.75, reconcile_interval_s=300)
+    ctx = GuardContext(cluster=_cluster(), policy=policy)
+    handle = env.client.get_workflow_handle_for(FleetGuard.run, guard_workflow_id(ctx.cluster))
+    run = ActivityEnvironment().run
+    tq = f"tq-{uuid.uuid4()}"
+    acts = GuardActivities(env.client, slurm, tq, execution_timeout=EXECUTION_TIMEOUT)
+    async with Worker(
+        env.client, task_queue=tq, workflows=[FleetGuard, Waiting], activities=[acts.slurm_view]
+    ):
+        try:
+            one = AdmitCall(guard=ctx, node="gpu-01", incident_id="INC-1")
+            assert (await run(acts.admit_quarantine, one)).admitted
+            slurm.set_reason("gpu-01", "autoclusters: INC-1 XID_79")
+            # The incident failed: gpu-01 is left drained for a human, and still counts.
+            release = ReleaseRequest(node="gpu-01", incident_id="INC-1", back_in_service=False)
+            await run(acts.release, ReleaseCall(guard=ctx, release=release))
+            waiter = await _waiting(env, handle, "inc-2")
+            two = AdmitCall(guard=ctx, node="gpu-02", incident_id="INC-2", workflow_id=waiter)
+            held = await run(acts.admit_quarantine, two)
+            assert not held.admitted and held.queued
+            st = (await handle.query(FleetGuard.status)).state
+            assert st.left_out == {"gpu-01": "INC-1"}
+
+            # Nothing changes while Slurm still shows it drained.
+            await env.sleep(timedelta(seconds=301))
+            assert (await handle.query(FleetGuard.status)).state.out_of_service == {
+                "gpu-01": "INC-1"
+            }
+
+            slurm.admin_resume("gpu-01")  # a human fixed it by hand
+            await env.sleep(timedelta(seconds=301))  # the guard's own reconcile
+
+            told = await _told(env, waiter)
+            assert told[0].incident_id == "INC-2"
+            st = (await handle.query(FleetGuard.status)).state
+            assert st.out_of_service == {"gpu-02": "INC-2"}
+            assert (st.left_out, st.queue) == ({}, [])
+            assert st.reconciled_at is not None
+        finally:
+            await handle.terminate("test over")
+            await env.client.get_workflow_handle(waiter).terminate("test over")
+
+
+async def test_an_admission_brings_slurms_view_and_reconciles(env: WorkflowEnvironment) -> None:
+    async with _guard(env, policy=GuardPolicy(min_in_service_fraction=0.75)) as g:
+        assert (await _quarantine(g, "gpu-01", "INC-1", cluster_nodes=4)).admitted
+        await _release(g, "gpu-01", "INC-1", back=False)
+        view = AdmitRequest(
+            node="gpu-02", incident_id="INC-2", cluster_nodes=4, out_of_service=["gpu-01"]
+        )
+        assert not (await g.execute_update(FleetGuard.admit_quarantine, view)).admitted
+        # gpu-01 resumed by hand: the next ask sees it in service.
+        view = view.model_copy(update={"out_of_service": []})
+        assert (await g.execute_update(FleetGuard.admit_quarantine, view)).admitted
+        assert (await _status(g)).state.out_of_service == {"gpu-02": "INC-2"}
 
 
 # --- admissions --------------------------------------------------------------------------
@@ -460,17 +753,21 @@ async def test_guard_activities_start_the_guard_on_first_use_and_reuse_it(
             refused = await run(acts.admit_quarantine, other)
             assert not refused.admitted
             assert "1 of 4 nodes" in refused.reason
+            assert (refused.queued, refused.position) == (True, 1)
             assert (await run(acts.admit_repair, call)).admitted
             release = ReleaseRequest(node="gpu-01", incident_id="INC-1", back_in_service=True)
             await run(acts.release, ReleaseCall(guard=ctx, release=release))
 
-            # One guard all along: the same run, now with an empty slate again.
+            # One guard all along: the same run; gpu-01's place went to the queued gpu-02.
             assert (await handle.describe()).run_id == first.run_id
             st = await handle.query(FleetGuard.status)
             assert st.policy == ctx.policy
-            assert (st.state.out_of_service, st.state.repairing) == ({}, {})
+            assert (st.state.out_of_service, st.state.repairing) == ({"gpu-02": "INC-2"}, {})
+            assert st.state.queue == []
             assert [o.incident_id for o in st.state.opens] == ["INC-1"]
-            assert slurm.calls["nodes"] == 3
+            assert st.state.cluster_nodes == 4
+            # The registration and each admission brought Slurm's view.
+            assert slurm.calls["nodes"] == 4
 
             # A malformed request is refused for good, not retried.
             bad = AdmitCall(guard=ctx, node="", incident_id="INC-3")
@@ -498,6 +795,9 @@ async def test_breaker_client_reads_and_resets_the_guard(env: WorkflowEnvironmen
             await breaker.reset_breaker(client, cluster, "alice")
         await _register(g, "gpu-01")
         await _register(g, "gpu-02")
+        assert (await breaker.breaker_status(client, cluster)).state.breaker.tripped
+        with pytest.raises(breaker.NotAnApprover, match="mallory is not an approver"):
+            await breaker.reset_breaker(client, cluster, "mallory")
         assert (await breaker.breaker_status(client, cluster)).state.breaker.tripped
 
         reset = await breaker.reset_breaker(client, cluster, "alice")
@@ -568,3 +868,22 @@ def test_breaker_cli_says_when_there_is_no_guard(monkeypatch: pytest.MonkeyPatch
     out = runner.invoke(breaker.breaker_app, ["reset", "--as", "bob", "--cluster", "c9"])
     assert out.exit_code == 0
     assert "not tripped; nothing to reset" in out.output
+
+
+def test_breaker_cli_refuses_a_non_approver_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    _fake_connect(monkeypatch)
+
+    async def refused(client: Any, cluster: str, by: str) -> BreakerStatus:
+        raise breaker.NotAnApprover(
+            f"reset refused: {by} is not an approver of cluster {cluster}; "
+            "the breaker stays as it is"
+        )
+
+    monkeypatch.setattr(breaker, "reset_breaker", refused)
+
+    out = CliRunner().invoke(breaker.breaker_app, ["reset", "--as", "mallory", "--cluster", "c9"])
+
+    assert out.exit_code == 1
+    assert out.output.strip().splitlines() == [
+        "reset refused: mallory is not an approver of cluster c9; the breaker stays as it is"
+    ]

@@ -159,14 +159,16 @@ class Fleet:
             policy=policy or _policy(),
         )
 
-    async def start(self, req: IncidentRequest) -> Incident:
+    async def start(
+        self, req: IncidentRequest, execution_timeout: timedelta = EXECUTION_TIMEOUT
+    ) -> Incident:
         self.started.append(workflow_id(req.cluster, req.node))
         return await self.env.client.start_workflow(
             NodeRemediation.run,
             req,
             id=workflow_id(req.cluster, req.node),
             task_queue=self.task_queue,
-            execution_timeout=EXECUTION_TIMEOUT,
+            execution_timeout=execution_timeout,
         )
 
     def with_start(self, req: IncidentRequest) -> WithStartWorkflowOperation[Any, Any]:
@@ -809,7 +811,6 @@ async def test_tripped_breaker_holds_repairs_until_reset(env: WorkflowEnvironmen
 
         reset = await f.guard.execute_update(FleetGuard.reset_breaker, ResetRequest(by="alice"))
         assert not reset.tripped and reset.reset_by == "alice"
-        await env.sleep(timedelta(seconds=one.timeouts.admission_poll_s + 1))
         r1, r2 = await h1.result(), await h2.result()
 
     assert (r1.status, r2.status) == ("resolved", "resolved")
@@ -852,11 +853,13 @@ async def test_fault_reported_while_repair_is_held_raises_the_repair(
     assert r2.repair_attempts == 1
 
 
+@pytest.mark.parametrize("drain_held", [True, False], ids=["held-drain", "no-held-drain"])
 async def test_min_in_service_fraction_holds_the_second_quarantine(
-    env: WorkflowEnvironment,
+    env: WorkflowEnvironment, drain_held: bool
 ) -> None:
     # 4 nodes, at least 75 % in service: one node out at a time.
-    policy = _policy(guard=GuardPolicy(min_in_service_fraction=0.75))
+    guard = GuardPolicy(min_in_service_fraction=0.75, drain_held_critical=drain_held)
+    policy = _policy(guard=guard)
     async with _fleet(env, nodes=4, cloud=lambda s: FakeCloud(s, hold=True)) as f:
         one, two = f.request("gpu-01", policy=policy), f.request("gpu-02", policy=policy)
         h1 = await f.start(one)
@@ -873,27 +876,160 @@ async def test_min_in_service_fraction_holds_the_second_quarantine(
         assert "below the minimum 3" in held.waiting_for.detail
         assert held.current_step == "admit_quarantine"
         await _until_true(lambda: "held" in f.events("gpu-02"), "the held notification")
-        # Not drained, its job untouched: gpu-02 stays in service while it waits.
-        assert not f.slurm.node_now("gpu-02").drained
+        assert (held.waiting_for.detail or "").endswith("(number 1 in the queue)")
+        gpu02 = f.slurm.node_now("gpu-02")
+        if drain_held:
+            # XID_79 is critical: no new jobs while it waits, its running job goes on.
+            assert gpu02.drained
+            assert gpu02.reason == f"{_our_reason(two)} (held)"
+        else:
+            # Not drained: gpu-02 stays in service while it waits.
+            assert not gpu02.drained
+            assert ("drain", "gpu-02") not in f.slurm.log
         assert f.slurm.job_now(102).job_state == "RUNNING"
-        assert ("drain", "gpu-02") not in f.slurm.log
+        assert f.slurm.requeue_count[102] == 0
 
         f.cloud.release.set()
         r1 = await h1.result()
-        r2 = await h2.result()  # admitted on a later poll, once gpu-01 is back
+        r2 = await h2.result()  # told by the guard once gpu-01 is back
 
     assert (r1.status, r2.status) == ("resolved", "resolved")
     log = f.slurm.log
-    assert log.index(("resume", "gpu-01")) < log.index(("drain", "gpu-02"))
+    # The quarantine proper (our normal reason, then the requeue) came after gpu-01's return.
+    last_drain = len(log) - 1 - log[::-1].index(("drain", "gpu-02"))
+    assert log.index(("resume", "gpu-01")) < last_drain < log.index(("requeue", "102"))
+    assert log.count(("drain", "gpu-02")) == (2 if drain_held else 1)
     assert f.slurm.requeue_count == {101: 1, 102: 1}
-    assert [s.name for s in r2.steps][:4] == [
+    assert [s.name for s in r2.steps][:5] == [
         "guard_register",
         "notify_opened",
         "admit_quarantine",
+        *(["drain_held"] if drain_held else []),
         "notify_held",
+        *([] if drain_held else ["drain"]),
     ]
     assert f.events("gpu-02") == ["opened", "held", "resolved"]
     assert not f.slurm.node_now("gpu-02").drained
+
+
+def _signals(history: Any, name: str) -> int:
+    return sum(
+        1
+        for e in history.events
+        if e.HasField("workflow_execution_signaled_event_attributes")
+        and e.workflow_execution_signaled_event_attributes.signal_name == name
+    )
+
+
+def _activities(history: Any, name: str) -> int:
+    return sum(
+        1
+        for e in history.events
+        if e.HasField("activity_task_scheduled_event_attributes")
+        and e.activity_task_scheduled_event_attributes.activity_type.name == name
+    )
+
+
+async def test_an_incident_held_for_72_hours_keeps_a_small_history(
+    env: WorkflowEnvironment,
+) -> None:
+    policy = _policy(
+        mode="approve", guard=GuardPolicy(breaker_threshold=1, min_in_service_fraction=0.5)
+    )
+    async with _fleet(env, nodes=4) as f:
+        one, two = f.request("gpu-01", policy=policy), f.request("gpu-02", policy=policy)
+        h1 = await f.start(one, timedelta(days=7))
+        await _until(h1, _waiting("approval"), "the first approval request")
+        h2 = await f.start(two, timedelta(days=7))  # trips the breaker
+        await _until(h2, _waiting("approval"), "the second approval request")
+        await _approve(h1, "reboot")
+        await _approve(h2, "reboot")
+        for h in (h1, h2):
+            await _until(
+                h,
+                lambda st: (
+                    _waiting("admission", "repair")(st) and st.current_step == "admit_repair"
+                ),
+                "the repair held",
+            )
+
+        await env.sleep(timedelta(hours=72))  # a weekend with the breaker tripped
+
+        for h in (h1, h2):
+            st = await h.query(NodeRemediation.status)
+            assert _waiting("admission", "repair")(st)
+            history = await h.fetch_history()
+            assert len(history.events) < 2000, len(history.events)
+            # One ask, then one safety re-ask an hour: not one every 30 s.
+            assert _activities(history, "guard_admit_repair") <= 74
+        assert f.events("gpu-02") == ["opened", "approval_needed", "held"]
+
+        await f.guard.execute_update(FleetGuard.reset_breaker, ResetRequest(by="alice"))
+        r1, r2 = await h1.result(), await h2.result()
+
+        # Admitted by the guard's signal, not by asking again.
+        for h in (h1, h2):
+            history = await h.fetch_history()
+            assert _signals(history, "guard_admitted") == 1
+    assert (r1.status, r2.status) == ("resolved", "resolved")
+    assert r2.step("admit_repair") is not None
+    assert "admitted from the queue" in (r2.step("admit_repair").detail or "")  # type: ignore[union-attr]
+
+
+async def test_a_cancelled_incident_frees_its_place_and_ends_cancelled(
+    env: WorkflowEnvironment,
+) -> None:
+    # 4 nodes, at least 75 % in service: one node out at a time. Approve mode: gpu-01's
+    # incident holds its node (quarantined) while it waits for a human.
+    policy = _policy(mode="approve", guard=GuardPolicy(min_in_service_fraction=0.75))
+    async with _fleet(env, nodes=4) as f:
+        one, two = f.request("gpu-01", policy=policy), f.request("gpu-02", policy=policy)
+        three = f.request("gpu-03", policy=policy)
+        h1 = await f.start(one)
+        await _until(h1, _waiting("approval"), "gpu-01 quarantined, waiting for approval")
+        h2 = await f.start(two)
+        await _until(h2, _waiting("admission", "quarantine"), "gpu-02 queued")
+        h3 = await f.start(three)
+        await _until(h3, _waiting("admission", "quarantine"), "gpu-03 queued")
+        queue = (await f.guard_status()).state.queue
+        assert [w.incident_id for w in queue] == [two.incident_id, three.incident_id]
+
+        # Cancelled while queued (the Temporal UI's cancel): its place goes, it ends cancelled.
+        await h2.cancel()
+        with pytest.raises(WorkflowFailureError):
+            await h2.result()
+        st2 = await h2.query(NodeRemediation.status)
+        assert (st2.status, st2.waiting_for) == ("cancelled", None)
+        queue = (await f.guard_status()).state.queue
+        assert [w.incident_id for w in queue] == [three.incident_id]
+        assert f.events("gpu-02")[-1] == "cancelled"
+
+        # Cancelled while it holds its node: the node stays drained for a human and counts
+        # as out of service only while Slurm shows it drained.
+        await h1.cancel()
+        with pytest.raises(WorkflowFailureError):
+            await h1.result()
+        st1 = await h1.query(NodeRemediation.status)
+        assert st1.status == "cancelled"
+        guard = (await f.guard_status()).state
+        assert guard.out_of_service == {"gpu-01": one.incident_id}
+        assert guard.left_out == {"gpu-01": one.incident_id}
+        assert f.slurm.node_now("gpu-01").drained
+        assert "left drained" in f.notes("gpu-01")[-1].text
+        assert f.cloud.repair_calls == []
+
+        # A human resumes gpu-01: the guard's own reconcile sees it and admits gpu-03.
+        f.slurm.admin_resume("gpu-01")
+        await env.sleep(timedelta(seconds=policy.guard.reconcile_interval_s + 1))
+        await _until(h3, _waiting("approval"), "gpu-03 quarantined")
+        guard = (await f.guard_status()).state
+        assert guard.out_of_service == {"gpu-03": three.incident_id}
+        assert (guard.left_out, guard.queue) == ({}, [])
+        await _approve(h3, "reboot")
+        r3 = await h3.result()
+
+    assert r3.status == "resolved"
+    assert not f.slurm.node_now("gpu-03").drained
 
 
 # --- failures ------------------------------------------------------------------------------

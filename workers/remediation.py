@@ -117,6 +117,7 @@ def activities_for(
         guard.admit_quarantine,
         guard.admit_repair,
         guard.release,
+        guard.slurm_view,
         n.notify,
     ]
 

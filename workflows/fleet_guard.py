@@ -13,32 +13,57 @@ asks before it takes a node out of service (quarantine) and before it repairs it
 Every handler is synchronous, so each runs whole within one workflow task and they never
 interleave. Admissions are answers (`Admission.admitted`), not errors; validators reject
 malformed requests before they reach the history.
+
+Held incidents do not poll (behind `fleet-guard-v2-queue`): a held admission is queued,
+first come first served per kind, and whenever capacity may have freed (a release, a
+breaker reset, a reconcile with Slurm, a newer policy) the guard serves its queues in
+arrival order and tells each admitted incident with the `guard_admitted` signal, sent from
+the run loop. Asking again while queued is idempotent (same answer, with the position).
+The out-of-service count is reconciled with Slurm: a node left drained for a human counts
+out only while Slurm still shows it out of service. The breaker threshold is a fraction
+of the cluster with an absolute floor; each registration brings the incident's policy,
+topology and approvers, and the guard adopts the newest. Only an approver resets the breaker.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from datetime import datetime, timedelta
 
 from temporalio import workflow
-from temporalio.exceptions import ApplicationError
+from temporalio.common import RetryPolicy
+from temporalio.exceptions import ActivityError, ApplicationError, FailureError
 
 with workflow.unsafe.imports_passed_through():
+    from autoclusters.activities import contracts
     from autoclusters.core.guard import (
+        GUARD_ADMITTED_SIGNAL,
         Admission,
+        AdmissionKind,
         AdmitRequest,
+        AdmittedNotice,
         BreakerStatus,
         GuardInput,
         GuardState,
         GuardStatus,
         IncidentOpened,
         OpenRecord,
+        PendingNotice,
+        PolicyUpdate,
         Registration,
         ReleaseRequest,
         ResetRequest,
+        SlurmView,
+        SlurmViewCall,
         SpareClaim,
         SpareRequest,
+        Waiter,
     )
+
+# Guards started before this patch answer "not admitted" and let incidents ask again.
+GUARD_V2_QUEUE = "fleet-guard-v2-queue"
+SLURM_VIEW_RETRY = RetryPolicy(maximum_attempts=3, maximum_interval=timedelta(seconds=10))
 
 
 def _require(**fields: str) -> None:
@@ -54,16 +79,106 @@ class FleetGuard:
         # Built from the input (and the state carried over) so handlers see it at once.
         self._input = inp
         self._state = inp.state.model_copy(deep=True) if inp.state else GuardState()
+        self._v2: bool | None = None  # decided by the first handler or the run, whichever first
+
+    def _queueing(self) -> bool:
+        """Queue and signal (patched): never from a validator or a query."""
+        if self._v2 is None:
+            self._v2 = workflow.patched(GUARD_V2_QUEUE)
+        return self._v2
 
     @workflow.run
     async def run(self, inp: GuardInput) -> None:
-        await workflow.wait_condition(self._should_continue_as_new)
+        if self._queueing():
+            await self._serve_loop()
+        else:
+            await workflow.wait_condition(self._should_continue_as_new)
         # Every handler is synchronous, but wait anyway: an update must never be left
         # unanswered by the run that accepted it.
         await workflow.wait_condition(workflow.all_handlers_finished)
         self._prune(workflow.now())
         self._state.continued_as_new += 1
         workflow.continue_as_new(self._input.model_copy(update={"state": self._state}))
+
+    async def _serve_loop(self) -> None:
+        """Tell admitted incidents; re-read Slurm now and then while it can free capacity."""
+        while not self._should_continue_as_new():
+            if self._state.notices:
+                await self._send_notice(self._state.notices[0])
+                continue
+            due = self._reconcile_in()
+            try:
+                await workflow.wait_condition(self._woken(due is None), timeout=due)
+            except TimeoutError:
+                await self._reconcile_from_slurm()
+
+    def _woken(self, idle: bool) -> Callable[[], bool]:
+        """Something to tell, time to continue as new, or reconciling starts/stops mattering."""
+        return lambda: (
+            bool(self._state.notices)
+            or self._should_continue_as_new()
+            or (self._reconcile_in() is None) != idle
+        )
+
+    async def _send_notice(self, pending: PendingNotice) -> None:
+        try:
+            await workflow.get_external_workflow_handle(pending.workflow_id).signal(
+                GUARD_ADMITTED_SIGNAL, pending.notice
+            )
+        except FailureError as e:
+            # The incident is gone (closed, terminated): what it was admitted to is free.
+            workflow.logger.warning(
+                "fleet guard could not tell %s it was admitted (%s); freeing its place",
+                pending.notice.incident_id,
+                e,
+            )
+            self._forget(pending.notice.incident_id, pending.notice.kind)
+        self._state.notices = [n for n in self._state.notices if n is not pending]
+
+    def _forget(self, incident_id: str, kind: AdmissionKind) -> None:
+        st = self._state
+        held = st.out_of_service if kind == "quarantine" else st.repairing
+        for node in [n for n, i in held.items() if i == incident_id]:
+            del held[node]
+        self._serve()
+
+    def _reconcile_in(self) -> timedelta | None:
+        """How long until the next periodic reconcile; None: nothing it could free."""
+        st = self._state
+        if not st.left_out and not any(w.kind == "quarantine" for w in st.queue):
+            return None
+        every = timedelta(seconds=self._input.policy.reconcile_interval_s)
+        last = st.reconciled_at or workflow.now()
+        return max(last + every - workflow.now(), timedelta(seconds=1))
+
+    async def _reconcile_from_slurm(self) -> None:
+        try:
+            view = await workflow.execute_activity(
+                contracts.guard_slurm_view,
+                SlurmViewCall(cluster=self._input.cluster),
+                start_to_close_timeout=timedelta(seconds=60),
+                retry_policy=SLURM_VIEW_RETRY,
+            )
+        except ActivityError as e:
+            workflow.logger.warning("fleet guard could not read Slurm: %s", e.cause or e)
+            self._state.reconciled_at = workflow.now()  # try again after the interval
+            return
+        self._reconcile(view)
+
+    def _reconcile(self, view: SlurmView) -> None:
+        """A node left drained for a human that Slurm shows in service again was resumed
+        by hand: it counts as in service again."""
+        st = self._state
+        if view.cluster_nodes > 0:
+            st.cluster_nodes = view.cluster_nodes
+        out_now = set(view.out_of_service)
+        for node, incident_id in list(st.left_out.items()):
+            if node not in out_now:
+                del st.left_out[node]
+                if st.out_of_service.get(node) == incident_id:
+                    del st.out_of_service[node]
+        st.reconciled_at = workflow.now()
+        self._serve()
 
     def _should_continue_as_new(self) -> bool:
         info = workflow.info()
@@ -77,8 +192,28 @@ class FleetGuard:
     @workflow.query
     def status(self) -> GuardStatus:
         return GuardStatus(
-            cluster=self._input.cluster, policy=self._input.policy, state=self._state
+            cluster=self._input.cluster,
+            policy=self._input.policy,
+            state=self._state,
+            approvers=self._input.approvers,
         )
+
+    # --- policy ----------------------------------------------------------------------
+
+    @workflow.update
+    def update_policy(self, upd: PolicyUpdate) -> GuardStatus:
+        """A newer guard policy (and topology, approvers): adopted at once."""
+        self._adopt(upd)
+        self._serve()
+        return self.status()
+
+    def _adopt(self, upd: PolicyUpdate) -> None:
+        changes: dict[str, object] = {"policy": upd.policy}
+        if upd.topology is not None:
+            changes["topology"] = upd.topology
+        if upd.approvers is not None:
+            changes["approvers"] = [a.strip() for a in upd.approvers if a.strip()]
+        self._input = self._input.model_copy(update=changes)
 
     # --- register --------------------------------------------------------------------
 
@@ -91,6 +226,12 @@ class FleetGuard:
         if known is not None:  # a retried registration: same answer, nothing new
             return Registration(recent_on_node=known.recent_on_node, breaker=state.breaker)
 
+        if req.policy is not None:  # the newest incident's policy is the cluster's now
+            self._adopt(
+                PolicyUpdate(policy=req.policy, topology=req.topology, approvers=req.approvers)
+            )
+        if req.slurm is not None:
+            self._reconcile(req.slurm)
         state.recurrence_window_s = max(state.recurrence_window_s, req.recurrence_window_s)
         since = now - timedelta(seconds=req.recurrence_window_s)
         recent = sum(1 for o in state.opens if o.node == req.node and o.at > since)
@@ -104,6 +245,8 @@ class FleetGuard:
             )
         )
         self._check_breaker(req.node, now)
+        if req.policy is not None:
+            self._serve()  # a newer policy may admit more
         return Registration(recent_on_node=recent, breaker=state.breaker)
 
     @register.validator
@@ -122,7 +265,7 @@ class FleetGuard:
             return
         since = now - timedelta(seconds=policy.breaker_window_s)
         burst = [o for o in self._state.opens if o.counts_for_breaker and o.at > since]
-        if len({o.incident_id for o in burst}) <= policy.breaker_threshold:
+        if len({o.incident_id for o in burst}) <= policy.breaker_limit(self._state.cluster_nodes):
             return
         breaker.tripped = True
         breaker.tripped_at = now
@@ -149,27 +292,35 @@ class FleetGuard:
     @workflow.update
     def admit_quarantine(self, req: AdmitRequest) -> Admission:
         """May this node leave service? Not if too few nodes would be left in service."""
+        self._take_view(req)
         out = self._state.out_of_service
         held = out.get(req.node)
         if held is not None:
             # Already out: taking it out again costs no capacity.
             out[req.node] = req.incident_id
+            self._state.left_out.pop(req.node, None)
+            self._dequeue(req.incident_id, "quarantine")
             why = "already out of service" + ("" if held == req.incident_id else f" ({held})")
             return Admission(admitted=True, reason=why)
-        floor = self._min_in_service(req.cluster_nodes)
-        in_service_after = req.cluster_nodes - len(out) - 1
-        if in_service_after < floor:
-            return Admission(
-                admitted=False,
-                reason=(
-                    f"{len(out)} of {req.cluster_nodes} nodes already out of service "
-                    f"({', '.join(sorted(out))}); taking {req.node} out would leave "
-                    f"{in_service_after} in service, below the minimum {floor} "
-                    f"({self._input.policy.min_in_service_fraction:.0%})"
-                ),
-            )
-        out[req.node] = req.incident_id
-        return Admission(admitted=True)
+        why_not = self._quarantine_refusal(req.node, req.cluster_nodes)
+        if why_not is None and not self._ahead(req.incident_id, "quarantine"):
+            out[req.node] = req.incident_id
+            self._dequeue(req.incident_id, "quarantine")
+            return Admission(admitted=True)
+        return self._hold(req, "quarantine", why_not)
+
+    def _quarantine_refusal(self, node: str, cluster_nodes: int) -> str | None:
+        out = self._state.out_of_service
+        floor = self._min_in_service(cluster_nodes)
+        in_service_after = cluster_nodes - len(out) - 1
+        if in_service_after >= floor:
+            return None
+        return (
+            f"{len(out)} of {cluster_nodes} nodes already out of service "
+            f"({', '.join(sorted(out))}); taking {node} out would leave "
+            f"{in_service_after} in service, below the minimum {floor} "
+            f"({self._input.policy.min_in_service_fraction:.0%})"
+        )
 
     @admit_quarantine.validator
     def _validate_admit_quarantine(self, req: AdmitRequest) -> None:
@@ -184,30 +335,113 @@ class FleetGuard:
     @workflow.update
     def admit_repair(self, req: AdmitRequest) -> Admission:
         """May this node be repaired now? Not while the breaker is tripped or N repair."""
+        self._take_view(req)
         repairing = self._state.repairing
         if repairing.get(req.node) == req.incident_id:
+            self._dequeue(req.incident_id, "repair")
             return Admission(admitted=True, reason="already repairing")
-        breaker = self._state.breaker
+        why_not = self._repair_refusal(req.node)
+        if why_not is None and not self._ahead(req.incident_id, "repair"):
+            # A node repairing under another incident only changes hands: that incident ended.
+            repairing[req.node] = req.incident_id
+            self._dequeue(req.incident_id, "repair")
+            return Admission(admitted=True)
+        return self._hold(req, "repair", why_not)
+
+    def _repair_refusal(self, node: str) -> str | None:
+        repairing, breaker = self._state.repairing, self._state.breaker
         if breaker.tripped:
-            return Admission(
-                admitted=False,
-                reason=(
-                    f"circuit breaker tripped at {breaker.tripped_at:%Y-%m-%d %H:%M:%S} UTC "
-                    f"({len(breaker.nodes)} nodes: {', '.join(breaker.nodes)}); repairs are "
-                    "held until a human resets it (`autoclusters breaker reset`)"
-                ),
+            return (
+                f"circuit breaker tripped at {breaker.tripped_at:%Y-%m-%d %H:%M:%S} UTC "
+                f"({len(breaker.nodes)} nodes: {', '.join(breaker.nodes)}); repairs are "
+                "held until an approver resets it (`autoclusters breaker reset`)"
             )
-        others = sorted(n for n in repairing if n != req.node)
+        others = sorted(n for n in repairing if n != node)
         limit = self._input.policy.max_concurrent_repairs
         if len(others) >= limit:
-            return Admission(
-                admitted=False,
-                reason=f"{len(others)} repairs already running ({', '.join(others)}), "
-                f"the most allowed at once is {limit}",
+            return (
+                f"{len(others)} repairs already running ({', '.join(others)}), "
+                f"the most allowed at once is {limit}"
             )
-        # A node repairing under another incident only changes hands: that incident ended.
-        repairing[req.node] = req.incident_id
-        return Admission(admitted=True)
+        return None
+
+    # --- the queue -------------------------------------------------------------------
+
+    def _take_view(self, req: AdmitRequest) -> None:
+        if not self._queueing():
+            return
+        self._state.cluster_nodes = req.cluster_nodes
+        if req.out_of_service is not None:
+            self._reconcile(
+                SlurmView(cluster_nodes=req.cluster_nodes, out_of_service=req.out_of_service)
+            )
+
+    def _ahead(self, incident_id: str, kind: AdmissionKind) -> bool:
+        """Does an earlier waiter of this kind come first? (Never overtaken.)"""
+        if not self._queueing():
+            return False
+        for w in self._state.queue:
+            if w.kind == kind:
+                return w.incident_id != incident_id
+        return False
+
+    def _hold(self, req: AdmitRequest, kind: AdmissionKind, why_not: str | None) -> Admission:
+        if not self._queueing():
+            return Admission(admitted=False, reason=why_not or "")
+        queue = self._state.queue
+        mine = next((w for w in queue if w.kind == kind and w.incident_id == req.incident_id), None)
+        if mine is None:
+            mine = Waiter(
+                kind=kind,
+                node=req.node,
+                incident_id=req.incident_id,
+                workflow_id=req.workflow_id,
+                ticket=self._state.next_ticket,
+                since=workflow.now(),
+            )
+            self._state.next_ticket += 1
+            queue.append(mine)
+        elif req.workflow_id is not None:
+            mine.workflow_id = req.workflow_id
+        same = [w for w in queue if w.kind == kind]
+        position = same.index(mine) + 1
+        ahead = f"{position - 1} earlier incident(s) wait first" if position > 1 else ""
+        reason = "; ".join(r for r in (why_not, ahead) if r)
+        return Admission(
+            admitted=False, reason=reason, queued=True, position=position, ticket=mine.ticket
+        )
+
+    def _dequeue(self, incident_id: str, kind: AdmissionKind | None = None) -> None:
+        st = self._state
+        st.queue = [
+            w
+            for w in st.queue
+            if not (w.incident_id == incident_id and (kind is None or w.kind == kind))
+        ]
+
+    def _serve(self) -> None:
+        """Admit waiters strictly in arrival order, per kind, while capacity allows."""
+        if not self._queueing():
+            return
+        st = self._state
+        for kind in ("quarantine", "repair"):
+            for w in [w for w in st.queue if w.kind == kind]:
+                if kind == "quarantine":
+                    if w.node not in st.out_of_service:
+                        nodes = max(st.cluster_nodes, 1)
+                        if self._quarantine_refusal(w.node, nodes) is not None:
+                            break
+                    st.out_of_service[w.node] = w.incident_id
+                    st.left_out.pop(w.node, None)
+                else:
+                    if st.repairing.get(w.node) != w.incident_id:
+                        if self._repair_refusal(w.node) is not None:
+                            break
+                        st.repairing[w.node] = w.incident_id
+                st.queue.remove(w)
+                if w.workflow_id is not None:
+                    notice = AdmittedNotice(kind=w.kind, incident_id=w.incident_id, ticket=w.ticket)
+                    st.notices.append(PendingNotice(workflow_id=w.workflow_id, notice=notice))
 
     @admit_repair.validator
     def _validate_admit_repair(self, req: AdmitRequest) -> None:
@@ -224,7 +458,8 @@ class FleetGuard:
     @workflow.update
     def release(self, req: ReleaseRequest) -> None:
         """The incident is done with the node: it stops repairing; back in service, or
-        left drained for a human (then it stays out of service and keeps counting).
+        left drained for a human (then it counts as out of service for as long as Slurm
+        shows it so). `slot_only`: only the repair slot is given back.
 
         A release from an incident that no longer holds the node changes nothing.
         """
@@ -233,6 +468,20 @@ class FleetGuard:
             del state.repairing[req.node]
         if req.back_in_service and state.out_of_service.get(req.node) == req.incident_id:
             del state.out_of_service[req.node]
+        if not self._queueing():
+            return
+        if req.slot_only:
+            self._dequeue(req.incident_id, "repair")
+        else:
+            # The incident is done: out of the queues, and nothing left to tell it.
+            self._dequeue(req.incident_id)
+            state.notices = [n for n in state.notices if n.notice.incident_id != req.incident_id]
+            if req.back_in_service:
+                if state.left_out.get(req.node) == req.incident_id:
+                    del state.left_out[req.node]
+            elif state.out_of_service.get(req.node) == req.incident_id:
+                state.left_out[req.node] = req.incident_id  # counted while Slurm shows it out
+        self._serve()
 
     @release.validator
     def _validate_release(self, req: ReleaseRequest) -> None:
@@ -283,11 +532,19 @@ class FleetGuard:
         for o in self._state.opens:
             o.counts_for_breaker = False
         workflow.logger.info("circuit breaker of %s reset by %s", self._input.cluster, req.by)
+        self._serve()
         return breaker
 
     @reset_breaker.validator
     def _validate_reset_breaker(self, req: ResetRequest) -> None:
+        """A reset is an approval: only the policy's approvers may (it is in the history)."""
         _require(by=req.by)
+        if req.by.strip() not in self._input.approvers:
+            raise ApplicationError(
+                f"{req.by.strip()} is not an approver of cluster {self._input.cluster}; "
+                "the breaker stays as it is",
+                type="NotAnApprover",
+            )
         if not self._state.breaker.tripped:
             raise ApplicationError(
                 f"the circuit breaker of {self._input.cluster} is not tripped",

@@ -12,7 +12,6 @@ under a reason naming the incident and pages a human.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from datetime import timedelta
 
 from temporalio import workflow
@@ -22,14 +21,10 @@ with workflow.unsafe.imports_passed_through():
     from autoclusters.activities import contracts
     from autoclusters.core.evidence import EvidenceAck, HealthSnapshot
     from autoclusters.core.guard import (
-        Admission,
-        AdmitCall,
         GuardContext,
         IncidentOpened,
         RegisterCall,
         Registration,
-        ReleaseCall,
-        ReleaseRequest,
     )
     from autoclusters.core.models import (
         ApprovalRecord,
@@ -54,6 +49,7 @@ with workflow.unsafe.imports_passed_through():
     from autoclusters.core.policy import LADDER, Policy, Rung, next_rung
     from autoclusters.integrations import temporal
 
+from autoclusters.workflows.guard_steps import RUNBOOK_V6_GUARD_QUEUE, GuardSteps
 from autoclusters.workflows.health_gate_steps import HealthGateSteps
 from autoclusters.workflows.kubernetes_steps import KubernetesSteps
 from autoclusters.workflows.quarantine_check import QuarantineCheck
@@ -79,7 +75,7 @@ class Unattended(Exception):
 
 
 @workflow.defn
-class NodeRemediation(QuarantineCheck, KubernetesSteps, SpareSteps, HealthGateSteps):
+class NodeRemediation(QuarantineCheck, KubernetesSteps, SpareSteps, HealthGateSteps, GuardSteps):
     @workflow.init
     def __init__(self, req: IncidentRequest) -> None:
         # Built from the input so queries and updates see the incident from the first moment.
@@ -99,6 +95,7 @@ class NodeRemediation(QuarantineCheck, KubernetesSteps, SpareSteps, HealthGateSt
         self._repairing = False
         self._decision: ApprovalRecord | None = None
         self._k8s = False  # decided once the run starts (behind a patch)
+        self._guard_tickets: set[int] = set()
 
     # --- what people and other systems see and send -------------------------------------
 
@@ -206,13 +203,22 @@ class NodeRemediation(QuarantineCheck, KubernetesSteps, SpareSteps, HealthGateSt
     async def run(self, req: IncidentRequest) -> IncidentState:
         if not workflow.patched(RUNBOOK_V2):
             return await run_v1(self, req)
-        return await self._runbook(req)
+        try:
+            return await self._runbook(req)
+        except BaseException as err:
+            if self._cancelling(err):  # cancelled: give back the guard's slot, close
+                await self._close_cancelled()
+            raise
 
     async def _runbook(self, req: IncidentRequest) -> IncidentState:
         s, p = self._state, self._policy
         s.mode = p.mode
         self._k8s = req.kubernetes and workflow.patched(RUNBOOK_V3_K8S)
-        guard = GuardContext(cluster=req.cluster, policy=p.guard, topology=p.topology)
+        self._v6 = workflow.patched(RUNBOOK_V6_GUARD_QUEUE)
+        guard = GuardContext(
+            cluster=req.cluster, policy=p.guard, topology=p.topology, approvers=p.approvers
+        )
+        self._guard = guard
 
         reg = await self._step(
             "guard_register",
@@ -283,6 +289,8 @@ class NodeRemediation(QuarantineCheck, KubernetesSteps, SpareSteps, HealthGateSt
             await self._release(guard, back_in_service=False)
             return await self._close("rejected", f"{no}; {req.node} left drained", "warning")
         except (ActivityError, ApplicationError, Unattended) as err:
+            if self._cancelling(err):
+                raise
             cause = cause_of(err)
             s.error = str(cause)
             await self._release(guard, back_in_service=False)
@@ -381,7 +389,7 @@ class NodeRemediation(QuarantineCheck, KubernetesSteps, SpareSteps, HealthGateSt
                 s.spare_node = await self._spare_into_service(guard)
             if s.rung != rung.value:
                 # Raised while the repair was held: give the slot back, repair the new rung.
-                await self._release(guard, back_in_service=False)
+                await self._release(guard, back_in_service=False, slot_only=True)
                 continue
             await self._recheck_quarantine()  # after every wait: never repair under a job
             self._repairing = True
@@ -394,7 +402,7 @@ class NodeRemediation(QuarantineCheck, KubernetesSteps, SpareSteps, HealthGateSt
                 repair_input = await with_recorded_vm(repair_input)  # the VM, into history
                 done = await self._repair(repair_input, req.timeouts.repair_s)
             finally:
-                await self._release(guard, back_in_service=False)  # frees the repair slot
+                await self._release(guard, back_in_service=False, slot_only=True)
             s.old_vm_id, s.new_vm_id = done.old_vm_id, done.new_vm_id
             if before is not None:
                 await self._k8s_wait_new_machine(before, done)
@@ -504,59 +512,11 @@ class NodeRemediation(QuarantineCheck, KubernetesSteps, SpareSteps, HealthGateSt
             )
         return Rung(d.step)
 
-    async def _admitted(
-        self,
-        what: str,
-        act: Callable[[AdmitCall], Awaitable[Admission]],
-        guard: GuardContext,
+    async def _release(
+        self, guard: GuardContext, back_in_service: bool, *, slot_only: bool = False
     ) -> None:
-        """Ask the fleet guard until it admits; tell the humans once why we wait."""
-        req = self._state.request
-
-        async def ask() -> Admission:
-            told = False
-            while True:
-                adm: Admission = await workflow.execute_activity(
-                    act,
-                    AdmitCall(guard=guard, node=req.node, incident_id=req.incident_id),
-                    start_to_close_timeout=self._slurm_timeout(),
-                    heartbeat_timeout=HEARTBEAT,
-                    retry_policy=RETRY,
-                )
-                if adm.admitted:
-                    self._state.waiting_for = None
-                    return adm
-                self._state.waiting_for = Waiting(
-                    kind="admission", step=what, detail=adm.reason, since=workflow.now()
-                )
-                self._publish()
-                if not told:
-                    await self._notify(
-                        "held", f"{what} of {req.node} held: {adm.reason}", "warning"
-                    )
-                    told = True
-                await workflow.sleep(timedelta(seconds=req.timeouts.admission_poll_s))
-
-        await self._step(f"admit_{what}", ask, detail=lambda a: a.reason)
-
-    async def _release(self, guard: GuardContext, back_in_service: bool) -> None:
-        req = self._state.request
         self._repairing = False
-        try:
-            await workflow.execute_activity(
-                contracts.guard_release,
-                ReleaseCall(
-                    guard=guard,
-                    release=ReleaseRequest(
-                        node=req.node, incident_id=req.incident_id, back_in_service=back_in_service
-                    ),
-                ),
-                start_to_close_timeout=self._slurm_timeout(),
-                heartbeat_timeout=HEARTBEAT,
-                retry_policy=RETRY,
-            )
-        except ActivityError:
-            workflow.logger.warning("fleet guard release for %s failed", req.incident_id)
+        await self._give_back(guard, back_in_service, slot_only=slot_only)
 
     async def _close(
         self, status: IncidentStatus, text: str, severity: str = "info"

@@ -37,7 +37,9 @@ __all__ = [
 METADATA_EVENT_TYPE = "autoclusters_incident"
 APPROVAL_BLOCK_PREFIX = "approval"
 APPROVAL_EVENTS = frozenset({"approval_needed", "approval_reminder"})
-TERMINAL_EVENTS = frozenset({"resolved", "failed", "rejected", "observed", "monitored"})
+TERMINAL_EVENTS = frozenset(
+    {"resolved", "failed", "rejected", "observed", "monitored", "cancelled"}
+)
 
 STATE_WORDS = {
     "opened": "open",
@@ -51,6 +53,7 @@ STATE_WORDS = {
     "rejected": "rejected: left drained",
     "observed": "observed: nothing changed",
     "monitored": "monitored: stays in service",
+    "cancelled": "cancelled by a human",
 }
 EVENT_MARKS = {
     "opened": ":rotating_light:",
@@ -64,6 +67,7 @@ EVENT_MARKS = {
     "rejected": ":no_entry:",
     "observed": ":eyes:",
     "monitored": ":eyes:",
+    "cancelled": ":octagonal_sign:",
 }
 
 # What the workflow's sentences carry (workflows/remediation.py); the fields belong in
