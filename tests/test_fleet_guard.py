@@ -24,15 +24,17 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
 import pytest_asyncio
 from temporalio import workflow
-from temporalio.client import Client, WorkflowHandle, WorkflowUpdateFailedError
+from temporalio.client import Client, WorkflowHandle, WorkflowHistory, WorkflowUpdateFailedError
+from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
-from temporalio.worker import Worker
+from temporalio.worker import Replayer, Worker
 from typer.testing import CliRunner
 
 from autoclusters.activities.guard import GuardActivities
@@ -462,6 +464,29 @@ async def test_waiters_are_admitted_in_arrival_order_and_told(env: WorkflowEnvir
         assert (
             await env.client.get_workflow_handle_for(Waiting.run, waiters[4]).query(Waiting.told)
         ) == []
+
+
+GUARD_V1_HISTORY = Path(__file__).parent / "histories" / "fleet_guard_v1_before_queue.json"
+
+
+async def test_guard_histories_replay(env: WorkflowEnvironment) -> None:
+    """A guard that ran before the queue (refused admissions, a reset, a release) replays
+    on the current code, and so does one that queues and signals."""
+    replayer = Replayer(workflows=[FleetGuard, Waiting], data_converter=pydantic_data_converter)
+    old = WorkflowHistory.from_json("fleet-guard-v1", GUARD_V1_HISTORY.read_text())
+    result = await replayer.replay_workflow(old, raise_on_replay_failure=False)
+    assert result.replay_failure is None, result.replay_failure
+
+    async with _guard(env, policy=GuardPolicy(max_concurrent_repairs=1)) as g:
+        assert (await _repair(g, "gpu-01", "INC-1")).admitted
+        waiter = await _waiting(env, g, "inc-2")
+        assert (await _repair(g, "gpu-02", "INC-2", wf=waiter)).queued
+        await _release(g, "gpu-01", "INC-1", back=True)
+        await _told(env, waiter)
+        new = await g.fetch_history()
+        await env.client.get_workflow_handle(waiter).terminate("test over")
+    result = await replayer.replay_workflow(new, raise_on_replay_failure=False)
+    assert result.replay_failure is None, result.replay_failure
 
 
 async def test_a_quarantine_waiter_is_served_before_a_later_one(env: WorkflowEnvironment) -> None:
