@@ -59,6 +59,7 @@ from autoclusters.core.guard import (
     ReleaseRequest,
     ResetRequest,
     SlurmView,
+    Waiter,
     guard_workflow_id,
 )
 from autoclusters.core.policy import GuardPolicy, NodeTopology
@@ -912,3 +913,41 @@ def test_breaker_cli_refuses_a_non_approver_in_one_line(monkeypatch: pytest.Monk
     assert out.output.strip().splitlines() == [
         "reset refused: mallory is not an approver of cluster c9; the breaker stays as it is"
     ]
+
+
+def test_breaker_cli_status_shows_the_threshold_approvers_and_queue(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _fake_connect(monkeypatch)
+    at = datetime(2026, 1, 5, 3, 0, tzinfo=UTC)
+    st = GuardStatus(
+        cluster="c1",
+        policy=GuardPolicy(breaker_threshold=5, breaker_threshold_fraction=0.05),
+        approvers=["alice", "bob"],
+        state=GuardState(
+            cluster_nodes=200,
+            queue=[
+                Waiter(
+                    kind="repair",
+                    node="gpu-07",
+                    incident_id="INC-7",
+                    workflow_id=None,
+                    ticket=1,
+                    since=at,
+                )
+            ],
+        ),
+    )
+
+    async def status(client: Any, cluster: str) -> GuardStatus:
+        return st
+
+    monkeypatch.setattr(breaker, "breaker_status", status)
+
+    out = CliRunner().invoke(breaker.breaker_app, ["status"])
+
+    assert out.exit_code == 0, out.output
+    text = " ".join(out.output.split())
+    assert "trips on more than 10 incidents" in text  # 5 % of 200, above the floor of 5
+    assert "approvers (may reset): alice, bob" in text
+    assert "waiting for repair: gpu-07 (INC-7)" in text

@@ -53,6 +53,7 @@ from autoclusters.core.guard import GuardStatus, ResetRequest, guard_workflow_id
 from autoclusters.core.models import (
     SPARE_REASON,
     ApprovalRequest,
+    DrainInput,
     FaultAck,
     FaultReport,
     IncidentRequest,
@@ -60,12 +61,15 @@ from autoclusters.core.models import (
     Notification,
     RefusedApproval,
     RequeueInput,
+    ReturnInput,
+    drain_reason,
     workflow_id,
 )
 from autoclusters.core.policy import FaultRule, GuardPolicy, Policy, Rung, StepPolicy
 from autoclusters.integrations import temporal
 from autoclusters.workers.remediation import WORKFLOWS, activities_for
 from autoclusters.workflows.fleet_guard import FleetGuard
+from autoclusters.workflows.guard_steps import held_drain_reason
 from autoclusters.workflows.remediation import RETRY, NodeRemediation
 from tests.fakes import FakeCloud, FakeHealth, FakeSlurm, RecordingNotifier
 from tests.helpers import time_skipping_env
@@ -910,6 +914,25 @@ async def test_min_in_service_fraction_holds_the_second_quarantine(
     ]
     assert f.events("gpu-02") == ["opened", "held", "resolved"]
     assert not f.slurm.node_now("gpu-02").drained
+
+
+async def test_a_held_drain_is_still_ours() -> None:
+    """Return to service and the quarantine proper accept the held drain as ours."""
+    slurm = FakeSlurm()
+    slurm.add_node("gpu-01", state_flags=["DRAIN"], reason=held_drain_reason("INC-1", "XID_79"))
+    acts = SlurmActivities(slurm)
+    run = ActivityEnvironment().run
+
+    drained = await run(
+        acts.drain_node, DrainInput(node="gpu-01", reason=drain_reason("INC-1", "XID_79"))
+    )
+    assert drained.already_drained
+    assert slurm.node_now("gpu-01").reason == "autoclusters: INC-1 XID_79"
+
+    slurm.set_reason("gpu-01", held_drain_reason("INC-1", "XID_79"))
+    back = await run(acts.return_to_service, ReturnInput(node="gpu-01", incident_id="INC-1"))
+    assert back.returned, back.detail
+    assert not slurm.node_now("gpu-01").drained
 
 
 def _signals(history: Any, name: str) -> int:

@@ -294,7 +294,7 @@ class NodeRemediation(QuarantineCheck, KubernetesSteps, SpareSteps, HealthGateSt
             cause = cause_of(err)
             s.error = str(cause)
             await self._release(guard, back_in_service=False)
-            drained = s.step("drain")
+            drained = s.step("drain") or s.step("drain_held")
             left = "left drained" if drained and drained.outcome == "ok" else "not drained"
             await self._close(
                 "failed",
