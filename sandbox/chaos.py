@@ -21,11 +21,12 @@ import shutil
 import time
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import httpx
 from pydantic import BaseModel
 from rich.console import Console
-from temporalio.client import Client, WorkflowFailureError
+from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
 
 from autoclusters.clients import incidents
 from autoclusters.core import hostlist
@@ -79,6 +80,9 @@ class ChaosReport(BaseModel):
     killed_at: datetime | None = None
     wiped: list[str] = []  # the worker's files deleted between the crash and the restart
     opened_at: datetime | None = None  # when chaos opened the incident (the fault)
+    # What the crash cost in the history: activities that ran again ("drain_node attempt 2":
+    # the crash caught it running) and workflow tasks that timed out on the dead worker.
+    retried: list[str] = []
     steps: list[StepRecord] = []  # the incident's timeline, as it closed
 
 
@@ -320,7 +324,30 @@ async def run_chaos(
         wiped=wiped,
         opened_at=since,
         steps=final.steps,
+        retried=await _retried(handle),
     )
+
+
+async def _retried(handle: WorkflowHandle[Any, Any]) -> list[str]:
+    """Activities that started more than once, and workflow tasks that timed out."""
+    scheduled: dict[int, str] = {}
+    out: list[str] = []
+    timed_out = 0
+    try:
+        async for e in handle.fetch_history_events():
+            if e.HasField("activity_task_scheduled_event_attributes"):
+                scheduled[e.event_id] = (
+                    e.activity_task_scheduled_event_attributes.activity_type.name
+                )
+            elif e.HasField("activity_task_started_event_attributes"):
+                a = e.activity_task_started_event_attributes
+                if a.attempt > 1:
+                    out.append(f"{scheduled.get(a.scheduled_event_id, '?')} attempt {a.attempt}")
+            elif e.HasField("workflow_task_timed_out_event_attributes"):
+                timed_out += 1
+    except Exception as e:  # the report matters more than this detail
+        return [f"history unreadable: {e}"]
+    return out + ([f"workflow task timed out x{timed_out}"] if timed_out else [])
 
 
 async def _until_cloud_operation(
