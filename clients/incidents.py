@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import uuid
 from datetime import UTC, datetime
 
 from pydantic import BaseModel
@@ -19,9 +20,10 @@ from temporalio.common import (
     WorkflowIDConflictPolicy,
     WorkflowIDReusePolicy,
 )
-from temporalio.service import RPCError
+from temporalio.service import RPCError, RPCStatusCode
 
 from autoclusters.clients.api.inventory import NodeInventory, SlurmInventory
+from autoclusters.core.fault_evidence import FaultCleared, FaultEvidence
 from autoclusters.core.faults import INCIDENT_ID_PATTERN, check_known_fault
 from autoclusters.core.models import (
     ApprovalRecord,
@@ -53,6 +55,8 @@ class OpenedIncident(BaseModel):
     workflow_id: str
     run_id: str
     joined: bool  # True: the node already had an open incident, and this is it
+    opened: bool = False  # this call opened it: true for exactly one caller per incident
+    repeat: bool = False  # the incident had this report (its key) already: nothing new
 
 
 class IncidentSummary(BaseModel):
@@ -80,18 +84,26 @@ async def open_incident(
     policy: Policy | None = None,
     *,
     inventory: NodeInventory | None = None,
-    update_id: str | None = None,
+    key: str = "",
+    evidence: FaultEvidence | None = None,
+    at: datetime | None = None,
 ) -> OpenedIncident:
     """Open the node's incident, or join the one already open on it (no second drain).
 
     The node is checked first (against Slurm unless `inventory` says otherwise): an unknown
     node starts nothing. The incident carries a snapshot of the cluster's policy (`policy`
-    overrides it, e.g. the demo's mode). `update_id` makes the report idempotent: Temporal
-    answers a repeated id with the first answer instead of recording the report twice.
+    overrides it, e.g. the demo's mode). `key`: the source's dedupe key; the incident
+    answers a report whose key it has seen with `repeat` and records nothing. `evidence`
+    (an alert's labels and annotations, an agent's readings) is kept on the fault, and `at`
+    (an alert's startsAt) is the fault's time.
+
+    Exactly one caller is told `opened`: each call carries a fresh token, and only the
+    one whose start created the workflow holds the token the incident was opened with.
     """
     policy = policy or policy_for(settings)
     check_known_fault(fault, policy.faults)  # before anything is asked or started
     opened_at = datetime.now(UTC)
+    token = uuid.uuid4().hex
     req = IncidentRequest(
         incident_id=new_incident_id(node, opened_at),
         cluster=settings.cluster,
@@ -104,8 +116,17 @@ async def open_incident(
         ),
         policy=policy,
         kubernetes=settings.kubeconfig is not None,
+        open_token=token,
     )
-    report = FaultReport(incident_id=req.incident_id, fault=fault, source=opened_by, at=opened_at)
+    report = FaultReport(
+        incident_id=req.incident_id,
+        fault=fault,
+        source=opened_by,
+        at=at or opened_at,
+        evidence=evidence,
+        open_token=token,
+        key=key,
+    )
     inventory = inventory or SlurmInventory.for_settings(settings)
     if not await inventory.known([node]):
         raise UnknownNodeError(f"node {node} is not in Slurm cluster {settings.cluster}")
@@ -130,7 +151,7 @@ async def open_incident(
         static_details=f"incident {req.incident_id}, opened by {opened_by}",
     )
     ack = await client.execute_update_with_start_workflow(
-        NodeRemediation.report_fault, report, start_workflow_operation=start, id=update_id
+        NodeRemediation.report_fault, report, start_workflow_operation=start
     )
     handle = await start.workflow_handle()
     return OpenedIncident(
@@ -138,7 +159,29 @@ async def open_incident(
         workflow_id=wf_id,
         run_id=handle.result_run_id or handle.run_id or "",
         joined=ack.joined,
+        opened=ack.opened,
+        repeat=ack.repeat,
     )
+
+
+async def record_cleared(
+    client: Client, settings: Settings, node: str, cleared: FaultCleared
+) -> bool:
+    """Tell the node's open incident that one of its faults cleared; False when no open
+    incident has that fault (nothing is started for a resolved alert)."""
+    handle = client.get_workflow_handle(workflow_id(settings.cluster, node))
+    try:
+        return bool(
+            await handle.execute_update(
+                NodeRemediation.fault_cleared, cleared, id=f"cleared-{cleared.key}"[:200]
+            )
+        )
+    except RPCError as e:
+        if e.status in (RPCStatusCode.NOT_FOUND, RPCStatusCode.FAILED_PRECONDITION):
+            return False
+        raise
+    except WorkflowUpdateFailedError:  # closed, or not a fault of this incident
+        return False
 
 
 async def decide(

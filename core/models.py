@@ -11,6 +11,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, field_validator
 
+from autoclusters.core.fault_evidence import FaultEvidence
 from autoclusters.core.faults import FAULT_PATTERN, NODE_PATTERN
 from autoclusters.core.policy import Policy, Rung
 
@@ -52,6 +53,8 @@ class IncidentRequest(BaseModel):
     policy: Policy | None = None
     # Slurm on Kubernetes (Slinky): the node is also a Kubernetes Node to cordon and empty.
     kubernetes: bool = False
+    # The opening caller's token (see FaultReport.open_token).
+    open_token: str = ""
 
     @field_validator("fault")
     @classmethod
@@ -93,6 +96,11 @@ class FaultSeen(BaseModel):
     first_at: datetime
     last_at: datetime
     count: int = 1
+    # What the sources said (the first account and the latest ones, bounded).
+    evidence: list[FaultEvidence] = Field(default_factory=list)
+    # A source said it stopped holding (recorded only: it never stops a repair).
+    resolved_at: datetime | None = None
+    resolved_by: str | None = None
 
 
 class FaultReport(BaseModel):
@@ -101,7 +109,11 @@ class FaultReport(BaseModel):
     incident_id: str  # the id a new incident would get
     fault: str
     source: str = "cli"
-    at: datetime
+    at: datetime  # when the source saw it start (an alert's startsAt), else when received
+    evidence: FaultEvidence | None = None
+    # The caller's token: equal to the opening request's, this report opened the incident.
+    open_token: str = ""
+    key: str = ""  # the source's dedupe key: a report seen before is answered `repeat`
 
     @field_validator("fault")
     @classmethod
@@ -116,6 +128,8 @@ class FaultAck(BaseModel):
     joined: bool  # True: the node already had this incident open
     rung: str | None
     status: str
+    opened: bool = False  # this report opened the incident: true for exactly one caller
+    repeat: bool = False  # this report (its key) was recorded before: nothing new
 
 
 class ApprovalRequest(BaseModel):

@@ -244,7 +244,12 @@ async def updates_accepted(client: Client, settings: ApiSettings, node: str) -> 
     handle = client.get_workflow_handle(workflow_id(settings.cluster, node))
     history = await handle.fetch_history()
     accepted = EventType.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_ACCEPTED
-    return sum(e.event_type == accepted for e in history.events)
+    return sum(
+        e.event_type == accepted
+        and e.workflow_execution_update_accepted_event_attributes.accepted_request.input.name
+        == "report_fault"
+        for e in history.events
+    )
 
 
 async def status(client: Client, settings: ApiSettings, node: str) -> IncidentState:
@@ -413,19 +418,27 @@ async def test_same_fingerprint_and_starts_at_twice_is_one_update(
     assert r1.json()["incidents"][0]["incident_id"] == r2.json()["incidents"][0]["incident_id"]
     assert await updates_accepted(env.client, settings, "gpu-010") == 1
 
-    # A second API replica (its own dedupe store) gets the same alert: Temporal answers the
-    # repeated update id with the first answer, no second update.
+    # A second API replica (its own dedupe store; or this one after a restart) gets the same
+    # alert: the incident knows its key, answers `repeat`, and records nothing new.
     async with api_server(settings) as replica:
         r3 = await replica.post(AM, json=payload(first), headers=AUTH)
-        assert r3.status_code == 202 and r3.json()["deduplicated"] == 0
-    assert await updates_accepted(env.client, settings, "gpu-010") == 1
+        assert r3.status_code == 202 and r3.json()["deduplicated"] == 1
+        assert r3.json()["incidents"][0]["opened"] is False
+        assert (
+            'autoclusters_api_incidents_total{outcome="opened"} 0.0'
+            in (await replica.get("/metrics")).text
+        )
+    state = await env.client.get_workflow_handle(workflow_id(settings.cluster, "gpu-010")).query(
+        NodeRemediation.status
+    )
+    assert [(f.fault, f.count) for f in state.faults] == [("XID_79", 1)]
 
     # The same alert firing again later (new startsAt) is a new event: it joins.
     again = alert("gpu-010", fingerprint="1a30ba71cca2921f", starts_at=STARTS + timedelta(hours=1))
     r4 = await http.post(AM, json=payload(again), headers=AUTH)
     assert r4.status_code == 202 and r4.json()["deduplicated"] == 0
     assert r4.json()["incidents"][0]["opened"] is False
-    assert await updates_accepted(env.client, settings, "gpu-010") == 2
+    assert await updates_accepted(env.client, settings, "gpu-010") == 3
     metrics = (await http.get("/metrics")).text
     assert 'autoclusters_api_alerts_deduplicated_total{source="alertmanager"} 1.0' in metrics
 
@@ -516,8 +529,9 @@ async def test_no_worker_is_503_and_the_retry_is_recorded_once(env: WorkflowEnvi
         async with Worker(env.client, task_queue=queue, workflows=[NodeRemediation]):
             r = await http.post(AM, json=body, headers=AUTH)
             assert r.status_code == 202, r.text
-            # The report admitted before and its retry carry one update id: recorded once.
-            assert await updates_accepted(env.client, s, "gpu-035") == 1
+            # The report admitted before and its retry carry one key: recorded once.
+            state = await status(env.client, s, "gpu-035")
+            assert [(f.fault, f.count) for f in state.faults] == [("XID_79", 1)]
 
 
 # --- the node agent ---------------------------------------------------------------------------

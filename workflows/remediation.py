@@ -20,6 +20,7 @@ from temporalio.exceptions import ActivityError, ApplicationError
 with workflow.unsafe.imports_passed_through():
     from autoclusters.activities import contracts
     from autoclusters.core.evidence import EvidenceAck, HealthSnapshot
+    from autoclusters.core.fault_evidence import FaultCleared
     from autoclusters.core.guard import (
         GuardContext,
         IncidentOpened,
@@ -49,6 +50,7 @@ with workflow.unsafe.imports_passed_through():
     from autoclusters.core.policy import LADDER, Policy, Rung, next_rung
     from autoclusters.integrations import temporal
 
+from autoclusters.workflows.fault_intake import FaultIntake
 from autoclusters.workflows.guard_steps import RUNBOOK_V6_GUARD_QUEUE, GuardSteps
 from autoclusters.workflows.health_gate_steps import HealthGateSteps
 from autoclusters.workflows.kubernetes_steps import KubernetesSteps
@@ -75,7 +77,9 @@ class Unattended(Exception):
 
 
 @workflow.defn
-class NodeRemediation(QuarantineCheck, KubernetesSteps, SpareSteps, HealthGateSteps, GuardSteps):
+class NodeRemediation(
+    QuarantineCheck, KubernetesSteps, SpareSteps, HealthGateSteps, FaultIntake, GuardSteps
+):
     @workflow.init
     def __init__(self, req: IncidentRequest) -> None:
         # Built from the input so queries and updates see the incident from the first moment.
@@ -127,24 +131,24 @@ class NodeRemediation(QuarantineCheck, KubernetesSteps, SpareSteps, HealthGateSt
     def report_fault(self, rep: FaultReport) -> FaultAck:
         """An alert for this node: merged into the open incident (no second drain)."""
         s = self._state
-        joined = rep.incident_id != s.request.incident_id
-        seen = next((f for f in s.faults if f.fault == rep.fault), None)
-        if seen is None:
-            s.faults.append(
-                FaultSeen(fault=rep.fault, source=rep.source, first_at=rep.at, last_at=rep.at)
-            )
-        elif joined:
-            seen.count += 1
-            seen.last_at = rep.at
+        ack, _ = self._merge_report(rep)
         # A more severe fault raises the rung of an incident that is not repairing yet.
-        if s.rung is not None and not self._repairing:
+        if not ack.repeat and s.rung is not None and not self._repairing:
             worse = self._policy.rung_for(rep.fault, self._recent)
             if LADDER.index(worse) > LADDER.index(Rung(s.rung)):
                 s.rung = worse.value
                 self._publish()
-        return FaultAck(
-            incident_id=s.request.incident_id, joined=joined, rung=s.rung, status=s.status
-        )
+                ack = ack.model_copy(update={"rung": s.rung})
+        return ack
+
+    @workflow.update
+    def fault_cleared(self, cleared: FaultCleared) -> bool:
+        """A source says a fault stopped holding: recorded, never a reason to stop a repair."""
+        return self._clear(cleared)
+
+    @fault_cleared.validator
+    def _check_fault_cleared(self, cleared: FaultCleared) -> None:
+        self._check_cleared(cleared)
 
     @report_fault.validator
     def _check_report(self, rep: FaultReport) -> None:
@@ -559,6 +563,8 @@ class NodeRemediation(QuarantineCheck, KubernetesSteps, SpareSteps, HealthGateSt
                 f"; CIRCUIT BREAKER TRIPPED by {', '.join(b.nodes)}{where}: "
                 "repairs wait for a human reset"
             )
+        if headline := self._headline():  # the alert's summary and runbook link
+            text += f"\n{headline}"
         return text
 
     def _plan(self) -> list[str]:
@@ -591,6 +597,7 @@ class NodeRemediation(QuarantineCheck, KubernetesSteps, SpareSteps, HealthGateSt
         workflow.set_current_details(
             f"**{s.request.node}** {s.request.fault}: step **{step}**, "
             f"rung {s.rung or '-'}, status {s.status}"
+            + (f"\n\n{headline}" if (headline := self._headline()) else "")
         )
 
     def _publish(self) -> None:

@@ -17,6 +17,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from autoclusters.core.fault_evidence import utc
 from autoclusters.core.faults import FAULT_PATTERN, NODE_PATTERN
 
 # Where dcgm-exporter and kube-prometheus put the node: `Hostname` (dcgm-exporter, renamed
@@ -84,7 +85,7 @@ class MappedAlert:
     def key(self) -> str:
         """Alertmanager re-sends and retries an alert with the same fingerprint and
         startsAt; its resolution is a separate event."""
-        at = self.alert.starts_at.isoformat()
+        at = utc(self.alert.starts_at).isoformat()  # `+09:00` and `Z`: one instant
         return f"am:{self.fingerprint}:{at}:{self.alert.status}"
 
 

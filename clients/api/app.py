@@ -69,6 +69,8 @@ from autoclusters.clients.api.inventory import NodeInventory, SlurmInventory, St
 from autoclusters.clients.api.metrics import ApiMetrics
 from autoclusters.clients.api.resolutions import Resolution, ResolutionLog
 from autoclusters.clients.api.settings import ApiSettings
+from autoclusters.core.fault_evidence import FaultCleared, FaultEvidence
+from autoclusters.core.faults import UnknownFaultError, check_known_fault, known_faults
 from autoclusters.core.models import IncidentState, workflow_id
 from autoclusters.core.policy import Policy, PolicyError
 from autoclusters.core.settings import policy_for
@@ -278,7 +280,13 @@ class Api:
     # --- Temporal -------------------------------------------------------------------------
 
     async def deliver(
-        self, node: str, fault: str, source: str, update_id: str
+        self,
+        node: str,
+        fault: str,
+        source: str,
+        key: str,
+        evidence: FaultEvidence | None,
+        at: datetime | None,
     ) -> incidents.OpenedIncident:
         client = await self.gate.client()
         try:
@@ -290,7 +298,9 @@ class Api:
                 opened_by=source,
                 policy=self.policies.current(),
                 inventory=self.inventory,
-                update_id=update_id,
+                key=key,
+                evidence=evidence,
+                at=at,
             )
         except RPCError as e:
             if e.status in RETRYABLE:
@@ -307,6 +317,43 @@ class Api:
             raise
         except SlurmError as e:  # the node list could not be read: retry later
             raise TemporalUnavailable(f"Slurm: {e}", kind="inventory") from None
+
+    def refuse_unknown_faults(self, faults: list[tuple[str, str]], endpoint: str) -> None:
+        """422 naming every unknown fault kind (with where it was) and the known ones."""
+        known = self.policies.current().faults
+        bad = []
+        for where, fault in faults:
+            try:
+                check_known_fault(fault, known)
+            except UnknownFaultError:
+                bad.append((where, fault))
+        if bad:
+            kinds = sorted({f for _, f in bad})
+            _raise(
+                self.refuse(
+                    422,
+                    "unknown_fault",
+                    endpoint,
+                    "unknown fault kind",
+                    f"{', '.join(kinds)} ({', '.join(w for w, _ in bad[:10])}) is not a fault "
+                    f"kind we know: use XID_<n> or one of {', '.join(known_faults(known))}; "
+                    "nothing was started",
+                    faults=kinds,
+                )  # fmt: skip
+            )
+
+    async def clear(self, node: str, cleared: FaultCleared, endpoint: str) -> bool:
+        """Record on the node's open incident that a fault cleared (never starts one)."""
+        try:
+            client = await self.gate.client()
+            return await incidents.record_cleared(client, self.settings, node, cleared)
+        except RPCError as e:
+            if e.status in RETRYABLE:
+                down = TemporalUnavailable(f"Temporal: {e.message}")
+                raise self.unavailable(down, endpoint) from None
+            raise
+        except TemporalUnavailable as e:
+            raise self.unavailable(e, endpoint) from None
 
     def unavailable(self, e: Exception, endpoint: str) -> ApiError:
         self.metrics.requests_refused.labels(endpoint, "temporal_unavailable").inc()
@@ -406,7 +453,9 @@ def answer(
                 opened=False,
             )
         ref.opened = ref.opened or (o.delivered.opened and not o.repeat)
-    repeats = sum(o.repeat for o in outcomes)
+    # Known here (this process accepted it), or known to the incident (another replica, or
+    # this one before a restart, delivered it first).
+    repeats = sum(o.repeat or o.delivered.repeat for o in outcomes)
     metrics.alerts_deduplicated.labels(src).inc(repeats)
     for s in skipped:
         metrics.alerts_rejected.labels(src, s.reason).inc()
@@ -472,7 +521,18 @@ def create_app(
         ep, src = "alertmanager", "alertmanager"
         caller = api.authorize(request, ep)
         payload = await api.body(request, AlertmanagerPayload, "Alertmanager payload", ep)
+        if payload.truncated_alerts:
+            # Alertmanager dropped alerts from this notification (max_alerts): say so.
+            api.metrics.alerts_truncated.inc(payload.truncated_alerts)
+            log.warning(
+                "alertmanager (%s): %d alert(s) truncated from group %s",
+                caller, payload.truncated_alerts, payload.group_key[:120],
+            )  # fmt: skip
         read = read_alerts(payload, api.faults)
+        api.refuse_unknown_faults(
+            [(f"alerts[{m.index}]", m.fault) for m in read.mapped if m.alert.status == "firing"],
+            ep,
+        )
         for a in payload.alerts:
             api.metrics.alerts_received.labels(src, a.status).inc()
         skipped = [
@@ -534,8 +594,40 @@ def create_app(
                         detail=m.alertname,
                     )  # fmt: skip
                 )
-        signals = [Signal(key=m.key, node=m.node, fault=m.fault, source=src) for m in firing]
+        signals = [
+            Signal(
+                key=m.key,
+                node=m.node,
+                fault=m.fault,
+                source=src,
+                evidence=FaultEvidence.from_alert(
+                    key=m.key,
+                    starts_at=m.alert.starts_at,
+                    labels=m.alert.labels,
+                    annotations=m.alert.annotations,
+                ),
+                at=m.alert.starts_at,
+            )
+            for m in firing
+        ]
         outcomes = await api.submit(signals, ep)
+        # After the firing ones: a resolution in the payload that opened the incident is
+        # recorded on it too, and it lives in the incident, not in this process.
+        for m in read.mapped:
+            if m.alert.status == "resolved" and m.node:
+                ends = m.alert.ends_at
+                await api.clear(
+                    m.node,
+                    FaultCleared(
+                        fault=m.fault,
+                        source=src,
+                        key=m.key,
+                        starts_at=m.alert.starts_at,
+                        resolved_at=ends if ends and ends.year > 1 else now,
+                        detail=m.alertname,
+                    ),
+                    ep,
+                )
         if outcomes or skipped:
             log.info(
                 "alertmanager (%s): %d alerts: %d firing accepted, %d resolved, %d skipped",
@@ -555,6 +647,8 @@ def create_app(
         api.authorize(request, ep)
         rep = await api.body(request, NodeReport, "NodeReport", ep)
         api.metrics.alerts_received.labels(src, rep.state.value).inc()
+        if rep.state == ReportState.FIRING:
+            api.refuse_unknown_faults([("fault", rep.fault)], ep)
         known = await api.known_nodes([rep.node], ep)
         skipped: list[Skipped] = []
         if rep.node not in known:
@@ -595,8 +689,37 @@ def create_app(
                     detail=rep.message,
                 )  # fmt: skip
             )
+            if not skipped:
+                await api.clear(
+                    rep.node,
+                    FaultCleared(
+                        fault=rep.fault,
+                        source=src,
+                        key=key,
+                        starts_at=rep.since,
+                        resolved_at=rep.observed_at,
+                        detail=rep.message,
+                    ),
+                    ep,
+                )
             return answer([], int(recorded), skipped, api.metrics, src)
-        signals = [] if skipped else [Signal(key=key, node=rep.node, fault=rep.fault, source=src)]
+        evidence = FaultEvidence.from_agent(
+            key=key, since=rep.since, message=rep.message, readings=rep.evidence
+        )
+        signals = (
+            []
+            if skipped
+            else [
+                Signal(
+                    key=key,
+                    node=rep.node,
+                    fault=rep.fault,
+                    source=src,
+                    evidence=evidence,
+                    at=rep.since,
+                )
+            ]
+        )
         outcomes = await api.submit(signals, ep)
         return answer(outcomes, 0, skipped, api.metrics, src)
 

@@ -18,13 +18,14 @@ import asyncio
 import hashlib
 import logging
 import time
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from datetime import datetime
 
 from autoclusters.clients.api.dedupe import DedupeStore
 from autoclusters.clients.api.metrics import ApiMetrics
 from autoclusters.clients.incidents import OpenedIncident
+from autoclusters.core.fault_evidence import FaultEvidence
 
 log = logging.getLogger("autoclusters.api")
 
@@ -49,6 +50,8 @@ class Signal:
     node: str
     fault: str
     source: str  # alertmanager, agent: the incident's opened_by / the fault's source
+    evidence: FaultEvidence | None = None  # labels and annotations, or the agent's readings
+    at: datetime | None = None  # when the source saw it start (an alert's startsAt)
 
 
 @dataclass(frozen=True)
@@ -56,6 +59,7 @@ class Delivered:
     incident_id: str
     workflow_id: str
     opened: bool  # this alert opened the incident (else it joined the open one)
+    repeat: bool = False  # the incident had it already (a retry another replica sent first)
 
 
 @dataclass(frozen=True)
@@ -65,8 +69,10 @@ class Outcome:
     repeat: bool  # accepted before (or in flight for another request): nothing new sent
 
 
-# node, fault, source, update id -> the incident it opened or joined
-Deliver = Callable[[str, str, str, str], Awaitable[OpenedIncident]]
+# node, fault, source, report key, evidence, start -> the incident it opened or joined
+Deliver = Callable[
+    [str, str, str, str, FaultEvidence | None, datetime | None], Awaitable[OpenedIncident]
+]
 
 
 @dataclass
@@ -92,8 +98,6 @@ class Intake:
         self._slots = asyncio.Semaphore(max_in_flight)
         self._lanes: dict[str, list[_Waiting]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
-        # Incident ids counted as opened (several first calls may see joined=False).
-        self._opened: OrderedDict[str, None] = OrderedDict()
 
     async def submit(self, signals: list[Signal]) -> list[Outcome]:
         """Deliver every signal (or find it delivered already); all or raise."""
@@ -174,30 +178,31 @@ class Intake:
         signal = group[0].signal
         self._metrics.batch_size.observe(len(group))
         try:
-            opened = await self._call(node, signal.fault, signal.source, _update_id(group))
+            opened = await self._call(node, signal, _report_key(group))
         except Exception as e:
             self._fail(group, e)
             return e
-        first = opened.incident_id not in self._opened and not opened.joined
-        if first:
-            self._opened[opened.incident_id] = None
-            while len(self._opened) > 10_000:
-                self._opened.popitem(last=False)
+        # The incident itself says who opened it: exactly one caller, across API restarts
+        # and replicas; a report it had already (a retry after a restart) opens nothing.
+        first = opened.opened and not opened.repeat
         self._metrics.incidents.labels("opened").inc(1 if first else 0)
         self._metrics.incidents.labels("joined").inc(len(group) - (1 if first else 0))
         for i, w in enumerate(group):
-            done = Delivered(opened.incident_id, opened.workflow_id, first and i == 0)
+            done = Delivered(
+                opened.incident_id, opened.workflow_id, first and i == 0, opened.repeat
+            )
             self._dedupe.settle(w.signal.key, w.future, done)
         return None
 
-    async def _call(self, node: str, fault: str, source: str, update_id: str) -> OpenedIncident:
-        m = self._metrics
+    async def _call(self, node: str, signal: Signal, key: str) -> OpenedIncident:
+        m, fault = self._metrics, signal.fault
         async with self._slots:
             m.temporal_in_flight.inc()
             started = time.monotonic()
             try:
                 return await asyncio.wait_for(
-                    self._deliver(node, fault, source, update_id), self._timeout_s
+                    self._deliver(node, fault, signal.source, key, signal.evidence, signal.at),
+                    self._timeout_s,
                 )
             except TimeoutError:
                 raise TemporalUnavailable(
@@ -216,9 +221,9 @@ class Intake:
             self._dedupe.fail(w.signal.key, w.future, error)
 
 
-def _update_id(group: list[_Waiting]) -> str:
-    """The same alert (or the same set of alerts) always gets the same update id, so
-    Temporal answers a repeat with the first answer instead of recording it again."""
+def _report_key(group: list[_Waiting]) -> str:
+    """The same alert (or the same set of alerts) always gets the same key, so the incident
+    answers a repeat (a retry, even after an API restart) as one and records nothing."""
     if len(group) == 1 and len(group[0].signal.key) <= 200:
         return f"report-{group[0].signal.key}"
     digest = hashlib.sha256("\n".join(sorted(w.signal.key for w in group)).encode())

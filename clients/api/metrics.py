@@ -38,6 +38,11 @@ class ApiMetrics:
             ["source", "reason"],
             registry=r,
         )
+        self.alerts_truncated = Counter(
+            "autoclusters_api_alerts_truncated",
+            "Alerts Alertmanager left out of its notifications (truncatedAlerts).",
+            registry=r,
+        )
         self.requests_refused = Counter(
             "autoclusters_api_requests_refused",
             "Write requests refused as a whole, by reason (unauthorized, invalid, "
