@@ -16,6 +16,7 @@ from typing import Any
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from autoclusters.activities.heartbeat import heartbeating
 from autoclusters.core.models import (
     PlanRepairInput,
     RepairInput,
@@ -37,7 +38,8 @@ class CloudActivities:
         """The VM the repair is about, and when it was planned (taken first)."""
         planned_at = time.time()
         try:
-            vm_id = await self._provider.vm_id(inp.node)
+            async with heartbeating(f"finding the machine of {inp.node}"):
+                vm_id = await self._provider.vm_id(inp.node)
         except CloudError as e:
             raise _application_error(e) from e
         return RepairPlan(node=inp.node, vm_id=vm_id, planned_at=planned_at)

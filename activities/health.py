@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from temporalio import activity
 
+from autoclusters.activities.heartbeat import heartbeating
 from autoclusters.core.models import HealthGateInput, HealthReport
 from autoclusters.integrations.health import HealthGate
 
@@ -15,4 +16,5 @@ class HealthActivities:
     @activity.defn(name="health_gate")
     async def health_gate(self, inp: HealthGateInput) -> HealthReport:
         # A failed check is an answer, not an error: the workflow escalates on it.
-        return await self._gate.check(inp.node)
+        async with heartbeating(f"health gate of {inp.node}"):
+            return await self._gate.check(inp.node)

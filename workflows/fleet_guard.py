@@ -157,6 +157,7 @@ class FleetGuard:
                 contracts.guard_slurm_view,
                 SlurmViewCall(cluster=self._input.cluster),
                 start_to_close_timeout=timedelta(seconds=60),
+                heartbeat_timeout=timedelta(seconds=10),
                 retry_policy=SLURM_VIEW_RETRY,
             )
         except ActivityError as e:

@@ -28,7 +28,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from autoclusters.core.policy import Policy
 
-from autoclusters.workflows.timeline import RETRY, Timeline
+from autoclusters.workflows.timeline import HEARTBEAT, RETRY, Timeline
 
 # Incidents started before this patch keep the Slurm-only gate.
 RUNBOOK_V5_AGENT_GATE = "runbook-v5-agent-health-gate"
@@ -91,7 +91,8 @@ class HealthGateSteps(Timeline):
                 lambda: workflow.execute_activity(
                     contracts.health_gate,
                     HealthGateInput(node=node),
-                    start_to_close_timeout=timedelta(minutes=10),
+                    start_to_close_timeout=timedelta(minutes=2),
+                    heartbeat_timeout=HEARTBEAT,
                     retry_policy=RETRY,
                 ),
                 detail=lambda r: "passed" if r.passed else f"FAILED: {r.failures()}",
@@ -106,7 +107,8 @@ class HealthGateSteps(Timeline):
             slurm: HealthReport = await workflow.execute_activity(
                 contracts.health_gate,
                 HealthGateInput(node=node),
-                start_to_close_timeout=timedelta(minutes=10),
+                start_to_close_timeout=timedelta(minutes=2),
+                heartbeat_timeout=HEARTBEAT,
                 retry_policy=RETRY,
             )
             if done.stopped_at is not None:
