@@ -238,6 +238,12 @@ def _show(incident_id: str, as_json: bool) -> None:
     if len(state.faults) > 1 or (state.faults and state.faults[0].count > 1):
         seen = ", ".join(f"{f.fault} x{f.count}" for f in state.faults)
         console.print(f"faults: {seen}")
+    for f in state.faults:  # what the sources said: summary, runbook, when it started
+        for ev in f.evidence[:1]:
+            since = f" since {ev.starts_at:%Y-%m-%d %H:%M:%S} UTC" if ev.starts_at else ""
+            console.print(f"{f.fault} ({ev.source}{since}): {ev.headline() or '-'}", markup=False)
+        if f.resolved_at is not None:
+            console.print(f"{f.fault} cleared at {f.resolved_at:%H:%M:%S} ({f.resolved_by})")
     if state.waiting_for:
         w = state.waiting_for
         console.print(f"[yellow]waiting for {w.kind}[/yellow] {w.step or ''} {w.detail}")
