@@ -18,6 +18,7 @@ from rich.table import Table
 from autoclusters.clients.agent_cli import agent_app, inject_app
 from autoclusters.clients.api_cli import api_app
 from autoclusters.clients.breaker import breaker_app
+from autoclusters.clients.cluster_cli import cluster_app
 from autoclusters.clients.policy_cli import policy_app
 from autoclusters.core import settings as settings_mod
 from autoclusters.core.settings import Settings
@@ -27,6 +28,7 @@ incident_app = typer.Typer(no_args_is_help=True, help="Open, list and read incid
 app.add_typer(incident_app, name="incident")
 app.add_typer(breaker_app, name="breaker")
 app.add_typer(policy_app, name="policy")
+app.add_typer(cluster_app, name="cluster")
 app.add_typer(agent_app, name="agent")
 app.add_typer(inject_app, name="inject")
 app.add_typer(api_app, name="api")

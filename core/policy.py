@@ -7,27 +7,30 @@ policy edit never changes an incident mid-flight and the workflow stays determin
 
 from __future__ import annotations
 
-import difflib
 import importlib.resources
 import math
 import re
-from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any, Literal, get_args, get_origin
+from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import (
     AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
     StringConstraints,
-    ValidationError,
 )
 from pydantic_core import PydanticCustomError
 
 from autoclusters.core.faults import FAULT_PATTERN, NODE_PATTERN
+from autoclusters.core.yaml_spec import (
+    SpecError,
+    SpecFormat,
+    SpecProblem,
+    load_yaml_model,
+    parse_yaml_model,
+)
 
 
 class Rung(StrEnum):
@@ -191,27 +194,12 @@ class Policy(_Strict):
 # --- loading from YAML -------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class PolicyProblem:
-    """One thing wrong with a policy file: where (1-based line, dotted field) and what."""
-
-    line: int | None
-    field: str
-    message: str
+# One problem with a policy file: where (1-based line, dotted field) and what.
+PolicyProblem = SpecProblem
 
 
-class PolicyError(ValueError):
+class PolicyError(SpecError):
     """A policy file that cannot be used; the message lists every problem, one per line."""
-
-    def __init__(self, path: Path | str, problems: list[PolicyProblem]) -> None:
-        self.path = str(path)
-        self.problems = problems
-        super().__init__("\n".join(_format(self.path, p) for p in problems))
-
-
-def _format(path: str, p: PolicyProblem) -> str:
-    where = f"{path}:{p.line}" if p.line is not None else path
-    return f"{where}: {p.field}: {p.message}" if p.field else f"{where}: {p.message}"
 
 
 DEFAULT_POLICY_FILE = "policies/default.yaml"
@@ -226,218 +214,19 @@ def default_policy() -> Policy:
 
 def load_policy(path: Path) -> Policy:
     """Read and validate a policy file; PolicyError names the line and field of each problem."""
-    path = Path(path)
-    try:
-        size = path.stat().st_size
-        if size > MAX_POLICY_BYTES:
-            raise PolicyError(path, [_too_large(size)])
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise PolicyError(path, [PolicyProblem(None, "", f"cannot read: {e}")]) from None
-    return parse_policy(text, source=str(path))
+    return load_yaml_model(path, POLICY_FORMAT)
 
 
 def parse_policy(text: str, source: str = "<policy>") -> Policy:
     """Validate policy YAML held in memory; `source` names it in errors."""
-    if len(text.encode("utf-8", errors="replace")) > MAX_POLICY_BYTES:
-        raise PolicyError(source, [_too_large(len(text.encode("utf-8", errors="replace")))])
-    loader = yaml.SafeLoader(text)
-    try:
-        root = loader.get_single_node()
-        if root is None:
-            raise PolicyError(source, [PolicyProblem(1, "", "the file is empty")])
-        # Aliases share nodes: a few hundred bytes can name billions of them. Count the
-        # expanded size first, in time linear in the file, before anything walks the tree.
-        expanded = _expanded_size(root)
-        if expanded > MAX_POLICY_NODES:
-            raise PolicyError(
-                source,
-                [
-                    PolicyProblem(
-                        None,
-                        "",
-                        f"the document expands to more than {MAX_POLICY_NODES} values "
-                        "(YAML aliases repeated too often)",
-                    )
-                ],
-            )
-        # Checked on the pristine tree: constructing it flattens `<<` merges in place.
-        dups = _duplicate_keys(root, ())
-        if dups:
-            raise PolicyError(source, dups)
-        data = loader.construct_document(root)
-    except yaml.MarkedYAMLError as e:
-        raise PolicyError(source, [_syntax_problem(e)]) from None
-    except yaml.YAMLError as e:
-        raise PolicyError(source, [PolicyProblem(None, "", f"YAML error: {e}")]) from None
-    except RecursionError:
-        raise PolicyError(source, [PolicyProblem(None, "", "nested too deeply")]) from None
-    finally:
-        loader.dispose()
-    try:
-        return Policy.model_validate(data)
-    except ValidationError as e:
-        raise PolicyError(source, [_problem(root, err) for err in e.errors()]) from None
+    return parse_yaml_model(text, source, POLICY_FORMAT)
 
 
-def _too_large(size: int) -> PolicyProblem:
-    return PolicyProblem(
-        None, "", f"the file is {size} bytes; a policy may be at most {MAX_POLICY_BYTES} bytes"
-    )
-
-
-def _expanded_size(root: yaml.Node) -> int:
-    """Values the document holds once every alias is expanded, stopping once it is too many.
-
-    Each distinct node's size is computed once (aliases point at the same node object), so
-    this is linear in the file however deeply aliases nest; a cycle counts as too many.
-    """
-    sizes: dict[int, int] = {}
-    visiting: set[int] = set()
-    cap = MAX_POLICY_NODES + 1
-
-    def size(node: yaml.Node) -> int:
-        key = id(node)
-        if key in sizes:
-            return sizes[key]
-        if key in visiting:
-            return cap
-        visiting.add(key)
-        total = 1
-        if isinstance(node, yaml.MappingNode):
-            for k, v in node.value:
-                total += size(k) + size(v)
-                if total >= cap:
-                    break
-        elif isinstance(node, yaml.SequenceNode):
-            for item in node.value:
-                total += size(item)
-                if total >= cap:
-                    break
-        visiting.discard(key)
-        sizes[key] = min(total, cap)
-        return sizes[key]
-
-    return size(root)
-
-
-def _syntax_problem(e: yaml.MarkedYAMLError) -> PolicyProblem:
-    mark = e.problem_mark or e.context_mark
-    what = e.problem or e.context or "invalid YAML"
-    if e.context and e.problem:
-        # e.g. "expected ',' or '}', but got ':' (while parsing a flow mapping, line 3)"
-        started = e.context_mark
-        if started is not None and mark is not None and started.line != mark.line:
-            what += f" ({e.context}, line {started.line + 1})"
-        else:
-            what += f" ({e.context})"
-    return PolicyProblem(mark.line + 1 if mark else None, "", f"YAML syntax error: {what}")
-
-
-def _duplicate_keys(node: yaml.Node, path: tuple[str, ...]) -> list[PolicyProblem]:
-    """PyYAML keeps the last of two equal keys without a word; a policy file must not."""
-    problems: list[PolicyProblem] = []
-    if isinstance(node, yaml.MappingNode):
-        seen: dict[str, int] = {}
-        for key, value in node.value:
-            if key.tag == "tag:yaml.org,2002:merge" or not isinstance(key, yaml.ScalarNode):
-                continue
-            line = key.start_mark.line + 1
-            if key.value in seen:
-                problems.append(
-                    PolicyProblem(
-                        line,
-                        _dotted((*path, key.value)),
-                        f"duplicate key (first given on line {seen[key.value]})",
-                    )
-                )
-            else:
-                seen[key.value] = line
-            problems += _duplicate_keys(value, (*path, key.value))
-    elif isinstance(node, yaml.SequenceNode):
-        for i, item in enumerate(node.value):
-            problems += _duplicate_keys(item, (*path, f"[{i}]"))
-    return problems
-
-
-def _dotted(parts: tuple[str, ...]) -> str:
-    out = ""
-    for p in parts:
-        out += p if p.startswith("[") or not out else f".{p}"
-    return out
-
-
-def _problem(root: yaml.Node, err: Any) -> PolicyProblem:
-    """Map one pydantic error onto the YAML node it is about, by walking `loc` down the tree."""
-    loc: tuple[int | str, ...] = tuple(err["loc"])
-    node: yaml.Node | None = root
-    line = root.start_mark.line + 1
-    parts: list[str] = []
-    for i, part in enumerate(loc):
-        if part == "[key]":
-            break
-        if isinstance(node, yaml.SequenceNode) and isinstance(part, int):
-            parts.append(f"[{part}]")
-            node = node.value[part] if 0 <= part < len(node.value) else None
-            if node is not None:
-                line = node.start_mark.line + 1
-            continue
-        parts.append(str(part))
-        pair = _find_key(node, part) if isinstance(node, yaml.MappingNode) else None
-        if pair is None:
-            node = None  # a missing field: keep the line of the nearest enclosing node
-            continue
-        key, value = pair
-        # A wrong key, or a nested block, is reported where its key is written.
-        is_key_error = loc[i + 1 : i + 2] == ("[key]",)
-        scalar = isinstance(value, yaml.ScalarNode)
-        line = (value if scalar and not is_key_error else key).start_mark.line + 1
-        node = value
-    field = _dotted(tuple(parts))
-    message = str(err["msg"])
-    if err["type"] == "extra_forbidden":
-        message = _unknown_field_message(loc)
-    elif err["type"] == "missing":
-        message = "required field is missing"
-    elif err["type"] == "model_type" and not loc:
-        message = "a policy file must be a mapping of policy fields (mode, faults, steps, ...)"
-    return PolicyProblem(line, field, message)
-
-
-def _find_key(node: yaml.MappingNode, part: int | str) -> tuple[yaml.Node, yaml.Node] | None:
-    # The last match wins, as it does when the YAML is constructed (and after `<<` merges).
-    for key, value in reversed(node.value):
-        if isinstance(key, yaml.ScalarNode) and key.value == str(part):
-            return key, value
-    return None
-
-
-def _unknown_field_message(loc: tuple[int | str, ...]) -> str:
-    model = _model_at(loc[:-1])
-    if model is None:
-        return "unknown field"
-    known = list(model.model_fields)
-    close = difflib.get_close_matches(str(loc[-1]), known, n=1)
-    if close:
-        return f"unknown field; did you mean {close[0]!r}?"
-    return f"unknown field; expected one of: {', '.join(known)}"
-
-
-def _model_at(loc: tuple[int | str, ...]) -> type[BaseModel] | None:
-    """The policy model class that the value at `loc` is validated as."""
-    model: type[BaseModel] = Policy
-    parts = list(loc)
-    while parts:
-        field = model.model_fields.get(str(parts.pop(0)))
-        if field is None:
-            return None
-        ann = field.annotation
-        if get_origin(ann) is dict:
-            if not parts:
-                return None
-            parts.pop(0)
-            ann = get_args(ann)[1]
-        if not (isinstance(ann, type) and issubclass(ann, BaseModel)):
-            return None
-        model = ann
-    return model
+POLICY_FORMAT = SpecFormat(
+    model=Policy,
+    error=PolicyError,
+    what="a policy",
+    max_bytes=MAX_POLICY_BYTES,
+    max_nodes=MAX_POLICY_NODES,
+    root_message="a policy file must be a mapping of policy fields (mode, faults, steps, ...)",
+)
