@@ -10,9 +10,28 @@ from __future__ import annotations
 
 from temporalio import activity
 
+from autoclusters.core.cluster import (
+    AcceptanceCall,
+    AcceptanceResult,
+    BootResult,
+    DeleteCall,
+    Machine,
+    MachineCall,
+    NodeGateCall,
+    Placement,
+    ProviderCall,
+    Resource,
+    SlurmConfigCall,
+    SlurmConfigResult,
+    TopologyCall,
+    UsersCall,
+    UsersResult,
+)
 from autoclusters.core.guard import (
     Admission,
     AdmitCall,
+    GuardContext,
+    GuardStatus,
     RegisterCall,
     Registration,
     ReleaseCall,
@@ -205,4 +224,72 @@ async def k8s_node_identity(inp: NodeIdentityInput) -> NodeIdentity:
 
 @activity.defn(name="notify")
 async def notify(note: Notification) -> None:
+    raise _stub()
+
+
+# --- cluster provisioning: the provider interface (sandbox, Crusoe Managed Slurm, CMK) ------
+
+
+@activity.defn(name="cluster_create_controller")
+async def cluster_create_controller(call: ProviderCall) -> Resource:
+    raise _stub()
+
+
+@activity.defn(name="cluster_create_accounting")
+async def cluster_create_accounting(call: ProviderCall) -> Resource:
+    raise _stub()
+
+
+@activity.defn(name="cluster_create_shared_home")
+async def cluster_create_shared_home(call: ProviderCall) -> Resource:
+    raise _stub()
+
+
+@activity.defn(name="cluster_create_login_nodes")
+async def cluster_create_login_nodes(call: ProviderCall) -> Resource:
+    raise _stub()
+
+
+@activity.defn(name="cluster_create_machine")
+async def cluster_create_machine(call: MachineCall) -> Machine:
+    raise _stub()
+
+
+@activity.defn(name="cluster_wait_booted")
+async def cluster_wait_booted(machine: Machine) -> BootResult:
+    raise _stub()
+
+
+@activity.defn(name="cluster_discover_topology")
+async def cluster_discover_topology(call: TopologyCall) -> list[Placement]:
+    raise _stub()
+
+
+@activity.defn(name="cluster_configure_slurm")
+async def cluster_configure_slurm(call: SlurmConfigCall) -> SlurmConfigResult:
+    raise _stub()
+
+
+@activity.defn(name="cluster_health_gate")
+async def cluster_health_gate(call: NodeGateCall) -> HealthReport:
+    raise _stub()
+
+
+@activity.defn(name="cluster_acceptance_job")
+async def cluster_acceptance_job(call: AcceptanceCall) -> AcceptanceResult:
+    raise _stub()
+
+
+@activity.defn(name="cluster_add_users")
+async def cluster_add_users(call: UsersCall) -> UsersResult:
+    raise _stub()
+
+
+@activity.defn(name="cluster_delete")
+async def cluster_delete(call: DeleteCall) -> None:
+    raise _stub()
+
+
+@activity.defn(name="guard_attach_policy")
+async def guard_attach_policy(guard: GuardContext) -> GuardStatus:
     raise _stub()

@@ -30,6 +30,8 @@ from autoclusters.core.guard import (
     AdmitCall,
     AdmitRequest,
     GuardContext,
+    GuardStatus,
+    PolicyUpdate,
     RegisterCall,
     Registration,
     ReleaseCall,
@@ -128,6 +130,14 @@ class GuardActivities:
     @activity.defn(name="guard_release")
     async def release(self, call: ReleaseCall) -> None:
         await self._update(call.guard, "release", call.release, type(None))
+
+    @activity.defn(name="guard_attach_policy")
+    async def attach_policy(self, guard: GuardContext) -> GuardStatus:
+        """Start the cluster's guard if it is not running (a cluster just provisioned) and
+        give it the cluster's guard policy, topology and approvers."""
+        upd = PolicyUpdate(policy=guard.policy, topology=guard.topology, approvers=guard.approvers)
+        result: GuardStatus = await self._update(guard, "update_policy", upd, GuardStatus)
+        return result
 
     @activity.defn(name="guard_slurm_view")
     async def slurm_view(self, call: SlurmViewCall) -> SlurmView:

@@ -25,12 +25,15 @@ from autoclusters.integrations.health import HealthGate, SlurmHealthGate
 from autoclusters.integrations.notify import LogNotifier, Notifier
 from autoclusters.integrations.slack.fanout import MultiNotifier
 from autoclusters.integrations.slurm import SlurmCli, SlurmClient
+from autoclusters.workflows.cluster_provisioning import ClusterProvisioning
 from autoclusters.workflows.fleet_guard import FleetGuard
 from autoclusters.workflows.remediation import NodeRemediation
 
 log = logging.getLogger("autoclusters.worker")
 
-WORKFLOWS = [NodeRemediation, FleetGuard]
+# ClusterProvisioning's provider activities (`cluster_*`) come with the providers (issue 12):
+# until a worker registers them, a provisioning started here waits at its first step.
+WORKFLOWS = [NodeRemediation, FleetGuard, ClusterProvisioning]
 
 
 def cloud_provider(settings: Settings) -> CloudProvider:
@@ -118,6 +121,7 @@ def activities_for(
         guard.admit_repair,
         guard.release,
         guard.slurm_view,
+        guard.attach_policy,
         n.notify,
     ]
 
