@@ -16,6 +16,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from autoclusters.core.cluster import (
+    BOOT_FAILED,
     QUOTA_EXCEEDED,
     AcceptanceCall,
     AcceptanceResult,
@@ -47,6 +48,8 @@ class FakeProvider:
         gate_failures: dict[str, int] | None = None,
         machines_allowed: int | None = None,
         failing_acceptance: set[str] | None = None,
+        boot_errors: dict[str, int] | None = None,
+        unregistered: dict[str, int] | None = None,
         leaf_size: int = 2,
         leaves_per_pod: int = 2,
     ) -> None:
@@ -54,6 +57,9 @@ class FakeProvider:
         self.gate_failures = dict(gate_failures or {})
         self.machines_allowed = machines_allowed
         self.failing_acceptance = failing_acceptance or set()
+        # The first N machines of a node: the provider raises BootFailed / slurmd never registers.
+        self.boot_errors = dict(boot_errors or {})
+        self.unregistered = dict(unregistered or {})
         self.leaf_size, self.leaves_per_pod = leaf_size, leaves_per_pod
         self.calls: list[str] = []
         self.alive: dict[str, Resource] = {}
@@ -125,6 +131,8 @@ class FakeProvider:
         self.calls.append(f"boot {machine.node}#{machine.attempt}")
         if self.boot_failures.get(machine.node, 0) >= machine.attempt:
             return BootResult(booted=False, detail="kernel panic on boot")
+        if self.boot_errors.get(machine.node, 0) >= machine.attempt:
+            raise ApplicationError("VM entered STATE_FAILED", type=BOOT_FAILED, non_retryable=True)
         return BootResult(booted=True)
 
     @activity.defn(name="cluster_discover_topology")
@@ -144,7 +152,11 @@ class FakeProvider:
     async def configure_slurm(self, call: SlurmConfigCall) -> SlurmConfigResult:
         self.calls.append("configure_slurm")
         self.topology_conf = call.topology_conf
-        return SlurmConfigResult(registered=[m.node for m in call.machines])
+        return SlurmConfigResult(
+            registered=[
+                m.node for m in call.machines if self.unregistered.get(m.node, 0) < m.attempt
+            ]
+        )
 
     @activity.defn(name="cluster_health_gate")
     async def health_gate(self, call: NodeGateCall) -> HealthReport:

@@ -233,6 +233,22 @@ async def test_a_machine_that_fails_to_boot_or_its_gate_is_replaced(
     assert {r.id for r in provider.deleted} == {"vm-gpu-02-1", "vm-gpu-03-1"}
 
 
+async def test_a_provider_boot_error_and_a_node_that_never_registers_are_replaced(
+    env: WorkflowEnvironment,
+) -> None:
+    provider = FakeProvider(boot_errors={"gpu-01": 1}, unregistered={"cpu-01": 1})
+    async with provisioning(env, provider) as handle:
+        state = await handle.result()
+    assert state.status == "ready"
+    calls = provider.calls
+    assert calls.index("boot gpu-01#1") < calls.index("create_machine gpu-01#2")
+    # cpu-01's first machine booted but its slurmd never registered: no gate, replaced.
+    assert "gate cpu-01#1" not in calls
+    assert calls.index("delete machine vm-cpu-01-1") < calls.index("gate cpu-01#2")
+    assert state.progress["cpu"].healthy == 1 and state.progress["cpu"].replaced == 1
+    assert state.progress["gpu"].replaced == 1
+
+
 async def test_a_slot_out_of_attempts_fails_the_cluster_and_cleans_up(
     env: WorkflowEnvironment,
 ) -> None:
