@@ -33,7 +33,7 @@ test: system-deps install lint
 # and `workflow` markers, pyproject.toml); `make test` runs everything.
 # Most of these wait on sockets and subprocesses, not the CPU: four at a time.
 unit: install
-	$(BIN)/pytest -m "not integration and not workflow" -n 4
+	HYPOTHESIS_PROFILE=quick $(BIN)/pytest -m "not integration and not workflow" -n 4
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import pytest_asyncio
+from hypothesis import settings as hypothesis_settings
 from temporalio.client import Client
 
 from autoclusters.core.settings import Settings
@@ -27,6 +28,11 @@ from autoclusters.integrations.slurm import SlurmCli
 from autoclusters.sandbox import cluster
 from autoclusters.sandbox.config import SandboxConfig
 from autoclusters.sandbox.processes import ProcessTable
+
+# Fuzz tests: 300 examples each in `make test`; `make unit` asks for the quick profile.
+hypothesis_settings.register_profile("full", max_examples=300)
+hypothesis_settings.register_profile("quick", max_examples=60)
+hypothesis_settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "full"))
 
 
 def _isolate(mp: pytest.MonkeyPatch, home: Path) -> None:

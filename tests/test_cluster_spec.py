@@ -347,7 +347,7 @@ documents = st.fixed_dictionaries(
 )
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(documents)
 def test_every_document_is_accepted_and_travels_or_refused_naming_where(doc: dict) -> None:
     text = yaml.safe_dump(doc, allow_unicode=True)

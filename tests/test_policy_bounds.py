@@ -125,7 +125,7 @@ fields = st.sampled_from(
 documents = st.dictionaries(fields, values, max_size=6)
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(documents)
 def test_every_document_is_accepted_and_runs_or_refused_naming_where(doc: dict) -> None:
     text = yaml.safe_dump(doc, allow_unicode=True)
