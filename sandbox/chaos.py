@@ -183,7 +183,7 @@ async def run_chaos(
     kill: str | None = None,
     at: str | None = None,
     wipe_worker_disk_on_restart: bool = False,
-    poll_s: float = 0.05,
+    poll_s: float = 0.02,
 ) -> ChaosReport:
     """`kill` (one of KILLABLE) is SIGKILLed and started again when the incident's current
     step becomes `at` (one of AT_CHOICES). The older `kill_worker_at=STEP` is
@@ -239,7 +239,7 @@ async def run_chaos(
         try:
             state = await handle.query(NodeRemediation.status)
         except Exception:  # the server is restarting, or no worker answers queries yet
-            await asyncio.sleep(0.5)
+            await asyncio.sleep(0.1 if pending else 0.5)
             continue
         for item in list(pending):
             what, where, sigkill = item
@@ -276,8 +276,10 @@ async def run_chaos(
             moment = step
             if step == "repair" and at_kill is not None:
                 moment = f"repair:{AFTER_CLOUD if at_kill else BEFORE_CLOUD}"
+                seen = ", ".join(at_kill) or "nothing"
+                console.print(f"chaos: the crash landed at {moment} (the cloud had: {seen})")
             if sigkill:
-                actions.append(f"killed {what} {done.old_pid} during {moment}")
+                actions.append(f"killed {what} {done.old_pid} during {where}")
                 console.print(f"chaos: {actions[-1]}")
                 gone = observed.get("wiped")
                 if isinstance(gone, list):
@@ -286,7 +288,7 @@ async def run_chaos(
                     console.print(f"chaos: {actions[-1]}")
                 actions.append(f"started {what} {done.new_pid}")
             else:
-                actions.append(f"restarted Temporal during {moment} (pid {done.new_pid})")
+                actions.append(f"restarted Temporal during {where} (pid {done.new_pid})")
             console.print(f"chaos: {actions[-1]}")
         if state.status != "open":
             try:
