@@ -209,12 +209,17 @@ async def test_one_message_updated_in_place_with_a_thread_in_order(
 async def test_the_alerts_words_reach_the_channel_intact(slack: Slack) -> None:
     """The opening message carries the alert's summary and runbook link (the workflow puts
     them in it): Japanese and emoji arrive as they were written."""
-    words = "GPU 3 が応答しません 🔥\nrunbook: https://runbooks.example.com/xid-79#対処"
-    await notifier_for(slack).send(note("opened", f"XID_79 on gpu-01: plan reboot\n{words}"))
+    words = "GPU 3 が応答しません 🔥 — runbook: https://runbooks.example.com/xid-79#対処"
+    n = notifier_for(slack)
+    await n.send(note("opened", f"XID_79 on gpu-01: plan reboot\n{words}"))
     (parent,) = (await slack.channel())["messages"]
     assert words in parent["text"]
     assert words in parent["replies"][0]["text"]
-    assert "GPU 3 が応答しません 🔥" in json.dumps(parent["blocks"], ensure_ascii=False)
+    # The card keeps showing them as the incident moves on.
+    await n.send(HELD)
+    (parent,) = (await slack.channel())["messages"]
+    assert parent["edits"] == 1
+    assert words in json.dumps(parent["blocks"], ensure_ascii=False)
 
 
 async def test_approval_needed_carries_the_buttons_until_the_next_event(slack: Slack) -> None:

@@ -87,6 +87,9 @@ class IncidentCard(BaseModel):
     rung: str | None = None
     event: str = "opened"
     waiting_step: str | None = None  # set while Approve / Reject are offered
+    # The alert's summary and runbook link: the lines after the first of the opening
+    # message (the workflow puts them there); kept on the card for the incident's life.
+    headline: str = ""
     severity: str = "info"
     text: str = ""
     updated_at: datetime
@@ -111,8 +114,12 @@ class IncidentCard(BaseModel):
             m = _APPROVAL_STEP.match(note.text)
             waiting = m.group(1) if m else (self.waiting_step or rung)
             rung = waiting or rung
+        headline = self.headline
+        if note.event == "opened" and "\n" in note.text:
+            headline = note.text.split("\n", 1)[1].strip()
         return self.model_copy(
             update={
+                "headline": headline,
                 "rung": rung,
                 "event": note.event,
                 "waiting_step": waiting,
@@ -198,6 +205,8 @@ def card_message(
             "fields": [{"type": "mrkdwn", "text": f"*{k}*\n{v}"} for k, v in field],
         },
     ]
+    if card.headline:
+        blocks.append({"type": "section", "text": {"type": "mrkdwn", "text": card.headline}})
     refs = [f"incident `{card.incident_id}`"]
     if url := links.workflow(card):
         refs.append(f"<{url}|Temporal workflow>")
