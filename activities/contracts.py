@@ -14,6 +14,7 @@ from autoclusters.core.cluster import (
     AcceptanceCall,
     AcceptanceResult,
     BootResult,
+    ClusterRef,
     DeleteCall,
     Machine,
     MachineCall,
@@ -27,6 +28,7 @@ from autoclusters.core.cluster import (
     UsersCall,
     UsersResult,
 )
+from autoclusters.core.cluster_ops import IncidentProbe, Inventory, NodeLoad, NodeLoadCall
 from autoclusters.core.guard import (
     Admission,
     AdmitCall,
@@ -292,4 +294,22 @@ async def cluster_delete(call: DeleteCall) -> None:
 
 @activity.defn(name="guard_attach_policy")
 async def guard_attach_policy(guard: GuardContext) -> GuardStatus:
+    raise _stub()
+
+
+# --- scaling and teardown (ScaleNodeSet, ClusterTeardown) -----------------------------------
+
+
+@activity.defn(name="cluster_inventory")
+async def cluster_inventory(cluster: ClusterRef) -> Inventory:
+    raise _stub()
+
+
+@activity.defn(name="cluster_node_load")
+async def cluster_node_load(call: NodeLoadCall) -> list[NodeLoad]:
+    raise _stub()
+
+
+@activity.defn(name="cluster_incident_open")
+async def cluster_incident_open(probe: IncidentProbe) -> bool:
     raise _stub()

@@ -9,6 +9,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from autoclusters.activities.heartbeat import heartbeating
+from autoclusters.core.cluster_ops import is_ops_reason
 from autoclusters.core.models import (
     REASON_PREFIX,
     SPARE_REASON,
@@ -77,6 +78,9 @@ class SlurmActivities:
         if node.drained and not node.reason.startswith(f"{REASON_PREFIX} "):
             # An admin's drain stands: overwriting their reason would let our return to
             # service undrain a node they meant to keep out.
+            return DrainResult(already_drained=True, previous_reason=node.reason)
+        if node.drained and is_ops_reason(node.reason) and not is_ops_reason(inp.reason):
+            # A scale or teardown owns the node (it is about to be deleted): kept.
             return DrainResult(already_drained=True, previous_reason=node.reason)
         if node.drained and node.reason == inp.reason:
             return DrainResult(already_drained=True, previous_reason=node.reason)

@@ -116,6 +116,9 @@ class SlurmConfigCall(BaseModel):
     machines: list[Machine]
     topology_conf: str
     accounting: bool
+    # Nodes that register drained under this reason (they take no job until undrained):
+    # a scale up's new nodes until they pass the gate.
+    drained: dict[str, str] = Field(default_factory=dict)
 
 
 class SlurmConfigResult(BaseModel):

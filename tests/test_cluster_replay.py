@@ -1,8 +1,9 @@
-"""Clusters being provisioned survive a new worker: every checked-in ClusterProvisioning
-history replays against the current code without nondeterminism.
+"""Clusters being provisioned, scaled or torn down survive a new worker: every checked-in
+ClusterProvisioning, ScaleNodeSet and ClusterTeardown history replays against the current
+code without nondeterminism.
 
-Record a version's histories before changing the workflow:
-`python -m tests.histories.record_cluster vN`.
+Record a version's histories before changing the workflows:
+`python -m tests.histories.record_cluster vN`, `python -m tests.histories.record_cluster_ops vN`.
 """
 
 from __future__ import annotations
@@ -14,20 +15,27 @@ from temporalio.client import WorkflowHistory
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 
+from autoclusters.workflows.cluster_ops import ClusterTeardown, ScaleNodeSet
 from autoclusters.workflows.cluster_provisioning import ClusterProvisioning
 
-HISTORIES = sorted((Path(__file__).parent / "histories").glob("cluster_provisioning_*.json"))
+HERE = Path(__file__).parent / "histories"
+HISTORIES = sorted([*HERE.glob("cluster_provisioning_*.json"), *HERE.glob("cluster_ops_*.json")])
 
 
 def test_there_are_histories_to_replay() -> None:
     names = [p.stem for p in HISTORIES]
     assert "cluster_provisioning_v1_ready_with_replacements" in names
     assert "cluster_provisioning_v1_quota_cleanup" in names
+    for case in ("scale_up_replaced", "scale_down_requeue", "teardown"):
+        assert f"cluster_ops_v1_{case}" in names
 
 
 @pytest.mark.parametrize("path", HISTORIES, ids=[p.stem for p in HISTORIES])
 async def test_history_replays(path: Path) -> None:
-    replayer = Replayer(workflows=[ClusterProvisioning], data_converter=pydantic_data_converter)
+    replayer = Replayer(
+        workflows=[ClusterProvisioning, ScaleNodeSet, ClusterTeardown],
+        data_converter=pydantic_data_converter,
+    )
     history = WorkflowHistory.from_json(path.stem, path.read_text())
     result = await replayer.replay_workflow(history, raise_on_replay_failure=False)
     assert result.replay_failure is None, result.replay_failure

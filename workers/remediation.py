@@ -13,6 +13,7 @@ from temporalio.client import Client
 from temporalio.worker import Worker
 
 from autoclusters.activities.cloud import CloudActivities
+from autoclusters.activities.cluster_ops import ClusterOpsActivities
 from autoclusters.activities.guard import GuardActivities
 from autoclusters.activities.health import HealthActivities
 from autoclusters.activities.kubernetes import KubernetesActivities
@@ -25,6 +26,7 @@ from autoclusters.integrations.health import HealthGate, SlurmHealthGate
 from autoclusters.integrations.notify import LogNotifier, Notifier
 from autoclusters.integrations.slack.fanout import MultiNotifier
 from autoclusters.integrations.slurm import SlurmCli, SlurmClient
+from autoclusters.workflows.cluster_ops import ClusterTeardown, ScaleNodeSet
 from autoclusters.workflows.cluster_provisioning import ClusterProvisioning
 from autoclusters.workflows.fleet_guard import FleetGuard
 from autoclusters.workflows.remediation import NodeRemediation
@@ -33,7 +35,7 @@ log = logging.getLogger("autoclusters.worker")
 
 # ClusterProvisioning's provider activities (`cluster_*`) come with the providers (issue 12):
 # until a worker registers them, a provisioning started here waits at its first step.
-WORKFLOWS = [NodeRemediation, FleetGuard, ClusterProvisioning]
+WORKFLOWS = [NodeRemediation, FleetGuard, ClusterProvisioning, ScaleNodeSet, ClusterTeardown]
 
 
 def cloud_provider(settings: Settings) -> CloudProvider:
@@ -130,6 +132,7 @@ def build_worker(
     client: Client, settings: Settings, slurm: SlurmClient, cloud: CloudProvider, health: HealthGate
 ) -> Worker:
     guard = GuardActivities(client, slurm, settings.task_queue)
+    ops = ClusterOpsActivities(client, slurm)
     notifiers = notifiers_for(settings)
     kubernetes = (
         KubernetesActivities(k8s.api_client(kubeconfig=settings.kubeconfig), request_timeout_s=10)
@@ -140,7 +143,11 @@ def build_worker(
         client,
         task_queue=settings.task_queue,
         workflows=WORKFLOWS,
-        activities=activities_for(slurm, cloud, health, guard, notifiers, kubernetes=kubernetes),
+        activities=[
+            *activities_for(slurm, cloud, health, guard, notifiers, kubernetes=kubernetes),
+            ops.node_load,
+            ops.incident_open,
+        ],
         graceful_shutdown_timeout=timedelta(seconds=5),
     )
 

@@ -19,6 +19,7 @@ from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
     from autoclusters.activities import contracts
+    from autoclusters.core.cluster_ops import is_ops_reason
     from autoclusters.core.evidence import EvidenceAck, HealthSnapshot
     from autoclusters.core.fault_evidence import FaultCleared
     from autoclusters.core.guard import (
@@ -66,6 +67,8 @@ RUNBOOK_V2 = "runbook-v2-policy-ladder"
 RUNBOOK_V3_K8S = "runbook-v3-kubernetes"
 # Hot spares: a replacement takes a spare into service at once.
 RUNBOOK_V4_SPARES = "runbook-v4-hot-spares"
+# A node drained by a scale or teardown (cluster-ops) is theirs: the incident leaves it.
+RUNBOOK_V7_OPS_OWNER = "runbook-v7-cluster-ops-owner"
 
 
 class Rejected(Exception):
@@ -331,6 +334,12 @@ class NodeRemediation(
             ),
         )
         self._note_drain(drain)
+        if (
+            drain.already_drained
+            and is_ops_reason(drain.previous_reason)
+            and workflow.patched(RUNBOOK_V7_OPS_OWNER)
+        ):
+            raise Rejected(f"{req.node} is owned by {drain.previous_reason!r} (scale/teardown)")
         requeued = await self._step(
             "requeue",
             lambda: workflow.execute_activity(

@@ -1,0 +1,517 @@
+"""ScaleNodeSet and ClusterTeardown: a provisioned cluster grown, shrunk or deleted, every
+step in the history.
+
+Scale up creates the new machines through the provider activities ClusterProvisioning uses
+(`cluster_create_machine`, `cluster_wait_booted`, `cluster_discover_topology`,
+`cluster_configure_slurm`, `cluster_health_gate`), a failed boot, registration or gate
+replaced up to `machine_attempts` machines per node; the new nodes register drained under
+this operation's reason and are returned to service only once every one passed its gate.
+
+Scale down picks idle nodes first, then the least busy; drains them under this operation's
+reason; requeues their jobs (each once: the requeue marker carries this operation's key) or
+waits for them to end; waits until the node runs nothing, checks it again, and only then
+deletes its machine.
+
+Teardown drains every node, requeues nothing (jobs still running after `grace_s` are
+cancelled), deletes the machines, then the login nodes, shared home, accounting and
+controller (reverse order of creation). It reads what exists from the provider first and
+deletes are idempotent, so a re-run or a retried step deletes nothing twice.
+
+One owner per node: both run as `cluster-ops-<cluster>` (one at a time per cluster); a node
+whose remediation incident is open is skipped (scale down) or waited for (teardown); the
+runbook leaves alone a node drained under an operation's reason (`is_ops_reason`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from datetime import timedelta
+from typing import TypeVar
+
+from temporalio import workflow
+from temporalio.exceptions import ActivityError, ApplicationError
+
+with workflow.unsafe.imports_passed_through():
+    from autoclusters.activities import contracts
+    from autoclusters.core.cluster import (
+        BootResult,
+        ClusterRef,
+        DeleteCall,
+        Machine,
+        MachineCall,
+        NodeGateCall,
+        NodeSetNodes,
+        Placement,
+        Resource,
+        SlurmConfigCall,
+        SlurmConfigResult,
+        TopologyCall,
+        render_topology,
+    )
+    from autoclusters.core.cluster_ops import (
+        IncidentProbe,
+        Inventory,
+        NodeLoad,
+        NodeLoadCall,
+        OpsState,
+        ScaleNodeSetInput,
+        TeardownInput,
+        ops_key,
+    )
+    from autoclusters.core.cluster_spec import ClusterSpec, NodeSetSpec
+    from autoclusters.core.models import (
+        DrainInput,
+        HealthReport,
+        RequeueInput,
+        RequeueResult,
+        ReturnInput,
+        ReturnResult,
+        StepRecord,
+        WaitIdleInput,
+        WaitIdleResult,
+        drain_reason,
+    )
+
+from autoclusters.workflows.cluster_provisioning import (
+    CREATE_TIMEOUT,
+    GATE_TIMEOUT,
+    PROVIDER_RETRY,
+    SLURM_TIMEOUT,
+    _fatal,
+)
+from autoclusters.workflows.timeline import HEARTBEAT, RETRY, cause_of
+
+T = TypeVar("T")
+
+SLURM_STEP = timedelta(minutes=2)
+NODE_BUSY = "NodeBusy"
+
+
+class _Ops:
+    """What both workflows share: the recorded steps, the Slurm and provider calls."""
+
+    _state: OpsState
+    _ref: ClusterRef
+
+    async def _step(
+        self,
+        name: str,
+        run: Callable[[], Awaitable[T]],
+        detail: Callable[[T], str] | None = None,
+    ) -> T:
+        rec = StepRecord(name=name, started_at=workflow.now())
+        self._state.steps.append(rec)
+        self._state.current_step = name
+        try:
+            out = await run()
+        except GeneratorExit:
+            raise
+        except BaseException as e:
+            rec.outcome, rec.finished_at, rec.detail = "failed", workflow.now(), str(cause_of(e))
+            raise
+        rec.outcome, rec.finished_at = "ok", workflow.now()
+        rec.detail = detail(out) if detail else ""
+        return out
+
+    async def _inventory(self) -> Inventory:
+        return await self._step(
+            "inventory",
+            lambda: workflow.execute_activity(
+                contracts.cluster_inventory,
+                self._ref,
+                start_to_close_timeout=SLURM_TIMEOUT,
+                heartbeat_timeout=HEARTBEAT,
+                retry_policy=PROVIDER_RETRY,
+            ),
+            lambda inv: f"{len(inv.resources)} resources, {len(inv.machines)} machines",
+        )
+
+    async def _loads(self, nodes: list[str]) -> dict[str, NodeLoad]:
+        loads: list[NodeLoad] = await workflow.execute_activity(
+            contracts.cluster_node_load,
+            NodeLoadCall(cluster=self._ref, nodes=nodes),
+            start_to_close_timeout=SLURM_STEP,
+            heartbeat_timeout=HEARTBEAT,
+            retry_policy=RETRY,
+        )
+        return {ld.node: ld for ld in loads}
+
+    async def _incident_open(self, node: str) -> bool:
+        open_: bool = await workflow.execute_activity(
+            contracts.cluster_incident_open,
+            IncidentProbe(cluster=self._ref.name, node=node),
+            start_to_close_timeout=SLURM_STEP,
+            retry_policy=RETRY,
+            summary=f"is an incident open on {node}",
+        )
+        return open_
+
+    async def _drain(self, node: str, why: str) -> None:
+        await workflow.execute_activity(
+            contracts.drain_node,
+            DrainInput(node=node, reason=drain_reason(self._state.key, why)),
+            start_to_close_timeout=SLURM_STEP,
+            heartbeat_timeout=HEARTBEAT,
+            retry_policy=RETRY,
+            summary=f"drain {node} ({why})",
+        )
+
+    async def _wait_idle(self, node: str, timeout_s: float, *, force: bool) -> WaitIdleResult:
+        """Until the node runs no job; without force, wait again after each timeout."""
+        while True:
+            try:
+                done: WaitIdleResult = await workflow.execute_activity(
+                    contracts.wait_node_idle,
+                    WaitIdleInput(node=node, timeout_s=timeout_s, force=force),
+                    start_to_close_timeout=timedelta(seconds=timeout_s) + SLURM_STEP,
+                    heartbeat_timeout=HEARTBEAT,
+                    retry_policy=RETRY,
+                    summary=f"wait until {node} is idle",
+                )
+            except ActivityError as e:
+                cause = cause_of(e)
+                if isinstance(cause, ApplicationError) and cause.type == NODE_BUSY:
+                    continue  # its jobs still run: keep waiting, never delete under them
+                raise
+            return done
+
+    async def _delete(self, res: Resource) -> None:
+        await workflow.execute_activity(
+            contracts.cluster_delete,
+            DeleteCall(cluster=self._ref, resource=res),
+            start_to_close_timeout=CREATE_TIMEOUT,
+            heartbeat_timeout=HEARTBEAT,
+            retry_policy=PROVIDER_RETRY,
+            summary=f"delete {res.kind} {res.name} ({res.id})",
+        )
+        self._state.deleted.append(res)
+
+
+def _failed(err: BaseException) -> ApplicationError:
+    fatal = _fatal(err)
+    if fatal is not None:
+        return ApplicationError(fatal.message, type=fatal.type, non_retryable=True)
+    cause = cause_of(err)
+    kind = cause.type if isinstance(cause, ApplicationError) and cause.type else "OpsFailed"
+    return ApplicationError(str(cause), type=kind, non_retryable=True)
+
+
+@workflow.defn(name="ScaleNodeSet")
+class ScaleNodeSet(_Ops):
+    @workflow.init
+    def __init__(self, inp: ScaleNodeSetInput) -> None:
+        spec = inp.spec
+        self._inp = inp
+        self._ref = ClusterRef(name=spec.name, provider=spec.provider, location=spec.location)
+        self._state = OpsState(cluster=spec.name)
+        self._machines: dict[str, Machine] = {}  # every node of the cluster -> its machine
+        self._attempts: dict[str, int] = {}
+
+    @workflow.query
+    def status(self) -> OpsState:
+        return self._state
+
+    @workflow.run
+    async def run(self, inp: ScaleNodeSetInput) -> OpsState:
+        s = self._state
+        s.key = ops_key(inp.spec.name, workflow.info().run_id)
+        node_set = next((n for n in inp.spec.node_sets if n.name == inp.node_set), None)
+        if node_set is None:
+            raise ApplicationError(
+                f"cluster {inp.spec.name} has no node set {inp.node_set}",
+                type="UnknownNodeSet",
+                non_retryable=True,
+            )
+        try:
+            inv = await self._inventory()
+            self._machines = {m.node: m for m in inv.machines}
+            mine = sorted(m.node for m in inv.machines if m.node_set == inp.node_set)
+            if inp.count > len(mine):
+                grown = node_set.model_copy(update={"count": inp.count})
+                new = [n for n in grown.node_names() if n not in self._machines]
+                await self._scale_up(grown, new[: inp.count - len(mine)])
+            elif inp.count < len(mine):
+                await self._scale_down(mine, len(mine) - inp.count)
+        except (ActivityError, ApplicationError) as e:
+            s.status, s.failure = "failed", str(cause_of(e))
+            raise _failed(e) from None
+        s.status, s.current_step = "done", None
+        return s
+
+    # --- up ---------------------------------------------------------------------------------
+
+    async def _scale_up(self, node_set: NodeSetSpec, new: list[str]) -> None:
+        await self._step(
+            "boot_machines",
+            lambda: self._all(self._bring_up(node_set, n) for n in new),
+            lambda _: ", ".join(new),
+        )
+        await self._step("register_and_gate", lambda: self._register_and_gate(node_set, new))
+        for node in new:
+            back: ReturnResult = await self._step(
+                f"return_to_service {node}",
+                lambda node=node: workflow.execute_activity(  # type: ignore[misc]
+                    contracts.return_to_service,
+                    ReturnInput(node=node, incident_id=self._state.key),
+                    start_to_close_timeout=SLURM_STEP,
+                    heartbeat_timeout=HEARTBEAT,
+                    retry_policy=RETRY,
+                ),
+                lambda r: r.state_after,
+            )
+            if not back.returned:
+                raise ApplicationError(f"{node} not returned to service: {back.detail}")
+            self._state.added.append(node)
+
+    async def _all(self, tasks: object) -> None:
+        results = await asyncio.gather(*tasks, return_exceptions=True)  # type: ignore[misc]
+        errors = [r for r in results if isinstance(r, BaseException)]
+        for err in errors:
+            if _fatal(err) is not None:
+                raise err
+        if errors:
+            raise errors[0]
+
+    async def _bring_up(self, node_set: NodeSetSpec, node: str) -> None:
+        while True:
+            attempt = self._attempts.get(node, 0) + 1
+            self._attempts[node] = attempt
+            machine: Machine = await workflow.execute_activity(
+                contracts.cluster_create_machine,
+                MachineCall(cluster=self._ref, node_set=node_set, node=node, attempt=attempt),
+                start_to_close_timeout=CREATE_TIMEOUT,
+                heartbeat_timeout=HEARTBEAT,
+                retry_policy=PROVIDER_RETRY,
+                summary=f"create {node} (attempt {attempt})",
+            )
+            self._machines[node] = machine
+            try:
+                boot: BootResult = await workflow.execute_activity(
+                    contracts.cluster_wait_booted,
+                    machine,
+                    start_to_close_timeout=timedelta(seconds=self._inp.boot_timeout_s),
+                    heartbeat_timeout=HEARTBEAT,
+                    retry_policy=PROVIDER_RETRY,
+                    summary=f"wait for {node} ({machine.machine_id}) to boot",
+                )
+            except ActivityError as e:
+                if _fatal(e) is not None:
+                    raise
+                boot = BootResult(booted=False, detail=str(cause_of(e)))
+            if boot.booted:
+                return
+            await self._discard(node, f"did not boot: {boot.detail}")
+
+    async def _discard(self, node: str, why: str) -> None:
+        machine = self._machines.pop(node)
+        self._state.replaced += 1
+        await self._delete(machine.resource())
+        if self._attempts[node] >= self._inp.machine_attempts:
+            raise ApplicationError(
+                f"node {node}: {self._attempts[node]} machines tried, the last {why}",
+                type="MachineAttemptsExhausted",
+                non_retryable=True,
+            )
+
+    async def _register_and_gate(self, node_set: NodeSetSpec, new: list[str]) -> None:
+        why = drain_reason(self._state.key, "SCALE_UP")
+        healthy: set[str] = set()
+        while True:
+            registered = await self._configure_slurm({n: why for n in new})
+            failed = {n: "did not register with slurmctld" for n in new if n not in registered}
+            pending = [n for n in new if n in registered and n not in healthy]
+            # Drained before anything can be scheduled on it (configure_slurm registers it
+            # drained already; this holds even on a provider that ignores that).
+            for node in pending:
+                await self._drain(node, "SCALE_UP")
+            reports = await asyncio.gather(*(self._gate(n, node_set) for n in pending))
+            for report in reports:
+                if report.passed:
+                    healthy.add(report.node)
+                else:
+                    failed[report.node] = f"failed its health gate: {report.failures()}"
+            if not failed:
+                return
+
+            async def replace(node: str, why: str) -> None:
+                await self._discard(node, why)
+                await self._bring_up(node_set, node)
+
+            await self._all(replace(n, w) for n, w in sorted(failed.items()))
+
+    async def _configure_slurm(self, drained: dict[str, str]) -> set[str]:
+        machines = [self._machines[n] for n in sorted(self._machines)]
+        found: list[Placement] = await workflow.execute_activity(
+            contracts.cluster_discover_topology,
+            TopologyCall(cluster=self._ref, machines=machines),
+            start_to_close_timeout=SLURM_TIMEOUT,
+            heartbeat_timeout=HEARTBEAT,
+            retry_policy=PROVIDER_RETRY,
+        )
+        by_node = {p.node: p for p in found}
+        topology = render_topology([by_node.get(m.node, Placement(node=m.node)) for m in machines])
+        result: SlurmConfigResult = await workflow.execute_activity(
+            contracts.cluster_configure_slurm,
+            SlurmConfigCall(
+                cluster=self._ref,
+                node_sets=_node_set_nodes(self._inp.spec, machines),
+                machines=machines,
+                topology_conf=topology,
+                accounting=self._inp.spec.accounting,
+                drained=drained,
+            ),
+            start_to_close_timeout=SLURM_TIMEOUT,
+            heartbeat_timeout=HEARTBEAT,
+            retry_policy=PROVIDER_RETRY,
+        )
+        return set(result.registered)
+
+    async def _gate(self, node: str, node_set: NodeSetSpec) -> HealthReport:
+        try:
+            report: HealthReport = await workflow.execute_activity(
+                contracts.cluster_health_gate,
+                NodeGateCall(
+                    cluster=self._ref,
+                    machine=self._machines[node],
+                    expected_gpus=node_set.gpus_per_node,
+                ),
+                start_to_close_timeout=GATE_TIMEOUT,
+                heartbeat_timeout=HEARTBEAT,
+                retry_policy=PROVIDER_RETRY,
+                summary=f"health gate {node}",
+            )
+        except ActivityError as e:
+            if _fatal(e) is not None:
+                raise
+            return HealthReport(node=node, passed=False)
+        return report
+
+    # --- down -------------------------------------------------------------------------------
+
+    async def _scale_down(self, mine: list[str], remove: int) -> None:
+        victims = await self._step(
+            "choose_nodes", lambda: self._choose(mine, remove), lambda v: ", ".join(v)
+        )
+        await self._step(
+            "remove_nodes", lambda: self._all(self._remove(n) for n in victims), lambda _: ""
+        )
+        # Slurm forgets the removed nodes.
+        await self._step("configure_slurm", lambda: self._configure_slurm({}))
+
+    async def _choose(self, mine: list[str], remove: int) -> list[str]:
+        """Idle nodes first, then the least busy (fewest jobs), the newest first among equals;
+        a node with an open incident is not touched (waited for when too few are left)."""
+        while True:
+            loads = await self._loads(mine)
+            free: list[str] = []
+            for node in mine:
+                if await self._incident_open(node):
+                    self._state.skipped[node] = "a remediation incident is open"
+                else:
+                    free.append(node)
+            if len(free) >= remove:
+                break
+            await workflow.sleep(timedelta(seconds=self._inp.incident_poll_s))
+        order = sorted(
+            free,
+            key=lambda n: (len(loads[n].jobs) if n in loads else 0, [-ord(c) for c in n]),
+        )
+        return order[:remove]
+
+    async def _remove(self, node: str) -> None:
+        s = self._state
+        await self._drain(node, "SCALE_DOWN")
+        if self._inp.jobs == "requeue":
+            done: RequeueResult = await workflow.execute_activity(
+                contracts.requeue_jobs,
+                RequeueInput(node=node, incident_id=s.key),
+                start_to_close_timeout=SLURM_STEP,
+                heartbeat_timeout=HEARTBEAT,
+                retry_policy=RETRY,
+                summary=f"requeue the jobs of {node}",
+            )
+            s.requeued += [j for j in done.requeued if j not in s.requeued]
+        while True:
+            await self._wait_idle(node, self._inp.idle_timeout_s, force=False)
+            # Checked again right before the delete: never under a running job.
+            load = (await self._loads([node])).get(node)
+            if load is None or not load.jobs:
+                break
+        await self._delete(self._machines.pop(node).resource())
+        s.removed.append(node)
+
+
+@workflow.defn(name="ClusterTeardown")
+class ClusterTeardown(_Ops):
+    @workflow.init
+    def __init__(self, inp: TeardownInput) -> None:
+        self._inp = inp
+        self._ref = inp.cluster
+        self._state = OpsState(cluster=inp.cluster.name)
+
+    @workflow.query
+    def status(self) -> OpsState:
+        return self._state
+
+    @workflow.run
+    async def run(self, inp: TeardownInput) -> OpsState:
+        s = self._state
+        s.key = ops_key(inp.cluster.name, workflow.info().run_id)
+        try:
+            inv = await self._inventory()
+            nodes = sorted(m.node for m in inv.machines)
+            if nodes:
+                await self._step("wait_for_incidents", lambda: self._no_incidents(nodes))
+                known = await self._loads(nodes)
+                await self._step(
+                    "drain",
+                    lambda: self._all_nodes(self._quiesce(n) for n in nodes if n in known),
+                    lambda _: f"{len(known)} nodes",
+                )
+            machines = [r for r in inv.resources if r.kind == "machine"]
+            await self._step(
+                "delete_machines", lambda: self._all_nodes(self._delete(r) for r in machines)
+            )
+            for res in reversed([r for r in inv.resources if r.kind != "machine"]):
+                await self._step(f"delete_{res.kind}", lambda res=res: self._delete(res))  # type: ignore[misc]
+        except (ActivityError, ApplicationError) as e:
+            s.status, s.failure = "failed", str(cause_of(e))
+            raise _failed(e) from None
+        s.status, s.current_step = "done", None
+        return s
+
+    async def _all_nodes(self, tasks: object) -> None:
+        results = await asyncio.gather(*tasks, return_exceptions=True)  # type: ignore[misc]
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if errors:
+            raise errors[0]
+
+    async def _no_incidents(self, nodes: list[str]) -> None:
+        """Teardown waits for every open incident to close: the runbook owns its node."""
+        pending = list(nodes)
+        while True:
+            still = [n for n in pending if await self._incident_open(n)]
+            for n in still:
+                self._state.skipped[n] = "waited for its open remediation incident"
+            if not still:
+                return
+            pending = still
+            await workflow.sleep(timedelta(seconds=self._inp.incident_poll_s))
+
+    async def _quiesce(self, node: str) -> None:
+        """Drain; requeue nothing; what still runs after the grace time is cancelled."""
+        await self._drain(node, "TEARDOWN")
+        await self._wait_idle(node, self._inp.grace_s, force=True)
+
+
+def _node_set_nodes(spec: ClusterSpec, machines: list[Machine]) -> list[NodeSetNodes]:
+    return [
+        NodeSetNodes(
+            name=s.name,
+            partition=s.partition,
+            gpus_per_node=s.gpus_per_node,
+            nodes=sorted(m.node for m in machines if m.node_set == s.name),
+        )
+        for s in spec.node_sets
+    ]
