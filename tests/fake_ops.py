@@ -40,6 +40,9 @@ class OpsProvider(FakeProvider):
         self.machines: dict[str, Machine] = {}
         self.gated_drained: dict[str, bool] = {}
         self.busy_at_delete: dict[str, list[int]] = {}
+        # Deletes that happen and then report a transient error (a crash after the side
+        # effect): the retried call finds the resource gone.
+        self.fail_after_delete: set[str] = set()
 
     def seed(self, spec: ClusterSpec) -> ClusterRef:
         """The cluster as ClusterProvisioning left it: every resource, every node in Slurm."""
@@ -106,3 +109,6 @@ class OpsProvider(FakeProvider):
                 j.job_id for j in jobs if j.job_state in _ACTIVE and j.nodes
             ]
         await FakeProvider.delete(self, call)
+        if call.resource.kind in self.fail_after_delete:
+            self.fail_after_delete.discard(call.resource.kind)
+            raise RuntimeError(f"connection reset after deleting {call.resource.id}")

@@ -9,7 +9,8 @@ Aspects covered:
   effect) and its machine deleted only once the node is idle; in `wait` mode the job is not
   requeued and the machine waits for it to end;
 - teardown: machines, then login, home, accounting, controller; jobs cancelled after the
-  grace time, none requeued; a re-run deletes nothing and succeeds;
+  grace time, none requeued; a delete retried after its side effect and a re-run delete
+  nothing twice and succeed;
 - one owner per node: a node with an open remediation incident is not touched by a scale
   down; the drain activity keeps a scale's drain when an incident asks for its own, and the
   runbook ends such an incident `rejected`, the node left as the scale drained it.
@@ -217,12 +218,16 @@ async def test_teardown_deletes_in_reverse_order_requeues_nothing_and_reruns(
 ) -> None:
     async with cluster(env) as c:
         c.slurm.add_job(7, nodes="gpu-01")
+        c.provider.fail_after_delete = {"machine", "shared_home"}  # retried after the fact
         state: OpsState = await (await c.teardown(grace_s=0)).result()
         assert state.status == "done"
         deleted = [r.kind for r in state.deleted]
         assert deleted[:5] == ["machine"] * 5
         assert deleted[5:] == ["login", "shared_home", "accounting", "controller"]
         assert not c.provider.alive and not c.slurm.requeue_count
+        ids = [r.id for r in c.provider.deleted]
+        assert len(ids) == len(set(ids)) == 9  # each deleted once, the retries found it gone
+        assert sum(x.startswith("delete shared_home") for x in c.provider.calls) == 2
         assert c.slurm.job_now(7).job_state == "CANCELLED"
         assert all(is_ops_reason(n.reason) for n in await c.slurm.nodes())
         before = list(c.provider.deleted)
