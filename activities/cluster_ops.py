@@ -10,7 +10,7 @@ from temporalio import activity
 from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.service import RPCError, RPCStatusCode
 
-from autoclusters.core.cluster_ops import IncidentProbe, NodeLoad, NodeLoadCall
+from autoclusters.core.cluster_ops import IncidentProbe, NodeLoad, NodeLoadCall, WorkflowProbe
 from autoclusters.core.models import workflow_id
 from autoclusters.integrations.slurm import SlurmClient
 
@@ -38,7 +38,14 @@ class ClusterOpsActivities:
 
     @activity.defn(name="cluster_incident_open")
     async def incident_open(self, probe: IncidentProbe) -> bool:
-        handle = self._client.get_workflow_handle(workflow_id(probe.cluster, probe.node))
+        return await self._running(workflow_id(probe.cluster, probe.node))
+
+    @activity.defn(name="cluster_workflow_running")
+    async def workflow_running(self, probe: WorkflowProbe) -> bool:
+        return await self._running(probe.workflow_id)
+
+    async def _running(self, wf_id: str) -> bool:
+        handle = self._client.get_workflow_handle(wf_id)
         try:
             desc = await handle.describe()
         except RPCError as e:

@@ -28,7 +28,13 @@ from autoclusters.core.cluster import (
     UsersCall,
     UsersResult,
 )
-from autoclusters.core.cluster_ops import IncidentProbe, Inventory, NodeLoad, NodeLoadCall
+from autoclusters.core.cluster_ops import (
+    IncidentProbe,
+    Inventory,
+    NodeLoad,
+    NodeLoadCall,
+    WorkflowProbe,
+)
 from autoclusters.core.guard import (
     Admission,
     AdmitCall,
@@ -312,4 +318,9 @@ async def cluster_node_load(call: NodeLoadCall) -> list[NodeLoad]:
 
 @activity.defn(name="cluster_incident_open")
 async def cluster_incident_open(probe: IncidentProbe) -> bool:
+    raise _stub()
+
+
+@activity.defn(name="cluster_workflow_running")
+async def cluster_workflow_running(probe: WorkflowProbe) -> bool:
     raise _stub()

@@ -63,6 +63,10 @@ class IncidentProbe(BaseModel):
     node: str
 
 
+class WorkflowProbe(BaseModel):
+    workflow_id: str  # e.g. the cluster's provisioning: is it running now?
+
+
 JobsMode = Literal["requeue", "wait"]
 
 

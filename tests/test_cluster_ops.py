@@ -11,9 +11,10 @@ Aspects covered:
 - teardown: machines, then login, home, accounting, controller; jobs cancelled after the
   grace time, none requeued; a delete retried after its side effect and a re-run delete
   nothing twice and succeed;
-- one owner per node: a node with an open remediation incident is not touched by a scale
-  down; the drain activity keeps a scale's drain when an incident asks for its own, and the
-  runbook ends such an incident `rejected`, the node left as the scale drained it.
+- one owner per node: a scale is refused while the cluster's provisioning runs; a node with
+  an open remediation incident is not touched by a scale down; the drain activity keeps a
+  scale's drain when an incident asks for its own, and the runbook ends such an incident
+  `rejected`, the node left as the scale drained it.
 """
 
 from __future__ import annotations
@@ -27,11 +28,14 @@ from typing import Any
 import pytest
 import pytest_asyncio
 from temporalio import workflow
+from temporalio.client import WorkflowFailureError
+from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from autoclusters.activities.cluster_ops import ClusterOpsActivities
 from autoclusters.activities.slurm import SlurmActivities
+from autoclusters.core.cluster import provisioning_workflow_id
 from autoclusters.core.cluster_ops import (
     OpsState,
     ScaleNodeSetInput,
@@ -66,6 +70,15 @@ node_sets:
 @workflow.defn(name="NodeRemediation")
 class OpenIncident:
     """Stands in for an incident that is open on a node (its workflow id is the node's)."""
+
+    @workflow.run
+    async def run(self, _: Any) -> None:
+        await workflow.wait_condition(lambda: False)
+
+
+@workflow.defn(name="ClusterProvisioning")
+class StillProvisioning:
+    """Stands in for the cluster's provisioning, still running."""
 
     @workflow.run
     async def run(self, _: Any) -> None:
@@ -118,7 +131,7 @@ async def cluster(
     async with Worker(
         env.client,
         task_queue=c.tq,
-        workflows=[ScaleNodeSet, ClusterTeardown, OpenIncident],
+        workflows=[ScaleNodeSet, ClusterTeardown, OpenIncident, StillProvisioning],
         activities=[
             *c.provider.activities(),
             s.drain_node,
@@ -127,6 +140,7 @@ async def cluster(
             s.return_to_service,
             ops.node_load,
             ops.incident_open,
+            ops.workflow_running,
         ],
     ):
         yield c
@@ -252,6 +266,21 @@ async def test_a_node_with_an_open_incident_is_not_touched(env: WorkflowEnvironm
     assert "gpu-04" in state.skipped and state.removed == ["gpu-03"]
     assert not c.slurm.node_now("gpu-04").drained
     assert "vm-gpu-04-1" in c.provider.alive
+
+
+async def test_a_cluster_still_being_provisioned_is_not_scaled(env: WorkflowEnvironment) -> None:
+    async with cluster(env) as c:
+        provisioning = await env.client.start_workflow(
+            "ClusterProvisioning", None, id=provisioning_workflow_id(c.spec.name), task_queue=c.tq
+        )
+        try:
+            with pytest.raises(WorkflowFailureError) as caught:
+                await (await c.scale(2)).result()
+        finally:
+            await provisioning.terminate("test over")
+    cause = caught.value.cause
+    assert isinstance(cause, ApplicationError) and cause.type == "ClusterBusy"
+    assert c.provider.calls == [] and not c.slurm.log
 
 
 async def test_an_incident_leaves_a_node_drained_by_a_scale() -> None:

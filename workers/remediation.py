@@ -147,6 +147,7 @@ def build_worker(
             *activities_for(slurm, cloud, health, guard, notifiers, kubernetes=kubernetes),
             ops.node_load,
             ops.incident_open,
+            ops.workflow_running,
         ],
         graceful_shutdown_timeout=timedelta(seconds=5),
     )

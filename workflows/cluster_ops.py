@@ -17,7 +17,8 @@ cancelled), deletes the machines, then the login nodes, shared home, accounting 
 controller (reverse order of creation). It reads what exists from the provider first and
 deletes are idempotent, so a re-run or a retried step deletes nothing twice.
 
-One owner per node: both run as `cluster-ops-<cluster>` (one at a time per cluster); a node
+One owner per node: both run as `cluster-ops-<cluster>` (one at a time per cluster) and are
+refused (ClusterBusy) while the cluster's ClusterProvisioning runs; a node
 whose remediation incident is open is skipped (scale down) or waited for (teardown); the
 runbook leaves alone a node drained under an operation's reason (`is_ops_reason`).
 """
@@ -47,6 +48,7 @@ with workflow.unsafe.imports_passed_through():
         SlurmConfigCall,
         SlurmConfigResult,
         TopologyCall,
+        provisioning_workflow_id,
         render_topology,
     )
     from autoclusters.core.cluster_ops import (
@@ -57,6 +59,7 @@ with workflow.unsafe.imports_passed_through():
         OpsState,
         ScaleNodeSetInput,
         TeardownInput,
+        WorkflowProbe,
         ops_key,
     )
     from autoclusters.core.cluster_spec import ClusterSpec, NodeSetSpec
@@ -113,6 +116,27 @@ class _Ops:
         rec.outcome, rec.finished_at = "ok", workflow.now()
         rec.detail = detail(out) if detail else ""
         return out
+
+    async def _not_provisioning(self) -> None:
+        """A cluster still being provisioned belongs to its provisioning: refused."""
+        wf_id = provisioning_workflow_id(self._ref.name)
+        running: bool = await self._step(
+            "check_provisioning",
+            lambda: workflow.execute_activity(
+                contracts.cluster_workflow_running,
+                WorkflowProbe(workflow_id=wf_id),
+                start_to_close_timeout=SLURM_STEP,
+                retry_policy=RETRY,
+            ),
+            lambda r: f"{wf_id} running" if r else "",
+        )
+        if running:
+            raise ApplicationError(
+                f"cluster {self._ref.name} is still being provisioned ({wf_id}): "
+                "scale or delete it once that ends",
+                type="ClusterBusy",
+                non_retryable=True,
+            )
 
     async def _inventory(self) -> Inventory:
         return await self._step(
@@ -224,6 +248,7 @@ class ScaleNodeSet(_Ops):
                 non_retryable=True,
             )
         try:
+            await self._not_provisioning()
             inv = await self._inventory()
             self._machines = {m.node: m for m in inv.machines}
             mine = sorted(m.node for m in inv.machines if m.node_set == inp.node_set)
@@ -459,6 +484,7 @@ class ClusterTeardown(_Ops):
         s = self._state
         s.key = ops_key(inp.cluster.name, workflow.info().run_id)
         try:
+            await self._not_provisioning()
             inv = await self._inventory()
             nodes = sorted(m.node for m in inv.machines)
             if nodes:

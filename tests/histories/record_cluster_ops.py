@@ -93,7 +93,7 @@ async def record(version: str) -> None:
                 env.client, task_queue=tq, workflows=WORKFLOWS,
                 activities=[
                     *provider.activities(), s.drain_node, s.requeue_jobs, s.wait_node_idle,
-                    s.return_to_service, ops.node_load, ops.incident_open,
+                    s.return_to_service, ops.node_load, ops.incident_open, ops.workflow_running,
                 ],
             ):  # fmt: skip
                 handle = await env.client.start_workflow(
