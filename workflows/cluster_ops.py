@@ -36,7 +36,6 @@ from temporalio.exceptions import ActivityError, ApplicationError
 with workflow.unsafe.imports_passed_through():
     from autoclusters.activities import contracts
     from autoclusters.core.cluster import (
-        BootResult,
         ClusterRef,
         DeleteCall,
         Machine,
@@ -82,6 +81,7 @@ from autoclusters.workflows.cluster_provisioning import (
     PROVIDER_RETRY,
     SLURM_TIMEOUT,
     _fatal,
+    wait_booted,
 )
 from autoclusters.workflows.timeline import HEARTBEAT, RETRY, cause_of
 
@@ -311,19 +311,7 @@ class ScaleNodeSet(_Ops):
                 summary=f"create {node} (attempt {attempt})",
             )
             self._machines[node] = machine
-            try:
-                boot: BootResult = await workflow.execute_activity(
-                    contracts.cluster_wait_booted,
-                    machine,
-                    start_to_close_timeout=timedelta(seconds=self._inp.boot_timeout_s),
-                    heartbeat_timeout=HEARTBEAT,
-                    retry_policy=PROVIDER_RETRY,
-                    summary=f"wait for {node} ({machine.machine_id}) to boot",
-                )
-            except ActivityError as e:
-                if _fatal(e) is not None:
-                    raise
-                boot = BootResult(booted=False, detail=str(cause_of(e)))
+            boot = await wait_booted(machine, self._inp.boot_timeout_s)
             if boot.booted:
                 return
             await self._discard(node, f"did not boot: {boot.detail}")

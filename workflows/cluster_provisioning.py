@@ -245,21 +245,7 @@ class ClusterProvisioning:
         return machine
 
     async def _wait_booted(self, machine: Machine) -> BootResult:
-        try:
-            result: BootResult = await workflow.execute_activity(
-                contracts.cluster_wait_booted,
-                machine,
-                start_to_close_timeout=timedelta(seconds=self._inp.boot_timeout_s),
-                heartbeat_timeout=HEARTBEAT,
-                retry_policy=PROVIDER_RETRY,
-                summary=f"wait for {machine.node} ({machine.machine_id}) to boot",
-            )
-        except ActivityError as e:
-            if _fatal(e) is not None:
-                raise
-            # Hung past the boot timeout, or the provider says it failed: replace it.
-            return BootResult(booted=False, detail=str(cause_of(e)))
-        return result
+        return await wait_booted(machine, self._inp.boot_timeout_s)
 
     async def _discard(self, node: str, why: str) -> None:
         """Delete the slot's machine; fail the cluster when the slot has no attempts left."""
@@ -485,3 +471,23 @@ class ClusterProvisioning:
 
 def _check(name: str, detail: str) -> HealthCheck:
     return HealthCheck(name=name, passed=False, detail=detail)
+
+
+async def wait_booted(machine: Machine, boot_timeout_s: float) -> BootResult:
+    """Until `machine` boots; a hang past the timeout or a provider's failure is an answer
+    (booted=False: replace it), only a fatal error (quota, capacity) raises. Shared by
+    provisioning and scaling."""
+    try:
+        result: BootResult = await workflow.execute_activity(
+            contracts.cluster_wait_booted,
+            machine,
+            start_to_close_timeout=timedelta(seconds=boot_timeout_s),
+            heartbeat_timeout=HEARTBEAT,
+            retry_policy=PROVIDER_RETRY,
+            summary=f"wait for {machine.node} ({machine.machine_id}) to boot",
+        )
+    except ActivityError as e:
+        if _fatal(e) is not None:
+            raise
+        return BootResult(booted=False, detail=str(cause_of(e)))
+    return result

@@ -22,17 +22,13 @@ KEEP_KEYS = 500  # source keys remembered for `repeat` (a few days of re-sent al
 
 class FaultIntake:
     _state: IncidentState
-
-    def _keys(self) -> list[str]:
-        keys: list[str] | None = self.__dict__.get("_report_keys")
-        if keys is None:
-            keys = self.__dict__["_report_keys"] = []
-        return keys
+    _report_keys: list[str]  # source keys seen, newest last (set in the runbook's __init__)
+    _told_opened: bool  # an ack said `opened` already
 
     def _merge_report(self, rep: FaultReport) -> tuple[FaultAck, FaultSeen | None]:
         """Record `rep`; the answer, and the fault it added (None: known already)."""
         s = self._state
-        keys = self._keys()
+        keys = self._report_keys
         if rep.key and rep.key in keys:
             ack = FaultAck(
                 incident_id=s.request.incident_id,
@@ -46,8 +42,8 @@ class FaultIntake:
             keys.append(rep.key)
             del keys[:-KEEP_KEYS]
         if rep.open_token:
-            opened = rep.open_token == s.request.open_token and not self.__dict__.get("_told")
-            self.__dict__["_told"] = self.__dict__.get("_told") or opened
+            opened = rep.open_token == s.request.open_token and not self._told_opened
+            self._told_opened = self._told_opened or opened
         else:  # callers from before tokens: the would-be incident id tells
             opened = rep.incident_id == s.request.incident_id
         at = utc(rep.at)

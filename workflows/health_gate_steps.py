@@ -39,22 +39,12 @@ KEEP_BOOTS = 20
 class HealthGateSteps(Timeline):
     _state: IncidentState
     _policy: Policy
+    # Set in the runbook's __init__: the latest snapshots kept, and every boot id seen with
+    # when it was first seen (a machine's identity).
+    _agent_snapshots: list[HealthSnapshot]
+    _agent_boots: dict[str, datetime]
 
     # --- evidence in ---------------------------------------------------------------------
-
-    def _evidence(self) -> list[HealthSnapshot]:
-        # Made on first use, so the runbook's __init__ needs no change.
-        ev: list[HealthSnapshot] | None = self.__dict__.get("_agent_snapshots")
-        if ev is None:
-            ev = self.__dict__["_agent_snapshots"] = []
-        return ev
-
-    def _boots(self) -> dict[str, datetime]:
-        """Every boot id seen, with when it was first seen (a machine's identity)."""
-        boots: dict[str, datetime] | None = self.__dict__.get("_agent_boots")
-        if boots is None:
-            boots = self.__dict__["_agent_boots"] = {}
-        return boots
 
     def _evidence_is_news(self, snap: HealthSnapshot) -> bool:
         """Worth a place in the history: anything while the gate waits for it; otherwise
@@ -63,16 +53,16 @@ class HealthGateSteps(Timeline):
         waiting = self._state.waiting_for
         if waiting is not None and waiting.kind == "agent_report":
             return True
-        ev = self._evidence()
+        ev = self._agent_snapshots
         return not ev or _gist(snap) != _gist(ev[-1])
 
     def _take_evidence(self, snap: HealthSnapshot) -> EvidenceAck:
-        ev, req = self._evidence(), self._state.request
+        ev, req = self._agent_snapshots, self._state.request
         kept = snap.node == req.node and all(s.snapshot_id != snap.snapshot_id for s in ev)
         if kept:
             ev.append(snap)
             del ev[:-KEEP_SNAPSHOTS]
-            boots = self._boots()
+            boots = self._agent_boots
             if snap.boot_id and (
                 snap.boot_id not in boots or snap.observed_at < boots[snap.boot_id]
             ):
@@ -122,7 +112,7 @@ class HealthGateSteps(Timeline):
 
             def now() -> Judgement:
                 return judge(
-                    self._evidence(),
+                    self._agent_snapshots,
                     since=since,
                     old_boot_id=old_boot,
                     expected_gpus=slurm.expected_gpus,
@@ -167,7 +157,7 @@ class HealthGateSteps(Timeline):
 
     def _boot_before(self, since: datetime) -> str | None:
         """The boot the agent reported from before the machine stopped (None: unknown)."""
-        before = [(first, b) for b, first in self._boots().items() if first < since]
+        before = [(first, b) for b, first in self._agent_boots.items() if first < since]
         return max(before)[1] if before else None
 
 

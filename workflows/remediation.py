@@ -12,7 +12,7 @@ under a reason naming the incident and pages a human.
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from temporalio import workflow
 from temporalio.exceptions import ActivityError, ApplicationError
@@ -102,6 +102,10 @@ class NodeRemediation(
         self._repairing = False
         self._decision: ApprovalRecord | None = None
         self._k8s = False  # decided once the run starts (behind a patch)
+        self._report_keys: list[str] = []  # FaultIntake
+        self._told_opened = False
+        self._agent_snapshots: list[HealthSnapshot] = []  # HealthGateSteps
+        self._agent_boots: dict[str, datetime] = {}
         self._guard_tickets: set[int] = set()
 
     # --- what people and other systems see and send -------------------------------------

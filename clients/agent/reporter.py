@@ -135,33 +135,20 @@ class HttpSender:
         self._client = client or httpx.Client(timeout=timeout_s, headers=headers, trust_env=False)
 
     def send(self, report: NodeReport) -> Answer:
-        try:
-            r = self._client.post(
-                self.url,
-                content=report.model_dump_json(),
-                headers={"Content-Type": "application/json"},
-            )
-        except httpx.HTTPError as e:
-            return Answer(Outcome.RETRY, f"{type(e).__name__}: {e}")
-        detail = f"HTTP {r.status_code} {r.text[:500]}"
-        if r.is_success or r.status_code == 409:
-            return Answer(Outcome.SENT, detail)
-        if r.status_code >= 500 or r.status_code in _RETRY_STATUSES:
-            return Answer(Outcome.RETRY, detail)
-        return Answer(Outcome.REJECTED, detail)
+        # 409: the API has this report already (a replay after an outage): delivered.
+        return self._post(self.url, report.model_dump_json(), also_sent=(409,))
 
     def send_snapshot(self, snapshot: HealthSnapshot) -> Answer:
         """One try, never raises: a snapshot is not spooled (the next one supersedes it)."""
+        return self._post(self.snapshots_url, snapshot.model_dump_json())
+
+    def _post(self, url: str, body: str, also_sent: tuple[int, ...] = ()) -> Answer:
         try:
-            r = self._client.post(
-                self.snapshots_url,
-                content=snapshot.model_dump_json(),
-                headers={"Content-Type": "application/json"},
-            )
+            r = self._client.post(url, content=body, headers={"Content-Type": "application/json"})
         except httpx.HTTPError as e:
             return Answer(Outcome.RETRY, f"{type(e).__name__}: {e}")
         detail = f"HTTP {r.status_code} {r.text[:500]}"
-        if r.is_success:
+        if r.is_success or r.status_code in also_sent:
             return Answer(Outcome.SENT, detail)
         if r.status_code >= 500 or r.status_code in _RETRY_STATUSES:
             return Answer(Outcome.RETRY, detail)
