@@ -31,6 +31,8 @@ class SandboxConfig(BaseModel):
     breaker_threshold: int = Field(default=5, ge=1)
     # Who may approve in the sandbox (the shipped default trusts nobody).
     approvers: list[str] = Field(default_factory=lambda: ["alice", "bob"])
+    # Slurm accounting (slurmdbd on a private MariaDB) in the provisioned cluster.
+    accounting: bool = True
 
     # Ports, all derived from port_base so one number moves a whole sandbox.
     @property
@@ -108,6 +110,20 @@ class SandboxConfig(BaseModel):
 
     def slurmd_port(self, index: int) -> int:
         return self.port_base + 10 + index
+
+    # The Managed Slurm cluster's own daemons: after the last slurmd port (64 + 8 nodes).
+    @property
+    def login_port(self) -> int:
+        """The cluster's SSH login endpoint."""
+        return self.port_base + 9
+
+    @property
+    def slurmdbd_port(self) -> int:
+        return self.port_base + 90
+
+    @property
+    def mariadb_port(self) -> int:
+        return self.port_base + 91
 
     @property
     def temporal_address(self) -> str:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
@@ -21,7 +21,16 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from autoclusters.sandbox import crusoe_signature
-from autoclusters.sandbox.crusoe_world import Cluster, EmulatedVm, EmulatorConfig, Engine, NodePool
+from autoclusters.sandbox.crusoe_slurm_models import BootFault
+from autoclusters.sandbox.crusoe_world import (
+    Cluster,
+    EmulatedVm,
+    EmulatorConfig,
+    Engine,
+    NodePool,
+    OperationKind,
+    World,
+)
 
 __all__ = [
     "ApiError",
@@ -32,6 +41,8 @@ __all__ = [
     "Seed",
     "admin_router",
     "error_response",
+    "instant",
+    "operations_of",
 ]
 
 
@@ -39,6 +50,31 @@ class ApiError(Exception):
     def __init__(self, status: int, code: str, message: str) -> None:
         super().__init__(message)
         self.status, self.code, self.message = status, code, message
+
+
+def instant(rfc3339: str) -> datetime:
+    try:
+        t = datetime.fromisoformat(rfc3339.replace("Z", "+00:00"))
+    except ValueError as e:
+        raise ApiError(400, "bad_request", f"not an RFC 3339 time: {rfc3339!r}") from e
+    return t if t.tzinfo is not None else t.replace(tzinfo=UTC)
+
+
+def operations_of(world: World, request: Request, kind: OperationKind) -> dict[str, Any]:
+    """An operations list: `resource_id`, `state` and `lower_time_bound` filter as in the
+    API's listComputeVMsInstancesOperations; this emulator lists completed ones too."""
+    q = request.query_params
+    after = instant(q["lower_time_bound"]) if q.get("lower_time_bound") else None
+    states = {s for v in q.getlist("state") for s in v.split(",") if s}
+    ops = [
+        op
+        for op in world.operations.values()
+        if op.kind == kind
+        and (not q.get("resource_id") or op.resource_id == q["resource_id"])
+        and (not states or op.state in states)
+        and (after is None or instant(op.started_at) >= after)
+    ]
+    return {"items": [op.public() for op in sorted(ops, key=lambda o: o.started_at)]}
 
 
 def error_response(
@@ -153,6 +189,10 @@ class OperationFailures(BaseModel):
     message: str = "injected operation failure"
 
 
+class Quota(BaseModel):
+    max_vms: int | None = Field(default=None, ge=0)
+
+
 class Timings(BaseModel):
     operation_s: float | None = Field(default=None, ge=0)
     boot_delay_s: float | None = Field(default=None, ge=0)
@@ -190,6 +230,21 @@ def admin_router(engine: Engine, gate: Gate) -> APIRouter:
     async def fail_operations(spec: OperationFailures) -> dict[str, int]:
         engine.failures += [spec.message] * spec.count
         return {"pending": len(engine.failures)}
+
+    @router.post("/boot-faults")
+    async def boot_faults(fault: BootFault) -> dict[str, int]:
+        engine.boot_faults.append(fault)
+        return {"boot_faults": len(engine.boot_faults)}
+
+    @router.delete("/boot-faults")
+    async def clear_boot_faults() -> dict[str, int]:
+        engine.boot_faults.clear()
+        return {"boot_faults": 0}
+
+    @router.post("/quota")
+    async def quota(new: Quota) -> dict[str, int | None]:
+        engine.max_vms = new.max_vms
+        return {"max_vms": engine.max_vms}
 
     @router.post("/timings")
     async def timings(new: Timings) -> dict[str, float]:

@@ -1,7 +1,8 @@
 """A local Crusoe Cloud API v1, for the sandbox and the tests.
 
 It speaks the endpoints AutoClusters uses (VMs, VM operations, node pools, AutoClusters
-remediation) and verifies each `/v1` request's signature and timestamp as Crusoe does:
+remediation, Managed Slurm clusters: `sandbox/crusoe_slurm_api.py`) and verifies each `/v1`
+request's signature and timestamp as Crusoe does:
 a request that fails gets 401 and changes nothing. Its "VMs" are whatever the `VmBackend`
 makes of them (`sandbox/crusoe_world.py`). The real API's habits are kept: mutations answer
 with an async operation, 409 while another operation runs on the VM, 404 for unknown ids,
@@ -14,6 +15,9 @@ Test controls live beside the API under `/_emulator` (no auth; the server binds 
   POST /_emulator/operation-failures {"count", "message"}: the next operations end FAILED
   POST /_emulator/timings {"operation_s", "boot_delay_s"}: change how long operations take
   POST /_emulator/vms {"clusters": [...], "node_pools": [...], "vms": [...]}: seed the world
+  POST /_emulator/boot-faults {"name", "mode": "fail"|"hang", "count"}: the next boots of a
+    VM name ("*": any) fail (VM FAILED) or hang (PROVISIONING until deleted)
+  POST /_emulator/quota {"max_vms": N|null}: a VM create beyond N answers 403 quota_exceeded
   GET /_emulator/state, GET|DELETE /_emulator/requests, GET /_emulator/health
   (the API's own GET .../operations lists take resource_id, state, lower_time_bound)
   GET /_emulator/operations[?vm_name=N][&since=RFC3339]: every operation the emulator
@@ -32,7 +36,6 @@ import threading
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +45,15 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import SecretStr
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from autoclusters.sandbox.crusoe_controls import ApiError, Gate, admin_router, error_response
+from autoclusters.sandbox.crusoe_controls import (
+    ApiError,
+    Gate,
+    admin_router,
+    error_response,
+    operations_of,
+)
+from autoclusters.sandbox.crusoe_controls import instant as _instant
+from autoclusters.sandbox.crusoe_slurm_api import slurm_router
 from autoclusters.sandbox.crusoe_world import (
     EmulatedVm,
     EmulatorConfig,
@@ -114,23 +125,21 @@ def _api(engine: Engine) -> APIRouter:
     def answer(op: Operation) -> dict[str, Any]:
         return {"operation": op.public()}
 
-    # Listing operations (declared before `{vm_id}`/`{pool_id}`, which would match too):
-    # `resource_id` and `lower_time_bound` filter as in the API's
-    # listComputeVMsInstancesOperations; this emulator lists completed ones too.
+    def quota(project_id: str) -> None:
+        """403 with nothing created when one more VM would exceed the project's quota."""
+        limit = engine.max_vms
+        used = sum(1 for vm in world.vms.values() if vm.project_id == project_id)
+        if limit is not None and used + 1 > limit:
+            raise ApiError(
+                403,
+                "quota_exceeded",
+                f"quota exceeded: {used} VMs of {limit} used in project {project_id}",
+            )
+
+    # Listing operations (declared before `{vm_id}`/`{pool_id}`, which would match too).
     def list_operations(project_id: str, request: Request, kind: OperationKind) -> dict[str, Any]:
         project(project_id)
-        q = request.query_params
-        after = _instant(q["lower_time_bound"]) if q.get("lower_time_bound") else None
-        states = {s for v in q.getlist("state") for s in v.split(",") if s}
-        ops = [
-            op
-            for op in world.operations.values()
-            if op.kind == kind
-            and (not q.get("resource_id") or op.resource_id == q["resource_id"])
-            and (not states or op.state in states)
-            and (after is None or _instant(op.started_at) >= after)
-        ]
-        return {"items": [op.public() for op in sorted(ops, key=lambda o: o.started_at)]}
+        return operations_of(world, request, kind)
 
     @router.get(P + "/compute/vms/instances/operations")
     async def vm_operations(project_id: str, request: Request) -> dict[str, Any]:
@@ -171,12 +180,14 @@ def _api(engine: Engine) -> APIRouter:
                 raise ApiError(400, "bad_request", f"{field} is required")
         if world.vm_named(body["name"]) is not None:
             raise ApiError(400, "bad_request", f"a VM named {body['name']} already exists")
+        quota(project_id)
         spec = {k: v for k, v in body.items() if k not in ("id", "state", "created_at")}
         vm = EmulatedVm.model_validate({**spec, "project_id": project_id, "state": "DEFINING"})
         world.vms[vm.id] = vm
+        fault = engine.take_boot_fault(vm.name)
 
         async def work(op: Operation) -> None:
-            await engine.boot(vm)
+            await engine.boot(vm, fault)
 
         return answer(engine.start("vm", vm.id, work, {"vm_id": vm.id, "action": "CREATE"}))
 
@@ -209,6 +220,7 @@ def _api(engine: Engine) -> APIRouter:
     @router.delete(P + "/compute/vms/instances/{vm_id}")
     async def delete_vm(project_id: str, vm_id: str) -> dict[str, Any]:
         vm = vm_or_404(project_id, vm_id)
+        engine.release_hang(vm.id)  # a boot that hangs ends with its VM
         not_busy(vm.id)
 
         async def work(op: Operation) -> None:
@@ -285,6 +297,7 @@ def create_app(config: EmulatorConfig, backend: VmBackend | None = None) -> Fast
     app = FastAPI(lifespan=lifespan, openapi_url=None, docs_url=None, redoc_url=None)
     app.state.engine, app.state.gate = engine, gate
     app.middleware("http")(gate)
+    app.include_router(slurm_router(engine), prefix="/v1")  # before `_api`'s `{vm_id}` paths
     app.include_router(_api(engine), prefix="/v1")
     app.include_router(admin_router(engine, gate), prefix="/_emulator")
 
@@ -317,14 +330,6 @@ def create_app(config: EmulatorConfig, backend: VmBackend | None = None) -> Fast
         )
 
     return app
-
-
-def _instant(rfc3339: str) -> datetime:
-    try:
-        t = datetime.fromisoformat(rfc3339.replace("Z", "+00:00"))
-    except ValueError as e:
-        raise ApiError(400, "bad_request", f"not an RFC 3339 time: {rfc3339!r}") from e
-    return t if t.tzinfo is not None else t.replace(tzinfo=UTC)
 
 
 class EmulatorServer:

@@ -3,7 +3,8 @@
 Operations run as asyncio tasks on the server's loop and take `operation_s` (plus the boot
 delay where a machine boots); while one runs on a VM, other mutations of that VM get 409.
 Machine lifecycle events (create, reset, stop, start, delete) go to a `VmBackend`: the
-sandbox's backend stops and starts slurmd; `InMemoryBackend` only records them.
+sandbox's backend stops and starts slurmd; `InMemoryBackend` only records them. A backend
+may also run Managed Slurm clusters (`SlurmBackend`: create, configure, users, delete).
 The world is saved to `state_file` after each change, so a restarted emulator keeps its VMs
 (an operation cut short by the restart ends FAILED).
 """
@@ -19,7 +20,15 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+
+from autoclusters.sandbox.crusoe_slurm_models import (
+    BootFault,
+    ClusterStarted,
+    SlurmCluster,
+    SlurmUser,
+    vm_topology,
+)
 
 __all__ = [
     "Cluster",
@@ -28,13 +37,14 @@ __all__ = [
     "InMemoryBackend",
     "NodePool",
     "Operation",
+    "SlurmBackend",
     "VmBackend",
     "World",
 ]
 
 log = logging.getLogger(__name__)
 
-OperationKind = Literal["vm", "node_pool", "autocluster"]
+OperationKind = Literal["vm", "node_pool", "autocluster", "slurm_cluster"]
 
 
 def now_rfc3339() -> str:
@@ -66,6 +76,14 @@ class EmulatedVm(BaseModel):
     location: str = "us-east1-a"
     project_id: str = ""
     created_at: str = Field(default_factory=now_rfc3339)
+    # EXT: where the machine sits in the fabric (the provider's topology discovery).
+    topology: dict[str, str] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _placed(self) -> EmulatedVm:
+        if not self.topology:
+            self.topology = vm_topology(self.name)
+        return self
 
 
 class NodePool(BaseModel):
@@ -123,6 +141,7 @@ class World(BaseModel):
     vms: dict[str, EmulatedVm] = Field(default_factory=dict)
     pools: dict[str, NodePool] = Field(default_factory=dict)
     clusters: dict[str, Cluster] = Field(default_factory=dict)
+    slurm_clusters: dict[str, SlurmCluster] = Field(default_factory=dict)
     operations: dict[str, Operation] = Field(default_factory=dict)
 
     def pool_of(self, vm_id: str) -> NodePool | None:
@@ -142,8 +161,22 @@ class VmBackend(Protocol):
     async def on_delete(self, vm: EmulatedVm) -> None: ...
 
 
+class SlurmBackend(Protocol):
+    """Optional hooks of a backend that runs Managed Slurm clusters (each gets a copy).
+
+    `running` names the VMs that are RUNNING now: their slurmd should run once the
+    configuration lists them."""
+
+    async def on_cluster_create(self, cluster: SlurmCluster) -> ClusterStarted: ...
+    async def on_cluster_configure(
+        self, cluster: SlurmCluster, running: list[str]
+    ) -> ClusterStarted: ...
+    async def on_cluster_user(self, cluster: SlurmCluster, user: SlurmUser) -> None: ...
+    async def on_cluster_delete(self, cluster: SlurmCluster) -> None: ...
+
+
 class InMemoryBackend:
-    """No machines: records `(event, vm name, vm id)` in `events`, for tests to read."""
+    """No machines: records `(event, vm or cluster name, id)` in `events`, for tests to read."""
 
     def __init__(self) -> None:
         self.events: list[tuple[str, str, str]] = []
@@ -163,6 +196,30 @@ class InMemoryBackend:
     async def on_delete(self, vm: EmulatedVm) -> None:
         self.events.append(("delete", vm.name, vm.id))
 
+    async def on_cluster_create(self, cluster: SlurmCluster) -> ClusterStarted:
+        self.events.append(("cluster_create", cluster.name, cluster.id))
+        return ClusterStarted(
+            login_node_endpoint="127.0.0.1:22",
+            accounting_state="STATE_RUNNING" if cluster.accounting_enabled else None,
+        )
+
+    async def on_cluster_configure(
+        self, cluster: SlurmCluster, running: list[str]
+    ) -> ClusterStarted:
+        self.events.append(("cluster_configure", cluster.name, cluster.id))
+        listed = bool(cluster.configuration and cluster.configuration.nodes())
+        return ClusterStarted(
+            login_node_endpoint=cluster.login_node_endpoint,
+            accounting_state=cluster.accounting_state,
+            controller_state="STATE_RUNNING" if listed else None,
+        )
+
+    async def on_cluster_user(self, cluster: SlurmCluster, user: SlurmUser) -> None:
+        self.events.append(("cluster_user", user.name, cluster.id))
+
+    async def on_cluster_delete(self, cluster: SlurmCluster) -> None:
+        self.events.append(("cluster_delete", cluster.name, cluster.id))
+
 
 class Engine:
     """Runs operations against the world and keeps it saved."""
@@ -173,6 +230,10 @@ class Engine:
         self.world = self._load()
         self.busy: dict[str, str] = {}  # VM id -> the operation running on it
         self.failures: list[str] = []  # messages: the next operations end FAILED with them
+        self.boot_faults: list[BootFault] = []  # the next boots of a name fail or hang
+        self.max_vms: int | None = None  # the project's VM quota (None: no limit)
+        self.hanging: dict[str, asyncio.Event] = {}  # VM id -> set when it is deleted
+        self.cluster_locks: dict[str, asyncio.Lock] = {}  # one operation at a time per cluster
         self._tasks: set[asyncio.Task[None]] = set()
 
     # --- lifecycle ------------------------------------------------------------------------
@@ -221,16 +282,20 @@ class Engine:
         vm_id: str,
         work: Callable[[Operation], Awaitable[None]],
         metadata: dict[str, Any] | None = None,
+        *,
+        resource_name: str | None = None,
+        exclusive: bool = True,
     ) -> Operation:
+        """`exclusive`: other mutations of the resource get 409 while this one runs."""
         vm = self.world.vms.get(vm_id)
         op = Operation(
             kind=kind,
             resource_id=vm_id,
-            resource_name=vm.name if vm is not None else "",
+            resource_name=resource_name or (vm.name if vm is not None else ""),
             metadata=metadata or {},
         )
         self.world.operations[op.operation_id] = op
-        if vm_id:
+        if vm_id and exclusive:
             self.busy[vm_id] = op.operation_id
         self.save()
         self._spawn(self._run(op, work))
@@ -257,12 +322,35 @@ class Engine:
 
     # --- what operations do ---------------------------------------------------------------
 
-    async def boot(self, vm: EmulatedVm) -> None:
-        """A new VM: defined now, RUNNING after the boot delay."""
+    def take_boot_fault(self, name: str) -> BootFault | None:
+        for fault in self.boot_faults:
+            if fault.name in (name, "*"):
+                fault.count -= 1
+                if fault.count == 0:
+                    self.boot_faults.remove(fault)
+                return fault
+        return None
+
+    async def boot(self, vm: EmulatedVm, fault: BootFault | None = None) -> None:
+        """A new VM: defined now, RUNNING after the boot delay (or FAILED, or hanging in
+        PROVISIONING until it is deleted, when `fault` says so)."""
         vm.state = "DEFINING"
         self.world.vms[vm.id] = vm
         self.save()
+        deleted = asyncio.Event()
+        if fault is not None and fault.mode == "hang":
+            self.hanging[vm.id] = deleted  # a delete may come before it hangs
         await asyncio.sleep(self.config.boot_delay_s)
+        if fault is not None and fault.mode == "fail":
+            vm.state = "FAILED"
+            self.save()
+            raise RuntimeError(f"VM {vm.name} failed to boot")
+        if fault is not None and fault.mode == "hang":
+            if not deleted.is_set():
+                vm.state = "PROVISIONING"
+                self.save()
+                await deleted.wait()
+            raise RuntimeError(f"VM {vm.name} was deleted while it booted")
         await self.backend.on_create(vm.model_copy())
         vm.state = "RUNNING"
         self.save()
@@ -277,6 +365,16 @@ class Engine:
             pool.instance_ids.remove(vm.id)
         self.save()
         return pool
+
+    def release_hang(self, vm_id: str) -> None:
+        """A hanging boot ends (FAILED) because its VM is being deleted."""
+        event = self.hanging.pop(vm_id, None)
+        if event is not None:
+            event.set()
+            self.busy.pop(vm_id, None)
+
+    def cluster_lock(self, cluster_id: str) -> asyncio.Lock:
+        return self.cluster_locks.setdefault(cluster_id, asyncio.Lock())
 
     def successor_spec(self, vm: EmulatedVm) -> dict[str, Any]:
         return vm.model_dump(exclude={"id", "state", "created_at"})
