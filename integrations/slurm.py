@@ -40,6 +40,23 @@ class SlurmClient(Protocol):
     async def cancel(self, job_id: int) -> None: ...
 
 
+class SlurmBatchClient(SlurmClient, Protocol):
+    """What cluster provisioning adds: submit a batch job and follow it by id."""
+
+    async def submit_batch(
+        self,
+        command: str,
+        *,
+        name: str,
+        partition: str,
+        nodes: list[str],
+        comment: str = "",
+        output: str = "/dev/null",
+    ) -> int: ...
+
+    async def job(self, job_id: int) -> SlurmJob | None: ...
+
+
 def _flags(raw: Any) -> list[str]:
     return [str(f) for f in raw or []]
 
@@ -166,3 +183,35 @@ class SlurmCli:
 
     async def cancel(self, job_id: int) -> None:
         await self._run("scancel", str(job_id))
+
+    async def submit_batch(
+        self,
+        command: str,
+        *,
+        name: str,
+        partition: str,
+        nodes: list[str],
+        comment: str = "",
+        output: str = "/dev/null",
+    ) -> int:
+        """`sbatch --wrap` on exactly `nodes` (one task per node); the job's id."""
+        argv = [
+            "sbatch",
+            "--parsable",
+            f"--job-name={name}",
+            f"--partition={partition}",
+            f"--nodes={len(nodes)}",
+            f"--nodelist={','.join(nodes)}",
+            "--ntasks-per-node=1",
+            f"--output={output}",
+            "--no-requeue",  # an acceptance run that lost a node failed: never rerun it quietly
+        ]
+        if comment:
+            argv.append(f"--comment={comment}")
+        out = await self._run(*argv, f"--wrap={command}")
+        # --parsable prints "<id>" or "<id>;<cluster>".
+        return int(out.strip().split(";")[0])
+
+    async def job(self, job_id: int) -> SlurmJob | None:
+        """The job as slurmctld knows it (ended jobs stay listed for MinJobAge)."""
+        return next((j for j in await self.jobs() if j.job_id == job_id), None)

@@ -14,6 +14,7 @@ from temporalio.worker import Worker
 
 from autoclusters.activities.cloud import CloudActivities
 from autoclusters.activities.cluster_ops import ClusterOpsActivities
+from autoclusters.activities.cluster_provider import ClusterProviderActivities
 from autoclusters.activities.guard import GuardActivities
 from autoclusters.activities.health import HealthActivities
 from autoclusters.activities.kubernetes import KubernetesActivities
@@ -25,7 +26,7 @@ from autoclusters.integrations.cloud import CloudProvider
 from autoclusters.integrations.health import HealthGate, SlurmHealthGate
 from autoclusters.integrations.notify import LogNotifier, Notifier
 from autoclusters.integrations.slack.fanout import MultiNotifier
-from autoclusters.integrations.slurm import SlurmCli, SlurmClient
+from autoclusters.integrations.slurm import SlurmBatchClient, SlurmCli, SlurmClient
 from autoclusters.workflows.cluster_ops import ClusterTeardown, ScaleNodeSet
 from autoclusters.workflows.cluster_provisioning import ClusterProvisioning
 from autoclusters.workflows.fleet_guard import FleetGuard
@@ -33,8 +34,9 @@ from autoclusters.workflows.remediation import NodeRemediation
 
 log = logging.getLogger("autoclusters.worker")
 
-# ClusterProvisioning's provider activities (`cluster_*`) come with the providers (issue 12):
-# until a worker registers them, a provisioning started here waits at its first step.
+# ClusterProvisioning's provider activities (`cluster_*`, activities/cluster_provider.py) are
+# registered when Crusoe credentials are configured (on the sandbox they point at the
+# emulator); without them, a provisioning started here waits at its first step.
 WORKFLOWS = [NodeRemediation, FleetGuard, ClusterProvisioning, ScaleNodeSet, ClusterTeardown]
 
 
@@ -55,6 +57,26 @@ def cloud_provider(settings: Settings) -> CloudProvider:
             replace_timeout_s=settings.crusoe_replace_timeout_s,
         )
     raise ValueError(f"unknown cloud provider {settings.cloud_provider!r}")
+
+
+def cluster_provider(
+    settings: Settings, slurm: SlurmBatchClient
+) -> ClusterProviderActivities | None:
+    """Providers sandbox and crusoe-managed-slurm (crusoe-cmk refuses), on the Crusoe API
+    the credentials name; None without credentials."""
+    from autoclusters.integrations.crusoe import CredentialsError, CrusoeClient, load_credentials
+
+    try:
+        creds = load_credentials(
+            profile=settings.crusoe_profile, config_path=settings.crusoe_config_file
+        )
+        client = CrusoeClient(
+            credentials=creds, project_id=settings.crusoe_project_id, poll_s=settings.crusoe_poll_s
+        )
+    except (CredentialsError, ValueError) as e:
+        log.warning("cluster provider activities not registered: %s", e)
+        return None
+    return ClusterProviderActivities(client, slurm, poll_s=settings.crusoe_poll_s)
 
 
 def health_gate(settings: Settings, slurm: SlurmClient) -> HealthGate:
@@ -129,7 +151,12 @@ def activities_for(
 
 
 def build_worker(
-    client: Client, settings: Settings, slurm: SlurmClient, cloud: CloudProvider, health: HealthGate
+    client: Client,
+    settings: Settings,
+    slurm: SlurmClient,
+    cloud: CloudProvider,
+    health: HealthGate,
+    provider: ClusterProviderActivities | None = None,
 ) -> Worker:
     guard = GuardActivities(client, slurm, settings.task_queue)
     ops = ClusterOpsActivities(client, slurm)
@@ -148,6 +175,7 @@ def build_worker(
             ops.node_load,
             ops.incident_open,
             ops.workflow_running,
+            *(provider.activities() if provider is not None else []),
         ],
         graceful_shutdown_timeout=timedelta(seconds=5),
     )
@@ -157,7 +185,12 @@ async def run(settings: Settings) -> None:
     client = await temporal.connect(settings)
     slurm = SlurmCli(settings.slurm_conf, settings.slurm_bin_dir)
     worker = build_worker(
-        client, settings, slurm, cloud_provider(settings), health_gate(settings, slurm)
+        client,
+        settings,
+        slurm,
+        cloud_provider(settings),
+        health_gate(settings, slurm),
+        cluster_provider(settings, slurm),
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -1,10 +1,15 @@
-"""A small async client for the Crusoe API v1: VMs, node pools, AutoClusters remediation.
+"""A small async client for the Crusoe API v1: VMs, node pools, AutoClusters remediation,
+Managed Slurm clusters.
 
 Every request is signed (`CrusoeAuth`). 409 (another operation runs on the resource), 429
 and 5xx are retried with exponential backoff, honouring `Retry-After`; a POST that creates
 something is retried only where the API cannot have acted on it (409, 429, 503), because
 Crusoe takes no idempotency key and a second create would make a second VM. Any other 4xx
 raises `CrusoeRequestError` (non-retryable) carrying the API's own message.
+
+Creating a Managed Slurm cluster is refused with 409 `already_exists` when one of that name
+exists: that 409 is an answer (not "busy"), so it is not retried; the caller adopts the
+cluster by name.
 
 Mutations answer with an async operation; `wait_operation` polls it on the endpoint of its
 API family until it leaves IN_PROGRESS, and raises `CrusoeOperationFailed` with the
@@ -34,7 +39,13 @@ from autoclusters.integrations.crusoe.errors import (
     CrusoeTimeout,
     CrusoeUnavailable,
 )
-from autoclusters.integrations.crusoe.resources import NodePool, Operation, OperationKind, Vm
+from autoclusters.integrations.crusoe.resources import (
+    NodePool,
+    Operation,
+    OperationKind,
+    SlurmCluster,
+    Vm,
+)
 from autoclusters.integrations.crusoe.signing import CrusoeAuth
 
 __all__ = ["CrusoeClient", "VmAction"]
@@ -46,6 +57,8 @@ VmAction = Literal["RESET", "STOP", "START"]
 RETRY_STATUSES = frozenset({409, 429, 500, 502, 503, 504})
 # What a non-idempotent POST may retry: the API refused it before acting.
 UNSAFE_RETRY_STATUSES = frozenset({409, 429, 503})
+# A Slurm cluster create: 409 means "that name exists", which no retry changes.
+CREATE_CLUSTER_RETRY_STATUSES = frozenset({429, 503})
 
 
 def _seg(value: str) -> str:
@@ -219,6 +232,50 @@ class CrusoeClient:
         )
         return _operation(await self._request("POST", path, idempotent=False))
 
+    # --- Managed Slurm clusters -----------------------------------------------------------
+
+    def _slurm(self, suffix: str = "") -> str:
+        return f"/projects/{_seg(self.project_id)}/slurm/clusters{suffix}"
+
+    async def create_slurm_cluster(self, spec: Mapping[str, Any]) -> Operation:
+        """`POST .../slurm/clusters`; a name taken raises CrusoeUnavailable(status=409)."""
+        body = await self._request(
+            "POST",
+            self._slurm(),
+            json=dict(spec),
+            idempotent=False,
+            retry_on=CREATE_CLUSTER_RETRY_STATUSES,
+        )
+        return _operation(body)
+
+    async def list_slurm_clusters(self) -> list[SlurmCluster]:
+        body = await self._request("GET", self._slurm())
+        return [SlurmCluster.model_validate(c) for c in _items(body)]
+
+    async def find_slurm_cluster(self, name: str) -> SlurmCluster | None:
+        return next((c for c in await self.list_slurm_clusters() if c.name == name), None)
+
+    async def get_slurm_cluster(self, cluster_id: str) -> SlurmCluster:
+        body = await self._request("GET", self._slurm(f"/{_seg(cluster_id)}"))
+        return SlurmCluster.model_validate(body)
+
+    async def delete_slurm_cluster(self, cluster_id: str) -> Operation:
+        return _operation(await self._request("DELETE", self._slurm(f"/{_seg(cluster_id)}")))
+
+    async def configure_slurm_cluster(
+        self, cluster_id: str, configuration: Mapping[str, Any]
+    ) -> Operation:
+        """EXT (emulator-only, UNCONFIRMED in the public API): the whole node layout,
+        `{"node_sets", "topology_conf", "drained"}`; idempotent, so a PUT retries safely."""
+        path = self._slurm(f"/{_seg(cluster_id)}/configuration")
+        return _operation(await self._request("PUT", path, json=dict(configuration)))
+
+    async def add_slurm_user(self, cluster_id: str, user: Mapping[str, Any]) -> None:
+        """EXT (emulator-only; Crusoe's SlurmUser CR): `{"name", "ssh_public_keys",
+        "slurm_account"}`; idempotent by name."""
+        path = self._slurm(f"/{_seg(cluster_id)}/users")
+        await self._request("POST", path, json=dict(user))
+
     # --- operations -----------------------------------------------------------------------
 
     def _operation_path(self, operation_id: str, kind: OperationKind) -> str:
@@ -227,6 +284,8 @@ class CrusoeClient:
             return self._vms(f"/operations/{oid}")
         if kind == "node_pool":
             return self._pools(f"/operations/{oid}")
+        if kind == "slurm_cluster":
+            return self._slurm(f"/operations/{oid}")
         return f"/projects/{pid}/kubernetes/autocluster-operations/{oid}"
 
     async def get_operation(self, operation_id: str, kind: OperationKind) -> Operation:
@@ -302,8 +361,10 @@ class CrusoeClient:
         params: Mapping[str, str] | None = None,
         json: Any = None,
         idempotent: bool = True,
+        retry_on: frozenset[int] | None = None,
     ) -> Any:
-        retry_on = RETRY_STATUSES if idempotent else UNSAFE_RETRY_STATUSES
+        if retry_on is None:
+            retry_on = RETRY_STATUSES if idempotent else UNSAFE_RETRY_STATUSES
         for attempt in range(1, self._max_attempts + 1):
             last = attempt == self._max_attempts
             try:

@@ -1,4 +1,5 @@
-"""The Crusoe API v1 resources AutoClusters reads: VMs, node pools and async operations.
+"""The Crusoe API v1 resources AutoClusters reads: VMs, node pools, Managed Slurm clusters and
+async operations.
 
 Only the fields we use are typed; the rest are kept (`extra="allow"`), so a VM's spec can be
 copied into a create request and newer API fields do not break parsing.
@@ -10,11 +11,19 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["NodePool", "Operation", "OperationKind", "OperationState", "Vm"]
+__all__ = [
+    "NodePool",
+    "Operation",
+    "OperationKind",
+    "OperationState",
+    "SlurmCluster",
+    "SlurmClusterIssue",
+    "Vm",
+]
 
 OperationState = Literal["IN_PROGRESS", "SUCCEEDED", "FAILED"]
 # Which `.../operations/{id}` endpoint polls an operation: each API family has its own.
-OperationKind = Literal["vm", "node_pool", "autocluster"]
+OperationKind = Literal["vm", "node_pool", "autocluster", "slurm_cluster"]
 
 
 class Vm(BaseModel):
@@ -26,6 +35,38 @@ class Vm(BaseModel):
     type: str = ""
     location: str = ""
     created_at: str = ""
+
+
+class SlurmClusterIssue(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    code: str = ""
+    message: str = ""
+
+
+class SlurmCluster(BaseModel):
+    """A Managed Slurm cluster (`GET /projects/{pid}/slurm/clusters/{id}`).
+
+    `accounting_enabled` and `accounting_state` are emulator extensions, UNCONFIRMED in
+    Crusoe's public API (there, accounting is set up through the Slurm operator's CRs).
+    """
+
+    model_config = ConfigDict(extra="allow")
+
+    id: str
+    name: str
+    location: str = ""
+    state: str = ""  # STATE_CREATING | STATE_RUNNING | STATE_DELETING | STATE_FAILED
+    issues: list[SlurmClusterIssue] = Field(default_factory=list)
+    login_node_endpoint: str | None = None  # "host:port" once the login node answers
+    home_volume_size: str | None = None
+    version: str = ""
+    nodesets: list[Any] = Field(default_factory=list)
+    accounting_enabled: bool = False
+    accounting_state: str | None = None
+
+    def issues_text(self) -> str:
+        return "; ".join(i.message or i.code for i in self.issues) or "no issue reported"
 
 
 class NodePool(BaseModel):

@@ -1,0 +1,666 @@
+"""The `cluster_*` activities for providers `sandbox` and `crusoe-managed-slurm`: one
+class, talking to a Crusoe API (on the sandbox, the Crusoe emulator) and to the cluster's
+Slurm.
+
+- The controller, accounting, shared home and login nodes are one Managed Slurm cluster
+  (`POST /slurm/clusters`): `create_controller` creates it (or adopts the one of that name),
+  the other three wait for their part of it and delete nothing of their own.
+- A machine is a VM named after its Slurm node. Its create body carries
+  `labels: {autoclusters.cluster, autoclusters.node-set, autoclusters.attempt}` (an EXT
+  field: the emulator keeps it, the public VM API's support is UNCONFIRMED); that is how
+  `inventory` knows a cluster's machines and a retried create knows its own VM.
+- Slurm's side (registration, the gate, the acceptance job) goes through the worker's
+  `SlurmBatchClient`, whose SLURM_CONF is the cluster's (on the sandbox, the emulator writes
+  the configuration where the worker's SLURM_CONF points).
+
+Every activity is idempotent (a retry adopts what a lost attempt made), heartbeats while
+it waits, and turns Crusoe errors into ApplicationErrors: quota -> QuotaExceeded, capacity
+-> CapacityUnavailable (both non-retryable, with the provider's message), any other
+refusal (4xx) non-retryable, the rest retryable. Provider `crusoe-cmk` is not built: every
+call raises ProviderUnavailable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from autoclusters.activities.heartbeat import heartbeating
+from autoclusters.core import hostlist
+from autoclusters.core.cluster import (
+    CAPACITY_UNAVAILABLE,
+    QUOTA_EXCEEDED,
+    AcceptanceCall,
+    AcceptanceResult,
+    BootResult,
+    ClusterRef,
+    DeleteCall,
+    Machine,
+    MachineCall,
+    NodeGateCall,
+    Placement,
+    ProviderCall,
+    Resource,
+    SlurmConfigCall,
+    SlurmConfigResult,
+    TopologyCall,
+    UsersCall,
+    UsersResult,
+)
+from autoclusters.core.cluster_ops import Inventory
+from autoclusters.core.models import HealthReport, SlurmJob
+from autoclusters.integrations.crusoe.client import CrusoeClient
+from autoclusters.integrations.crusoe.errors import (
+    CrusoeError,
+    CrusoeNotFound,
+    CrusoeOperationFailed,
+    CrusoeUnavailable,
+)
+from autoclusters.integrations.crusoe.resources import (
+    Operation,
+    OperationKind,
+    SlurmCluster,
+    Vm,
+)
+from autoclusters.integrations.health import SlurmHealthGate
+from autoclusters.integrations.slurm import SlurmBatchClient, SlurmError
+
+PROVIDER_UNAVAILABLE = "ProviderUnavailable"
+CONTROLLER_FAILED = "ControllerFailed"
+MACHINE_NAME_TAKEN = "MachineNameTaken"
+SERVED = ("sandbox", "crusoe-managed-slurm")
+
+# The VM labels (EXT) that tie a machine to its cluster, node set and attempt.
+LABEL_CLUSTER = "autoclusters.cluster"
+LABEL_NODE_SET = "autoclusters.node-set"
+LABEL_ATTEMPT = "autoclusters.attempt"
+
+RUNNING = "STATE_RUNNING"
+CLUSTER_FAILED = "STATE_FAILED"
+CLUSTER_DELETING = "STATE_DELETING"
+VM_BOOTED = frozenset({"RUNNING"})
+VM_FAILED = frozenset({"FAILED", "CRASHED"})
+# A job in one of these has ended; anything else may still run.
+JOB_ENDED = frozenset(
+    {
+        "COMPLETED",
+        "FAILED",
+        "CANCELLED",
+        "TIMEOUT",
+        "NODE_FAIL",
+        "OUT_OF_MEMORY",
+        "BOOT_FAIL",
+        "DEADLINE",
+        "PREEMPTED",
+        "SPECIAL_EXIT",
+        "REVOKED",
+    }
+)
+
+
+def labels_of(vm: Vm) -> dict[str, str]:
+    raw = (vm.model_extra or {}).get("labels")
+    return {str(k): str(v) for k, v in raw.items()} if isinstance(raw, dict) else {}
+
+
+def _attempt(vm: Vm) -> int:
+    try:
+        return int(labels_of(vm).get(LABEL_ATTEMPT, "1"))
+    except ValueError:
+        return 1
+
+
+def _refused(e: CrusoeError) -> ApplicationError:
+    """A Crusoe error as the workflow reads it."""
+    status = getattr(e, "status", None)
+    message = getattr(e, "message", None) or str(e)
+    lowered = str(e).lower()
+    if status == 403 and "quota" in lowered:
+        return ApplicationError(message, type=QUOTA_EXCEEDED, non_retryable=True)
+    if "capacity" in lowered:
+        return ApplicationError(message, type=CAPACITY_UNAVAILABLE, non_retryable=True)
+    return ApplicationError(str(e), type="CloudError", non_retryable=e.non_retryable)
+
+
+@contextlib.asynccontextmanager
+async def _step(what: str) -> AsyncIterator[None]:
+    """Heartbeat `what` while the block runs; Crusoe errors leave as ApplicationErrors."""
+    try:
+        async with heartbeating(what):
+            yield
+    except CrusoeError as e:
+        raise _refused(e) from e
+
+
+class ClusterProviderActivities:
+    """The provider activities (names as in activities/contracts.py).
+
+    Args:
+        crusoe: the project's Crusoe client (its endpoint: Crusoe, or the emulator).
+        slurm: the cluster's Slurm.
+        poll_s: how often a wait polls the API or Slurm.
+        register_timeout_s: how long `configure_slurm` waits for nodes to register; a node
+            still missing then is left out of `registered` (the workflow replaces it).
+        acceptance_timeout_s: the longest an acceptance job may take before it is cancelled
+            and counted failed.
+    """
+
+    def __init__(
+        self,
+        crusoe: CrusoeClient,
+        slurm: SlurmBatchClient,
+        *,
+        poll_s: float = 2.0,
+        register_timeout_s: float = 300.0,
+        acceptance_timeout_s: float = 1200.0,
+    ) -> None:
+        self._crusoe = crusoe
+        self._slurm = slurm
+        self._poll_s = poll_s
+        self._register_timeout_s = register_timeout_s
+        self._acceptance_timeout_s = acceptance_timeout_s
+
+    def activities(self) -> list[Callable[..., Awaitable[Any]]]:
+        return [
+            self.create_controller,
+            self.create_accounting,
+            self.create_shared_home,
+            self.create_login_nodes,
+            self.create_machine,
+            self.wait_booted,
+            self.discover_topology,
+            self.configure_slurm,
+            self.health_gate,
+            self.acceptance_job,
+            self.add_users,
+            self.delete,
+            self.inventory,
+        ]
+
+    # --- the cluster: controller, accounting, shared home, login ------------------------
+
+    @activity.defn(name="cluster_create_controller")
+    async def create_controller(self, call: ProviderCall) -> Resource:
+        """Create the Managed Slurm cluster (or adopt the one with the spec's name: a retry,
+        or a 409) and wait until it runs."""
+        _served(call.cluster)
+        spec = call.spec
+        async with _step(f"creating Slurm cluster {spec.name}"):
+            found = await self._crusoe.find_slurm_cluster(spec.name)
+            if found is None:
+                body = {
+                    "name": spec.name,
+                    "location": spec.location,
+                    "login_replicas": spec.login.count,
+                    "root_ssh_pub_keys": list(spec.login.ssh_public_keys),
+                    "home_volume_size": f"{spec.shared_home.size}Gi",
+                    "accounting_enabled": spec.accounting,  # EXT
+                }
+                if spec.login.instance_type:
+                    body["login_node_type"] = spec.login.instance_type
+                try:
+                    op = await self._crusoe.create_slurm_cluster(body)
+                except CrusoeUnavailable as e:
+                    if e.status != 409:
+                        raise
+                    found = await self._crusoe.find_slurm_cluster(spec.name)
+                    if found is None:  # deleted between the 409 and the list: try again
+                        raise
+                else:
+                    await self._wait_op(op)
+            cid = found.id if found is not None else await self._cluster_id(spec.name)
+            await self._wait_cluster(cid, lambda c: c.state == RUNNING, "running")
+        return Resource(kind="controller", id=cid, name=spec.name)
+
+    @activity.defn(name="cluster_create_accounting")
+    async def create_accounting(self, call: ProviderCall) -> Resource:
+        """slurmdbd comes with the cluster (`accounting_enabled`): wait until it runs."""
+        _served(call.cluster)
+        async with _step(f"waiting for the accounting of {call.cluster.name}"):
+            cid = await self._controller(call)
+            await self._wait_cluster(
+                cid, lambda c: c.accounting_state == RUNNING, "accounting running"
+            )
+        return Resource(
+            kind="accounting", id=f"{cid}/accounting", name=f"{call.spec.name}-slurmdbd"
+        )
+
+    @activity.defn(name="cluster_create_shared_home")
+    async def create_shared_home(self, call: ProviderCall) -> Resource:
+        """/home comes with the cluster (`home_volume_size`): wait until it is reported."""
+        _served(call.cluster)
+        async with _step(f"waiting for the shared home of {call.cluster.name}"):
+            cid = await self._controller(call)
+            cluster = await self._wait_cluster(
+                cid, lambda c: bool(c.home_volume_size), "a home volume"
+            )
+        return Resource(
+            kind="shared_home",
+            id=f"{cid}/home",
+            name=f"{call.spec.name}-home-{cluster.home_volume_size}",
+        )
+
+    @activity.defn(name="cluster_create_login_nodes")
+    async def create_login_nodes(self, call: ProviderCall) -> Resource:
+        """The login nodes come with the cluster: wait until their endpoint answers."""
+        _served(call.cluster)
+        async with _step(f"waiting for the login nodes of {call.cluster.name}"):
+            cid = await self._controller(call)
+            cluster = await self._wait_cluster(
+                cid, lambda c: bool(c.login_node_endpoint), "a login endpoint"
+            )
+        return Resource(kind="login", id=f"{cid}/login", name=str(cluster.login_node_endpoint))
+
+    # --- machines -----------------------------------------------------------------------
+
+    @activity.defn(name="cluster_create_machine")
+    async def create_machine(self, call: MachineCall) -> Machine:
+        """A VM named after the node. A VM of that name from this attempt (a retry) is
+        adopted; one from an earlier attempt (deleted by the workflow) is waited out."""
+        _served(call.cluster)
+        ns = call.node_set
+        async with _step(f"creating {call.node} (attempt {call.attempt})"):
+            vm = await self._own_vm(call)
+            if vm is None:
+                body: dict[str, Any] = {
+                    "name": call.node,
+                    "type": ns.instance_type,
+                    "location": call.cluster.location,
+                    "labels": {  # EXT: see the module's docstring
+                        LABEL_CLUSTER: call.cluster.name,
+                        LABEL_NODE_SET: ns.name,
+                        LABEL_ATTEMPT: str(call.attempt),
+                    },
+                }
+                if ns.ib_partition:
+                    body["host_channel_adapters"] = [{"ib_partition_id": ns.ib_partition}]
+                op = await self._crusoe.create_vm(body)
+                vm_id = _meta(op, "vm_id")
+                if vm_id is None:
+                    made = await self._crusoe.find_vm_by_name(call.node)
+                    if made is None:
+                        raise CrusoeError(f"VM {call.node} was created but is not listed")
+                    vm_id = made.id
+            else:
+                vm_id = vm.id
+        return Machine(
+            cluster=call.cluster,
+            node_set=ns.name,
+            node=call.node,
+            machine_id=vm_id,
+            attempt=call.attempt,
+        )
+
+    async def _own_vm(self, call: MachineCall) -> Vm | None:
+        """This attempt's VM if a lost try made it; None when one must be created."""
+        while True:
+            vm = await self._crusoe.find_vm_by_name(call.node)
+            if vm is None:
+                return None
+            labels = labels_of(vm)
+            if labels.get(LABEL_CLUSTER) != call.cluster.name:
+                raise ApplicationError(
+                    f"a VM named {call.node} ({vm.id}) exists in project "
+                    f"{self._crusoe.project_id} and is not a machine of cluster "
+                    f"{call.cluster.name}",
+                    type=MACHINE_NAME_TAKEN,
+                    non_retryable=True,
+                )
+            if _attempt(vm) >= call.attempt:
+                return vm
+            # An earlier attempt's VM: the workflow deleted it; wait until it is gone.
+            await asyncio.sleep(self._poll_s)
+
+    @activity.defn(name="cluster_wait_booted")
+    async def wait_booted(self, machine: Machine) -> BootResult:
+        """Until the VM runs (booted) or fails (not booted, with the provider's reason). A
+        boot that hangs is waited on, heartbeating: the workflow's timeout decides."""
+        _served(machine.cluster)
+        async with _step(f"waiting for {machine.node} ({machine.machine_id}) to boot"):
+            while True:
+                try:
+                    vm = await self._crusoe.get_vm(machine.machine_id)
+                except CrusoeNotFound:
+                    return BootResult(booted=False, detail=f"VM {machine.machine_id} is gone")
+                if vm.state in VM_BOOTED:
+                    return BootResult(booted=True)
+                if vm.state in VM_FAILED:
+                    return BootResult(booted=False, detail=await self._boot_failure(vm))
+                await asyncio.sleep(self._poll_s)
+
+    async def _boot_failure(self, vm: Vm) -> str:
+        """The create operation's message ("VM gpu-02 failed to boot"), else the state."""
+        for op in reversed(await self._crusoe.list_operations("vm", resource_id=vm.id)):
+            if op.state == "FAILED":
+                return op.failure_message()
+        return f"VM {vm.name} is {vm.state}"
+
+    @activity.defn(name="cluster_discover_topology")
+    async def discover_topology(self, call: TopologyCall) -> list[Placement]:
+        """Each machine's pod and leaf from its VM's `topology` (EXT); unknown: unplaced."""
+        _served(call.cluster)
+        if not call.machines:
+            return []
+        async with _step(f"reading the fabric of {len(call.machines)} machines"):
+            vms = await self._crusoe.list_vms(ids=[m.machine_id for m in call.machines])
+        by_id = {vm.id: vm for vm in vms}
+        out = []
+        for m in call.machines:
+            vm = by_id.get(m.machine_id)
+            topo = (vm.model_extra or {}).get("topology") if vm is not None else None
+            topo = topo if isinstance(topo, dict) else {}
+            out.append(
+                Placement(
+                    node=m.node,
+                    pod=str(topo["pod"]) if topo.get("pod") else None,
+                    leaf=str(topo["leaf"]) if topo.get("leaf") else None,
+                )
+            )
+        return out
+
+    # --- Slurm ----------------------------------------------------------------------------
+
+    @activity.defn(name="cluster_configure_slurm")
+    async def configure_slurm(self, call: SlurmConfigCall) -> SlurmConfigResult:
+        """Write the node layout (EXT PUT .../configuration), then wait, bounded, until
+        every machine's node answers in Slurm. A node that never does is not `registered`."""
+        _served(call.cluster)
+        wanted = sorted({m.node for m in call.machines})
+        async with _step(f"configuring Slurm of {call.cluster.name}"):
+            cid = await self._cluster_id(call.cluster.name)
+            op = await self._crusoe.configure_slurm_cluster(
+                cid,
+                {
+                    "node_sets": [s.model_dump() for s in call.node_sets],
+                    "topology_conf": call.topology_conf,
+                    "drained": dict(call.drained),
+                },
+            )
+            await self._wait_op(op)
+            registered = await self._wait_registered(wanted)
+        return SlurmConfigResult(registered=registered)
+
+    async def _wait_registered(self, wanted: list[str]) -> list[str]:
+        deadline = time.monotonic() + self._register_timeout_s
+        while True:
+            try:
+                nodes = {n.name: n for n in await self._slurm.nodes()}
+            except SlurmError:
+                nodes = {}  # slurmctld restarting after the new configuration
+            up = [n for n in wanted if n in nodes and nodes[n].responding]
+            if len(up) == len(wanted) or time.monotonic() >= deadline:
+                return up
+            await asyncio.sleep(self._poll_s)
+
+    @activity.defn(name="cluster_health_gate")
+    async def health_gate(self, call: NodeGateCall) -> HealthReport:
+        """Slurm's side of the gate: slurmd answers with all its GPUs. The node agent's
+        evidence (NVML, InfiniBand) is the workflow's part, still TODO (issue 12)."""
+        _served(call.cluster)
+        async with heartbeating(f"health gate {call.machine.node}"):
+            try:
+                return await SlurmHealthGate(self._slurm, call.expected_gpus).check(
+                    call.machine.node
+                )
+            except SlurmError as e:
+                raise ApplicationError(str(e), type="SlurmError") from e
+
+    @activity.defn(name="cluster_acceptance_job")
+    async def acceptance_job(self, call: AcceptanceCall) -> AcceptanceResult:
+        """A batch job on exactly the node set's nodes that runs one step task per node
+        (`srun hostname`); passed when it COMPLETED on every node. The job is named after
+        the workflow run and node set, so a retry adopts it instead of submitting another."""
+        _served(call.cluster)
+        ns = call.node_set
+        nodes = sorted(ns.nodes)
+        name = acceptance_job_name(_run_id(), ns.name)
+        async with heartbeating(f"acceptance job {name}"):
+            try:
+                job = await self._job_named(name)
+                if job is None:
+                    job_id = await self._slurm.submit_batch(
+                        f"srun -N{len(nodes)} --ntasks-per-node=1 hostname",
+                        name=name,
+                        partition=ns.partition,
+                        nodes=nodes,
+                        comment=f"autoclusters acceptance of node set {ns.name}",
+                    )
+                else:
+                    job_id = job.job_id
+                job = await self._wait_job(job_id)
+            except SlurmError as e:
+                raise ApplicationError(str(e), type="SlurmError") from e
+        if job is None:
+            return AcceptanceResult(
+                node_set=ns.name,
+                passed=False,
+                detail=f"job {job_id} did not end within {self._acceptance_timeout_s:.0f}s",
+                job_id=job_id,
+            )
+        ran = sorted(hostlist.expand(job.nodes)) if job.nodes else []
+        missing = [n for n in nodes if n not in ran]
+        passed = job.job_state == "COMPLETED" and not missing
+        if passed:
+            detail = f"job {job_id} COMPLETED on {len(ran)} nodes"
+        elif job.job_state != "COMPLETED":
+            detail = f"job {job_id} ended {job.job_state} ({job.state_reason or 'no reason'})"
+        else:
+            detail = f"job {job_id} did not run on {', '.join(missing)}"
+        return AcceptanceResult(
+            node_set=ns.name, passed=passed, detail=detail, job_id=job_id, nodes=ran
+        )
+
+    async def _job_named(self, name: str) -> SlurmJob | None:
+        mine = [j for j in await self._slurm.jobs() if j.name == name]
+        return max(mine, key=lambda j: j.job_id) if mine else None
+
+    async def _wait_job(self, job_id: int) -> SlurmJob | None:
+        """The job once it ended; None (and cancelled) if it outlived the bound."""
+        deadline = time.monotonic() + self._acceptance_timeout_s
+        while True:
+            job = await self._slurm.job(job_id)
+            if job is None:
+                raise SlurmError(f"job {job_id} is no longer known to slurmctld")
+            if job.job_state in JOB_ENDED:
+                return job
+            if time.monotonic() >= deadline:
+                await self._slurm.cancel(job_id)
+                return None
+            await asyncio.sleep(self._poll_s)
+
+    @activity.defn(name="cluster_add_users")
+    async def add_users(self, call: UsersCall) -> UsersResult:
+        """Each user's login (keys) and, with accounting, Slurm account and association
+        (EXT POST .../users, idempotent by name)."""
+        _served(call.cluster)
+        added: list[str] = []
+        async with _step(f"adding {len(call.users)} users to {call.cluster.name}"):
+            cid = await self._cluster_id(call.cluster.name)
+            for user in call.users:
+                await self._crusoe.add_slurm_user(
+                    cid,
+                    {
+                        "name": user.name,
+                        "ssh_public_keys": list(user.ssh_public_keys),
+                        "slurm_account": user.slurm_account,
+                    },
+                )
+                added.append(user.name)
+        return UsersResult(added=added)
+
+    # --- deleting and listing -------------------------------------------------------------
+
+    @activity.defn(name="cluster_delete")
+    async def delete(self, call: DeleteCall) -> None:
+        """A machine: delete its VM. The controller: delete the Managed Slurm cluster. Both
+        wait until done; already gone (404) is done. Accounting, shared home and login
+        nodes go with the cluster: nothing to do for them."""
+        _served(call.cluster)
+        res = call.resource
+        async with _step(f"deleting {res.kind} {res.name} ({res.id})"):
+            if res.kind == "machine":
+                await self._delete_vm(res.id)
+            elif res.kind == "controller":
+                await self._gone(
+                    "slurm_cluster",
+                    lambda: self._crusoe.delete_slurm_cluster(res.id),
+                    lambda: self._crusoe.get_slurm_cluster(res.id),
+                )
+
+    async def _delete_vm(self, vm_id: str) -> None:
+        await self._gone(
+            "vm", lambda: self._crusoe.delete_vm(vm_id), lambda: self._crusoe.get_vm(vm_id)
+        )
+
+    async def _gone(
+        self,
+        kind: OperationKind,
+        delete: Callable[[], Awaitable[Operation]],
+        get: Callable[[], Awaitable[Any]],
+    ) -> None:
+        """Delete and wait until done. Already gone (404) is done; busy (409: an earlier
+        try's delete still runs) is waited out until the thing is gone; a FAILED delete of
+        something that is gone anyway is done too."""
+        while True:
+            try:
+                await self._wait_op(await delete(), kind)
+                return
+            except CrusoeNotFound:
+                return
+            except CrusoeUnavailable as e:
+                if e.status != 409:
+                    raise
+            except CrusoeOperationFailed:
+                if await _exists(get):
+                    raise
+                return
+            if not await _exists(get):
+                return
+            await asyncio.sleep(self._poll_s)
+
+    @activity.defn(name="cluster_inventory")
+    async def inventory(self, cluster: ClusterRef) -> Inventory:
+        """The cluster's parts (if the Managed Slurm cluster exists) and its machines: the
+        VMs labelled with its name, in node order."""
+        _served(cluster)
+        async with _step(f"listing cluster {cluster.name}"):
+            found = await self._crusoe.find_slurm_cluster(cluster.name)
+            vms = await self._crusoe.list_vms()
+        resources: list[Resource] = []
+        if found is not None:
+            cid = found.id
+            resources.append(Resource(kind="controller", id=cid, name=found.name))
+            if found.accounting_enabled:
+                resources.append(
+                    Resource(
+                        kind="accounting", id=f"{cid}/accounting", name=f"{found.name}-slurmdbd"
+                    )
+                )
+            if found.home_volume_size:
+                resources.append(
+                    Resource(
+                        kind="shared_home",
+                        id=f"{cid}/home",
+                        name=f"{found.name}-home-{found.home_volume_size}",
+                    )
+                )
+            if found.login_node_endpoint:
+                resources.append(
+                    Resource(kind="login", id=f"{cid}/login", name=found.login_node_endpoint)
+                )
+        machines = [
+            Machine(
+                cluster=cluster,
+                node_set=labels_of(vm).get(LABEL_NODE_SET, ""),
+                node=vm.name,
+                machine_id=vm.id,
+                attempt=_attempt(vm),
+            )
+            for vm in sorted(vms, key=lambda v: (v.name, v.created_at))
+            if labels_of(vm).get(LABEL_CLUSTER) == cluster.name
+        ]
+        resources += [m.resource() for m in machines]
+        return Inventory(resources=resources, machines=machines)
+
+    # --- helpers --------------------------------------------------------------------------
+
+    async def _wait_op(self, op: Operation, kind: OperationKind = "slurm_cluster") -> Operation:
+        return await self._crusoe.wait_operation(op, kind, poll_s=self._poll_s)
+
+    async def _cluster_id(self, name: str) -> str:
+        found = await self._crusoe.find_slurm_cluster(name)
+        if found is None:
+            raise ApplicationError(
+                f"no Managed Slurm cluster named {name} in project {self._crusoe.project_id}",
+                type="ClusterNotFound",
+                non_retryable=True,
+            )
+        return found.id
+
+    async def _controller(self, call: ProviderCall) -> str:
+        if call.controller is not None:
+            return call.controller.id
+        return await self._cluster_id(call.spec.name)
+
+    async def _wait_cluster(
+        self, cid: str, ready: Callable[[SlurmCluster], bool], what: str
+    ) -> SlurmCluster:
+        """Poll the cluster until `ready`; a FAILED cluster raises (non-retryable)."""
+        while True:
+            cluster = await self._crusoe.get_slurm_cluster(cid)
+            if ready(cluster):
+                return cluster
+            if cluster.state == CLUSTER_FAILED:
+                raise ApplicationError(
+                    f"Slurm cluster {cluster.name} ({cid}) failed before {what}: "
+                    f"{cluster.issues_text()}",
+                    type=CONTROLLER_FAILED,
+                    non_retryable=True,
+                )
+            if cluster.state == CLUSTER_DELETING:
+                # A teardown's leftover under the same name: a later try may create anew.
+                raise ApplicationError(
+                    f"Slurm cluster {cluster.name} ({cid}) is being deleted",
+                    type="ClusterDeleting",
+                )
+            await asyncio.sleep(self._poll_s)
+
+
+def acceptance_job_name(run_id: str, node_set: str) -> str:
+    """The acceptance job's Slurm name: this workflow run's, for this node set."""
+    return f"autoclusters-acceptance-{node_set}-{run_id[:8]}"
+
+
+def _run_id() -> str:
+    run_id = activity.info().workflow_run_id if activity.in_activity() else None
+    return run_id or "no-run"
+
+
+def _meta(op: Operation, field: str) -> str | None:
+    meta = op.metadata if isinstance(op.metadata, dict) else {}
+    value = meta.get(field)
+    return str(value) if value else None
+
+
+async def _exists(get: Callable[[], Awaitable[Any]]) -> bool:
+    try:
+        await get()
+    except CrusoeNotFound:
+        return False
+    return True
+
+
+def _served(ref: ClusterRef) -> None:
+    if ref.provider not in SERVED:
+        raise ApplicationError(
+            f"provider {ref.provider} is not built yet: cluster {ref.name} cannot be "
+            f"provisioned, scaled or deleted through it (use sandbox or crusoe-managed-slurm)",
+            type=PROVIDER_UNAVAILABLE,
+            non_retryable=True,
+        )
