@@ -19,6 +19,7 @@ the task queue of the provider it wants (one that works, one out of quota).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import threading
 import uuid
@@ -29,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from temporalio import activity
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.service import RPCError, RPCStatusCode
@@ -41,7 +43,12 @@ from autoclusters.activities.guard import GuardActivities
 from autoclusters.activities.slurm import SlurmActivities
 from autoclusters.clients.cli import app
 from autoclusters.core import binpaths
-from autoclusters.core.cluster import ClusterState, provisioning_workflow_id
+from autoclusters.core.cluster import (
+    BootResult,
+    ClusterState,
+    Machine,
+    provisioning_workflow_id,
+)
 from autoclusters.core.cluster_ops import ops_workflow_id
 from autoclusters.integrations import temporal
 from autoclusters.workflows.cluster_ops import ClusterTeardown, ScaleNodeSet
@@ -54,7 +61,23 @@ from tests.fakes import FakeSlurm
 pytestmark = pytest.mark.integration  # a Temporal dev server
 
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAICvYBsl/DgCvGh/DMo+nY6kmlyPI24+sT5OvcdsYbW6Q alice@x"
-QUEUES = ("ok", "quota")
+QUEUES = ("ok", "quota", "held")
+
+
+class HeldProvider(OpsProvider):
+    """Machines boot only once the test releases them: the provisioning stays running."""
+
+    def __init__(self, slurm: FakeSlurm) -> None:
+        super().__init__(slurm)
+        self.released = asyncio.Event()  # set on the server thread's loop
+
+    @activity.defn(name="cluster_wait_booted")
+    async def wait_booted(self, machine: Machine) -> BootResult:
+        while not self.released.is_set():
+            activity.heartbeat()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.released.wait(), 1)
+        return await OpsProvider.wait_booted(self, machine)
 
 
 @dataclass
@@ -93,6 +116,7 @@ def server() -> Iterator[Server]:
             "ok": OpsProvider(FakeSlurm()),
             # Two machines allowed: the third of a four-node set is refused for quota.
             "quota": OpsProvider(FakeSlurm(), machines_allowed=2),
+            "held": HeldProvider(FakeSlurm()),
         }
         queues = {role: f"cli-{role}-{uuid.uuid4().hex[:6]}" for role in QUEUES}
         workers = [_worker(client, queues[r], providers[r]) for r in QUEUES]
@@ -266,6 +290,46 @@ def test_create_status_list_scale_delete(cli: Any, server: Server, tmp_path: Pat
     out = cli("ok", "status", name, "--json")
     view = json.loads(out.stdout)
     assert view["deleted"] is True and view["ops"]["workflow_type"] == "ClusterTeardown"
+
+
+def test_a_running_provisioning_is_attached_to_and_not_scaled(
+    cli: Any, server: Server, tmp_path: Path
+) -> None:
+    name = _name()
+    spec = spec_file(tmp_path, name)
+    held = server.providers["held"]
+    assert isinstance(held, HeldProvider)
+    try:
+        out = cli("held", "create", "-f", str(spec), "--no-wait")
+        assert out.exit_code == 0, out.output
+        assert f"provisioning cluster {name}" in out.output
+
+        out = cli("held", "create", "-f", str(spec), "--no-wait", "--json")
+        assert out.exit_code == 0, out.output
+        assert json.loads(out.stdout)["attached"] is True
+        assert "already being provisioned: following" in out.output
+
+        for _ in range(50):  # until the workflow waits on the boots (each ask takes a query)
+            view = json.loads(cli("held", "status", name, "--json").stdout)
+            if view["state"] and view["state"]["current_step"] == "boot_machines":
+                break
+        assert view["temporal_status"] == "running"
+        assert view["state"]["progress"]["gpu"] == {
+            "requested": 2, "booted": 0, "registered": 0, "healthy": 0, "replaced": 0
+        }  # fmt: skip
+
+        for args in (["scale", name, "gpu", "3"], ["delete", name, "--yes"]):
+            out = cli("held", *args)
+            assert out.exit_code == 1, out.output
+            assert "still being provisioned" in out.output
+        assert not server.call(_exists(server, ops_workflow_id(name)))
+    finally:
+        server.loop.call_soon_threadsafe(held.released.set)
+    for _ in range(50):  # released: the provisioning goes on to ready
+        view = json.loads(cli("held", "status", name, "--json").stdout)
+        if view["temporal_status"] != "running":
+            break
+    assert view["temporal_status"] == "completed" and view["state"]["status"] == "ready"
 
 
 def test_create_refused_for_quota_exits_1_with_the_message(cli: Any, tmp_path: Path) -> None:
