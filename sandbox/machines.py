@@ -3,7 +3,10 @@ mode, the Node its kubelet would register).
 
 Powering a machine off stops its slurmd and every job step still running on it; powering
 it on starts a fresh slurmd. `SandboxMachines` is the Crusoe emulator's VM backend: what the
-emulated cloud does to a VM happens to the sandbox node of the same name.
+emulated cloud does to a VM happens to the sandbox node of the same name. A machine whose
+node the sandbox's slurm.conf does not list yet only boots: its slurmd starts when a
+Managed Slurm configuration lists it (`SandboxMachines` runs the Managed Slurm cluster
+too, through `sandbox/slurm_controller.py`).
 """
 
 from __future__ import annotations
@@ -18,9 +21,12 @@ from autoclusters.core.kubernetes import INSTANCE_ID_LABEL
 from autoclusters.core.policy import Rung
 from autoclusters.sandbox import daemons
 from autoclusters.sandbox.config import SandboxConfig
+from autoclusters.sandbox.crusoe_slurm_models import ClusterStarted, SlurmCluster, SlurmUser
 from autoclusters.sandbox.crusoe_world import EmulatedVm
 from autoclusters.sandbox.hardware import Hardware
 from autoclusters.sandbox.processes import ProcessTable, kill_sessions, sessions_holding
+from autoclusters.sandbox.slurm_controller import ManagedSlurm
+from autoclusters.sandbox.slurm_files import listed_nodes
 from autoclusters.sandbox.vms import VmRecord, VmRegistry
 
 
@@ -31,8 +37,10 @@ def power_off(cfg: SandboxConfig, node: str) -> None:
 
 
 def power_on(cfg: SandboxConfig, node: str) -> None:
+    """The machine's slurmd, when slurm.conf lists the node (else the machine only boots:
+    a slurmd for an undeclared node would exit at once)."""
     table = ProcessTable(cfg.state_dir)
-    if not table.alive(f"slurmd-{node}"):
+    if node in listed_nodes(cfg) and not table.alive(f"slurmd-{node}"):
         table.spawn(f"slurmd-{node}", daemons.slurmd_argv(cfg, node), daemons.slurm_env(cfg))
 
 
@@ -47,7 +55,9 @@ class SandboxMachines:
     def __init__(self, state_dir: str | Path) -> None:
         self._cfg = SandboxConfig.load(Path(state_dir))
         self._vms = VmRegistry(self._cfg.state_dir)
+        self._vms.dir.mkdir(parents=True, exist_ok=True)
         self._hardware = Hardware(self._cfg.state_dir)
+        self._slurm = ManagedSlurm(self._cfg, power_on)
 
     async def _register_node(self, vm: EmulatedVm) -> None:
         """The machine's kubelet registers (a new bootID each boot)."""
@@ -94,6 +104,27 @@ class SandboxMachines:
         if self._cfg.k8s:
             async with httpx.AsyncClient(base_url=self._cfg.k8s_url, timeout=10) as k8s:
                 await k8s.delete(f"/_emulator/nodes/{vm.name}")
+
+    # --- Managed Slurm (SlurmBackend) -------------------------------------------------------
+
+    async def on_cluster_create(self, cluster: SlurmCluster) -> ClusterStarted:
+        return await asyncio.to_thread(
+            self._slurm.create, cluster.id, cluster.accounting_enabled, cluster.root_ssh_pub_keys
+        )
+
+    async def on_cluster_configure(
+        self, cluster: SlurmCluster, running: list[str]
+    ) -> ClusterStarted:
+        assert cluster.configuration is not None
+        return await asyncio.to_thread(
+            self._slurm.configure, cluster.configuration, cluster.accounting_enabled, running
+        )
+
+    async def on_cluster_user(self, cluster: SlurmCluster, user: SlurmUser) -> None:
+        await asyncio.to_thread(self._slurm.add_user, user, cluster.accounting_enabled)
+
+    async def on_cluster_delete(self, cluster: SlurmCluster) -> None:
+        await asyncio.to_thread(self._slurm.delete)
 
 
 async def ensure_slurmd_pod(k8s: httpx.AsyncClient, cfg: SandboxConfig, node: str) -> None:

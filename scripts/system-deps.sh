@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
-# Slurm and munge come from the distribution, not from PyPI. Install them when missing
-# (as root), or say exactly what to install.
+# Slurm, munge, and what a Managed Slurm cluster runs in the sandbox (slurmdbd on a private
+# MariaDB, an sshd login endpoint) come from the distribution, not from PyPI. Install them
+# when missing (as root), or say exactly what to install. None runs as a system service:
+# the sandbox starts its own under its state dir.
 set -euo pipefail
 missing=()
-for exe in slurmctld slurmd munged munge sinfo squeue scontrol sbatch scancel; do
+for exe in slurmctld slurmd munged munge sinfo squeue scontrol sbatch scancel sacct sacctmgr \
+  slurmdbd mariadbd mariadb-install-db mariadb-admin mariadb sshd ssh ssh-keygen; do
   command -v "$exe" >/dev/null 2>&1 || [ -x "/usr/sbin/$exe" ] || missing+=("$exe")
 done
 [ ${#missing[@]} -eq 0 ] && exit 0
 
-pkgs="slurm-wlm slurmrestd munge slurm-wlm-jwt-plugin"
+pkgs="slurm-wlm slurmrestd munge slurm-wlm-jwt-plugin slurmdbd mariadb-server openssh-server"
 if [ "$(id -u)" -ne 0 ]; then
   echo "missing: ${missing[*]}" >&2
   echo "install them as root:  apt-get update && apt-get install -y $pkgs" >&2

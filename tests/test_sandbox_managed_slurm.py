@@ -9,16 +9,24 @@ slurmd and a login sshd, and submits a job through the login endpoint.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 from collections.abc import Iterator
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
 from autoclusters.integrations.crusoe.signing import format_timestamp, sign
+from autoclusters.sandbox import daemons
+from autoclusters.sandbox.config import SandboxConfig
 from autoclusters.sandbox.crusoe_emulator import EmulatorServer, create_app
 from autoclusters.sandbox.crusoe_world import InMemoryBackend, VmBackend
+from autoclusters.sandbox.machines import SandboxMachines
+from autoclusters.sandbox.processes import ProcessTable, kill_sessions, sessions_holding, wait_until
+from tests.conftest import free_port_base
 from tests.helpers import eventually
 from tests.test_crusoe import KEY_ID, PROJECT, SECRET, VMS, _config
 
@@ -240,7 +248,7 @@ async def test_vms_carry_their_topology(api: Api) -> None:
     assert api.ok("GET", f"{VMS}/{vm_id}")["topology"]["pod"].startswith("pod-")
 
 
-async def test_clusters_survive_an_emulator_restart(tmp_path: Any) -> None:
+async def test_clusters_survive_an_emulator_restart(tmp_path: Path) -> None:
     state = tmp_path / "world.json"
     first = Api(InMemoryBackend(), state_file=state)
     try:
@@ -254,3 +262,112 @@ async def test_clusters_survive_an_emulator_restart(tmp_path: Any) -> None:
         assert [o["state"] for o in ops] == ["SUCCEEDED"]
     finally:
         second.server.stop()
+
+
+# --- the sandbox backend: real daemons ----------------------------------------------------
+
+
+def _ssh(cfg: SandboxConfig, key: Path, command: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["ssh", "-p", str(cfg.login_port), "-i", str(key), "-o", "StrictHostKeyChecking=no",
+         "-o", "UserKnownHostsFile=/dev/null", "-o", "BatchMode=yes", "root@127.0.0.1", command],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat[stat.rindex(")") + 2] not in "ZX"
+
+
+@pytest.fixture
+def sandbox_cfg(tmp_path: Path) -> Iterator[SandboxConfig]:
+    """A bare sandbox state dir with munged running (what `sandbox up` starts first);
+    every process recorded in it is stopped by PID at the end."""
+    cfg = SandboxConfig(
+        state_dir=tmp_path / "s", cluster="msl", nodes=2, port_base=free_port_base(100),
+        boot_delay_s=0,
+    )  # fmt: skip
+    (cfg.state_dir / "munge").mkdir(parents=True)
+    os.chmod(cfg.state_dir / "munge", 0o755)
+    key = cfg.state_dir / "munge" / "munge.key"
+    key.write_bytes(os.urandom(1024))
+    os.chmod(key, 0o400)
+    cfg.log_dir.mkdir()
+    cfg.save()
+    table = ProcessTable(cfg.state_dir)
+    try:
+        table.spawn("munged", daemons.munged_argv(cfg))
+        assert wait_until(lambda: daemons.munge_ready(cfg), 10)
+        yield cfg
+    finally:
+        for rec in reversed(table.records()):
+            table.stop(rec.name)
+        kill_sessions(sessions_holding(cfg.spool_dir))
+
+
+@pytest.mark.integration
+async def test_managed_slurm_cluster_on_real_daemons(
+    sandbox_cfg: SandboxConfig, tmp_path: Path
+) -> None:
+    cfg = sandbox_cfg
+    key = tmp_path / "id_ed25519"
+    subprocess.run(
+        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True, timeout=30
+    )
+    api = Api(SandboxMachines(cfg.state_dir))
+    try:
+        cid = await _created(
+            api, accounting_enabled=True, root_ssh_pub_keys=[key.with_suffix(".pub").read_text()]
+        )
+        cluster = api.ok("GET", f"{CLUSTERS}/{cid}")
+        assert cluster["login_node_endpoint"] == f"127.0.0.1:{cfg.login_port}"
+        assert cluster["accounting_state"] == "STATE_RUNNING"
+        table = ProcessTable(cfg.state_dir)
+        assert all(table.alive(n) for n in ("mariadb", "slurmdbd", "sshd-login"))
+
+        for name in ("gpu-01", "gpu-02"):
+            assert (await api.finished(api.create_vm(name).json(), VMS))["state"] == "SUCCEEDED"
+        assert not table.alive("slurmd-gpu-01")  # not in slurm.conf yet: the VM only boots
+
+        config = {
+            "node_sets": [{"name": "gpu", "partition": "gpu", "gpus_per_node": 8,
+                           "nodes": ["gpu-01", "gpu-02"]}],
+            "topology_conf": "SwitchName=leaf-01 Nodes=gpu-01\nSwitchName=leaf-02 Nodes=gpu-02\n"
+            "SwitchName=spine Switches=leaf-[01-02]\n",
+        }  # fmt: skip
+        op = api.ok("PUT", f"{CLUSTERS}/{cid}/configuration", config)
+        assert (await api.finished(op, CLUSTERS, 90))["state"] == "SUCCEEDED"
+        assert api.ok("GET", f"{CLUSTERS}/{cid}")["controller_state"] == "STATE_RUNNING"
+        user = {"name": "alice", "ssh_public_keys": ["ssh-ed25519 AAAA a"], "slurm_account": "ml"}
+        assert api.ok("POST", f"{CLUSTERS}/{cid}/users", user) == {"name": "alice"}
+
+        async def idle() -> bool:
+            r = _ssh(cfg, key, "sinfo -h -N -o '%N %t'")
+            return r.returncode == 0 and r.stdout.count("idle") == 2
+
+        await eventually(idle, 60, "both nodes idle in sinfo over the login endpoint")
+        job = _ssh(cfg, key, "sbatch --parsable -N2 --wrap 'srun -N2 hostname'")
+        assert job.returncode == 0, job.stderr
+        job_id = job.stdout.strip()
+
+        async def completed() -> bool:
+            r = _ssh(cfg, key, f"sacct -n -X -P -j {job_id} --format=State")
+            return r.stdout.strip() == "COMPLETED"
+
+        await eventually(completed, 60, f"job {job_id} COMPLETED in sacct")
+        topo = _ssh(cfg, key, "scontrol show topology")
+        assert "SwitchName=leaf-01" in topo.stdout and "SwitchName=spine" in topo.stdout
+        users = _ssh(cfg, key, "sacctmgr -n -P show user alice format=User,DefaultAccount")
+        assert users.stdout.strip() == "alice|ml"
+
+        pids = {r.name: r.pid for r in table.records()}
+        done = await api.finished(api.ok("DELETE", f"{CLUSTERS}/{cid}"), CLUSTERS, 60)
+        assert done["state"] == "SUCCEEDED"
+        for name in ("mariadb", "slurmdbd", "slurmctld", "sshd-login"):
+            assert not _alive(pids[name]), name
+    finally:
+        api.server.stop()
