@@ -364,6 +364,23 @@ async def test_managed_slurm_cluster_on_real_daemons(
         users = _ssh(cfg, key, "sacctmgr -n -P show user alice format=User,DefaultAccount")
         assert users.stdout.strip() == "alice|ml"
 
+        # Scale up: a new node joins drained; the others keep their slurmd ports.
+        conf_before = cfg.slurm_conf.read_text()
+        assert (await api.finished(api.create_vm("gpu-03").json(), VMS))["state"] == "SUCCEEDED"
+        config["node_sets"][0]["nodes"].append("gpu-03")  # type: ignore[index]
+        config["drained"] = {"gpu-03": "new node"}
+        op = api.ok("PUT", f"{CLUSTERS}/{cid}/configuration", config)
+        assert (await api.finished(op, CLUSTERS, 90))["state"] == "SUCCEEDED"
+        gpu01 = next(x for x in conf_before.splitlines() if x.startswith("NodeName=gpu-01 "))
+        assert gpu01 in cfg.slurm_conf.read_text()
+
+        async def joined_drained() -> bool:
+            r = _ssh(cfg, key, "sinfo -h -N -o '%N %t'")
+            states = dict(line.split() for line in r.stdout.splitlines())
+            return states == {"gpu-01": "idle", "gpu-02": "idle", "gpu-03": "drain"}
+
+        await eventually(joined_drained, 60, "gpu-03 registered drained beside two idle nodes")
+
         pids = {r.name: r.pid for r in table.records()}
         done = await api.finished(api.ok("DELETE", f"{CLUSTERS}/{cid}"), CLUSTERS, 60)
         assert done["state"] == "SUCCEEDED"
