@@ -43,6 +43,8 @@ from autoclusters.core.cluster import (
 from autoclusters.core.cluster_spec import ClusterSpec, NodeSetSpec, UserSpec
 from autoclusters.core.models import SlurmJob
 from autoclusters.integrations.crusoe import CrusoeClient
+from autoclusters.integrations.slurm import SlurmCli
+from autoclusters.sandbox.config import SandboxConfig
 from autoclusters.sandbox.crusoe_emulator import EmulatorServer, create_app
 from autoclusters.sandbox.crusoe_world import InMemoryBackend
 from tests.fakes import FakeSlurm
@@ -119,6 +121,11 @@ def emulator() -> Iterator[Emulator]:
 async def crusoe(emulator: Emulator) -> AsyncIterator[CrusoeClient]:
     async with _client(emulator) as c:
         yield c
+
+
+@pytest.fixture
+def slurm_cli(sandbox: SandboxConfig) -> SlurmCli:
+    return SlurmCli(sandbox.slurm_conf)
 
 
 @pytest.fixture
@@ -328,6 +335,20 @@ async def test_the_acceptance_job_runs_on_every_node_and_a_retry_adopts_it(
     [job] = slurm.submitted
     assert job["command"] == "srun -N2 --ntasks-per-node=1 hostname"
     assert job["partition"] == "batch" and "test-run"[:8] in job["name"]
+
+
+async def test_the_acceptance_job_runs_on_real_slurm(
+    sandbox: SandboxConfig, slurm_cli: SlurmCli, crusoe: CrusoeClient
+) -> None:
+    """sbatch's arguments, and an ended job still listed by `squeue --json` (Slurm 22.05)."""
+    p = ClusterProviderActivities(crusoe, slurm_cli, poll_s=0.5, acceptance_timeout_s=120)
+    nodes = sandbox.node_names()[:2]
+    ns = NodeSetNodes(name="gpu", partition="gpu", gpus_per_node=8, nodes=nodes)
+    call = AcceptanceCall(cluster=_ref(_spec()), node_set=ns)
+    result = await _run()(p.acceptance_job, call)
+    assert result.passed, result.detail
+    assert result.nodes == nodes and result.job_id is not None
+    assert await _run()(p.acceptance_job, call) == result  # adopted, not run again
 
 
 async def test_a_failed_acceptance_job_does_not_pass(crusoe: CrusoeClient) -> None:
