@@ -213,10 +213,41 @@ class ClusterProviderActivities:
                     if found is None:  # deleted between the 409 and the list: try again
                         raise
                 else:
-                    await self._wait_op(op)
+                    await self._created(op)
             cid = found.id if found is not None else await self._cluster_id(spec.name)
-            await self._wait_cluster(cid, lambda c: c.state == RUNNING, "running")
+            try:
+                await self._wait_cluster(cid, lambda c: c.state == RUNNING, "running")
+            except ApplicationError as e:
+                if e.type == CONTROLLER_FAILED:
+                    # A failed cluster is of no use and holds the name: delete it, so the
+                    # spec can be provisioned again once the cause is fixed.
+                    await self._gone(
+                        "slurm_cluster",
+                        lambda: self._crusoe.delete_slurm_cluster(cid),
+                        lambda: self._crusoe.get_slurm_cluster(cid),
+                    )
+                raise
         return Resource(kind="controller", id=cid, name=spec.name)
+
+    async def _created(self, op: Operation) -> None:
+        """Wait for the create. A FAILED one that left the cluster STATE_FAILED is reported
+        from the cluster (its issues, by the caller); one that left it half made deletes it
+        and raises, so the activity's retry creates it anew."""
+        try:
+            await self._wait_op(op)
+        except CrusoeOperationFailed:
+            cid = _meta(op, "slurm_cluster_id")
+            if cid is None:
+                raise
+            with contextlib.suppress(CrusoeNotFound):
+                if (await self._crusoe.get_slurm_cluster(cid)).state == CLUSTER_FAILED:
+                    return
+            await self._gone(
+                "slurm_cluster",
+                lambda: self._crusoe.delete_slurm_cluster(cid),
+                lambda: self._crusoe.get_slurm_cluster(cid),
+            )
+            raise
 
     @activity.defn(name="cluster_create_accounting")
     async def create_accounting(self, call: ProviderCall) -> Resource:

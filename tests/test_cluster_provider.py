@@ -23,6 +23,7 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
 from autoclusters.activities.cluster_provider import (
+    CONTROLLER_FAILED,
     PROVIDER_UNAVAILABLE,
     ClusterProviderActivities,
 )
@@ -196,6 +197,39 @@ async def test_an_existing_cluster_of_that_name_is_adopted_not_created_twice(
     )
     [cluster] = _clusters(emulator)
     assert made.id == cluster["id"]
+
+
+class BrokenClusters(InMemoryBackend):
+    async def on_cluster_create(self, cluster: Any) -> Any:
+        raise RuntimeError("munged is not running")
+
+
+async def test_a_cluster_that_fails_is_reported_with_its_issue_and_deleted() -> None:
+    with EmulatorServer(create_app(_config(), BrokenClusters())) as server:
+        emulator = Emulator(server, InMemoryBackend())
+        async with _client(emulator) as client:
+            p = ClusterProviderActivities(client, BatchSlurm(), poll_s=0.02)
+            spec = _spec()
+            with pytest.raises(ApplicationError) as err:
+                await _run()(p.create_controller, ProviderCall(cluster=_ref(spec), spec=spec))
+        assert err.value.type == CONTROLLER_FAILED and err.value.non_retryable
+        assert "munged is not running" in err.value.message
+        assert _clusters(emulator) == []  # the name is free for the next try
+
+
+async def test_a_create_operation_that_fails_is_retried_from_scratch(
+    emulator: Emulator, provider: ClusterProviderActivities
+) -> None:
+    emulator.admin("POST", "/operation-failures", {"count": 1, "message": "internal error"})
+    spec = _spec()
+    call = ProviderCall(cluster=_ref(spec), spec=spec)
+    with pytest.raises(ApplicationError) as err:
+        await _run()(provider.create_controller, call)
+    assert not err.value.non_retryable and "internal error" in err.value.message
+    assert _clusters(emulator) == []
+    made = await _run()(provider.create_controller, call)
+    [cluster] = _clusters(emulator)
+    assert cluster["id"] == made.id and cluster["state"] == "STATE_RUNNING"
 
 
 # --- machines ---------------------------------------------------------------------------
