@@ -318,6 +318,10 @@ def _print_summary(summary: Any, out: Console) -> None:
         f"mode {summary.mode}, rung {summary.rung})"
     )
     out.print(f"node / fault       {summary.node} / {summary.fault}")
+    out.print(
+        f"[bold]provisioning[/bold]       {secs(summary.provision_s)}  "
+        "(cluster spec → cluster ready, ClusterProvisioning)"
+    )
     out.print(f"[bold]detection[/bold]          {secs(summary.detect_s)}  (GPU fault → incident)")
     out.print(
         f"[bold]job recovery[/bold]       {secs(summary.job_recovery_s)}  "

@@ -1,9 +1,11 @@
 """The sandbox's cloud: the Crusoe Cloud API emulator, in every mode.
 
-The worker repairs sandbox machines the way it repairs real ones, with `CrusoeCloud` over
-signed HTTP; the emulator's VM backend (`sandbox.machines.SandboxMachines`) makes what it
-does to a VM happen to the sandbox node of the same name. Every node's machine is a VM of
-one managed node pool, so replacing a node is deleting its VM and the pool boots a new one.
+The worker creates the sandbox's cluster and machines (`ClusterProvisioning`) and repairs
+them the way it does real ones, over signed HTTP; the emulator's sandbox backend
+(`sandbox.machines.SandboxMachines`) makes what it does happen to local daemons: a Managed
+Slurm cluster is slurmctld (with slurmdbd on MariaDB) and an SSH login endpoint, a VM is the
+slurmd of the node of the same name. Replacing a node deletes its VM and creates one with
+the same name and spec.
 """
 
 from __future__ import annotations
@@ -16,7 +18,6 @@ import sys
 import httpx
 
 from autoclusters.sandbox.config import SandboxConfig
-from autoclusters.sandbox.vms import VmRegistry
 
 CRUSOE_EMULATOR = "crusoe-emulator"
 
@@ -55,32 +56,6 @@ def crusoe_emulator_argv(cfg: SandboxConfig) -> list[str]:
 def crusoe_emulator_env(cfg: SandboxConfig) -> dict[str, str]:
     # The secret travels in the environment, not on the command line (`ps` shows that).
     return {"CRUSOE_SECRET_KEY": cfg.crusoe_secret()}
-
-
-def seed(cfg: SandboxConfig) -> None:
-    """Every node's machine as a VM of the node pool, under the id the sandbox gave it."""
-    vms = VmRegistry(cfg.state_dir)
-    seed_vms = []
-    for node in cfg.node_names():
-        rec = vms.get(node)
-        assert rec is not None, f"no VM record for {node}"
-        seed_vms.append({"id": rec.vm_id, "name": node, "node_pool_id": cfg.crusoe_pool})
-    with httpx.Client(base_url=f"http://127.0.0.1:{cfg.crusoe_port}", timeout=10) as crusoe:
-        crusoe.post(
-            "/_emulator/vms",
-            json={
-                "node_pools": [
-                    {
-                        "id": cfg.crusoe_pool,
-                        "name": "gpu",
-                        "project_id": cfg.crusoe_project,
-                        "count": cfg.nodes,
-                        "instance_ids": [v["id"] for v in seed_vms],
-                    }
-                ],
-                "vms": [{**v, "project_id": cfg.crusoe_project} for v in seed_vms],
-            },
-        ).raise_for_status()
 
 
 def answers(port: int, path: str) -> bool:

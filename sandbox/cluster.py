@@ -1,8 +1,10 @@
 """`sandbox up | status | down`: bring a whole local cluster up, report on it, stop it.
 
-Order up: munged → Temporal dev server → slurmctld → one slurmd per node → [Kubernetes
-API emulator] → Crusoe Cloud API emulator (every mode: the machines are its VMs) → Slack
-emulator → worker → API → agents.
+Order up: munged → Temporal dev server → [Kubernetes API emulator] → Crusoe Cloud API
+emulator (every mode: the machines are its VMs) → Slack emulator → worker → API; then the
+worker's `ClusterProvisioning` creates the Slurm cluster through the Crusoe emulator (the
+controller, accounting, login endpoint and one machine per node, whose daemons the
+emulator's sandbox backend starts); then the spares are parked and the agents start.
 A daemon that does not become ready stops the whole start: everything already started
 is stopped again and the daemon's last log lines are shown.
 """
@@ -23,24 +25,26 @@ import yaml
 
 from autoclusters.clients.agent import fake_backend
 from autoclusters.core.models import SPARE_REASON, SlurmNode
-from autoclusters.core.policy import default_policy
+from autoclusters.core.policy import default_policy, load_policy
 from autoclusters.integrations.slurm import parse_jobs, parse_nodes
-from autoclusters.sandbox import cloud_api, daemons, slinky
+from autoclusters.sandbox import cloud_api, daemons, provision, slinky
 from autoclusters.sandbox.config import GPUS_PER_NODE, SandboxConfig
 from autoclusters.sandbox.daemons import SandboxError
 from autoclusters.sandbox.processes import ProcessTable, kill_sessions, sessions_holding, wait_until
-from autoclusters.sandbox.slurm_files import gres_conf, slurm_conf
 from autoclusters.sandbox.vms import VmRegistry
 
 WORKER = "worker"
 API = "api"
 SLACK = "slack-emulator"
+# The provisioned cluster's daemons (the Crusoe emulator's sandbox backend names them so).
+MARIADB, SLURMDBD, LOGIN = "mariadb", "slurmdbd", "sshd-login"
 
 
 @dataclass
 class UpResult:
     already_running: bool
     started: list[str] = field(default_factory=list)
+    provision_s: float | None = None  # spec -> cluster ready (ClusterProvisioning)
 
 
 def slurmd_name(node: str) -> str:
@@ -51,14 +55,22 @@ def agent_name(node: str) -> str:
     return f"agent-{node}"
 
 
+# Started by `sandbox up` itself, before the cluster is provisioned.
+_INFRA = ("munged", "temporal", slinky.K8S_EMULATOR, cloud_api.CRUSOE_EMULATOR, SLACK, WORKER, API)
+
+
 def _order(cfg: SandboxConfig) -> list[str]:
+    """Start order: the infrastructure, then what provisioning creates (the controller, its
+    accounting, the login endpoint, one slurmd per machine), then the node agents."""
     # The cloud API in every mode; Kubernetes only in k8s mode.
     emulators = [slinky.K8S_EMULATOR] if cfg.k8s else []
     emulators.append(cloud_api.CRUSOE_EMULATOR)
+    accounting = [MARIADB, SLURMDBD] if cfg.accounting else []
     slurmds = list(map(slurmd_name, cfg.node_names()))
     agents = list(map(agent_name, cfg.node_names()))
     return [
-        "munged", "temporal", "slurmctld", *slurmds, *emulators, SLACK, WORKER, API, *agents,
+        "munged", "temporal", *emulators, SLACK, WORKER, API,
+        *accounting, "slurmctld", LOGIN, *slurmds, *agents,
     ]  # fmt: skip
 
 
@@ -80,8 +92,6 @@ def _prepare(cfg: SandboxConfig) -> None:
         os.chmod(key, 0o400)
     for i in range(GPUS_PER_NODE):
         (d / "dev" / f"nvidia{i}").touch()
-    cfg.slurm_conf.write_text(slurm_conf(cfg))
-    (cfg.slurm_conf.parent / "gres.conf").write_text(gres_conf(cfg))
     token_file = d / "api" / "token"
     if not token_file.exists():
         token_file.parent.mkdir(parents=True, exist_ok=True)
@@ -98,6 +108,7 @@ def _prepare(cfg: SandboxConfig) -> None:
     cfg.settings_file.write_text(cfg.settings_toml())
     cfg.policy_file.write_text(sandbox_policy(cfg))
     cloud_api.prepare(cfg)
+    provision.ensure_ssh_key(cfg)
     if cfg.k8s:
         slinky.prepare(cfg)
     cfg.save()
@@ -131,13 +142,6 @@ def sinfo(cfg: SandboxConfig) -> list[SlurmNode]:
     return parse_nodes(json.loads(r.stdout))
 
 
-def _nodes_registered(cfg: SandboxConfig) -> bool:
-    nodes = sinfo(cfg)
-    return len(nodes) == len(cfg.node_names()) and all(
-        n.responding and n.slurmd_start_time for n in nodes
-    )
-
-
 def _park_spares(cfg: SandboxConfig) -> None:
     for node in cfg.spare_names():
         subprocess.run(
@@ -168,6 +172,9 @@ def _worker_polling(cfg: SandboxConfig) -> bool:
 
 
 def up(cfg: SandboxConfig, timeout_s: float = 60) -> UpResult:
+    """The infrastructure (munged, Temporal, the emulators, Slack, the worker, the API),
+    then the Slurm cluster through `ClusterProvisioning` (sandbox/provision.py), then the
+    spares parked and the node agents."""
     table = ProcessTable(cfg.state_dir)
     if cfg.record_file.exists():
         running = SandboxConfig.load(cfg.state_dir)
@@ -180,33 +187,11 @@ def up(cfg: SandboxConfig, timeout_s: float = 60) -> UpResult:
             )
     _prepare(cfg)
     result = UpResult(already_running=False)
-    VmRegistry(cfg.state_dir).reset(cfg.node_names())
-    steps = [
-        ("munged", daemons.munged_argv(cfg), {}, lambda: daemons.munge_ready(cfg)),
-        (
-            "temporal",
-            daemons.temporal_argv(cfg),
-            {},
-            lambda: daemons.temporal_ready(cfg),
-        ),
-        (
-            "slurmctld",
-            daemons.slurmctld_argv(cfg),
-            daemons.slurm_env(cfg),
-            lambda: bool(sinfo(cfg)),
-        ),
-    ]
+    VmRegistry(cfg.state_dir).reset([])  # the machines are created by the provisioning
     try:
-        for name, argv, env, ready in steps:
-            _start(table, name, argv, env, ready, timeout_s, result)
-        for node in cfg.node_names():
-            table.spawn(slurmd_name(node), daemons.slurmd_argv(cfg, node), daemons.slurm_env(cfg))
-            result.started.append(slurmd_name(node))
-        if not wait_until(lambda: _nodes_registered(cfg), timeout_s, 0.5):
-            dead = [n for n in cfg.node_names() if not table.alive(slurmd_name(n))]
-            culprit = slurmd_name(dead[0]) if dead else slurmd_name(cfg.node_names()[0])
-            raise _not_ready(table, culprit, "the slurmd nodes did not all register")
-        _park_spares(cfg)
+        _start(table, "munged", daemons.munged_argv(cfg), {}, lambda: daemons.munge_ready(cfg),
+               timeout_s, result)  # fmt: skip
+        start_temporal(cfg, table, timeout_s, result)
         if cfg.k8s:
             _start(
                 table,
@@ -217,6 +202,7 @@ def up(cfg: SandboxConfig, timeout_s: float = 60) -> UpResult:
                 timeout_s,
                 result,
             )
+            slinky.seed(cfg)
         _start(
             table,
             cloud_api.CRUSOE_EMULATOR,
@@ -226,9 +212,6 @@ def up(cfg: SandboxConfig, timeout_s: float = 60) -> UpResult:
             timeout_s,
             result,
         )
-        cloud_api.seed(cfg)
-        if cfg.k8s:
-            slinky.seed(cfg)
         _start(
             table,
             SLACK,
@@ -248,6 +231,12 @@ def up(cfg: SandboxConfig, timeout_s: float = 60) -> UpResult:
             timeout_s,
             result,
         )
+        policy = load_policy(cfg.policy_file)
+        budget = max(180.0, timeout_s + 6 * cfg.boot_delay_s)
+        done = asyncio.run(provision.provision(cfg, policy, budget))
+        result.provision_s = done.seconds
+        result.started += [n for n in _cluster_processes(cfg) if n not in result.started]
+        _park_spares(cfg)
         for node in cfg.node_names():
             table.spawn(agent_name(node), daemons.agent_argv(cfg, node), daemons.agent_env(cfg))
             result.started.append(agent_name(node))
@@ -255,6 +244,11 @@ def up(cfg: SandboxConfig, timeout_s: float = 60) -> UpResult:
         down(cfg)
         raise
     return result
+
+
+def _cluster_processes(cfg: SandboxConfig) -> list[str]:
+    """What the provisioning started (the emulator's machines and the Slurm controller)."""
+    return [n for n in _order(cfg) if n not in _INFRA and ProcessTable(cfg.state_dir).alive(n)]
 
 
 def start_worker(

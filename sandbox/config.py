@@ -90,7 +90,6 @@ class SandboxConfig(BaseModel):
 
     # The sandbox's Kubernetes and Crusoe identities (written by `sandbox up`).
     crusoe_project: str = "sandbox-project"
-    crusoe_pool: str = "sandbox-pool"
     crusoe_access_key_id: str = "sandbox-key"
     nodeset_uid: str = "00000000-0000-4000-8000-00000000c0de"
 
@@ -191,7 +190,6 @@ class SandboxConfig(BaseModel):
             "cloud_provider": "crusoe",
             "crusoe_config_file": str(self.crusoe_config),
             "crusoe_project_id": self.crusoe_project,
-            "crusoe_node_pool_ids": [self.crusoe_pool],
             "crusoe_poll_s": 0.5,
             "sandbox_state_dir": str(self.state_dir),
             "boot_delay_s": self.boot_delay_s,

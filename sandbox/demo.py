@@ -25,7 +25,7 @@ from autoclusters.core.policy import Rung
 from autoclusters.core.settings import load_file, policy_for
 from autoclusters.integrations import temporal
 from autoclusters.integrations.slurm import SlurmCli
-from autoclusters.sandbox import cluster, training_job
+from autoclusters.sandbox import cluster, provision, training_job
 from autoclusters.sandbox.cluster import sandbox_policy
 from autoclusters.sandbox.config import SandboxConfig
 from autoclusters.sandbox.hardware import Hardware, HardwareFault
@@ -74,6 +74,7 @@ class DemoSummary(BaseModel):
     spare_node: str | None
     planned_steps: list[str]
     boot_delay_s: float
+    provision_s: float | None  # cluster spec -> cluster ready (ClusterProvisioning)
     temporal_ui: str
     steps: list[StepSummary]
 
@@ -108,6 +109,10 @@ async def run_demo(
     console.print(
         "   already running" if res.already_running else f"   started {', '.join(res.started)}"
     )
+    if res.provision_s is not None:
+        console.print(
+            f"   cluster {cfg.cluster} provisioned by ClusterProvisioning in {res.provision_s:.1f}s"
+        )
     if res.already_running:
         cfg = SandboxConfig.load(cfg.state_dir)
     try:
@@ -238,6 +243,7 @@ async def _demo(
         spare_node=final.spare_node,
         planned_steps=final.planned_steps,
         boot_delay_s=cfg.boot_delay_s,
+        provision_s=await provision.provision_seconds(client, cfg.cluster),
         temporal_ui=f"{cfg.temporal_ui_url}/namespaces/default/workflows/{opened.workflow_id}",
         steps=[
             StepSummary(

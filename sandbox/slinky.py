@@ -2,7 +2,7 @@
 
 Every Slurm node is also a Kubernetes Node (providerID `crusoe://<vm id>`) running a
 slurmd pod owned by the NodeSet `gpu`. The machines are the Crusoe emulator's VMs, in
-every mode (`sandbox/cloud_api.py`).
+every mode (`sandbox/cloud_api.py`); each registers its Node when it boots.
 """
 
 from __future__ import annotations
@@ -10,12 +10,10 @@ from __future__ import annotations
 import os
 import secrets
 import sys
-import uuid
 
 import httpx
 import yaml
 
-from autoclusters.core.kubernetes import INSTANCE_ID_LABEL
 from autoclusters.sandbox.cloud_api import (  # noqa: F401  (names other modules use)
     CRUSOE_EMULATOR,
     answers,
@@ -23,8 +21,7 @@ from autoclusters.sandbox.cloud_api import (  # noqa: F401  (names other modules
     crusoe_emulator_env,
 )
 from autoclusters.sandbox.config import SandboxConfig
-from autoclusters.sandbox.machines import NODESET, SLURM_NAMESPACE, ensure_slurmd_pod, provider_id
-from autoclusters.sandbox.vms import VmRegistry
+from autoclusters.sandbox.machines import NODESET, SLURM_NAMESPACE
 
 K8S_EMULATOR = "k8s-emulator"
 
@@ -64,8 +61,8 @@ def k8s_emulator_argv(cfg: SandboxConfig) -> list[str]:
 
 
 def seed(cfg: SandboxConfig) -> None:
-    """The nodes as Kubernetes Nodes with their slurmd pods."""
-    vms = VmRegistry(cfg.state_dir)
+    """The slurm namespace and the NodeSet `gpu`; its Nodes (and their slurmd pods) register
+    as the provisioning's machines boot (`sandbox.machines.SandboxMachines`)."""
     headers = {"Authorization": f"Bearer {cfg.k8s_token()}"}
     with httpx.Client(base_url=cfg.k8s_url, timeout=10) as k8s:
         k8s.post(
@@ -77,34 +74,9 @@ def seed(cfg: SandboxConfig) -> None:
                 "apiVersion": "slinky.slurm.net/v1beta1",
                 "kind": "NodeSet",
                 "metadata": {"name": NODESET, "namespace": SLURM_NAMESPACE, "uid": cfg.nodeset_uid},
-                "spec": {"replicas": cfg.nodes},
+                "spec": {"replicas": len(cfg.node_names())},
             },
             headers=headers,
         )
         if r.status_code not in (200, 201, 409):
             r.raise_for_status()
-        for node in cfg.node_names():
-            rec = vms.get(node)
-            assert rec is not None
-            k8s.post(
-                "/_emulator/nodes",
-                json={
-                    "name": node,
-                    "provider_id": provider_id(rec.vm_id),
-                    "boot_id": str(uuid.uuid4()),
-                    "labels": {INSTANCE_ID_LABEL: rec.vm_id, "nvidia.com/gpu.present": "true"},
-                    "ready": True,
-                },
-            ).raise_for_status()
-    _slurmd_pods(cfg)
-
-
-def _slurmd_pods(cfg: SandboxConfig) -> None:
-    import asyncio
-
-    async def make() -> None:
-        async with httpx.AsyncClient(base_url=cfg.k8s_url, timeout=10) as k8s:
-            for node in cfg.node_names():
-                await ensure_slurmd_pod(k8s, cfg, node)
-
-    asyncio.run(make())

@@ -73,10 +73,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.workflow)
 
 
-def free_port_base(span: int = 20) -> int:
-    """A base port with `span` free ports after it, so parallel sandboxes never collide."""
+def free_port_base(span: int = 92) -> int:
+    """A base port with `span` free ports after it, so parallel sandboxes never collide
+    (a sandbox uses up to port_base + 91: SandboxConfig)."""
     for _ in range(200):
-        base = random.randrange(20000, 40000, 50)
+        base = random.randrange(20000, 40000, 100)
         ok = True
         for port in range(base, base + span):
             with socket.socket() as s:

@@ -65,6 +65,9 @@ _SPEC_FIELDS = (
     "shutdown_script",
     "maintenance_policy",
     "nvlink_domain_id",
+    # Which cluster and node set a provisioned machine belongs to (activities/cluster_provider):
+    # a recreated machine is still that cluster's.
+    "labels",
 )
 
 
