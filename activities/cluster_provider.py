@@ -26,6 +26,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import UTC, datetime
 from typing import Any
 
 from temporalio import activity
@@ -54,7 +55,7 @@ from autoclusters.core.cluster import (
     UsersResult,
 )
 from autoclusters.core.cluster_ops import Inventory
-from autoclusters.core.models import HealthReport, SlurmJob
+from autoclusters.core.models import HealthReport, SlurmJob, SlurmNode
 from autoclusters.integrations.crusoe.client import CrusoeClient
 from autoclusters.integrations.crusoe.errors import (
     CrusoeError,
@@ -80,6 +81,9 @@ SERVED = ("sandbox", "crusoe-managed-slurm")
 LABEL_CLUSTER = "autoclusters.cluster"
 LABEL_NODE_SET = "autoclusters.node-set"
 LABEL_ATTEMPT = "autoclusters.attempt"
+
+# How far the API's clock (VM created_at) and slurmd's may disagree.
+CLOCK_SKEW_S = 30.0
 
 RUNNING = "STATE_RUNNING"
 CLUSTER_FAILED = "STATE_FAILED"
@@ -400,7 +404,9 @@ class ClusterProviderActivities:
     @activity.defn(name="cluster_configure_slurm")
     async def configure_slurm(self, call: SlurmConfigCall) -> SlurmConfigResult:
         """Write the node layout (EXT PUT .../configuration), then wait, bounded, until
-        every machine's node answers in Slurm. A node that never does is not `registered`."""
+        every machine's node answers in Slurm from a slurmd started after its VM was
+        created (a replaced machine's old slurmd, still counted as responding until
+        SlurmdTimeout, is not the new one). A node that never does is not `registered`."""
         _served(call.cluster)
         wanted = sorted({m.node for m in call.machines})
         async with _step(f"configuring Slurm of {call.cluster.name}"):
@@ -414,17 +420,25 @@ class ClusterProviderActivities:
                 },
             )
             await self._wait_op(op)
-            registered = await self._wait_registered(wanted)
+            vms = await self._crusoe.list_vms(ids=[m.machine_id for m in call.machines])
+            created = {vm.name: _epoch(vm.created_at) for vm in vms}
+            registered = await self._wait_registered(wanted, created)
         return SlurmConfigResult(registered=registered)
 
-    async def _wait_registered(self, wanted: list[str]) -> list[str]:
+    async def _wait_registered(self, wanted: list[str], created: dict[str, float]) -> list[str]:
         deadline = time.monotonic() + self._register_timeout_s
+
+        def fresh(node: SlurmNode) -> bool:
+            # 0: Slurm does not say when slurmd started; trust that it answers.
+            started = node.slurmd_start_time
+            return started == 0 or started >= created.get(node.name, 0) - CLOCK_SKEW_S
+
         while True:
             try:
                 nodes = {n.name: n for n in await self._slurm.nodes()}
             except SlurmError:
                 nodes = {}  # slurmctld restarting after the new configuration
-            up = [n for n in wanted if n in nodes and nodes[n].responding]
+            up = [n for n in wanted if n in nodes and nodes[n].responding and fresh(nodes[n])]
             if len(up) == len(wanted) or time.monotonic() >= deadline:
                 return up
             await asyncio.sleep(self._poll_s)
@@ -677,6 +691,15 @@ def _meta(op: Operation, field: str) -> str | None:
     meta = op.metadata if isinstance(op.metadata, dict) else {}
     value = meta.get(field)
     return str(value) if value else None
+
+
+def _epoch(rfc3339: str) -> float:
+    """An API time as epoch seconds; 0 when missing or unreadable (no constraint)."""
+    try:
+        t = datetime.fromisoformat(rfc3339.replace("Z", "+00:00"))
+    except ValueError:
+        return 0.0
+    return (t if t.tzinfo is not None else t.replace(tzinfo=UTC)).timestamp()
 
 
 async def _exists(get: Callable[[], Awaitable[Any]]) -> bool:

@@ -14,6 +14,7 @@ provider crusoe-cmk is refused.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -43,11 +44,13 @@ from autoclusters.core.cluster import (
 )
 from autoclusters.core.cluster_spec import ClusterSpec, NodeSetSpec, UserSpec
 from autoclusters.core.models import SlurmJob
+from autoclusters.core.settings import Settings
 from autoclusters.integrations.crusoe import CrusoeClient
 from autoclusters.integrations.slurm import SlurmCli
 from autoclusters.sandbox.config import SandboxConfig
 from autoclusters.sandbox.crusoe_emulator import EmulatorServer, create_app
 from autoclusters.sandbox.crusoe_world import InMemoryBackend
+from autoclusters.workers.remediation import cluster_provider
 from tests.fakes import FakeSlurm
 from tests.helpers import eventually
 from tests.test_crusoe import Emulator, _client, _config
@@ -334,18 +337,24 @@ async def test_topology_comes_from_the_vms(provider: ClusterProviderActivities) 
 async def test_configure_slurm_returns_the_nodes_that_registered(
     emulator: Emulator, provider: ClusterProviderActivities, slurm: BatchSlurm
 ) -> None:
-    spec = _spec(count=3)
+    spec = _spec(count=4)
     await _run()(provider.create_controller, ProviderCall(cluster=_ref(spec), spec=spec))
     machines = [await _machine(provider, spec, f"gpu-0{i}") for i in range(1, 4)]
-    slurm.add_node("gpu-01")
-    slurm.add_node("gpu-02", state_flags=["DRAIN"], reason="autoclusters: new")
-    slurm.add_node("gpu-03", state="down", state_flags=["NOT_RESPONDING"])
+    machines.append(await _machine(provider, spec, "gpu-04"))
+    now = int(time.time())
+    slurm.add_node("gpu-01", slurmd_start_time=now)
+    slurm.add_node(
+        "gpu-02", state_flags=["DRAIN"], reason="autoclusters: new", slurmd_start_time=now
+    )
+    slurm.add_node("gpu-03", state="down", state_flags=["NOT_RESPONDING"], slurmd_start_time=now)
+    # Answering, but from a slurmd older than its VM: the replaced machine's, not this one's.
+    slurm.add_node("gpu-04", slurmd_start_time=now - 3600)
     nodes = [n.node for n in machines]
     call = SlurmConfigCall(
         cluster=_ref(spec),
         node_sets=[NodeSetNodes(name="gpu", partition="batch", gpus_per_node=8, nodes=nodes)],
         machines=machines,
-        topology_conf="SwitchName=leaf-01 Nodes=gpu-[01-03]\n",
+        topology_conf="SwitchName=leaf-01 Nodes=gpu-[01-04]\n",
         accounting=True,
         drained={"gpu-02": "autoclusters: new"},
     )
@@ -445,3 +454,29 @@ async def test_crusoe_cmk_is_refused(provider: ClusterProviderActivities) -> Non
     with pytest.raises(ApplicationError) as err:
         await _run()(provider.inventory, _ref(spec))
     assert err.value.type == PROVIDER_UNAVAILABLE
+
+
+def test_the_worker_registers_the_provider_only_with_crusoe_credentials(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for var in ("CRUSOE_ACCESS_KEY_ID", "CRUSOE_SECRET_KEY", "CRUSOE_DEFAULT_PROJECT"):
+        monkeypatch.delenv(var, raising=False)
+    settings = Settings()
+    assert cluster_provider(settings, BatchSlurm()) is None
+
+    monkeypatch.setenv("CRUSOE_ACCESS_KEY_ID", "ak")
+    monkeypatch.setenv("CRUSOE_SECRET_KEY", "c2VjcmV0")
+    monkeypatch.setenv("CRUSOE_DEFAULT_PROJECT", "proj-1")
+    monkeypatch.setenv("CRUSOE_API_ENDPOINT", "http://127.0.0.1:9/v1")
+    provider = cluster_provider(settings, BatchSlurm())
+    assert provider is not None
+    names = {a.__temporal_activity_definition.name for a in provider.activities()}  # type: ignore[attr-defined]
+    assert names == {
+        f"cluster_{n}"
+        for n in (
+            "create_controller", "create_accounting", "create_shared_home",
+            "create_login_nodes", "create_machine", "wait_booted", "discover_topology",
+            "configure_slurm", "health_gate", "acceptance_job", "add_users", "delete",
+            "inventory",
+        )
+    }  # fmt: skip
