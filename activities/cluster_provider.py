@@ -32,8 +32,8 @@ from typing import Any
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from autoclusters.activities.acceptance_job import run_acceptance
 from autoclusters.activities.heartbeat import heartbeating
-from autoclusters.core import hostlist
 from autoclusters.core.cluster import (
     CAPACITY_UNAVAILABLE,
     QUOTA_EXCEEDED,
@@ -55,7 +55,7 @@ from autoclusters.core.cluster import (
     UsersResult,
 )
 from autoclusters.core.cluster_ops import Inventory
-from autoclusters.core.models import HealthReport, SlurmJob, SlurmNode
+from autoclusters.core.models import HealthReport, SlurmNode
 from autoclusters.integrations.crusoe.client import CrusoeClient
 from autoclusters.integrations.crusoe.errors import (
     CrusoeError,
@@ -90,22 +90,6 @@ CLUSTER_FAILED = "STATE_FAILED"
 CLUSTER_DELETING = "STATE_DELETING"
 VM_BOOTED = frozenset({"RUNNING"})
 VM_FAILED = frozenset({"FAILED", "CRASHED"})
-# A job in one of these has ended; anything else may still run.
-JOB_ENDED = frozenset(
-    {
-        "COMPLETED",
-        "FAILED",
-        "CANCELLED",
-        "TIMEOUT",
-        "NODE_FAIL",
-        "OUT_OF_MEMORY",
-        "BOOT_FAIL",
-        "DEADLINE",
-        "PREEMPTED",
-        "SPECIAL_EXIT",
-        "REVOKED",
-    }
-)
 
 
 def labels_of(vm: Vm) -> dict[str, str]:
@@ -458,66 +442,20 @@ class ClusterProviderActivities:
 
     @activity.defn(name="cluster_acceptance_job")
     async def acceptance_job(self, call: AcceptanceCall) -> AcceptanceResult:
-        """A batch job on exactly the node set's nodes that runs one step task per node
-        (`srun hostname`); passed when it COMPLETED on every node. The job is named after
-        the workflow run and node set, so a retry adopts it instead of submitting another."""
+        """`srun hostname` on every node of the set in one batch job (activities/
+        acceptance_job.py); a retry adopts the job this workflow run submitted."""
         _served(call.cluster)
-        ns = call.node_set
-        nodes = sorted(ns.nodes)
-        name = acceptance_job_name(_run_id(), ns.name)
-        async with heartbeating(f"acceptance job {name}"):
+        async with heartbeating(f"acceptance job on {call.node_set.name}"):
             try:
-                job = await self._job_named(name)
-                if job is None:
-                    job_id = await self._slurm.submit_batch(
-                        f"srun -N{len(nodes)} --ntasks-per-node=1 hostname",
-                        name=name,
-                        partition=ns.partition,
-                        nodes=nodes,
-                        comment=f"autoclusters acceptance of node set {ns.name}",
-                    )
-                else:
-                    job_id = job.job_id
-                job = await self._wait_job(job_id)
+                return await run_acceptance(
+                    self._slurm,
+                    call.node_set,
+                    _run_id(),
+                    poll_s=self._poll_s,
+                    timeout_s=self._acceptance_timeout_s,
+                )
             except SlurmError as e:
                 raise ApplicationError(str(e), type="SlurmError") from e
-        if job is None:
-            return AcceptanceResult(
-                node_set=ns.name,
-                passed=False,
-                detail=f"job {job_id} did not end within {self._acceptance_timeout_s:.0f}s",
-                job_id=job_id,
-            )
-        ran = sorted(hostlist.expand(job.nodes)) if job.nodes else []
-        missing = [n for n in nodes if n not in ran]
-        passed = job.job_state == "COMPLETED" and not missing
-        if passed:
-            detail = f"job {job_id} COMPLETED on {len(ran)} nodes"
-        elif job.job_state != "COMPLETED":
-            detail = f"job {job_id} ended {job.job_state} ({job.state_reason or 'no reason'})"
-        else:
-            detail = f"job {job_id} did not run on {', '.join(missing)}"
-        return AcceptanceResult(
-            node_set=ns.name, passed=passed, detail=detail, job_id=job_id, nodes=ran
-        )
-
-    async def _job_named(self, name: str) -> SlurmJob | None:
-        mine = [j for j in await self._slurm.jobs() if j.name == name]
-        return max(mine, key=lambda j: j.job_id) if mine else None
-
-    async def _wait_job(self, job_id: int) -> SlurmJob | None:
-        """The job once it ended; None (and cancelled) if it outlived the bound."""
-        deadline = time.monotonic() + self._acceptance_timeout_s
-        while True:
-            job = await self._slurm.job(job_id)
-            if job is None:
-                raise SlurmError(f"job {job_id} is no longer known to slurmctld")
-            if job.job_state in JOB_ENDED:
-                return job
-            if time.monotonic() >= deadline:
-                await self._slurm.cancel(job_id)
-                return None
-            await asyncio.sleep(self._poll_s)
 
     @activity.defn(name="cluster_add_users")
     async def add_users(self, call: UsersCall) -> UsersResult:
@@ -675,11 +613,6 @@ class ClusterProviderActivities:
                     type="ClusterDeleting",
                 )
             await asyncio.sleep(self._poll_s)
-
-
-def acceptance_job_name(run_id: str, node_set: str) -> str:
-    """The acceptance job's Slurm name: this workflow run's, for this node set."""
-    return f"autoclusters-acceptance-{node_set}-{run_id[:8]}"
 
 
 def _run_id() -> str:
