@@ -111,6 +111,11 @@ class Settings(BaseSettings):
     policy_file: Path | None = Field(default=None, description="remediation policy (YAML)")
     admission_poll_s: float = 30
     log_level: str = "INFO"
+    # The worker's Prometheus metrics (workers/metrics.py) on this port, loopback only;
+    # None: not served. 0: a free port (tests).
+    worker_metrics_port: int | None = Field(
+        default=None, ge=0, le=65535, description="worker /metrics port on 127.0.0.1"
+    )
 
     @classmethod
     def settings_customise_sources(

@@ -27,6 +27,9 @@ from autoclusters.integrations.health import HealthGate, SlurmHealthGate
 from autoclusters.integrations.notify import LogNotifier, Notifier
 from autoclusters.integrations.slack.fanout import MultiNotifier
 from autoclusters.integrations.slurm import SlurmBatchClient, SlurmCli, SlurmClient
+from autoclusters.workers.metrics import MetricsServer, WorkerMetrics
+from autoclusters.workers.metrics_collector import TemporalCollector
+from autoclusters.workers.metrics_interceptor import MetricsInterceptor
 from autoclusters.workflows.cluster_ops import ClusterTeardown, ScaleNodeSet
 from autoclusters.workflows.cluster_provisioning import ClusterProvisioning
 from autoclusters.workflows.fleet_guard import FleetGuard
@@ -84,9 +87,10 @@ def health_gate(settings: Settings, slurm: SlurmClient) -> HealthGate:
     return SlurmHealthGate(slurm, expected_gpus=settings.expected_gpus)
 
 
-def notifiers_for(settings: Settings) -> list[Notifier]:
+def notifiers_for(settings: Settings, metrics: WorkerMetrics | None = None) -> list[Notifier]:
     """The log always; Slack when configured. Sent side by side, so a Slack outage
-    neither blocks nor fails a remediation (each notifier is bounded in time)."""
+    neither blocks nor fails a remediation (each notifier is bounded in time). With
+    `metrics`, Slack's deliveries are counted."""
     chosen: list[Notifier] = [LogNotifier()]
     if settings.slack is not None:
         from autoclusters.integrations.slack import SlackNotifier
@@ -97,7 +101,8 @@ def notifiers_for(settings: Settings) -> list[Notifier]:
                 "api_url": settings.slack.api_url or settings.api_public_url,
             }
         )
-        chosen.append(SlackNotifier.from_config(cfg))
+        on_delivery = metrics.slack_delivery if metrics is not None else None
+        chosen.append(SlackNotifier.from_config(cfg, on_delivery=on_delivery))
     return [MultiNotifier(chosen, timeout_s=20)]
 
 
@@ -157,10 +162,12 @@ def build_worker(
     cloud: CloudProvider,
     health: HealthGate,
     provider: ClusterProviderActivities | None = None,
+    metrics: WorkerMetrics | None = None,
 ) -> Worker:
+    """With `metrics`, every activity is measured (workers/metrics_interceptor.py)."""
     guard = GuardActivities(client, slurm, settings.task_queue)
     ops = ClusterOpsActivities(client, slurm)
-    notifiers = notifiers_for(settings)
+    notifiers = notifiers_for(settings, metrics)
     kubernetes = (
         KubernetesActivities(k8s.api_client(kubeconfig=settings.kubeconfig), request_timeout_s=10)
         if settings.kubeconfig is not None
@@ -178,12 +185,14 @@ def build_worker(
             *(provider.activities() if provider is not None else []),
         ],
         graceful_shutdown_timeout=timedelta(seconds=5),
+        interceptors=[MetricsInterceptor(metrics, client)] if metrics is not None else [],
     )
 
 
 async def run(settings: Settings) -> None:
     client = await temporal.connect(settings)
     slurm = SlurmCli(settings.slurm_conf, settings.slurm_bin_dir)
+    metrics = WorkerMetrics() if settings.worker_metrics_port is not None else None
     worker = build_worker(
         client,
         settings,
@@ -191,12 +200,31 @@ async def run(settings: Settings) -> None:
         cloud_provider(settings),
         health_gate(settings, slurm),
         cluster_provider(settings, slurm),
+        metrics,
     )
+    server = serve_metrics(client, metrics, settings.worker_metrics_port)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     log.info("worker polling %s on %s", settings.task_queue, settings.temporal_address)
-    async with worker:
-        await stop.wait()
+    try:
+        async with worker:
+            await stop.wait()
+    finally:
+        if server is not None:
+            server.stop()
     log.info("worker stopped")
+
+
+def serve_metrics(
+    client: Client, metrics: WorkerMetrics | None, port: int | None
+) -> MetricsServer | None:
+    """The worker's metrics, with what Temporal knows now, on loopback `port`; call on the
+    worker's event loop (the collector reads Temporal through it)."""
+    if metrics is None or port is None:
+        return None
+    metrics.registry.register(TemporalCollector(client))
+    server = MetricsServer(metrics, port)
+    log.info("worker metrics on http://127.0.0.1:%d/metrics", server.port)
+    return server

@@ -22,6 +22,7 @@ import asyncio
 import hashlib
 import logging
 import weakref
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -50,6 +51,10 @@ __all__ = ["SlackNotifier"]
 
 log = logging.getLogger("autoclusters.integrations.slack")
 
+# What became of one event: sent, duplicate (already in the thread), timeout, slack_error,
+# error, cancelled. The worker counts them (workers/metrics.py); called with (event, outcome).
+DeliveryCallback = Callable[[str, str], None]
+
 
 class SlackNotifier:
     """A `Notifier` that keeps one Slack message and thread per incident.
@@ -76,6 +81,7 @@ class SlackNotifier:
         send_timeout_s: float = 10.0,
         history_lookup: bool = True,
         history_pages: int = 3,
+        on_delivery: DeliveryCallback | None = None,
     ) -> None:
         self._client = client
         self._channel = channel
@@ -85,12 +91,15 @@ class SlackNotifier:
         self._send_timeout_s = send_timeout_s
         self._history_lookup = history_lookup
         self._history_pages = history_pages
+        self._on_delivery = on_delivery
         # One event at a time per incident in this process; gone once nobody holds it.
         self._locks: weakref.WeakValueDictionary[str, asyncio.Lock]
         self._locks = weakref.WeakValueDictionary()
 
     @classmethod
-    def from_config(cls, config: SlackConfig) -> SlackNotifier:
+    def from_config(
+        cls, config: SlackConfig, *, on_delivery: DeliveryCallback | None = None
+    ) -> SlackNotifier:
         store: ThreadStore = (
             FileThreadStore(config.store_dir) if config.store_dir else MemoryThreadStore()
         )
@@ -106,6 +115,7 @@ class SlackNotifier:
             page_group_id=config.page_group_id,
             send_timeout_s=config.send_timeout_s,
             history_lookup=config.history_lookup,
+            on_delivery=on_delivery,
         )
 
     async def send(self, note: Notification) -> None:
@@ -114,31 +124,41 @@ class SlackNotifier:
         lock = self._locks.get(note.incident_id)
         if lock is None:
             lock = self._locks[note.incident_id] = asyncio.Lock()
+        outcome = "error"
         try:
             async with asyncio.timeout(self._send_timeout_s):
                 async with lock:
-                    await self._tell(note)
+                    outcome = await self._tell(note)
         except TimeoutError:
+            outcome = "timeout"
             log.warning(
                 "Slack: %s of %s not told: timed out (bound %.1fs)",
                 note.event, note.incident_id, self._send_timeout_s,
             )  # fmt: skip
         except SlackApiError as e:
+            outcome = "slack_error"
             log.warning(
                 "Slack: %s of %s not told: %s (HTTP %s)",
                 note.event, note.incident_id, _error(e), e.response.status_code,
             )  # fmt: skip
+        except asyncio.CancelledError:
+            outcome = "cancelled"  # the caller's cancellation: it still propagates
+            raise
         except Exception as e:  # noqa: BLE001 - Slack must never fail the remediation
             log.warning(
                 "Slack: %s of %s not told: %s: %s",
                 note.event, note.incident_id, type(e).__name__, e,
             )  # fmt: skip
+        finally:
+            if self._on_delivery is not None:
+                self._on_delivery(note.event, outcome)
 
-    async def _tell(self, note: Notification) -> None:
+    async def _tell(self, note: Notification) -> str:
+        """Post or update the incident's message and reply; returns the outcome."""
         rec = self._store.get(note.incident_id) or await self._find_in_history(note)
         key = _event_key(note)
         if rec is not None and rec.last_event_key == key:
-            return  # a retried activity: this event is in the thread already
+            return "duplicate"  # a retried activity: this event is in the thread already
         card = (rec.card if rec else IncidentCard.for_note(note)).apply(note)
         text, blocks = card_message(card, self._links, page_group_id=self._page_group_id)
         metadata = card_metadata(card)
@@ -180,6 +200,7 @@ class SlackNotifier:
         )
         rec.last_event_key = key
         self._store.put(rec)
+        return "sent"
 
     async def _find_in_history(self, note: Notification) -> ThreadRecord | None:
         """The incident's message from the channel history, by its metadata."""
