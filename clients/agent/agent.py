@@ -31,6 +31,7 @@ from autoclusters.clients.agent.classify import (
     Finding,
 )
 from autoclusters.clients.agent.debounce import DebounceMemory, Debouncer
+from autoclusters.clients.agent.metrics import AgentMetrics, serve
 from autoclusters.clients.agent.readings import GpuReadings, IbReadings, state_number
 from autoclusters.clients.agent.report import ActiveFault, HealthSnapshot, IbPortState, NodeReport
 from autoclusters.clients.agent.reporter import Answer, Outcome, ReportSink, write_atomic
@@ -105,6 +106,7 @@ class Agent:
         clock: Callable[[], float] = time.time,
         condition: ConditionSink | None = None,
         snapshots: SnapshotSink | None = None,
+        metrics: AgentMetrics | None = None,
     ) -> None:
         self.node = node
         self.settings = settings
@@ -116,6 +118,9 @@ class Agent:
         self.condition = condition
         self.snapshots = snapshots
         self._snapshot_sent: tuple[float, tuple[object, ...]] | None = None
+        if metrics is None and settings.metrics_port is not None:
+            metrics = AgentMetrics(node, xid_window_s=settings.xid_count_window_s)
+        self.metrics = metrics  # fed every check; served by `run` when metrics_port is set
         state = self._load_state()
         self.classifier = Classifier(settings, state.classifier if state else None)
         self.debouncer = Debouncer(
@@ -132,6 +137,9 @@ class Agent:
         gpus = self.backend.read() if self.backend is not None else None
         events = self.backend.events() if self.backend is not None else []
         ib = self.infiniband.read() if self.infiniband is not None else None
+        boot_id = self._boot_id()
+        if self.metrics is not None:
+            self.metrics.observe(now, gpus, events, ib, boot_id)
         findings = self.classifier.classify(
             now=now, gpus=gpus, events=events, ib=ib, check_ib=self.infiniband is not None
         )
@@ -158,7 +166,7 @@ class Agent:
         firing = {f: t.message for f, t in self.debouncer.firing.items()}
         if self.condition is not None:
             self.condition.update(firing)
-        snapshot = self._snapshot(observed, gpus, ib, findings, firing)
+        snapshot = self._snapshot(observed, gpus, ib, findings, firing, boot_id)
         self._send_snapshot(now, snapshot)
         return CheckResult(now, gpus, ib, findings, reports, firing, snapshot)
 
@@ -169,18 +177,18 @@ class Agent:
         ib: IbReadings | None,
         findings: dict[str, Finding],
         firing: dict[str, str],
+        boot_id: str,
     ) -> HealthSnapshot:
         count = None
         if gpus is not None:
             count = gpus.device_count if gpus.device_count is not None else len(gpus.gpus)
-        boot = getattr(self.backend, "boot_id", None)
         expected = self.settings.expected_gpus
         if expected is None:
             expected = self.classifier.memory.max_gpu_count or None
         return HealthSnapshot.build(
             node=self.node,
             observed_at=observed,
-            boot_id=boot() if callable(boot) else read_boot_id(),
+            boot_id=boot_id,
             gpu_count=count,
             expected_gpus=expected,
             faults=active_faults(findings, observed),
@@ -188,6 +196,10 @@ class Agent:
             infiniband=ib_ports(ib) if self.infiniband is not None else None,
             backend=gpus.backend if gpus is not None else "none",
         )
+
+    def _boot_id(self) -> str:
+        boot = getattr(self.backend, "boot_id", None)
+        return str(boot()) if callable(boot) else read_boot_id()
 
     def _send_snapshot(self, now: float, snap: HealthSnapshot) -> None:
         """At start, every snapshot interval, and at once when what is seen changes."""
@@ -210,6 +222,18 @@ class Agent:
 
     def run(self, stop: threading.Event) -> None:
         """Check every interval until `stop` is set."""
+        server = None
+        port = self.settings.metrics_port
+        if self.metrics is not None and port is not None:
+            server = serve(self.metrics, self.settings.metrics_host, port)
+            log.info("metrics on %s", server.url)
+        try:
+            self._loop(stop)
+        finally:
+            if server is not None:
+                server.stop()
+
+    def _loop(self, stop: threading.Event) -> None:
         interval = self.settings.interval_s
         next_at = time.monotonic()
         while not stop.is_set():

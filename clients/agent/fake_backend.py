@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import fcntl
 import re
+import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -25,6 +26,7 @@ from pathlib import Path
 from pydantic import BaseModel, Field
 
 from autoclusters.clients.agent.backend import read_boot_id
+from autoclusters.clients.agent.fake_live import IDLE_TEMP_C, animate_gpus, animate_ib
 from autoclusters.clients.agent.readings import (
     FabricReading,
     GpuEvent,
@@ -42,6 +44,7 @@ NVLINKS_PER_GPU = 18  # H100/H200 SXM
 HCAS_PER_NODE = 8
 IB_RATE = "400 Gb/sec (4X NDR)"
 IB_COUNTERS = ("link_downed", "symbol_error", "link_error_recovery", "port_rcv_errors")
+NVLINK_COUNTERS = ("replay", "recovery", "crc_flit", "crc_data")  # NVML_NVLINK_ERROR_DL_*
 XID_FAULT = re.compile(r"^XID_(\d{1,3})$")
 
 
@@ -81,13 +84,13 @@ def healthy_node(
                 ecc_corrected_volatile=0,
                 remapped_rows=RemappedRows(),
                 nvlinks={
-                    n: NvLinkReading(active=True, errors={"replay": 0, "recovery": 0})
+                    n: NvLinkReading(active=True, errors=dict.fromkeys(NVLINK_COUNTERS, 0))
                     for n in range(nvlinks)
                 },
                 recovery_action=0,
                 fabric=FabricReading(state=3, status=0, health_summary=1),
                 clock_event_reasons=0,
-                temperature_c=40,
+                temperature_c=IDLE_TEMP_C,
                 slowdown_temp_c=87,
                 pcie_replay_counter=0,
             )
@@ -318,9 +321,12 @@ class FakeBackend:
 
     name = "fake"
 
-    def __init__(self, path: Path, *, gpus: int = GPUS_PER_NODE) -> None:
+    def __init__(
+        self, path: Path, *, gpus: int = GPUS_PER_NODE, clock: Callable[[], float] = time.time
+    ) -> None:
         self.path = Path(path)
         self._gpus = gpus  # for a file this backend has to create
+        self._clock = clock  # drives the live values (fake_live)
         self._delivered = 0  # the highest event seq handed out
         self._node: FakeNode | None = None
         self._boot_id: str | None = None
@@ -341,6 +347,7 @@ class FakeBackend:
     def read(self) -> GpuReadings:
         readings = self._load().gpus
         readings.backend = self.name
+        animate_gpus(readings, self._clock())
         return readings
 
     def events(self) -> list[GpuEvent]:
@@ -357,8 +364,11 @@ class FakeBackend:
 class FakeInfiniband:
     """The fake file's InfiniBand section, for an agent run without a sysfs root."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, clock: Callable[[], float] = time.time) -> None:
         self.path = Path(path)
+        self._clock = clock
 
     def read(self) -> IbReadings | None:
-        return read_node(self.path).infiniband
+        ib = read_node(self.path).infiniband
+        animate_ib(ib, self._clock())
+        return ib

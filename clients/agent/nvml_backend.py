@@ -53,6 +53,7 @@ EVENT_RECOVERY_ACTION = 0x8000
 FI_RECOVERY_ACTION = 230
 NVLINK_COUNTERS = {"replay": 0, "recovery": 1, "crc_flit": 2, "crc_data": 3}
 FALLBACK_MAX_LINKS = 18
+MIB = 1024 * 1024
 # nvmlValueType_t -> the c_nvmlValue_t member holding it.
 _VALUE_MEMBER = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal"}
 
@@ -107,6 +108,7 @@ class NvmlBackend:
         self._handle_index: dict[Any, tuple[int, str]] = {}
         self._no_links: dict[str, set[int]] = {}  # GPU -> links that do not exist
         self._slowdown: dict[str, int | None] = {}
+        self._names: dict[str, str] = {}  # GPU -> model name
         self._driver = ""
 
     # --- lifecycle ---------------------------------------------------------------------
@@ -222,6 +224,41 @@ class NvmlBackend:
             self._slowdown[key] = self._opt(g, "nvmlDeviceGetTemperatureThreshold", h, slowdown)
         g.slowdown_temp_c = self._slowdown.get(key)
         g.pcie_replay_counter = self._opt(g, "nvmlDeviceGetPcieReplayCounter", h)
+        self._read_usage(g, h, key)
+
+    def _read_usage(self, g: GpuReading, h: Any, key: str) -> None:
+        """What dcgm-exporter's default series show; each call left out when unsupported."""
+        if not self._names.get(key):  # constant per GPU: asked until it answers once
+            self._names[key] = _text(self._opt(g, "nvmlDeviceGetName", h) or "")
+        g.name = self._names[key]
+        util = self._opt(g, "nvmlDeviceGetUtilizationRates", h)
+        g.utilization_gpu = int(util.gpu) if util is not None else None
+        milliwatts = self._opt(g, "nvmlDeviceGetPowerUsage", h)
+        g.power_w = int(milliwatts) / 1000 if milliwatts is not None else None
+        energy = self._opt(g, "nvmlDeviceGetTotalEnergyConsumption", h)
+        g.energy_mj = int(energy) if energy is not None else None
+        mem = self._opt(g, "nvmlDeviceGetMemoryInfo", h)
+        if mem is not None:
+            g.fb_used_mib, g.fb_free_mib = int(mem.used) // MIB, int(mem.free) // MIB
+        g.nvlink_bandwidth_kib = self._nvlink_throughput(g, h)
+
+    def _nvlink_throughput(self, g: GpuReading, h: Any) -> int | None:
+        """NVML's NVLink data throughput fields (KiB, cumulative), summed over active links."""
+        tx = getattr(self._nvml, "NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX", None)
+        rx = getattr(self._nvml, "NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX", None)
+        fn = self._fn("nvmlDeviceGetFieldValues")
+        links = sorted(link for link, r in g.nvlinks.items() if r.active)
+        if tx is None or rx is None or fn is None or not links:
+            return None  # an older pynvml, or no NVLink: the series is left out
+        ids = [(field, link) for link in links for field in (tx, rx)]
+        values = self._get(g, "nvmlDeviceGetFieldValues[nvlink_throughput]", fn, h, ids)
+        answered = [v for v in values or [] if getattr(v, "nvmlReturn", 0) == 0]
+        if not answered:
+            return None
+        return sum(
+            int(getattr(v.value, _VALUE_MEMBER.get(int(getattr(v, "valueType", 3)), "ullVal")))
+            for v in answered
+        )
 
     def _read_nvlinks(self, g: GpuReading, h: Any, key: str) -> None:
         state_fn, err_fn = (

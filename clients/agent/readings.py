@@ -52,6 +52,14 @@ class GpuReading(BaseModel):
     temperature_c: int | None = None
     slowdown_temp_c: int | None = None
     pcie_replay_counter: int | None = None
+    # What a dashboard shows (dcgm-exporter's default series); no fault is read from these.
+    name: str = ""  # nvmlDeviceGetName: "NVIDIA H200" (dcgm-exporter's modelName)
+    utilization_gpu: int | None = None  # percent, over NVML's sample period
+    power_w: float | None = None  # nvmlDeviceGetPowerUsage is mW
+    energy_mj: int | None = None  # since the driver loaded (nvmlDeviceGetTotalEnergyConsumption)
+    fb_used_mib: int | None = None
+    fb_free_mib: int | None = None
+    nvlink_bandwidth_kib: int | None = None  # cumulative NVLink data TX+RX over all links
     errors: dict[str, str] = Field(default_factory=dict)  # NVML call -> error, for what failed
 
 

@@ -96,6 +96,20 @@ class AgentSettings(BaseSettings):
     nvml_timeout_s: float = Field(default=10, gt=0, description="a call past this is hung")
     event_wait_ms: int = Field(default=1000, gt=0, description="one nvmlEventSetWait_v2")
 
+    # --- /metrics: dcgm-exporter's and node-exporter's series (metrics.py) ------------------
+    metrics_port: int | None = Field(
+        default=None, ge=0, le=65535, description="serve /metrics on this port (dcgm-exporter "
+        "uses 9400); None: not served. 0 picks a free port (tests)"
+    )  # fmt: skip
+    metrics_host: str = Field(
+        default="127.0.0.1", description="address /metrics listens on; 0.0.0.0 for a "
+        "Prometheus on another machine (the series carry no secrets, like dcgm-exporter's)"
+    )  # fmt: skip
+    xid_count_window_s: float = Field(
+        default=300, gt=0, description="DCGM_EXP_XID_ERRORS_COUNT's window "
+        "(dcgm-exporter's --xid-count-window-size, 5 min)"
+    )  # fmt: skip
+
     # --- Kubernetes (optional) --------------------------------------------------------------
     k8s_condition: bool = Field(default=False, description="set the GpuUnhealthy condition")
     kubeconfig: Path | None = Field(default=None, description="None: in-cluster account")

@@ -1,0 +1,114 @@
+"""The agent's /metrics: what each check read, in dcgm-exporter's and node-exporter's names.
+
+`AgentMetrics` keeps the latest check's readings and the Xid history, and renders them on
+every scrape (a prometheus-client collector on its own registry, so nothing else in the
+process leaks into the page). `serve` puts the registry on HTTP (`settings.metrics_port`,
+loopback unless `metrics_host` says otherwise); the agent's loop starts and stops it.
+
+Xids: the event stream is consumed by the check, so the exporter is told of them there. Like
+dcgm-exporter, the last Xid of a GPU stays until the machine reboots (a new boot id), and
+DCGM_EXP_XID_ERRORS_COUNT counts each Xid in the trailing window.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass
+from wsgiref.simple_server import WSGIServer
+
+from prometheus_client import CollectorRegistry, generate_latest, start_http_server
+from prometheus_client.core import Metric
+
+from autoclusters.clients.agent.dcgm_series import XidState, gpu_series
+from autoclusters.clients.agent.ib_series import ib_series
+from autoclusters.clients.agent.readings import GpuEvent, GpuReadings, IbReadings
+
+
+class AgentMetrics:
+    def __init__(self, node: str, *, xid_window_s: float = 300.0) -> None:
+        self.node = node
+        self.xid_window_s = xid_window_s
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(self)
+        self._lock = threading.Lock()  # checks write, scrapes (another thread) read
+        self._gpus: GpuReadings | None = None
+        self._ib: IbReadings | None = None
+        self._boot = ""
+        self._last_xid: dict[int, int] = {}
+        self._xids: deque[tuple[float, int, int]] = deque()  # (at, GPU index, Xid)
+        self._now = 0.0
+
+    def observe(
+        self,
+        now: float,
+        gpus: GpuReadings | None,
+        events: list[GpuEvent],
+        ib: IbReadings | None,
+        boot_id: str = "",
+    ) -> None:
+        """One check's readings and the events it consumed."""
+        with self._lock:
+            if boot_id and self._boot and boot_id != self._boot:
+                self._last_xid.clear()  # a reboot: the driver (and DCGM) start afresh
+                self._xids.clear()
+            self._boot = boot_id or self._boot
+            self._gpus, self._ib, self._now = gpus, ib, now
+            for e in events:
+                gpu = self._gpu_of(e, gpus)
+                if e.kind != "xid" or gpu is None:
+                    continue
+                self._last_xid[gpu] = e.code
+                self._xids.append((e.at.timestamp(), gpu, e.code))
+            while self._xids and self._xids[0][0] <= now - self.xid_window_s:
+                self._xids.popleft()
+
+    @staticmethod
+    def _gpu_of(e: GpuEvent, gpus: GpuReadings | None) -> int | None:
+        if e.gpu is not None:
+            return e.gpu
+        for g in gpus.gpus if gpus is not None else []:
+            if e.uuid and g.uuid == e.uuid:
+                return g.index
+        return None
+
+    def collect(self) -> Iterator[Metric]:
+        with self._lock:
+            counts: dict[tuple[int, int], int] = {}
+            for at, gpu, code in self._xids:
+                if at > self._now - self.xid_window_s:
+                    counts[(gpu, code)] = counts.get((gpu, code), 0) + 1
+            xids = XidState(dict(self._last_xid), counts, int(self.xid_window_s * 1000))
+            gpus, ib = self._gpus, self._ib
+        yield from gpu_series(self.node, gpus, xids)
+        yield from ib_series(ib)
+
+    def text(self) -> str:
+        """The page a scrape gets."""
+        return generate_latest(self.registry).decode()
+
+
+@dataclass
+class MetricsServer:
+    host: str
+    port: int  # the bound one (a requested 0 is a free port)
+    _server: WSGIServer
+    _thread: threading.Thread
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}/metrics"
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=5)
+
+
+def serve(metrics: AgentMetrics, host: str, port: int) -> MetricsServer:
+    """/metrics on host:port in a daemon thread; raises OSError when the port is taken."""
+    server, thread = start_http_server(port, addr=host, registry=metrics.registry)
+    bound = int(server.server_address[1])
+    return MetricsServer(host=host, port=bound, _server=server, _thread=thread)
