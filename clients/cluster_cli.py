@@ -112,6 +112,14 @@ def create(
         bool, typer.Option("--no-wait", help="Start it and return; do not follow.")
     ] = False,
     as_json: JsonOpt = False,
+    agent_gate: Annotated[
+        bool,
+        typer.Option(
+            "--agent-gate/--no-agent-gate",
+            help="Gate every node on its health agent's report too (as remediation does); "
+            "--no-agent-gate only where no agent runs: Slurm's word is then the gate.",
+        ),
+    ] = True,
 ) -> None:
     """Provision the cluster FILE describes and follow it until it is ready (exit 0) or has
     failed (exit 1). A provisioning of that cluster already running is followed instead."""
@@ -122,7 +130,7 @@ def create(
     out = err if as_json else console  # --json: stdout carries only the document
 
     async def go(client: Client, s: Settings) -> tuple[clusters.Started, Any]:
-        started = await clusters.start_provisioning(client, s, spec, policy)
+        started = await clusters.start_provisioning(client, s, spec, policy, agent_gate)
         if started.attached:
             _say(
                 f"cluster {spec.name} is already being provisioned: following "

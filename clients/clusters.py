@@ -171,7 +171,7 @@ async def provisioned_input(client: Client, wf_id: str, run_id: str) -> ClusterP
 
 
 async def start_provisioning(
-    client: Client, settings: Settings, spec: ClusterSpec, policy: Policy
+    client: Client, settings: Settings, spec: ClusterSpec, policy: Policy, agent_gate: bool = True
 ) -> Started:
     """Start the cluster's provisioning, or attach to the one already running."""
     wf_id = provisioning_workflow_id(spec.name)
@@ -193,7 +193,7 @@ async def start_provisioning(
     try:
         handle = await client.start_workflow(
             ClusterProvisioning.run,
-            ClusterProvisioningInput(spec=spec, policy=policy),
+            ClusterProvisioningInput(spec=spec, policy=policy, agent_gate=agent_gate),
             id=wf_id,
             task_queue=settings.task_queue,
             # What `cluster list` shows without reading every history.
@@ -377,7 +377,13 @@ async def start_scale(
         settings,
         cluster,
         ScaleNodeSet.run,
-        ScaleNodeSetInput(spec=inp.spec, node_set=node_set, count=count),
+        ScaleNodeSetInput(
+            spec=inp.spec,
+            node_set=node_set,
+            count=count,
+            agent_gate=inp.agent_gate,
+            agent_report_timeout_s=inp.policy.agent_report_timeout_s,
+        ),
     )
 
 

@@ -168,6 +168,10 @@ class ClusterProvisioningInput(BaseModel):
     # Per node slot: machines tried before the cluster fails (boot or gate failures).
     machine_attempts: int = Field(default=3, ge=1, le=MAX_MACHINE_ATTEMPTS)
     boot_timeout_s: float = Field(default=1800, gt=0, le=86400, allow_inf_nan=False)
+    # The gate also waits (the policy's agent_report_timeout_s) for the node's own agent
+    # to report the machine healthy, as the runbook's gate does. Off only where no agent
+    # runs (a test of the workflow alone): a node then passes on Slurm's word.
+    agent_gate: bool = True
 
 
 NodeStage = Literal["requested", "booted", "registered", "healthy", "failed"]

@@ -80,6 +80,10 @@ class ScaleNodeSetInput(BaseModel):
     boot_timeout_s: float = Field(default=1800, gt=0, le=86400, allow_inf_nan=False)
     idle_timeout_s: float = Field(default=3600, gt=0, le=7 * 86400, allow_inf_nan=False)
     incident_poll_s: float = Field(default=60, gt=0, le=3600, allow_inf_nan=False)
+    # New nodes' gate also waits this long for their agent's healthy report (as
+    # ClusterProvisioningInput.agent_gate).
+    agent_gate: bool = True
+    agent_report_timeout_s: float = Field(default=300, gt=0, le=3600, allow_inf_nan=False)
 
 
 class TeardownInput(BaseModel):

@@ -3,8 +3,9 @@
 Order up: munged → Temporal dev server → [Kubernetes API emulator] → Crusoe Cloud API
 emulator (every mode: the machines are its VMs) → Slack emulator → worker → API; then the
 worker's `ClusterProvisioning` creates the Slurm cluster through the Crusoe emulator (the
-controller, accounting, login endpoint and one machine per node, whose daemons the
-emulator's sandbox backend starts); then the spares are parked and the agents start.
+controller, accounting, login endpoint and one machine per node, whose daemons — slurmd
+and the node's health agent — the emulator's sandbox backend starts); then the spares are
+parked.
 A daemon that does not become ready stops the whole start: everything already started
 is stopped again and the daemon's last log lines are shown.
 """
@@ -173,8 +174,8 @@ def _worker_polling(cfg: SandboxConfig) -> bool:
 
 def up(cfg: SandboxConfig, timeout_s: float = 60) -> UpResult:
     """The infrastructure (munged, Temporal, the emulators, Slack, the worker, the API),
-    then the Slurm cluster through `ClusterProvisioning` (sandbox/provision.py), then the
-    spares parked and the node agents."""
+    then the Slurm cluster through `ClusterProvisioning` (sandbox/provision.py: each
+    machine's slurmd and health agent start as its VM boots), then the spares parked."""
     table = ProcessTable(cfg.state_dir)
     if cfg.record_file.exists():
         running = SandboxConfig.load(cfg.state_dir)
@@ -237,9 +238,6 @@ def up(cfg: SandboxConfig, timeout_s: float = 60) -> UpResult:
         result.provision_s = done.seconds
         result.started += [n for n in _cluster_processes(cfg) if n not in result.started]
         _park_spares(cfg)
-        for node in cfg.node_names():
-            table.spawn(agent_name(node), daemons.agent_argv(cfg, node), daemons.agent_env(cfg))
-            result.started.append(agent_name(node))
     except BaseException:
         down(cfg)
         raise

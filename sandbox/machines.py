@@ -17,6 +17,7 @@ from pathlib import Path
 
 import httpx
 
+from autoclusters.clients.agent import fake_backend
 from autoclusters.core.kubernetes import INSTANCE_ID_LABEL
 from autoclusters.core.policy import Rung
 from autoclusters.sandbox import daemons
@@ -42,6 +43,21 @@ def power_on(cfg: SandboxConfig, node: str) -> None:
     table = ProcessTable(cfg.state_dir)
     if node in listed_nodes(cfg) and not table.alive(f"slurmd-{node}"):
         table.spawn(f"slurmd-{node}", daemons.slurmd_argv(cfg, node), daemons.slurm_env(cfg))
+
+
+def start_agent(cfg: SandboxConfig, node: str) -> None:
+    """The machine's health agent (a DaemonSet pod on a real node) starts with it: it
+    reports to the API from the first boot, which the provisioning's health gate needs."""
+    table = ProcessTable(cfg.state_dir)
+    if not cfg.agent_file(node).exists():  # a node beyond the sandbox's own (a scale up)
+        cfg.agent_file(node).parent.mkdir(parents=True, exist_ok=True)
+        fake_backend.write_node(cfg.agent_file(node), fake_backend.healthy_node())
+    if not table.alive(f"agent-{node}"):
+        table.spawn(f"agent-{node}", daemons.agent_argv(cfg, node), daemons.agent_env(cfg))
+
+
+def stop_agent(cfg: SandboxConfig, node: str) -> None:
+    ProcessTable(cfg.state_dir).stop(f"agent-{node}")
 
 
 def provider_id(vm_id: str) -> str:
@@ -83,6 +99,7 @@ class SandboxMachines:
         self._vms.save(rec)
         self._hardware.repaired(vm.name, vm.id, Rung.REPLACE)  # a new machine: no faults
         await asyncio.to_thread(power_on, self._cfg, vm.name)
+        await asyncio.to_thread(start_agent, self._cfg, vm.name)
         await self._register_node(vm)
 
     async def on_reset(self, vm: EmulatedVm) -> None:
@@ -101,6 +118,7 @@ class SandboxMachines:
 
     async def on_delete(self, vm: EmulatedVm) -> None:
         await asyncio.to_thread(power_off, self._cfg, vm.name)
+        await asyncio.to_thread(stop_agent, self._cfg, vm.name)
         if self._cfg.k8s:
             async with httpx.AsyncClient(base_url=self._cfg.k8s_url, timeout=10) as k8s:
                 await k8s.delete(f"/_emulator/nodes/{vm.name}")

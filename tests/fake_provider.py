@@ -13,7 +13,9 @@ import asyncio
 from typing import Any
 
 from temporalio import activity
+from temporalio.client import WorkflowExecutionStatus, WorkflowHandle
 from temporalio.exceptions import ApplicationError
+from temporalio.testing import WorkflowEnvironment
 
 from autoclusters.core.cluster import (
     BOOT_FAILED,
@@ -34,8 +36,10 @@ from autoclusters.core.cluster import (
     UsersCall,
     UsersResult,
 )
+from autoclusters.core.evidence import EvidenceAck
 from autoclusters.core.guard import GuardContext
 from autoclusters.core.models import HealthCheck, HealthReport
+from tests.fakes import agent_snapshot
 
 QUOTA_MESSAGE = "quota exceeded: project allows 3 h100-80gb-sxm-ib.8x instances, 4 requested"
 
@@ -194,3 +198,27 @@ class FakeProvider:
         self.calls.append(f"delete {call.resource.kind} {call.resource.id}")
         if res is not None:  # idempotent: a retried delete of a deleted thing is fine
             self.deleted.append(res)
+
+
+async def feed_agents(
+    env: WorkflowEnvironment,
+    handle: WorkflowHandle[Any, Any],
+    faulty_first: frozenset[str] = frozenset(),
+    nodes: tuple[str, ...] = ("gpu-01", "gpu-02", "gpu-03", "gpu-04"),
+) -> dict[str, int]:
+    """Stand in for the API and the node agents: give every node whose gate waits a
+    snapshot from its agent (the first from a node in `faulty_first` shows an XID 79);
+    return how many each node's gates took. Ends when the workflow does."""
+    taken: dict[str, int] = {}
+    while (await handle.describe()).status == WorkflowExecutionStatus.RUNNING:
+        now = await env.get_current_time()
+        for node in nodes:
+            n = taken.get(node, 0)
+            faults = {"XID_79": now} if node in faulty_first and n == 0 else None
+            snap = agent_snapshot(node, observed_at=now, boot_id=f"b{n}", faults=faults)
+            if await handle.query("wants_evidence", snap, result_type=bool):
+                ack = await handle.execute_update("health_evidence", snap, result_type=EvidenceAck)
+                assert ack.kept
+                taken[node] = n + 1
+        await asyncio.sleep(0.2)  # the agents' report interval, in real time
+    return taken

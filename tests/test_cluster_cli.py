@@ -238,7 +238,7 @@ def test_create_status_list_scale_delete(cli: Any, server: Server, tmp_path: Pat
     name = _name()
     spec = spec_file(tmp_path, name)
 
-    out = cli("ok", "create", "-f", str(spec))
+    out = cli("ok", "create", "-f", str(spec), "--no-agent-gate")
     assert out.exit_code == 0, out.output
     wf_id = provisioning_workflow_id(name)
     assert f"Temporal UI: http://ui.test:8233/namespaces/default/workflows/{wf_id}" in out.output
@@ -268,7 +268,7 @@ def test_create_status_list_scale_delete(cli: Any, server: Server, tmp_path: Pat
     assert rows[name]["provider"] == "sandbox" and rows[name]["status"] == "ready"
 
     # Already ready: a second create starts nothing.
-    out = cli("ok", "create", "-f", str(spec))
+    out = cli("ok", "create", "-f", str(spec), "--no-agent-gate")
     assert out.exit_code == 1 and f"cluster {name} exists" in out.output
 
     out = cli("ok", "scale", name, "gpu", "3", "--wait")
@@ -300,11 +300,11 @@ def test_a_running_provisioning_is_attached_to_and_not_scaled(
     held = server.providers["held"]
     assert isinstance(held, HeldProvider)
     try:
-        out = cli("held", "create", "-f", str(spec), "--no-wait")
+        out = cli("held", "create", "-f", str(spec), "--no-wait", "--no-agent-gate")
         assert out.exit_code == 0, out.output
         assert f"provisioning cluster {name}" in out.output
 
-        out = cli("held", "create", "-f", str(spec), "--no-wait", "--json")
+        out = cli("held", "create", "-f", str(spec), "--no-wait", "--json", "--no-agent-gate")
         assert out.exit_code == 0, out.output
         assert json.loads(out.stdout)["attached"] is True
         assert "already being provisioned: following" in out.output
@@ -334,7 +334,7 @@ def test_a_running_provisioning_is_attached_to_and_not_scaled(
 
 def test_create_refused_for_quota_exits_1_with_the_message(cli: Any, tmp_path: Path) -> None:
     name = _name()
-    out = cli("quota", "create", "-f", str(spec_file(tmp_path, name, gpus=4)))
+    out = cli("quota", "create", "-f", str(spec_file(tmp_path, name, gpus=4)), "--no-agent-gate")
     assert out.exit_code == 1, out.output
     assert f"cluster {name} failed: {QUOTA_MESSAGE}" in " ".join(out.output.split())
 

@@ -22,6 +22,7 @@ from typing import Any
 import httpx
 import pytest
 import pytest_asyncio
+from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 
@@ -29,6 +30,7 @@ from autoclusters.core import hostlist
 from autoclusters.core.cluster import ClusterState, provisioning_workflow_id
 from autoclusters.core.cluster_ops import OpsState, ScaleNodeSetInput, ops_workflow_id
 from autoclusters.core.cluster_spec import load_cluster_spec
+from autoclusters.core.evidence import HealthSnapshot
 from autoclusters.integrations.slurm import SlurmCli
 from autoclusters.sandbox import cluster, provision
 from autoclusters.sandbox.config import SandboxConfig
@@ -104,6 +106,16 @@ async def test_a_job_submitted_over_ssh_runs_on_every_node(
     assert state.status == "ready", state.failure
     nodes = cfg.node_names()
     assert sorted(state.nodes) == nodes and set(state.nodes.values()) == {"healthy"}
+    # Every node's gate heard from the node's own agent (through the API), as remediation's.
+    handle = client.get_workflow_handle(provisioning_workflow_id(cfg.cluster))
+    heard = [
+        e.workflow_execution_update_accepted_event_attributes.accepted_request.input
+        async for e in handle.fetch_history_events()
+        if e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_ACCEPTED
+    ]
+    assert {h.name for h in heard} == {"health_evidence"}
+    snaps = [await client.data_converter.decode(h.args.payloads, [HealthSnapshot]) for h in heard]
+    assert sorted({s.node for [s] in snaps}) == nodes
     out = cfg.state_dir / "jobs" / "over-ssh-%j.out"
     job_id = int(
         _ssh(
@@ -243,8 +255,11 @@ async def test_teardown_then_a_quota_refusal_then_create_from_the_example(
     assert _vm_names(cfg) == [] and _emulator(cfg, "/state")["slurm_clusters"] == {}
 
     _emulator(cfg, "/quota", {"max_vms": None})
+    # One machine will not boot: it is replaced and the cluster still becomes ready.
+    _emulator(cfg, "/boot-faults", {"name": "gpu-03", "mode": "fail", "count": 1})
     r = _cli(cfg, "create", "-f", str(EXAMPLE))
     assert r.returncode == 0, r.stdout + r.stderr
     assert f"{cfg.temporal_ui_url}/namespaces/default/workflows/" in r.stdout
     state = await _provisioned(client, cfg)
     assert state.status == "ready" and _vm_names(cfg) == cfg.node_names()
+    assert state.progress["gpu"].replaced == 1 and state.progress["gpu"].healthy == 4

@@ -104,7 +104,8 @@ class Cluster:
     async def scale(self, count: int, **kw: Any) -> Any:
         return await self.env.client.start_workflow(
             ScaleNodeSet.run,
-            ScaleNodeSetInput(spec=self.spec, node_set="gpu", count=count, **kw),
+            # The gate's agent half is ClusterProvisioning's tests' (the same mixin).
+            ScaleNodeSetInput(spec=self.spec, node_set="gpu", count=count, agent_gate=False, **kw),
             id=ops_workflow_id(self.spec.name),
             task_queue=self.tq,
             execution_timeout=timedelta(days=1),

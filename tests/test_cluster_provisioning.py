@@ -45,7 +45,7 @@ from autoclusters.core.guard import GuardContext, GuardStatus, guard_workflow_id
 from autoclusters.core.policy import GuardPolicy, Policy
 from autoclusters.workflows.cluster_provisioning import ClusterProvisioning
 from autoclusters.workflows.fleet_guard import FleetGuard
-from tests.fake_provider import QUOTA_MESSAGE, FakeProvider
+from tests.fake_provider import QUOTA_MESSAGE, FakeProvider, feed_agents
 from tests.fakes import FakeSlurm
 from tests.helpers import time_skipping_env
 
@@ -88,7 +88,12 @@ Handle = WorkflowHandle[ClusterProvisioning, ClusterState]
 
 @asynccontextmanager
 async def provisioning(
-    env: WorkflowEnvironment, provider: FakeProvider, *, keep: bool = False, attempts: int = 3
+    env: WorkflowEnvironment,
+    provider: FakeProvider,
+    *,
+    keep: bool = False,
+    attempts: int = 3,
+    agent_gate: bool = False,
 ) -> AsyncIterator[Handle]:
     """Start a provisioning of a fresh cluster on its own worker; end its guard afterwards."""
     cluster = f"c-{uuid.uuid4().hex[:8]}"
@@ -109,7 +114,10 @@ async def provisioning(
         handle = await env.client.start_workflow(
             ClusterProvisioning.run,
             ClusterProvisioningInput(
-                spec=spec(cluster, keep=keep), policy=POLICY, machine_attempts=attempts
+                spec=spec(cluster, keep=keep),
+                policy=POLICY,
+                machine_attempts=attempts,
+                agent_gate=agent_gate,  # the gate's agent half: tests below
             ),
             id=provisioning_workflow_id(cluster),
             task_queue=tq,
@@ -347,3 +355,33 @@ def test_topology_places_every_node_once() -> None:
         "SwitchName=_root Switches=pod_1,pod_root,unplaced,x,y",
     ]
     assert render_topology([]) == ""
+
+
+# --- the agent's half of the gate ------------------------------------------------------------
+
+
+async def test_the_gate_waits_for_each_agent_and_a_faulty_report_replaces_the_machine(
+    env: WorkflowEnvironment,
+) -> None:
+    provider = FakeProvider()
+    # Real time: the agents answer within the gate's timeout, as on a cluster.
+    with env.auto_time_skipping_disabled():
+        async with provisioning(env, provider, agent_gate=True) as handle:
+            taken = await feed_agents(env, handle, faulty_first=frozenset({"gpu-02"}))
+            state = await handle.result()
+    assert state.status == "ready", state.failure
+    # gpu-02's first machine: its agent saw an XID, so it was replaced and gated again.
+    assert taken == {"gpu-01": 1, "gpu-02": 2, "gpu-03": 1, "gpu-04": 1}
+    assert {r.id for r in provider.deleted} == {"vm-gpu-02-1"}
+    assert state.progress["gpu"].replaced == 1 and state.progress["gpu"].healthy == 4
+    # The CPU node set has no GPU agent: Slurm's word is its gate.
+    assert state.nodes["cpu-01"] == "healthy"
+
+
+async def test_a_node_whose_agent_never_reports_fails_its_gate(env: WorkflowEnvironment) -> None:
+    provider = FakeProvider()
+    async with provisioning(env, provider, attempts=1, agent_gate=True) as handle:
+        err = await _failure(handle)
+    assert err.type == "MachineAttemptsExhausted"
+    assert "no healthy report from" in err.message and "agent within 300s" in err.message
+    assert not provider.alive

@@ -26,6 +26,8 @@ def test_there_are_histories_to_replay() -> None:
     names = [p.stem for p in HISTORIES]
     assert "cluster_provisioning_v1_ready_with_replacements" in names
     assert "cluster_provisioning_v1_quota_cleanup" in names
+    # Behind the cluster-v2-agent-health-gate patch: the gate waits for the agents.
+    assert "cluster_provisioning_v2_agent_gate" in names
     for case in ("scale_up_replaced", "scale_down_requeue", "teardown"):
         assert f"cluster_ops_v1_{case}" in names
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import TypeVar
 
 from temporalio import workflow
@@ -62,6 +62,7 @@ with workflow.unsafe.imports_passed_through():
         ops_key,
     )
     from autoclusters.core.cluster_spec import ClusterSpec, NodeSetSpec
+    from autoclusters.core.evidence import EvidenceAck, HealthSnapshot
     from autoclusters.core.models import (
         DrainInput,
         HealthReport,
@@ -75,6 +76,7 @@ with workflow.unsafe.imports_passed_through():
         drain_reason,
     )
 
+from autoclusters.workflows.agent_gate import CLUSTER_AGENT_GATE, AgentGate
 from autoclusters.workflows.cluster_provisioning import (
     CREATE_TIMEOUT,
     GATE_TIMEOUT,
@@ -82,6 +84,7 @@ from autoclusters.workflows.cluster_provisioning import (
     SLURM_TIMEOUT,
     _fatal,
     wait_booted,
+    with_agent_checks,
 )
 from autoclusters.workflows.timeline import HEARTBEAT, RETRY, cause_of
 
@@ -222,7 +225,7 @@ def _failed(err: BaseException) -> ApplicationError:
 
 
 @workflow.defn(name="ScaleNodeSet")
-class ScaleNodeSet(_Ops):
+class ScaleNodeSet(_Ops, AgentGate):
     @workflow.init
     def __init__(self, inp: ScaleNodeSetInput) -> None:
         spec = inp.spec
@@ -231,10 +234,26 @@ class ScaleNodeSet(_Ops):
         self._state = OpsState(cluster=spec.name)
         self._machines: dict[str, Machine] = {}  # every node of the cluster -> its machine
         self._attempts: dict[str, int] = {}
+        self._booted_at: dict[str, datetime] = {}
+        self._init_agent_gate()
 
     @workflow.query
     def status(self) -> OpsState:
         return self._state
+
+    @workflow.update
+    def health_evidence(self, snap: HealthSnapshot) -> EvidenceAck:
+        """A health snapshot from a new node's agent, while its gate waits for one."""
+        return self._gate_take(snap, workflow.info().workflow_id)
+
+    @health_evidence.validator
+    def _check_evidence(self, snap: HealthSnapshot) -> None:
+        if not self._gate_wants(snap):
+            raise ValueError(f"no health gate of {self._state.cluster} waits for this snapshot")
+
+    @workflow.query
+    def wants_evidence(self, snap: HealthSnapshot) -> bool:
+        return self._gate_wants(snap)
 
     @workflow.run
     async def run(self, inp: ScaleNodeSetInput) -> OpsState:
@@ -313,6 +332,7 @@ class ScaleNodeSet(_Ops):
             self._machines[node] = machine
             boot = await wait_booted(machine, self._inp.boot_timeout_s)
             if boot.booted:
+                self._booted_at[node] = workflow.now()
                 return
             await self._discard(node, f"did not boot: {boot.detail}")
 
@@ -398,6 +418,11 @@ class ScaleNodeSet(_Ops):
             if _fatal(e) is not None:
                 raise
             return HealthReport(node=node, passed=False)
+        if report.passed and self._inp.agent_gate and workflow.patched(CLUSTER_AGENT_GATE):
+            since = self._booted_at.get(node, workflow.info().start_time)
+            timeout = self._inp.agent_report_timeout_s
+            checks = await self._agent_gate(node, since, node_set.gpus_per_node, timeout)
+            report = with_agent_checks(report, checks)
         return report
 
     # --- down -------------------------------------------------------------------------------

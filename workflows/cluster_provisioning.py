@@ -17,18 +17,17 @@ Progress (requested / booted / registered / healthy per node set) is the `status
 the workflow's current details in the Temporal UI.
 
 The provider is reached only through the `cluster_*` activities (activities/contracts.py).
-The health gate here is the provider's `cluster_health_gate` (Slurm's side: slurmd answers
-with its GPUs). TODO(issue 12): also require the node agent's fresh healthy snapshot, as the
-runbook's gate does (workflows/health_gate_steps.py judges `HealthSnapshot`s an incident
-receives through its `health_evidence` update; that mixin is bound to an incident's state,
-so this workflow needs its own evidence update and `core.evidence.judge` per node).
+The health gate is the runbook's: Slurm's side is the provider's `cluster_health_gate`
+(slurmd answers with all its GPUs), the agent's side a fresh healthy snapshot from the
+node's own agent since its machine booted (workflows/agent_gate.py, through this
+workflow's `health_evidence` update).
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 from temporalio import workflow
@@ -62,11 +61,13 @@ with workflow.unsafe.imports_passed_through():
         render_topology,
     )
     from autoclusters.core.cluster_spec import NodeSetSpec
+    from autoclusters.core.evidence import EvidenceAck, HealthSnapshot
     from autoclusters.core.guard import GuardContext, GuardStatus, guard_workflow_id
     from autoclusters.core.models import HealthCheck, HealthReport, StepRecord
     from autoclusters.core.policy import NodeTopology
     from autoclusters.integrations import temporal
 
+from autoclusters.workflows.agent_gate import CLUSTER_AGENT_GATE, AgentGate
 from autoclusters.workflows.timeline import HEARTBEAT, cause_of
 
 T = TypeVar("T")
@@ -102,7 +103,7 @@ def _fatal(err: BaseException) -> ApplicationError | None:
 
 
 @workflow.defn(name="ClusterProvisioning")
-class ClusterProvisioning:
+class ClusterProvisioning(AgentGate):
     @workflow.init
     def __init__(self, inp: ClusterProvisioningInput) -> None:
         spec = inp.spec
@@ -116,10 +117,29 @@ class ClusterProvisioning:
         self._machines: dict[str, Machine] = {}
         self._attempts: dict[str, int] = {}
         self._placements: dict[str, Placement] = {}
+        self._booted_at: dict[str, datetime] = {}
+        self._init_agent_gate()
 
     @workflow.query
     def status(self) -> ClusterState:
         return self._state
+
+    @workflow.update
+    def health_evidence(self, snap: HealthSnapshot) -> EvidenceAck:
+        """A health snapshot from a node's agent, while that node's gate waits for one
+        (the API forwards them)."""
+        return self._gate_take(snap, workflow.info().workflow_id)
+
+    @health_evidence.validator
+    def _check_evidence(self, snap: HealthSnapshot) -> None:
+        # A refused update leaves no event in the history.
+        if not self._gate_wants(snap):
+            raise ValueError(f"no health gate of {self._state.cluster} waits for this snapshot")
+
+    @workflow.query
+    def wants_evidence(self, snap: HealthSnapshot) -> bool:
+        """Would `health_evidence` keep this snapshot? (The API asks first.)"""
+        return self._gate_wants(snap)
 
     @workflow.run
     async def run(self, inp: ClusterProvisioningInput) -> ClusterState:
@@ -223,6 +243,7 @@ class ClusterProvisioning:
             boot = await self._wait_booted(machine)
             if boot.booted:
                 self._state.nodes[node] = "booted"
+                self._booted_at[node] = workflow.now()
                 self._show()
                 return
             await self._discard(node, f"did not boot: {boot.detail}")
@@ -344,6 +365,11 @@ class ClusterProvisioning:
             if _fatal(e) is not None:
                 raise
             return HealthReport(node=node, passed=False, checks=[_check("gate", str(cause_of(e)))])
+        if report.passed and self._inp.agent_gate and workflow.patched(CLUSTER_AGENT_GATE):
+            since = self._booted_at.get(node, workflow.info().start_time)
+            timeout = self._inp.policy.agent_report_timeout_s
+            checks = await self._agent_gate(node, since, gpus, timeout)
+            report = with_agent_checks(report, checks)
         return report
 
     def _node_set_nodes(self) -> list[NodeSetNodes]:
@@ -467,6 +493,12 @@ class ClusterProvisioning:
             f"**{s.cluster}** ({s.provider}): {s.status}, step **{s.current_step or '-'}**\n\n"
             f"{s.progress_line()}" + (f"\n\nfailure: {s.failure}" if s.failure else "")
         )
+
+
+def with_agent_checks(report: HealthReport, checks: list[HealthCheck]) -> HealthReport:
+    """Slurm's report with the agent's checks added: passed only if every check did."""
+    both = [*report.checks, *checks]
+    return report.model_copy(update={"checks": both, "passed": all(c.passed for c in both)})
 
 
 def _check(name: str, detail: str) -> HealthCheck:

@@ -26,7 +26,7 @@ from autoclusters.core.guard import guard_workflow_id
 from autoclusters.core.policy import GuardPolicy, Policy
 from autoclusters.workers.remediation import WORKFLOWS
 from autoclusters.workflows.cluster_provisioning import ClusterProvisioning
-from tests.fake_provider import FakeProvider
+from tests.fake_provider import FakeProvider, feed_agents
 from tests.fakes import FakeSlurm
 from tests.helpers import time_skipping_env
 
@@ -51,7 +51,11 @@ CASES = {
     ),
     # A quota refusal on the fourth machine: everything created is deleted.
     "quota_cleanup": lambda: FakeProvider(machines_allowed=3),
+    # v2 (cluster-v2-agent-health-gate): every gate also waits for the node's agent; the
+    # first report from gpu-02 shows an XID, so its machine is replaced.
+    "agent_gate": lambda: FakeProvider(),
 }
+AGENT_GATE = {"agent_gate"}
 
 
 async def record(version: str) -> None:
@@ -73,19 +77,23 @@ async def record(version: str) -> None:
                 env.client, task_queue=tq, workflows=WORKFLOWS,
                 activities=[*provider.activities(), guard.attach_policy],
             ):  # fmt: skip
+                gated = case in AGENT_GATE
                 handle = await env.client.start_workflow(
                     ClusterProvisioning.run,
-                    ClusterProvisioningInput(spec=spec, policy=policy),
+                    ClusterProvisioningInput(spec=spec, policy=policy, agent_gate=gated),
                     id=provisioning_workflow_id(cluster),
                     task_queue=tq,
                     execution_timeout=timedelta(days=1),
                 )
                 try:
+                    if gated:
+                        with env.auto_time_skipping_disabled():
+                            await feed_agents(env, handle, faulty_first=frozenset({"gpu-02"}))
                     await handle.result()
                 except WorkflowFailureError:
                     pass
                 history = await handle.fetch_history()
-                if case.startswith("ready"):
+                if case.startswith("ready") or gated:
                     guard_handle = env.client.get_workflow_handle(guard_workflow_id(cluster))
                     with contextlib.suppress(RPCError):  # already timed out: time skipped
                         await guard_handle.terminate()
