@@ -49,11 +49,11 @@ from autoclusters.integrations import temporal
 from autoclusters.integrations.slack import SlackNotifier, slack_web_client
 from autoclusters.sandbox.crusoe_emulator import EmulatorServer
 from autoclusters.sandbox.slack_emulator import EmulatorConfig, create_app
-from autoclusters.workers.metrics import MetricsServer, WorkerMetrics
+from autoclusters.workers.metrics import WorkerMetrics
 from autoclusters.workers.metrics_collector import TemporalCollector
 from autoclusters.workers.metrics_interceptor import MetricsInterceptor
 from autoclusters.workers.recovery import capacity_recovery, job_recovery
-from autoclusters.workers.remediation import WORKFLOWS, activities_for
+from autoclusters.workers.remediation import WORKFLOWS, activities_for, serve_metrics
 from autoclusters.workflows.remediation import NodeRemediation
 from tests.fakes import FakeCloud, FakeHealth, FakeSlurm, RecordingNotifier
 from tests.helpers import eventually
@@ -297,10 +297,12 @@ async def test_the_collector_without_temporal_says_so() -> None:
 
 
 async def test_the_endpoint_serves_the_text_format_on_loopback(env: WorkflowEnvironment) -> None:
+    assert serve_metrics(env.client, None, 0) is None  # no metrics: nothing served
     metrics = WorkerMetrics()
-    metrics.registry.register(TemporalCollector(env.client, cache_s=0))
+    assert serve_metrics(env.client, metrics, None) is None  # no port: off
     metrics.slack_delivery("opened", "sent")
-    server = MetricsServer(metrics, 0)
+    server = serve_metrics(env.client, metrics, 0)  # as the worker does, on a free port
+    assert server is not None
     try:
         async with httpx.AsyncClient(trust_env=False, timeout=10) as http:
             resp = await http.get(f"http://127.0.0.1:{server.port}/metrics")
