@@ -31,7 +31,7 @@ from autoclusters.clients.agent.classify import (
     Finding,
 )
 from autoclusters.clients.agent.debounce import DebounceMemory, Debouncer
-from autoclusters.clients.agent.metrics import AgentMetrics, serve
+from autoclusters.clients.agent.metrics import AgentMetrics, MetricsServer, serve
 from autoclusters.clients.agent.readings import GpuReadings, IbReadings, state_number
 from autoclusters.clients.agent.report import ActiveFault, HealthSnapshot, IbPortState, NodeReport
 from autoclusters.clients.agent.reporter import Answer, Outcome, ReportSink, write_atomic
@@ -121,6 +121,7 @@ class Agent:
         if metrics is None and settings.metrics_port is not None:
             metrics = AgentMetrics(node, xid_window_s=settings.xid_count_window_s)
         self.metrics = metrics  # fed every check; served by `run` when metrics_port is set
+        self.metrics_server: MetricsServer | None = None  # while `run` serves it
         state = self._load_state()
         self.classifier = Classifier(settings, state.classifier if state else None)
         self.debouncer = Debouncer(
@@ -222,16 +223,16 @@ class Agent:
 
     def run(self, stop: threading.Event) -> None:
         """Check every interval until `stop` is set."""
-        server = None
         port = self.settings.metrics_port
         if self.metrics is not None and port is not None:
-            server = serve(self.metrics, self.settings.metrics_host, port)
-            log.info("metrics on %s", server.url)
+            self.metrics_server = serve(self.metrics, self.settings.metrics_host, port)
+            log.info("metrics on %s", self.metrics_server.url)
         try:
             self._loop(stop)
         finally:
-            if server is not None:
-                server.stop()
+            if self.metrics_server is not None:
+                self.metrics_server.stop()
+                self.metrics_server = None
 
     def _loop(self, stop: threading.Event) -> None:
         interval = self.settings.interval_s

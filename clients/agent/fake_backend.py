@@ -327,6 +327,7 @@ class FakeBackend:
         self.path = Path(path)
         self._gpus = gpus  # for a file this backend has to create
         self._clock = clock  # drives the live values (fake_live)
+        self._since = clock()  # their counters count from here
         self._delivered = 0  # the highest event seq handed out
         self._node: FakeNode | None = None
         self._boot_id: str | None = None
@@ -347,7 +348,7 @@ class FakeBackend:
     def read(self) -> GpuReadings:
         readings = self._load().gpus
         readings.backend = self.name
-        animate_gpus(readings, self._clock())
+        animate_gpus(readings, self._clock(), self._since)
         return readings
 
     def events(self) -> list[GpuEvent]:
@@ -367,8 +368,9 @@ class FakeInfiniband:
     def __init__(self, path: Path, *, clock: Callable[[], float] = time.time) -> None:
         self.path = Path(path)
         self._clock = clock
+        self._since = clock()
 
     def read(self) -> IbReadings | None:
         ib = read_node(self.path).infiniband
-        animate_ib(ib, self._clock())
+        animate_ib(ib, self._clock(), self._since)
         return ib

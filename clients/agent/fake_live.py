@@ -10,7 +10,9 @@ values, which tests rely on) yet change from one scrape to the next:
   healthy idle one (40 C -> at most ~64 C, well below the agent's warning margin); a
   temperature a fault or a test wrote into the file is shown exactly as written;
 - memory used follows a slower wave;
-- energy, NVLink and InfiniBand traffic are the exact integrals of their rates, so they only
+- energy, NVLink and InfiniBand traffic are the exact integrals of their rates since
+  `since` (the fake backend passes the moment it was made: a restarted agent is a driver
+  reload, its counters start again from 0, which Prometheus's rate() handles), so they only
   ever increase.
 
 A lost GPU, and an InfiniBand port that is not ACTIVE, get nothing: they carry no traffic
@@ -25,7 +27,6 @@ from autoclusters.clients.agent.readings import GpuReadings, IbReadings, state_n
 
 MODEL = "NVIDIA H200"
 FB_TOTAL_MIB = 143_771  # what nvidia-smi shows for an H200
-ORIGIN = 1_700_000_000.0  # counters count from here (any fixed instant would do)
 PERIOD_S = 600.0
 IDLE_W, W_PER_PERCENT = 90.0, 6.1  # ~700 W at full load, an H200 SXM's TDP
 NVLINK_KIB_PER_S_PER_PERCENT = 4_000_000  # ~400 GB/s of NVLink traffic at full load
@@ -46,13 +47,13 @@ def utilization(t: float, index: int) -> float:
     return _MEAN + _AMP * math.sin(_W * t + _phase(index))
 
 
-def _load_integral(t: float, index: int) -> float:
-    """The integral of utilisation from ORIGIN to t (percent-seconds); increasing in t."""
-    wave = -_AMP / _W * (math.cos(_W * t + _phase(index)) - math.cos(_W * ORIGIN + _phase(index)))
-    return _MEAN * (t - ORIGIN) + wave
+def _load_integral(t: float, since: float, index: int) -> float:
+    """The integral of utilisation from `since` to t (percent-seconds); increasing in t."""
+    p = _phase(index)
+    return _MEAN * (t - since) - _AMP / _W * (math.cos(_W * t + p) - math.cos(_W * since + p))
 
 
-def animate_gpus(readings: GpuReadings, t: float) -> None:
+def animate_gpus(readings: GpuReadings, t: float, since: float) -> None:
     """Fill the live fields of every GPU that answers, in place."""
     for g in readings.gpus:
         if g.lost:
@@ -63,8 +64,8 @@ def animate_gpus(readings: GpuReadings, t: float) -> None:
         g.power_w = round(IDLE_W + W_PER_PERCENT * util, 3)
         if g.temperature_c == IDLE_TEMP_C:
             g.temperature_c += round(util / 4)
-        base = _load_integral(t, g.index)
-        g.energy_mj = int(1000 * (IDLE_W * (t - ORIGIN) + W_PER_PERCENT * base))
+        base = _load_integral(t, since, g.index)
+        g.energy_mj = int(1000 * (IDLE_W * (t - since) + W_PER_PERCENT * base))
         slow = 0.5 + 0.4 * math.sin(_W / 3 * t + _phase(g.index))
         g.fb_used_mib = int(FB_TOTAL_MIB * slow)
         g.fb_free_mib = FB_TOTAL_MIB - g.fb_used_mib
@@ -72,14 +73,14 @@ def animate_gpus(readings: GpuReadings, t: float) -> None:
             g.nvlink_bandwidth_kib = int(NVLINK_KIB_PER_S_PER_PERCENT * base)
 
 
-def animate_ib(ib: IbReadings | None, t: float) -> None:
+def animate_ib(ib: IbReadings | None, t: float, since: float) -> None:
     """Traffic counters on every ACTIVE port (sysfs names), in place."""
     if ib is None:
         return
     for n, p in enumerate(ib.ports):
         if state_number(p.state) != IB_ACTIVE:
             continue
-        words = int(IB_WORDS_PER_S * _load_integral(t, n) / _MEAN)
+        words = int(IB_WORDS_PER_S * _load_integral(t, since, n) / _MEAN)
         packets = words * 4 // IB_BYTES_PER_PACKET
         for name, value in (
             ("port_xmit_data", words), ("port_rcv_data", words),
