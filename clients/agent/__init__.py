@@ -9,7 +9,9 @@ Modules, one concern each: `report` (the wire model, shared with the API), `read
 (what a backend reads), `backend` (the interface), `nvml_backend` / `fake_backend`,
 `watchdog` (NVML calls that hang), `infiniband`, `counters`, `classify`, `debounce`,
 `reporter` (sending and the spool), `node_condition` (optional GpuUnhealthy), `settings`,
-and `agent` (the loop).
+and `agent` (the loop). `/metrics` (when `metrics_port` is set): `metrics` (the exporter and
+its HTTP server), `dcgm_series` (dcgm-exporter's names and labels), `ib_series`
+(node-exporter's), and `fake_live` (the fake node's moving load and growing counters).
 
 This package imports nothing on import, so `autoclusters.clients.agent.report` stays light.
 """
