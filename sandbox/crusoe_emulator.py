@@ -1,6 +1,7 @@
 """A local Crusoe Cloud API v1, for the sandbox and the tests.
 
-It speaks the endpoints AutoClusters uses (VMs, VM operations, node pools, AutoClusters
+It speaks the endpoints AutoClusters uses (VMs, VM operations, node pools (list, create,
+get, PATCH count, delete; a pool refills to its count), AutoClusters
 remediation, Managed Slurm clusters: `sandbox/crusoe_slurm_api.py`) and verifies each `/v1`
 request's signature and timestamp as Crusoe does:
 a request that fails gets 401 and changes nothing. Its "VMs" are whatever the `VmBackend`
@@ -17,7 +18,8 @@ Test controls live beside the API under `/_emulator` (no auth; the server binds 
   POST /_emulator/vms {"clusters": [...], "node_pools": [...], "vms": [...]}: seed the world
   POST /_emulator/boot-faults {"name", "mode": "fail"|"hang", "count"}: the next boots of a
     VM name ("*": any) fail (VM FAILED) or hang (PROVISIONING until deleted)
-  POST /_emulator/quota {"max_vms": N|null}: a VM create beyond N answers 403 quota_exceeded
+  POST /_emulator/quota {"max_vms": N|null}: a VM create (or a node pool's create or
+    growth) beyond N VMs answers 403 quota_exceeded, creating nothing
   GET /_emulator/state, GET|DELETE /_emulator/requests, GET /_emulator/health
   (the API's own GET .../operations lists take resource_id, state, lower_time_bound)
   GET /_emulator/operations[?vm_name=N][&since=RFC3339]: every operation the emulator
@@ -34,7 +36,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -225,7 +227,7 @@ def _api(engine: Engine) -> APIRouter:
 
         async def work(op: Operation) -> None:
             pool = await engine.remove(vm)
-            if pool is not None:
+            if pool is not None and pool.wants_replacement():
                 engine.replace_later(pool, vm)
 
         return answer(engine.start("vm", vm.id, work, {"vm_id": vm.id, "action": "DELETE"}))
@@ -240,6 +242,130 @@ def _api(engine: Engine) -> APIRouter:
         if pool is None:
             raise ApiError(404, "not_found", f"node pool {pool_id} not found")
         return pool
+
+    def pool_quota(project_id: str, more: int) -> None:
+        """403 with nothing created when `more` VMs would exceed the project's quota."""
+        limit = engine.max_vms
+        used = sum(1 for vm in world.vms.values() if vm.project_id == project_id)
+        if limit is not None and more > 0 and used + more > limit:
+            raise ApiError(
+                403,
+                "quota_exceeded",
+                f"quota exceeded: {used} VMs of {limit} used in project {project_id}, "
+                f"{more} more requested",
+            )
+
+    def not_busy_pool(pool: NodePool) -> None:
+        if pool.id in engine.busy:
+            raise ApiError(
+                409,
+                "conflict",
+                f"operation {engine.busy[pool.id]} is in progress on node pool {pool.id}",
+            )
+
+    def pool_count(body: dict[str, Any], default: int | None = None) -> int:
+        count = body.get("count", default)
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise ApiError(400, "bad_request", "count must be an integer >= 0")
+        return count
+
+    def booting(pool: NodePool, n: int) -> Callable[[Operation], Awaitable[None]]:
+        """The pool's operation: its `n` new VMs are defined now and boot in the
+        background; the pool is STATE_RUNNING when the operation ends."""
+        new = engine.grow_pool(pool, n)
+
+        async def work(op: Operation) -> None:
+            for vm in new:
+                engine.boot_later(vm)
+            pool.state = "STATE_RUNNING"
+
+        return work
+
+    @router.get(P + "/kubernetes/nodepools")
+    async def list_pools(project_id: str) -> dict[str, Any]:
+        project(project_id)
+        return {"items": [p.public() for p in world.pools.values() if p.project_id == project_id]}
+
+    @router.post(P + "/kubernetes/nodepools")
+    async def create_pool(project_id: str, request: Request) -> dict[str, Any]:
+        """§2.4: `cluster_id`, `name`, `product_name`, `count`, `node_labels`,
+        `node_taints`, `transport_partition_id` (`ib_partition_id`, deprecated)."""
+        project(project_id)
+        body = await _body(request)
+        for field in ("cluster_id", "name", "product_name"):
+            if not isinstance(body.get(field), str) or not body[field]:
+                raise ApiError(400, "bad_request", f"{field} is required")
+        if body["cluster_id"] not in world.clusters:
+            raise ApiError(404, "not_found", f"cluster {body['cluster_id']} not found")
+        count = pool_count(body, 1)
+        labels = body.get("node_labels") or {}
+        if not isinstance(labels, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in labels.items()
+        ):
+            raise ApiError(400, "bad_request", "node_labels must map strings to strings")
+        pool_quota(project_id, count)
+        pool = NodePool(
+            name=body["name"],
+            cluster_id=body["cluster_id"],
+            project_id=project_id,
+            count=count,
+            state="STATE_PROVISIONING",
+            product_name=body["product_name"],
+            location=str(body.get("location") or ""),
+            node_labels=labels,
+            node_taints=list(body.get("node_taints") or []),
+            transport_partition_id=body.get("transport_partition_id")
+            or body.get("ib_partition_id"),
+        )
+        world.pools[pool.id] = pool
+        meta = {"node_pool_id": pool.id, "action": "CREATE"}
+        op = engine.start("node_pool", pool.id, booting(pool, count), meta, resource_name=pool.name)
+        return answer(op)
+
+    @router.patch(P + "/kubernetes/nodepools/{pool_id}")
+    async def patch_pool(project_id: str, pool_id: str, request: Request) -> dict[str, Any]:
+        """`{count, node_labels, node_taints}` (action UPDATE, the default). A larger count
+        makes VMs; a smaller one deletes none: the caller deletes the VMs it chose (as
+        Crusoe's autoscaler does, §2.4), and the pool no longer replaces them."""
+        pool = pool_or_404(project_id, pool_id)
+        body = await _body(request)
+        action = body.get("action", "UPDATE")
+        if action in ("RESERVE", "UNRESERVE"):
+            raise ApiError(400, "bad_request", f"action {action} is not supported here")
+        if action != "UPDATE":
+            raise ApiError(400, "bad_request", f"unknown action {action!r}")
+        not_busy_pool(pool)
+        count = pool_count(body, pool.count)
+        grow = max(0, count - len(pool.instance_ids) - len(pool.pending))
+        pool_quota(project_id, grow)
+        if isinstance(body.get("node_labels"), dict):
+            pool.node_labels = {str(k): str(v) for k, v in body["node_labels"].items()}
+        if isinstance(body.get("node_taints"), list):
+            pool.node_taints = list(body["node_taints"])
+        pool.count = count
+        meta = {"node_pool_id": pool.id, "action": "UPDATE", "count": count}
+        op = engine.start("node_pool", pool.id, booting(pool, grow), meta, resource_name=pool.name)
+        return answer(op)
+
+    @router.delete(P + "/kubernetes/nodepools/{pool_id}")
+    async def delete_pool(project_id: str, pool_id: str) -> dict[str, Any]:
+        """The pool and its VMs."""
+        pool = pool_or_404(project_id, pool_id)
+        not_busy_pool(pool)
+        pool.state = "STATE_DELETING"
+
+        async def work(op: Operation) -> None:
+            pool.count = 0
+            for vm_id in list(pool.instance_ids):
+                vm = world.vms.get(vm_id)
+                if vm is not None:
+                    engine.release_hang(vm.id)
+                    await engine.remove(vm)
+            pool.pending.clear()
+            world.pools.pop(pool.id, None)
+
+        meta = {"node_pool_id": pool.id, "action": "DELETE"}
+        return answer(engine.start("node_pool", pool.id, work, meta, resource_name=pool.name))
 
     @router.get(P + "/kubernetes/nodepools/{pool_id}")
     async def get_pool(project_id: str, pool_id: str) -> dict[str, Any]:

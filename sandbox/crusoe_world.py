@@ -94,11 +94,23 @@ class NodePool(BaseModel):
     count: int = 0
     state: str = "STATE_RUNNING"
     instance_ids: list[str] = Field(default_factory=list)
+    # What a pool made through the API gives its new VMs (`POST .../nodepools`).
+    product_name: str = ""
+    location: str = ""
+    node_labels: dict[str, str] = Field(default_factory=dict)
+    node_taints: list[dict[str, Any]] = Field(default_factory=list)
+    transport_partition_id: str | None = None
     # Specs of deleted VMs whose replacement has not booted yet.
     pending: list[dict[str, Any]] = Field(default_factory=list)
+    made: int = 0  # VMs this pool has made: the next one is named `<pool name>-<made + 1>`
 
     def public(self) -> dict[str, Any]:
-        return self.model_dump(exclude={"pending"})
+        return self.model_dump(exclude={"pending", "made"})
+
+    def wants_replacement(self) -> bool:
+        """A managed pool refills to its `count`: after a count PATCHed down, a deleted VM
+        is not replaced (Crusoe's autoscaler scales down that way, §2.4)."""
+        return len(self.instance_ids) + len(self.pending) < self.count
 
 
 class Cluster(BaseModel):
@@ -372,6 +384,41 @@ class Engine:
         if event is not None:
             event.set()
             self.busy.pop(vm_id, None)
+
+    def grow_pool(self, pool: NodePool, n: int) -> list[EmulatedVm]:
+        """`n` new VMs in the pool, defined now (so the quota counts them at once) and
+        booting in the background: a failed boot fails the VM, not the pool's operation."""
+        made = []
+        for _ in range(n):
+            pool.made += 1
+            spec: dict[str, Any] = {
+                "name": f"{pool.name}-{pool.made}",
+                "type": pool.product_name,
+                "location": pool.location or "us-east1-a",
+                "project_id": pool.project_id,
+                "state": "DEFINING",
+                "node_pool_id": pool.id,
+                "node_labels": dict(pool.node_labels),
+            }
+            if pool.transport_partition_id:
+                spec["host_channel_adapters"] = [{"ib_partition_id": pool.transport_partition_id}]
+            vm = EmulatedVm.model_validate(spec)
+            self.world.vms[vm.id] = vm
+            pool.instance_ids.append(vm.id)
+            made.append(vm)
+        self.save()
+        return made
+
+    def boot_later(self, vm: EmulatedVm) -> None:
+        fault = self.take_boot_fault(vm.name)
+
+        async def run() -> None:
+            try:
+                await self.boot(vm, fault)
+            except RuntimeError as e:
+                log.info("emulated pool VM: %s", e)
+
+        self._spawn(run())
 
     def cluster_lock(self, cluster_id: str) -> asyncio.Lock:
         return self.cluster_locks.setdefault(cluster_id, asyncio.Lock())

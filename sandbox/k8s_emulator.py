@@ -6,7 +6,11 @@ and gets what a real API server would answer for what AutoClusters uses:
 - `/api/v1/nodes[/{name}[/status]]`, `/api/v1/namespaces[/{name}]`, `/api/v1/pods`,
   `/api/v1/namespaces/{ns}/pods[/{name}[/status|/eviction]]`,
   `/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets[/{name}]`,
-  `/apis/slinky.slurm.net/v1beta1[/namespaces/{ns}]/nodesets[/{name}]`, `/version`;
+  `/api/v1/namespaces/{ns}/configmaps|persistentvolumeclaims[/{name}]`,
+  `/apis/slinky.slurm.net/v1beta1[/namespaces/{ns}]/nodesets|controllers|accountings|
+  loginsets[/{name}]`, `/apis/slurm.crusoe.ai/v1alpha1[/namespaces/{ns}]/slurmclusters|
+  slurmusers[/{name}]` (custom resources stored as given: no operator acts on them),
+  `/version`;
 - list with `labelSelector` / `fieldSelector`; create, get, PUT (409 on a stale
   resourceVersion), PATCH (strategic merge, merge and JSON patch; 415 for a strategic merge
   on a custom resource), delete with a grace period, eviction (429 under a

@@ -50,7 +50,38 @@ NODESETS = Kind(
     status_subresource=False,
     custom=True,
 )
-KINDS = {k.resource: k for k in (NAMESPACES, NODES, PODS, PDBS, NODESETS)}
+CONFIGMAPS = Kind("configmaps", "ConfigMap", "v1", namespaced=True, status_subresource=False)
+PVCS = Kind("persistentvolumeclaims", "PersistentVolumeClaim", "v1", namespaced=True)
+
+
+def _custom(resource: str, kind: str, api_version: str) -> Kind:
+    return Kind(resource, kind, api_version, namespaced=True, status_subresource=False, custom=True)
+
+
+# The rest of Slinky's kinds and Crusoe's Slurm CRDs (crusoe.md §1.5, §3): stored as given,
+# with no operator acting on them (the `crusoe-cmk` provider's tests read them back).
+SLINKY_CONTROLLERS = _custom("controllers", "Controller", "slinky.slurm.net/v1beta1")
+SLINKY_ACCOUNTINGS = _custom("accountings", "Accounting", "slinky.slurm.net/v1beta1")
+SLINKY_LOGINSETS = _custom("loginsets", "LoginSet", "slinky.slurm.net/v1beta1")
+CRUSOE_SLURMCLUSTERS = _custom("slurmclusters", "SlurmCluster", "slurm.crusoe.ai/v1alpha1")
+CRUSOE_SLURMUSERS = _custom("slurmusers", "SlurmUser", "slurm.crusoe.ai/v1alpha1")
+KINDS = {
+    k.resource: k
+    for k in (
+        NAMESPACES,
+        NODES,
+        PODS,
+        PDBS,
+        NODESETS,
+        CONFIGMAPS,
+        PVCS,
+        SLINKY_CONTROLLERS,
+        SLINKY_ACCOUNTINGS,
+        SLINKY_LOGINSETS,
+        CRUSOE_SLURMCLUSTERS,
+        CRUSOE_SLURMUSERS,
+    )
+}
 BY_PATH = {(k.api_version, k.resource): k for k in KINDS.values()}
 
 

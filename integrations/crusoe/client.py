@@ -220,6 +220,27 @@ class CrusoeClient:
         body = await self._request("GET", self._pools(f"/{_seg(node_pool_id)}"))
         return NodePool.model_validate(body)
 
+    async def list_node_pools(self) -> list[NodePool]:
+        return [
+            NodePool.model_validate(p) for p in _items(await self._request("GET", self._pools()))
+        ]
+
+    async def create_node_pool(self, spec: Mapping[str, Any]) -> Operation:
+        """`POST .../kubernetes/nodepools` (`cluster_id`, `name`, `product_name`, `count`,
+        `node_labels`, `transport_partition_id`, ...). Not idempotent: the caller makes sure
+        one create runs per pool name (Crusoe takes no idempotency key)."""
+        body = await self._request("POST", self._pools(), json=dict(spec), idempotent=False)
+        return _operation(body)
+
+    async def patch_node_pool(self, node_pool_id: str, changes: Mapping[str, Any]) -> Operation:
+        """`PATCH .../nodepools/{id}` with `{count, node_labels, node_taints}` (action
+        UPDATE): an absolute count, so a retry sets the same value."""
+        path = self._pools(f"/{_seg(node_pool_id)}")
+        return _operation(await self._request("PATCH", path, json=dict(changes)))
+
+    async def delete_node_pool(self, node_pool_id: str) -> Operation:
+        return _operation(await self._request("DELETE", self._pools(f"/{_seg(node_pool_id)}")))
+
     async def node_pool_vms(self, node_pool_id: str) -> list[Vm]:
         body = await self._request("GET", self._pools(f"/{_seg(node_pool_id)}/vms"))
         return [Vm.model_validate(v) for v in _items(body)]
