@@ -16,8 +16,9 @@ Slurm.
 Every activity is idempotent (a retry adopts what a lost attempt made), heartbeats while
 it waits, and turns Crusoe errors into ApplicationErrors: quota -> QuotaExceeded, capacity
 -> CapacityUnavailable (both non-retryable, with the provider's message), any other
-refusal (4xx) non-retryable, the rest retryable. Provider `crusoe-cmk` is not built: every
-call raises ProviderUnavailable.
+refusal (4xx) non-retryable, the rest retryable. Provider `crusoe-cmk` goes to
+activities/cluster_provider_cmk.py when the worker has a kubeconfig and a CMK cluster id
+(`cmk`); without them every call raises ProviderUnavailable.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
@@ -72,10 +73,14 @@ from autoclusters.integrations.crusoe.resources import (
 from autoclusters.integrations.health import SlurmHealthGate
 from autoclusters.integrations.slurm import SlurmBatchClient, SlurmError
 
+if TYPE_CHECKING:  # it imports this module's helpers
+    from autoclusters.activities.cluster_provider_cmk import CmkProvider
+
 PROVIDER_UNAVAILABLE = "ProviderUnavailable"
 CONTROLLER_FAILED = "ControllerFailed"
 MACHINE_NAME_TAKEN = "MachineNameTaken"
 SERVED = ("sandbox", "crusoe-managed-slurm")
+CMK = "crusoe-cmk"  # served by activities/cluster_provider_cmk.py when configured
 
 # The VM labels (EXT) that tie a machine to its cluster, node set and attempt.
 LABEL_CLUSTER = "autoclusters.cluster"
@@ -147,12 +152,19 @@ class ClusterProviderActivities:
         poll_s: float = 2.0,
         register_timeout_s: float = 300.0,
         acceptance_timeout_s: float = 1200.0,
+        cmk: CmkProvider | None = None,
     ) -> None:
+        self._cmk = cmk
         self._crusoe = crusoe
         self._slurm = slurm
         self._poll_s = poll_s
         self._register_timeout_s = register_timeout_s
         self._acceptance_timeout_s = acceptance_timeout_s
+
+    def _cmk_for(self, ref: ClusterRef) -> CmkProvider | None:
+        """Provider crusoe-cmk's implementation, when this worker has one (a kubeconfig and
+        a CMK cluster id); else None (and `_served` refuses crusoe-cmk)."""
+        return self._cmk if ref.provider == CMK else None
 
     def activities(self) -> list[Callable[..., Awaitable[Any]]]:
         return [
@@ -177,6 +189,8 @@ class ClusterProviderActivities:
     async def create_controller(self, call: ProviderCall) -> Resource:
         """Create the Managed Slurm cluster (or adopt the one with the spec's name: a retry,
         or a 409) and wait until it runs."""
+        if (cmk := self._cmk_for(call.cluster)) is not None:
+            return await cmk.create_controller(call)
         _served(call.cluster)
         spec = call.spec
         async with _step(f"creating Slurm cluster {spec.name}"):
@@ -240,6 +254,8 @@ class ClusterProviderActivities:
     @activity.defn(name="cluster_create_accounting")
     async def create_accounting(self, call: ProviderCall) -> Resource:
         """slurmdbd comes with the cluster (`accounting_enabled`): wait until it runs."""
+        if (cmk := self._cmk_for(call.cluster)) is not None:
+            return await cmk.create_accounting(call)
         _served(call.cluster)
         async with _step(f"waiting for the accounting of {call.cluster.name}"):
             cid = await self._controller(call)
@@ -253,6 +269,8 @@ class ClusterProviderActivities:
     @activity.defn(name="cluster_create_shared_home")
     async def create_shared_home(self, call: ProviderCall) -> Resource:
         """/home comes with the cluster (`home_volume_size`): wait until it is reported."""
+        if (cmk := self._cmk_for(call.cluster)) is not None:
+            return await cmk.create_shared_home(call)
         _served(call.cluster)
         async with _step(f"waiting for the shared home of {call.cluster.name}"):
             cid = await self._controller(call)
@@ -268,6 +286,8 @@ class ClusterProviderActivities:
     @activity.defn(name="cluster_create_login_nodes")
     async def create_login_nodes(self, call: ProviderCall) -> Resource:
         """The login nodes come with the cluster: wait until their endpoint answers."""
+        if (cmk := self._cmk_for(call.cluster)) is not None:
+            return await cmk.create_login_nodes(call)
         _served(call.cluster)
         async with _step(f"waiting for the login nodes of {call.cluster.name}"):
             cid = await self._controller(call)
@@ -282,6 +302,8 @@ class ClusterProviderActivities:
     async def create_machine(self, call: MachineCall) -> Machine:
         """A VM named after the node. A VM of that name from this attempt (a retry) is
         adopted; one from an earlier attempt (deleted by the workflow) is waited out."""
+        if (cmk := self._cmk_for(call.cluster)) is not None:
+            return await cmk.create_machine(call)
         _served(call.cluster)
         ns = call.node_set
         async with _step(f"creating {call.node} (attempt {call.attempt})"):
@@ -340,6 +362,8 @@ class ClusterProviderActivities:
     async def wait_booted(self, machine: Machine) -> BootResult:
         """Until the VM runs (booted) or fails (not booted, with the provider's reason). A
         boot that hangs is waited on, heartbeating: the workflow's timeout decides."""
+        if (cmk := self._cmk_for(machine.cluster)) is not None:
+            return await cmk.wait_booted(machine)
         _served(machine.cluster)
         async with _step(f"waiting for {machine.node} ({machine.machine_id}) to boot"):
             while True:
@@ -363,6 +387,8 @@ class ClusterProviderActivities:
     @activity.defn(name="cluster_discover_topology")
     async def discover_topology(self, call: TopologyCall) -> list[Placement]:
         """Each machine's pod and leaf from its VM's `topology` (EXT); unknown: unplaced."""
+        if (cmk := self._cmk_for(call.cluster)) is not None:
+            return await cmk.discover_topology(call)
         _served(call.cluster)
         if not call.machines:
             return []
@@ -391,6 +417,8 @@ class ClusterProviderActivities:
         every machine's node answers in Slurm from a slurmd started after its VM was
         created (a replaced machine's old slurmd, still counted as responding until
         SlurmdTimeout, is not the new one). A node that never does is not `registered`."""
+        if (cmk := self._cmk_for(call.cluster)) is not None:
+            return await cmk.configure_slurm(call)
         _served(call.cluster)
         wanted = sorted({m.node for m in call.machines})
         async with _step(f"configuring Slurm of {call.cluster.name}"):
@@ -431,6 +459,8 @@ class ClusterProviderActivities:
     async def health_gate(self, call: NodeGateCall) -> HealthReport:
         """Slurm's side of the gate: slurmd answers with all its GPUs. The node agent's
         evidence (NVML, InfiniBand) is the workflow's part, still TODO (issue 12)."""
+        if (cmk := self._cmk_for(call.cluster)) is not None:
+            return await cmk.health_gate(call)
         _served(call.cluster)
         async with heartbeating(f"health gate {call.machine.node}"):
             try:
@@ -444,6 +474,8 @@ class ClusterProviderActivities:
     async def acceptance_job(self, call: AcceptanceCall) -> AcceptanceResult:
         """`srun hostname` on every node of the set in one batch job (activities/
         acceptance_job.py); a retry adopts the job this workflow run submitted."""
+        if (cmk := self._cmk_for(call.cluster)) is not None:
+            return await cmk.acceptance_job(call)
         _served(call.cluster)
         async with heartbeating(f"acceptance job on {call.node_set.name}"):
             try:
@@ -461,6 +493,8 @@ class ClusterProviderActivities:
     async def add_users(self, call: UsersCall) -> UsersResult:
         """Each user's login (keys) and, with accounting, Slurm account and association
         (EXT POST .../users, idempotent by name)."""
+        if (cmk := self._cmk_for(call.cluster)) is not None:
+            return await cmk.add_users(call)
         _served(call.cluster)
         added: list[str] = []
         async with _step(f"adding {len(call.users)} users to {call.cluster.name}"):
@@ -484,6 +518,8 @@ class ClusterProviderActivities:
         """A machine: delete its VM. The controller: delete the Managed Slurm cluster. Both
         wait until done; already gone (404) is done. Accounting, shared home and login
         nodes go with the cluster: nothing to do for them."""
+        if (cmk := self._cmk_for(call.cluster)) is not None:
+            return await cmk.delete(call)
         _served(call.cluster)
         res = call.resource
         async with _step(f"deleting {res.kind} {res.name} ({res.id})"):
@@ -531,6 +567,8 @@ class ClusterProviderActivities:
     async def inventory(self, cluster: ClusterRef) -> Inventory:
         """The cluster's parts (if the Managed Slurm cluster exists) and its machines: the
         VMs labelled with its name, in node order."""
+        if (cmk := self._cmk_for(cluster)) is not None:
+            return await cmk.inventory(cluster)
         _served(cluster)
         async with _step(f"listing cluster {cluster.name}"):
             found = await self._crusoe.find_slurm_cluster(cluster.name)
@@ -646,8 +684,10 @@ async def _exists(get: Callable[[], Awaitable[Any]]) -> bool:
 def _served(ref: ClusterRef) -> None:
     if ref.provider not in SERVED:
         raise ApplicationError(
-            f"provider {ref.provider} is not built yet: cluster {ref.name} cannot be "
-            f"provisioned, scaled or deleted through it (use sandbox or crusoe-managed-slurm)",
+            f"provider {ref.provider} is not available on this worker: cluster {ref.name} "
+            f"cannot be provisioned, scaled or deleted through it (crusoe-cmk needs the "
+            f"worker's kubeconfig and crusoe_cluster_id; or use sandbox or "
+            f"crusoe-managed-slurm)",
             type=PROVIDER_UNAVAILABLE,
             non_retryable=True,
         )

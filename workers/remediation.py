@@ -37,6 +37,9 @@ from autoclusters.workflows.remediation import NodeRemediation
 
 log = logging.getLogger("autoclusters.worker")
 
+# Where provider crusoe-cmk puts a cluster's Slinky objects on the CMK cluster.
+CMK_NAMESPACE = "slurm"
+
 # ClusterProvisioning's provider activities (`cluster_*`, activities/cluster_provider.py) are
 # registered when Crusoe credentials are configured (on the sandbox they point at the
 # emulator); without them, a provisioning started here waits at its first step.
@@ -65,8 +68,9 @@ def cloud_provider(settings: Settings) -> CloudProvider:
 def cluster_provider(
     settings: Settings, slurm: SlurmBatchClient
 ) -> ClusterProviderActivities | None:
-    """Providers sandbox and crusoe-managed-slurm (crusoe-cmk refuses), on the Crusoe API
-    the credentials name; None without credentials."""
+    """Providers sandbox and crusoe-managed-slurm on the Crusoe API the credentials name,
+    and crusoe-cmk when a kubeconfig and a CMK cluster id are configured too (else it
+    refuses); None without credentials."""
     from autoclusters.integrations.crusoe import CredentialsError, CrusoeClient, load_credentials
 
     try:
@@ -79,7 +83,20 @@ def cluster_provider(
     except (CredentialsError, ValueError) as e:
         log.warning("cluster provider activities not registered: %s", e)
         return None
-    return ClusterProviderActivities(client, slurm, poll_s=settings.crusoe_poll_s)
+    cmk = None
+    if settings.kubeconfig is not None and settings.crusoe_cluster_id:
+        from autoclusters.activities.cluster_provider_cmk import CmkProvider
+        from autoclusters.integrations.slinky_crs import KubeObjects
+
+        kube = KubeObjects(k8s.api_client(kubeconfig=settings.kubeconfig), CMK_NAMESPACE)
+        cmk = CmkProvider(
+            client,
+            kube,
+            slurm,
+            cmk_cluster_id=settings.crusoe_cluster_id,
+            poll_s=settings.crusoe_poll_s,
+        )
+    return ClusterProviderActivities(client, slurm, poll_s=settings.crusoe_poll_s, cmk=cmk)
 
 
 def health_gate(settings: Settings, slurm: SlurmClient) -> HealthGate:

@@ -1,0 +1,329 @@
+"""Slurm on a CMK cluster as Kubernetes objects: the bodies of Slinky's and Crusoe's custom
+resources (crusoe.md §1.5, §3) and a small async store over the official `kubernetes`
+client that creates, reads, patches and deletes them.
+
+Names are the cluster's: the Slinky `Controller` is `<cluster>`, its `Accounting`
+`<cluster>-accounting`, its `LoginSet` `<cluster>-login`, the /home claim `<cluster>-home`, a
+node set's `NodeSet` `<cluster>-<set>`, the generated Slurm files the ConfigMap
+`<cluster>-slurm-conf`, a user's `SlurmUser` `<cluster>-<user>`. Every object carries the
+label `autoclusters.crusoe.ai/cluster: <cluster>`.
+
+Field names follow Slinky's v1beta1 types (`controllerRef`, `accountingRef`,
+`configFileRefs`, `replicas`, `scalingMode`, `partition {enabled, config}`, the node
+annotations `nodeset.slinky.slurm.net/hostname-override` and `.../node-cordon-reason`) and
+Crusoe's `SlurmUser` (`clusterReference`, `fullName`, `sshPublicKeys`). UNCONFIRMED (not in
+public docs): the shape of `configFileRefs` items (a ConfigMap reference by `name`), the
+LoginSet's `rootSshAuthorizedKeys`, the Accounting's `storageConfig`, and the `autoclusters.*`
+labels and annotations (ours).
+
+Reads and writes are the API's own JSON (`_preload_content=False`), run off the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from autoclusters.core.cluster_spec import ClusterSpec, NodeSetSpec, UserSpec
+
+Obj = dict[str, Any]
+
+LABEL_CLUSTER = "autoclusters.crusoe.ai/cluster"
+LABEL_NODE_SET = "autoclusters.crusoe.ai/node-set"
+# On a NodeSet: which pool VM each slot (Slurm node) holds, and who changes the pool now.
+ANN_SLOTS = "autoclusters.crusoe.ai/slots"
+ANN_POOL_LOCK = "autoclusters.crusoe.ai/pool-lock"
+# Slinky's node annotations (§3): the Slurm node name of a DaemonSet-mode node, and the
+# drain reason a cordon carries into Slurm.
+HOSTNAME_OVERRIDE = "nodeset.slinky.slurm.net/hostname-override"
+CORDON_REASON = "nodeset.slinky.slurm.net/node-cordon-reason"
+TOPOLOGY_KEY = "topology.conf"
+
+
+@dataclass(frozen=True)
+class CustomKind:
+    group: str
+    version: str
+    plural: str
+    kind: str
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}"
+
+
+CONTROLLER = CustomKind("slinky.slurm.net", "v1beta1", "controllers", "Controller")
+ACCOUNTING = CustomKind("slinky.slurm.net", "v1beta1", "accountings", "Accounting")
+LOGINSET = CustomKind("slinky.slurm.net", "v1beta1", "loginsets", "LoginSet")
+NODESET = CustomKind("slinky.slurm.net", "v1beta1", "nodesets", "NodeSet")
+SLURM_USER = CustomKind("slurm.crusoe.ai", "v1alpha1", "slurmusers", "SlurmUser")
+
+
+def _meta(name: str, cluster: str, **labels: str) -> Obj:
+    return {"name": name, "labels": {LABEL_CLUSTER: cluster, **labels}}
+
+
+def config_map_name(cluster: str) -> str:
+    return f"{cluster}-slurm-conf"
+
+
+def nodeset_name(cluster: str, node_set: str) -> str:
+    return f"{cluster}-{node_set}"
+
+
+def controller_body(spec: ClusterSpec) -> Obj:
+    return {
+        "apiVersion": CONTROLLER.api_version,
+        "kind": CONTROLLER.kind,
+        "metadata": _meta(spec.name, spec.name),
+        "spec": {
+            "clusterName": spec.name,
+            # topology.conf (and any other generated file) lands in this ConfigMap.
+            "configFileRefs": [{"name": config_map_name(spec.name)}],
+            "extraConf": "TopologyPlugin=topology/tree",
+        },
+    }
+
+
+def accounting_body(spec: ClusterSpec) -> Obj:
+    return {
+        "apiVersion": ACCOUNTING.api_version,
+        "kind": ACCOUNTING.kind,
+        "metadata": _meta(f"{spec.name}-accounting", spec.name),
+        "spec": {"storageConfig": {"database": f"{spec.name.replace('-', '_')}_acct"}},
+    }
+
+
+def loginset_body(spec: ClusterSpec) -> Obj:
+    body: Obj = {
+        "apiVersion": LOGINSET.api_version,
+        "kind": LOGINSET.kind,
+        "metadata": _meta(f"{spec.name}-login", spec.name),
+        "spec": {
+            "controllerRef": {"name": spec.name},
+            "replicas": spec.login.count,
+            "rootSshAuthorizedKeys": "\n".join(spec.login.ssh_public_keys),
+        },
+    }
+    if spec.login.instance_type:
+        body["spec"]["template"] = {
+            "spec": {"nodeSelector": {"node.kubernetes.io/instance-type": spec.login.instance_type}}
+        }
+    return body
+
+
+def home_claim_body(spec: ClusterSpec) -> Obj:
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": _meta(f"{spec.name}-home", spec.name),
+        "spec": {
+            "accessModes": ["ReadWriteMany"],
+            "resources": {"requests": {"storage": f"{spec.shared_home.size}Gi"}},
+        },
+    }
+
+
+def nodeset_body(cluster: str, ns: NodeSetSpec) -> Obj:
+    """DaemonSet mode: one slurmd pod per node of the set's pool (selected by its pool's
+    node label), its Slurm name the node's hostname override (the slot)."""
+    return {
+        "apiVersion": NODESET.api_version,
+        "kind": NODESET.kind,
+        "metadata": {
+            **_meta(nodeset_name(cluster, ns.name), cluster, **{LABEL_NODE_SET: ns.name}),
+            "annotations": {ANN_SLOTS: "{}"},
+        },
+        "spec": {
+            "controllerRef": {"name": cluster},
+            "scalingMode": "DaemonSet",
+            "replicas": 0,
+            "partition": {"enabled": True, "config": partition_config(ns.partition)},
+            "template": {"spec": {"nodeSelector": pool_node_labels(cluster, ns.name)}},
+        },
+    }
+
+
+def partition_config(partition: str) -> str:
+    return f"PartitionName={partition} State=UP MaxTime=UNLIMITED"
+
+
+def pool_node_labels(cluster: str, node_set: str) -> dict[str, str]:
+    """The labels a node set's pool puts on its Kubernetes nodes."""
+    return {LABEL_CLUSTER: cluster, LABEL_NODE_SET: node_set}
+
+
+def slurm_user_body(cluster: str, user: UserSpec) -> Obj:
+    return {
+        "apiVersion": SLURM_USER.api_version,
+        "kind": SLURM_USER.kind,
+        "metadata": _meta(f"{cluster}-{user.name}", cluster),
+        "spec": {
+            "clusterReference": cluster,
+            "fullName": user.name,
+            "sshPublicKeys": list(user.ssh_public_keys),
+            # Ours (UNCONFIRMED): SlurmUser manages only the OS identity (§1.5).
+            "slurmAccount": user.slurm_account,
+        },
+    }
+
+
+def config_map_body(cluster: str, data: dict[str, str]) -> Obj:
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _meta(config_map_name(cluster), cluster),
+        "data": data,
+    }
+
+
+def slots_of(nodeset: Obj) -> dict[str, Any]:
+    """A NodeSet's slot ledger: `{node: {"vm": id, "attempt": n}}`."""
+    raw = (nodeset.get("metadata", {}).get("annotations") or {}).get(ANN_SLOTS) or "{}"
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def resource_version(obj: Obj) -> str:
+    return str(obj.get("metadata", {}).get("resourceVersion", ""))
+
+
+class KubeObjects:
+    """The objects of one namespace (and the cluster's nodes), as raw JSON.
+
+    Errors are the client's `ApiException`; `get_*` answer None for 404, `delete_*` False.
+    """
+
+    def __init__(self, api: client.ApiClient, namespace: str, *, timeout_s: float = 30) -> None:
+        self._custom = client.CustomObjectsApi(api)
+        self._core = client.CoreV1Api(api)
+        self.namespace = namespace
+        self._timeout = timeout_s
+
+    async def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Obj:
+        resp = await asyncio.to_thread(
+            fn, *args, _request_timeout=self._timeout, _preload_content=False, **kwargs
+        )
+        body: Obj = json.loads(resp.data or b"{}")
+        return body
+
+    async def _maybe(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Obj | None:
+        try:
+            return await self._call(fn, *args, **kwargs)
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+
+    # --- custom resources ------------------------------------------------------------------
+
+    def _where(self, kind: CustomKind) -> tuple[str, str, str, str]:
+        return kind.group, kind.version, self.namespace, kind.plural
+
+    async def create(self, kind: CustomKind, body: Obj) -> tuple[Obj, bool]:
+        """Create, or read the one of that name (409): `(object, created)`."""
+        try:
+            made = await self._call(
+                self._custom.create_namespaced_custom_object, *self._where(kind), body
+            )
+            return made, True
+        except ApiException as e:
+            if e.status != 409:
+                raise
+        found = await self.get(kind, body["metadata"]["name"])
+        if found is None:  # deleted between the 409 and the read: the caller retries
+            raise ApiException(status=409, reason=f"{kind.kind} changed while it was created")
+        return found, False
+
+    async def get(self, kind: CustomKind, name: str) -> Obj | None:
+        return await self._maybe(
+            self._custom.get_namespaced_custom_object, *self._where(kind), name
+        )
+
+    async def list(self, kind: CustomKind, label_selector: str) -> list[Obj]:
+        body = await self._call(
+            self._custom.list_namespaced_custom_object,
+            *self._where(kind),
+            label_selector=label_selector,
+        )
+        return list(body.get("items") or [])
+
+    async def patch(self, kind: CustomKind, name: str, patch: Obj) -> Obj:
+        """A merge patch; with `metadata.resourceVersion` in it, 409 if someone wrote first."""
+        return await self._call(
+            self._custom.patch_namespaced_custom_object, *self._where(kind), name, patch
+        )
+
+    async def delete(self, kind: CustomKind, name: str) -> bool:
+        gone = await self._maybe(
+            self._custom.delete_namespaced_custom_object, *self._where(kind), name
+        )
+        return gone is not None
+
+    # --- core objects ----------------------------------------------------------------------
+
+    async def ensure_namespace(self) -> None:
+        body = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": self.namespace}}
+        try:
+            await self._call(self._core.create_namespace, body)
+        except ApiException as e:
+            if e.status != 409:
+                raise
+
+    async def put_config_map(self, body: Obj) -> None:
+        """Create the ConfigMap, or replace its data (idempotent)."""
+        name = body["metadata"]["name"]
+        try:
+            await self._call(self._core.create_namespaced_config_map, self.namespace, body)
+        except ApiException as e:
+            if e.status != 409:
+                raise
+            await self._call(
+                self._core.patch_namespaced_config_map, name, self.namespace, {"data": body["data"]}
+            )
+
+    async def get_config_map(self, name: str) -> Obj | None:
+        return await self._maybe(self._core.read_namespaced_config_map, name, self.namespace)
+
+    async def delete_config_map(self, name: str) -> bool:
+        gone = await self._maybe(self._core.delete_namespaced_config_map, name, self.namespace)
+        return gone is not None
+
+    async def create_claim(self, body: Obj) -> Obj:
+        try:
+            return await self._call(
+                self._core.create_namespaced_persistent_volume_claim, self.namespace, body
+            )
+        except ApiException as e:
+            if e.status != 409:
+                raise
+        found = await self.get_claim(body["metadata"]["name"])
+        if found is None:
+            raise ApiException(status=409, reason="the claim changed while it was created")
+        return found
+
+    async def get_claim(self, name: str) -> Obj | None:
+        return await self._maybe(
+            self._core.read_namespaced_persistent_volume_claim, name, self.namespace
+        )
+
+    async def delete_claim(self, name: str) -> bool:
+        gone = await self._maybe(
+            self._core.delete_namespaced_persistent_volume_claim, name, self.namespace
+        )
+        return gone is not None
+
+    async def get_node(self, name: str) -> Obj | None:
+        return await self._maybe(self._core.read_node, name)
+
+    async def patch_node(self, name: str, patch: Obj) -> Obj:
+        return await self._call(self._core.patch_node, name, patch)

@@ -1,0 +1,455 @@
+"""Provider crusoe-cmk's activities against the Crusoe emulator (node pools) and the
+Kubernetes API emulator (Slinky and Crusoe objects), both on loopback sockets, with an
+in-memory Slurm for Slurm's side.
+
+Aspects: the Controller is created once and adopted by a retry, accounting / home / login
+are their objects (the Controller references the Accounting); slots created in parallel
+share one node pool grown to exactly their number, each holding its own VM, and a retry
+adopts its VM; a quota refusal is QuotaExceeded and creates no pool and no VM; a failed
+boot is booted=False, its delete shrinks the pool (no refill) and the next attempt grows it
+again; configure_slurm writes topology.conf into the ConfigMap, the NodeSet's partition and
+the nodes' Slurm names, cordons a drained slot with Slinky's reason; deletes are
+idempotent and the controller's takes the pools and objects with it; inventory lists the
+parts and the slots' machines; without a CMK configuration crusoe-cmk is refused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import pytest_asyncio
+from kubernetes import client
+from temporalio.exceptions import ApplicationError
+from temporalio.testing import ActivityEnvironment
+
+from autoclusters.activities.cluster_provider import (
+    PROVIDER_UNAVAILABLE,
+    ClusterProviderActivities,
+)
+from autoclusters.activities.cluster_provider_cmk import CmkProvider
+from autoclusters.core.cluster import (
+    QUOTA_EXCEEDED,
+    ClusterRef,
+    DeleteCall,
+    Machine,
+    MachineCall,
+    NodeSetNodes,
+    ProviderCall,
+    Resource,
+    SlurmConfigCall,
+    TopologyCall,
+    UsersCall,
+)
+from autoclusters.core.cluster_spec import ClusterSpec, NodeSetSpec, UserSpec
+from autoclusters.core.settings import Settings
+from autoclusters.integrations.crusoe import CrusoeClient
+from autoclusters.integrations.k8s import api_client
+from autoclusters.integrations.slinky_crs import (
+    ANN_SLOTS,
+    CORDON_REASON,
+    HOSTNAME_OVERRIDE,
+    KubeObjects,
+)
+from autoclusters.sandbox.crusoe_emulator import EmulatorServer, create_app
+from autoclusters.sandbox.crusoe_world import InMemoryBackend
+from autoclusters.sandbox.k8s_emulator import Running, running
+from autoclusters.workers.remediation import cluster_provider
+from tests.test_cluster_provider import KEY, BatchSlurm
+from tests.test_crusoe import Emulator, _client, _config
+from tests.test_kubernetes import write_kubeconfig
+
+CMK = "cmk-cluster-1"
+NS = "slurm"
+TOKEN = "cmk-test-token"
+SLINKY = ("slinky.slurm.net", "v1beta1", NS)
+
+
+def _spec(name: str = "alpha", *, count: int = 2, ib: str | None = "ib-part-1") -> ClusterSpec:
+    return ClusterSpec(
+        name=name,
+        provider="crusoe-cmk",
+        location="us-east1-a",
+        accounting=True,
+        login={"count": 2, "ssh_public_keys": [KEY]},  # type: ignore[arg-type]
+        shared_home={"size": "10Ti"},  # type: ignore[arg-type]
+        node_sets=[
+            NodeSetSpec(
+                name="gpu",
+                instance_type="h100-80gb-sxm-ib.8x",
+                count=count,
+                partition="batch",
+                ib_partition=ib,
+            )
+        ],
+        users=[UserSpec(name="alice", ssh_public_keys=[KEY], slurm_account="research")],
+    )
+
+
+def _ref(spec: ClusterSpec) -> ClusterRef:
+    return ClusterRef(name=spec.name, provider=spec.provider, location=spec.location)
+
+
+@pytest.fixture
+def emulator() -> Iterator[Emulator]:
+    backend = InMemoryBackend()
+    server = EmulatorServer(create_app(_config(), backend)).start()
+    emu = Emulator(server, backend)
+    try:
+        emu.admin("POST", "/vms", {"clusters": [{"id": CMK, "name": "training"}]})
+        yield emu
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def kube_emulator() -> Iterator[Running]:
+    with running(TOKEN) as emu:
+        yield emu
+
+
+@pytest.fixture
+def api(kube_emulator: Running, tmp_path: Path) -> Iterator[client.ApiClient]:
+    c = api_client(kubeconfig=write_kubeconfig(tmp_path / "kubeconfig", kube_emulator.url, TOKEN))
+    yield c
+    c.close()
+
+
+@pytest.fixture
+def custom(api: client.ApiClient) -> client.CustomObjectsApi:
+    return client.CustomObjectsApi(api)
+
+
+@pytest_asyncio.fixture
+async def crusoe(emulator: Emulator) -> AsyncIterator[CrusoeClient]:
+    async with _client(emulator) as c:
+        yield c
+
+
+@pytest.fixture
+def slurm() -> BatchSlurm:
+    return BatchSlurm()
+
+
+@pytest.fixture
+def provider(
+    crusoe: CrusoeClient, api: client.ApiClient, slurm: BatchSlurm
+) -> ClusterProviderActivities:
+    cmk = CmkProvider(
+        crusoe,
+        KubeObjects(api, NS, timeout_s=10),
+        slurm,
+        cmk_cluster_id=CMK,
+        poll_s=0.02,
+        register_timeout_s=0.5,
+        acceptance_timeout_s=2,
+        lock_ttl_s=10,
+    )
+    return ClusterProviderActivities(crusoe, slurm, poll_s=0.02, cmk=cmk)
+
+
+_activity_ids = iter(range(1, 1_000_000))
+
+
+def _run(activity_id: str | None = None) -> Any:
+    """One activity execution (its own activity id, as Temporal gives each)."""
+    env = ActivityEnvironment()
+    env.info = dataclasses.replace(
+        env.info, activity_id=activity_id or str(next(_activity_ids)), workflow_run_id="run-1"
+    )
+    return env.run
+
+
+async def _controller(p: ClusterProviderActivities, spec: ClusterSpec) -> Resource:
+    made: Resource = await _run()(p.create_controller, ProviderCall(cluster=_ref(spec), spec=spec))
+    return made
+
+
+async def _machine(
+    p: ClusterProviderActivities, spec: ClusterSpec, node: str, attempt: int = 1
+) -> Machine:
+    call = MachineCall(cluster=_ref(spec), node_set=spec.node_sets[0], node=node, attempt=attempt)
+    machine: Machine = await _run()(p.create_machine, call)
+    return machine
+
+
+def _pools(emulator: Emulator) -> list[dict[str, Any]]:
+    return list(emulator.admin("GET", "/state")["pools"].values())
+
+
+def _vms(emulator: Emulator) -> dict[str, dict[str, Any]]:
+    vms: dict[str, dict[str, Any]] = emulator.admin("GET", "/state")["vms"]
+    return vms
+
+
+def _obj(custom: client.CustomObjectsApi, plural: str, name: str) -> dict[str, Any]:
+    obj: dict[str, Any] = custom.get_namespaced_custom_object(*SLINKY, plural, name)
+    return obj
+
+
+async def _until_running(crusoe: CrusoeClient, vm_ids: list[str]) -> None:
+    deadline = time.monotonic() + 10
+    while {vm.state for vm in await crusoe.list_vms(ids=vm_ids)} != {"RUNNING"}:
+        assert time.monotonic() < deadline, "the pool's VMs never ran"
+        await asyncio.sleep(0.02)
+
+
+# --- the cluster's parts -------------------------------------------------------------------
+
+
+async def test_the_controller_is_created_once_and_the_parts_are_its_objects(
+    provider: ClusterProviderActivities, custom: client.CustomObjectsApi
+) -> None:
+    spec = _spec()
+    first = await _controller(provider, spec)
+    again = await _controller(provider, spec)
+    assert first == again == Resource(kind="controller", id="alpha", name="alpha")
+    ctl = _obj(custom, "controllers", "alpha")
+    assert ctl["spec"]["configFileRefs"] == [{"name": "alpha-slurm-conf"}]
+    assert ctl["metadata"]["generation"] == 1  # adopted, not rewritten
+
+    call = ProviderCall(cluster=_ref(spec), spec=spec, controller=first)
+    acct = await _run()(provider.create_accounting, call)
+    assert await _run()(provider.create_accounting, call) == acct
+    home = await _run()(provider.create_shared_home, call)
+    login = await _run()(provider.create_login_nodes, call)
+    assert acct == Resource(kind="accounting", id="alpha-accounting", name="alpha-accounting")
+    assert home == Resource(kind="shared_home", id="alpha-home", name="alpha-home-10240Gi")
+    assert login == Resource(kind="login", id="alpha-login", name="alpha-login")
+    assert _obj(custom, "controllers", "alpha")["spec"]["accountingRef"] == {
+        "name": "alpha-accounting"
+    }
+    loginset = _obj(custom, "loginsets", "alpha-login")
+    assert loginset["spec"]["replicas"] == 2 and KEY in loginset["spec"]["rootSshAuthorizedKeys"]
+    claim = client.CoreV1Api(custom.api_client).read_namespaced_persistent_volume_claim(
+        "alpha-home", NS
+    )
+    assert claim.spec.resources.requests == {"storage": "10240Gi"}
+
+
+# --- machines ------------------------------------------------------------------------------
+
+
+async def test_parallel_slots_share_one_pool_and_none_is_lost(
+    emulator: Emulator,
+    crusoe: CrusoeClient,
+    provider: ClusterProviderActivities,
+    custom: client.CustomObjectsApi,
+) -> None:
+    spec = _spec(count=5)
+    await _controller(provider, spec)
+    nodes = spec.node_sets[0].node_names()
+    machines = await asyncio.gather(*(_machine(provider, spec, n) for n in nodes))
+
+    assert [m.node for m in machines] == nodes
+    assert len({m.machine_id for m in machines}) == 5  # each slot its own VM
+    [pool] = _pools(emulator)
+    assert pool["name"] == "alpha-gpu" and pool["cluster_id"] == CMK
+    assert pool["count"] == 5 and sorted(pool["instance_ids"]) == sorted(
+        m.machine_id for m in machines
+    )
+    assert pool["product_name"] == "h100-80gb-sxm-ib.8x"
+    assert pool["transport_partition_id"] == "ib-part-1"
+    assert pool["node_labels"] == {
+        "autoclusters.crusoe.ai/cluster": "alpha",
+        "autoclusters.crusoe.ai/node-set": "gpu",
+    }
+    nodeset = _obj(custom, "nodesets", "alpha-gpu")
+    assert nodeset["spec"]["controllerRef"] == {"name": "alpha"}
+    assert "autoclusters.crusoe.ai/pool-lock" not in nodeset["metadata"]["annotations"]
+    assert ANN_SLOTS in nodeset["metadata"]["annotations"]
+
+    # A retry of a slot adopts its VM: no new one, the pool unchanged.
+    again = await _machine(provider, spec, nodes[1])
+    assert again.machine_id == machines[1].machine_id
+    assert _pools(emulator)[0]["count"] == 5 and len(_vms(emulator)) == 5
+    await _until_running(crusoe, [m.machine_id for m in machines])
+
+
+async def test_quota_refusal_creates_no_pool_and_no_vm(
+    emulator: Emulator, provider: ClusterProviderActivities
+) -> None:
+    spec = _spec()
+    await _controller(provider, spec)
+    emulator.admin("POST", "/quota", {"max_vms": 0})
+    with pytest.raises(ApplicationError) as err:
+        await _machine(provider, spec, "gpu-01")
+    assert err.value.type == QUOTA_EXCEEDED and err.value.non_retryable
+    assert "quota" in str(err.value)
+    assert _pools(emulator) == [] and _vms(emulator) == {}
+
+    # Within quota the pool is made; growing past it is refused and leaves the count.
+    emulator.admin("POST", "/quota", {"max_vms": 1})
+    await _machine(provider, spec, "gpu-01")
+    with pytest.raises(ApplicationError) as err:
+        await _machine(provider, spec, "gpu-02")
+    assert err.value.type == QUOTA_EXCEEDED
+    [pool] = _pools(emulator)
+    assert pool["count"] == 1 and len(_vms(emulator)) == 1
+
+
+async def test_a_failed_boot_is_replaced_through_the_pool(
+    emulator: Emulator, crusoe: CrusoeClient, provider: ClusterProviderActivities
+) -> None:
+    spec = _spec(count=1)
+    await _controller(provider, spec)
+    emulator.admin("POST", "/boot-faults", {"name": "*", "mode": "fail", "count": 1})
+    first = await _machine(provider, spec, "gpu-01")
+    boot = await _run()(provider.wait_booted, first)
+    assert not boot.booted and "FAILED" in boot.detail
+
+    delete = DeleteCall(cluster=_ref(spec), resource=first.resource())
+    await _run()(provider.delete, delete)
+    await _run()(provider.delete, delete)  # idempotent
+    [pool] = _pools(emulator)
+    assert pool["count"] == 0 and pool["instance_ids"] == []
+    await asyncio.sleep(0.3)  # longer than a refill would take: none comes
+    assert _vms(emulator) == {}
+
+    second = await _machine(provider, spec, "gpu-01", attempt=2)
+    assert second.machine_id != first.machine_id and second.attempt == 2
+    assert (await _run()(provider.wait_booted, second)).booted
+    assert _pools(emulator)[0]["count"] == 1
+
+
+# --- Slurm -----------------------------------------------------------------------------------
+
+
+async def test_configure_writes_topology_partition_and_node_names(
+    emulator: Emulator,
+    crusoe: CrusoeClient,
+    provider: ClusterProviderActivities,
+    slurm: BatchSlurm,
+    kube_emulator: Running,
+    custom: client.CustomObjectsApi,
+) -> None:
+    spec = _spec(count=2)
+    await _controller(provider, spec)
+    ref = _ref(spec)
+    machines = [await _machine(provider, spec, n) for n in ("gpu-01", "gpu-02")]
+    await _until_running(crusoe, [m.machine_id for m in machines])
+    vms = {vm.id: vm for vm in await crusoe.list_vms()}
+    with httpx.Client(base_url=kube_emulator.url, timeout=5) as admin:
+        for m in machines:  # the pool's VMs join the CMK cluster as nodes of their name
+            vm = vms[m.machine_id]
+            admin.post(
+                "/_emulator/nodes",
+                json={"name": vm.name, "provider_id": f"crusoe://{vm.id}", "boot_id": "b1"},
+            ).raise_for_status()
+    now = int(time.time())
+    slurm.add_node("gpu-01", slurmd_start_time=now)
+    slurm.add_node("gpu-02", slurmd_start_time=now)
+
+    placements = await _run()(
+        provider.discover_topology, TopologyCall(cluster=ref, machines=machines)
+    )
+    assert all(p.leaf for p in placements)
+    call = SlurmConfigCall(
+        cluster=ref,
+        node_sets=[
+            NodeSetNodes(name="gpu", partition="batch", gpus_per_node=8, nodes=["gpu-01", "gpu-02"])
+        ],
+        machines=machines,
+        topology_conf="SwitchName=leaf-01 Nodes=gpu-01,gpu-02\n",
+        accounting=True,
+        drained={"gpu-02": "autoclusters: new node"},
+    )
+    result = await _run()(provider.configure_slurm, call)
+    assert result.registered == ["gpu-01", "gpu-02"]
+
+    core = client.CoreV1Api(custom.api_client)
+    cm = core.read_namespaced_config_map("alpha-slurm-conf", NS)
+    assert cm.data == {"topology.conf": "SwitchName=leaf-01 Nodes=gpu-01,gpu-02\n"}
+    nodeset = _obj(custom, "nodesets", "alpha-gpu")
+    assert nodeset["spec"]["replicas"] == 2
+    assert nodeset["spec"]["partition"]["config"].startswith("PartitionName=batch")
+    first, second = (core.read_node(vms[m.machine_id].name) for m in machines)
+    assert first.metadata.annotations[HOSTNAME_OVERRIDE] == "gpu-01"
+    assert not first.spec.unschedulable
+    assert second.metadata.annotations[HOSTNAME_OVERRIDE] == "gpu-02"
+    assert second.metadata.annotations[CORDON_REASON] == "autoclusters: new node"
+    assert second.spec.unschedulable
+
+    users = await _run()(
+        provider.add_users, UsersCall(cluster=ref, users=spec.users, accounting=True)
+    )
+    assert users.added == ["alice"]
+    user = custom.get_namespaced_custom_object(
+        "slurm.crusoe.ai", "v1alpha1", NS, "slurmusers", "alpha-alice"
+    )
+    assert user["spec"]["clusterReference"] == "alpha" and user["spec"]["sshPublicKeys"] == [KEY]
+
+
+# --- deleting and listing ---------------------------------------------------------------------
+
+
+async def test_inventory_and_idempotent_deletes(
+    emulator: Emulator,
+    provider: ClusterProviderActivities,
+    custom: client.CustomObjectsApi,
+) -> None:
+    spec = _spec(count=2)
+    controller = await _controller(provider, spec)
+    call = ProviderCall(cluster=_ref(spec), spec=spec, controller=controller)
+    parts = [
+        controller,
+        await _run()(provider.create_accounting, call),
+        await _run()(provider.create_shared_home, call),
+        await _run()(provider.create_login_nodes, call),
+    ]
+    machines = [await _machine(provider, spec, n) for n in ("gpu-01", "gpu-02")]
+    other = _spec("beta", count=1)
+    await _controller(provider, other)
+    await _machine(provider, other, "gpu-01")
+
+    inv = await _run()(provider.inventory, _ref(spec))
+    assert inv.resources[:4] == parts
+    assert inv.machines == machines
+    assert inv.resources[4:] == [m.resource() for m in machines]
+
+    ref = _ref(spec)
+    await _run()(provider.delete, DeleteCall(cluster=ref, resource=machines[0].resource()))
+    assert [m.node for m in (await _run()(provider.inventory, ref)).machines] == ["gpu-02"]
+    for res in reversed(parts):
+        await _run()(provider.delete, DeleteCall(cluster=ref, resource=res))
+        await _run()(provider.delete, DeleteCall(cluster=ref, resource=res))  # 404: gone
+
+    gone = await _run()(provider.inventory, ref)
+    assert gone.resources == [] and gone.machines == []
+    assert [p["name"] for p in _pools(emulator)] == ["beta-gpu"]  # the other cluster's stays
+    assert len(_vms(emulator)) == 1
+    left = custom.list_namespaced_custom_object(*SLINKY, "nodesets")["items"]
+    assert [o["metadata"]["name"] for o in left] == ["beta-gpu"]
+
+
+# --- without a CMK configuration ----------------------------------------------------------------
+
+
+async def test_crusoe_cmk_is_refused_without_a_cmk_configuration(
+    crusoe: CrusoeClient, slurm: BatchSlurm
+) -> None:
+    bare = ClusterProviderActivities(crusoe, slurm, poll_s=0.02)
+    spec = _spec()
+    with pytest.raises(ApplicationError) as err:
+        await _controller(bare, spec)
+    assert err.value.type == PROVIDER_UNAVAILABLE and err.value.non_retryable
+
+
+def test_the_worker_serves_crusoe_cmk_only_with_a_kubeconfig_and_a_cluster_id(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("CRUSOE_ACCESS_KEY_ID", "ak")
+    monkeypatch.setenv("CRUSOE_SECRET_KEY", "c2VjcmV0")
+    monkeypatch.setenv("CRUSOE_DEFAULT_PROJECT", "proj-1")
+    monkeypatch.setenv("CRUSOE_API_ENDPOINT", "http://127.0.0.1:9/v1")
+    kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", "http://127.0.0.1:9", TOKEN)
+    plain = cluster_provider(Settings(kubeconfig=kubeconfig), BatchSlurm())
+    assert plain is not None and plain._cmk is None
+    both = cluster_provider(Settings(kubeconfig=kubeconfig, crusoe_cluster_id=CMK), BatchSlurm())
+    assert both is not None and isinstance(both._cmk, CmkProvider)
