@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import time
 import uuid
@@ -100,7 +101,7 @@ from autoclusters.integrations.crusoe.errors import (
     CrusoeOperationFailed,
     CrusoeUnavailable,
 )
-from autoclusters.integrations.crusoe.resources import NodePool, Operation, Vm
+from autoclusters.integrations.crusoe.resources import NodePool, Operation, OperationKind, Vm
 from autoclusters.integrations.health import SlurmHealthGate
 from autoclusters.integrations.slinky_crs import (
     ACCOUNTING,
@@ -486,21 +487,21 @@ class CmkProvider:
             raise
 
     async def _forget(self, cluster: str, vm_id: str) -> None:
+        """Drop the VM from every ledger that still names it (resourceVersion-checked: a
+        claim written meanwhile is read again, not overwritten)."""
         for cr in await self._kube.list(NODESET, f"{LABEL_CLUSTER}={cluster}"):
-            slots = slots_of(cr)
-            kept = {n: s for n, s in slots.items() if s.get("vm") != vm_id}
-            if kept != slots:
-                await self._kube.patch(
-                    NODESET,
-                    cr["metadata"]["name"],
-                    {"metadata": {"annotations": {ANN_SLOTS: json.dumps(kept, sort_keys=True)}}},
-                )
+            while True:
+                slots = slots_of(cr)
+                kept = {n: s for n, s in slots.items() if s.get("vm") != vm_id}
+                if kept == slots or await self._write(cr, kept, lock=_lock_of(cr).get("holder")):
+                    break
+                cr = await self._nodeset(cr["metadata"]["name"])
 
     async def _delete_cluster(self, cluster: str, controller: str) -> None:
         for pool in await self._pools(cluster):
             await self._gone(
-                lambda p=pool: self._crusoe.delete_node_pool(p.id),  # type: ignore[misc]
-                lambda p=pool: self._crusoe.get_node_pool(p.id),  # type: ignore[misc]
+                functools.partial(self._crusoe.delete_node_pool, pool.id),
+                functools.partial(self._crusoe.get_node_pool, pool.id),
             )
         selector = f"{LABEL_CLUSTER}={cluster}"
         for kind in (NODESET, SLURM_USER):
@@ -521,13 +522,13 @@ class CmkProvider:
         delete: Callable[[], Awaitable[Operation]],
         get: Callable[[], Awaitable[Any]],
         *,
-        kind: str = "node_pool",
+        kind: OperationKind = "node_pool",
     ) -> None:
         """Delete and wait; 404 is done, 409 (a delete already running) is waited out."""
         while True:
             try:
                 op = await delete()
-                await self._crusoe.wait_operation(op, kind, poll_s=self._poll_s)  # type: ignore[arg-type]
+                await self._crusoe.wait_operation(op, kind, poll_s=self._poll_s)
                 return
             except CrusoeNotFound:
                 return
@@ -624,7 +625,9 @@ class CmkProvider:
             await self._lock(cr, holder)
 
     async def _write(self, cr: Obj, slots: dict[str, Any], *, lock: str | None) -> bool:
-        """The ledger, resourceVersion-checked; `lock` None releases the lock with it."""
+        """The ledger (and the NodeSet's `replicas`: its slots), resourceVersion-checked;
+        `lock` None releases the lock with it, a holder leaves it as it is. False: someone
+        wrote first."""
         annotations: dict[str, Any] = {ANN_SLOTS: json.dumps(slots, sort_keys=True)}
         if lock is None:
             annotations[ANN_POOL_LOCK] = None
@@ -636,7 +639,8 @@ class CmkProvider:
                     "metadata": {
                         "resourceVersion": resource_version(cr),
                         "annotations": annotations,
-                    }
+                    },
+                    "spec": {"replicas": len(slots)},
                 },
             )
         except ApiException as e:

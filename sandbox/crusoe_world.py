@@ -251,10 +251,16 @@ class Engine:
     # --- lifecycle ------------------------------------------------------------------------
 
     def resume(self) -> None:
-        """On startup: boot the replacements a restart interrupted."""
+        """On startup: boot the replacements and new pool VMs a restart interrupted."""
         for pool in self.world.pools.values():
             for spec in list(pool.pending):
                 self._spawn(self._replace_in_pool(pool.id, spec))
+            pending = {str(spec.get("name")) for spec in pool.pending}
+            for vm_id in pool.instance_ids:
+                vm = self.world.vms.get(vm_id)
+                # A pool's new VM whose boot the restart cut short boots again.
+                if vm is not None and vm.state == "DEFINING" and vm.name not in pending:
+                    self.boot_later(vm)
 
     async def stop(self) -> None:
         for task in list(self._tasks):

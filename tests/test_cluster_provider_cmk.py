@@ -62,7 +62,7 @@ from autoclusters.sandbox.crusoe_world import InMemoryBackend
 from autoclusters.sandbox.k8s_emulator import Running, running
 from autoclusters.workers.remediation import cluster_provider
 from tests.test_cluster_provider import KEY, BatchSlurm
-from tests.test_crusoe import Emulator, _client, _config
+from tests.test_crusoe import PROJECT, Emulator, _client, _config
 from tests.test_kubernetes import write_kubeconfig
 
 CMK = "cmk-cluster-1"
@@ -316,6 +316,55 @@ async def test_a_failed_boot_is_replaced_through_the_pool(
     assert second.machine_id != first.machine_id and second.attempt == 2
     assert (await _run()(provider.wait_booted, second)).booted
     assert _pools(emulator)[0]["count"] == 1
+
+
+async def test_a_retried_machine_delete_shrinks_the_pool_once(
+    emulator: Emulator, crusoe: CrusoeClient, provider: ClusterProviderActivities
+) -> None:
+    spec = _spec(count=2)
+    await _controller(provider, spec)
+    first, second = [await _machine(provider, spec, n) for n in ("gpu-01", "gpu-02")]
+    # The VM's delete is refused once: the pool was already shrunk when the try failed.
+    emulator.inject(
+        status=400,
+        method="DELETE",
+        path_prefix=f"/v1/projects/{PROJECT}/compute/vms/instances/{first.machine_id}",
+    )
+    delete = DeleteCall(cluster=_ref(spec), resource=first.resource())
+    with pytest.raises(ApplicationError):
+        await _run("delete-1")(provider.delete, delete)
+    assert _pools(emulator)[0]["count"] == 1
+    await _run("delete-1")(provider.delete, delete)  # the activity's retry
+
+    [pool] = _pools(emulator)
+    assert pool["count"] == 1 and pool["instance_ids"] == [second.machine_id]
+    inv = await _run()(provider.inventory, _ref(spec))
+    assert inv.machines == [second]
+
+
+async def test_a_restarted_emulator_boots_the_pool_vms_it_cut_short(tmp_path: Path) -> None:
+    state = tmp_path / "crusoe.json"
+    slow = EmulatorServer(create_app(_config(state_file=state, boot_delay_s=60))).start()
+    try:
+        slow_emu = Emulator(slow, InMemoryBackend())
+        slow_emu.admin("POST", "/vms", {"clusters": [{"id": CMK, "name": "training"}]})
+        async with _client(slow_emu) as c:
+            op = await c.create_node_pool(
+                {"cluster_id": CMK, "name": "p", "product_name": "c1a.4x", "count": 1}
+            )
+            await c.wait_operation(op, "node_pool", poll_s=0.02)
+            [vm] = await c.list_vms()
+            assert vm.state == "DEFINING"
+    finally:
+        slow.stop()
+    fast = EmulatorServer(create_app(_config(state_file=state))).start()
+    try:
+        async with _client(Emulator(fast, InMemoryBackend())) as c:
+            await _until_running(c, [vm.id])
+            [pool] = await c.list_node_pools()
+            assert pool.instance_ids == [vm.id] and pool.count == 1
+    finally:
+        fast.stop()
 
 
 # --- Slurm -----------------------------------------------------------------------------------
