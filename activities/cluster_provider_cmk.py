@@ -32,9 +32,9 @@ The mapping (crusoe.md §1.5, §2.4, §3; UNCONFIRMED where marked):
   written to the slot's ledger entry first, so a retry does not shrink twice), then the VM
   is deleted: the pool does not refill it (Crusoe's autoscaler scales down that way, §2.4).
   The next attempt of the slot grows the pool again.
-- wait_booted: the VM RUNNING (FAILED/CRASHED: not booted). The Kubernetes node is not
-  waited for here: configure_slurm skips a machine whose node is missing, and registration
-  is what counts.
+- wait_booted: the VM RUNNING (FAILED/CRASHED: not booted) and, once its Kubernetes node
+  (named as the VM: UNCONFIRMED) has joined, that node Ready. A node that is not there does
+  not hold the boot up: configure_slurm skips it, and registration is what counts.
 - topology: the VMs' `topology` (EXT), as the managed provider reads it.
 - configure_slurm: topology.conf into the ConfigMap; each NodeSet's `replicas` and
   `partition.config`; each machine's node (named as its VM: UNCONFIRMED) annotated with
@@ -312,13 +312,24 @@ class CmkProvider:
                     vm = await self._crusoe.get_vm(machine.machine_id)
                 except CrusoeNotFound:
                     return BootResult(booted=False, detail=f"VM {machine.machine_id} is gone")
-                if vm.state in VM_BOOTED:
+                if vm.state in VM_BOOTED and await self._node_not_unready(vm.name):
                     return BootResult(booted=True)
                 if vm.state in VM_FAILED:
                     return BootResult(
                         booted=False, detail=f"VM {vm.name} ({vm.id}) of the pool is {vm.state}"
                     )
                 await asyncio.sleep(self._poll_s)
+
+    async def _node_not_unready(self, name: str) -> bool:
+        """The VM's Kubernetes node is Ready, or not there: a node that joined but is not
+        Ready (kubelet still starting) is waited for; one that never shows (its name is not
+        the VM's, UNCONFIRMED) does not hold the boot up."""
+        node = await self._kube.get_node(name)
+        if node is None:
+            return True
+        conditions = node.get("status", {}).get("conditions") or []
+        ready = next((c for c in conditions if c.get("type") == "Ready"), None)
+        return ready is not None and ready.get("status") == "True"
 
     async def discover_topology(self, call: TopologyCall) -> list[Placement]:
         if not call.machines:

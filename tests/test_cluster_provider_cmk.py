@@ -7,10 +7,12 @@ are their objects (the Controller references the Accounting); slots created in p
 share one node pool grown to exactly their number, each holding its own VM, and a retry
 adopts its VM; a quota refusal is QuotaExceeded and creates no pool and no VM; a failed
 boot is booted=False, its delete shrinks the pool (no refill) and the next attempt grows it
-again; configure_slurm writes topology.conf into the ConfigMap, the NodeSet's partition and
-the nodes' Slurm names, cordons a drained slot with Slinky's reason; deletes are
-idempotent and the controller's takes the pools and objects with it; inventory lists the
-parts and the slots' machines; without a CMK configuration crusoe-cmk is refused.
+again; a retried delete shrinks it once; booted waits for a joined node to be Ready; a
+restarted emulator boots the pool VMs it cut short; configure_slurm writes topology.conf
+into the ConfigMap, the NodeSet's partition and the nodes' Slurm names, and cordons a
+drained slot with Slinky's reason; users are SlurmUsers; deletes are idempotent and the
+controller's takes the pools and objects with it; inventory lists the parts and the slots'
+machines; without a CMK configuration crusoe-cmk is refused.
 """
 
 from __future__ import annotations
@@ -365,6 +367,29 @@ async def test_a_restarted_emulator_boots_the_pool_vms_it_cut_short(tmp_path: Pa
             assert pool.instance_ids == [vm.id] and pool.count == 1
     finally:
         fast.stop()
+
+
+async def test_booted_waits_for_a_joined_node_to_be_ready(
+    emulator: Emulator,
+    crusoe: CrusoeClient,
+    provider: ClusterProviderActivities,
+    kube_emulator: Running,
+) -> None:
+    spec = _spec(count=1)
+    await _controller(provider, spec)
+    machine = await _machine(provider, spec, "gpu-01")
+    await _until_running(crusoe, [machine.machine_id])
+    vm = await crusoe.get_vm(machine.machine_id)
+    with httpx.Client(base_url=kube_emulator.url, timeout=5) as admin:
+        admin.post(
+            "/_emulator/nodes",
+            json={"name": vm.name, "provider_id": f"crusoe://{vm.id}", "ready": False},
+        ).raise_for_status()
+        waiting = asyncio.ensure_future(_run()(provider.wait_booted, machine))
+        done, _ = await asyncio.wait({waiting}, timeout=0.5)
+        assert not done, "booted before its node was Ready"
+        admin.post(f"/_emulator/nodes/{vm.name}/ready", json={"ready": True}).raise_for_status()
+        assert (await asyncio.wait_for(waiting, timeout=10)).booted
 
 
 # --- Slurm -----------------------------------------------------------------------------------
