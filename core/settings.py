@@ -14,7 +14,7 @@ import tomllib
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, SecretStr
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -115,6 +115,27 @@ class Settings(BaseSettings):
     # None: not served. 0: a free port (tests).
     worker_metrics_port: int | None = Field(
         default=None, ge=0, le=65535, description="worker /metrics port on 127.0.0.1"
+    )
+
+    # The web console (/ui, clients/console): who may see it without logging in, how long
+    # a login lasts, and where the node pages read GPU metrics from.
+    console_loopback_open: bool = Field(
+        default=False,
+        description="serve /ui without a login to loopback callers, only while the API "
+        "itself binds a loopback address (a sandbox on one machine)",
+    )
+    console_session_s: int = Field(
+        default=8 * 3600, ge=60, le=7 * 86400, description="console login lifetime, seconds"
+    )
+    console_secret: SecretStr | None = Field(
+        default=None,
+        description="key that signs console session cookies; None: a random one per API "
+        "process (a restart logs everyone out). Set it when several API replicas serve /ui",
+    )
+    prometheus_url: str | None = Field(
+        default=None,
+        description="Prometheus root (http://host:9090) whose HTTP API the console's node "
+        "pages query for the last hour of DCGM series; None: no charts",
     )
 
     @classmethod

@@ -10,6 +10,7 @@ Reads (a token only with api_auth_reads):
   GET  /v1/incidents/{id}        the incident's timeline (the workflow's `status` query)
 Always open:
   GET  /healthz, /readyz, /metrics
+The console (clients/console): /ui pages and their JSON, a login cookie or the token.
 
 Status codes of the writes, checked in this order; a refused request starts nothing:
   401  no or wrong bearer token (checked before the body is read)
@@ -48,7 +49,7 @@ from temporalio.client import (
 )
 from temporalio.service import RPCError, RPCStatusCode
 
-from autoclusters.clients import incidents
+from autoclusters.clients import console, incidents
 from autoclusters.clients.agent.report import (
     SNAPSHOTS_PATH,
     HealthSnapshot,
@@ -825,7 +826,9 @@ def create_app(
 
     if settings.slack is not None and settings.slack.signing_secret is not None:
         _slack_interactions(app, api, settings)
-
+    console.mount(
+        app, settings=settings, auth=api.auth, client=api.gate.client, policy=api.policies.current
+    )
     return app
 
 

@@ -1,0 +1,359 @@
+"""The console's routes under /ui: pages (Jinja2, autoescaped), the JSON they poll, and
+their static files. Read-only: every route is a GET, except logging in and out.
+
+Every route needs a session cookie or the bearer header (session.py). Without one, a page
+answers 401 with the login form as its body, anything else 401 JSON: `curl` without
+credentials gets 401 everywhere, a browser sees where to log in.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, TypeVar
+from urllib.parse import parse_qs, quote
+
+import httpx
+import jinja2
+from fastapi import APIRouter, Depends, FastAPI, Request, Response
+from fastapi.responses import FileResponse, JSONResponse, RedirectResponse
+from starlette.templating import Jinja2Templates
+
+from autoclusters.clients.api.auth import Unauthorized
+from autoclusters.clients.api.settings import ApiSettings
+from autoclusters.clients.clusters import ui_link
+from autoclusters.clients.console import prometheus, topology, views
+from autoclusters.clients.console.session import COOKIE, COOKIE_PATH, NotLoggedIn, Sessions
+from autoclusters.clients.console.sources import ConsoleSource
+from autoclusters.clients.incidents import IncidentNotFound
+from autoclusters.core.policy import Policy
+from autoclusters.core.slack_config import SLACK_API_URL
+
+HERE = Path(__file__).resolve().parent
+STATIC = HERE / "static"
+POLL_MS = 2000
+SECURITY_HEADERS = {
+    # No inline script, nothing from elsewhere: the console works air-gapped and an
+    # escaped-but-odd value can never run.
+    "Content-Security-Policy": "default-src 'self'; script-src 'self'; style-src 'self'; "
+    "img-src 'self' data:; frame-ancestors 'none'; form-action 'self'; base-uri 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "same-origin",
+    "Cache-Control": "no-store",
+}
+T = TypeVar("T")
+
+
+def templates() -> Jinja2Templates:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(HERE / "templates"),
+        autoescape=True,  # every template, whatever its name
+        undefined=jinja2.StrictUndefined,
+    )
+    env.filters["when"] = lambda t: t.strftime("%Y-%m-%d %H:%M:%S") if t else ""
+    return Jinja2Templates(env=env)
+
+
+class Console:
+    """What the routes share: settings, where data comes from, sessions, templates."""
+
+    def __init__(
+        self,
+        *,
+        settings: ApiSettings,
+        source: ConsoleSource,
+        sessions: Sessions,
+        policy: Callable[[], Policy],
+        http: httpx.AsyncClient | None = None,
+    ) -> None:
+        self.settings = settings
+        self.source = source
+        self.sessions = sessions
+        self.policy = policy
+        self.http = http or httpx.AsyncClient(timeout=5, trust_env=False)
+        self.templates = templates()
+
+    def now(self) -> datetime:
+        return datetime.now(UTC)
+
+    async def _try(self, what: str, call: Awaitable[T], errors: list[str]) -> T | None:
+        try:
+            return await call
+        except Exception as e:  # a page shows what it could read and says what it could not
+            errors.append(f"{what}: {str(e) or type(e).__name__}")
+            return None
+
+    async def topology(self) -> topology.TopologyView:
+        errors: list[str] = []
+        nodes, cluster, guard, open_ = await asyncio.gather(
+            self._try("Slurm", self.source.slurm_nodes(), errors),
+            self._try("provisioning", self.source.cluster(), errors),
+            self._try("fleet guard", self.source.guard(), errors),
+            self._try("incidents", self.source.open_incidents(), errors),
+        )
+        placements = topology.parse_topology_conf(cluster.topology_conf) if cluster else {}
+        try:
+            placements.update(self.policy().topology)
+        except Exception as e:
+            errors.append(f"policy: {e}")
+        return topology.build(
+            cluster=self.settings.cluster,
+            now=self.now(),
+            slurm_nodes=nodes or [],
+            node_sets=cluster.node_sets if cluster else {},
+            placements=placements,
+            open_incidents=open_ or [],
+            guard=guard,
+            errors=errors,
+        )
+
+    async def node(self, name: str) -> dict[str, Any]:
+        view = await self.topology()
+        tile = next((t for p in view.pods for lf in p.leaves for g in lf.groups for t in g.tiles
+                     if t.node == name), None)  # fmt: skip
+        place = next(((p.name, lf.name, g.name) for p in view.pods for lf in p.leaves
+                      for g in lf.groups for t in g.tiles if t.node == name), None)  # fmt: skip
+        errors = list(view.errors)
+        nodes = await self._try("Slurm", self.source.slurm_nodes(), errors) or []
+        slurm = next((n for n in nodes if n.name == name), None)
+        found, k8s = await asyncio.gather(
+            self._try("incidents", self.source.incidents(node=name, state=None, limit=20), errors),
+            self._try("Kubernetes", self.source.kubernetes_node(name), errors),
+        )
+        return {
+            "node": name,
+            "known": tile is not None,
+            "tile": tile.model_dump(mode="json") if tile else None,
+            "pod": place[0] if place else "",
+            "leaf": place[1] if place else "",
+            "node_set": place[2] if place else "",
+            "slurm": {
+                "state": slurm.display_state,
+                "reason": slurm.reason,
+                "gres": slurm.gres,
+                "slurmd_start_time": slurm.slurmd_start_time,
+            }
+            if slurm
+            else None,
+            "kubernetes": k8s,
+            "kubernetes_configured": self.settings.kubeconfig is not None,
+            "incidents": [i.model_dump(mode="json") for i in found or []],
+            "prometheus_configured": bool(self.settings.prometheus_url),
+            "errors": errors,
+        }
+
+    async def incidents(self) -> views.IncidentsPage:
+        errors: list[str] = []
+        open_, recent = await asyncio.gather(
+            self._try(
+                "incidents", self.source.incidents(node=None, state="open", limit=200), errors
+            ),
+            self._try("incidents", self.source.incidents(node=None, state=None, limit=50), errors),
+        )
+        return views.IncidentsPage(open=open_ or [], recent=recent or [], errors=errors)
+
+    async def incident(self, incident_id: str) -> views.IncidentPage:
+        read = await self.source.incident(incident_id)
+        slack_url, thread = self._slack_thread(incident_id)
+        return views.incident_page(
+            read.state,
+            workflow_id=read.workflow_id,
+            temporal_status=read.temporal_status,
+            temporal_url=ui_link(self.settings, read.workflow_id),
+            now=self.now(),
+            slack_url=slack_url,
+            slack_thread=thread,
+        )
+
+    def _slack_thread(self, incident_id: str) -> tuple[str | None, str | None]:
+        slack = self.settings.slack
+        if slack is None or slack.store_dir is None:
+            return None, None
+        from autoclusters.integrations.slack import FileThreadStore
+
+        rec = FileThreadStore(slack.store_dir).get(incident_id)
+        if rec is None:
+            return None, None
+        if slack.base_url == SLACK_API_URL:  # real Slack: its permalink form
+            return f"https://slack.com/archives/{rec.channel}/p{rec.ts.replace('.', '')}", None
+        return None, f"channel {rec.channel}, thread {rec.ts}"
+
+    async def notifications(self) -> views.NotificationsPage:
+        errors: list[str] = []
+        states = await self._try("incidents", self.source.recent_states(30), errors)
+        return views.NotificationsPage(notifications=views.feed(states or []), errors=errors)
+
+
+def _console(request: Request) -> Console:
+    console: Console = request.app.state.console
+    return console
+
+
+def _require(request: Request) -> str:
+    return _console(request).sessions.caller(request)
+
+
+def _safe_next(target: str | None) -> str:
+    # Only back into the console: never an open redirect to another site.
+    if target and target.startswith("/ui") and not target.startswith("//"):
+        return target
+    return "/ui/topology"
+
+
+def _page(request: Request, name: str, status: int = 200, **context: Any) -> Response:
+    c = _console(request)
+    base = {"cluster": c.settings.cluster, "poll_ms": POLL_MS, "page": name.removesuffix(".html")}
+    return c.templates.TemplateResponse(request, name, {**base, **context}, status_code=status)
+
+
+def login_page(request: Request, *, error: str = "", status: int = 401) -> Response:
+    target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+    nxt = _safe_next(request.query_params.get("next") or target)
+    configured = _console(request).sessions.configured
+    return _page(request, "login.html", status, error=error, next=nxt, configured=configured)
+
+
+def router() -> APIRouter:
+    open_routes = APIRouter()
+    r = APIRouter(dependencies=[Depends(_require)])
+
+    @open_routes.get("/ui/login", include_in_schema=False)
+    async def login_form(request: Request) -> Response:
+        return login_page(request, status=200)
+
+    @open_routes.post("/ui/login", include_in_schema=False)
+    async def login(request: Request) -> Response:
+        form = parse_qs((await request.body())[:8192].decode(errors="replace"))
+        token = (form.get("token") or [""])[0].strip()
+        nxt = _safe_next((form.get("next") or [""])[0])
+        c = _console(request)
+        try:
+            _caller, cookie = c.sessions.login(token)
+        except Unauthorized as e:
+            return login_page(request, error=str(e))
+        answer = RedirectResponse(nxt, status_code=303)
+        answer.set_cookie(
+            COOKIE,
+            cookie,
+            max_age=c.sessions.lifetime_s,
+            path=COOKIE_PATH,
+            httponly=True,
+            samesite="strict",
+            secure=request.url.scheme == "https",
+        )
+        return answer
+
+    @open_routes.post("/ui/logout", include_in_schema=False)
+    async def logout() -> Response:
+        answer = RedirectResponse("/ui/login", status_code=303)
+        answer.delete_cookie(COOKIE, path=COOKIE_PATH, httponly=True, samesite="strict")
+        return answer
+
+    @r.get("/ui", include_in_schema=False)
+    @r.get("/ui/", include_in_schema=False)
+    async def home() -> Response:
+        return RedirectResponse("/ui/topology", status_code=303)
+
+    @r.get("/ui/static/{name}", include_in_schema=False)
+    async def static(name: str) -> Response:
+        path = STATIC / name
+        if "/" in name or name.startswith(".") or not path.is_file():
+            return JSONResponse({"error": "not found"}, status_code=404)
+        return FileResponse(path)
+
+    @r.get("/ui/topology", include_in_schema=False)
+    async def topology_page(request: Request) -> Response:
+        view = await _console(request).topology()
+        return _page(
+            request, "topology.html", view=view, api="/ui/api/topology", errors=view.errors
+        )
+
+    @r.get("/ui/api/topology", summary="Console: the topology page's data")
+    async def topology_json(request: Request) -> topology.TopologyView:
+        return await _console(request).topology()
+
+    @r.get("/ui/nodes/{node}", include_in_schema=False)
+    async def node_page(request: Request, node: str) -> Response:
+        data = await _console(request).node(node)
+        status = 200 if data["known"] else 404
+        api = f"/ui/api/nodes/{quote(node, safe='')}"
+        return _page(request, "node.html", status, data=data, api=api, errors=data["errors"])
+
+    @r.get("/ui/api/nodes/{node}", summary="Console: one node's data")
+    async def node_json(request: Request, node: str) -> JSONResponse:
+        data = await _console(request).node(node)
+        return JSONResponse(data, status_code=200 if data["known"] else 404)
+
+    @r.get("/ui/api/nodes/{node}/metrics", summary="Console: a node's GPU metrics, last hour")
+    async def node_metrics(request: Request, node: str) -> prometheus.NodeMetrics:
+        c = _console(request)
+        return await prometheus.node_metrics(c.http, c.settings.prometheus_url, node)
+
+    @r.get("/ui/incidents", include_in_schema=False)
+    async def incidents_page(request: Request) -> Response:
+        view = await _console(request).incidents()
+        return _page(
+            request, "incidents.html", view=view, api="/ui/api/incidents", errors=view.errors
+        )
+
+    @r.get("/ui/api/incidents", summary="Console: open and recent incidents")
+    async def incidents_json(request: Request) -> views.IncidentsPage:
+        return await _console(request).incidents()
+
+    @r.get("/ui/incidents/{incident_id}", include_in_schema=False)
+    async def incident_page(request: Request, incident_id: str) -> Response:
+        try:
+            view = await _console(request).incident(incident_id)
+        except IncidentNotFound as e:
+            return _page(request, "missing.html", 404, what=str(e))
+        api = f"/ui/api/incidents/{quote(incident_id, safe='')}"
+        return _page(request, "incident.html", view=view, api=api)
+
+    @r.get("/ui/api/incidents/{incident_id}", summary="Console: one incident's timeline")
+    async def incident_json(request: Request, incident_id: str) -> Response:
+        try:
+            view = await _console(request).incident(incident_id)
+        except IncidentNotFound as e:
+            return JSONResponse({"error": "not found", "detail": str(e)}, status_code=404)
+        return JSONResponse(view.model_dump(mode="json"))
+
+    @r.get("/ui/notifications", include_in_schema=False)
+    async def notifications_page(request: Request) -> Response:
+        view = await _console(request).notifications()
+        api = "/ui/api/notifications"
+        return _page(request, "notifications.html", view=view, api=api, errors=view.errors)
+
+    @r.get("/ui/api/notifications", summary="Console: the notifications sent")
+    async def notifications_json(request: Request) -> views.NotificationsPage:
+        return await _console(request).notifications()
+
+    both = APIRouter()
+    both.include_router(open_routes)
+    both.include_router(r)
+    return both
+
+
+def install(app: FastAPI, console: Console) -> None:
+    """Add the console to `app`: its routes, the 401 answer, its security headers."""
+    app.state.console = console
+    app.include_router(router())
+
+    @app.exception_handler(NotLoggedIn)
+    async def _not_logged_in(request: Request, e: NotLoggedIn) -> Response:
+        if request.url.path.startswith(("/ui/api/", "/ui/static/")):
+            return JSONResponse(
+                {"error": "unauthorized", "detail": str(e)},
+                status_code=401,
+                headers={"WWW-Authenticate": 'Bearer realm="autoclusters"'},
+            )
+        return login_page(request, error="" if "log in" in str(e) else str(e))
+
+    @app.middleware("http")
+    async def _headers(request: Request, call_next: Any) -> Response:
+        response: Response = await call_next(request)
+        if request.url.path.startswith("/ui"):
+            for k, v in SECURITY_HEADERS.items():
+                response.headers.setdefault(k, v)
+        return response

@@ -1,0 +1,216 @@
+"""Where the console reads the cluster from: Temporal (incidents, the fleet guard, the
+provisioning workflow), Slurm (sinfo) and Kubernetes. Read-only: nothing here signals,
+updates or starts a workflow.
+
+`ConsoleSource` is what the pages need; `LiveSource` answers it from the real systems and
+tests hand the routes a fake. Every call is bounded (`timeout_s`): a page shows what it
+could read and names what it could not, it never hangs on one slow system.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from datetime import timedelta
+from typing import Any, Protocol
+
+from pydantic import BaseModel
+from temporalio.client import Client
+from temporalio.service import RPCError, RPCStatusCode
+
+from autoclusters.clients import incidents
+from autoclusters.clients.incidents import IncidentSummary
+from autoclusters.core.cluster import ClusterState, provisioning_workflow_id
+from autoclusters.core.guard import GuardStatus, guard_workflow_id
+from autoclusters.core.models import IncidentState, SlurmNode
+from autoclusters.core.settings import Settings
+from autoclusters.integrations.slurm import SlurmClient
+from autoclusters.workflows.cluster_provisioning import ClusterProvisioning
+from autoclusters.workflows.fleet_guard import FleetGuard
+from autoclusters.workflows.remediation import NodeRemediation
+
+
+class IncidentRead(BaseModel):
+    state: IncidentState
+    workflow_id: str
+    temporal_status: str
+
+
+class ConsoleSource(Protocol):
+    async def slurm_nodes(self) -> list[SlurmNode]: ...
+
+    async def cluster(self) -> ClusterState | None:
+        """The provisioning workflow's state (None: this cluster was not provisioned by us)."""
+        ...
+
+    async def guard(self) -> GuardStatus | None:
+        """The fleet guard's status (None: no guard has run for this cluster)."""
+        ...
+
+    async def open_incidents(self) -> list[IncidentState]: ...
+
+    async def incidents(
+        self, *, node: str | None, state: str | None, limit: int
+    ) -> list[IncidentSummary]: ...
+
+    async def incident(self, incident_id: str) -> IncidentRead: ...
+
+    async def recent_states(self, limit: int) -> list[IncidentState]: ...
+
+    async def kubernetes_node(self, node: str) -> dict[str, str] | None:
+        """The Kubernetes Node's state (None: the cluster runs no Kubernetes)."""
+        ...
+
+
+ClientGetter = Callable[[], Awaitable[Client]]
+QUERY_TIMEOUT = timedelta(seconds=5)
+
+
+class LiveSource:
+    def __init__(
+        self, settings: Settings, client: ClientGetter, slurm: SlurmClient, *, timeout_s: float
+    ) -> None:
+        self._settings = settings
+        self._client = client
+        self._slurm = slurm
+        self._timeout_s = timeout_s
+        # A closed incident never changes: its state is read once (the feed reads many).
+        self._closed: OrderedDict[str, IncidentState] = OrderedDict()
+
+    async def _bounded(self, call: Awaitable[Any]) -> Any:
+        return await asyncio.wait_for(call, self._timeout_s)
+
+    async def slurm_nodes(self) -> list[SlurmNode]:
+        nodes: list[SlurmNode] = await self._bounded(self._slurm.nodes())
+        return nodes
+
+    async def cluster(self) -> ClusterState | None:
+        client = await self._client()
+        handle = client.get_workflow_handle(provisioning_workflow_id(self._settings.cluster))
+        try:
+            state: ClusterState = await self._bounded(
+                handle.query(ClusterProvisioning.status, rpc_timeout=QUERY_TIMEOUT)
+            )
+        except RPCError as e:
+            if e.status == RPCStatusCode.NOT_FOUND:
+                return None
+            raise
+        return state
+
+    async def guard(self) -> GuardStatus | None:
+        client = await self._client()
+        handle = client.get_workflow_handle(guard_workflow_id(self._settings.cluster))
+        try:
+            status: GuardStatus = await self._bounded(
+                handle.query(FleetGuard.status, rpc_timeout=QUERY_TIMEOUT)
+            )
+        except RPCError as e:
+            if e.status == RPCStatusCode.NOT_FOUND:
+                return None
+            raise
+        return status
+
+    async def open_incidents(self) -> list[IncidentState]:
+        client = await self._client()
+        query = (
+            "WorkflowType = 'NodeRemediation' AND ExecutionStatus = 'Running' AND Cluster = "
+            + _quoted(self._settings.cluster)
+        )
+
+        async def read(wf_id: str, run_id: str | None) -> IncidentState | None:
+            handle = client.get_workflow_handle(wf_id, run_id=run_id)
+            try:
+                state: IncidentState = await handle.query(
+                    NodeRemediation.status, rpc_timeout=QUERY_TIMEOUT
+                )
+            except RPCError:  # it closed meanwhile, or no worker answered: next poll
+                return None
+            return state
+
+        async def all_open() -> list[IncidentState]:
+            found = [read(wf.id, wf.run_id) async for wf in client.list_workflows(query)]
+            return [s for s in await asyncio.gather(*found) if s is not None]
+
+        result: list[IncidentState] = await self._bounded(all_open())
+        return result
+
+    async def incidents(
+        self, *, node: str | None, state: str | None, limit: int
+    ) -> list[IncidentSummary]:
+        client = await self._client()
+        found: list[IncidentSummary] = await self._bounded(
+            incidents.list_incidents(client, self._settings, state, node, None, limit=limit)
+        )
+        return found
+
+    async def incident(self, incident_id: str) -> IncidentRead:
+        client = await self._client()
+
+        async def read() -> IncidentRead:
+            handle = await incidents.find_incident(client, self._settings, incident_id)
+            state, status = await incidents.incident_state(handle)
+            assert state is not None
+            return IncidentRead(state=state, workflow_id=handle.id, temporal_status=status)
+
+        got: IncidentRead = await self._bounded(read())
+        return got
+
+    async def recent_states(self, limit: int) -> list[IncidentState]:
+        client = await self._client()
+        rows = await self.incidents(node=None, state=None, limit=limit)
+
+        async def read(row: IncidentSummary) -> IncidentState | None:
+            if row.incident_id in self._closed:
+                return self._closed[row.incident_id]
+            handle = client.get_workflow_handle(row.workflow_id)
+            try:
+                state: IncidentState = await handle.query(
+                    NodeRemediation.status, rpc_timeout=QUERY_TIMEOUT
+                )
+            except RPCError:
+                return None
+            if row.status != "running" and state.request.incident_id == row.incident_id:
+                self._closed[row.incident_id] = state
+                while len(self._closed) > 1000:
+                    self._closed.popitem(last=False)
+            return state
+
+        states: list[IncidentState | None] = await self._bounded(
+            asyncio.gather(*(read(r) for r in rows))
+        )
+        return [s for s in states if s is not None]
+
+    async def kubernetes_node(self, node: str) -> dict[str, str] | None:
+        if self._settings.kubeconfig is None:
+            return None
+        return await self._bounded(asyncio.to_thread(_read_k8s_node, self._settings, node))
+
+
+def _read_k8s_node(settings: Settings, node: str) -> dict[str, str]:
+    from kubernetes import client as k8s
+    from kubernetes.client.exceptions import ApiException
+
+    from autoclusters.integrations.k8s import api_client
+
+    with api_client(kubeconfig=settings.kubeconfig) as api:
+        try:
+            obj = k8s.CoreV1Api(api).read_node(node, _request_timeout=5)
+        except ApiException as e:
+            return {"error": f"{e.status} {e.reason}"}
+    status, spec = obj.status, obj.spec
+    conditions = (status.conditions if status else None) or []
+    ready = next((c for c in conditions if c.type == "Ready"), None)
+    taints = ", ".join(
+        f"{t.key}={t.value or ''}:{t.effect}" for t in ((spec.taints if spec else None) or [])
+    )
+    return {
+        "ready": f"{ready.status} ({ready.reason or ''})" if ready else "unknown",
+        "schedulable": "no (cordoned)" if spec and spec.unschedulable else "yes",
+        "taints": taints or "none",
+    }
+
+
+def _quoted(value: str) -> str:
+    # One string literal of a visibility query, whatever the cluster is called.
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"

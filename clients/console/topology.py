@@ -1,0 +1,231 @@
+"""The topology page's model: every node, grouped IB pod -> leaf -> node set, each with
+the state an operator reads off its tile.
+
+Built from what the cluster already records, never guessed: Slurm's node list (state,
+reason, GPUs), the provisioning workflow's node sets and `topology.conf`, the policy's
+topology (which wins where it names a node), the open incidents and the fleet guard.
+A node none of them places sits under pod/leaf "unplaced" rather than disappearing.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from autoclusters.core import hostlist
+from autoclusters.core.guard import GuardStatus
+from autoclusters.core.models import REASON_PREFIX, SPARE_REASON, IncidentState, SlurmNode
+from autoclusters.core.policy import NodeTopology
+
+NodeState = Literal["in_service", "quarantined", "repairing", "waiting_approval", "spare", "failed"]
+STATE_LABELS: dict[str, str] = {
+    "in_service": "in service",
+    "quarantined": "quarantined",
+    "repairing": "repairing",
+    "waiting_approval": "waiting for approval",
+    "spare": "spare",
+    "failed": "failed",
+}
+UNPLACED = "unplaced"
+DEFAULT_SET = "nodes"
+# The steps during which the machine itself is being worked on (a reset, reboot, new VM).
+REPAIR_STEPS = {"repair", "plan_repair"}
+
+_GPUS = re.compile(r"gpu(?::[^:,(]+)?:(\d+)")
+
+
+class Tile(BaseModel):
+    node: str
+    state: NodeState
+    label: str
+    gpus: int | None = None
+    fault: str = ""
+    incident_id: str = ""
+    detail: str = ""  # Slurm's state and reason, or what the incident waits on
+
+
+class NodeGroup(BaseModel):
+    name: str  # node set / node pool
+    tiles: list[Tile]
+
+
+class Leaf(BaseModel):
+    name: str
+    groups: list[NodeGroup]
+
+
+class Pod(BaseModel):
+    name: str
+    leaves: list[Leaf]
+
+
+class GuardView(BaseModel):
+    running: bool
+    breaker: Literal["closed", "tripped", "unknown"] = "unknown"
+    breaker_detail: str = ""
+    spares: list[str] = Field(default_factory=list)
+    repairing: list[str] = Field(default_factory=list)
+    queued: int = 0
+    max_concurrent_repairs: int | None = None
+
+
+class TopologyView(BaseModel):
+    cluster: str
+    updated_at: datetime
+    guard: GuardView
+    pods: list[Pod]
+    counts: dict[str, int]
+    errors: list[str] = Field(default_factory=list)  # a source that could not be read
+
+
+def gpu_count(gres: str) -> int | None:
+    found = _GPUS.search(gres or "")
+    return int(found.group(1)) if found else None
+
+
+def parse_topology_conf(text: str) -> dict[str, NodeTopology]:
+    """node -> pod/leaf from a `topology/tree` topology.conf (core.cluster.render_topology):
+    a switch with Nodes= is a leaf; the switch listing it is its pod, unless that switch is
+    only the root over other switches with switches."""
+    leaves: dict[str, list[str]] = {}
+    parents: dict[str, list[str]] = {}
+    for line in text.splitlines():
+        fields = dict(
+            f.split("=", 1) for f in line.split() if "=" in f and not line.startswith("#")
+        )
+        name = fields.get("SwitchName")
+        if not name:
+            continue
+        if "Nodes" in fields:
+            leaves[name] = [n for part in _split(fields["Nodes"]) for n in hostlist.expand(part)]
+        if "Switches" in fields:
+            parents[name] = _split(fields["Switches"])
+    out: dict[str, NodeTopology] = {}
+    for leaf, nodes in leaves.items():
+        pod = next((p for p, kids in parents.items() if leaf in kids), None)
+        for node in nodes:
+            out[node] = NodeTopology(leaf=leaf, pod=pod)
+    return out
+
+
+def _split(hostlist_text: str) -> list[str]:
+    """Split a comma list at top level (gpu-[01-02],gpu-05 is two parts)."""
+    parts, depth, cur = [], 0, ""
+    for ch in hostlist_text:
+        depth += (ch == "[") - (ch == "]")
+        if ch == "," and depth == 0:
+            parts.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    return [p for p in [*parts, cur] if p]
+
+
+def node_state(
+    slurm: SlurmNode | None, incident: IncidentState | None, guard: GuardStatus | None
+) -> tuple[NodeState, str]:
+    """The tile's state and the line under it that says why."""
+    if incident is not None and incident.status == "open" and incident.mode != "observe":
+        waiting = incident.waiting_for
+        if waiting is not None and waiting.kind == "approval":
+            return "waiting_approval", f"waiting for approval of {waiting.step or 'a step'}"
+        if incident.current_step in REPAIR_STEPS:
+            return "repairing", f"{incident.rung or 'repair'} in progress"
+        if waiting is not None:
+            return "quarantined", waiting.detail or f"waiting ({waiting.kind})"
+        return "quarantined", f"incident step {incident.current_step or 'starting'}"
+    spares = (guard.state.spares or []) if guard else []
+    if slurm is None:
+        return "failed", "not in Slurm"
+    if slurm.name in spares or slurm.reason.startswith(SPARE_REASON):
+        return "spare", "hot spare, drained out of the partition"
+    shown = slurm.display_state + (f": {slurm.reason}" if slurm.reason else "")
+    if not slurm.responding:
+        return "failed", shown
+    if slurm.drained:
+        left = guard is not None and slurm.name in guard.state.left_out
+        ours = slurm.reason.startswith(REASON_PREFIX)
+        return ("failed" if left or ours else "quarantined"), shown
+    return "in_service", shown
+
+
+def build(
+    *,
+    cluster: str,
+    now: datetime,
+    slurm_nodes: list[SlurmNode],
+    node_sets: dict[str, list[str]],
+    placements: dict[str, NodeTopology],
+    open_incidents: list[IncidentState],
+    guard: GuardStatus | None,
+    errors: list[str] | None = None,
+) -> TopologyView:
+    by_name = {n.name: n for n in slurm_nodes}
+    incidents = {i.request.node: i for i in open_incidents if i.status == "open"}
+    set_of = {node: name for name, nodes in node_sets.items() for node in nodes}
+    names = sorted({*by_name, *set_of})
+    tree: dict[str, dict[str, dict[str, list[Tile]]]] = {}
+    counts: dict[str, int] = dict.fromkeys(STATE_LABELS, 0)
+    for name in names:
+        slurm = by_name.get(name)
+        inc = incidents.get(name)
+        state, detail = node_state(slurm, inc, guard)
+        counts[state] += 1
+        tile = Tile(
+            node=name,
+            state=state,
+            label=STATE_LABELS[state],
+            gpus=gpu_count(slurm.gres) if slurm else None,
+            fault=inc.request.fault if inc else "",
+            incident_id=inc.request.incident_id if inc else "",
+            detail=detail,
+        )
+        place = placements.get(name, NodeTopology())
+        pod, leaf = place.pod or UNPLACED, place.leaf or UNPLACED
+        tree.setdefault(pod, {}).setdefault(leaf, {}).setdefault(
+            set_of.get(name, DEFAULT_SET), []
+        ).append(tile)
+    pods = [
+        Pod(
+            name=pod,
+            leaves=[
+                Leaf(
+                    name=leaf, groups=[NodeGroup(name=g, tiles=t) for g, t in sorted(sets.items())]
+                )
+                for leaf, sets in sorted(leaves.items())
+            ],
+        )
+        for pod, leaves in sorted(tree.items())
+    ]
+    return TopologyView(
+        cluster=cluster,
+        updated_at=now,
+        guard=guard_view(guard),
+        pods=pods,
+        counts=counts,
+        errors=errors or [],
+    )
+
+
+def guard_view(guard: GuardStatus | None) -> GuardView:
+    if guard is None:
+        return GuardView(running=False)
+    b = guard.state.breaker
+    detail = ""
+    if b.tripped:
+        where = b.shared_leaf and f"leaf {b.shared_leaf}" or b.shared_pod and f"pod {b.shared_pod}"
+        detail = f"tripped by {', '.join(b.nodes)}" + (f" (all behind {where})" if where else "")
+    elif b.reset_by:
+        detail = f"reset by {b.reset_by}"
+    return GuardView(
+        running=True,
+        breaker="tripped" if b.tripped else "closed",
+        breaker_detail=detail,
+        spares=list(guard.state.spares or []),
+        repairing=sorted(guard.state.repairing),
+        queued=len(guard.state.queue),
+        max_concurrent_repairs=guard.policy.max_concurrent_repairs,
+    )
