@@ -19,6 +19,7 @@ from autoclusters.clients.agent_cli import agent_app, inject_app
 from autoclusters.clients.api_cli import api_app
 from autoclusters.clients.breaker import breaker_app
 from autoclusters.clients.cluster_cli import cluster_app
+from autoclusters.clients.console_cli import console as console_command
 from autoclusters.clients.policy_cli import policy_app
 from autoclusters.core import settings as settings_mod
 from autoclusters.core.settings import Settings
@@ -32,6 +33,7 @@ app.add_typer(cluster_app, name="cluster")
 app.add_typer(agent_app, name="agent")
 app.add_typer(inject_app, name="inject")
 app.add_typer(api_app, name="api")
+app.command("console")(console_command)
 
 console = Console()
 err = Console(stderr=True)

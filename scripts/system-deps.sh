@@ -9,9 +9,11 @@ for exe in slurmctld slurmd munged munge sinfo squeue scontrol sbatch scancel sa
   slurmdbd mariadbd mariadb-install-db mariadb-admin mariadb sshd ssh ssh-keygen; do
   command -v "$exe" >/dev/null 2>&1 || [ -x "/usr/sbin/$exe" ] || missing+=("$exe")
 done
+command -v chromedriver >/dev/null 2>&1 || missing+=(chromedriver)  # tests/test_console_browser.py
 [ ${#missing[@]} -eq 0 ] && exit 0
 
 pkgs="slurm-wlm slurmrestd munge slurm-wlm-jwt-plugin slurmdbd mariadb-server openssh-server"
+pkgs+=" chromium chromium-driver"  # headless Chromium + driver for the console browser test
 if [ "$(id -u)" -ne 0 ]; then
   echo "missing: ${missing[*]}" >&2
   echo "install them as root:  apt-get update && apt-get install -y $pkgs" >&2

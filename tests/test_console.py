@@ -486,3 +486,30 @@ async def test_node_metrics_come_from_prometheus_query_range() -> None:
     async with httpx.AsyncClient(transport=httpx.MockTransport(down)) as client:
         failed = await prometheus.node_metrics(client, "http://prom:9090", "gpu-02")
     assert failed.configured and failed.error and "connection refused" in failed.error
+
+
+# --- `autoclusters console` -------------------------------------------------------------
+
+
+def test_console_url_prefers_the_public_url_then_the_bound_address() -> None:
+    from autoclusters.clients.console_cli import console_url
+
+    assert console_url("https://ops.example/", "127.0.0.1", 8480) == "https://ops.example/ui/"
+    assert console_url(None, "127.0.0.1", 17207) == "http://127.0.0.1:17207/ui/"
+    assert console_url(None, "0.0.0.0", 8480) == "http://127.0.0.1:8480/ui/"
+    assert console_url(None, "::1", 8480) == "http://[::1]:8480/ui/"
+
+
+def test_the_console_command_prints_the_configured_apis_url(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from typer.testing import CliRunner
+
+    from autoclusters.clients.cli import app
+
+    config = tmp_path / "autoclusters.toml"
+    config.write_text('api_port = 17207\napi_tokens = { agents = "t" }\n')
+    monkeypatch.setenv("AUTOCLUSTERS_CONFIG", str(config))
+    result = CliRunner().invoke(app, ["console"])
+    assert result.exit_code == 0, result.output
+    assert "http://127.0.0.1:17207/ui/" in result.stdout.splitlines()
