@@ -4,15 +4,16 @@ in-memory Slurm for Slurm's side.
 
 Aspects: the Controller is created once and adopted by a retry, accounting / home / login
 are their objects (the Controller references the Accounting); slots created in parallel
-share one node pool grown to exactly their number, each holding its own VM, and a retry
-adopts its VM; a quota refusal is QuotaExceeded and creates no pool and no VM; a failed
-boot is booted=False, its delete shrinks the pool (no refill) and the next attempt grows it
-again; a retried delete shrinks it once; booted waits for a joined node to be Ready; a
-restarted emulator boots the pool VMs it cut short; configure_slurm writes topology.conf
-into the ConfigMap, the NodeSet's partition and the nodes' Slurm names, and cordons a
-drained slot with Slinky's reason; users are SlurmUsers; deletes are idempotent and the
-controller's takes the pools and objects with it; inventory lists the parts and the slots'
-machines; without a CMK configuration crusoe-cmk is refused.
+share one node pool grown to exactly their number, each holding its own VM, a retry adopts
+its VM, and deleting them in parallel shrinks the pool to zero; a quota refusal is
+QuotaExceeded and creates no pool and no VM; a failed boot is booted=False, its delete
+shrinks the pool (no refill) and the next attempt grows it again; a retried delete shrinks
+it once; booted waits for a joined node to be Ready; a restarted emulator boots the pool
+VMs it cut short; configure_slurm writes topology.conf into the ConfigMap, the NodeSet's
+partition and the nodes' Slurm names, and cordons a drained slot with Slinky's reason;
+users are SlurmUsers; deletes are idempotent and the controller's takes the pools and
+objects with it; inventory lists the parts and the slots' machines; without a CMK
+configuration crusoe-cmk is refused.
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ from autoclusters.integrations.slinky_crs import (
     CORDON_REASON,
     HOSTNAME_OVERRIDE,
     KubeObjects,
+    slots_of,
 )
 from autoclusters.sandbox.crusoe_emulator import EmulatorServer, create_app
 from autoclusters.sandbox.crusoe_world import InMemoryBackend
@@ -272,6 +274,15 @@ async def test_parallel_slots_share_one_pool_and_none_is_lost(
     assert again.machine_id == machines[1].machine_id
     assert _pools(emulator)[0]["count"] == 5 and len(_vms(emulator)) == 5
     await _until_running(crusoe, [m.machine_id for m in machines])
+
+    # Deleted in parallel (a teardown), each shrinks the pool once and none is refilled.
+    ref = _ref(spec)
+    await asyncio.gather(
+        *(_run()(provider.delete, DeleteCall(cluster=ref, resource=m.resource())) for m in machines)
+    )
+    [pool] = _pools(emulator)
+    assert pool["count"] == 0 and pool["instance_ids"] == [] and _vms(emulator) == {}
+    assert slots_of(_obj(custom, "nodesets", "alpha-gpu")) == {}
 
 
 async def test_quota_refusal_creates_no_pool_and_no_vm(
