@@ -106,6 +106,10 @@ def run(
     kubeconfig: Annotated[
         Path | None, typer.Option(help="For --k8s-condition (default: in-cluster).")
     ] = None,
+    metrics_port: Annotated[
+        int | None,
+        typer.Option(help="Serve dcgm-exporter's series on /metrics on this port (default: off)."),
+    ] = None,
     log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING.")] = "INFO",
 ) -> None:
     """Check this node's GPUs and InfiniBand every interval; report faults to the API."""
@@ -123,7 +127,7 @@ def run(
         for k, v in {
             "api_url": api, "token": token, "spool_dir": spool_dir, "interval_s": interval,
             "expected_gpus": expected_gpus, "hold_checks": hold_checks, "kubeconfig": kubeconfig,
-            "snapshot_interval_s": snapshot_interval,
+            "snapshot_interval_s": snapshot_interval, "metrics_port": metrics_port,
         }.items()
         if v is not None
     }  # fmt: skip
@@ -201,13 +205,16 @@ def _build(
         token = settings.token.get_secret_value() if settings.token else None
         assert settings.api_url is not None
         sender = HttpSender(api=settings.api_url, token=token, timeout_s=settings.request_timeout_s)
-        sink = Reporter(
-            spool=Spool(spool),
-            sender=sender,
-            attempts=settings.send_attempts,
-            backoff_s=settings.backoff_s,
-            max_backoff_s=settings.max_backoff_s,
-        )
+        if settings.report_faults:
+            sink = Reporter(
+                spool=Spool(spool),
+                sender=sender,
+                attempts=settings.send_attempts,
+                backoff_s=settings.backoff_s,
+                max_backoff_s=settings.max_backoff_s,
+            )
+        else:  # faults reach the API another way (Prometheus -> Alertmanager): log, send none
+            sink = PrintSink(sys.stderr)
     # --print leaves no state behind unless a spool directory was named.
     state = spool / STATE_FILE if (not print_ or spool_dir is not None) else None
     return Agent(

@@ -1,7 +1,8 @@
 """`sandbox up | status | down`: bring a whole local cluster up, report on it, stop it.
 
 Order up: munged → Temporal dev server → [Kubernetes API emulator] → Crusoe Cloud API
-emulator (every mode: the machines are its VMs) → Slack emulator → worker → API; then the
+emulator (every mode: the machines are its VMs) → Slack emulator → worker → API →
+Alertmanager → Prometheus (sandbox/monitoring.py: the alert path to the API); then the
 worker's `ClusterProvisioning` creates the Slurm cluster through the Crusoe emulator (the
 controller, accounting, login endpoint and one machine per node, whose daemons — slurmd
 and the node's health agent — the emulator's sandbox backend starts); then the spares are
@@ -28,7 +29,7 @@ from autoclusters.clients.agent import fake_backend
 from autoclusters.core.models import SPARE_REASON, SlurmNode
 from autoclusters.core.policy import default_policy, load_policy
 from autoclusters.integrations.slurm import parse_jobs, parse_nodes
-from autoclusters.sandbox import cloud_api, daemons, provision, slinky
+from autoclusters.sandbox import cloud_api, daemons, monitoring, provision, slinky
 from autoclusters.sandbox.config import GPUS_PER_NODE, SandboxConfig
 from autoclusters.sandbox.daemons import SandboxError
 from autoclusters.sandbox.processes import ProcessTable, kill_sessions, sessions_holding, wait_until
@@ -57,7 +58,10 @@ def agent_name(node: str) -> str:
 
 
 # Started by `sandbox up` itself, before the cluster is provisioned.
-_INFRA = ("munged", "temporal", slinky.K8S_EMULATOR, cloud_api.CRUSOE_EMULATOR, SLACK, WORKER, API)
+_INFRA = (
+    "munged", "temporal", slinky.K8S_EMULATOR, cloud_api.CRUSOE_EMULATOR, SLACK, WORKER, API,
+    monitoring.ALERTMANAGER, monitoring.PROMETHEUS,
+)  # fmt: skip
 
 
 def _order(cfg: SandboxConfig) -> list[str]:
@@ -71,6 +75,7 @@ def _order(cfg: SandboxConfig) -> list[str]:
     agents = list(map(agent_name, cfg.node_names()))
     return [
         "munged", "temporal", *emulators, SLACK, WORKER, API,
+        monitoring.ALERTMANAGER, monitoring.PROMETHEUS,
         *accounting, "slurmctld", LOGIN, *slurmds, *agents,
     ]  # fmt: skip
 
@@ -232,6 +237,7 @@ def up(cfg: SandboxConfig, timeout_s: float = 60) -> UpResult:
             timeout_s,
             result,
         )
+        start_monitoring(cfg, table, timeout_s, result)
         policy = load_policy(cfg.policy_file)
         budget = max(180.0, timeout_s + 6 * cfg.boot_delay_s)
         done = asyncio.run(provision.provision(cfg, policy, budget))
@@ -259,6 +265,32 @@ def start_worker(
         daemons.worker_argv(cfg),
         daemons.worker_env(cfg),
         lambda: _worker_polling(cfg),
+        timeout_s,
+        result,
+    )
+
+
+def start_monitoring(
+    cfg: SandboxConfig, table: ProcessTable, timeout_s: float, result: UpResult
+) -> None:
+    """Alertmanager, then Prometheus (which sends it alerts): the real alert path to the API's
+    webhook, scraping the agents as their machines boot (sandbox/monitoring.py)."""
+    monitoring.prepare(cfg)
+    _start(
+        table,
+        monitoring.ALERTMANAGER,
+        monitoring.alertmanager_argv(cfg),
+        {},
+        lambda: monitoring.ready(cfg.alertmanager_url),
+        timeout_s,
+        result,
+    )
+    _start(
+        table,
+        monitoring.PROMETHEUS,
+        monitoring.prometheus_argv(cfg),
+        {},
+        lambda: monitoring.ready(cfg.prometheus_url),
         timeout_s,
         result,
     )

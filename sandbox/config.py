@@ -13,6 +13,8 @@ from autoclusters.core.settings import CONFIG_FILE_NAME, DEFAULT_SANDBOX_DIR
 
 GPUS_PER_NODE = 8
 SLACK_TOKEN = "xoxb-sandbox"  # the emulator's bot token (a sandbox has no real secrets)
+MAX_AGENT_PORTS = 72  # nodes (64) + spares (8): port_base + 100 .. + 171
+PORT_SPAN = 100 + MAX_AGENT_PORTS  # a sandbox uses ports port_base .. port_base + PORT_SPAN - 1
 
 
 class SandboxConfig(BaseModel):
@@ -33,6 +35,9 @@ class SandboxConfig(BaseModel):
     approvers: list[str] = Field(default_factory=lambda: ["alice", "bob"])
     # Slurm accounting (slurmdbd on a private MariaDB) in the provisioned cluster.
     accounting: bool = True
+    # The node agents POST their fault reports to the API; off: faults reach it only through
+    # Prometheus -> Alertmanager -> the API's webhook (sandbox/monitoring.py).
+    agent_reports: bool = True
 
     # Ports, all derived from port_base so one number moves a whole sandbox.
     @property
@@ -124,6 +129,35 @@ class SandboxConfig(BaseModel):
     def mariadb_port(self) -> int:
         return self.port_base + 91
 
+    # Monitoring (sandbox/monitoring.py): Prometheus, Alertmanager, the worker's /metrics,
+    # and one /metrics port per agent after them (nodes + spares: 72 at most).
+    @property
+    def prometheus_port(self) -> int:
+        return self.port_base + 92
+
+    @property
+    def alertmanager_port(self) -> int:
+        return self.port_base + 93
+
+    @property
+    def worker_metrics_port(self) -> int:
+        return self.port_base + 94
+
+    @property
+    def prometheus_url(self) -> str:
+        return f"http://127.0.0.1:{self.prometheus_port}"
+
+    @property
+    def alertmanager_url(self) -> str:
+        return f"http://127.0.0.1:{self.alertmanager_port}"
+
+    def agent_metrics_port(self, node: str) -> int:
+        """gpu-NN's agent serves /metrics on port_base + 99 + NN (gpu-01: +100)."""
+        number = int(node.rsplit("-", 1)[-1])
+        if not 1 <= number <= MAX_AGENT_PORTS:
+            raise ValueError(f"{node}: no agent metrics port (gpu-01 .. gpu-{MAX_AGENT_PORTS})")
+        return self.port_base + 99 + number
+
     @property
     def temporal_address(self) -> str:
         return f"127.0.0.1:{self.temporal_port}"
@@ -197,6 +231,8 @@ class SandboxConfig(BaseModel):
             "admission_poll_s": 5,
             "api_port": self.api_port,
             "api_inventory": "slurm",
+            "worker_metrics_port": self.worker_metrics_port,
+            "prometheus_url": self.prometheus_url,  # the console's GPU charts
         }
         if self.k8s:
             lines["kubeconfig"] = str(self.kubeconfig)

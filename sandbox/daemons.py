@@ -124,14 +124,22 @@ def agent_argv(cfg: SandboxConfig, node: str) -> list[str]:
         "--node", node, "--backend", "fake", "--fake-file", str(cfg.agent_file(node)),
         "--api", cfg.api_url, "--spool-dir", str(cfg.state_dir / "agent" / f"{node}.spool"),
         "--interval", "1", "--hold-checks", "2", "--expected-gpus", str(GPUS_PER_NODE),
-        "--snapshot-interval", "2",
+        "--snapshot-interval", "2", "--metrics-port", str(cfg.agent_metrics_port(node)),
     ]  # fmt: skip
 
 
 def agent_env(cfg: SandboxConfig) -> dict[str, str]:
-    # The token travels in the environment, not on the command line (`ps` shows that).
-    # A short event latch: a repaired sandbox machine reports its XID resolved in seconds.
-    return {"AUTOCLUSTERS_AGENT_TOKEN": cfg.api_token(), "AUTOCLUSTERS_AGENT_EVENT_LATCH_S": "3"}
+    return {
+        # The token travels in the environment, not on the command line (`ps` shows that).
+        "AUTOCLUSTERS_AGENT_TOKEN": cfg.api_token(),
+        # A short event latch: a repaired sandbox machine reports its XID resolved in seconds.
+        "AUTOCLUSTERS_AGENT_EVENT_LATCH_S": "3",
+        # dcgm-exporter counts an Xid for 5 min; 20 s lets the GpuXidError alert resolve and
+        # the next injected Xid fire a new one (sandbox/monitoring.py).
+        "AUTOCLUSTERS_AGENT_XID_COUNT_WINDOW_S": "20",
+        # Off: faults reach the API only through Prometheus and Alertmanager.
+        "AUTOCLUSTERS_AGENT_REPORT_FAULTS": "true" if cfg.agent_reports else "false",
+    }
 
 
 def slack_emulator_argv(cfg: SandboxConfig) -> list[str]:

@@ -22,7 +22,7 @@ from typing import Any
 
 import httpx
 
-from autoclusters.sandbox import cloud_api, cluster, daemons, slinky
+from autoclusters.sandbox import cloud_api, cluster, daemons, monitoring, slinky
 from autoclusters.sandbox.config import SandboxConfig
 from autoclusters.sandbox.daemons import SandboxError
 from autoclusters.sandbox.processes import ProcessRecord, ProcessTable, _signal, _start_ticks
@@ -67,6 +67,9 @@ def _spec(cfg: SandboxConfig, name: str) -> _Spec:
         cluster.API: _Spec(worker_env, lambda: _answers(f"{cfg.api_url}/healthz")),
         cluster.SLACK: _Spec({}, lambda: daemons.port_open(cfg.slack_port)),
         slinky.K8S_EMULATOR: _Spec({}, lambda: slinky.answers(cfg.k8s_port, "/_emulator/state")),
+        # Both come back on their data dirs (Prometheus's TSDB, Alertmanager's silences).
+        monitoring.PROMETHEUS: _Spec({}, lambda: monitoring.ready(cfg.prometheus_url)),
+        monitoring.ALERTMANAGER: _Spec({}, lambda: monitoring.ready(cfg.alertmanager_url)),
     }
     if name in fixed:
         return fixed[name]

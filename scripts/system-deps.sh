@@ -1,19 +1,24 @@
 #!/usr/bin/env bash
 # Slurm, munge, and what a Managed Slurm cluster runs in the sandbox (slurmdbd on a private
-# MariaDB, an sshd login endpoint) come from the distribution, not from PyPI. Install them
-# when missing (as root), or say exactly what to install. None runs as a system service:
+# MariaDB, an sshd login endpoint) and its alert path (Prometheus, Alertmanager) come from
+# the distribution, not from PyPI. Install them when missing (as root), or say exactly what
+# to install. None runs as a system service:
 # the sandbox starts its own under its state dir.
 set -euo pipefail
 missing=()
 for exe in slurmctld slurmd munged munge sinfo squeue scontrol sbatch scancel sacct sacctmgr \
-  slurmdbd mariadbd mariadb-install-db mariadb-admin mariadb sshd ssh ssh-keygen; do
+  slurmdbd mariadbd mariadb-install-db mariadb-admin mariadb sshd ssh ssh-keygen prometheus; do
   command -v "$exe" >/dev/null 2>&1 || [ -x "/usr/sbin/$exe" ] || missing+=("$exe")
 done
+# Debian names Alertmanager's binary prometheus-alertmanager; upstream's is alertmanager.
+command -v prometheus-alertmanager >/dev/null 2>&1 || command -v alertmanager >/dev/null 2>&1 \
+  || missing+=(prometheus-alertmanager)
 command -v chromedriver >/dev/null 2>&1 || missing+=(chromedriver)  # tests/test_console_browser.py
 [ ${#missing[@]} -eq 0 ] && exit 0
 
 pkgs="slurm-wlm slurmrestd munge slurm-wlm-jwt-plugin slurmdbd mariadb-server openssh-server"
 pkgs+=" chromium chromium-driver"  # headless Chromium + driver for the console browser test
+pkgs+=" prometheus prometheus-alertmanager"
 if [ "$(id -u)" -ne 0 ]; then
   echo "missing: ${missing[*]}" >&2
   echo "install them as root:  apt-get update && apt-get install -y $pkgs" >&2

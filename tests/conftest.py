@@ -26,7 +26,7 @@ from autoclusters.core.settings import Settings
 from autoclusters.integrations import temporal
 from autoclusters.integrations.slurm import SlurmCli
 from autoclusters.sandbox import cluster
-from autoclusters.sandbox.config import SandboxConfig
+from autoclusters.sandbox.config import PORT_SPAN, SandboxConfig
 from autoclusters.sandbox.processes import ProcessTable
 
 # Fuzz tests: 300 examples each in `make test`; `make unit` asks for the quick profile.
@@ -73,11 +73,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.workflow)
 
 
-def free_port_base(span: int = 92) -> int:
+def free_port_base(span: int = PORT_SPAN) -> int:
     """A base port with `span` free ports after it, so parallel sandboxes never collide
-    (a sandbox uses up to port_base + 91: SandboxConfig)."""
+    (a sandbox uses up to port_base + PORT_SPAN - 1, the last agent's /metrics: SandboxConfig)."""
     for _ in range(200):
-        base = random.randrange(20000, 40000, 100)
+        base = random.randrange(20000, 40000, 200)  # 200 > PORT_SPAN: ranges never overlap
         ok = True
         for port in range(base, base + span):
             with socket.socket() as s:

@@ -32,6 +32,13 @@ class AgentSettings(BaseSettings):
     max_backoff_s: float = Field(
         default=60.0, gt=0, description="longest wait between flushes while the API is down"
     )
+    # Off where Prometheus scrapes the agent's /metrics and Alertmanager's webhook opens the
+    # incidents (one detection path, not two); health snapshots still go to the API (the
+    # health gate's evidence).
+    report_faults: bool = Field(
+        default=True, description="POST fault reports to the API; off: only health "
+        "snapshots and /metrics"
+    )  # fmt: skip
 
     # --- the loop and the debounce --------------------------------------------------------
     interval_s: float = Field(default=10.0, gt=0, description="seconds between checks")
