@@ -322,7 +322,14 @@ def _print_summary(summary: Any, out: Console) -> None:
         f"[bold]provisioning[/bold]       {secs(summary.provision_s)}  "
         "(cluster spec → cluster ready, ClusterProvisioning)"
     )
-    out.print(f"[bold]detection[/bold]          {secs(summary.detect_s)}  (GPU fault → incident)")
+    out.print(
+        f"[bold]detection[/bold]          {secs(summary.detect_s)}  (GPU fault → incident, "
+        f"by {summary.detected_by})"
+    )
+    out.print(
+        f"alert path         {secs(summary.alert_path_detect_s)}  "
+        "(GPU fault → Prometheus → Alertmanager → the API; n/a: not before the summary)"
+    )
     out.print(
         f"[bold]job recovery[/bold]       {secs(summary.job_recovery_s)}  "
         "(fault → the job logs progress again)"

@@ -1,7 +1,9 @@
 """The demo: a whole local cluster, a job, a fault on one of its nodes, the remediation.
 
 It measures the two clocks separately: job recovery (fault → the job steps again, read
-from the job's own log) and capacity recovery (fault → the node back in service).
+from the job's own log) and capacity recovery (fault → the node back in service). And which
+path detected the fault: the node agent's direct report, or its metrics through Prometheus
+and Alertmanager to the API's webhook (sandbox/monitoring.py), with each path's time.
 """
 
 from __future__ import annotations
@@ -56,7 +58,13 @@ class DemoSummary(BaseModel):
     status: str
     rung: str | None
     job_id: int
-    detect_s: float  # fault on the GPU -> incident opened (node agent -> API -> Temporal)
+    detect_s: float  # fault on the GPU -> incident opened (by whichever path came first)
+    # The source that opened the incident: agent (its direct report) or alertmanager
+    # (the agent's /metrics -> Prometheus -> Alertmanager -> the API's webhook).
+    detected_by: str
+    # Fault -> the alert path's report on the incident (seen by polling it every 0.5 s; the
+    # incident keeps no receive time per report); None: it had not come before the summary.
+    alert_path_detect_s: float | None
     job_recovery_s: float | None
     capacity_recovery_s: float | None
     job_restarts: int
@@ -157,19 +165,20 @@ async def _demo(
             node, vm.vm_id, HardwareFault(fault=fault, fixed_by=broken_until)
         )
     opened = await wait_for(
-        "the node agent's report to open an incident",
+        "the fault to open an incident",
         lambda: incident_since(client, settings.cluster, node, fault_at),
         60,
         0.1,
     )
-    console.print(
-        f"   detected by the node agent: incident {opened.incident_id}; "
-        f"follow it in {cfg.temporal_ui_url}"
-    )
-
     handle = client.get_workflow_handle_for(
         NodeRemediation.run, opened.workflow_id, run_id=opened.run_id
     )
+    first = await handle.query(NodeRemediation.status)
+    console.print(
+        f"   detected by {path_name(first.request.opened_by)}: incident {opened.incident_id}; "
+        f"follow it in {cfg.temporal_ui_url}"
+    )
+    alert_seen: float | None = None
     result_task = asyncio.create_task(handle.result())
     shown: set[str] = set()
     asked: set[tuple[str | None, datetime]] = set()  # approvals already asked for
@@ -177,6 +186,9 @@ async def _demo(
     while not result_task.done():
         state = await handle.query(NodeRemediation.status)
         _print_new_steps(console, state, shown)
+        if alert_seen is None and alert_path_reported(state):
+            alert_seen = time.time() - fault_at
+            console.print(f"   the alert path reported it too: {alert_seen:.1f}s after the fault")
         waiting = state.waiting_for
         if waiting and waiting.kind == "approval" and (waiting.step, waiting.since) not in asked:
             asked.add((waiting.step, waiting.since))
@@ -198,6 +210,11 @@ async def _demo(
         final = await handle.query(NodeRemediation.status)
         status = "failed"
     _print_new_steps(console, final, shown)
+    detect_s = round(final.request.opened_at.timestamp() - fault_at, 3)
+    if final.request.opened_by == ALERT_SOURCE:
+        alert_seen = detect_s
+    elif alert_seen is None and alert_path_reported(final):
+        alert_seen = time.time() - fault_at
     if mode == "approve":
         console.print("[bold]4. the incident's Slack thread[/bold]")
         console.print(await asyncio.to_thread(_slack_channel, cfg))
@@ -225,7 +242,9 @@ async def _demo(
         status=status,
         rung=final.rung,
         job_id=job_id,
-        detect_s=round(final.request.opened_at.timestamp() - fault_at, 3),
+        detect_s=detect_s,
+        detected_by=final.request.opened_by,
+        alert_path_detect_s=round(alert_seen, 3) if alert_seen is not None else None,
         job_recovery_s=job_recovery,
         capacity_recovery_s=round(capacity, 3) if capacity is not None else None,
         job_restarts=job_after.restart_cnt,
@@ -258,6 +277,23 @@ async def _demo(
             for s in final.steps
         ],
     )
+
+
+ALERT_SOURCE = "alertmanager"  # the API's source name for its Alertmanager webhook
+
+
+def path_name(source: str) -> str:
+    """The detection path a source stands for, in an operator's words."""
+    if source == ALERT_SOURCE:
+        return "Prometheus → Alertmanager (the agent's /metrics, the shipped alert rules)"
+    if source == "agent":
+        return "the node agent (its direct report)"
+    return source
+
+
+def alert_path_reported(state: IncidentState) -> bool:
+    """Whether the incident holds a report that came through Alertmanager."""
+    return any(e.source == ALERT_SOURCE for f in state.faults for e in f.evidence)
 
 
 def _resumed_from(log: Path, restart: int) -> int | None:
