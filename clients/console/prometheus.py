@@ -21,7 +21,7 @@ GPU_METRICS: list[tuple[str, str, str]] = [
     ("DCGM_FI_DEV_FB_USED", "Framebuffer used", "MiB"),
 ]
 WINDOW_S = 3600
-STEP_S = 30
+STEP_S = 15
 _LABEL_VALUE = re.compile(r'[\\"\n]')
 
 

@@ -46,13 +46,20 @@ SECURITY_HEADERS = {
 T = TypeVar("T")
 
 
+def when(t: datetime | str | None) -> str:
+    """A time as the pages show it (UTC, to the second); JSON times are ISO strings."""
+    if isinstance(t, datetime):
+        return t.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")
+    return str(t).replace("T", " ")[:19] if t else ""
+
+
 def templates() -> Jinja2Templates:
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(HERE / "templates"),
         autoescape=True,  # every template, whatever its name
         undefined=jinja2.StrictUndefined,
     )
-    env.filters["when"] = lambda t: t.strftime("%Y-%m-%d %H:%M:%S") if t else ""
+    env.filters["when"] = when
     return Jinja2Templates(env=env)
 
 

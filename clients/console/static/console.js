@@ -124,7 +124,9 @@
     box.appendChild(el("figcaption", {}, c.title + " · GPU " + c.gpu + (last === null ? "" : " · " + last.toFixed(1) + " " + c.unit)));
     const root = svg("svg", { viewBox: `0 0 ${w} ${h}`, width: w, height: h, role: "img" });
     root.appendChild(svg("rect", { x: 0, y: 0, width: w, height: h, class: "chart-bg" }));
-    if (vals.length > 1) {
+    if (vals.length === 1) {
+      root.appendChild(svg("circle", { cx: w - pad - 2, cy: h / 2, r: 3, class: "chart-dot" }));
+    } else if (vals.length > 1) {
       const t0 = c.points[0][0], t1 = c.points[c.points.length - 1][0];
       let lo = Math.min(...vals), hi = Math.max(...vals);
       if (hi === lo) { hi += 1; lo -= 1; }
