@@ -90,6 +90,29 @@ def test_rendered_configs_are_valid_and_keep_the_shipped_files(tmp_path: Path) -
     assert {k: route[k] for k in unchanged} == {k: shipped_route[k] for k in unchanged}
 
 
+@pytest.mark.parametrize("report", [True, False])
+def test_agent_without_direct_reports_still_sends_snapshots(tmp_path: Path, report: bool) -> None:
+    """report_faults off: the agent's reports are logged, never sent; its health snapshots
+    (the health gate's evidence) still go to the API."""
+    from autoclusters.clients import agent_cli
+    from autoclusters.clients.agent import fake_backend
+    from autoclusters.clients.agent.reporter import HttpSender, PrintSink, Reporter
+    from autoclusters.clients.agent.settings import AgentSettings
+
+    fake = tmp_path / "gpu-01.json"
+    fake_backend.write_node(fake, fake_backend.healthy_node())
+    settings = AgentSettings(api_url="http://127.0.0.1:9", report_faults=report)
+    agent = agent_cli._build(
+        "gpu-01", settings, "fake", fake, None, print_=False, spool_dir=tmp_path / "spool"
+    )
+    try:
+        assert isinstance(agent.sink, Reporter if report else PrintSink)
+        assert isinstance(agent.snapshots, HttpSender)
+    finally:
+        assert agent.backend is not None
+        agent.backend.close()
+
+
 async def test_xid_79_opens_the_incident_through_prometheus_and_alertmanager(
     alert_sandbox: SandboxConfig,
 ) -> None:
