@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 from collections.abc import Callable
@@ -126,7 +127,7 @@ class ManagedSlurm:
     def delete(self) -> list[str]:
         """Stop the cluster's daemons by PID (not the machines' slurmd: the VMs go first)."""
         stopped = [n for n in (LOGIN, SLURMCTLD, SLURMDBD, MARIADB) if self.table.stop(n)]
-        self.owner_file.unlink(missing_ok=True)
+        forget(self.cfg)
         return stopped
 
     # --- state ----------------------------------------------------------------------------
@@ -326,6 +327,17 @@ SetEnv SLURM_CONF={self.cfg.slurm_conf}
         said = r.stdout + r.stderr
         if r.returncode != 0 and "Nothing new added" not in said and "already exists" not in said:
             raise RuntimeError(f"sacctmgr {' '.join(args)}: {said.strip()}")
+
+
+def forget(cfg: SandboxConfig) -> None:
+    """No Slurm cluster here any more: one created later is a new one, and none of the old
+    one's nodes (their drain reasons), jobs or accounting records come back with it. Also
+    what a fresh `sandbox up` does (its emulator starts with an empty world)."""
+    probe = ManagedSlurm(cfg, lambda _cfg, _node: None)
+    (probe.slurm_dir / "declared.json").unlink(missing_ok=True)
+    shutil.rmtree(probe.slurm_dir / "ctld", ignore_errors=True)
+    shutil.rmtree(probe.db_dir / "data", ignore_errors=True)
+    probe.owner_file.unlink(missing_ok=True)
 
 
 def _run(argv: list[str], env: dict[str, str] | None = None) -> None:

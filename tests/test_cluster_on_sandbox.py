@@ -143,11 +143,15 @@ async def test_a_job_submitted_over_ssh_runs_on_every_node(
     for switch in generated:
         assert f"SwitchName={switch} " in topology, topology
 
-    sacct = subprocess.run(
-        ["sacct", "-X", "-n", "-P", "-j", str(job_id), "--format=JobID,State,NodeList"],
-        env=_env(cfg), capture_output=True, text=True, check=True,
-    ).stdout  # fmt: skip
-    assert sacct.startswith(f"{job_id}|COMPLETED|"), sacct
+    # slurmctld sends the job's end to slurmdbd on its own schedule: accounting catches up.
+    async def accounted() -> str | None:
+        out = subprocess.run(
+            ["sacct", "-X", "-n", "-P", "-j", str(job_id), "--format=JobID,State,NodeList"],
+            env=_env(cfg), capture_output=True, text=True, check=True,
+        ).stdout  # fmt: skip
+        return out if out.startswith(f"{job_id}|COMPLETED|") else None
+
+    await eventually(accounted, 60, "sacct shows the job COMPLETED")
 
 
 async def _scale(client: Client, cfg: SandboxConfig, count: int) -> OpsState:
@@ -240,6 +244,7 @@ def _cli(cfg: SandboxConfig, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.timeout(600)  # three whole workflows, one after the other
 async def test_teardown_then_a_quota_refusal_then_create_from_the_example(
     cfg: SandboxConfig, client: Client
 ) -> None:
