@@ -66,13 +66,21 @@ def sandbox_up(
         console.print(f"sandbox in {state_dir} is already running; nothing to do")
     else:
         console.print(f"sandbox up: {', '.join(res.started)}")
+        if res.provision_s is not None:
+            console.print(f"cluster {cfg.cluster} provisioned in {res.provision_s:.1f}s")
     _print_access(cfg)
 
 
 def _print_access(cfg: Any) -> None:
+    from autoclusters.sandbox import provision
+
     console.print(f"Temporal UI: {cfg.temporal_ui_url}")
+    console.print(f"console:     {cfg.api_url}/ui/  (open on loopback)")
     console.print(f"settings:    export AUTOCLUSTERS_CONFIG={cfg.settings_file}")
     console.print(f"slurm:       export SLURM_CONF={cfg.slurm_conf}")
+    console.print(
+        f"login:       ssh -i {provision.ssh_key(cfg)} -p {cfg.login_port} root@127.0.0.1"
+    )
 
 
 @sandbox_app.command("status")

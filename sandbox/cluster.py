@@ -29,7 +29,7 @@ from autoclusters.clients.agent import fake_backend
 from autoclusters.core.models import SPARE_REASON, SlurmNode
 from autoclusters.core.policy import default_policy, load_policy
 from autoclusters.integrations.slurm import parse_jobs, parse_nodes
-from autoclusters.sandbox import cloud_api, daemons, monitoring, provision, slinky
+from autoclusters.sandbox import cloud_api, daemons, monitoring, provision, slinky, slurm_controller
 from autoclusters.sandbox.config import GPUS_PER_NODE, SandboxConfig
 from autoclusters.sandbox.daemons import SandboxError
 from autoclusters.sandbox.processes import ProcessTable, kill_sessions, sessions_holding, wait_until
@@ -87,6 +87,8 @@ def is_running(cfg: SandboxConfig) -> bool:
 
 def _prepare(cfg: SandboxConfig) -> None:
     d = cfg.state_dir
+    # The emulator starts with an empty world: its Slurm cluster is provisioned anew.
+    slurm_controller.forget(cfg)
     for sub in ("munge", "log", "temporal", "slurm/ctld", "dev", "pids", "jobs"):
         (d / sub).mkdir(parents=True, exist_ok=True)
     cfg.spool_dir.mkdir(parents=True, exist_ok=True)

@@ -233,6 +233,8 @@ class SandboxConfig(BaseModel):
             "api_inventory": "slurm",
             "worker_metrics_port": self.worker_metrics_port,
             "prometheus_url": self.prometheus_url,  # the console's GPU charts
+            # The sandbox's console needs no login from this machine (the API binds loopback).
+            "console_loopback_open": True,
         }
         if self.k8s:
             lines["kubeconfig"] = str(self.kubeconfig)

@@ -176,7 +176,7 @@ async def _demo(
     first = await handle.query(NodeRemediation.status)
     console.print(
         f"   detected by {path_name(first.request.opened_by)}: incident {opened.incident_id}; "
-        f"follow it in {cfg.temporal_ui_url}"
+        f"follow it in {cfg.temporal_ui_url} or the console {cfg.api_url}/ui/"
     )
     alert_seen: float | None = None
     result_task = asyncio.create_task(handle.result())

@@ -652,6 +652,17 @@ async def test_reads_need_a_token_when_configured(
         assert (await http.get("/metrics")).status_code == 200
 
 
+async def test_metrics_need_a_token_unless_the_api_and_its_caller_are_on_loopback(
+    env: WorkflowEnvironment, task_queue: str
+) -> None:
+    s = settings_for(env.client.service_client.config.target_host, task_queue, api_host="0.0.0.0")
+    async with api_server(s) as http:
+        r = await http.get("/metrics")
+        assert r.status_code == 401 and r.headers["www-authenticate"].startswith("Bearer")
+        assert (await http.get("/metrics", headers=AUTH)).status_code == 200
+        assert (await http.get("/healthz")).status_code == 200
+
+
 async def test_health_and_metrics(http: httpx.AsyncClient) -> None:
     await http.post(AM, json=payload(alert("gpu-070")), headers=AUTH)
     assert (await http.get("/healthz")).json() == {"status": "ok", "temporal": "connected"}

@@ -2,22 +2,29 @@
 
 - with an incident open on the node, the snapshot becomes its `health_evidence` update;
   a resend is answered without a second update;
-- without one: 202, nothing forwarded, nothing started;
+- without one: 202, nothing started; forwarded only to the cluster's provisioning or
+  scaling whose health gate waits for that node's agent;
 - unknown node: 404 naming it; malformed: 422 naming the field; no token: 401.
 """
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+import uuid
+from datetime import UTC, datetime, timedelta
 
 import httpx
+from temporalio import workflow
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
 from autoclusters.clients.agent.report import SNAPSHOTS_PATH, HealthSnapshot, NodeReport
 from autoclusters.clients.api.settings import ApiSettings
-from autoclusters.core.models import workflow_id
+from autoclusters.core.cluster import provisioning_workflow_id
+from autoclusters.core.evidence import EvidenceAck
+from autoclusters.core.models import HealthCheck, workflow_id
+from autoclusters.workflows.agent_gate import AgentGate
 from tests.test_api import (  # noqa: F401  (fixtures)
     AUTH,
     env,
@@ -97,3 +104,51 @@ async def test_unknown_malformed_and_unauthorized_snapshots_are_refused(
     r = await http.post(SNAPSHOTS_PATH, content=_snapshot("gpu-072").model_dump_json())
     assert r.status_code == 401
     assert not await started(env.client, settings, "gpu-072")
+
+
+@workflow.defn(name="GateStandIn")
+class GateStandIn(AgentGate):
+    """The agent half of a provisioning's gate, alone: waits for one node's agent."""
+
+    @workflow.init
+    def __init__(self, node: str) -> None:
+        self._init_agent_gate()
+
+    @workflow.run
+    async def run(self, node: str) -> list[HealthCheck]:
+        return await self._agent_gate(node, workflow.now() - timedelta(minutes=1), 8, 60)
+
+    @workflow.update
+    def health_evidence(self, snap: HealthSnapshot) -> EvidenceAck:
+        return self._gate_take(snap, workflow.info().workflow_id)
+
+    @workflow.query
+    def wants_evidence(self, snap: HealthSnapshot) -> bool:
+        return self._gate_wants(snap)
+
+
+async def test_without_an_open_incident_a_snapshot_goes_to_the_clusters_waiting_gate(
+    env: WorkflowEnvironment,  # noqa: F811
+    settings: ApiSettings,  # noqa: F811
+    http: httpx.AsyncClient,  # noqa: F811
+) -> None:
+    tq = f"gate-{uuid.uuid4()}"
+    # Unsandboxed: this module (HTTP clients and all) is not a workflow module.
+    runner = UnsandboxedWorkflowRunner()
+    async with Worker(env.client, task_queue=tq, workflows=[GateStandIn], workflow_runner=runner):
+        gate = await env.client.start_workflow(
+            GateStandIn.run, "gpu-073", id=provisioning_workflow_id(settings.cluster), task_queue=tq
+        )
+        # Another node's snapshot is nobody's: the gate waits for gpu-073's agent only.
+        r = await http.post(
+            SNAPSHOTS_PATH, content=_snapshot("gpu-074").model_dump_json(), headers=AUTH
+        )
+        assert r.status_code == 202 and not r.json()["forwarded"], r.text
+        r = await http.post(
+            SNAPSHOTS_PATH, content=_snapshot("gpu-073").model_dump_json(), headers=AUTH
+        )
+        assert r.status_code == 202, r.text
+        assert r.json()["forwarded"] and r.json()["workflow_id"] == gate.id
+        checks = await gate.result()
+    assert checks and all(c.passed for c in checks), checks
+    assert not await started(env.client, settings, "gpu-073")

@@ -9,7 +9,9 @@ Reads (a token only with api_auth_reads):
   GET  /v1/incidents             ?state=&node=&fault=&limit=
   GET  /v1/incidents/{id}        the incident's timeline (the workflow's `status` query)
 Always open:
-  GET  /healthz, /readyz, /metrics
+  GET  /healthz, /readyz
+A token, except to a loopback caller while the API binds loopback:
+  GET  /metrics
 The console (clients/console): /ui pages and their JSON, a login cookie or the token.
 
 Status codes of the writes, checked in this order; a refused request starts nothing:
@@ -32,6 +34,7 @@ Status codes of the writes, checked in this order; a refused request starts noth
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
@@ -821,7 +824,12 @@ def create_app(
         return {"status": "ready"}
 
     @app.get("/metrics", summary="Prometheus metrics")
-    async def metrics() -> Response:
+    async def metrics(request: Request) -> Response:
+        # Open to this machine while the API binds loopback (a sandbox); otherwise the
+        # scraper shows a token (Prometheus: `authorization.credentials_file`).
+        caller = request.client.host if request.client else None
+        if not (_loopback(settings.api_host) and _loopback(caller)):
+            api.authorize(request, "metrics")
         return Response(api.metrics.render(), media_type=api.metrics.content_type)
 
     if settings.slack is not None and settings.slack.signing_secret is not None:
@@ -830,6 +838,17 @@ def create_app(
         app, settings=settings, auth=api.auth, client=api.gate.client, policy=api.policies.current
     )
     return app
+
+
+def _loopback(host: str | None) -> bool:
+    if host in (None, ""):
+        return False
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _slack_interactions(app: FastAPI, api: Api, settings: ApiSettings) -> None:

@@ -54,8 +54,9 @@ async def forward(client: Client, cluster: str, snap: HealthSnapshot) -> Snapsho
     provisioning or scaling while its health gate waits for this node's agent. Raises
     TemporalUnavailable."""
     answer = await _offer(client, workflow_id(cluster, snap.node), snap, "no open incident")
-    if answer.forwarded or answer.detail != "no open incident":
+    if answer.forwarded:
         return answer
+    # Not the incident's (none open, or a closed one that wants nothing): a gate's?
     for wf_id in await _cluster_gates(client, cluster):
         offered = await _offer(client, wf_id, snap, "not running")
         if offered.forwarded:
