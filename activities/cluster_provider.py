@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -34,6 +33,12 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from autoclusters.activities.acceptance_job import run_acceptance
+from autoclusters.activities.crusoe_machines import (
+    delete_until_gone,
+    op_meta,
+    placements,
+    wait_registered,
+)
 from autoclusters.activities.heartbeat import heartbeating
 from autoclusters.core.cluster import (
     CAPACITY_UNAVAILABLE,
@@ -56,7 +61,7 @@ from autoclusters.core.cluster import (
     UsersResult,
 )
 from autoclusters.core.cluster_ops import Inventory
-from autoclusters.core.models import HealthReport, SlurmNode
+from autoclusters.core.models import HealthReport
 from autoclusters.integrations.crusoe.client import CrusoeClient
 from autoclusters.integrations.crusoe.errors import (
     CrusoeError,
@@ -86,9 +91,6 @@ CMK = "crusoe-cmk"  # served by activities/cluster_provider_cmk.py when configur
 LABEL_CLUSTER = "autoclusters.cluster"
 LABEL_NODE_SET = "autoclusters.node-set"
 LABEL_ATTEMPT = "autoclusters.attempt"
-
-# How far the API's clock (VM created_at) and slurmd's may disagree.
-CLOCK_SKEW_S = 30.0
 
 RUNNING = "STATE_RUNNING"
 CLUSTER_FAILED = "STATE_FAILED"
@@ -238,7 +240,7 @@ class ClusterProviderActivities:
         try:
             await self._wait_op(op)
         except CrusoeOperationFailed:
-            cid = _meta(op, "slurm_cluster_id")
+            cid = op_meta(op, "slurm_cluster_id")
             if cid is None:
                 raise
             with contextlib.suppress(CrusoeNotFound):
@@ -322,7 +324,7 @@ class ClusterProviderActivities:
                 if ns.ib_partition:
                     body["host_channel_adapters"] = [{"ib_partition_id": ns.ib_partition}]
                 op = await self._crusoe.create_vm(body)
-                vm_id = _meta(op, "vm_id")
+                vm_id = op_meta(op, "vm_id")
                 if vm_id is None:
                     made = await self._crusoe.find_vm_by_name(call.node)
                     if made is None:
@@ -390,24 +392,8 @@ class ClusterProviderActivities:
         if (cmk := self._cmk_for(call.cluster)) is not None:
             return await cmk.discover_topology(call)
         _served(call.cluster)
-        if not call.machines:
-            return []
         async with _step(f"reading the fabric of {len(call.machines)} machines"):
-            vms = await self._crusoe.list_vms(ids=[m.machine_id for m in call.machines])
-        by_id = {vm.id: vm for vm in vms}
-        out = []
-        for m in call.machines:
-            vm = by_id.get(m.machine_id)
-            topo = (vm.model_extra or {}).get("topology") if vm is not None else None
-            topo = topo if isinstance(topo, dict) else {}
-            out.append(
-                Placement(
-                    node=m.node,
-                    pod=str(topo["pod"]) if topo.get("pod") else None,
-                    leaf=str(topo["leaf"]) if topo.get("leaf") else None,
-                )
-            )
-        return out
+            return await placements(self._crusoe, call.machines)
 
     # --- Slurm ----------------------------------------------------------------------------
 
@@ -434,26 +420,14 @@ class ClusterProviderActivities:
             await self._wait_op(op)
             vms = await self._crusoe.list_vms(ids=[m.machine_id for m in call.machines])
             created = {vm.name: _epoch(vm.created_at) for vm in vms}
-            registered = await self._wait_registered(wanted, created)
+            registered = await wait_registered(
+                self._slurm,
+                wanted,
+                created,
+                poll_s=self._poll_s,
+                timeout_s=self._register_timeout_s,
+            )
         return SlurmConfigResult(registered=registered)
-
-    async def _wait_registered(self, wanted: list[str], created: dict[str, float]) -> list[str]:
-        deadline = time.monotonic() + self._register_timeout_s
-
-        def fresh(node: SlurmNode) -> bool:
-            # 0: Slurm does not say when slurmd started; trust that it answers.
-            started = node.slurmd_start_time
-            return started == 0 or started >= created.get(node.name, 0) - CLOCK_SKEW_S
-
-        while True:
-            try:
-                nodes = {n.name: n for n in await self._slurm.nodes()}
-            except SlurmError:
-                nodes = {}  # slurmctld restarting after the new configuration
-            up = [n for n in wanted if n in nodes and nodes[n].responding and fresh(nodes[n])]
-            if len(up) == len(wanted) or time.monotonic() >= deadline:
-                return up
-            await asyncio.sleep(self._poll_s)
 
     @activity.defn(name="cluster_health_gate")
     async def health_gate(self, call: NodeGateCall) -> HealthReport:
@@ -543,25 +517,7 @@ class ClusterProviderActivities:
         delete: Callable[[], Awaitable[Operation]],
         get: Callable[[], Awaitable[Any]],
     ) -> None:
-        """Delete and wait until done. Already gone (404) is done; busy (409: an earlier
-        try's delete still runs) is waited out until the thing is gone; a FAILED delete of
-        something that is gone anyway is done too."""
-        while True:
-            try:
-                await self._wait_op(await delete(), kind)
-                return
-            except CrusoeNotFound:
-                return
-            except CrusoeUnavailable as e:
-                if e.status != 409:
-                    raise
-            except CrusoeOperationFailed:
-                if await _exists(get):
-                    raise
-                return
-            if not await _exists(get):
-                return
-            await asyncio.sleep(self._poll_s)
+        await delete_until_gone(self._crusoe, delete, get, kind, self._poll_s)
 
     @activity.defn(name="cluster_inventory")
     async def inventory(self, cluster: ClusterRef) -> Inventory:
@@ -658,12 +614,6 @@ def _run_id() -> str:
     return run_id or "no-run"
 
 
-def _meta(op: Operation, field: str) -> str | None:
-    meta = op.metadata if isinstance(op.metadata, dict) else {}
-    value = meta.get(field)
-    return str(value) if value else None
-
-
 def _epoch(rfc3339: str) -> float:
     """An API time as epoch seconds; 0 when missing or unreadable (no constraint)."""
     try:
@@ -671,14 +621,6 @@ def _epoch(rfc3339: str) -> float:
     except ValueError:
         return 0.0
     return (t if t.tzinfo is not None else t.replace(tzinfo=UTC)).timestamp()
-
-
-async def _exists(get: Callable[[], Awaitable[Any]]) -> bool:
-    try:
-        await get()
-    except CrusoeNotFound:
-        return False
-    return True
 
 
 def _served(ref: ClusterRef) -> None:

@@ -66,12 +66,17 @@ from temporalio.exceptions import ApplicationError
 
 from autoclusters.activities.acceptance_job import run_acceptance
 from autoclusters.activities.cluster_provider import (
-    CLOCK_SKEW_S,
     VM_BOOTED,
     VM_FAILED,
     _epoch,
     _run_id,
     _step,
+)
+from autoclusters.activities.crusoe_machines import (
+    delete_until_gone,
+    op_meta,
+    placements,
+    wait_registered,
 )
 from autoclusters.activities.heartbeat import heartbeating
 from autoclusters.core.cluster import (
@@ -94,12 +99,10 @@ from autoclusters.core.cluster import (
 )
 from autoclusters.core.cluster_ops import Inventory
 from autoclusters.core.cluster_spec import NodeSetSpec
-from autoclusters.core.models import HealthReport, SlurmNode
+from autoclusters.core.models import HealthReport
 from autoclusters.integrations.crusoe.client import CrusoeClient
 from autoclusters.integrations.crusoe.errors import (
     CrusoeNotFound,
-    CrusoeOperationFailed,
-    CrusoeUnavailable,
 )
 from autoclusters.integrations.crusoe.resources import NodePool, Operation, OperationKind, Vm
 from autoclusters.integrations.health import SlurmHealthGate
@@ -283,7 +286,7 @@ class CmkProvider:
             body["transport_partition_id"] = ns.ib_partition
         op = await self._crusoe.create_node_pool(body)
         await self._wait_op(op)
-        pool_id = _meta(op, "node_pool_id")
+        pool_id = op_meta(op, "node_pool_id")
         if pool_id is not None:
             return await self._crusoe.get_node_pool(pool_id)
         found = await self._pool(cluster, ns.name)
@@ -332,24 +335,8 @@ class CmkProvider:
         return ready is not None and ready.get("status") == "True"
 
     async def discover_topology(self, call: TopologyCall) -> list[Placement]:
-        if not call.machines:
-            return []
         async with _kstep(f"reading the fabric of {len(call.machines)} machines"):
-            vms = await self._crusoe.list_vms(ids=[m.machine_id for m in call.machines])
-        by_id = {vm.id: vm for vm in vms}
-        out = []
-        for m in call.machines:
-            vm = by_id.get(m.machine_id)
-            topo = (vm.model_extra or {}).get("topology") if vm is not None else None
-            topo = topo if isinstance(topo, dict) else {}
-            out.append(
-                Placement(
-                    node=m.node,
-                    pod=str(topo["pod"]) if topo.get("pod") else None,
-                    leaf=str(topo["leaf"]) if topo.get("leaf") else None,
-                )
-            )
-        return out
+            return await placements(self._crusoe, call.machines)
 
     # --- Slurm ------------------------------------------------------------------------------
 
@@ -535,28 +522,7 @@ class CmkProvider:
         *,
         kind: OperationKind = "node_pool",
     ) -> None:
-        """Delete and wait; 404 is done, 409 (a delete already running) is waited out."""
-        while True:
-            try:
-                op = await delete()
-                await self._crusoe.wait_operation(op, kind, poll_s=self._poll_s)
-                return
-            except CrusoeNotFound:
-                return
-            except CrusoeUnavailable as e:
-                if e.status != 409:
-                    raise
-            except CrusoeOperationFailed:
-                try:
-                    await get()
-                except CrusoeNotFound:
-                    return
-                raise
-            try:
-                await get()
-            except CrusoeNotFound:
-                return
-            await asyncio.sleep(self._poll_s)
+        await delete_until_gone(self._crusoe, delete, get, kind, self._poll_s)
 
     async def inventory(self, cluster: ClusterRef) -> Inventory:
         name = cluster.name
@@ -704,12 +670,6 @@ def _holder() -> str:
     return f"local/{uuid.uuid4()}"
 
 
-def _meta(op: Operation, field: str) -> str | None:
-    meta = op.metadata if isinstance(op.metadata, dict) else {}
-    value = meta.get(field)
-    return str(value) if value else None
-
-
 @contextlib.asynccontextmanager
 async def _kstep(what: str) -> AsyncIterator[None]:
     """`_step` (heartbeats; Crusoe errors as ApplicationErrors) that also turns Kubernetes
@@ -724,30 +684,3 @@ async def _kstep(what: str) -> AsyncIterator[None]:
             type=KUBERNETES_ERROR,
             non_retryable=400 <= status < 500 and status not in (409, 429),
         ) from e
-
-
-async def wait_registered(
-    slurm: SlurmBatchClient,
-    wanted: list[str],
-    created: dict[str, float],
-    *,
-    poll_s: float,
-    timeout_s: float,
-) -> list[str]:
-    """The nodes of `wanted` that answer in Slurm from a slurmd started after their VM was
-    created, once all do or `timeout_s` passed (the managed provider's rule)."""
-    deadline = time.monotonic() + timeout_s
-
-    def fresh(node: SlurmNode) -> bool:
-        started = node.slurmd_start_time
-        return started == 0 or started >= created.get(node.name, 0) - CLOCK_SKEW_S
-
-    while True:
-        try:
-            nodes = {n.name: n for n in await slurm.nodes()}
-        except SlurmError:
-            nodes = {}  # slurmctld restarting after the new configuration
-        up = [n for n in wanted if n in nodes and nodes[n].responding and fresh(nodes[n])]
-        if len(up) == len(wanted) or time.monotonic() >= deadline:
-            return up
-        await asyncio.sleep(poll_s)

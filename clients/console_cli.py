@@ -13,6 +13,8 @@ import typer
 from pydantic import ValidationError
 from rich.console import Console
 
+from autoclusters.core.net import is_loopback
+
 err = Console(stderr=True)
 # Addresses a server binds to that a browser cannot open as such.
 _ANY = {"", "0.0.0.0", "::", "[::]"}
@@ -43,7 +45,7 @@ def console(
     url = console_url(s.api_public_url, s.api_host, s.api_port)
     if config_file() is None:
         err.print("no running sandbox and no AUTOCLUSTERS_CONFIG: the API's default address")
-    if s.console_loopback_open and s.api_host in ("127.0.0.1", "::1", "localhost"):
+    if s.console_loopback_open and is_loopback(s.api_host):
         err.print("open without a login from this machine (console_loopback_open)")
     elif s.api_tokens:
         names = ", ".join(sorted(s.api_tokens))

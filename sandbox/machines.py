@@ -48,6 +48,8 @@ def power_on(cfg: SandboxConfig, node: str) -> None:
 def start_agent(cfg: SandboxConfig, node: str) -> None:
     """The machine's health agent (a DaemonSet pod on a real node) starts with it: it
     reports to the API from the first boot, which the provisioning's health gate needs."""
+    if not (cfg.state_dir / "api" / "token").exists():
+        return  # no API to report to: the emulator runs without the sandbox (its own tests)
     table = ProcessTable(cfg.state_dir)
     if not cfg.agent_file(node).exists():  # a node beyond the sandbox's own (a scale up)
         cfg.agent_file(node).parent.mkdir(parents=True, exist_ok=True)

@@ -105,8 +105,9 @@ async def test_the_console_follows_a_fault_from_quarantine_back_to_service(
     browser: webdriver.Chrome,
 ) -> None:
     base = sandbox.api_url
-    browser.get(f"{base}/ui/topology")
-    # Not logged in: the login form (the API answers 401 with it).
+    # The sandbox's console is open on loopback (console_loopback_open); the login still
+    # works as it does for a person with the API's credentials.
+    browser.get(f"{base}/ui/login?next=/ui/topology")
     browser.find_element(By.ID, "token").send_keys(sandbox.api_token())
     browser.find_element(By.ID, "login").click()
     WebDriverWait(browser, 30).until(lambda d: d.find_elements(By.CSS_SELECTOR, "a.tile"))

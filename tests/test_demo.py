@@ -32,7 +32,11 @@ def test_demo_json_summary(tmp_path: Path) -> None:
     assert summary["node_state_after"] == "IDLE"
     assert summary["node"] not in summary["job_nodes_after"]
     assert summary["capacity_recovery_s"] >= 2 * 10  # a reboot and a replacement booted
-    assert summary["job_recovery_s"] < summary["capacity_recovery_s"] / 2
+    # The job did not wait for the machine: it ran again before the replacement had even
+    # booted (an order of events, not a speed: timings belong to bench/).
+    assert summary["job_recovery_s"] < summary["capacity_recovery_s"] - 10
+    assert summary["provision_s"] is not None and summary["provision_s"] > 0
+    assert summary["detected_by"] == "agent"
     if summary["job"] == "torchrun":  # the training extra is installed (make test does)
         assert summary["resumed_from_step"] > 0
         assert summary["last_step"] > summary["resumed_from_step"]

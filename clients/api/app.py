@@ -34,7 +34,6 @@ Status codes of the writes, checked in this order; a refused request starts noth
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
@@ -76,6 +75,7 @@ from autoclusters.clients.api.settings import ApiSettings
 from autoclusters.core.fault_evidence import FaultCleared, FaultEvidence
 from autoclusters.core.faults import UnknownFaultError, check_known_fault, known_faults
 from autoclusters.core.models import IncidentState, workflow_id
+from autoclusters.core.net import is_loopback
 from autoclusters.core.policy import Policy, PolicyError
 from autoclusters.core.settings import policy_for
 from autoclusters.integrations import temporal
@@ -828,7 +828,7 @@ def create_app(
         # Open to this machine while the API binds loopback (a sandbox); otherwise the
         # scraper shows a token (Prometheus: `authorization.credentials_file`).
         caller = request.client.host if request.client else None
-        if not (_loopback(settings.api_host) and _loopback(caller)):
+        if not (is_loopback(settings.api_host) and is_loopback(caller)):
             api.authorize(request, "metrics")
         return Response(api.metrics.render(), media_type=api.metrics.content_type)
 
@@ -838,17 +838,6 @@ def create_app(
         app, settings=settings, auth=api.auth, client=api.gate.client, policy=api.policies.current
     )
     return app
-
-
-def _loopback(host: str | None) -> bool:
-    if host in (None, ""):
-        return False
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def _slack_interactions(app: FastAPI, api: Api, settings: ApiSettings) -> None:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
-import ipaddress
 import secrets
 import time
 
@@ -22,6 +21,7 @@ from fastapi import Request
 
 from autoclusters.clients.api.auth import BearerAuth, Unauthorized
 from autoclusters.clients.api.settings import ApiSettings
+from autoclusters.core.net import is_loopback
 
 COOKIE = "autoclusters_console"
 COOKIE_PATH = "/ui"
@@ -29,17 +29,6 @@ COOKIE_PATH = "/ui"
 
 class NotLoggedIn(Exception):
     """No valid cookie or bearer token: the caller gets 401 (and, for a page, the login)."""
-
-
-def _loopback(host: str | None) -> bool:
-    if not host:
-        return False
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 class Sessions:
@@ -53,7 +42,7 @@ class Sessions:
         self._tokens = settings.token_names()  # token -> caller
         self._auth = auth
         self._lifetime_s = settings.console_session_s
-        self._open = settings.console_loopback_open and _loopback(settings.api_host)
+        self._open = settings.console_loopback_open and is_loopback(settings.api_host)
         self._fixed_now = now  # tests
 
     @property
@@ -118,6 +107,6 @@ class Sessions:
                 return self.check_cookie(cookie)
             except NotLoggedIn as e:
                 why = str(e)
-        if self._open and _loopback(request.client.host if request.client else None):
+        if self._open and is_loopback(request.client.host if request.client else None):
             return "loopback"
         raise NotLoggedIn(why)
