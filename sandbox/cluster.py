@@ -87,8 +87,11 @@ def is_running(cfg: SandboxConfig) -> bool:
 
 def _prepare(cfg: SandboxConfig) -> None:
     d = cfg.state_dir
-    # The emulator starts with an empty world: its Slurm cluster is provisioned anew.
+    # The emulator starts with an empty world: its Slurm cluster is provisioned anew, and
+    # its job ids start again at 1, so an earlier run's job logs and checkpoints go too (a
+    # job would append to them and resume from them).
     slurm_controller.forget(cfg)
+    shutil.rmtree(d / "jobs", ignore_errors=True)
     for sub in ("munge", "log", "temporal", "slurm/ctld", "dev", "pids", "jobs"):
         (d / sub).mkdir(parents=True, exist_ok=True)
     cfg.spool_dir.mkdir(parents=True, exist_ok=True)

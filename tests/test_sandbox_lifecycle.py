@@ -90,7 +90,11 @@ def test_incident_history_survives_a_restart(tmp_path: Path) -> None:
         assert (
             subprocess.run([*CLI, "down", "--state-dir", str(state)], timeout=120).returncode == 0
         )
-        assert subprocess.run([*CLI, "up", *args], timeout=120).returncode == 0
+        # An earlier run's job log: job ids start again at 1 in the new cluster.
+        stale = state / "jobs" / "train-1.log"
+        stale.write_text("ts=1 node=gpu-01 restart=0 step=1\n")
+        assert subprocess.run([*CLI, "up", *args], timeout=180).returncode == 0
+        assert not stale.exists()
         shown = subprocess.run(
             [*incident, "show", incident_id, "--json"],
             env=env, capture_output=True, text=True, timeout=60,
