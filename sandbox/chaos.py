@@ -16,6 +16,7 @@ deleted between the crash and the restart: the incident must not need it."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import shutil
 import time
@@ -26,7 +27,12 @@ from typing import Any
 import httpx
 from pydantic import BaseModel
 from rich.console import Console
-from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
+from temporalio.client import (
+    Client,
+    WorkflowExecutionStatus,
+    WorkflowFailureError,
+    WorkflowHandle,
+)
 
 from autoclusters.clients import incidents
 from autoclusters.core import hostlist
@@ -239,6 +245,11 @@ async def run_chaos(
         try:
             state = await handle.query(NodeRemediation.status)
         except Exception:  # the server is restarting, or no worker answers queries yet
+            # A closed incident's query needs a worker to replay it; its result does not.
+            if await _closed(handle):
+                with contextlib.suppress(WorkflowFailureError):
+                    final = await handle.result()
+                    break
             await asyncio.sleep(0.1 if pending else 0.5)
             continue
         for item in list(pending):
@@ -360,3 +371,10 @@ async def _until_cloud_operation(
         if time.monotonic() > deadline:
             raise ChaosError(f"the repair of {node} never reached the Crusoe emulator")
         await asyncio.sleep(0.02)
+
+
+async def _closed(handle: WorkflowHandle[NodeRemediation, IncidentState]) -> bool:
+    try:
+        return (await handle.describe()).status != WorkflowExecutionStatus.RUNNING
+    except Exception:  # the server is restarting: not known yet
+        return False
