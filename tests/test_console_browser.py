@@ -2,8 +2,9 @@
 Selenium) against the session's running sandbox:
 
 - the login page takes the API's token and the topology shows every node of the sandbox;
-- a fault opened on a node turns its tile quarantined (the page polls; nobody reloads it)
-  and, once the runbook has repaired it, back to in service;
+- an XID 79 injected on a node's machine (its agent sees it and reports it) turns its tile
+  quarantined (the page polls; nobody reloads it) and, once the runbook has repaired it,
+  back to in service;
 - the node page lists the incident, and the incident page shows the timeline's steps;
 - screenshots of the topology, node and incident pages go to build/test-artifacts/console/,
   and to docs/console-*.png as well when AUTOCLUSTERS_SCREENSHOTS=docs.
@@ -13,17 +14,20 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 from temporalio.client import Client
 
-from autoclusters.clients import incidents
 from autoclusters.core.settings import Settings
 from autoclusters.sandbox.config import SandboxConfig
+from autoclusters.sandbox.demo import incident_since
+from autoclusters.sandbox.hardware import Hardware, HardwareFault
+from autoclusters.sandbox.vms import VmRegistry
 from autoclusters.workflows.remediation import NodeRemediation
-from tests.test_incident_on_sandbox import fresh_policy
+from tests.helpers import eventually
 
 pytestmark = pytest.mark.integration
 
@@ -123,8 +127,15 @@ async def test_the_console_follows_a_fault_from_quarantine_back_to_service(
     node = sandbox.node_names()[0]
     seen: list[str] = []
     wait_for_state(browser, node, "in_service", 120, seen)
-    opened = await incidents.open_incident(
-        sandbox_client, sandbox_settings, node, "XID_79", policy=fresh_policy()
+    # A real fault on the machine: its agent sees it and reports it; the incident opens.
+    fault_at = time.time()
+    vm = VmRegistry(sandbox.state_dir).get(node)
+    assert vm is not None
+    Hardware(sandbox.state_dir).inject(node, vm.vm_id, HardwareFault(fault="XID_79"))
+    opened = await eventually(
+        lambda: incident_since(sandbox_client, sandbox_settings.cluster, node, fault_at),
+        60,
+        "the agent's report opens an incident",
     )
     wait_for_state(browser, node, "quarantined", 60, seen)
     screenshot(browser, "topology")
