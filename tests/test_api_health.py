@@ -22,7 +22,6 @@ from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 from autoclusters.clients.agent.report import SNAPSHOTS_PATH, HealthSnapshot, NodeReport
 from autoclusters.clients.api.settings import ApiSettings
 from autoclusters.core.cluster import provisioning_workflow_id
-from autoclusters.core.evidence import EvidenceAck
 from autoclusters.core.models import HealthCheck, workflow_id
 from autoclusters.workflows.agent_gate import AgentGate
 from tests.test_api import (  # noqa: F401  (fixtures)
@@ -117,14 +116,6 @@ class GateStandIn(AgentGate):
     @workflow.run
     async def run(self, node: str) -> list[HealthCheck]:
         return await self._agent_gate(node, workflow.now() - timedelta(minutes=1), 8, 60)
-
-    @workflow.update
-    def health_evidence(self, snap: HealthSnapshot) -> EvidenceAck:
-        return self._gate_take(snap, workflow.info().workflow_id)
-
-    @workflow.query
-    def wants_evidence(self, snap: HealthSnapshot) -> bool:
-        return self._gate_wants(snap)
 
 
 async def test_without_an_open_incident_a_snapshot_goes_to_the_clusters_waiting_gate(

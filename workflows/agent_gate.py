@@ -25,10 +25,28 @@ KEEP_PER_NODE = 10
 
 
 class AgentGate:
-    """Mixed into a workflow whose `__init__` calls `_init_agent_gate`."""
+    """Mixed into a workflow whose `__init__` calls `_init_agent_gate`: brings the
+    `health_evidence` update and the `wants_evidence` query the API calls."""
 
     _gate_since: dict[str, datetime]  # node -> its machine booted at (gate open)
     _gate_evidence: dict[str, list[HealthSnapshot]]
+
+    @workflow.update
+    def health_evidence(self, snap: HealthSnapshot) -> EvidenceAck:
+        """A health snapshot from a node's agent, while that node's gate waits for one
+        (the API forwards them)."""
+        return self._gate_take(snap, workflow.info().workflow_id)
+
+    @health_evidence.validator
+    def _check_evidence(self, snap: HealthSnapshot) -> None:
+        # A refused update leaves no event in the history.
+        if not self._gate_wants(snap):
+            raise ValueError(f"no health gate of {workflow.info().workflow_id} waits for it")
+
+    @workflow.query
+    def wants_evidence(self, snap: HealthSnapshot) -> bool:
+        """Would `health_evidence` keep this snapshot? (The API asks first.)"""
+        return self._gate_wants(snap)
 
     def _init_agent_gate(self) -> None:
         self._gate_since = {}

@@ -62,7 +62,6 @@ with workflow.unsafe.imports_passed_through():
         ops_key,
     )
     from autoclusters.core.cluster_spec import ClusterSpec, NodeSetSpec
-    from autoclusters.core.evidence import EvidenceAck, HealthSnapshot
     from autoclusters.core.models import (
         DrainInput,
         HealthReport,
@@ -240,20 +239,6 @@ class ScaleNodeSet(_Ops, AgentGate):
     @workflow.query
     def status(self) -> OpsState:
         return self._state
-
-    @workflow.update
-    def health_evidence(self, snap: HealthSnapshot) -> EvidenceAck:
-        """A health snapshot from a new node's agent, while its gate waits for one."""
-        return self._gate_take(snap, workflow.info().workflow_id)
-
-    @health_evidence.validator
-    def _check_evidence(self, snap: HealthSnapshot) -> None:
-        if not self._gate_wants(snap):
-            raise ValueError(f"no health gate of {self._state.cluster} waits for this snapshot")
-
-    @workflow.query
-    def wants_evidence(self, snap: HealthSnapshot) -> bool:
-        return self._gate_wants(snap)
 
     @workflow.run
     async def run(self, inp: ScaleNodeSetInput) -> OpsState:

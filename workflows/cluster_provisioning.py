@@ -61,7 +61,6 @@ with workflow.unsafe.imports_passed_through():
         render_topology,
     )
     from autoclusters.core.cluster_spec import NodeSetSpec
-    from autoclusters.core.evidence import EvidenceAck, HealthSnapshot
     from autoclusters.core.guard import GuardContext, GuardStatus, guard_workflow_id
     from autoclusters.core.models import HealthCheck, HealthReport, StepRecord
     from autoclusters.core.policy import NodeTopology
@@ -123,23 +122,6 @@ class ClusterProvisioning(AgentGate):
     @workflow.query
     def status(self) -> ClusterState:
         return self._state
-
-    @workflow.update
-    def health_evidence(self, snap: HealthSnapshot) -> EvidenceAck:
-        """A health snapshot from a node's agent, while that node's gate waits for one
-        (the API forwards them)."""
-        return self._gate_take(snap, workflow.info().workflow_id)
-
-    @health_evidence.validator
-    def _check_evidence(self, snap: HealthSnapshot) -> None:
-        # A refused update leaves no event in the history.
-        if not self._gate_wants(snap):
-            raise ValueError(f"no health gate of {self._state.cluster} waits for this snapshot")
-
-    @workflow.query
-    def wants_evidence(self, snap: HealthSnapshot) -> bool:
-        """Would `health_evidence` keep this snapshot? (The API asks first.)"""
-        return self._gate_wants(snap)
 
     @workflow.run
     async def run(self, inp: ClusterProvisioningInput) -> ClusterState:
