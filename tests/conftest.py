@@ -73,11 +73,22 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.workflow)
 
 
+_handed_out: set[int] = set()
+
+
 def free_port_base(span: int = PORT_SPAN) -> int:
     """A base port with `span` free ports after it, so parallel sandboxes never collide
-    (a sandbox uses up to port_base + PORT_SPAN - 1, the last agent's /metrics: SandboxConfig)."""
+    (a sandbox uses up to port_base + PORT_SPAN - 1, the last agent's /metrics: SandboxConfig).
+
+    Ranges stay below the kernel's ephemeral ports (ip_local_port_range starts at 32768):
+    there, any outgoing connection of the many the sandbox makes may take a port as its
+    source between this check and the daemon's bind (slurmctld's "Address already in use"
+    in one CI run). A base is handed out once per session, because a base chosen for a
+    sandbox that has not started yet still looks free."""
     for _ in range(200):
-        base = random.randrange(20000, 40000, 200)  # 200 > PORT_SPAN: ranges never overlap
+        base = random.randrange(10000, 32400, 200)  # 200 > PORT_SPAN: ranges never overlap
+        if base in _handed_out:
+            continue
         ok = True
         for port in range(base, base + span):
             with socket.socket() as s:
@@ -87,6 +98,7 @@ def free_port_base(span: int = PORT_SPAN) -> int:
                     ok = False
                     break
         if ok:
+            _handed_out.add(base)
             return base
     raise RuntimeError("no free port range")
 
