@@ -1,0 +1,277 @@
+"""Sharing GPU nodes between Slurm training and Kubernetes inference: pools, the policy, the
+demand figures and the decision the rebalancer takes from them.
+
+A node is in exactly one pool at a time. `training`: a Slurm node that takes jobs (and a
+Kubernetes node tainted so inference pods never land there). `inference`: a Kubernetes node
+that takes inference pods, drained in Slurm with `LENT_REASON`. `moving`: between the two,
+owned by the rebalancer's current move. Slinky's slurm-bridge states the rule this keeps: a
+node runs Slurm user work or Kubernetes user work, never both at once.
+
+`decide` is pure (no clock, no I/O) so the workflow, the tests and `bench/share.py` take the
+same decision from the same figures.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from autoclusters.core.models import REASON_PREFIX
+
+# Kubernetes: the pool a node is in, as a label, and on training nodes a NoSchedule taint
+# with the same key, so inference pods (which select the label and do not tolerate the
+# taint) land only on lent nodes.
+POOL_LABEL = "autoclusters.io/pool"
+POOL_TAINT_KEY = "autoclusters.io/pool"
+# Slurm: a lent node is drained under this reason; the runbook's return-to-service never
+# undrains it (it is not an incident's reason) and a move's drain names the move.
+LENT_REASON = f"{REASON_PREFIX} lent to inference"
+MOVE_REASON_PREFIX = f"{REASON_PREFIX} gpu-rebalance"
+# The inference Deployment's pods carry this label; the sandbox's gateway routes to them.
+INFERENCE_APP_LABEL = "app.kubernetes.io/name"
+INFERENCE_APP = "autoclusters-inference"
+# Kubernetes' own hint for which pod a scale-down removes first (ReplicaSet controller).
+POD_DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
+
+REBALANCE_WORKFLOW = "GpuRebalance"
+REBALANCE_ID_PREFIX = "gpu-rebalance-"
+
+
+def rebalance_workflow_id(cluster: str) -> str:
+    """One rebalancer per cluster."""
+    return f"{REBALANCE_ID_PREFIX}{cluster}"
+
+
+def move_reason(move_id: str) -> str:
+    """The drain reason while a node moves to inference: the move's own, so a retried drain
+    recognises itself and the runbook knows whose node it is."""
+    return f"{MOVE_REASON_PREFIX} {move_id}"
+
+
+def is_sharing_reason(reason: str) -> bool:
+    """A drain written by the rebalancer (a move under way, or a node lent)."""
+    return reason == LENT_REASON or reason.startswith(MOVE_REASON_PREFIX)
+
+
+class Pool(StrEnum):
+    TRAINING = "training"
+    INFERENCE = "inference"
+    MOVING = "moving"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class InferenceTarget(_Strict):
+    """Where inference runs in Kubernetes and how its demand is read from Prometheus."""
+
+    namespace: str = Field(default="inference", min_length=1, max_length=63)
+    deployment: str = Field(default="inference", min_length=1, max_length=253)
+    # A PromQL expression whose value is compared with `slo`: above it the SLO is breached.
+    # The default is the p95 request latency (seconds) the serving gateway measures.
+    demand_query: str = Field(
+        default=(
+            "histogram_quantile(0.95, sum by (le) "
+            "(rate(inference_request_duration_seconds_bucket[30s])))"
+        ),
+        min_length=1,
+        max_length=2000,
+    )
+    slo: float = Field(default=0.5, gt=0, allow_inf_nan=False)
+    # Requests per second the deployment serves (for the record and the benchmark).
+    rate_query: str = Field(
+        default="sum(rate(inference_requests_total[30s]))", min_length=1, max_length=2000
+    )
+
+
+class SharePolicy(_Strict):
+    """What the operator allows the rebalancer to do."""
+
+    enabled: bool = True
+    inference: InferenceTarget = Field(default_factory=InferenceTarget)
+    min_training_nodes: int = Field(default=1, ge=0, le=100_000)
+    max_inference_nodes: int = Field(default=1, ge=0, le=100_000)
+    # Inference keeps at least this many nodes however calm its demand (0: it may scale to
+    # none and the first request waits for a lend).
+    min_inference_nodes: int = Field(default=0, ge=0, le=100_000)
+    # Hysteresis: lend when demand > slo * lend_above; return when demand < slo * return_below
+    # (a value between the two changes nothing). Each must hold for `sustain` evaluations.
+    lend_above: float = Field(default=1.0, gt=0, allow_inf_nan=False)
+    return_below: float = Field(default=0.3, ge=0, allow_inf_nan=False)
+    sustain: int = Field(default=2, ge=1, le=1000)
+    # No move starts within this many seconds of the previous move's end.
+    cooldown_s: float = Field(default=60, ge=0, le=86_400, allow_inf_nan=False)
+    evaluate_every_s: float = Field(default=15, gt=0, le=3600, allow_inf_nan=False)
+    # A move waits for a human (Slack / CLI), as the runbook's approvals do.
+    needs_approval: bool = False
+    approval_timeout_s: float = Field(default=900, gt=0, le=86_400, allow_inf_nan=False)
+    # A lent node's Slurm job: ask it to checkpoint (its checkpoint signal) and requeue, then
+    # wait this long for the node to go idle before requeueing what still runs.
+    checkpoint_signal: str = Field(default="USR1", pattern=r"^[A-Z0-9]{2,8}$")
+    checkpoint_grace_s: float = Field(default=120, gt=0, le=3600, allow_inf_nan=False)
+    # A node back from inference: requeue running jobs narrower than they asked for, so they
+    # restart at full width from their checkpoint (a restart each).
+    regrow_training_jobs: bool = True
+    ready_timeout_s: float = Field(default=600, gt=0, le=7200, allow_inf_nan=False)
+
+    @model_validator(mode="after")
+    def _hysteresis(self) -> SharePolicy:
+        if self.return_below >= self.lend_above:
+            raise ValueError(
+                f"return_below ({self.return_below}) must be below lend_above "
+                f"({self.lend_above}): otherwise one value both lends and returns"
+            )
+        if self.min_inference_nodes > self.max_inference_nodes:
+            raise ValueError(
+                f"min_inference_nodes ({self.min_inference_nodes}) exceeds "
+                f"max_inference_nodes ({self.max_inference_nodes})"
+            )
+        return self
+
+
+class NodeShare(BaseModel):
+    """One GPU node as the rebalancer sees it."""
+
+    name: str
+    pool: Pool
+    gpus: int = 0
+    # Slurm: jobs running on it, and when the newest of them last checkpointed (epoch s;
+    # None: unknown). Kubernetes: inference pods on it.
+    jobs: list[int] = Field(default_factory=list)
+    last_checkpoint_at: float | None = None
+    pods: int = 0
+    in_incident: bool = False  # a remediation incident owns it now
+
+
+class Demand(BaseModel):
+    """The figures one evaluation saw, kept in the history with the move they justified."""
+
+    at: float  # epoch seconds
+    inference_value: float | None  # the demand query's value (None: no data)
+    slo: float
+    inference_rps: float | None = None
+    ready_replicas: int = 0
+    training_pending_gpus: int = 0  # GPUs asked for by pending jobs
+    training_running_gpus: int = 0  # GPUs held by running jobs
+    nodes: list[NodeShare] = Field(default_factory=list)
+
+    def in_pool(self, pool: Pool) -> list[NodeShare]:
+        return [n for n in self.nodes if n.pool == pool]
+
+
+Direction = Literal["inference", "training"]
+
+
+class Move(BaseModel):
+    """One node from one pool to the other, and why."""
+
+    move_id: str
+    node: str
+    to: Direction
+    reason: str
+    requested_by: str = "rebalancer"  # or the person who asked (`share move`)
+    demand: Demand | None = None
+
+
+class Verdict(BaseModel):
+    """The decision of one evaluation: a move, or why none."""
+
+    to: Direction | None
+    node: str | None = None
+    why: str
+    breach_streak: int = 0
+    calm_streak: int = 0
+
+
+def pick_to_lend(candidates: list[NodeShare]) -> NodeShare | None:
+    """The training node whose loss costs least: idle first, then the one whose job
+    checkpointed most recently (least work lost), never one in an incident."""
+    ok = [n for n in candidates if n.pool == Pool.TRAINING and not n.in_incident]
+    if not ok:
+        return None
+    idle = sorted((n for n in ok if not n.jobs), key=lambda n: n.name)
+    if idle:
+        return idle[0]
+    return min(ok, key=lambda n: (-(n.last_checkpoint_at or 0.0), n.name))
+
+
+def pick_to_return(candidates: list[NodeShare]) -> NodeShare | None:
+    """The lent node to give back: one in an incident is the runbook's, otherwise the one
+    serving least (fewest pods), by name for a stable choice."""
+    ok = [n for n in candidates if n.pool == Pool.INFERENCE and not n.in_incident]
+    return min(ok, key=lambda n: (n.pods, n.name)) if ok else None
+
+
+def decide(
+    demand: Demand,
+    policy: SharePolicy,
+    *,
+    breach_streak: int,
+    calm_streak: int,
+    seconds_since_last_move: float | None,
+) -> Verdict:
+    """Lend, return, or hold, from one evaluation's figures and the streaks before it.
+
+    Hysteresis: a value above `slo * lend_above` counts towards lending, below
+    `slo * return_below` towards returning; `sustain` in a row are needed, and no move
+    starts within `cooldown_s` of the last. The minimum training nodes and the maximum
+    inference nodes are never crossed, whatever the demand.
+    """
+    value = demand.inference_value
+    if value is None:
+        # No data is not calm: a broken query must not hand every node back.
+        return Verdict(to=None, why="no inference demand figure", breach_streak=0, calm_streak=0)
+    breached = value > policy.inference.slo * policy.lend_above
+    calm = value < policy.inference.slo * policy.return_below
+    breach = breach_streak + 1 if breached else 0
+    calm_n = calm_streak + 1 if calm else 0
+
+    def hold(why: str) -> Verdict:
+        return Verdict(to=None, why=why, breach_streak=breach, calm_streak=calm_n)
+
+    if not breached and not calm:
+        return hold(f"demand {value:.3g} within the band around the SLO {policy.inference.slo:g}")
+    if not policy.enabled:
+        return hold("sharing is disabled by policy")
+    if (
+        seconds_since_last_move is not None
+        and seconds_since_last_move < policy.cooldown_s
+        and (breach >= policy.sustain or calm_n >= policy.sustain)
+    ):
+        return hold(f"cooldown: last move {seconds_since_last_move:.0f}s ago")
+    training = demand.in_pool(Pool.TRAINING)
+    inference = demand.in_pool(Pool.INFERENCE)
+    if breached:
+        if breach < policy.sustain:
+            return hold(f"SLO breached {breach}/{policy.sustain} evaluations")
+        if len(inference) >= policy.max_inference_nodes:
+            return hold(f"at the maximum of {policy.max_inference_nodes} inference nodes")
+        if len(training) <= policy.min_training_nodes:
+            return hold(f"at the minimum of {policy.min_training_nodes} training nodes")
+        node = pick_to_lend(training)
+        if node is None:
+            return hold("no training node may be lent (all in incidents)")
+        return Verdict(
+            to="inference",
+            node=node.name,
+            why=f"demand {value:.3g} > SLO {policy.inference.slo:g} for {breach} evaluations",
+            breach_streak=0,
+            calm_streak=0,
+        )
+    if calm_n < policy.sustain:
+        return hold(f"demand calm {calm_n}/{policy.sustain} evaluations")
+    if len(inference) <= policy.min_inference_nodes:
+        return hold(f"at the minimum of {policy.min_inference_nodes} inference nodes")
+    node = pick_to_return(inference)
+    if node is None:
+        return hold("no lent node to return")
+    return Verdict(
+        to="training",
+        node=node.name,
+        why=f"demand {value:.3g} < {policy.return_below:g} x SLO for {calm_n} evaluations",
+        breach_streak=0,
+        calm_streak=0,
+    )
