@@ -81,6 +81,23 @@ class Settings(BaseSettings):
     temporal_address: str = "127.0.0.1:7233"
     temporal_namespace: str = "default"
     temporal_ui_url: str = "http://127.0.0.1:8233"
+    # A Temporal reached over TLS (Temporal Cloud, or a self-hosted frontend with TLS):
+    # mTLS with a client certificate and key, or an API key (which implies TLS). Files, not
+    # values, so they can be mounted from a Kubernetes Secret and rotated in place.
+    temporal_tls: bool = Field(
+        default=False, description="connect with TLS (implied by a client cert or API key)"
+    )
+    temporal_tls_cert: Path | None = Field(default=None, description="mTLS client cert (PEM)")
+    temporal_tls_key: Path | None = Field(default=None, description="mTLS client key (PEM)")
+    temporal_tls_ca: Path | None = Field(
+        default=None, description="CA that signed the server's cert; None: the system roots"
+    )
+    temporal_tls_server_name: str | None = Field(
+        default=None, description="the name the server's cert is checked against"
+    )
+    temporal_api_key: SecretStr | None = Field(
+        default=None, description="Temporal Cloud API key (sent as a bearer token over TLS)"
+    )
     task_queue: str = "autoclusters"
     cluster: str = "sandbox"
 
@@ -115,6 +132,11 @@ class Settings(BaseSettings):
     # None: not served. 0: a free port (tests).
     worker_metrics_port: int | None = Field(
         default=None, ge=0, le=65535, description="worker /metrics port on 127.0.0.1"
+    )
+    # The endpoint has no authentication: loopback unless a container or pod network, where
+    # Prometheus scrapes from another address, asks for 0.0.0.0.
+    worker_metrics_host: str = Field(
+        default="127.0.0.1", description="address the worker's /metrics listens on"
     )
 
     # The web console (/ui, clients/console): who may see it without logging in, how long

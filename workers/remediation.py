@@ -219,7 +219,9 @@ async def run(settings: Settings) -> None:
         cluster_provider(settings, slurm),
         metrics,
     )
-    server = serve_metrics(client, metrics, settings.worker_metrics_port)
+    server = serve_metrics(
+        client, metrics, settings.worker_metrics_port, settings.worker_metrics_host
+    )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -235,13 +237,14 @@ async def run(settings: Settings) -> None:
 
 
 def serve_metrics(
-    client: Client, metrics: WorkerMetrics | None, port: int | None
+    client: Client, metrics: WorkerMetrics | None, port: int | None, host: str = "127.0.0.1"
 ) -> MetricsServer | None:
-    """The worker's metrics, with what Temporal knows now, on loopback `port`; call on the
-    worker's event loop (the collector reads Temporal through it)."""
+    """The worker's metrics, with what Temporal knows now, on `host:port` (loopback unless
+    settings say otherwise); call on the worker's event loop (the collector reads Temporal
+    through it)."""
     if metrics is None or port is None:
         return None
     metrics.registry.register(TemporalCollector(client))
-    server = MetricsServer(metrics, port)
-    log.info("worker metrics on http://127.0.0.1:%d/metrics", server.port)
+    server = MetricsServer(metrics, port, host)
+    log.info("worker metrics on http://%s:%d/metrics", host, server.port)
     return server
