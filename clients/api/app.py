@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
@@ -72,6 +71,7 @@ from autoclusters.clients.api.inventory import NodeInventory, SlurmInventory, St
 from autoclusters.clients.api.metrics import ApiMetrics
 from autoclusters.clients.api.resolutions import Resolution, ResolutionLog
 from autoclusters.clients.api.settings import ApiSettings
+from autoclusters.clients.api.timing import RequestTimer
 from autoclusters.core.fault_evidence import FaultCleared, FaultEvidence
 from autoclusters.core.faults import UnknownFaultError, check_known_fault, known_faults
 from autoclusters.core.models import IncidentState, workflow_id
@@ -503,16 +503,7 @@ def create_app(
     async def _api_error(_request: Request, e: ApiError) -> JSONResponse:
         return JSONResponse(e.body, status_code=e.status, headers=e.headers)
 
-    @app.middleware("http")
-    async def _timed(request: Request, call_next: Any) -> Response:
-        started = time.monotonic()
-        response: Response = await call_next(request)
-        route = request.scope.get("route")
-        endpoint = getattr(route, "path", "unmatched")
-        api.metrics.request_duration.labels(endpoint, str(response.status_code)).observe(
-            time.monotonic() - started
-        )
-        return response
+    app.add_middleware(RequestTimer, metrics=api.metrics)
 
     @app.post(
         "/v1/alerts/alertmanager",

@@ -19,7 +19,9 @@ import httpx
 import jinja2
 from fastapi import APIRouter, Depends, FastAPI, Request, Response
 from fastapi.responses import FileResponse, JSONResponse, RedirectResponse
+from starlette.datastructures import MutableHeaders
 from starlette.templating import Jinja2Templates
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from autoclusters.clients.api.auth import Unauthorized
 from autoclusters.clients.api.settings import ApiSettings
@@ -357,10 +359,26 @@ def install(app: FastAPI, console: Console) -> None:
             )
         return login_page(request, error="" if "log in" in str(e) else str(e))
 
-    @app.middleware("http")
-    async def _headers(request: Request, call_next: Any) -> Response:
-        response: Response = await call_next(request)
-        if request.url.path.startswith("/ui"):
-            for k, v in SECURITY_HEADERS.items():
-                response.headers.setdefault(k, v)
-        return response
+    app.add_middleware(_SecurityHeaders)
+
+
+class _SecurityHeaders:
+    """SECURITY_HEADERS on every /ui answer. Plain ASGI, not `@app.middleware("http")`:
+    that costs every request of the API (alerts too) a task group and memory streams."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not scope["path"].startswith("/ui"):
+            await self.app(scope, receive, send)
+            return
+
+        async def with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = MutableHeaders(scope=message)
+                for k, v in SECURITY_HEADERS.items():
+                    headers.setdefault(k, v)
+            await send(message)
+
+        await self.app(scope, receive, with_headers)
