@@ -84,6 +84,16 @@ from autoclusters.core.models import (
     WaitRegisteredInput,
 )
 from autoclusters.core.quarantine import QuarantineStatus, VerifyQuarantineInput
+from autoclusters.core.sharing import (
+    CheckpointResult,
+    Demand,
+    DemandCall,
+    MoveCall,
+    RegrowResult,
+    StepOutcome,
+    YieldCall,
+    YieldResult,
+)
 
 
 def _stub() -> NotImplementedError:
@@ -323,4 +333,67 @@ async def cluster_incident_open(probe: IncidentProbe) -> bool:
 
 @activity.defn(name="cluster_workflow_running")
 async def cluster_workflow_running(probe: WorkflowProbe) -> bool:
+    raise _stub()
+
+
+# --- sharing GPUs between training and inference (GpuRebalance) ---------------------------
+
+
+@activity.defn(name="share_read_demand")
+async def share_read_demand(call: DemandCall) -> Demand:
+    raise _stub()
+
+
+@activity.defn(name="share_drain_for_move")
+async def share_drain_for_move(call: MoveCall) -> StepOutcome:
+    raise _stub()
+
+
+@activity.defn(name="share_checkpoint_jobs")
+async def share_checkpoint_jobs(call: MoveCall) -> CheckpointResult:
+    raise _stub()
+
+
+@activity.defn(name="share_mark_lent")
+async def share_mark_lent(call: MoveCall) -> StepOutcome:
+    raise _stub()
+
+
+@activity.defn(name="share_resume_training")
+async def share_resume_training(call: MoveCall) -> StepOutcome:
+    raise _stub()
+
+
+@activity.defn(name="share_regrow_jobs")
+async def share_regrow_jobs(call: MoveCall) -> RegrowResult:
+    raise _stub()
+
+
+@activity.defn(name="share_k8s_lend")
+async def share_k8s_lend(call: MoveCall) -> StepOutcome:
+    raise _stub()
+
+
+@activity.defn(name="share_scale_inference")
+async def share_scale_inference(call: MoveCall) -> StepOutcome:
+    raise _stub()
+
+
+@activity.defn(name="share_wait_serving")
+async def share_wait_serving(call: MoveCall) -> StepOutcome:
+    raise _stub()
+
+
+@activity.defn(name="share_k8s_release")
+async def share_k8s_release(call: MoveCall) -> StepOutcome:
+    raise _stub()
+
+
+@activity.defn(name="share_k8s_reclaim")
+async def share_k8s_reclaim(call: MoveCall) -> StepOutcome:
+    raise _stub()
+
+
+@activity.defn(name="share_yield_node")
+async def share_yield_node(call: YieldCall) -> YieldResult:
     raise _stub()

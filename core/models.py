@@ -243,6 +243,12 @@ class SlurmJob(BaseModel):
     admin_comment: str = ""
     requeue: bool = False
     batch_flag: bool = True
+    # Width: nodes it runs on now, and the most it asked for (`--nodes=min-max`); GPUs it
+    # asked for (`gres/gpu` of its TRES request; 0 when it asked for none).
+    node_count: int = 0
+    max_nodes: int = 0
+    gpus: int = 0
+    comment: str = ""
 
 
 # --- activity inputs and results --------------------------------------------------------

@@ -275,3 +275,131 @@ def decide(
         breach_streak=0,
         calm_streak=0,
     )
+
+
+# --- activity inputs and results ----------------------------------------------------------
+
+
+class DemandCall(BaseModel):
+    cluster: str
+    policy: SharePolicy
+    prometheus_url: str | None = None  # None: the worker's own setting
+    # Nodes the rebalancer knows and the pool it holds them in (it is the owner of that
+    # fact); nodes it has not seen yet are read from Kubernetes labels and Slurm reasons.
+    pools: dict[str, Pool] = Field(default_factory=dict)
+
+
+class MoveCall(BaseModel):
+    """One step of one move on one node."""
+
+    cluster: str
+    node: str
+    move_id: str
+    policy: SharePolicy
+    replicas: int = 0  # the inference Deployment's replicas this step sets (scale steps)
+
+
+class CheckpointResult(BaseModel):
+    signalled: list[int] = Field(default_factory=list)  # asked to checkpoint and requeue
+    requeued: list[int] = Field(default_factory=list)  # requeued by us after the grace
+    holds_released: list[int] = Field(default_factory=list)
+    waited_s: float = 0.0
+
+
+class StepOutcome(BaseModel):
+    """What a sharing step changed, for the move's record."""
+
+    changed: bool
+    detail: str = ""
+
+
+class RegrowResult(BaseModel):
+    requeued: list[int] = Field(default_factory=list)
+
+
+class YieldCall(BaseModel):
+    """An incident asks the rebalancer for a node it holds (lent, or in a move)."""
+
+    cluster: str
+    node: str
+    incident_id: str
+
+
+class YieldResult(BaseModel):
+    held: bool  # the rebalancer held the node (lent or moving) and now lets it go
+    pool_before: Pool | None = None
+    waited_for_step: str | None = None  # the move step the incident waited for, if any
+
+
+class MoveRequest(BaseModel):
+    """A person's move (`autoclusters share move`), through the same workflow."""
+
+    node: str
+    to: Direction
+    requested_by: str
+
+
+class MoveDecision(BaseModel):
+    """A human's answer to a move that needs approval."""
+
+    move_id: str
+    approve: bool
+    by: str
+
+
+class MoveStep(BaseModel):
+    name: str
+    started_at: float
+    finished_at: float | None = None
+    ok: bool | None = None
+    detail: str = ""
+
+
+class MoveRecord(BaseModel):
+    move: Move
+    status: Literal["waiting_approval", "running", "done", "failed", "rejected", "yielded"] = (
+        "running"
+    )
+    started_at: float
+    finished_at: float | None = None
+    steps: list[MoveStep] = Field(default_factory=list)
+    error: str = ""
+    approved_by: str | None = None
+
+
+class RebalanceState(BaseModel):
+    """Everything the rebalancer carries across continue-as-new."""
+
+    pools: dict[str, Pool] = Field(default_factory=dict)
+    breach_streak: int = 0
+    calm_streak: int = 0
+    last_move_end: float | None = None  # workflow time, epoch s
+    moves: list[MoveRecord] = Field(default_factory=list)  # newest last, bounded
+    queued: list[Move] = Field(default_factory=list)  # a person's moves, in order
+    last_demand: Demand | None = None
+    last_verdict: Verdict | None = None
+    evaluations: int = 0
+    seq: int = 0  # moves started (for move ids)
+    # Nodes an incident took from the rebalancer, and whether their Kubernetes side has
+    # been put back in the training pool since.
+    yielded: dict[str, str] = Field(default_factory=dict)  # node -> incident id
+    unhealthy: list[str] = Field(default_factory=list)  # failed the gate on return
+
+
+class RebalanceInput(BaseModel):
+    cluster: str
+    policy: SharePolicy = Field(default_factory=SharePolicy)
+    state: RebalanceState | None = None
+
+
+class ShareStatus(BaseModel):
+    cluster: str
+    policy: SharePolicy
+    pools: dict[str, Pool]
+    last_demand: Demand | None
+    last_verdict: Verdict | None
+    current: MoveRecord | None
+    moves: list[MoveRecord]
+    queued: list[Move]
+    evaluations: int
+    unhealthy: list[str]

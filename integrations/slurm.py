@@ -57,6 +57,12 @@ class SlurmBatchClient(SlurmClient, Protocol):
     async def job(self, job_id: int) -> SlurmJob | None: ...
 
 
+class SlurmSignalClient(SlurmClient, Protocol):
+    """What GPU sharing adds: ask a job to checkpoint through its own signal."""
+
+    async def signal_job(self, job_id: int, signal: str) -> None: ...
+
+
 def _flags(raw: Any) -> list[str]:
     return [str(f) for f in raw or []]
 
@@ -90,6 +96,15 @@ def _number(raw: Any) -> int:
     return int(raw or 0)
 
 
+def _tres_gpus(tres: str) -> int:
+    """GPUs in a TRES string such as `cpu=2,node=2,billing=2,gres/gpu=16`."""
+    for part in tres.split(","):
+        key, _, value = part.partition("=")
+        if key == "gres/gpu" and value.isdigit():
+            return int(value)
+    return 0
+
+
 def parse_jobs(doc: dict[str, Any]) -> list[SlurmJob]:
     out = []
     for j in doc.get("jobs", []):
@@ -107,6 +122,10 @@ def parse_jobs(doc: dict[str, Any]) -> list[SlurmJob]:
                 admin_comment=j.get("admin_comment") or "",
                 requeue=bool(j.get("requeue")),
                 batch_flag=bool(j.get("batch_flag", True)),
+                node_count=_number(j.get("node_count")),
+                max_nodes=_number(j.get("max_nodes")),
+                gpus=_tres_gpus(j.get("tres_req_str") or ""),
+                comment=j.get("comment") or "",
             )
         )
     return out
@@ -183,6 +202,12 @@ class SlurmCli:
 
     async def cancel(self, job_id: int) -> None:
         await self._run("scancel", str(job_id))
+
+    async def signal_job(self, job_id: int, signal: str) -> None:
+        """Send `signal` to the job's batch shell (`scancel --batch`), which by convention
+        passes it on to its steps: the job's checkpoint signal (train.sbatch traps USR1,
+        checkpoints, and requeues itself)."""
+        await self._run("scancel", "--batch", f"--signal={signal}", str(job_id))
 
     async def submit_batch(
         self,

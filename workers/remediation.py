@@ -9,6 +9,8 @@ import signal
 from datetime import timedelta
 from typing import Any
 
+import httpx
+from kubernetes.client import ApiClient
 from temporalio.client import Client
 from temporalio.worker import Worker
 
@@ -19,6 +21,10 @@ from autoclusters.activities.guard import GuardActivities
 from autoclusters.activities.health import HealthActivities
 from autoclusters.activities.kubernetes import KubernetesActivities
 from autoclusters.activities.notify import NotifyActivities
+from autoclusters.activities.sharing_demand import ShareDemandActivities
+from autoclusters.activities.sharing_k8s import ShareKubernetesActivities
+from autoclusters.activities.sharing_slurm import ShareSlurmActivities
+from autoclusters.activities.sharing_yield import ShareYieldActivities
 from autoclusters.activities.slurm import SlurmActivities
 from autoclusters.core.settings import Settings
 from autoclusters.integrations import k8s, temporal
@@ -33,6 +39,7 @@ from autoclusters.workers.metrics_interceptor import MetricsInterceptor
 from autoclusters.workflows.cluster_ops import ClusterTeardown, ScaleNodeSet
 from autoclusters.workflows.cluster_provisioning import ClusterProvisioning
 from autoclusters.workflows.fleet_guard import FleetGuard
+from autoclusters.workflows.gpu_rebalance import GpuRebalance
 from autoclusters.workflows.remediation import NodeRemediation
 
 log = logging.getLogger("autoclusters.worker")
@@ -43,7 +50,14 @@ CMK_NAMESPACE = "slurm"
 # ClusterProvisioning's provider activities (`cluster_*`, activities/cluster_provider.py) are
 # registered when Crusoe credentials are configured (on the sandbox they point at the
 # emulator); without them, a provisioning started here waits at its first step.
-WORKFLOWS = [NodeRemediation, FleetGuard, ClusterProvisioning, ScaleNodeSet, ClusterTeardown]
+WORKFLOWS = [
+    NodeRemediation,
+    FleetGuard,
+    ClusterProvisioning,
+    ScaleNodeSet,
+    ClusterTeardown,
+    GpuRebalance,
+]
 
 
 def cloud_provider(settings: Settings) -> CloudProvider:
@@ -172,6 +186,42 @@ def activities_for(
     ]
 
 
+def sharing_activities(
+    client: Client, settings: Settings, slurm: SlurmClient, kube_api: ApiClient | None
+) -> list[Any]:
+    """GpuRebalance's steps. Its Kubernetes steps need a kubeconfig and its Slurm steps a
+    client that can signal jobs (the real one); without them only the incident's side
+    (`share_yield_node`) is served, and a rebalancer's moves wait for a worker that has them."""
+    out: list[Any] = [ShareYieldActivities(client).yield_node]
+    if not isinstance(slurm, SlurmCli):
+        return out
+    demand = ShareDemandActivities(
+        slurm,
+        httpx.AsyncClient(timeout=10),
+        prometheus_url=settings.prometheus_url,
+        kube=kube_api,
+    )
+    share_slurm = ShareSlurmActivities(slurm)
+    out += [
+        demand.read_demand,
+        share_slurm.drain_for_move,
+        share_slurm.checkpoint_jobs,
+        share_slurm.mark_lent,
+        share_slurm.resume_training,
+        share_slurm.regrow_jobs,
+    ]
+    if kube_api is not None:
+        share_k8s = ShareKubernetesActivities(kube_api, request_timeout_s=10)
+        out += [
+            share_k8s.lend,
+            share_k8s.scale_inference,
+            share_k8s.wait_serving,
+            share_k8s.release,
+            share_k8s.reclaim,
+        ]
+    return out
+
+
 def build_worker(
     client: Client,
     settings: Settings,
@@ -185,10 +235,9 @@ def build_worker(
     guard = GuardActivities(client, slurm, settings.task_queue)
     ops = ClusterOpsActivities(client, slurm)
     notifiers = notifiers_for(settings, metrics)
+    kube_api = k8s.api_client(kubeconfig=settings.kubeconfig) if settings.kubeconfig else None
     kubernetes = (
-        KubernetesActivities(k8s.api_client(kubeconfig=settings.kubeconfig), request_timeout_s=10)
-        if settings.kubeconfig is not None
-        else None
+        KubernetesActivities(kube_api, request_timeout_s=10) if kube_api is not None else None
     )
     return Worker(
         client,
@@ -200,21 +249,29 @@ def build_worker(
             ops.incident_open,
             ops.workflow_running,
             *(provider.activities() if provider is not None else []),
+            *sharing_activities(client, settings, slurm, kube_api),
         ],
         graceful_shutdown_timeout=timedelta(seconds=5),
         interceptors=[MetricsInterceptor(metrics, client)] if metrics is not None else [],
     )
 
 
-async def run(settings: Settings) -> None:
+async def run(
+    settings: Settings,
+    *,
+    slurm: SlurmBatchClient | None = None,
+    cloud: CloudProvider | None = None,
+) -> None:
+    """`slurm`, `cloud`: other clients than the configured ones (the scale benchmark's
+    stand-in cluster, bench/scale_worker.py); everything else is as configured."""
     client = await temporal.connect(settings)
-    slurm = SlurmCli(settings.slurm_conf, settings.slurm_bin_dir)
+    slurm = slurm or SlurmCli(settings.slurm_conf, settings.slurm_bin_dir)
     metrics = WorkerMetrics() if settings.worker_metrics_port is not None else None
     worker = build_worker(
         client,
         settings,
         slurm,
-        cloud_provider(settings),
+        cloud or cloud_provider(settings),
         health_gate(settings, slurm),
         cluster_provider(settings, slurm),
         metrics,

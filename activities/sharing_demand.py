@@ -1,0 +1,224 @@
+"""What the rebalancer decides from: inference demand from Prometheus (the policy's PromQL,
+through the HTTP API), training demand from Slurm (GPUs asked for by pending jobs, held by
+running ones), and every GPU node with its pool, jobs and pods.
+
+Prometheus unreachable or a query with no data gives no figure (`None`): the decision then
+holds, since "no data" must never read as "no demand" and hand every node back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import time
+from typing import Any
+
+import httpx
+from kubernetes import client
+from temporalio import activity
+
+from autoclusters.activities.heartbeat import heartbeating
+from autoclusters.core import hostlist
+from autoclusters.core.cluster_ops import is_ops_reason
+from autoclusters.core.models import REASON_PREFIX, SPARE_REASON, SlurmJob, SlurmNode
+from autoclusters.core.sharing import (
+    INFERENCE_APP,
+    INFERENCE_APP_LABEL,
+    LENT_REASON,
+    POOL_LABEL,
+    Demand,
+    DemandCall,
+    NodeShare,
+    Pool,
+    is_sharing_reason,
+)
+from autoclusters.integrations.slurm import SlurmClient
+
+_ACTIVE = {"RUNNING", "CONFIGURING", "SUSPENDED", "COMPLETING"}
+
+
+def node_gpus(node: SlurmNode) -> int:
+    """GPUs from a gres string such as `gpu:8` or `gpu:h100:8(S:0-1)`."""
+    for part in node.gres.split(","):
+        fields = part.split("(")[0].split(":")
+        if fields and fields[0] == "gpu" and fields[-1].isdigit():
+            return int(fields[-1])
+    return 0
+
+
+def checkpointed_at(job: SlurmJob) -> float | None:
+    """A job may record its last checkpoint in its comment (`ckpt_at=<epoch s>`)."""
+    for part in job.comment.replace(";", " ").split():
+        key, _, value = part.partition("=")
+        if key == "ckpt_at":
+            try:
+                return float(value)
+            except ValueError:
+                return None
+    return None
+
+
+def pool_from_slurm(node: SlurmNode) -> Pool:
+    if node.drained and node.reason == LENT_REASON:
+        return Pool.INFERENCE
+    if node.drained and is_sharing_reason(node.reason):
+        return Pool.MOVING
+    return Pool.TRAINING
+
+
+def in_incident(node: SlurmNode) -> bool:
+    """Drained under an incident's reason (ours, not a move, a spare or a scale), or down."""
+    if not node.responding:
+        return True
+    reason = node.reason
+    return (
+        node.drained
+        and reason.startswith(f"{REASON_PREFIX} ")
+        and not is_sharing_reason(reason)
+        and reason != SPARE_REASON
+        and not is_ops_reason(reason)
+    )
+
+
+def not_shareable(node: SlurmNode) -> bool:
+    """Spares are the fleet guard's, an admin's drain is the admin's, a scale's node is
+    about to go: none of them is in either pool."""
+    if node.drained and not node.reason.startswith(f"{REASON_PREFIX} "):
+        return True
+    return node.drained and (node.reason == SPARE_REASON or is_ops_reason(node.reason))
+
+
+async def prometheus_value(http: httpx.AsyncClient, base_url: str, query: str) -> float | None:
+    """The first sample of an instant query; None for no data, NaN or an error."""
+    try:
+        r = await http.get(f"{base_url.rstrip('/')}/api/v1/query", params={"query": query})
+        r.raise_for_status()
+        data = r.json().get("data") or {}
+    except (httpx.HTTPError, ValueError):
+        return None
+    result: Any = data.get("result")
+    if data.get("resultType") == "scalar" and isinstance(result, list):
+        sample = result
+    elif isinstance(result, list) and result:
+        sample = result[0].get("value")
+    else:
+        return None
+    try:
+        value = float(sample[1])
+    except (TypeError, ValueError, IndexError):
+        return None
+    return None if math.isnan(value) or math.isinf(value) else value
+
+
+class ShareDemandActivities:
+    def __init__(
+        self,
+        slurm: SlurmClient,
+        http: httpx.AsyncClient,
+        *,
+        prometheus_url: str | None,
+        kube: client.ApiClient | None = None,
+        request_timeout_s: float = 15,
+    ) -> None:
+        self._slurm = slurm
+        self._http = http
+        self._prometheus_url = prometheus_url
+        self._core = client.CoreV1Api(kube) if kube is not None else None
+        self._apps = client.AppsV1Api(kube) if kube is not None else None
+        self._timeout = request_timeout_s
+
+    async def _k8s(self, fn: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        resp = await asyncio.to_thread(
+            fn, *args, _request_timeout=self._timeout, _preload_content=False, **kwargs
+        )
+        body: dict[str, Any] = json.loads(resp.data or b"{}")
+        return body
+
+    @activity.defn(name="share_read_demand")
+    async def read_demand(self, call: DemandCall) -> Demand:
+        async with heartbeating(f"share_read_demand {call.cluster}"):
+            return await self._read_demand(call)
+
+    async def _read_demand(self, call: DemandCall) -> Demand:
+        target = call.policy.inference
+        url = call.prometheus_url or self._prometheus_url
+        value = rps = None
+        if url:
+            value, rps = await asyncio.gather(
+                prometheus_value(self._http, url, target.demand_query),
+                prometheus_value(self._http, url, target.rate_query),
+            )
+        labels: dict[str, str] = {}
+        pods: dict[str, int] = {}
+        ready = 0
+        if self._core is not None and self._apps is not None:
+            nodes_doc = await self._k8s(self._core.list_node)
+            for item in nodes_doc.get("items") or []:
+                meta = item.get("metadata") or {}
+                pool = (meta.get("labels") or {}).get(POOL_LABEL)
+                if pool:
+                    labels[meta.get("name", "")] = pool
+            pods_doc = await self._k8s(
+                self._core.list_namespaced_pod,
+                target.namespace,
+                label_selector=f"{INFERENCE_APP_LABEL}={INFERENCE_APP}",
+            )
+            for pod in pods_doc.get("items") or []:
+                where = (pod.get("spec") or {}).get("nodeName")
+                if where and (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed"):
+                    pods[where] = pods.get(where, 0) + 1
+            try:
+                dep = await self._k8s(
+                    self._apps.read_namespaced_deployment, target.deployment, target.namespace
+                )
+                ready = int((dep.get("status") or {}).get("readyReplicas") or 0)
+            except client.ApiException as e:
+                if e.status != 404:
+                    raise
+        slurm_nodes, jobs = await asyncio.gather(self._slurm.nodes(), self._slurm.jobs())
+        gpus_of = {n.name: node_gpus(n) for n in slurm_nodes}
+        on_node: dict[str, list[SlurmJob]] = {}
+        pending_gpus = running_gpus = 0
+        for job in jobs:
+            names = hostlist.expand(job.nodes) if job.nodes else []
+            per_node = max((gpus_of.get(n, 0) for n in names), default=0)
+            if job.job_state == "PENDING":
+                pending_gpus += job.gpus or job.node_count * max(gpus_of.values(), default=0)
+            elif job.job_state in _ACTIVE:
+                running_gpus += job.gpus or per_node * len(names)
+                for n in names:
+                    on_node.setdefault(n, []).append(job)
+        shares: list[NodeShare] = []
+        for node in slurm_nodes:
+            if gpus_of[node.name] == 0 or not_shareable(node):
+                continue
+            if node.name in call.pools:
+                pool = call.pools[node.name]
+            elif node.name in labels and labels[node.name] in {p.value for p in Pool}:
+                pool = Pool(labels[node.name])
+            else:
+                pool = pool_from_slurm(node)
+            here = on_node.get(node.name, [])
+            stamps = [t for t in (checkpointed_at(j) for j in here) if t is not None]
+            shares.append(
+                NodeShare(
+                    name=node.name,
+                    pool=pool,
+                    gpus=gpus_of[node.name],
+                    jobs=[j.job_id for j in here],
+                    last_checkpoint_at=max(stamps) if stamps else None,
+                    pods=pods.get(node.name, 0),
+                    in_incident=in_incident(node),
+                )
+            )
+        return Demand(
+            at=time.time(),
+            inference_value=value,
+            slo=target.slo,
+            inference_rps=rps,
+            ready_replicas=ready,
+            training_pending_gpus=pending_gpus,
+            training_running_gpus=running_gpus,
+            nodes=shares,
+        )

@@ -1,0 +1,200 @@
+"""Slurm steps of a GPU-sharing move: take a node out for inference (drain, ask its jobs to
+checkpoint and requeue, wait until idle, mark it lent) and give it back (resume, regrow).
+
+Every step is idempotent. A drain or resume touches only a node that is ours to move: one
+drained by an admin, an incident, a spare or a scale/teardown is refused, never
+overwritten. A job is asked to checkpoint once per move (a marker on the job carries the
+move and its restart count, as the runbook's requeue does), so a retried step never makes
+it checkpoint-and-requeue twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from autoclusters.activities.heartbeat import heartbeating
+from autoclusters.core import hostlist
+from autoclusters.core.models import REASON_PREFIX, SlurmJob, SlurmNode
+from autoclusters.core.sharing import (
+    LENT_REASON,
+    CheckpointResult,
+    MoveCall,
+    RegrowResult,
+    StepOutcome,
+    is_sharing_reason,
+    move_reason,
+)
+from autoclusters.integrations.slurm import SlurmSignalClient
+
+_ACTIVE = {"RUNNING", "CONFIGURING", "SUSPENDED"}
+_BUSY = _ACTIVE | {"COMPLETING"}
+
+
+def checkpoint_marker(move_id: str, restart_cnt: int) -> str:
+    """Written on a job before it is signalled: a retry that finds it (and the same restart
+    count) waits instead of signalling again; a higher count means the job already left."""
+    return f"{REASON_PREFIX}checkpoint:{move_id}:{restart_cnt}"
+
+
+def regrow_marker(move_id: str, restart_cnt: int) -> str:
+    return f"{REASON_PREFIX}regrow:{move_id}:{restart_cnt}"
+
+
+def _marked(job: SlurmJob, prefix: str) -> int | None:
+    if job.admin_comment.startswith(prefix):
+        tail = job.admin_comment[len(prefix) :]
+        return int(tail) if tail.isdigit() else None
+    return None
+
+
+class ShareSlurmActivities:
+    def __init__(self, slurm: SlurmSignalClient, *, poll_s: float = 1.0) -> None:
+        self._slurm = slurm
+        self._poll_s = poll_s
+
+    async def _node(self, name: str) -> SlurmNode:
+        node = await self._slurm.node(name)
+        if node is None:
+            raise ApplicationError(
+                f"node {name} is not in this Slurm cluster", type="UnknownNode", non_retryable=True
+            )
+        return node
+
+    @activity.defn(name="share_drain_for_move")
+    async def drain_for_move(self, call: MoveCall) -> StepOutcome:
+        """Drain the node under the move's reason; refused when anyone else holds it."""
+        async with heartbeating(f"share_drain_for_move {call.node}"):
+            node = await self._node(call.node)
+            reason = move_reason(call.move_id)
+            if node.drained and node.reason == reason:
+                return StepOutcome(changed=False, detail="already drained for this move")
+            if node.drained and not is_sharing_reason(node.reason):
+                raise ApplicationError(
+                    f"{call.node} is drained by someone else ({node.reason!r}): not moved",
+                    type="NodeNotOurs",
+                    non_retryable=True,
+                )
+            await self._slurm.drain(call.node, reason)
+            return StepOutcome(changed=True, detail=f"drained: {reason}")
+
+    @activity.defn(name="share_checkpoint_jobs")
+    async def checkpoint_jobs(self, call: MoveCall) -> CheckpointResult:
+        """Ask every job on the node to checkpoint and requeue itself (its checkpoint
+        signal), wait up to the policy's grace for the node to go idle, then requeue what
+        still runs; release the requeue hold so the jobs start again at once elsewhere."""
+        async with heartbeating(f"share_checkpoint_jobs {call.node}"):
+            return await self._checkpoint_jobs(call)
+
+    async def _checkpoint_jobs(self, call: MoveCall) -> CheckpointResult:
+        result = CheckpointResult()
+        started = time.monotonic()
+        prefix = f"{REASON_PREFIX}checkpoint:{call.move_id}:"
+        for job in await self._slurm.jobs_on_node(call.node):
+            if job.job_state not in _ACTIVE:
+                continue
+            before = _marked(job, prefix)
+            if before is not None:
+                result.signalled.append(job.job_id)
+                continue  # an earlier attempt signalled it: wait, never signal twice
+            await self._slurm.set_admin_comment(
+                job.job_id, checkpoint_marker(call.move_id, job.restart_cnt)
+            )
+            await self._slurm.signal_job(job.job_id, call.policy.checkpoint_signal)
+            result.signalled.append(job.job_id)
+        deadline = started + call.policy.checkpoint_grace_s
+        while time.monotonic() < deadline:
+            if not [j for j in await self._slurm.jobs_on_node(call.node) if j.job_state in _BUSY]:
+                break
+            await asyncio.sleep(self._poll_s)
+        else:
+            # Did not checkpoint in time (or does not handle the signal): requeue it, once.
+            for job in await self._slurm.jobs_on_node(call.node):
+                if job.job_state not in _ACTIVE:
+                    continue
+                marked = _marked(job, prefix)
+                if marked is not None and job.restart_cnt > marked:
+                    continue  # it did requeue itself; it only looks active again
+                if job.requeue and job.batch_flag:
+                    await self._slurm.requeue(job.job_id)
+                    result.requeued.append(job.job_id)
+            while [j for j in await self._slurm.jobs_on_node(call.node) if j.job_state in _BUSY]:
+                await asyncio.sleep(self._poll_s)
+        # A job that requeued itself (scontrol requeue) waits ~2 min before it may start
+        # again; the runbook's rule is that it restarts at once on healthy capacity.
+        for job in await self._slurm.jobs():
+            if job.job_id in result.signalled + result.requeued and job.job_state == "PENDING":
+                await self._slurm.release_hold(job.job_id)
+                result.holds_released.append(job.job_id)
+        result.waited_s = time.monotonic() - started
+        return result
+
+    @activity.defn(name="share_mark_lent")
+    async def mark_lent(self, call: MoveCall) -> StepOutcome:
+        """The move is done: the node stays drained, now as lent to inference."""
+        async with heartbeating(f"share_mark_lent {call.node}"):
+            node = await self._node(call.node)
+            if node.drained and node.reason == LENT_REASON:
+                return StepOutcome(changed=False, detail="already lent")
+            if node.drained and not is_sharing_reason(node.reason):
+                raise ApplicationError(
+                    f"{call.node} was drained by someone else meanwhile ({node.reason!r})",
+                    type="NodeNotOurs",
+                    non_retryable=True,
+                )
+            busy = [j.job_id for j in await self._slurm.jobs_on_node(call.node)]
+            if busy:
+                raise ApplicationError(f"{call.node} still runs Slurm jobs {busy}", type="NotIdle")
+            await self._slurm.drain(call.node, LENT_REASON)
+            return StepOutcome(changed=True, detail=f"drained: {LENT_REASON}")
+
+    @activity.defn(name="share_resume_training")
+    async def resume_training(self, call: MoveCall) -> StepOutcome:
+        """Back to Slurm: resume the node, but only from a drain the rebalancer wrote."""
+        async with heartbeating(f"share_resume_training {call.node}"):
+            node = await self._node(call.node)
+            if not node.drained:
+                return StepOutcome(changed=False, detail=f"already in service ({node.state})")
+            if not is_sharing_reason(node.reason):
+                raise ApplicationError(
+                    f"{call.node} is drained by someone else ({node.reason!r}): left drained",
+                    type="NodeNotOurs",
+                    non_retryable=True,
+                )
+            await self._slurm.resume(call.node)
+            return StepOutcome(changed=True, detail="resumed in Slurm")
+
+    @activity.defn(name="share_regrow_jobs")
+    async def regrow_jobs(self, call: MoveCall) -> RegrowResult:
+        """Running jobs narrower than they asked for (`--nodes=min-max` started below max)
+        are checkpointed and requeued once, so they start again at full width."""
+        async with heartbeating(f"share_regrow_jobs {call.node}"):
+            result = RegrowResult()
+            prefix = f"{REASON_PREFIX}regrow:{call.move_id}:"
+            for job in await self._slurm.jobs():
+                if job.job_state != "RUNNING" or not job.requeue:
+                    continue
+                if _marked(job, prefix) is not None:
+                    continue  # asked already (this move)
+                width = job.node_count or len(hostlist.expand(job.nodes))
+                if not job.max_nodes or width >= job.max_nodes:
+                    continue
+                await self._slurm.set_admin_comment(
+                    job.job_id, regrow_marker(call.move_id, job.restart_cnt)
+                )
+                await self._slurm.signal_job(job.job_id, call.policy.checkpoint_signal)
+                result.requeued.append(job.job_id)
+            # Each requeues itself after its checkpoint; start it again at once.
+            waiting = set(result.requeued)
+            deadline = time.monotonic() + call.policy.checkpoint_grace_s
+            while waiting and time.monotonic() < deadline:
+                for job in await self._slurm.jobs():
+                    if job.job_id in waiting and job.job_state == "PENDING":
+                        await self._slurm.release_hold(job.job_id)
+                        waiting.discard(job.job_id)
+                if waiting:
+                    await asyncio.sleep(self._poll_s)
+            return result

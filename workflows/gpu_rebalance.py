@@ -1,0 +1,457 @@
+"""GpuRebalance: GPU nodes lent from Slurm training to Kubernetes inference as inference
+demand rises, and returned when it falls. One per cluster, long-running, continued as new.
+
+The runbook, per evaluation (on a timer, or at once when an alert says the SLO is at risk):
+read demand (Prometheus, Slurm, both pools) -> decide (`core.sharing.decide`: hysteresis,
+sustain, cooldown, min training / max inference) -> at most one move.
+
+Lend a node:   drain it in Slurm under the move's reason -> ask its jobs to checkpoint and
+               requeue (their checkpoint signal; what still runs after the grace is
+               requeued) -> hand it to Kubernetes (label inference, lift the pool taint) ->
+               scale the inference Deployment -> wait until the replica there serves ->
+               mark it lent in Slurm.
+Return a node: scale the Deployment down with the node's pod marked cheapest to delete (it
+               drains gracefully) -> label and taint it back to training -> health gate (the
+               runbook's: Slurm with all GPUs, and a fresh healthy report from the node's
+               agent) -> resume it in Slurm -> requeue narrowed jobs so they regrow.
+
+A node runs Slurm jobs or inference pods, never both: Slurm drains it and it is idle before
+Kubernetes gets it; Kubernetes has emptied it before Slurm resumes it. A node that fails the
+gate stays drained, a human is paged. One owner per node: a remediation incident that opens
+on a lent or moving node asks for it (`yield_node`), gets it after the move's current step,
+and the move stops there. Every move, with the demand figures that justified it, is in the
+history.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from datetime import timedelta
+from typing import TypeVar
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+from temporalio.exceptions import ActivityError
+
+with workflow.unsafe.imports_passed_through():
+    from autoclusters.activities import contracts
+    from autoclusters.core.models import HealthGateInput, Notification
+    from autoclusters.core.sharing import (
+        REBALANCE_WORKFLOW,
+        DemandCall,
+        Move,
+        MoveCall,
+        MoveDecision,
+        MoveRecord,
+        MoveRequest,
+        MoveStep,
+        Pool,
+        RebalanceInput,
+        RebalanceState,
+        SharePolicy,
+        ShareStatus,
+        YieldCall,
+        YieldResult,
+        decide,
+    )
+
+from autoclusters.workflows.agent_gate import AgentGate
+from autoclusters.workflows.timeline import HEARTBEAT, NOTIFY_RETRY, cause_of
+
+T = TypeVar("T")
+
+RETRY = RetryPolicy(
+    initial_interval=timedelta(seconds=1),
+    backoff_coefficient=2.0,
+    maximum_interval=timedelta(seconds=30),
+    maximum_attempts=5,
+    non_retryable_error_types=["UnknownNode", "NodeNotOurs"],
+)
+STEP_TIMEOUT = timedelta(minutes=5)
+KEEP_MOVES = 50
+# Continue as new well before the history grows large (each evaluation is ~6 events).
+EVALUATIONS_PER_RUN = 500
+
+
+class MoveStopped(Exception):
+    """The move ends early: an incident took the node, or a human said no."""
+
+
+@workflow.defn(name=REBALANCE_WORKFLOW)
+class GpuRebalance(AgentGate):
+    @workflow.init
+    def __init__(self, inp: RebalanceInput) -> None:
+        self._cluster = inp.cluster
+        self._policy = inp.policy
+        self._s = inp.state or RebalanceState()
+        self._evaluate_now: str | None = None
+        self._decisions: dict[str, MoveDecision] = {}
+        self._current: MoveRecord | None = None
+        self._running_step: str | None = None
+        self._evaluations_this_run = 0
+        self._init_agent_gate()
+
+    @workflow.run
+    async def run(self, inp: RebalanceInput) -> None:
+        while True:
+            try:
+                await workflow.wait_condition(
+                    lambda: bool(self._s.queued or self._evaluate_now or self._s.yielded),
+                    timeout=timedelta(seconds=self._policy.evaluate_every_s),
+                )
+            except TimeoutError:
+                pass
+            await self._settle_yielded()
+            if self._s.queued:
+                await self._run_move(self._s.queued.pop(0))
+            else:
+                self._evaluate_now = None
+                await self._evaluate()
+            if (
+                workflow.info().is_continue_as_new_suggested()
+                or self._evaluations_this_run >= EVALUATIONS_PER_RUN
+            ):
+                await workflow.wait_condition(workflow.all_handlers_finished)
+                workflow.continue_as_new(
+                    RebalanceInput(cluster=self._cluster, policy=self._policy, state=self._s)
+                )
+
+    # --- what people and other workflows call ------------------------------------------
+
+    @workflow.query
+    def status(self) -> ShareStatus:
+        return ShareStatus(
+            cluster=self._cluster,
+            policy=self._policy,
+            pools=dict(self._s.pools),
+            last_demand=self._s.last_demand,
+            last_verdict=self._s.last_verdict,
+            current=self._current,
+            moves=self._s.moves[-10:],
+            queued=list(self._s.queued),
+            evaluations=self._s.evaluations,
+            unhealthy=list(self._s.unhealthy),
+        )
+
+    @workflow.signal
+    def evaluate_now(self, why: str) -> None:
+        """An alert says the inference SLO is at risk: evaluate without waiting the timer."""
+        self._evaluate_now = why or "asked"
+
+    @workflow.signal
+    def set_policy(self, policy: SharePolicy) -> None:
+        self._policy = policy
+
+    @workflow.update
+    def request_move(self, req: MoveRequest) -> str:
+        """A person's move, run through the same steps; the move id is returned."""
+        move = Move(
+            move_id=self._next_move_id(),
+            node=req.node,
+            to=req.to,
+            reason=f"asked by {req.requested_by}",
+            requested_by=req.requested_by,
+        )
+        self._s.queued.append(move)
+        return move.move_id
+
+    @request_move.validator
+    def _check_move(self, req: MoveRequest) -> None:
+        known = self._s.last_demand.nodes if self._s.last_demand else []
+        node = next((n for n in known if n.name == req.node), None)
+        if node is None:
+            raise ValueError(f"{req.node} is not a GPU node this rebalancer can move")
+        pool = self._s.pools.get(req.node, node.pool)
+        want = Pool.INFERENCE if req.to == "inference" else Pool.TRAINING
+        if pool == want:
+            raise ValueError(f"{req.node} is already in the {want.value} pool")
+        if pool == Pool.MOVING or any(m.node == req.node for m in self._s.queued):
+            raise ValueError(f"{req.node} is already moving")
+        if node.in_incident or req.node in self._s.yielded:
+            raise ValueError(f"{req.node} is in a remediation incident")
+
+    @workflow.signal
+    def decide_move(self, decision: MoveDecision) -> None:
+        """Approve or reject a move waiting for a human."""
+        self._decisions[decision.move_id] = decision
+
+    @workflow.update
+    async def yield_node(self, call: YieldCall) -> YieldResult:
+        """An incident opened on a node this rebalancer holds: it gets the node once the
+        move's current step (if any) has finished; the move stops there."""
+        pool = self._s.pools.get(call.node)
+        if pool not in (Pool.INFERENCE, Pool.MOVING) and call.node not in self._s.yielded:
+            return YieldResult(held=False, pool_before=pool)
+        self._s.yielded[call.node] = call.incident_id
+        waited = None
+        if self._current is not None and self._current.move.node == call.node:
+            waited = self._running_step
+        await workflow.wait_condition(
+            lambda: self._current is None or self._current.move.node != call.node
+        )
+        return YieldResult(held=True, pool_before=pool, waited_for_step=waited)
+
+    # --- the runbook -----------------------------------------------------------------------
+
+    async def _evaluate(self) -> None:
+        demand = await workflow.execute_activity(
+            contracts.share_read_demand,
+            DemandCall(cluster=self._cluster, policy=self._policy, pools=dict(self._s.pools)),
+            start_to_close_timeout=timedelta(minutes=1),
+            heartbeat_timeout=HEARTBEAT,
+            retry_policy=RETRY,
+        )
+        self._s.evaluations += 1
+        self._evaluations_this_run += 1
+        for n in demand.nodes:
+            self._s.pools.setdefault(n.name, n.pool)
+        since = (
+            None
+            if self._s.last_move_end is None
+            else workflow.now().timestamp() - self._s.last_move_end
+        )
+        verdict = decide(
+            demand,
+            self._policy,
+            breach_streak=self._s.breach_streak,
+            calm_streak=self._s.calm_streak,
+            seconds_since_last_move=since,
+        )
+        self._s.breach_streak, self._s.calm_streak = verdict.breach_streak, verdict.calm_streak
+        self._s.last_demand, self._s.last_verdict = demand, verdict
+        if verdict.to is None or verdict.node is None:
+            return
+        await self._run_move(
+            Move(
+                move_id=self._next_move_id(),
+                node=verdict.node,
+                to=verdict.to,
+                reason=verdict.why,
+                demand=demand,
+            )
+        )
+
+    async def _run_move(self, move: Move) -> None:
+        rec = MoveRecord(move=move, started_at=workflow.now().timestamp())
+        self._current = rec
+        self._s.moves.append(rec)
+        del self._s.moves[:-KEEP_MOVES]
+        before = self._s.pools.get(move.node, Pool.TRAINING)
+        self._s.pools[move.node] = Pool.MOVING
+        try:
+            if self._policy.needs_approval and move.requested_by == "rebalancer":
+                await self._approval(rec)
+            rec.status = "running"
+            if move.to == "inference":
+                await self._lend(rec)
+                self._s.pools[move.node] = Pool.INFERENCE
+            else:
+                passed = await self._return(rec)
+                self._s.pools[move.node] = Pool.TRAINING if passed else Pool.MOVING
+                if not passed:
+                    rec.status = "failed"
+                    self._s.unhealthy.append(move.node)
+                    self._s.pools.pop(move.node, None)
+            if rec.status == "running":
+                rec.status = "done"
+        except MoveStopped as e:
+            rec.error = str(e)
+            if move.node in self._s.yielded:
+                rec.status = "yielded"
+            else:
+                rec.status = "rejected"
+                self._s.pools[move.node] = before
+        except ActivityError as e:
+            rec.status = "failed"
+            rec.error = str(cause_of(e))
+            # Where the node is now is read again at the next evaluation.
+            self._s.pools.pop(move.node, None)
+            await self._notify(move, "move_failed", f"{move.node}: {rec.error}", "warning")
+        finally:
+            rec.finished_at = workflow.now().timestamp()
+            self._s.last_move_end = rec.finished_at
+            self._current = None
+            self._running_step = None
+            if move.node in self._s.yielded:
+                self._s.pools.pop(move.node, None)
+
+    async def _approval(self, rec: MoveRecord) -> None:
+        move = rec.move
+        rec.status = "waiting_approval"
+        await self._notify(
+            move,
+            "approval_needed",
+            f"move {move.move_id}: {move.node} to {move.to} ({move.reason}). Approve with "
+            f"`autoclusters share approve {move.move_id}` or reject.",
+            "warning",
+        )
+        try:
+            await workflow.wait_condition(
+                lambda: move.move_id in self._decisions or move.node in self._s.yielded,
+                timeout=timedelta(seconds=self._policy.approval_timeout_s),
+            )
+        except TimeoutError:
+            raise MoveStopped("nobody approved in time") from None
+        if move.node in self._s.yielded:
+            raise MoveStopped(f"incident {self._s.yielded[move.node]} took the node")
+        decision = self._decisions.pop(move.move_id)
+        if not decision.approve:
+            raise MoveStopped(f"rejected by {decision.by}")
+        rec.approved_by = decision.by
+
+    async def _lend(self, rec: MoveRecord) -> None:
+        call = self._call(rec.move)
+        await self._step(rec, "drain", contracts.share_drain_for_move, call)
+        await self._step(rec, "checkpoint_and_requeue", contracts.share_checkpoint_jobs, call)
+        await self._step(rec, "k8s_lend", contracts.share_k8s_lend, call)
+        grown = call.model_copy(update={"replicas": self._inference_count() + 1})
+        await self._step(rec, "scale_up_inference", contracts.share_scale_inference, grown)
+        await self._step(
+            rec,
+            "wait_serving",
+            contracts.share_wait_serving,
+            call,
+            timeout=timedelta(seconds=self._policy.ready_timeout_s + 60),
+        )
+        await self._step(rec, "mark_lent", contracts.share_mark_lent, call)
+
+    async def _return(self, rec: MoveRecord) -> bool:
+        call = self._call(rec.move)
+        shrunk = call.model_copy(update={"replicas": max(0, self._inference_count() - 1)})
+        await self._step(
+            rec,
+            "scale_down_inference",
+            contracts.share_k8s_release,
+            shrunk,
+            timeout=timedelta(seconds=self._policy.ready_timeout_s + 60),
+        )
+        await self._step(rec, "k8s_reclaim", contracts.share_k8s_reclaim, call)
+        since = workflow.now()
+        report = await self._step(
+            rec, "health_gate", contracts.health_gate, HealthGateInput(node=rec.move.node)
+        )
+        checks = report.checks
+        if report.passed:
+            checks = await self._agent_gate(
+                rec.move.node,
+                since,
+                report.expected_gpus or 0,
+                self._policy.ready_timeout_s,
+            )
+        failed = [c for c in checks if not c.passed]
+        rec.steps.append(
+            MoveStep(
+                name="health_verdict",
+                started_at=since.timestamp(),
+                finished_at=workflow.now().timestamp(),
+                ok=report.passed and not failed,
+                detail="; ".join(f"{c.name}: {c.detail}" for c in failed) or "healthy",
+            )
+        )
+        if not report.passed or failed:
+            await self._notify(
+                rec.move,
+                "health_gate_failed",
+                f"{rec.move.node} failed its health gate on its way back from inference; "
+                f"left drained: {report.failures() or rec.steps[-1].detail}",
+                "critical",
+            )
+            return False
+        await self._step(rec, "resume_in_slurm", contracts.share_resume_training, call)
+        if self._policy.regrow_training_jobs:
+            await self._step(rec, "regrow_jobs", contracts.share_regrow_jobs, call)
+        return True
+
+    async def _settle_yielded(self) -> None:
+        """A node an incident took is no longer lent: its Kubernetes side goes back to the
+        training pool and the Deployment no longer counts it (the incident cordons it and
+        evicts its pod; this keeps the pod from being recreated there)."""
+        for node, incident in list(self._s.yielded.items()):
+            if self._current is not None and self._current.move.node == node:
+                continue
+            call = MoveCall(
+                cluster=self._cluster,
+                node=node,
+                move_id=f"yield-{incident}",
+                policy=self._policy,
+                replicas=self._inference_count(),
+            )
+            try:
+                await self._activity(contracts.share_scale_inference, call, STEP_TIMEOUT)
+                await self._activity(contracts.share_k8s_reclaim, call, STEP_TIMEOUT)
+            except ActivityError as e:
+                workflow.logger.warning("settling %s after incident %s: %s", node, incident, e)
+                return  # tried again at the next turn
+            del self._s.yielded[node]
+
+    # --- helpers ---------------------------------------------------------------------------
+
+    def _inference_count(self) -> int:
+        return sum(1 for p in self._s.pools.values() if p == Pool.INFERENCE)
+
+    def _next_move_id(self) -> str:
+        self._s.seq += 1
+        return f"{self._cluster}-move-{self._s.seq}"
+
+    def _call(self, move: Move) -> MoveCall:
+        return MoveCall(
+            cluster=self._cluster, node=move.node, move_id=move.move_id, policy=self._policy
+        )
+
+    async def _activity(
+        self, fn: Callable[..., Awaitable[T]], arg: object, timeout: timedelta
+    ) -> T:
+        return await workflow.execute_activity(
+            fn,
+            arg,
+            start_to_close_timeout=timeout,
+            heartbeat_timeout=HEARTBEAT,
+            retry_policy=RETRY,
+        )
+
+    async def _step(
+        self,
+        rec: MoveRecord,
+        name: str,
+        fn: Callable[..., Awaitable[T]],
+        arg: object,
+        *,
+        timeout: timedelta = STEP_TIMEOUT,
+    ) -> T:
+        """One step of a move, recorded on it; an incident that took the node meanwhile
+        stops the move before the next step starts."""
+        if rec.move.node in self._s.yielded:
+            raise MoveStopped(f"incident {self._s.yielded[rec.move.node]} took the node")
+        step = MoveStep(name=name, started_at=workflow.now().timestamp())
+        rec.steps.append(step)
+        self._running_step = name
+        try:
+            out = await self._activity(fn, arg, max(timeout, STEP_TIMEOUT))
+        except ActivityError as e:
+            step.ok, step.detail = False, str(cause_of(e))
+            raise
+        finally:
+            step.finished_at = workflow.now().timestamp()
+            self._running_step = None
+        step.ok = True
+        step.detail = str(getattr(out, "detail", "") or "")
+        return out
+
+    async def _notify(self, move: Move, event: str, text: str, severity: str) -> None:
+        try:
+            await workflow.execute_activity(
+                contracts.notify,
+                Notification(
+                    incident_id=move.move_id,
+                    cluster=self._cluster,
+                    node=move.node,
+                    fault="gpu-rebalance",
+                    event=event,
+                    text=text,
+                    severity=severity,
+                ),
+                start_to_close_timeout=timedelta(seconds=30),
+                retry_policy=NOTIFY_RETRY,
+            )
+        except ActivityError as e:  # a notification never blocks a move
+            workflow.logger.warning("notify failed: %s", e)
