@@ -451,9 +451,8 @@ def print_table(c: Comparison) -> None:
     table.add_column(c.static.name, justify="right")
     for row in _rows(c):
         table.add_row(*row)
-    console = Console(width=100)
-    console.print(_params(c), highlight=False)
-    console.print(table)
+    print(_params(c))
+    Console(width=100).print(table)
 
 
 def _args(argv: list[str] | None) -> argparse.Namespace:
