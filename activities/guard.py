@@ -41,6 +41,7 @@ from autoclusters.core.guard import (
     SpareClaim,
     guard_workflow_id,
 )
+from autoclusters.core.sharing import is_sharing_reason
 from autoclusters.integrations.slurm import SlurmClient
 
 
@@ -146,9 +147,15 @@ class GuardActivities:
     async def _view(self, cluster: str) -> SlurmView:
         async with heartbeating(f"reading the nodes of {cluster}"):
             nodes = await self._slurm.nodes()
+        # A node lent to inference (or moving) is drained in Slurm but serving: it is
+        # capacity in use, not capacity lost, so it does not count against the guard.
         return SlurmView(
             cluster_nodes=len(nodes),
-            out_of_service=sorted(n.name for n in nodes if n.drained or not n.responding),
+            out_of_service=sorted(
+                n.name
+                for n in nodes
+                if not n.responding or (n.drained and not is_sharing_reason(n.reason))
+            ),
         )
 
     async def _admit_request(self, call: AdmitCall) -> AdmitRequest:

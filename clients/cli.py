@@ -21,6 +21,7 @@ from autoclusters.clients.breaker import breaker_app
 from autoclusters.clients.cluster_cli import cluster_app
 from autoclusters.clients.console_cli import console as console_command
 from autoclusters.clients.policy_cli import policy_app
+from autoclusters.clients.share_cli import share_app
 from autoclusters.core import settings as settings_mod
 from autoclusters.core.settings import Settings
 
@@ -30,6 +31,7 @@ app.add_typer(incident_app, name="incident")
 app.add_typer(breaker_app, name="breaker")
 app.add_typer(policy_app, name="policy")
 app.add_typer(cluster_app, name="cluster")
+app.add_typer(share_app, name="share")
 app.add_typer(agent_app, name="agent")
 app.add_typer(inject_app, name="inject")
 app.add_typer(api_app, name="api")

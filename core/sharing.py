@@ -14,11 +14,13 @@ same decision from the same figures.
 from __future__ import annotations
 
 from enum import StrEnum
+from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from autoclusters.core.models import REASON_PREFIX
+from autoclusters.core.yaml_spec import SpecError, SpecFormat, load_yaml_model
 
 # Kubernetes: the pool a node is in, as a label, and on training nodes a NoSchedule taint
 # with the same key, so inference pods (which select the label and do not tolerate the
@@ -403,3 +405,21 @@ class ShareStatus(BaseModel):
     queued: list[Move]
     evaluations: int
     unhealthy: list[str]
+
+
+class SharePolicyError(SpecError):
+    """A share policy file that cannot be used; each problem with its line and field."""
+
+
+SHARE_POLICY_FORMAT = SpecFormat(
+    model=SharePolicy,
+    error=SharePolicyError,
+    what="a share policy",
+    max_bytes=256 * 1024,
+    max_nodes=10_000,
+    root_message="a share policy must be a mapping (inference, min_training_nodes, ...)",
+)
+
+
+def load_share_policy(path: Path | str) -> SharePolicy:
+    return load_yaml_model(path, SHARE_POLICY_FORMAT)

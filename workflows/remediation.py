@@ -49,6 +49,7 @@ with workflow.unsafe.imports_passed_through():
         drain_reason,
     )
     from autoclusters.core.policy import LADDER, Policy, Rung, next_rung
+    from autoclusters.core.sharing import YieldCall, is_sharing_reason
     from autoclusters.integrations import temporal
 
 from autoclusters.workflows.fault_intake import FaultIntake
@@ -69,6 +70,8 @@ RUNBOOK_V3_K8S = "runbook-v3-kubernetes"
 RUNBOOK_V4_SPARES = "runbook-v4-hot-spares"
 # A node drained by a scale or teardown (cluster-ops) is theirs: the incident leaves it.
 RUNBOOK_V7_OPS_OWNER = "runbook-v7-cluster-ops-owner"
+# A node lent to inference (or moving) is taken from the cluster's GpuRebalance first.
+RUNBOOK_V8_SHARING_YIELD = "runbook-v8-sharing-yield"
 
 
 class Rejected(Exception):
@@ -344,6 +347,29 @@ class NodeRemediation(
             and workflow.patched(RUNBOOK_V7_OPS_OWNER)
         ):
             raise Rejected(f"{req.node} is owned by {drain.previous_reason!r} (scale/teardown)")
+        if (
+            drain.already_drained
+            and is_sharing_reason(drain.previous_reason)
+            and workflow.patched(RUNBOOK_V8_SHARING_YIELD)
+        ):
+            # Lent to inference or moving: the rebalancer lets the node go once its move's
+            # current step is done; the move stops there and the runbook goes on.
+            await self._step(
+                "take_from_rebalancer",
+                lambda: workflow.execute_activity(
+                    contracts.share_yield_node,
+                    YieldCall(cluster=req.cluster, node=req.node, incident_id=req.incident_id),
+                    start_to_close_timeout=timedelta(minutes=15),
+                    heartbeat_timeout=HEARTBEAT,
+                    retry_policy=RETRY,
+                ),
+                detail=lambda r: (
+                    f"was {r.pool_before}"
+                    + (f"; waited for {r.waited_for_step}" if r.waited_for_step else "")
+                    if r.held
+                    else "no rebalancer held it"
+                ),
+            )
         requeued = await self._step(
             "requeue",
             lambda: workflow.execute_activity(

@@ -1,0 +1,210 @@
+"""`autoclusters share`: GPU nodes shared between Slurm training and Kubernetes inference.
+
+`share start` runs the cluster's rebalancer (GpuRebalance) with a share policy;
+`share status` shows nodes per pool, the demand it last saw and the last moves;
+`share move --to inference|training --node N` moves one node through the same workflow;
+`share approve|reject MOVE` answers a move waiting for a human. Exit codes: 0 done; 1
+refused (no rebalancer, a node it cannot move); 2 a policy file that does not validate.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+from typing import Annotated, Literal
+
+import typer
+from rich.console import Console
+from rich.table import Table
+from temporalio.client import Client, WorkflowUpdateFailedError
+
+from autoclusters.clients.cluster_cli import _run
+from autoclusters.core.settings import Settings
+from autoclusters.core.sharing import (
+    MoveDecision,
+    MoveRequest,
+    Pool,
+    SharePolicy,
+    SharePolicyError,
+    ShareStatus,
+    load_share_policy,
+    rebalance_workflow_id,
+)
+
+share_app = typer.Typer(no_args_is_help=True, help="GPU nodes shared by training and inference.")
+console = Console()
+err = Console(stderr=True)
+
+ClusterOpt = Annotated[
+    str | None, typer.Option("--cluster", help="The cluster (default: the configured one).")
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="One JSON document.")]
+
+
+def _cluster(s: Settings, cluster: str | None) -> str:
+    return cluster or s.cluster
+
+
+def _ui(s: Settings, cluster: str) -> str:
+    return f"{s.temporal_ui_url}/namespaces/default/workflows/{rebalance_workflow_id(cluster)}"
+
+
+@share_app.command("start")
+def start(
+    policy_file: Annotated[
+        Path | None, typer.Option("--policy", "-f", help="A share policy YAML (default: built-in).")
+    ] = None,
+    cluster: ClusterOpt = None,
+) -> None:
+    """Start the cluster's rebalancer (or give the running one this policy)."""
+    from autoclusters.clients.sharing import start_rebalancer
+
+    try:
+        policy = load_share_policy(policy_file) if policy_file else SharePolicy()
+    except SharePolicyError as e:
+        typer.echo(str(e), err=True)
+        raise typer.Exit(2) from None
+
+    async def go(client: Client, s: Settings) -> str:
+        c = _cluster(s, cluster)
+        await start_rebalancer(client, c, policy, s.task_queue)
+        return c
+
+    c = _run(go)
+    console.print(f"rebalancer of {c} running; Temporal UI: {_ui(settings_now(), c)}")
+
+
+def settings_now() -> Settings:
+    from autoclusters.core import settings as settings_mod
+
+    return settings_mod.load()
+
+
+@share_app.command("status")
+def status(cluster: ClusterOpt = None, as_json: JsonOpt = False) -> None:
+    """Nodes per pool, the demand last seen, the moves."""
+    from autoclusters.clients.sharing import RebalancerNotRunning, share_status
+
+    async def go(client: Client, s: Settings) -> ShareStatus | None:
+        try:
+            return await share_status(client, _cluster(s, cluster))
+        except RebalancerNotRunning as e:
+            err.print(f"[red]{e}[/red]")
+            return None
+
+    st = _run(go)
+    if st is None:
+        raise typer.Exit(1)
+    if as_json:
+        typer.echo(st.model_dump_json())
+        return
+    _print_status(st)
+
+
+def _when(t: float | None) -> str:
+    return "-" if t is None else dt.datetime.fromtimestamp(t, dt.UTC).strftime("%H:%M:%S")
+
+
+def _print_status(st: ShareStatus) -> None:
+    pools: dict[str, list[str]] = {p.value: [] for p in Pool}
+    for node, where in sorted(st.pools.items()):
+        pools[where.value].append(node)
+    table = Table(title=f"GPU sharing on {st.cluster}")
+    table.add_column("pool")
+    table.add_column("nodes", justify="right")
+    table.add_column("which")
+    for name, nodes in pools.items():
+        table.add_row(name, str(len(nodes)), ", ".join(nodes))
+    console.print(table)
+    d = st.last_demand
+    if d is not None:
+        value = "no data" if d.inference_value is None else f"{d.inference_value:.3g}"
+        rps = "-" if d.inference_rps is None else f"{d.inference_rps:.1f}"
+        console.print(
+            f"demand at {_when(d.at)}: inference {value} (SLO {d.slo:g}), {rps} req/s, "
+            f"{d.ready_replicas} replicas ready; training: {d.training_pending_gpus} GPUs "
+            f"pending, {d.training_running_gpus} running"
+        )
+    if st.last_verdict is not None:
+        console.print(f"last decision: {st.last_verdict.why}")
+    if st.current is not None:
+        m = st.current
+        console.print(
+            f"[yellow]moving[/yellow] {m.move.node} to {m.move.to} ({m.status}): "
+            + " → ".join(s.name for s in m.steps)
+        )
+    moves = Table(title="last moves")
+    for col in ("move", "node", "to", "status", "started", "took", "why"):
+        moves.add_column(col)
+    for m in st.moves:
+        took = f"{m.finished_at - m.started_at:.0f}s" if m.finished_at else "-"
+        moves.add_row(
+            m.move.move_id, m.move.node, m.move.to, m.status, _when(m.started_at), took,
+            m.error or m.move.reason,
+        )  # fmt: skip
+    console.print(moves)
+    if st.unhealthy:
+        console.print(f"[red]failed their health gate, left drained:[/red] {st.unhealthy}")
+
+
+@share_app.command("move")
+def move(
+    to: Annotated[str, typer.Option("--to", help="inference or training.")],
+    node: Annotated[str, typer.Option("--node", help="The node to move.")],
+    cluster: ClusterOpt = None,
+    by: Annotated[str, typer.Option("--by", help="Who asks (recorded).")] = "cli",
+) -> None:
+    """Move one node now, through the rebalancer (the same steps as its own moves)."""
+    if to not in ("inference", "training"):
+        err.print(f"[red]--to must be inference or training, not {to!r}[/red]")
+        raise typer.Exit(2)
+    direction: Literal["inference", "training"] = "inference" if to == "inference" else "training"
+    from autoclusters.clients.sharing import request_move
+
+    async def go(client: Client, s: Settings) -> str | None:
+        try:
+            return await request_move(
+                client, _cluster(s, cluster), MoveRequest(node=node, to=direction, requested_by=by)
+            )
+        except WorkflowUpdateFailedError as e:
+            err.print(f"[red]refused:[/red] {e.cause}")
+            return None
+
+    move_id = _run(go)
+    if move_id is None:
+        raise typer.Exit(1)
+    console.print(
+        f"move {move_id}: {node} to {to} queued; follow it with `autoclusters share status`"
+    )
+
+
+def _decide(move_id: str, approve: bool, by: str, cluster: str | None) -> None:
+    from autoclusters.clients.sharing import decide_move
+
+    async def go(client: Client, s: Settings) -> None:
+        await decide_move(
+            client, _cluster(s, cluster), MoveDecision(move_id=move_id, approve=approve, by=by)
+        )
+
+    _run(go)
+    console.print(f"move {move_id} {'approved' if approve else 'rejected'} by {by}")
+
+
+@share_app.command("approve")
+def approve(
+    move_id: Annotated[str, typer.Argument(help="The move waiting for approval.")],
+    by: Annotated[str, typer.Option("--by", help="Who approves.")] = "cli",
+    cluster: ClusterOpt = None,
+) -> None:
+    """Approve a move that waits for a human."""
+    _decide(move_id, True, by, cluster)
+
+
+@share_app.command("reject")
+def reject(
+    move_id: Annotated[str, typer.Argument(help="The move waiting for approval.")],
+    by: Annotated[str, typer.Option("--by", help="Who rejects.")] = "cli",
+    cluster: ClusterOpt = None,
+) -> None:
+    """Reject a move that waits for a human: the node stays where it is."""
+    _decide(move_id, False, by, cluster)

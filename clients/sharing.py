@@ -1,0 +1,77 @@
+"""Starting and steering a cluster's GpuRebalance: the CLI, the demo and the API use these."""
+
+from __future__ import annotations
+
+from temporalio.client import Client, WorkflowHandle
+from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
+from temporalio.service import RPCError
+
+from autoclusters.core.sharing import (
+    REBALANCE_WORKFLOW,
+    MoveDecision,
+    MoveRequest,
+    RebalanceInput,
+    SharePolicy,
+    ShareStatus,
+    rebalance_workflow_id,
+)
+
+
+class RebalancerNotRunning(RuntimeError):
+    pass
+
+
+async def start_rebalancer(
+    client: Client, cluster: str, policy: SharePolicy, task_queue: str
+) -> WorkflowHandle[object, None]:
+    """Start the cluster's rebalancer, or give the running one this policy."""
+    wid = rebalance_workflow_id(cluster)
+    handle: WorkflowHandle[object, None] = await client.start_workflow(
+        REBALANCE_WORKFLOW,
+        RebalanceInput(cluster=cluster, policy=policy),
+        id=wid,
+        task_queue=task_queue,
+        id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+        id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
+    )
+    await handle.signal("set_policy", policy)
+    return handle
+
+
+def _handle(client: Client, cluster: str) -> WorkflowHandle[object, None]:
+    return client.get_workflow_handle(rebalance_workflow_id(cluster))
+
+
+async def share_status(client: Client, cluster: str) -> ShareStatus:
+    try:
+        status: ShareStatus = await _handle(client, cluster).query(
+            "status", result_type=ShareStatus
+        )
+    except RPCError as e:
+        raise RebalancerNotRunning(
+            f"no GPU rebalancer for cluster {cluster} ({e.message}); "
+            f"start one with `autoclusters share start`"
+        ) from None
+    return status
+
+
+async def request_move(client: Client, cluster: str, req: MoveRequest) -> str:
+    """Queue a person's move; the validator refuses an unknown node, one already in that
+    pool, moving, or in an incident (nothing is queued then)."""
+    move_id: str = await _handle(client, cluster).execute_update(
+        "request_move", req, result_type=str
+    )
+    return move_id
+
+
+async def decide_move(client: Client, cluster: str, decision: MoveDecision) -> None:
+    await _handle(client, cluster).signal("decide_move", decision)
+
+
+async def evaluate_now(client: Client, cluster: str, why: str) -> bool:
+    """Ask the rebalancer to evaluate at once; False when none runs."""
+    try:
+        await _handle(client, cluster).signal("evaluate_now", why)
+    except RPCError:
+        return False
+    return True
