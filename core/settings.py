@@ -14,7 +14,7 @@ import tomllib
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -159,6 +159,20 @@ class Settings(BaseSettings):
         description="Prometheus root (http://host:9090) whose HTTP API the console's node "
         "pages query for the last hour of DCGM series; None: no charts",
     )
+
+    @field_validator(
+        "temporal_tls_cert",
+        "temporal_tls_key",
+        "temporal_tls_ca",
+        "temporal_tls_server_name",
+        "temporal_api_key",
+        mode="before",
+    )
+    @classmethod
+    def _empty_is_unset(cls, v: object) -> object:
+        # A Secret or ConfigMap key left empty (a placeholder) means "not used", not the
+        # path "." or an empty API key.
+        return None if v == "" else v
 
     @classmethod
     def settings_customise_sources(

@@ -76,3 +76,11 @@ def test_a_client_cert_without_its_key_is_refused(tmp_path: Path) -> None:
     (tmp_path / "tls.crt").write_text("PEM")
     with pytest.raises(ValueError, match="both"):
         temporal.tls_config(Settings(temporal_tls_cert=tmp_path / "tls.crt"))
+
+
+def test_empty_values_from_placeholder_secrets_mean_unset(monkeypatch: pytest.MonkeyPatch) -> None:
+    for var in ("API_KEY", "TLS_CERT", "TLS_KEY", "TLS_CA", "TLS_SERVER_NAME"):
+        monkeypatch.setenv(f"AUTOCLUSTERS_TEMPORAL_{var}", "")
+    s = Settings()
+    assert (s.temporal_api_key, s.temporal_tls_cert, s.temporal_tls_ca) == (None, None, None)
+    assert temporal.tls_config(s) is False
