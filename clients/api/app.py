@@ -57,6 +57,7 @@ from autoclusters.clients.agent.report import (
     NodeReport,
     ReportState,
 )
+from autoclusters.clients.api import sharing
 from autoclusters.clients.api.alertmanager import (
     AlertmanagerPayload,
     FaultMap,
@@ -508,6 +509,8 @@ def create_app(
     @app.post(
         "/v1/alerts/alertmanager",
         status_code=202,
+    sharing.register(app, api)
+
         response_model=IngestAnswer,
         openapi_extra=_body_schema(AlertmanagerPayload),
         summary="Alertmanager webhook (version 4): open or join each node's incident",
