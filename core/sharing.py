@@ -102,7 +102,9 @@ class SharePolicy(_Strict):
     # Hysteresis: lend when demand > slo * lend_above; return when demand < slo * return_below
     # (a value between the two changes nothing). Each must hold for `sustain` evaluations.
     lend_above: float = Field(default=1.0, gt=0, allow_inf_nan=False)
-    return_below: float = Field(default=0.3, ge=0, allow_inf_nan=False)
+    # 0.5: a latency demand never falls below an idle replica's own latency, so a low
+    # threshold would never return a node.
+    return_below: float = Field(default=0.5, ge=0, allow_inf_nan=False)
     sustain: int = Field(default=2, ge=1, le=1000)
     # No move starts within this many seconds of the previous move's end.
     cooldown_s: float = Field(default=60, ge=0, le=86_400, allow_inf_nan=False)
