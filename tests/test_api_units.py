@@ -239,7 +239,8 @@ async def test_slurm_inventory_caches_and_refreshes_for_a_node_it_does_not_know(
 
 def test_prometheus_rules_name_faults_the_api_and_the_policy_understand() -> None:
     doc = yaml.safe_load((ROOT / "deploy/prometheus/gpu-alerts.yml").read_text())
-    rules = [r for g in doc["groups"] for r in g["rules"]]
+    # The sharing group's rule rebalances GPUs; it names no fault (below).
+    rules = [r for g in doc["groups"] if g["name"] != "autoclusters-sharing" for r in g["rules"]]
     policy = default_policy()
     names = {r["alert"] for r in rules}
     assert {"GpuXidError", "GpuRowRemapFailure", "GpuDoubleBitEcc", "GpuMissing",
@@ -260,6 +261,26 @@ def test_prometheus_rules_name_faults_the_api_and_the_policy_understand() -> Non
             assert policy.rule_for(f).first_rung != Rung.MONITOR, (rule["alert"], f)
         # The alertname alone maps to the same fault (a relabel that drops `fault`).
         assert FAULTS.fault_for({"alertname": rule["alert"], "xid": "79"})[0] is not None
+
+
+def test_the_inference_slo_alert_reaches_the_sharing_webhook_with_the_policys_slo() -> None:
+    from autoclusters.core.sharing import SharePolicy
+
+    rules = yaml.safe_load((ROOT / "deploy/prometheus/gpu-alerts.yml").read_text())
+    group = next(g for g in rules["groups"] if g["name"] == "autoclusters-sharing")
+    (rule,) = group["rules"]
+    assert rule["labels"]["autoclusters"] == "rebalance" and "fault" not in rule["labels"]
+    # The rule fires on what the rebalancer decides from: the default demand query, above
+    # the default SLO.
+    policy = SharePolicy()
+    assert rule["expr"].strip() == f"{policy.inference.demand_query} > {policy.inference.slo:g}"
+    doc = yaml.safe_load((ROOT / "deploy/alertmanager/alertmanager.yml").read_text())
+    route = next(r for r in doc["route"]["routes"] if r["receiver"] == "autoclusters-sharing")
+    assert route["matchers"] == ['autoclusters = "rebalance"']
+    receiver = next(r for r in doc["receivers"] if r["name"] == "autoclusters-sharing")
+    (hook,) = receiver["webhook_configs"]
+    assert hook["url"].endswith("/v1/alerts/sharing")
+    assert hook["http_config"]["authorization"]["credentials_file"]
 
 
 def test_alertmanager_receiver_posts_to_the_api_with_a_bearer_token() -> None:
