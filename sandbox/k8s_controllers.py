@@ -176,15 +176,19 @@ def machine(
     labels: dict[str, str],
     annotations: dict[str, str],
     ready: bool,
+    taints: list[Obj] | None = None,
+    gpus: int | None = None,
 ) -> Obj:
-    """The Node a machine's kubelet registers when it first boots."""
+    """The Node a machine's kubelet registers when it first boots (with the taints of its
+    `--register-with-taints`, and the GPUs its device plugin advertises: 8 unless told)."""
     pressure = [
         ("MemoryPressure", "KubeletHasSufficientMemory"),
         ("DiskPressure", "KubeletHasNoDiskPressure"),
         ("PIDPressure", "KubeletHasSufficientPID"),
     ]
     stamp = now()
-    resources = {"cpu": "8", "memory": "64Gi", "nvidia.com/gpu": "8", "pods": "110"}
+    gpu_count = "8" if gpus is None else str(gpus)
+    resources = {"cpu": "8", "memory": "64Gi", "nvidia.com/gpu": gpu_count, "pods": "110"}
     base_labels = {
         "kubernetes.io/hostname": name,
         "kubernetes.io/os": "linux",
@@ -192,7 +196,10 @@ def machine(
     }
     node: Obj = {
         "metadata": {"name": name, "labels": {**base_labels, **labels}, "annotations": annotations},
-        "spec": {"providerID": provider_id} if provider_id else {},
+        "spec": {
+            **({"providerID": provider_id} if provider_id else {}),
+            **({"taints": [dict(t) for t in taints]} if taints else {}),
+        },
         "status": {
             "addresses": [
                 {"type": "Hostname", "address": name},

@@ -7,6 +7,9 @@ and gets what a real API server would answer for what AutoClusters uses:
   `/api/v1/namespaces/{ns}/pods[/{name}[/status|/eviction]]`,
   `/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets[/{name}]`,
   `/api/v1/namespaces/{ns}/configmaps|persistentvolumeclaims[/{name}]`,
+  `/apis/apps/v1/namespaces/{ns}/deployments[/{name}[/status|/scale]]` (a Deployment
+  controller keeps its pods at `spec.replicas`; a scheduler binds pods with no nodeName:
+  `sandbox.k8s_deployments`, `sandbox.k8s_scheduler`),
   `/apis/slinky.slurm.net/v1beta1[/namespaces/{ns}]/nodesets|controllers|accountings|
   loginsets[/{name}]`, `/apis/slurm.crusoe.ai/v1alpha1[/namespaces/{ns}]/slurmclusters|
   slurmusers[/{name}]` (custom resources stored as given: no operator acts on them),
@@ -23,7 +26,10 @@ An unauthenticated admin API under `/_emulator/` plays the machines and the kube
 `POST /_emulator/nodes` registers a machine as a node (a new providerID under an existing
 name is a new machine), `POST /_emulator/nodes/{name}/ready` flips Ready,
 `DELETE /_emulator/nodes/{name}` removes a machine,
-`POST /_emulator/pods/{ns}/{name}/ready` sets a pod's readiness, `POST /_emulator/faults`
+`POST /_emulator/pods/{ns}/{name}/ready` sets a pod's readiness (and starts a pod an
+external kubelet runs: `--external-kubelet SELECTOR`), `POST
+/_emulator/pods/{ns}/{name}/terminated` finishes such a pod's graceful deletion,
+`POST /_emulator/faults`
 makes the next requests to a path fail (409, 429, 5xx), `GET /_emulator/state` dumps all.
 
 Run: `python -m sandbox.k8s_emulator --port P --token T [--state FILE]`.
@@ -48,7 +54,14 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
-from autoclusters.sandbox.k8s_objects import BY_PATH, PODS, ApiError, Kind, bad_request
+from autoclusters.sandbox.k8s_objects import (
+    BY_PATH,
+    DEPLOYMENTS,
+    PODS,
+    ApiError,
+    Kind,
+    bad_request,
+)
 from autoclusters.sandbox.k8s_store import Store
 
 VERSION = {
@@ -73,6 +86,10 @@ class MachineSpec(BaseModel):
     labels: dict[str, str] = Field(default_factory=dict)
     annotations: dict[str, str] = Field(default_factory=dict)
     ready: bool = True
+    # The kubelet's --node-labels / --register-with-taints: only when the Node is created.
+    register_labels: dict[str, str] = Field(default_factory=dict)
+    register_taints: list[dict[str, str]] = Field(default_factory=list)
+    gpus: int | None = Field(default=None, ge=0)  # the device plugin's nvidia.com/gpu
 
 
 class FaultSpec(BaseModel):
@@ -94,9 +111,12 @@ class ReadySpec(BaseModel):
     message: str = ""
 
 
-def create_app(token: str, *, state_file: Path | None = None, kubelet: bool = True) -> FastAPI:
-    """The emulator as an ASGI app; `app.state.store` is its `Store`."""
-    store = Store(state_file, kubelet=kubelet)
+def create_app(
+    token: str, *, state_file: Path | None = None, kubelet: bool = True, external_kubelet: str = ""
+) -> FastAPI:
+    """The emulator as an ASGI app; `app.state.store` is its `Store`. Pods matching the
+    `external_kubelet` label selector are run by a kubelet outside (see `Store`)."""
+    store = Store(state_file, kubelet=kubelet, external_kubelet=external_kubelet)
     faults: list[FaultSpec] = []
     app = FastAPI(title="kubernetes emulator", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.store = store
@@ -146,6 +166,10 @@ def create_app(token: str, *, state_file: Path | None = None, kubelet: bool = Tr
     @app.post("/_emulator/pods/{ns}/{name}/ready")
     async def pod_ready(ns: str, name: str, spec: ReadySpec) -> JSONResponse:
         return JSONResponse(store.set_pod_ready(ns, name, ready=spec.ready))
+
+    @app.post("/_emulator/pods/{ns}/{name}/terminated")
+    async def pod_terminated(ns: str, name: str) -> JSONResponse:
+        return JSONResponse(store.finish_pod(ns, name))
 
     @app.post("/_emulator/faults")
     async def add_fault(spec: FaultSpec) -> JSONResponse:
@@ -242,6 +266,15 @@ async def _dispatch(store: Store, request: Request) -> tuple[int, Any]:
                 r.kind, r.ns, r.name, options, None if grace is None else int(grace)
             )
         raise _not_allowed()
+    if r.sub == "scale" and r.kind is DEPLOYMENTS and r.ns is not None:
+        if method == "GET":
+            return 200, store.get_scale(r.ns, r.name)
+        if method == "PUT":
+            return 200, store.replace_scale(r.ns, r.name, await _body(request))
+        if method == "PATCH":
+            ctype = request.headers.get("content-type", "")
+            return 200, store.patch_scale(r.ns, r.name, ctype, await _body(request))
+        raise _not_allowed()
     if r.sub == "eviction" and r.kind is PODS and r.ns is not None:
         if method != "POST":
             raise _not_allowed()
@@ -263,10 +296,12 @@ class Running:
 
 @contextmanager
 def running(
-    token: str, *, state_file: Path | None = None, kubelet: bool = True
+    token: str, *, state_file: Path | None = None, kubelet: bool = True, external_kubelet: str = ""
 ) -> Iterator[Running]:
     """Serve the emulator on a free loopback port in a background thread; stop it on exit."""
-    app = create_app(token, state_file=state_file, kubelet=kubelet)
+    app = create_app(
+        token, state_file=state_file, kubelet=kubelet, external_kubelet=external_kubelet
+    )
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
@@ -294,8 +329,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--token", required=True, help="the bearer token clients must send")
     parser.add_argument("--state", type=Path, help="keep the objects in this JSON file")
     parser.add_argument("--no-kubelet", action="store_true", help="pods never start")
+    parser.add_argument(
+        "--external-kubelet",
+        default="",
+        metavar="SELECTOR",
+        help="pods matching this label selector are run by a kubelet outside the emulator",
+    )
     args = parser.parse_args(argv)
-    app = create_app(args.token, state_file=args.state, kubelet=not args.no_kubelet)
+    app = create_app(
+        args.token,
+        state_file=args.state,
+        kubelet=not args.no_kubelet,
+        external_kubelet=args.external_kubelet,
+    )
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
 
 

@@ -52,6 +52,7 @@ NODESETS = Kind(
 )
 CONFIGMAPS = Kind("configmaps", "ConfigMap", "v1", namespaced=True, status_subresource=False)
 PVCS = Kind("persistentvolumeclaims", "PersistentVolumeClaim", "v1", namespaced=True)
+DEPLOYMENTS = Kind("deployments", "Deployment", "apps/v1", namespaced=True)
 
 
 def _custom(resource: str, kind: str, api_version: str) -> Kind:
@@ -75,6 +76,7 @@ KINDS = {
         NODESETS,
         CONFIGMAPS,
         PVCS,
+        DEPLOYMENTS,
         SLINKY_CONTROLLERS,
         SLINKY_ACCOUNTINGS,
         SLINKY_LOGINSETS,
@@ -415,3 +417,39 @@ def validate_pdb(obj: Obj) -> None:
             "spec",
             "Invalid value: minAvailable and maxUnavailable cannot be both set",
         )
+
+
+def validate_deployment(obj: Obj) -> None:
+    """What the API server refuses in a Deployment: a selector its template does not match,
+    negative or non-integer replicas, a template without containers."""
+    name = obj["metadata"]["name"]
+    spec = obj.get("spec")
+    if not isinstance(spec, dict):
+        raise invalid(DEPLOYMENTS, name, "spec", "Required value")
+    replicas = spec.get("replicas")
+    if isinstance(replicas, bool) or not isinstance(replicas, int):
+        raise bad_request("json: cannot unmarshal spec.replicas into Go value of type int32")
+    if replicas < 0:
+        raise invalid(
+            DEPLOYMENTS,
+            name,
+            "spec.replicas",
+            f"Invalid value: {replicas}: must be greater than or equal to 0",
+        )
+    selector = spec.get("selector")
+    if not isinstance(selector, dict) or not (
+        selector.get("matchLabels") or selector.get("matchExpressions")
+    ):
+        raise invalid(DEPLOYMENTS, name, "spec.selector", "Required value")
+    template = spec.get("template") or {}
+    labels = (template.get("metadata") or {}).get("labels") or {}
+    if not labels_match(labels, selector_requirements(selector)):
+        raise invalid(
+            DEPLOYMENTS,
+            name,
+            "spec.template.metadata.labels",
+            f"Invalid value: {labels!r}: `selector` does not match template `labels`",
+        )
+    containers = (template.get("spec") or {}).get("containers")
+    if not isinstance(containers, list) or not containers:
+        raise invalid(DEPLOYMENTS, name, "spec.template.spec.containers", "Required value")

@@ -44,6 +44,16 @@ MERGE_KEYS: dict[str, dict[Path, str]] = {
     },
     "poddisruptionbudgets": {**_COMMON, ("status", "conditions"): "type"},
     "namespaces": dict(_COMMON),
+    "deployments": {
+        **_COMMON,
+        ("spec", "template", "spec", "containers"): "name",
+        ("spec", "template", "spec", "initContainers"): "name",
+        ("spec", "template", "spec", "volumes"): "name",
+        ("spec", "template", "spec", "containers", "env"): "name",
+        ("spec", "template", "spec", "containers", "ports"): "containerPort",
+        ("spec", "template", "spec", "containers", "volumeMounts"): "mountPath",
+        ("status", "conditions"): "type",
+    },
 }
 
 

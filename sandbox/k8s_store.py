@@ -30,9 +30,11 @@ from pathlib import Path
 from typing import Any
 
 from autoclusters.sandbox import k8s_controllers as controllers
-from autoclusters.sandbox import k8s_patch
+from autoclusters.sandbox import k8s_deployments as deployments
+from autoclusters.sandbox import k8s_patch, k8s_scheduler
 from autoclusters.sandbox.k8s_controllers import TERMINAL, is_ready
 from autoclusters.sandbox.k8s_objects import (
+    DEPLOYMENTS,
     KINDS,
     NAMESPACES,
     NODES,
@@ -53,6 +55,7 @@ from autoclusters.sandbox.k8s_objects import (
     parse_field_selector,
     parse_label_selector,
     selector_requirements,
+    validate_deployment,
     validate_meta,
     validate_node,
     validate_pdb,
@@ -66,10 +69,18 @@ Key = tuple[str, str]
 
 
 class Store:
-    def __init__(self, state_file: Path | None = None, *, kubelet: bool = True) -> None:
+    def __init__(
+        self, state_file: Path | None = None, *, kubelet: bool = True, external_kubelet: str = ""
+    ) -> None:
         self._lock = threading.RLock()
         self._file = state_file
         self._kubelet_on = kubelet
+        # Pods matching this label selector are run by a kubelet outside the emulator (the
+        # sandbox's inference kubelet): the emulator neither starts them nor finishes their
+        # deletion; that kubelet reports both through the admin API.
+        self._external = parse_label_selector(external_kubelet) if external_kubelet else None
+        # Creation order by uid (a scale-down removes the newest first; timestamps are seconds).
+        self._born: dict[str, int] = {}
         self._rv = 0
         self._objs: dict[str, dict[Key, Obj]] = {r: {} for r in KINDS}
         # Pods whose readiness probe fails: the kubelet runs them but never reports them Ready.
@@ -119,6 +130,12 @@ class Store:
     # -- writes ---------------------------------------------------------------------------
 
     def create(self, kind: Kind, ns: str | None, body: Any) -> Obj:
+        with self._lock:
+            out = self._create(kind, ns, body)
+            self._settle()
+            return out
+
+    def _create(self, kind: Kind, ns: str | None, body: Any) -> Obj:
         if not isinstance(body, dict):
             raise bad_request(f"the body of a {kind.kind} create must be a JSON object")
         self._check_type(kind, body)
@@ -145,6 +162,7 @@ class Store:
             for k in ("resourceVersion", "deletionTimestamp", "deletionGracePeriodSeconds"):
                 meta.pop(k, None)
             meta.update(uid=new_uid(), creationTimestamp=now())
+            self._born[meta["uid"]] = len(self._born) + 1
             self._defaults(kind, obj)
             self._commit(kind, obj, None)
             out = self._out(kind, obj)
@@ -155,7 +173,9 @@ class Store:
     def replace(self, kind: Kind, ns: str | None, name: str, body: Any, sub: str | None) -> Obj:
         with self._lock:
             old = self._find(kind, ns, name)
-            return self._update(kind, old, body, sub)
+            out = self._update(kind, old, body, sub)
+            self._settle()
+            return out
 
     def patch(
         self, kind: Kind, ns: str | None, name: str, content_type: str, body: Any, sub: str | None
@@ -187,7 +207,9 @@ class Store:
                 if e.status == 400:
                     raise bad_request(str(e)) from None
                 raise ApiError(422, "Invalid", str(e)) from None
-            return self._update(kind, old, new, sub)
+            out = self._update(kind, old, new, sub)
+            self._settle()
+            return out
 
     def delete(self, kind: Kind, ns: str | None, name: str, options: Obj, grace: int | None) -> Obj:
         with self._lock:
@@ -197,8 +219,16 @@ class Store:
             if options.get("gracePeriodSeconds") is not None:
                 grace = int(options["gracePeriodSeconds"])
             if kind is PODS:
-                return self._delete_pod(old, grace)
+                out = self._delete_pod(old, grace)
+                self._settle()
+                return out
             self._remove(kind, self._key(kind, old))
+            if kind is DEPLOYMENTS:  # the garbage collector: its pods go (gracefully)
+                for pod in list(self._objs["pods"].values()):
+                    if deployments.owned_by(pod, old) and not pod["metadata"].get(
+                        "deletionTimestamp"
+                    ):
+                        self._delete_pod(pod, None)
             if kind is NODES:
                 self._collect_pods(name)
             if kind is NAMESPACES:
@@ -207,6 +237,7 @@ class Store:
                         key for key in self._objs[k.resource] if k.namespaced and key[0] == name
                     ]:
                         self._remove(k, key)
+            self._settle()
             details = {"name": name, "kind": kind.resource, "uid": meta["uid"]}
             if kind.group:
                 details["group"] = kind.group
@@ -229,6 +260,7 @@ class Store:
             if not exempt:
                 self._check_budget(pod)
             self._delete_pod(pod, None if grace is None else int(grace))
+            self._settle()
             return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
                     "code": 201}  # fmt: skip
 
@@ -243,8 +275,16 @@ class Store:
         labels: dict[str, str],
         annotations: dict[str, str],
         ready: bool,
+        register_labels: dict[str, str] | None = None,
+        register_taints: list[Obj] | None = None,
+        gpus: int | None = None,
     ) -> Obj:
         """A machine registers as node `name`.
+
+        `register_labels` and `register_taints` are the kubelet's `--node-labels` and
+        `--register-with-taints`: set when the Node is created, never on a later boot (a
+        reboot keeps whatever the cluster changed since). `gpus` is what the device plugin
+        advertises as `nvidia.com/gpu` (capacity and allocatable), on every boot.
 
         The same providerID is the same machine rebooted: the Node object stays (with its
         cordon, taints and labels) and reports the new bootID. A different providerID is a new
@@ -258,6 +298,9 @@ class Store:
                 node["metadata"].setdefault("labels", {}).update(labels)
                 node["metadata"].setdefault("annotations", {}).update(annotations)
                 node.setdefault("status", {}).setdefault("nodeInfo", {})["bootID"] = boot_id
+                if gpus is not None:
+                    for field in ("capacity", "allocatable"):
+                        node["status"].setdefault(field, {})[k8s_scheduler.GPU] = str(gpus)
                 reason = "KubeletReady" if ready else "KubeletNotReady"
                 controllers.set_ready(node, ready=ready, reason=reason)
                 self._commit(NODES, node, old)
@@ -265,19 +308,22 @@ class Store:
                 if old is not None:
                     self._remove(NODES, ("", name))
                     self._collect_pods(name)
-                self.create(
+                self._create(
                     NODES,
                     None,
                     controllers.machine(
                         name,
                         provider_id=provider_id,
                         boot_id=boot_id,
-                        labels=labels,
+                        labels={**(register_labels or {}), **labels},
                         annotations=annotations,
                         ready=ready,
+                        taints=register_taints or [],
+                        gpus=gpus,
                     ),
                 )
             self._after_ready_change(name, ready=ready)
+            self._settle()
             return self.get(NODES, None, name)
 
     def set_node_ready(self, name: str, *, ready: bool, reason: str, message: str) -> Obj:
@@ -288,22 +334,103 @@ class Store:
             controllers.set_ready(node, ready=ready, reason=reason, message=message)
             self._commit(NODES, node, old)
             self._after_ready_change(name, ready=ready)
-            return self._out(NODES, node)
+            self._settle()
+            return self.get(NODES, None, name)
 
     def remove_machine(self, name: str) -> None:
         with self._lock:
             self._find(NODES, None, name)
             self._remove(NODES, ("", name))
             self._collect_pods(name)
+            self._settle()
 
     def set_pod_ready(self, ns: str, name: str, *, ready: bool) -> Obj:
+        """The readiness probe's verdict. For a pod an external kubelet runs, the first
+        report also starts it (Running): that kubelet has started its process."""
         with self._lock:
             pod = self._find(PODS, ns, name)
             key = self._key(PODS, pod)
             (self._unready.discard if ready else self._unready.add)(key)
-            if (pod.get("status") or {}).get("phase") == "Running":
+            phase = (pod.get("status") or {}).get("phase")
+            starting = (
+                phase == "Pending"
+                and self._is_external(pod)
+                and pod["spec"].get("nodeName")
+                and not pod["metadata"].get("deletionTimestamp")
+            )
+            if phase == "Running" or starting:
                 self._set_pod_status(pod, ready=ready)
+            self._settle()
             return self.get(PODS, ns, name)
+
+    def finish_pod(self, ns: str, name: str) -> Obj:
+        """An external kubelet reports a terminating pod's containers gone: the deletion
+        completes (the pod object goes). A pod not being deleted is a 409."""
+        with self._lock:
+            pod = self._find(PODS, ns, name)
+            if not pod["metadata"].get("deletionTimestamp"):
+                raise conflict(PODS, name, "the pod is not being deleted")
+            self._remove(PODS, self._key(PODS, pod))
+            self._settle()
+            return self._out(PODS, pod)
+
+    # -- the scale subresource (apps/v1 Deployments) ---------------------------------------
+
+    def get_scale(self, ns: str, name: str) -> Obj:
+        with self._lock:
+            return deployments.scale(self._find(DEPLOYMENTS, ns, name))
+
+    def replace_scale(self, ns: str, name: str, body: Any) -> Obj:
+        if not isinstance(body, dict):
+            raise bad_request("the body of a Scale update must be a JSON object")
+        with self._lock:
+            old = self._find(DEPLOYMENTS, ns, name)
+            meta = body.get("metadata") or {}
+            if meta.get("name") not in (None, "", name):
+                raise bad_request("the name of the object does not match the name on the URL")
+            rv = meta.get("resourceVersion")
+            if rv and rv != old["metadata"]["resourceVersion"]:
+                raise conflict(DEPLOYMENTS, name)
+            replicas = (body.get("spec") or {}).get("replicas", 0)
+            if isinstance(replicas, bool) or not isinstance(replicas, int):
+                raise bad_request("json: cannot unmarshal spec.replicas into Go type int32")
+            if replicas < 0:
+                raise invalid(
+                    DEPLOYMENTS,
+                    name,
+                    "spec.replicas",
+                    f"Invalid value: {replicas}: must be greater than or equal to 0",
+                )
+            new = copy.deepcopy(old)
+            new["spec"]["replicas"] = replicas
+            self._commit(DEPLOYMENTS, new, old)
+            self._settle()
+            return deployments.scale(self._find(DEPLOYMENTS, ns, name))
+
+    def patch_scale(self, ns: str, name: str, content_type: str, body: Any) -> Obj:
+        ctype = content_type.split(";")[0].strip().lower()
+        if ctype not in (_JSON_PATCH, _MERGE, _SMP):
+            raise ApiError(415, "UnsupportedMediaType", f"unsupported media type {ctype}")
+        with self._lock:
+            doc = deployments.scale(self._find(DEPLOYMENTS, ns, name))
+            try:
+                if ctype == _SMP:
+                    new = k8s_patch.strategic_merge(doc, body, {})
+                elif ctype == _MERGE:
+                    if not isinstance(body, dict):
+                        raise k8s_patch.PatchError("merge patch must be a JSON object", 400)
+                    new = k8s_patch.merge_patch(doc, body)
+                else:
+                    new = k8s_patch.json_patch(doc, body)
+            except k8s_patch.PatchError as e:
+                if e.status == 400:
+                    raise bad_request(str(e)) from None
+                raise ApiError(422, "Invalid", str(e)) from None
+            if (new.get("metadata") or {}).get("resourceVersion") == doc["metadata"].get(
+                "resourceVersion"
+            ):
+                new["metadata"].pop("resourceVersion", None)  # a patch needs no precondition
+            return self.replace_scale(ns, name, new)
 
     # -- internals ------------------------------------------------------------------------
 
@@ -341,6 +468,9 @@ class Store:
         elif kind is NAMESPACES:
             obj["spec"] = {"finalizers": ["kubernetes"]}
             obj["status"] = {"phase": "Active"}
+        elif kind is DEPLOYMENTS:
+            deployments.defaults(obj)
+            obj["status"] = {}
 
     def _update(self, kind: Kind, old: Obj, body: Any, sub: str | None) -> Obj:
         if not isinstance(body, dict):
@@ -387,15 +517,17 @@ class Store:
         self._commit(kind, new, old)
         return self._out(kind, new)
 
-    def _commit(self, kind: Kind, obj: Obj, old: Obj | None) -> None:
+    def _commit(self, kind: Kind, obj: Obj, old: Obj | None, *, binding: bool = False) -> None:
         if kind is NODES:
             controllers.lifecycle_taints(obj)
             validate_node(obj, old)
         elif kind is PODS:
-            validate_pod(obj, old)
+            validate_pod(obj, None if binding else old)  # the binding sets spec.nodeName
         elif kind is PDBS:
             validate_pdb(obj)
-        if kind in (PODS, PDBS) or kind.custom:
+        elif kind is DEPLOYMENTS:
+            validate_deployment(obj)
+        if kind in (PODS, PDBS, DEPLOYMENTS) or kind.custom:
             gen = (old or {}).get("metadata", {}).get("generation", 0)
             changed = old is None or old.get("spec") != obj.get("spec")
             obj["metadata"]["generation"] = gen + 1 if changed else gen
@@ -460,12 +592,84 @@ class Store:
         if not self._kubelet_on or node is None or not is_ready(node):
             return
         for key, pod in list(self._objs["pods"].items()):
-            if pod["spec"].get("nodeName") != node_name:
+            if pod["spec"].get("nodeName") != node_name or self._is_external(pod):
                 continue
             if pod["metadata"].get("deletionTimestamp"):
                 self._remove(PODS, key)
             elif (pod.get("status") or {}).get("phase") not in TERMINAL:
                 self._set_pod_status(pod, ready=key not in self._unready)
+
+    def _is_external(self, pod: Obj) -> bool:
+        return self._external is not None and labels_match(
+            pod["metadata"].get("labels") or {}, self._external
+        )
+
+    # -- controllers: the Deployment controller, the scheduler ------------------------------
+
+    def _settle(self) -> None:
+        """What the controllers do after a write: Deployments' pods created or removed, pending
+        pods scheduled (a node that changed may now fit), Deployments' status updated."""
+        for _ in range(10):
+            if not (self._reconcile_deployments() | self._schedule()):
+                break
+        self._deployment_statuses()
+
+    def _owned(self, deploy: Obj) -> list[Obj]:
+        ns = deploy["metadata"]["namespace"]
+        return [
+            p
+            for (pns, _), p in self._objs["pods"].items()
+            if pns == ns and deployments.owned_by(p, deploy)
+        ]
+
+    def _reconcile_deployments(self) -> bool:
+        changed = False
+        for deploy in list(self._objs["deployments"].values()):
+            live = deployments.active(self._owned(deploy))
+            want = int(deploy["spec"].get("replicas", 1))
+            ns = deploy["metadata"]["namespace"]
+            for _ in range(want - len(live)):
+                self._create(PODS, ns, deployments.new_pod(deploy))
+                changed = True
+            if len(live) > want:
+                doomed = deployments.removal_order(live, self._born)[: len(live) - want]
+                for pod in doomed:
+                    self._delete_pod(pod, None)
+                changed = True
+        return changed
+
+    def _schedule(self) -> bool:
+        nodes = [self._objs["nodes"][k] for k in sorted(self._objs["nodes"])]
+        pending = [
+            p
+            for p in self._objs["pods"].values()
+            if not p["spec"].get("nodeName")
+            and not p["metadata"].get("deletionTimestamp")
+            and (p.get("status") or {}).get("phase") == "Pending"
+            and p["spec"].get("schedulerName", "default-scheduler") == "default-scheduler"
+        ]
+        bound = False
+        for pod in sorted(pending, key=lambda p: self._born.get(p["metadata"]["uid"], 0)):
+            node, message = k8s_scheduler.place(pod, nodes, list(self._objs["pods"].values()))
+            new = copy.deepcopy(pod)
+            if node is None:
+                new["status"] = k8s_scheduler.unschedulable(pod.get("status") or {}, message)
+                if new != pod:
+                    self._commit(PODS, new, pod)
+                continue
+            new["spec"]["nodeName"] = node
+            new["status"] = k8s_scheduler.scheduled(pod.get("status") or {})
+            self._commit(PODS, new, pod, binding=True)
+            self._kubelet(node)
+            bound = True
+        return bound
+
+    def _deployment_statuses(self) -> None:
+        for deploy in list(self._objs["deployments"].values()):
+            status = deployments.status(deploy, self._owned(deploy), deploy.get("status"))
+            if status != deploy.get("status"):
+                new = {**copy.deepcopy(deploy), "status": status}
+                self._commit(DEPLOYMENTS, new, deploy)
 
     def _after_ready_change(self, node_name: str, *, ready: bool) -> None:
         if ready:
