@@ -20,8 +20,11 @@ def torch_available() -> bool:
     return importlib.util.find_spec("torch") is not None
 
 
-async def submit(slurm: SlurmCli, cfg: SandboxConfig, name: str = "job") -> tuple[int, Path, str]:
-    """Submit the job; return its id, its log file and what it is ("torchrun" or "stand-in")."""
+async def submit(
+    slurm: SlurmCli, cfg: SandboxConfig, name: str = "job", sbatch_args: tuple[str, ...] = ()
+) -> tuple[int, Path, str]:
+    """Submit the job; return its id, its log file and what it is ("torchrun" or "stand-in").
+    `sbatch_args` override the script's #SBATCH lines (e.g. `--nodes=2-3`)."""
     jobs = cfg.state_dir / "jobs"
     jobs.mkdir(parents=True, exist_ok=True)
     if torch_available() and (TRAINING / "train.sbatch").exists():
@@ -41,6 +44,7 @@ async def submit(slurm: SlurmCli, cfg: SandboxConfig, name: str = "job") -> tupl
         script, kind, argv = Path(sandbox.__file__).parent / "jobs" / "progress.sh", "stand-in", []
     out = await slurm._run(  # noqa: SLF001 - sbatch is the demo's, not an activity's
         "sbatch", "--parsable", f"--output={jobs}/{name}-%j.log", f"--chdir={REPO}", *argv,
+        *sbatch_args,
         str(script),
     )  # fmt: skip
     job_id = int(out.strip().split(";")[0])
