@@ -145,7 +145,9 @@ class ShareSlurmActivities:
                     type="NodeNotOurs",
                     non_retryable=True,
                 )
-            busy = [j.job_id for j in await self._slurm.jobs_on_node(call.node)]
+            busy = [
+                j.job_id for j in await self._slurm.jobs_on_node(call.node) if j.job_state in _BUSY
+            ]
             if busy:
                 raise ApplicationError(f"{call.node} still runs Slurm jobs {busy}", type="NotIdle")
             await self._slurm.drain(call.node, LENT_REASON)

@@ -55,6 +55,10 @@ class FakeSlurm:
         self.release_count: Counter[int] = Counter()
         self.calls: Counter[str] = Counter()
         self.log: list[tuple[str, str]] = []
+        # Jobs that act on their checkpoint signal (train.sbatch's USR1 trap): they
+        # checkpoint and requeue themselves; others ignore it.
+        self.checkpointing: set[int] = set()
+        self.signals: Counter[int] = Counter()
 
     # --- building the cluster -----------------------------------------------------------
 
@@ -214,6 +218,18 @@ class FakeSlurm:
             n.state = "idle"
         n.reason = ""
         self.record("resume", node)
+
+    async def signal_job(self, job_id: int, signal: str) -> None:
+        self.calls["signal_job"] += 1
+        job = self._job(job_id)
+        self.signals[job_id] += 1
+        self.record(f"signal {signal}", str(job_id))
+        if job_id in self.checkpointing and job.job_state in _REQUEUEABLE_STATES:
+            was_on = hostlist.expand(job.nodes)
+            job.job_state, job.state_reason, job.nodes = "PENDING", "BeginTime", ""
+            job.restart_cnt += 1
+            for n in was_on:
+                self._settle(n)
 
     async def requeue(self, job_id: int) -> None:
         self.calls["requeue"] += 1
