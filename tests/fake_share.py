@@ -61,7 +61,12 @@ class Node:
     pods: int = 0
     in_incident: bool = False
     drain_reason: str = ""  # Slurm's drain reason ("": not drained)
-    k8s_pool: str = "training"  # the Kubernetes pool label
+    k8s_pool: str = ""  # the Kubernetes pool label ("": that of `pool`)
+
+    def __post_init__(self) -> None:
+        self.k8s_pool = self.k8s_pool or (
+            "inference" if self.pool == Pool.INFERENCE else "training"
+        )
 
 
 @dataclass(frozen=True)
@@ -176,7 +181,8 @@ class ShareWorld:
             nodes=[
                 NodeShare(
                     name=n.name,
-                    pool=call.pools.get(n.name, n.pool),
+                    # As the real activity: the rebalancer's own word, else the label.
+                    pool=call.pools.get(n.name, Pool(n.k8s_pool)),
                     gpus=GPUS,
                     jobs=list(n.jobs),
                     last_checkpoint_at=n.last_checkpoint_at,

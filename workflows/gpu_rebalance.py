@@ -317,7 +317,8 @@ class GpuRebalance(AgentGate):
 
     async def _return(self, rec: MoveRecord) -> bool:
         call = self._call(rec.move)
-        shrunk = call.model_copy(update={"replicas": max(0, self._inference_count() - 1)})
+        # The node is already `moving` (out of the inference count): the others keep theirs.
+        shrunk = call.model_copy(update={"replicas": self._inference_count()})
         await self._step(
             rec,
             "scale_down_inference",

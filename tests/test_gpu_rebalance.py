@@ -1,0 +1,283 @@
+"""GpuRebalance on the time-skipping test server, the real workflow against the in-memory
+world of tests/fake_share.py (fake activities under the real names).
+
+Aspects covered:
+- lend on a sustained SLO breach: drain, checkpoint, hand-over, scale, serve, mark lent, in
+  that order; the idle node first, else the most recently checkpointed, never one in an
+  incident; the move carries its demand; a job is requeued once though its step is retried;
+- return when demand falls: scale down, reclaim, health gate with the agent's evidence,
+  resume, regrow; a node failing the gate stays drained, unhealthy, and a human is paged;
+- hysteresis and cooldown on noisy signals over a long simulated period; a spike lends
+  nothing; the minimum training and maximum inference nodes hold in a long breach;
+- a fault during a move: the incident gets the node after the move's current step, the
+  move ends `yielded`, and the rebalancer settles the node's Kubernetes side;
+- approval mode, manual moves and their validation; `evaluate_now`; continue-as-new.
+
+Evaluations are driven by `evaluate_now` (real time; the timer is an hour away) except in
+the long-period tests, which skip time with `env.sleep`.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+import pytest_asyncio
+from temporalio.client import WorkflowHandle
+from temporalio.service import RPCError
+from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Worker, WorkflowRunner
+
+from autoclusters.core.evidence import HealthSnapshot
+from autoclusters.core.sharing import (
+    LENT_REASON,
+    InferenceTarget,
+    MoveRecord,
+    Pool,
+    RebalanceInput,
+    SharePolicy,
+    ShareStatus,
+    rebalance_workflow_id,
+)
+from autoclusters.workflows.gpu_rebalance import GpuRebalance
+from tests.fake_share import LEND_STEPS, RETURN_STEPS, ShareWorld
+from tests.fake_share import Node as N
+from tests.fakes import agent_snapshot
+from tests.helpers import eventually, time_skipping_env
+
+pytestmark = pytest.mark.workflow
+
+SLO = 0.5
+HIGH, LOW, MID = 0.9, 0.05, 0.3  # breach, calm, inside the hysteresis band
+
+
+def policy(**changes: Any) -> SharePolicy:
+    fields: dict[str, Any] = {
+        "inference": InferenceTarget(slo=SLO),
+        "min_training_nodes": 1,
+        "max_inference_nodes": 2,
+        "sustain": 2,
+        "cooldown_s": 0,
+        "evaluate_every_s": 3600,  # evaluations come from evaluate_now unless time skips
+        "ready_timeout_s": 600,
+    }
+    return SharePolicy(**{**fields, **changes})
+
+
+@pytest_asyncio.fixture(scope="module")
+async def env() -> AsyncIterator[WorkflowEnvironment]:
+    environment = await time_skipping_env()
+    try:
+        yield environment
+    finally:
+        await environment.shutdown()
+
+
+@dataclass
+class Rebalancer:
+    env: WorkflowEnvironment
+    world: ShareWorld
+    cluster: str
+    handle: WorkflowHandle[GpuRebalance, None]
+
+    async def status(self) -> ShareStatus:
+        return await self.handle.query(GpuRebalance.status)
+
+    async def evaluate(self, times: int = 1) -> ShareStatus:
+        """Evaluate now, `times` over, each time until its move (if any) has ended."""
+        for _ in range(times):
+            before = (await self.status()).evaluations
+            await self.handle.signal(GpuRebalance.evaluate_now, "test")
+
+            async def done(before: int = before) -> ShareStatus | None:
+                s = await self.status()
+                return s if s.evaluations > before and s.current is None else None
+
+            await eventually(done, what="an evaluation and its move")
+        return await self.status()
+
+    def move(self, s: ShareStatus, node: str) -> MoveRecord:
+        found = [m for m in s.moves if m.move.node == node]
+        assert found, f"no move of {node} in {[m.move.node for m in s.moves]}"
+        return found[-1]
+
+
+@asynccontextmanager
+async def rebalancer(
+    env: WorkflowEnvironment,
+    world: ShareWorld,
+    pol: SharePolicy,
+    *,
+    workflows: Sequence[type] = (),
+    activities: Sequence[Callable[..., Any]] = (),
+    runner: WorkflowRunner | None = None,
+) -> AsyncIterator[Rebalancer]:
+    cluster = f"c-{uuid.uuid4().hex[:8]}"
+    tq = f"tq-{uuid.uuid4()}"
+    extra: dict[str, Any] = {"workflow_runner": runner} if runner else {}
+    async with Worker(
+        env.client,
+        task_queue=tq,
+        workflows=[GpuRebalance, *workflows],
+        activities=[*world.activities(), *activities],
+        **extra,
+    ):
+        handle = await env.client.start_workflow(
+            GpuRebalance.run,
+            RebalanceInput(cluster=cluster, policy=pol),
+            id=rebalance_workflow_id(cluster),
+            task_queue=tq,
+            execution_timeout=timedelta(days=30),
+        )
+        try:
+            yield Rebalancer(env, world, cluster, handle)
+        finally:
+            try:
+                await handle.terminate(reason="test over")
+            except RPCError:
+                pass
+
+
+def nodes(count: int, **busy: list[int]) -> list[N]:
+    """gpu-01.. gpu-NN, in training; `busy` maps a node to its jobs."""
+    out = []
+    for i in range(1, count + 1):
+        name = f"gpu-{i:02d}"
+        out.append(N(name, jobs=list(busy.get(name.replace("-", "_"), []))))
+    return out
+
+
+# --- lend --------------------------------------------------------------------------------
+
+
+async def test_lend_on_sustained_breach_runs_the_steps_in_order(env: WorkflowEnvironment) -> None:
+    world = ShareWorld(nodes(3, gpu_01=[101], gpu_02=[102], gpu_03=[103]), [MID, HIGH, HIGH])
+    world.nodes["gpu-01"].last_checkpoint_at = 1000.0
+    world.nodes["gpu-02"].last_checkpoint_at = 3000.0  # the least work lost
+    world.nodes["gpu-03"].last_checkpoint_at = 2000.0
+    world.fail_checkpoint_once = True
+    async with rebalancer(env, world, policy()) as r:
+        s = await r.evaluate(2)
+        assert world.names() == []  # one breach is not sustained
+        s = await r.evaluate()
+
+    rec = r.move(s, "gpu-02")
+    assert rec.status == "done" and rec.move.to == "inference"
+    assert [st.name for st in rec.steps] == [
+        "drain",
+        "checkpoint_and_requeue",
+        "k8s_lend",
+        "scale_up_inference",
+        "wait_serving",
+        "mark_lent",
+    ]
+    # The checkpoint step ran twice (it failed after acting) and the job moved once.
+    assert world.names(rec.move.move_id) == [*LEND_STEPS[:2], *LEND_STEPS[1:]]
+    assert [c.attempt for c in world.of("share_checkpoint_jobs")] == [1, 2]
+    assert world.requeued == {102: 1} and world.pending == [102]
+    assert [c.replicas for c in world.of("share_scale_inference")] == [1]
+    assert world.replicas == 1
+    # The demand that justified it: the second breach in a row.
+    assert rec.move.demand is not None and rec.move.demand.inference_value == HIGH
+    assert rec.move.requested_by == "rebalancer"
+    assert s.pools["gpu-02"] == Pool.INFERENCE
+    assert world.nodes["gpu-02"].pods == 1 and not world.nodes["gpu-02"].jobs
+    assert world.violations == []
+
+
+async def test_lend_picks_idle_first_then_latest_checkpoint_never_an_incident(
+    env: WorkflowEnvironment,
+) -> None:
+    world = ShareWorld(nodes(4, gpu_01=[101], gpu_04=[104]), [HIGH])
+    world.nodes["gpu-01"].last_checkpoint_at = 2000.0
+    world.nodes["gpu-04"].last_checkpoint_at = 1000.0
+    world.nodes["gpu-02"].in_incident = True  # idle, but a remediation incident owns it
+    async with rebalancer(env, world, policy(max_inference_nodes=5, min_training_nodes=2)) as r:
+        s = await r.evaluate(8)
+
+    lent = [c.node for c in world.of("share_drain_for_move")]
+    # gpu-03 is idle; then gpu-01 checkpointed later than gpu-04; then min training (2).
+    assert lent == ["gpu-03", "gpu-01"]
+    assert [c.replicas for c in world.of("share_scale_inference")] == [1, 2]
+    assert "gpu-02" not in {c.node for c in world.calls}
+    assert s.pools == {
+        "gpu-01": Pool.INFERENCE,
+        "gpu-02": Pool.TRAINING,
+        "gpu-03": Pool.INFERENCE,
+        "gpu-04": Pool.TRAINING,
+    }
+    assert s.last_verdict is not None and "minimum of 2 training" in s.last_verdict.why
+    assert world.requeued == {101: 1}
+
+
+# --- return ------------------------------------------------------------------------------
+
+
+def lent(name: str) -> N:
+    return N(name, pool=Pool.INFERENCE, pods=1, drain_reason=LENT_REASON)
+
+
+async def test_return_when_demand_falls_and_a_node_failing_the_gate_stays_drained(
+    env: WorkflowEnvironment,
+) -> None:
+    world = ShareWorld(
+        [N("gpu-01", jobs=[101]), lent("gpu-02"), lent("gpu-03")], [LOW], gate_fails={"gpu-03"}
+    )
+    world.replicas = 2
+    async with rebalancer(env, world, policy()) as r:
+        await r.evaluate()
+        await r.handle.signal(GpuRebalance.evaluate_now, "calm")  # the second calm: a return
+
+        async def gate_waits() -> HealthSnapshot | None:
+            gates = world.of("health_gate")
+            if not gates:
+                return None
+            snap = agent_snapshot("gpu-02", observed_at=datetime.fromtimestamp(gates[-1].at, UTC))
+            return snap if await r.handle.query(GpuRebalance.wants_evidence, snap) else None
+
+        snap = await eventually(gate_waits, what="the return's gate to wait for evidence")
+        # Without the agent's word the node is not resumed.
+        during = await r.status()
+        assert during.current is not None and during.current.move.node == "gpu-02"
+        assert not world.of("share_resume_training")
+        ack = await r.handle.execute_update(GpuRebalance.health_evidence, snap)
+        assert ack.kept
+        s = await r.evaluate(2)  # the next return: gpu-03, which fails its gate
+
+    back = r.move(s, "gpu-02")
+    assert back.status == "done" and back.move.to == "training"
+    assert [st.name for st in back.steps] == [
+        "scale_down_inference",
+        "k8s_reclaim",
+        "health_gate",
+        "health_verdict",
+        "resume_in_slurm",
+        "regrow_jobs",
+    ]
+    assert [c.name for c in world.calls if c.node == "gpu-02"] == RETURN_STEPS
+    # Each scale-down keeps a replica per node still lent.
+    assert [(c.node, c.replicas) for c in world.of("share_k8s_release")] == [
+        ("gpu-02", 1),
+        ("gpu-03", 0),
+    ]
+    assert back.move.demand is not None and back.move.demand.inference_value == LOW
+    failed = r.move(s, "gpu-03")
+    assert failed.status == "failed"
+    assert [c.name for c in world.calls if c.node == "gpu-03"] == [
+        "share_k8s_release",
+        "share_k8s_reclaim",
+        "health_gate",
+        "notify",
+    ]
+    assert s.unhealthy == ["gpu-03"]
+    assert world.nodes["gpu-03"].drain_reason  # left drained
+    assert [(n.node, n.event, n.severity) for n in world.notes] == [
+        ("gpu-03", "health_gate_failed", "critical")
+    ]
+    assert s.pools["gpu-02"] == Pool.TRAINING and "gpu-03" not in s.pools
+    assert world.violations == []
