@@ -74,6 +74,7 @@ with workflow.unsafe.imports_passed_through():
         WaitIdleResult,
         drain_reason,
     )
+    from autoclusters.core.sharing import is_sharing_reason
 
 from autoclusters.workflows.agent_gate import CLUSTER_AGENT_GATE, AgentGate
 from autoclusters.workflows.cluster_provisioning import (
@@ -424,12 +425,16 @@ class ScaleNodeSet(_Ops, AgentGate):
 
     async def _choose(self, mine: list[str], remove: int) -> list[str]:
         """Idle nodes first, then the least busy (fewest jobs), the newest first among equals;
-        a node with an open incident is not touched (waited for when too few are left)."""
+        a node with an open incident or lent to inference is not touched (waited for when
+        too few are left)."""
         while True:
             loads = await self._loads(mine)
             free: list[str] = []
             for node in mine:
-                if await self._incident_open(node):
+                if node in loads and is_sharing_reason(loads[node].reason):
+                    # GpuRebalance holds it (lent to inference, or moving): not ours.
+                    self._state.skipped[node] = "lent to inference (or moving)"
+                elif await self._incident_open(node):
                     self._state.skipped[node] = "a remediation incident is open"
                 else:
                     free.append(node)
