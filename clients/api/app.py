@@ -28,7 +28,10 @@ Status codes of the writes, checked in this order; a refused request starts noth
        retry repeats nothing that was accepted meanwhile
   500  anything else (Alertmanager retries it too)
   202  every firing alert is on its node's incident (opened, joined, or accepted before),
-       every resolved one is recorded; the answer lists incidents and skipped alerts
+       every resolved one is recorded; the answer lists incidents and skipped alerts.
+       An alert of a fault kind the node's open incident has (Temporal said so less than
+       api_open_incident_ttl_s ago) is answered `joined` at once and reaches the
+       incident within api_join_flush_s, batched (intake.py says what if it closed)
 """
 
 from __future__ import annotations
@@ -70,6 +73,7 @@ from autoclusters.clients.api.evidence import SnapshotAnswer, forward
 from autoclusters.clients.api.intake import Delivered, Intake, Outcome, Signal, TemporalUnavailable
 from autoclusters.clients.api.inventory import NodeInventory, SlurmInventory, StaticInventory
 from autoclusters.clients.api.metrics import ApiMetrics
+from autoclusters.clients.api.open_incidents import OpenIncidents
 from autoclusters.clients.api.resolutions import Resolution, ResolutionLog
 from autoclusters.clients.api.settings import ApiSettings
 from autoclusters.clients.api.timing import RequestTimer
@@ -274,6 +278,8 @@ class Api:
             metrics=self.metrics,
             max_in_flight=s.api_max_in_flight,
             timeout_s=s.api_temporal_timeout_s,
+            open_incidents=OpenIncidents(s.api_open_incident_ttl_s),
+            join_flush_s=s.api_join_flush_s,
         )
         if not self.auth.configured:
             log.warning("no api_tokens configured: every write will be refused (401)")
@@ -506,11 +512,11 @@ def create_app(
 
     app.add_middleware(RequestTimer, metrics=api.metrics)
 
+    sharing.register(app, api)
+
     @app.post(
         "/v1/alerts/alertmanager",
         status_code=202,
-    sharing.register(app, api)
-
         response_model=IngestAnswer,
         openapi_extra=_body_schema(AlertmanagerPayload),
         summary="Alertmanager webhook (version 4): open or join each node's incident",

@@ -35,6 +35,9 @@ class DedupeStore(Generic[T]):
     def __len__(self) -> int:
         return len(self._entries)
 
+    def __contains__(self, key: object) -> bool:
+        return key in self._entries
+
     def claim(self, key: str) -> Claim[T]:
         now = time.monotonic()
         entry = self._entries.get(key)

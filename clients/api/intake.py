@@ -10,6 +10,14 @@ over all nodes.
 A request is answered only when every one of its alerts is settled: accepted by Temporal
 (202), or failed (503, and Alertmanager retries). Calls that outlive the request that
 asked for them still finish: their alerts are then known here, and the retry is a repeat.
+
+One exception keeps a storm of repeats cheap: an alert of a fault kind the node's open
+incident already has (OpenIncidents: so Temporal said less than api_open_incident_ttl_s
+ago) is answered `joined` at once and trails: it waits api_join_flush_s for the node's
+other trailing alerts and goes out with them in one call (the incident still counts it
+and keeps its evidence). A trailing call that fails forgets the node's entry and is sent
+again (the incident was closing: the retry opens the node's next incident), so an
+accepted alert is never dropped while the API runs. A new fault kind always waits.
 """
 
 from __future__ import annotations
@@ -18,12 +26,13 @@ import asyncio
 import hashlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from datetime import datetime
 
 from autoclusters.clients.api.dedupe import DedupeStore
 from autoclusters.clients.api.metrics import ApiMetrics
+from autoclusters.clients.api.open_incidents import OpenIncidents
 from autoclusters.clients.incidents import OpenedIncident
 from autoclusters.core.fault_evidence import FaultEvidence
 
@@ -32,6 +41,9 @@ log = logging.getLogger("autoclusters.api")
 # Temporal calls in flight per node (Temporal refuses more than 10 updates in flight per
 # workflow by default; other API replicas may be sending too).
 PER_NODE_IN_FLIGHT = 4
+# A trailing alert's call failed: sent again after these waits, then given up (logged,
+# and its dedupe key forgotten, so the source's next re-send delivers it again).
+TRAIL_RETRIES_S = (1.0, 2.0, 4.0, 8.0, 15.0, 30.0)
 
 
 class TemporalUnavailable(Exception):
@@ -78,7 +90,9 @@ Deliver = Callable[
 @dataclass
 class _Waiting:
     signal: Signal
-    future: asyncio.Future[Delivered]
+    future: asyncio.Future[Delivered]  # settled already when it trails
+    trailing: bool = False  # answered from OpenIncidents: nobody waits on this call
+    attempts: int = 0  # failed calls so far (trailing only)
 
 
 class Intake:
@@ -90,13 +104,18 @@ class Intake:
         metrics: ApiMetrics,
         max_in_flight: int,
         timeout_s: float,
+        open_incidents: OpenIncidents | None = None,
+        join_flush_s: float = 0.5,
     ) -> None:
         self._deliver = deliver
         self._dedupe = dedupe
         self._metrics = metrics
         self._timeout_s = timeout_s
+        self._open = open_incidents if open_incidents is not None else OpenIncidents(ttl_s=0)
+        self._join_flush_s = join_flush_s
         self._slots = asyncio.Semaphore(max_in_flight)
         self._lanes: dict[str, list[_Waiting]] = {}
+        self._trailing: dict[str, list[_Waiting]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
 
     async def submit(self, signals: list[Signal]) -> list[Outcome]:
@@ -105,7 +124,15 @@ class Intake:
         for s in signals:
             claim = self._dedupe.claim(s.key)
             if claim.new:
-                self._enqueue(_Waiting(s, claim.future))
+                known = self._open.joined(s.node, s.fault)
+                if known is None:
+                    self._enqueue(_Waiting(s, claim.future))
+                else:
+                    joined = Delivered(known.incident_id, known.workflow_id, opened=False)
+                    self._dedupe.settle(s.key, claim.future, joined)
+                    self._metrics.incidents.labels("joined").inc()
+                    self._metrics.alerts_trailing.inc()
+                    self._trail(_Waiting(s, claim.future, trailing=True), self._join_flush_s)
             claims.append((s, claim))
         pending = {c.future for _, c in claims if not c.future.done()}
         if pending:
@@ -121,10 +148,39 @@ class Intake:
             raise next((e for e in errors if isinstance(e, TemporalUnavailable)), errors[0])
         return [Outcome(s, c.future.result(), repeat=not c.new) for s, c in claims]
 
-    async def close(self) -> None:
+    async def close(self, drain_s: float = 5.0) -> None:
+        """Send what trails now (joined alerts the incident has not counted yet), give the
+        calls `drain_s` to finish, then stop."""
+        trailing = [w for node in list(self._trailing) for w in self._trailing.pop(node)]
+        for w in trailing:
+            self._enqueue(w)
+        lanes = {t for t in self._tasks if t.get_name().startswith("lane-")}
+        if trailing and drain_s > 0:
+            await asyncio.wait(lanes, timeout=drain_s)
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    # --- trailing alerts ----------------------------------------------------------------
+
+    def _trail(self, waiting: _Waiting, after_s: float) -> None:
+        """Send `waiting` with the node's other trailing alerts, `after_s` from now."""
+        node = waiting.signal.node
+        pending = self._trailing.get(node)
+        if pending is None:
+            pending = self._trailing[node] = []
+            self._spawn(self._flush_later(node, after_s), f"trail-{node}")
+        pending.append(waiting)
+
+    async def _flush_later(self, node: str, after_s: float) -> None:
+        await asyncio.sleep(after_s)
+        for w in self._trailing.pop(node, []):
+            self._enqueue(w)
+
+    def _spawn(self, coro: Coroutine[None, None, None], name: str) -> None:
+        task = asyncio.create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     # --- lanes --------------------------------------------------------------------------
 
@@ -133,9 +189,7 @@ class Intake:
         lane = self._lanes.get(node)
         if lane is None:
             lane = self._lanes[node] = []
-            task = asyncio.create_task(self._drain(node), name=f"lane-{node}")
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            self._spawn(self._drain(node), f"lane-{node}")
         lane.append(waiting)
 
     async def _drain(self, node: str) -> None:
@@ -177,17 +231,23 @@ class Intake:
     async def _send_group(self, node: str, group: list[_Waiting]) -> Exception | None:
         signal = group[0].signal
         self._metrics.batch_size.observe(len(group))
+        sent_at = time.monotonic()
         try:
             opened = await self._call(node, signal, _report_key(group))
         except Exception as e:
             self._fail(group, e)
             return e
+        # The incident took the report, so it was open when the call went out.
+        self._open.learn(node, opened.incident_id, opened.workflow_id, signal.fault, sent_at)
+        waited = [w for w in group if not w.trailing]
+        if not waited:  # all answered `joined` before: counted then
+            return None
         # The incident itself says who opened it: exactly one caller, across API restarts
         # and replicas; a report it had already (a retry after a restart) opens nothing.
         first = opened.opened and not opened.repeat
         self._metrics.incidents.labels("opened").inc(1 if first else 0)
-        self._metrics.incidents.labels("joined").inc(len(group) - (1 if first else 0))
-        for i, w in enumerate(group):
+        self._metrics.incidents.labels("joined").inc(len(waited) - (1 if first else 0))
+        for i, w in enumerate(waited):
             done = Delivered(
                 opened.incident_id, opened.workflow_id, first and i == 0, opened.repeat
             )
@@ -215,10 +275,25 @@ class Intake:
 
     def _fail(self, group: list[_Waiting], error: BaseException) -> None:
         kind = error.kind if isinstance(error, TemporalUnavailable) else "other"
+        node = group[0].signal.node
         self._metrics.temporal_errors.labels(kind).inc()
-        log.warning("%d alert(s) for %s not accepted: %s", len(group), group[0].signal.node, error)
+        self._open.forget(node)  # closing, gone, or unreachable: ask Temporal again
+        log.warning("%d alert(s) for %s not accepted: %s", len(group), node, error)
         for w in group:
-            self._dedupe.fail(w.signal.key, w.future, error)
+            if not w.trailing:
+                self._dedupe.fail(w.signal.key, w.future, error)
+            elif w.attempts < len(TRAIL_RETRIES_S):
+                # Answered `joined` already: ours to deliver. The next call is a plain
+                # open-or-join, which opens the node's next incident if this one closed.
+                w.attempts += 1
+                self._trail(w, TRAIL_RETRIES_S[w.attempts - 1])
+            else:
+                self._metrics.alerts_trailing_lost.inc()
+                log.error(
+                    "alert %s for %s answered joined but never delivered (%s); "
+                    "its next re-send delivers it again", w.signal.key, node, error,
+                )  # fmt: skip
+                self._dedupe.fail(w.signal.key, w.future, error)  # forgets the key
 
 
 def _report_key(group: list[_Waiting]) -> str:

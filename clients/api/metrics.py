@@ -38,6 +38,18 @@ class ApiMetrics:
             ["source", "reason"],
             registry=r,
         )
+        self.alerts_trailing = Counter(
+            "autoclusters_api_alerts_trailing",
+            "Alerts of a fault kind the node's open incident has, answered joined at once "
+            "and delivered to it afterwards, in batches.",
+            registry=r,
+        )
+        self.alerts_trailing_lost = Counter(
+            "autoclusters_api_alerts_trailing_lost",
+            "Alerts answered joined whose delivery failed every retry (the source's next "
+            "re-send delivers them again).",
+            registry=r,
+        )
         self.alerts_truncated = Counter(
             "autoclusters_api_alerts_truncated",
             "Alerts Alertmanager left out of its notifications (truncatedAlerts).",

@@ -68,6 +68,11 @@ class ApiSettings(Settings):
     api_dedupe_ttl_s: float = Field(default=6 * 3600, ge=0)
     api_dedupe_max: int = Field(default=200_000, ge=1)
     api_max_body_bytes: int = Field(default=16 * 1024 * 1024, ge=1024)
+    # An alert of a fault kind the node's open incident has (Temporal said so less than
+    # this long ago) is answered `joined` at once and delivered after api_join_flush_s,
+    # with the node's other such alerts, in one call. 0: every alert waits for Temporal.
+    api_open_incident_ttl_s: float = Field(default=2.0, ge=0)
+    api_join_flush_s: float = Field(default=0.5, ge=0)
 
     @field_validator("api_alert_faults")
     @classmethod

@@ -1,0 +1,65 @@
+"""Which node has an incident open, as this API process last heard from Temporal.
+
+An alert storm is mostly more of the same: the fault a node's open incident already has,
+fired again (another GPU, a new startsAt, the agent's report beside Alertmanager's). Such
+an alert joins that incident whatever it says, so waiting for Temporal to confirm it
+adds latency and nothing else. After every report an incident accepted (its validator
+refuses reports once it is not open), the node's entry says: incident X was open, with
+these fault kinds, as of the moment that call was sent. For `ttl_s` after that, an alert
+of one of those kinds is answered `joined` at once and delivered afterwards (see Intake).
+
+A fault kind the incident does not have always goes to Temporal before the answer (it
+may raise the rung). Any failed delivery to the node forgets its entry. Per process:
+each API replica learns for itself, and Temporal stays the only shared truth.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+
+@dataclass
+class OpenIncident:
+    incident_id: str
+    workflow_id: str
+    faults: set[str] = field(default_factory=set)
+    as_of: float = 0.0  # time.monotonic() when the call that said so was sent
+
+
+class OpenIncidents:
+    def __init__(self, ttl_s: float, max_nodes: int = 100_000) -> None:
+        self._ttl_s = ttl_s
+        self._max = max_nodes
+        self._by_node: dict[str, OpenIncident] = {}
+
+    def __len__(self) -> int:
+        return len(self._by_node)
+
+    def joined(self, node: str, fault: str) -> OpenIncident | None:
+        """The node's open incident if it has `fault` and was open less than ttl_s ago."""
+        entry = self._by_node.get(node)
+        if entry is None or fault not in entry.faults:
+            return None
+        if time.monotonic() - entry.as_of > self._ttl_s:
+            return None
+        return entry
+
+    def learn(
+        self, node: str, incident_id: str, workflow_id: str, fault: str, as_of: float
+    ) -> None:
+        """The incident took a report of `fault` in a call sent at `as_of`."""
+        if self._ttl_s <= 0:
+            return
+        entry = self._by_node.get(node)
+        if entry is None or entry.incident_id != incident_id:
+            if entry is not None and entry.as_of > as_of:
+                return  # an older call's answer: the newer incident stands
+            if len(self._by_node) >= self._max:
+                self._by_node.pop(next(iter(self._by_node)))
+            entry = self._by_node[node] = OpenIncident(incident_id, workflow_id)
+        entry.faults.add(fault)
+        entry.as_of = max(entry.as_of, as_of)
+
+    def forget(self, node: str) -> None:
+        self._by_node.pop(node, None)

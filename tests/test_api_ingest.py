@@ -1,0 +1,252 @@
+"""Alert storms on an open incident: the API answers repeats without asking Temporal, and
+loses nothing by it (Intake and OpenIncidents, with a stand-in for Temporal).
+
+Aspects covered:
+- an alert of a fault kind the node's open incident has, within the window, is answered
+  `joined` before any Temporal call, and reaches the incident afterwards, in one batch;
+- a fault kind the incident lacks waits for Temporal (it may raise the rung);
+- a closed incident is not joined: once the window passed, the alert waits for Temporal
+  and gets the node's next incident; a trailing alert whose incident closed meanwhile is
+  delivered to the next incident, and the closed one is forgotten;
+- a trailing alert that can never be delivered forgets its dedupe key (a re-send delivers);
+- shutdown sends what trails.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+
+import pytest
+
+from autoclusters.clients.api import intake as intake_module
+from autoclusters.clients.api.dedupe import DedupeStore
+from autoclusters.clients.api.intake import Delivered, Intake, Signal, TemporalUnavailable
+from autoclusters.clients.api.metrics import ApiMetrics
+from autoclusters.clients.api.open_incidents import OpenIncidents
+from autoclusters.clients.incidents import OpenedIncident
+from autoclusters.core.fault_evidence import FaultEvidence
+
+
+@dataclass
+class Call:
+    node: str
+    fault: str
+    key: str
+
+
+@dataclass
+class FakeTemporal:
+    """Answers open-or-join like the incident would; `refuse` makes the next calls fail
+    (the incident is closing), after which the node's next incident opens."""
+
+    incident: str = "inc-1"
+    calls: list[Call] = field(default_factory=list)
+    refuse: int = 0
+    gate: asyncio.Event | None = None  # set: calls wait for it
+    changed: asyncio.Condition = field(default_factory=asyncio.Condition)
+
+    async def deliver(
+        self,
+        node: str,
+        fault: str,
+        source: str,
+        key: str,
+        evidence: FaultEvidence | None,
+        at: datetime | None,
+    ) -> OpenedIncident:
+        if self.gate is not None:
+            await self.gate.wait()
+        async with self.changed:
+            self.calls.append(Call(node, fault, key))
+            self.changed.notify_all()
+        if self.refuse:
+            self.refuse -= 1
+            self.incident = "inc-2"  # the closing one is done after this
+            raise TemporalUnavailable(f"the incident on {node} is closing", kind="closing")
+        first = len(self.calls) == 1 or not any(c.node == node for c in self.calls[:-1])
+        return OpenedIncident(
+            incident_id=self.incident,
+            workflow_id=f"wf-{node}",
+            run_id="r",
+            joined=not first,
+            opened=first,
+        )
+
+    async def until(self, check: Callable[[], bool], timeout_s: float = 5) -> None:
+        async with self.changed:
+            await asyncio.wait_for(self.changed.wait_for(check), timeout_s)
+
+
+def make_intake(
+    temporal: FakeTemporal, ttl_s: float = 60, flush_s: float = 0.01
+) -> tuple[Intake, OpenIncidents, DedupeStore[Delivered]]:
+    known = OpenIncidents(ttl_s)
+    dedupe = DedupeStore[Delivered](ttl_s=3600, max_entries=1000)
+    intake = Intake(
+        temporal.deliver,
+        dedupe=dedupe,
+        metrics=ApiMetrics(),
+        max_in_flight=8,
+        timeout_s=5,
+        open_incidents=known,
+        join_flush_s=flush_s,
+    )
+    return intake, known, dedupe
+
+
+def sig(key: str, fault: str = "XID_79", node: str = "gpu-001") -> Signal:
+    return Signal(key=key, node=node, fault=fault, source="alertmanager")
+
+
+async def eventually(check: Callable[[], bool], timeout_s: float = 5) -> None:
+    """Until `check()` holds (a failed call is handled a few loop turns after it failed)."""
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, "condition never held"
+        await asyncio.sleep(0.001)
+
+
+async def test_a_repeat_within_the_window_is_answered_joined_without_temporal() -> None:
+    temporal = FakeTemporal()
+    intake, _, _ = make_intake(temporal, flush_s=0.05)
+    try:
+        [first] = await intake.submit([sig("a1")])
+        assert first.delivered.opened and len(temporal.calls) == 1
+
+        outcomes = await intake.submit([sig(f"a{i}") for i in range(2, 12)])
+        # Answered before Temporal heard of them: still the one call that opened it.
+        assert len(temporal.calls) == 1
+        assert {o.delivered.incident_id for o in outcomes} == {"inc-1"}
+        assert not any(o.delivered.opened or o.repeat for o in outcomes)
+
+        # ... and they reach the incident afterwards, together.
+        await temporal.until(lambda: len(temporal.calls) == 2)
+        assert temporal.calls[1].key.startswith("reports-10-")
+    finally:
+        await intake.close()
+
+
+async def test_a_new_fault_kind_on_the_node_waits_for_temporal() -> None:
+    temporal = FakeTemporal()
+    intake, _, _ = make_intake(temporal)
+    try:
+        await intake.submit([sig("a1")])
+        temporal.gate = asyncio.Event()
+        answer = asyncio.create_task(intake.submit([sig("b1", fault="ECC_DBE")]))
+        await asyncio.sleep(0.05)  # room to answer early, if it (wrongly) would
+        assert not answer.done(), "a new fault kind must not be answered before Temporal"
+        temporal.gate.set()
+        [outcome] = await answer
+        assert [c.fault for c in temporal.calls] == ["XID_79", "ECC_DBE"]
+        assert outcome.delivered.incident_id == "inc-1"
+        # The incident now has both kinds: a repeat of the new one is answered at once.
+        temporal.gate = asyncio.Event()  # closed: any call would hang
+        [again] = await asyncio.wait_for(intake.submit([sig("b2", fault="ECC_DBE")]), 1)
+        assert again.delivered.incident_id == "inc-1"
+        temporal.gate.set()
+    finally:
+        await intake.close()
+
+
+async def test_an_incident_known_open_too_long_ago_is_asked_again() -> None:
+    temporal = FakeTemporal()
+    intake, known, _ = make_intake(temporal, ttl_s=5)
+    try:
+        await intake.submit([sig("a1")])
+        # As if the report that said it was open went out 10 s ago; it has closed since.
+        known.forget("gpu-001")
+        known.learn("gpu-001", "inc-1", "wf-gpu-001", "XID_79", time.monotonic() - 10)
+        assert known.joined("gpu-001", "XID_79") is None
+        temporal.incident = "inc-2"
+        [outcome] = await intake.submit([sig("a2")])
+        assert len(temporal.calls) == 2, "the alert must go to Temporal before the answer"
+        assert outcome.delivered.incident_id == "inc-2"
+        assert known.joined("gpu-001", "XID_79") is not None  # learnt anew
+    finally:
+        await intake.close()
+
+
+async def test_a_trailing_alert_whose_incident_closed_goes_to_the_next_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(intake_module, "TRAIL_RETRIES_S", (0.01, 0.01))
+    temporal = FakeTemporal()
+    intake, known, _ = make_intake(temporal)
+    try:
+        await intake.submit([sig("a1")])
+        temporal.refuse = 1  # the incident closes before the trailing call lands
+        [joined] = await intake.submit([sig("a2")])
+        assert joined.delivered.incident_id == "inc-1" and len(temporal.calls) == 1
+        # Refused once (closing), then sent again: the node's next incident takes it.
+        await temporal.until(lambda: len(temporal.calls) == 3)
+        assert temporal.calls[1].key == temporal.calls[2].key == "report-a2"
+        entry = known.joined("gpu-001", "XID_79")
+        assert entry is not None and entry.incident_id == "inc-2"
+        [later] = await intake.submit([sig("a3")])
+        assert later.delivered.incident_id == "inc-2"
+    finally:
+        await intake.close()
+
+
+async def test_a_closing_incident_is_forgotten_and_the_next_alert_waits(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(intake_module, "TRAIL_RETRIES_S", (30.0,))
+    temporal = FakeTemporal()
+    intake, known, _ = make_intake(temporal)
+    try:
+        await intake.submit([sig("a1")])
+        temporal.refuse = 1
+        await intake.submit([sig("a2")])
+        await temporal.until(lambda: len(temporal.calls) == 2)  # the refused trailing call
+        # A closing incident is not joined: the refusal forgets it.
+        await eventually(lambda: known.joined("gpu-001", "XID_79") is None)
+        [outcome] = await intake.submit([sig("a3")])
+        assert len(temporal.calls) == 3 and outcome.delivered.incident_id == "inc-2"
+    finally:
+        await intake.close(drain_s=0)
+
+
+async def test_a_trailing_alert_never_delivered_forgets_its_key(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(intake_module, "TRAIL_RETRIES_S", (0.01,))
+    temporal = FakeTemporal()
+    intake, _, dedupe = make_intake(temporal)
+    try:
+        await intake.submit([sig("a1")])
+        temporal.refuse = 2
+        await intake.submit([sig("a2")])
+        await temporal.until(lambda: len(temporal.calls) == 3)
+        # Given up: a re-send of an alert that never reached the incident delivers again.
+        await eventually(lambda: "a2" not in dedupe)
+    finally:
+        await intake.close(drain_s=0)
+
+
+async def test_shutdown_sends_what_trails() -> None:
+    temporal = FakeTemporal()
+    intake, _, _ = make_intake(temporal, flush_s=60)
+    await intake.submit([sig("a1")])
+    await intake.submit([sig("a2"), sig("a3")])
+    assert len(temporal.calls) == 1
+    await intake.close()
+    assert len(temporal.calls) == 2 and temporal.calls[1].key.startswith("reports-2-")
+
+
+def test_open_incidents_learn_only_newer_news_and_expire() -> None:
+    known = OpenIncidents(ttl_s=5)
+    now = time.monotonic()
+    known.learn("n", "inc-2", "wf", "XID_79", now)
+    known.learn("n", "inc-1", "wf", "XID_79", now - 1)  # an older call's late answer
+    entry = known.joined("n", "XID_79")
+    assert entry is not None and entry.incident_id == "inc-2"
+    assert known.joined("n", "ECC_DBE") is None  # a kind the incident does not have
+    assert known.joined("other", "XID_79") is None
+    off = OpenIncidents(ttl_s=0)
+    off.learn("n", "inc-1", "wf", "XID_79", now)
+    assert off.joined("n", "XID_79") is None  # 0 turns it off
