@@ -151,6 +151,15 @@ class SandboxConfig(BaseModel):
     def alertmanager_url(self) -> str:
         return f"http://127.0.0.1:{self.alertmanager_port}"
 
+    # The inference side (Kubernetes mode): the gateway in front of the inference pods.
+    @property
+    def inference_gateway_port(self) -> int:
+        return self.port_base + 95
+
+    @property
+    def inference_gateway_url(self) -> str:
+        return f"http://127.0.0.1:{self.inference_gateway_port}"
+
     def agent_metrics_port(self, node: str) -> int:
         """gpu-NN's agent serves /metrics on port_base + 99 + NN (gpu-01: +100)."""
         number = int(node.rsplit("-", 1)[-1])
