@@ -84,7 +84,9 @@ Script = Sequence[float | None] | Callable[[int], float | None]
 
 class ShareWorld:
     """demand: the value the n-th `share_read_demand` sees (a sequence repeats its last
-    value; a function gets n). gate_fails: nodes whose health gate fails."""
+    value; a function gets n). gate_fails: nodes whose health gate fails. agent: False, the
+    gate reports no GPUs, so the workflow waits for no agent evidence (for tests that skip
+    time, where its wait would time out)."""
 
     def __init__(
         self,
@@ -93,11 +95,13 @@ class ShareWorld:
         *,
         gate_fails: set[str] | None = None,
         fail_checkpoint_once: bool = False,
+        agent: bool = True,
     ) -> None:
         self.nodes = {n.name: n for n in nodes}
         self.demand = demand
         self.gate_fails = gate_fails or set()
         self.fail_checkpoint_once = fail_checkpoint_once
+        self.agent = agent
         self.calls: list[Call] = []
         self.reads = 0
         self.replicas = 0
@@ -280,7 +284,7 @@ class ShareWorld:
             passed=ok,
             checks=[HealthCheck(name="slurm", passed=ok, detail="" if ok else "2 of 8 GPUs")],
             checked_at=c.at,
-            expected_gpus=GPUS,
+            expected_gpus=GPUS if self.agent else 0,
         )
 
     @activity.defn(name="share_resume_training")

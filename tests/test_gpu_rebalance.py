@@ -19,6 +19,7 @@ the long-period tests, which skip time with `env.sleep`.
 
 from __future__ import annotations
 
+import random
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -280,4 +281,115 @@ async def test_return_when_demand_falls_and_a_node_failing_the_gate_stays_draine
         ("gpu-03", "health_gate_failed", "critical")
     ]
     assert s.pools["gpu-02"] == Pool.TRAINING and "gpu-03" not in s.pools
+    assert world.violations == []
+
+
+# --- flapping, bounds --------------------------------------------------------------------
+
+EVERY_S = 15
+COOLDOWN_S = 120
+
+
+async def run_for(
+    world: ShareWorld, env: WorkflowEnvironment, pol: SharePolicy, s: float
+) -> ShareStatus:
+    """Let the rebalancer evaluate on its own timer for `s` simulated seconds."""
+    async with rebalancer(env, world, pol) as r:
+        await env.sleep(timedelta(seconds=s))
+        return await r.status()
+
+
+def moves_of(world: ShareWorld) -> list[tuple[float, float]]:
+    """(start, end) of every completed move, from the calls: a lend starts at its drain and
+    ends at mark_lent, a return starts at its scale-down and ends at its regrow."""
+    starts = {
+        c.move_id: c.at
+        for c in world.calls
+        if c.name in ("share_drain_for_move", "share_k8s_release")
+    }
+    ends = {
+        c.move_id: c.at for c in world.calls if c.name in ("share_mark_lent", "share_regrow_jobs")
+    }
+    return sorted((starts[m], ends[m]) for m in starts if m in ends)
+
+
+@pytest.mark.parametrize(
+    ("name", "script"),
+    [
+        ("noise-around-the-slo", lambda n: SLO + (0.1 if n % 2 else -0.1)),
+        ("alternating-breach-calm", lambda n: HIGH if n % 2 else LOW),
+        ("one-spike", lambda n: HIGH if n == 5 else MID),
+    ],
+)
+async def test_a_noisy_signal_moves_nothing(
+    env: WorkflowEnvironment, name: str, script: Callable[[int], float]
+) -> None:
+    world = ShareWorld(nodes(4), script)
+    pol = policy(evaluate_every_s=EVERY_S, cooldown_s=COOLDOWN_S, max_inference_nodes=3)
+    s = await run_for(world, env, pol, 200 * EVERY_S)
+    assert s.evaluations >= 150, s.evaluations
+    assert world.names() == [], name
+    assert s.moves == []
+
+
+async def test_cooldown_spaces_moves_on_a_slow_oscillation(env: WorkflowEnvironment) -> None:
+    # Four breaches, four calms, over and over: without the cooldown a lend every two
+    # breaches and a return every two calms.
+    world = ShareWorld(nodes(4), lambda n: HIGH if (n // 4) % 2 == 0 else LOW, agent=False)
+    pol = policy(evaluate_every_s=EVERY_S, cooldown_s=COOLDOWN_S, max_inference_nodes=3)
+    period_s = 300 * EVERY_S
+    s = await run_for(world, env, pol, period_s)
+
+    moves = moves_of(world)
+    assert len(moves) >= 4, moves  # it does move
+    assert len(moves) <= period_s / COOLDOWN_S + 1
+    gaps = [b[0] - a[1] for a, b in zip(moves, moves[1:], strict=False)]
+    assert min(gaps) >= COOLDOWN_S, gaps
+    assert all(m.status == "done" for m in s.moves)
+    assert world.violations == []
+
+
+@pytest.mark.parametrize(
+    ("count", "min_training", "max_inference", "lends"), [(5, 2, 4, 3), (5, 0, 2, 2)]
+)
+async def test_a_long_breach_keeps_min_training_and_max_inference(
+    env: WorkflowEnvironment, count: int, min_training: int, max_inference: int, lends: int
+) -> None:
+    world = ShareWorld(nodes(count), [HIGH], agent=False)
+    pol = policy(
+        evaluate_every_s=EVERY_S,
+        cooldown_s=0,
+        sustain=1,
+        min_training_nodes=min_training,
+        max_inference_nodes=max_inference,
+    )
+    s = await run_for(world, env, pol, 100 * EVERY_S)
+
+    assert s.evaluations >= 80
+    assert len(world.of("share_mark_lent")) == lends
+    assert min(t for t, _ in world.pool_counts) == count - lends >= min_training
+    assert max(i for _, i in world.pool_counts) == lends <= max_inference
+    assert sum(p == Pool.INFERENCE for p in s.pools.values()) == lends
+
+
+async def test_random_demand_never_crosses_the_bounds(env: WorkflowEnvironment) -> None:
+    rng = random.Random(14)
+    script = [rng.choice([HIGH, HIGH, LOW, MID, None]) for _ in range(400)]
+    world = ShareWorld(nodes(4), script, agent=False)
+    pol = policy(
+        evaluate_every_s=EVERY_S,
+        cooldown_s=0,
+        sustain=1,
+        min_training_nodes=2,
+        max_inference_nodes=2,
+    )
+    s = await run_for(world, env, pol, 300 * EVERY_S)
+
+    assert s.evaluations >= 200
+    assert len(moves_of(world)) >= 10  # the bounds were tested, not avoided
+    assert min(t for t, _ in world.pool_counts) >= 2
+    assert max(i for _, i in world.pool_counts) <= 2
+    # Each scale sets one replica per lent node.
+    for c in world.of("share_scale_inference") + world.of("share_k8s_release"):
+        assert c.replicas is not None and 0 <= c.replicas <= 2
     assert world.violations == []
