@@ -568,3 +568,22 @@ def test_rbac_is_exactly_what_the_code_calls(objects: list[dict[str, Any]], acco
         if spec.get("serviceAccountName") == account and o["kind"] != "Job"
     ]
     assert owner["metadata"]["name"] == account
+
+
+def test_the_in_cluster_kubeconfig_gives_the_client_the_service_account_token(
+    objects: list[dict[str, Any]], tmp_path: Path
+) -> None:
+    from autoclusters.integrations.k8s import api_client
+
+    text = _one(objects, "ConfigMap", "autoclusters-kubeconfig")["data"]["kubeconfig"]
+    sa_dir = "/var/run/secrets/kubernetes.io/serviceaccount"
+    assert f"{sa_dir}/token" in text and f"{sa_dir}/ca.crt" in text
+    (tmp_path / "token").write_text("sa-token-123")
+    (tmp_path / "ca.crt").write_text("-----BEGIN CERTIFICATE-----\n")
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(text.replace(sa_dir, str(tmp_path)))
+    with api_client(kubeconfig=kubeconfig) as api:
+        config = api.configuration
+        assert config.host == "https://kubernetes.default.svc"
+        assert "Bearer sa-token-123" in config.api_key.values()
+        assert Path(config.ssl_ca_cert).read_text() == "-----BEGIN CERTIFICATE-----\n"
