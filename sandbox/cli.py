@@ -1,5 +1,5 @@
 """The sandbox's commands, added to `autoclusters` through the `autoclusters.cli` entry
-point: `sandbox up|status|down|restart|hardware-fault|slack`, `demo` and `chaos`. They live
+point: `sandbox up|status|down|restart|hardware-fault|slack|load`, `demo` and `chaos`. They live
 with the sandbox (nothing outside it imports it); they use the CLI's own helpers."""
 
 from __future__ import annotations
@@ -181,6 +181,67 @@ def sandbox_hardware_fault(
         raise typer.Exit(2)
     Hardware(cfg.state_dir).inject(node, vm.vm_id, HardwareFault(fault=fault, fixed_by=rung))
     console.print(f"{node} (VM {vm.vm_id}) now has {fault}, cleared by {rung.value} or above")
+
+
+@sandbox_app.command("load")
+def sandbox_load(
+    rps: Annotated[float, typer.Option("--rps", help="Requests per second (Poisson arrivals).")],
+    duration: Annotated[
+        float | None, typer.Option("--for", help="Seconds to run (default: until Ctrl-C).")
+    ] = None,
+    state_dir: StateDir = DEFAULT_SANDBOX_DIR,
+) -> None:
+    """Send inference load to the sandbox's gateway (k8s mode), in the foreground; print
+    what it achieved: requests per second, p50/p95 latency, errors."""
+    import asyncio
+
+    from autoclusters.sandbox import cluster as sb
+    from autoclusters.sandbox.daemons import SandboxError
+    from autoclusters.sandbox.load import Load
+
+    try:
+        cfg = sb.load(state_dir.absolute())
+    except SandboxError as e:
+        err.print(str(e))
+        raise typer.Exit(1) from None
+    if not cfg.k8s:
+        err.print("[red]refused:[/red] the inference gateway runs in k8s mode (sandbox up --k8s)")
+        raise typer.Exit(2)
+    if rps < 0:
+        err.print("[red]refused:[/red] --rps must be 0 or more")
+        raise typer.Exit(2)
+    url = cfg.inference_gateway_url
+    console.print(
+        f"load: {rps:g} rps to {url}/v1/infer" + (f" for {duration:g}s" if duration else "")
+    )
+
+    async def run() -> Any:
+        load = Load(url, rps)
+        await load.start()
+        try:
+            await asyncio.sleep(duration if duration is not None else float("inf"))
+        except asyncio.CancelledError:
+            pass
+        finally:
+            stats = await load.stop(drain=duration is not None)
+        return stats.summary()
+
+    try:
+        summary = asyncio.run(run())
+    except KeyboardInterrupt:
+        console.print("interrupted")
+        return
+
+    def ms(v: float | None) -> str:
+        return "-" if v is None else f"{v * 1000:.0f} ms"
+
+    console.print(
+        f"sent {summary['sent']} in {summary['elapsed_s']:.1f}s: {summary['achieved_rps']:.2f} "
+        f"rps; ok {summary['ok']}, errors {summary['errors']}; p50 {ms(summary['p50_s'])}, "
+        f"p95 {ms(summary['p95_s'])}; codes {summary['codes']}"
+    )
+    if summary["errors"]:
+        raise typer.Exit(1)
 
 
 # --- worker -------------------------------------------------------------------------------

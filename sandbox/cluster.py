@@ -1,6 +1,7 @@
 """`sandbox up | status | down`: bring a whole local cluster up, report on it, stop it.
 
-Order up: munged → Temporal dev server → [Kubernetes API emulator] → Crusoe Cloud API
+Order up: munged → Temporal dev server → [Kubernetes API emulator → inference kubelet →
+inference gateway (sandbox/inference_sandbox.py)] → Crusoe Cloud API
 emulator (every mode: the machines are its VMs) → Slack emulator → worker → API →
 Alertmanager → Prometheus (sandbox/monitoring.py: the alert path to the API); then the
 worker's `ClusterProvisioning` creates the Slurm cluster through the Crusoe emulator (the
@@ -29,7 +30,15 @@ from autoclusters.clients.agent import fake_backend
 from autoclusters.core.models import SPARE_REASON, SlurmNode
 from autoclusters.core.policy import default_policy, load_policy
 from autoclusters.integrations.slurm import parse_jobs, parse_nodes
-from autoclusters.sandbox import cloud_api, daemons, monitoring, provision, slinky, slurm_controller
+from autoclusters.sandbox import (
+    cloud_api,
+    daemons,
+    inference_sandbox,
+    monitoring,
+    provision,
+    slinky,
+    slurm_controller,
+)
 from autoclusters.sandbox.config import GPUS_PER_NODE, SandboxConfig
 from autoclusters.sandbox.daemons import SandboxError
 from autoclusters.sandbox.processes import ProcessTable, kill_sessions, sessions_holding, wait_until
@@ -59,7 +68,8 @@ def agent_name(node: str) -> str:
 
 # Started by `sandbox up` itself, before the cluster is provisioned.
 _INFRA = (
-    "munged", "temporal", slinky.K8S_EMULATOR, cloud_api.CRUSOE_EMULATOR, SLACK, WORKER, API,
+    "munged", "temporal", slinky.K8S_EMULATOR, inference_sandbox.KUBELET,
+    inference_sandbox.GATEWAY, cloud_api.CRUSOE_EMULATOR, SLACK, WORKER, API,
     monitoring.ALERTMANAGER, monitoring.PROMETHEUS,
 )  # fmt: skip
 
@@ -67,8 +77,12 @@ _INFRA = (
 def _order(cfg: SandboxConfig) -> list[str]:
     """Start order: the infrastructure, then what provisioning creates (the controller, its
     accounting, the login endpoint, one slurmd per machine), then the node agents."""
-    # The cloud API in every mode; Kubernetes only in k8s mode.
-    emulators = [slinky.K8S_EMULATOR] if cfg.k8s else []
+    # The cloud API in every mode; Kubernetes (and the inference side on it) in k8s mode.
+    emulators = (
+        [slinky.K8S_EMULATOR, inference_sandbox.KUBELET, inference_sandbox.GATEWAY]
+        if cfg.k8s
+        else []
+    )
     emulators.append(cloud_api.CRUSOE_EMULATOR)
     accounting = [MARIADB, SLURMDBD] if cfg.accounting else []
     slurmds = list(map(slurmd_name, cfg.node_names()))
@@ -207,13 +221,15 @@ def up(cfg: SandboxConfig, timeout_s: float = 60) -> UpResult:
             _start(
                 table,
                 slinky.K8S_EMULATOR,
-                slinky.k8s_emulator_argv(cfg),
+                # The inference pods are run by the sandbox's inference kubelet.
+                slinky.k8s_emulator_argv(cfg) + inference_sandbox.emulator_args(),
                 {},
                 lambda: slinky.answers(cfg.k8s_port, "/_emulator/state"),
                 timeout_s,
                 result,
             )
             slinky.seed(cfg)
+            start_inference(cfg, table, timeout_s, result)
         _start(
             table,
             cloud_api.CRUSOE_EMULATOR,
@@ -270,6 +286,32 @@ def start_worker(
         daemons.worker_argv(cfg),
         daemons.worker_env(cfg),
         lambda: _worker_polling(cfg),
+        timeout_s,
+        result,
+    )
+
+
+def start_inference(
+    cfg: SandboxConfig, table: ProcessTable, timeout_s: float, result: UpResult
+) -> None:
+    """The inference namespace and Deployment (replicas 0), the kubelet that runs its pods'
+    servers, and the gateway in front of them (sandbox/inference_sandbox.py)."""
+    inference_sandbox.seed(cfg)
+    _start(
+        table,
+        inference_sandbox.KUBELET,
+        inference_sandbox.kubelet_argv(cfg),
+        {},
+        lambda: True,
+        timeout_s,
+        result,
+    )
+    _start(
+        table,
+        inference_sandbox.GATEWAY,
+        inference_sandbox.gateway_argv(cfg),
+        {},
+        lambda: inference_sandbox.gateway_ready(cfg),
         timeout_s,
         result,
     )
@@ -371,6 +413,9 @@ def down(cfg: SandboxConfig) -> list[str]:
     if table.alive("slurmctld"):
         cancel_all_jobs(cfg)
     stopped = []
+    # The inference kubelet first: it would start again the servers stopped below.
+    if table.stop(inference_sandbox.KUBELET):
+        stopped.append(inference_sandbox.KUBELET)
     order = _order(cfg)
     # Slurmd processes started by the Crusoe emulator's machines (replacements) are recorded too.
     records = sorted(

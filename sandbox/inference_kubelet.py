@@ -191,6 +191,7 @@ class Kubelet:
         ]  # fmt: skip
         text = json.dumps(targets, indent=1)
         if text != self._sd_written:
+            self.file_sd.parent.mkdir(parents=True, exist_ok=True)
             tmp = self.file_sd.with_suffix(".tmp")
             tmp.write_text(text)
             tmp.replace(self.file_sd)

@@ -20,8 +20,9 @@ import httpx
 from autoclusters.clients.agent import fake_backend
 from autoclusters.core.kubernetes import INSTANCE_ID_LABEL
 from autoclusters.core.policy import Rung
+from autoclusters.core.sharing import POOL_LABEL, POOL_TAINT_KEY
 from autoclusters.sandbox import daemons
-from autoclusters.sandbox.config import SandboxConfig
+from autoclusters.sandbox.config import GPUS_PER_NODE, SandboxConfig
 from autoclusters.sandbox.crusoe_slurm_models import ClusterStarted, SlurmCluster, SlurmUser
 from autoclusters.sandbox.crusoe_world import EmulatedVm
 from autoclusters.sandbox.hardware import Hardware
@@ -78,7 +79,9 @@ class SandboxMachines:
         self._slurm = ManagedSlurm(self._cfg, power_on)
 
     async def _register_node(self, vm: EmulatedVm) -> None:
-        """The machine's kubelet registers (a new bootID each boot)."""
+        """The machine's kubelet registers (a new bootID each boot). A new machine joins
+        the training pool (`--node-labels`, `--register-with-taints`: inference pods never
+        land on it until it is lent); the device plugin advertises its GPUs."""
         if not self._cfg.k8s:
             return
         async with httpx.AsyncClient(base_url=self._cfg.k8s_url, timeout=10) as k8s:
@@ -89,6 +92,11 @@ class SandboxMachines:
                     "provider_id": provider_id(vm.id),
                     "boot_id": str(uuid.uuid4()),
                     "labels": {INSTANCE_ID_LABEL: vm.id, "nvidia.com/gpu.present": "true"},
+                    "register_labels": {POOL_LABEL: "training"},
+                    "register_taints": [
+                        {"key": POOL_TAINT_KEY, "value": "training", "effect": "NoSchedule"}
+                    ],
+                    "gpus": GPUS_PER_NODE,
                     "ready": True,
                 },
             )

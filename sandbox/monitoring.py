@@ -15,6 +15,9 @@ system services.
   token the sandbox API's token file, and the `autoclusters` route waits 1 s before a group's
   first notification (group_wait; shipped 10 s) and 5 s between a group's notifications
   (group_interval; shipped 1 m), so a fault reaches the API in seconds. Nothing else changes.
+- Kubernetes mode: job `inference-gateway` scrapes the inference gateway (port_base + 95:
+  request counts, latency histogram, queue), job `inference-server` every inference pod's
+  server, from the file_sd list `monitoring/inference-servers.json` the kubelet keeps.
 
 The agents count an Xid for 20 s in the sandbox (dcgm-exporter: 5 min; sandbox/daemons.py),
 so the alert resolves and the next injected Xid on that GPU fires a new one.
@@ -30,6 +33,7 @@ from urllib.parse import urlsplit
 import httpx
 import yaml
 
+from autoclusters.sandbox import inference_sandbox
 from autoclusters.sandbox.config import SandboxConfig
 from autoclusters.sandbox.daemons import SandboxError
 
@@ -41,6 +45,9 @@ DEPLOY = Path(__file__).resolve().parents[1] / "deploy"
 RULES = DEPLOY / "prometheus" / "gpu-alerts.yml"
 ROUTING = DEPLOY / "alertmanager" / "alertmanager.yml"
 AGENT_JOB, WORKER_JOB, API_JOB = "dcgm-exporter", "autoclusters-worker", "autoclusters-api"
+# Kubernetes mode: the inference gateway, and each inference pod's server through the
+# file_sd list the inference kubelet keeps (sandbox/inference_kubelet.py).
+GATEWAY_JOB, SERVER_JOB = "inference-gateway", "inference-server"
 
 
 def _dir(cfg: SandboxConfig) -> Path:
@@ -98,8 +105,19 @@ def prometheus_config(cfg: SandboxConfig) -> dict[str, Any]:
                 "authorization": {"type": "Bearer", "credentials_file": str(token)},
                 "static_configs": [_targets(cfg.api_port)],
             },
+            *(_inference_jobs(cfg) if cfg.k8s else []),
         ],
     }
+
+
+def _inference_jobs(cfg: SandboxConfig) -> list[dict[str, Any]]:
+    return [
+        {"job_name": GATEWAY_JOB, "static_configs": [_targets(cfg.inference_gateway_port)]},
+        {
+            "job_name": SERVER_JOB,
+            "file_sd_configs": [{"files": [inference_sandbox.file_sd(cfg)]}],
+        },
+    ]
 
 
 def alertmanager_config(cfg: SandboxConfig) -> dict[str, Any]:
@@ -128,6 +146,9 @@ def prepare(cfg: SandboxConfig) -> None:
     """Write both configs (after the API's token exists); each keeps its data dir."""
     for sub in ("prometheus-data", "alertmanager-data"):
         (_dir(cfg) / sub).mkdir(parents=True, exist_ok=True)
+    servers = Path(inference_sandbox.file_sd(cfg))
+    if cfg.k8s and not servers.exists():  # the kubelet rewrites it as servers come and go
+        servers.write_text("[]")
     header = "# Written by `autoclusters sandbox up` (sandbox/monitoring.py).\n"
     prometheus_file(cfg).write_text(
         header + yaml.safe_dump(prometheus_config(cfg), sort_keys=False)
