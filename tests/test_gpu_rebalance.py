@@ -19,6 +19,7 @@ the long-period tests, which skip time with `env.sleep`.
 
 from __future__ import annotations
 
+import asyncio
 import random
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -29,11 +30,13 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
-from temporalio.client import WorkflowHandle
+from temporalio import workflow
+from temporalio.client import WorkflowExecutionStatus, WorkflowHandle
 from temporalio.service import RPCError
-from temporalio.testing import WorkflowEnvironment
+from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
 from temporalio.worker import Worker, WorkflowRunner
 
+from autoclusters.activities.sharing_yield import ShareYieldActivities
 from autoclusters.core.evidence import HealthSnapshot
 from autoclusters.core.sharing import (
     LENT_REASON,
@@ -43,6 +46,8 @@ from autoclusters.core.sharing import (
     RebalanceInput,
     SharePolicy,
     ShareStatus,
+    YieldCall,
+    YieldResult,
     rebalance_workflow_id,
 )
 from autoclusters.workflows.gpu_rebalance import GpuRebalance
@@ -84,6 +89,7 @@ class Rebalancer:
     env: WorkflowEnvironment
     world: ShareWorld
     cluster: str
+    task_queue: str
     handle: WorkflowHandle[GpuRebalance, None]
 
     async def status(self) -> ShareStatus:
@@ -136,7 +142,7 @@ async def rebalancer(
             execution_timeout=timedelta(days=30),
         )
         try:
-            yield Rebalancer(env, world, cluster, handle)
+            yield Rebalancer(env, world, cluster, tq, handle)
         finally:
             try:
                 await handle.terminate(reason="test over")
@@ -393,3 +399,130 @@ async def test_random_demand_never_crosses_the_bounds(env: WorkflowEnvironment) 
     for c in world.of("share_scale_inference") + world.of("share_k8s_release"):
         assert c.replicas is not None and 0 <= c.replicas <= 2
     assert world.violations == []
+
+
+# --- a fault during a move -----------------------------------------------------------------
+
+
+# Unsandboxed: this module imports the sandbox's helpers, which read the home directory.
+@workflow.defn(name="IncidentStandIn", sandboxed=False)
+class IncidentStandIn:
+    """An incident's one step that matters here: take the node from the rebalancer (the
+    real `share_yield_node` activity, as the runbook calls it)."""
+
+    @workflow.run
+    async def run(self, call: YieldCall) -> YieldResult:
+        return await workflow.execute_activity(
+            "share_yield_node",
+            call,
+            result_type=YieldResult,
+            start_to_close_timeout=timedelta(minutes=15),
+        )
+
+
+async def updates_accepted(r: Rebalancer) -> int:
+    history = await r.handle.fetch_history()
+    return sum(
+        1
+        for e in history.events
+        if e.HasField("workflow_execution_update_accepted_event_attributes")
+    )
+
+
+async def test_a_fault_during_a_lend_takes_the_node_after_the_current_step(
+    env: WorkflowEnvironment,
+) -> None:
+    world = ShareWorld(nodes(3, gpu_01=[101], gpu_02=[102], gpu_03=[103]), [HIGH])
+    world.nodes["gpu-02"].last_checkpoint_at = 9000.0
+    world.hold_checkpoint = asyncio.Event()
+    yields = ShareYieldActivities(env.client)
+    async with rebalancer(
+        env, world, policy(), workflows=[IncidentStandIn], activities=[yields.yield_node]
+    ) as r:
+        await r.evaluate()
+        await r.handle.signal(GpuRebalance.evaluate_now, "breach")
+        await asyncio.wait_for(world.checkpoint_started.wait(), timeout=30)
+        # An incident opens on gpu-02 while its jobs checkpoint.
+        call = YieldCall(cluster=r.cluster, node="gpu-02", incident_id="INC-7")
+        world.nodes["gpu-02"].in_incident = True
+        incident = await env.client.start_workflow(
+            IncidentStandIn.run, call, id=f"inc-{uuid.uuid4()}", task_queue=r.task_queue
+        )
+
+        async def accepted() -> bool:
+            return await updates_accepted(r) == 1
+
+        await eventually(accepted, what="the rebalancer to accept yield_node")
+        # The step still runs: the incident waits.
+        during = await r.status()
+        assert (
+            during.current is not None and during.current.steps[-1].name == "checkpoint_and_requeue"
+        )
+        assert (await incident.describe()).status == WorkflowExecutionStatus.RUNNING
+        world.hold_checkpoint.set()
+
+        async def incident_done() -> bool:
+            return (await incident.describe()).status == WorkflowExecutionStatus.COMPLETED
+
+        await eventually(incident_done, what="the incident's yield to return")
+        got = await incident.result()
+
+        async def settled() -> ShareStatus | None:
+            s = await r.status()
+            return s if world.of("share_k8s_reclaim") and s.current is None else None
+
+        s = await eventually(settled, what="the rebalancer to settle gpu-02")
+
+    assert got == YieldResult(
+        held=True, pool_before=Pool.MOVING, waited_for_step="checkpoint_and_requeue"
+    )
+    rec = r.move(s, "gpu-02")
+    assert rec.status == "yielded" and "INC-7" in rec.error
+    assert [st.name for st in rec.steps] == ["drain", "checkpoint_and_requeue"]
+    # Nothing was handed to Kubernetes; the checkpoint it waited for did finish.
+    assert world.names(rec.move.move_id) == LEND_STEPS[:2]
+    assert world.requeued == {102: 1}
+    # Then the rebalancer let the node's Kubernetes side go: no replica counts it.
+    settle = [(c.name, c.node, c.replicas) for c in world.calls if c.move_id == "yield-INC-7"]
+    assert settle == [("share_scale_inference", "gpu-02", 0), ("share_k8s_reclaim", "gpu-02", 0)]
+    # Not lent: the next evaluation reads it as Slurm and Kubernetes have it (the incident's).
+    assert s.pools.get("gpu-02") in (None, Pool.TRAINING)
+    assert world.nodes["gpu-02"].k8s_pool == "training"
+
+
+async def test_a_lent_node_is_yielded_at_once_and_a_node_not_held_is_not(
+    env: WorkflowEnvironment,
+) -> None:
+    world = ShareWorld([N("gpu-01"), lent("gpu-02"), lent("gpu-03")], [MID])
+    world.replicas = 2
+    async with rebalancer(env, world, policy()) as r:
+        await r.evaluate()
+        free = await r.handle.execute_update(
+            GpuRebalance.yield_node,
+            YieldCall(cluster=r.cluster, node="gpu-01", incident_id="INC-1"),
+        )
+        world.nodes["gpu-03"].in_incident = True
+        held = await r.handle.execute_update(
+            GpuRebalance.yield_node,
+            YieldCall(cluster=r.cluster, node="gpu-03", incident_id="INC-3"),
+        )
+
+        async def settled() -> ShareStatus | None:
+            s = await r.status()
+            return s if world.of("share_k8s_reclaim") else None
+
+        s = await eventually(settled, what="the rebalancer to settle gpu-03")
+    # No rebalancer for the cluster: nobody holds the node (the real activity).
+    nobody = await ActivityEnvironment().run(
+        ShareYieldActivities(env.client).yield_node,
+        YieldCall(cluster="no-such-cluster", node="gpu-01", incident_id="INC-9"),
+    )
+
+    assert nobody == YieldResult(held=False)
+    assert free == YieldResult(held=False, pool_before=Pool.TRAINING)
+    assert held == YieldResult(held=True, pool_before=Pool.INFERENCE)
+    # gpu-02 still serves: one replica; gpu-03 is the incident's, out of the pool.
+    settle = [(c.name, c.node, c.replicas) for c in world.calls if c.move_id == "yield-INC-3"]
+    assert settle == [("share_scale_inference", "gpu-03", 1), ("share_k8s_reclaim", "gpu-03", 1)]
+    assert s.pools["gpu-02"] == Pool.INFERENCE and s.pools.get("gpu-03") != Pool.INFERENCE
+    assert world.names() == ["share_scale_inference", "share_k8s_reclaim"]

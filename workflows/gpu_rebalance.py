@@ -370,6 +370,9 @@ class GpuRebalance(AgentGate):
         for node, incident in list(self._s.yielded.items()):
             if self._current is not None and self._current.move.node == node:
                 continue
+            # A node yielded while lent (no move to end) is out of the inference pool too:
+            # the Deployment keeps a replica per node still lent, not one for this node.
+            self._s.pools.pop(node, None)
             call = MoveCall(
                 cluster=self._cluster,
                 node=node,
