@@ -12,7 +12,7 @@ it re-reads Slurm now and then while incidents wait.
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Any
+from typing import Any, Literal
 
 from temporalio import activity
 from temporalio.client import (
@@ -23,6 +23,7 @@ from temporalio.client import (
 from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.exceptions import ApplicationError
 
+from autoclusters.activities.guard_batch import GuardBatcher
 from autoclusters.activities.heartbeat import heartbeating
 from autoclusters.core.guard import (
     GUARD_WORKFLOW,
@@ -41,6 +42,7 @@ from autoclusters.core.guard import (
     SpareClaim,
     guard_workflow_id,
 )
+from autoclusters.core.guard_batch import GuardAnswer, GuardCall
 from autoclusters.core.sharing import is_sharing_reason
 from autoclusters.integrations.slurm import SlurmClient
 
@@ -60,6 +62,8 @@ class GuardActivities:
         self._slurm = slurm
         self._task_queue = task_queue
         self._execution_timeout = execution_timeout
+        # register, admissions and releases of this worker's activities go out together.
+        self._batcher = GuardBatcher(self._send)
 
     def _start(self, guard: GuardContext) -> WithStartWorkflowOperation[Any, Any]:
         # A fresh operation per call: one cannot be reused.
@@ -72,13 +76,32 @@ class GuardActivities:
             execution_timeout=self._execution_timeout,
         )
 
-    async def _update(self, guard: GuardContext, update: str, arg: Any, result: type) -> Any:
+    async def _send(self, guard: GuardContext, update: str, arg: Any, result: type) -> Any:
         # By name: the workflow is the layer above, this module does not import it.
+        return await self._client.execute_update_with_start_workflow(
+            update, arg, start_workflow_operation=self._start(guard), result_type=result
+        )
+
+    async def _batched(self, guard: GuardContext, call: GuardCall) -> GuardAnswer:
+        async with heartbeating(f"fleet guard {call.update}"):
+            try:
+                answer = await self._batcher.call(guard, call)
+            except WorkflowUpdateFailedError as e:
+                answer = GuardAnswer(refused=str(e.cause or e))
+        if answer.refused is not None:
+            # The guard rejected the request as malformed: asking again cannot help.
+            raise ApplicationError(
+                f"fleet guard of {guard.cluster} refused {activity.info().activity_type}: "
+                f"{answer.refused}",
+                type="GuardRejected",
+                non_retryable=True,
+            )
+        return answer
+
+    async def _update(self, guard: GuardContext, update: str, arg: Any, result: type) -> Any:
         try:
             async with heartbeating(f"fleet guard {update}"):
-                return await self._client.execute_update_with_start_workflow(
-                    update, arg, start_workflow_operation=self._start(guard), result_type=result
-                )
+                return await self._send(guard, update, arg, result)
         except WorkflowUpdateFailedError as e:
             # The guard rejected the request as malformed: asking again cannot help.
             raise ApplicationError(
@@ -103,20 +126,25 @@ class GuardActivities:
                 "slurm": call.incident.slurm or await self._view(g.cluster),
             }
         )
-        result: Registration = await self._update(g, "register", opened, Registration)
-        return result
+        answer = await self._batched(g, GuardCall(update="register", opened=opened))
+        assert answer.registration is not None
+        return answer.registration
 
     @activity.defn(name="guard_admit_quarantine")
     async def admit_quarantine(self, call: AdmitCall) -> Admission:
-        req = await self._admit_request(call)
-        result: Admission = await self._update(call.guard, "admit_quarantine", req, Admission)
-        return result
+        return await self._admit(call, "admit_quarantine")
 
     @activity.defn(name="guard_admit_repair")
     async def admit_repair(self, call: AdmitCall) -> Admission:
+        return await self._admit(call, "admit_repair")
+
+    async def _admit(
+        self, call: AdmitCall, update: Literal["admit_quarantine", "admit_repair"]
+    ) -> Admission:
         req = await self._admit_request(call)
-        result: Admission = await self._update(call.guard, "admit_repair", req, Admission)
-        return result
+        answer = await self._batched(call.guard, GuardCall(update=update, admit=req))
+        assert answer.admission is not None
+        return answer.admission
 
     @activity.defn(name="guard_claim_spare")
     async def claim_spare(self, call: SpareCall) -> SpareClaim:
@@ -130,7 +158,7 @@ class GuardActivities:
 
     @activity.defn(name="guard_release")
     async def release(self, call: ReleaseCall) -> None:
-        await self._update(call.guard, "release", call.release, type(None))
+        await self._batched(call.guard, GuardCall(update="release", release=call.release))
 
     @activity.defn(name="guard_attach_policy")
     async def attach_policy(self, guard: GuardContext) -> GuardStatus:

@@ -300,6 +300,11 @@ async def _read_incidents(client: Client, nodes: list[str], result: RunResult) -
         result.events.append(len(hist.events))
         result.history_bytes.append(sum(e.ByteSize() for e in hist.events))
         end = hist.events[-1]
+        if end.HasField("workflow_execution_failed_event_attributes"):
+            failure = end.workflow_execution_failed_event_attributes.failure
+            result.statuses["failed"] = result.statuses.get("failed", 0) + 1
+            result.failures.setdefault(failure.message[:160], 0)
+            result.failures[failure.message[:160]] += 1
         if not end.HasField("workflow_execution_completed_event_attributes"):
             return
         payloads = end.workflow_execution_completed_event_attributes.result.payloads

@@ -78,6 +78,7 @@ class RunResult:
     server_cpu_s: float = 0.0
     standin_cpu_s: float = 0.0
     unfinished: int = 0
+    failures: dict[str, int] = field(default_factory=dict)  # failed workflows, by message
     open_errors: dict[str, int] = field(default_factory=dict)  # retried opens, by error
     worker_errors: dict[str, int] = field(default_factory=dict)  # logged, by first words
 
@@ -104,6 +105,8 @@ def print_run(r: RunResult) -> None:
           f"{pct(r.open_s, .99) * 1000:.0f} ms (update-with-start, as the API opens)")  # fmt: skip
     print(f"incident:     p50 {pct(r.total_s, .5):.1f} s, p99 {pct(r.total_s, .99):.1f} s "
           f"open to close (lone incident: {r.lone_total_s:.1f} s)")  # fmt: skip
+    for msg, count in sorted(r.failures.items(), key=lambda kv: -kv[1])[:5]:
+        print(f"failed:       {count} x {msg}")
     if r.open_errors:
         print(f"open retried: {r.open_errors}")
     for line, count in sorted(r.worker_errors.items(), key=lambda kv: -kv[1])[:8]:

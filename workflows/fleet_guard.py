@@ -60,6 +60,7 @@ with workflow.unsafe.imports_passed_through():
         SpareRequest,
         Waiter,
     )
+    from autoclusters.core.guard_batch import GuardAnswer, GuardBatch, GuardCall
 
 # Guards started before this patch answer "not admitted" and let incidents ask again.
 GUARD_V2_QUEUE = "fleet-guard-v2-queue"
@@ -221,6 +222,9 @@ class FleetGuard:
     @workflow.update
     def register(self, req: IncidentOpened) -> Registration:
         """Record an incident's open; say how often the node failed lately; maybe trip."""
+        return self._register(req)
+
+    def _register(self, req: IncidentOpened) -> Registration:
         state, now = self._state, workflow.now()
         self._prune(now)
         known = next((o for o in state.opens if o.incident_id == req.incident_id), None)
@@ -293,6 +297,9 @@ class FleetGuard:
     @workflow.update
     def admit_quarantine(self, req: AdmitRequest) -> Admission:
         """May this node leave service? Not if too few nodes would be left in service."""
+        return self._admit_quarantine(req)
+
+    def _admit_quarantine(self, req: AdmitRequest) -> Admission:
         self._take_view(req)
         out = self._state.out_of_service
         held = out.get(req.node)
@@ -336,6 +343,9 @@ class FleetGuard:
     @workflow.update
     def admit_repair(self, req: AdmitRequest) -> Admission:
         """May this node be repaired now? Not while the breaker is tripped or N repair."""
+        return self._admit_repair(req)
+
+    def _admit_repair(self, req: AdmitRequest) -> Admission:
         self._take_view(req)
         repairing = self._state.repairing
         if repairing.get(req.node) == req.incident_id:
@@ -464,6 +474,9 @@ class FleetGuard:
 
         A release from an incident that no longer holds the node changes nothing.
         """
+        self._release(req)
+
+    def _release(self, req: ReleaseRequest) -> None:
         state = self._state
         if state.repairing.get(req.node) == req.incident_id:
             del state.repairing[req.node]
@@ -487,6 +500,32 @@ class FleetGuard:
     @release.validator
     def _validate_release(self, req: ReleaseRequest) -> None:
         _require(node=req.node, incident_id=req.incident_id)
+
+    # --- many calls at once -------------------------------------------------------------
+
+    @workflow.update
+    def batch(self, batch: GuardBatch) -> list[GuardAnswer]:
+        """Several incidents' calls, answered in order as their own updates would be
+        (core/guard_batch.py). A malformed call is refused alone: the others still count."""
+        return [self._answer(call) for call in batch.calls]
+
+    def _answer(self, call: GuardCall) -> GuardAnswer:
+        try:
+            if call.opened is not None:
+                self._validate_register(call.opened)
+                return GuardAnswer(registration=self._register(call.opened))
+            if call.release is not None:
+                self._validate_release(call.release)
+                self._release(call.release)
+                return GuardAnswer()
+            assert call.admit is not None  # GuardCall holds exactly its update's argument
+            self._validate_admit(call.admit)
+            admit = (
+                self._admit_quarantine if call.update == "admit_quarantine" else self._admit_repair
+            )
+            return GuardAnswer(admission=admit(call.admit))
+        except ValueError as e:
+            return GuardAnswer(refused=str(e))
 
     # --- reset -----------------------------------------------------------------------
 

@@ -1,0 +1,117 @@
+"""One worker process's fleet-guard calls, sent together (core/guard_batch.py).
+
+The guard activities of a busy worker ask the same guard at the same moment. Each call
+joins its cluster's queue; one sender per cluster takes what has queued (up to
+MAX_BATCH_ITEMS) and sends it as one `batch` update, so a worker has one update in flight
+per guard whatever its load, and every call still gets its own answer. Temporal's answer
+"too many updates in flight" (other workers, the CLI) is waited out, not failed on.
+
+A guard run by a worker from before `batch` existed (a rolling upgrade) refuses the
+update as unknown: the calls then go one by one, as they did.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from temporalio.client import WorkflowUpdateFailedError
+from temporalio.service import RPCError, RPCStatusCode
+
+from autoclusters.core.guard import Admission, GuardContext, Registration
+from autoclusters.core.guard_batch import MAX_BATCH_ITEMS, GuardAnswer, GuardBatch, GuardCall
+
+# How long to wait out "too many updates in flight" before the activity fails (it retries).
+BUSY_WAIT_S = 60.0
+_BUSY = {RPCStatusCode.RESOURCE_EXHAUSTED, RPCStatusCode.UNAVAILABLE, RPCStatusCode.ABORTED}
+
+# An update-with-start, built fresh per send: (update name, argument, result type) -> answer.
+Send = Callable[[GuardContext, str, Any, type], Any]
+
+
+@dataclass
+class _Waiting:
+    guard: GuardContext
+    call: GuardCall
+    answer: asyncio.Future[GuardAnswer]
+
+
+class GuardBatcher:
+    def __init__(self, send: Send, *, max_items: int = MAX_BATCH_ITEMS) -> None:
+        self._send = send
+        self._max_items = max_items
+        self._queues: dict[str, list[_Waiting]] = {}
+        self._senders: dict[str, asyncio.Task[None]] = {}
+        self._batched = True  # False once a guard said it knows no `batch`
+        self.batches = 0  # sent, for tests and the benchmark
+
+    async def call(self, guard: GuardContext, call: GuardCall) -> GuardAnswer:
+        waiting = _Waiting(guard, call, asyncio.get_running_loop().create_future())
+        self._queues.setdefault(guard.cluster, []).append(waiting)
+        sender = self._senders.get(guard.cluster)
+        if sender is None or sender.done():
+            self._senders[guard.cluster] = asyncio.create_task(self._drain(guard.cluster))
+        return await waiting.answer
+
+    async def _drain(self, cluster: str) -> None:
+        queue = self._queues[cluster]
+        while queue:
+            # Calls whose activity was cancelled meanwhile are not sent.
+            taken = [w for w in queue[: self._max_items] if not w.answer.done()]
+            del queue[: self._max_items]
+            if not taken:
+                continue
+            try:
+                answers = await self._send_batch(taken)
+            except BaseException as e:
+                for w in taken:
+                    if not w.answer.done():
+                        w.answer.set_exception(e)
+                if isinstance(e, asyncio.CancelledError):
+                    raise
+                continue
+            for w, a in zip(taken, answers, strict=True):
+                if not w.answer.done():
+                    w.answer.set_result(a)
+
+    async def _send_batch(self, taken: list[_Waiting]) -> list[GuardAnswer]:
+        if not self._batched:
+            return [await self._one(w) for w in taken]
+        batch = GuardBatch(calls=[w.call for w in taken])
+        # The newest context starts the guard if it is not running (any would do).
+        guard = taken[-1].guard
+        delay = 0.05
+        waited = 0.0
+        while True:
+            try:
+                answers: list[GuardAnswer] = await self._send(
+                    guard, "batch", batch, list[GuardAnswer]
+                )
+                self.batches += 1
+                return answers
+            except RPCError as e:
+                if e.status not in _BUSY or waited >= BUSY_WAIT_S:
+                    raise
+            except WorkflowUpdateFailedError as e:
+                if "not found" not in str(e.cause or e):
+                    raise
+                self._batched = False  # an older guard: one update per call
+                return [await self._one(w) for w in taken]
+            pause = delay * (1 + random.random())
+            await asyncio.sleep(pause)
+            waited += pause
+            delay = min(delay * 2, 2.0)
+
+    async def _one(self, w: _Waiting) -> GuardAnswer:
+        c = w.call
+        if c.opened is not None:
+            reg = await self._send(w.guard, "register", c.opened, Registration)
+            return GuardAnswer(registration=reg)
+        if c.release is not None:
+            await self._send(w.guard, "release", c.release, type(None))
+            return GuardAnswer()
+        adm = await self._send(w.guard, c.update, c.admit, Admission)
+        return GuardAnswer(admission=adm)
