@@ -54,6 +54,9 @@ class StandInSlurm:
             raise SlurmError(data.get("error", f"stand-in {path}: HTTP {status}"))
         return data
 
+    async def close(self) -> None:
+        await self._http.close()
+
     async def nodes(self) -> list[SlurmNode]:
         return [SlurmNode.model_validate(n) for n in await self._ok("GET", "/slurm/nodes")]
 
@@ -118,6 +121,9 @@ class StandInCloud:
             err.non_retryable = status == 404
             raise err
         return data
+
+    async def close(self) -> None:
+        await self._http.close()
 
     async def vm_id(self, node: str) -> str:
         return str((await self._ok("GET", f"/cloud/vms/{node}"))["vm_id"])
