@@ -31,17 +31,19 @@ from typing import Any
 import pytest
 import pytest_asyncio
 from temporalio import workflow
-from temporalio.client import WorkflowExecutionStatus, WorkflowHandle
+from temporalio.client import WorkflowExecutionStatus, WorkflowHandle, WorkflowUpdateFailedError
 from temporalio.service import RPCError
 from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
-from temporalio.worker import Worker, WorkflowRunner
+from temporalio.worker import UnsandboxedWorkflowRunner, Worker, WorkflowRunner
 
 from autoclusters.activities.sharing_yield import ShareYieldActivities
 from autoclusters.core.evidence import HealthSnapshot
 from autoclusters.core.sharing import (
     LENT_REASON,
     InferenceTarget,
+    MoveDecision,
     MoveRecord,
+    MoveRequest,
     Pool,
     RebalanceInput,
     SharePolicy,
@@ -50,6 +52,7 @@ from autoclusters.core.sharing import (
     YieldResult,
     rebalance_workflow_id,
 )
+from autoclusters.workflows import gpu_rebalance
 from autoclusters.workflows.gpu_rebalance import GpuRebalance
 from tests.fake_share import LEND_STEPS, RETURN_STEPS, ShareWorld
 from tests.fake_share import Node as N
@@ -134,12 +137,16 @@ async def rebalancer(
         activities=[*world.activities(), *activities],
         **extra,
     ):
-        handle = await env.client.start_workflow(
+        await env.client.start_workflow(
             GpuRebalance.run,
             RebalanceInput(cluster=cluster, policy=pol),
             id=rebalance_workflow_id(cluster),
             task_queue=tq,
             execution_timeout=timedelta(days=30),
+        )
+        # Whichever run is the latest (it continues as new).
+        handle = env.client.get_workflow_handle_for(
+            GpuRebalance.run, rebalance_workflow_id(cluster)
         )
         try:
             yield Rebalancer(env, world, cluster, tq, handle)
@@ -526,3 +533,146 @@ async def test_a_lent_node_is_yielded_at_once_and_a_node_not_held_is_not(
     assert settle == [("share_scale_inference", "gpu-03", 1), ("share_k8s_reclaim", "gpu-03", 1)]
     assert s.pools["gpu-02"] == Pool.INFERENCE and s.pools.get("gpu-03") != Pool.INFERENCE
     assert world.names() == ["share_scale_inference", "share_k8s_reclaim"]
+
+
+# --- approvals, manual moves -------------------------------------------------------------
+
+
+class Dial:
+    """A demand the test turns by hand."""
+
+    def __init__(self, value: float) -> None:
+        self.value = value
+
+    def __call__(self, _: int) -> float:
+        return self.value
+
+
+async def waiting_approval(r: Rebalancer) -> MoveRecord:
+    async def check() -> MoveRecord | None:
+        s = await r.status()
+        return s.current if s.current and s.current.status == "waiting_approval" else None
+
+    return await eventually(check, what="a move waiting for approval")
+
+
+async def test_approval_mode_waits_for_a_human(env: WorkflowEnvironment) -> None:
+    demand = Dial(HIGH)
+    world = ShareWorld(nodes(4), demand)
+    async with rebalancer(env, world, policy(needs_approval=True, max_inference_nodes=3)) as r:
+        await r.evaluate()
+        await r.handle.signal(GpuRebalance.evaluate_now, "breach")
+        first = await waiting_approval(r)
+        assert world.names() == ["notify"]  # asked; nothing drained
+        assert world.notes[0].event == "approval_needed"
+        assert first.move.move_id in world.notes[0].text
+        await r.handle.signal(
+            GpuRebalance.decide_move,
+            MoveDecision(move_id=first.move.move_id, approve=True, by="alice"),
+        )
+
+        async def lent() -> bool:
+            return bool(world.of("share_mark_lent")) and (await r.status()).current is None
+
+        await eventually(lent, what="the approved lend")
+
+        await r.evaluate()
+        await r.handle.signal(GpuRebalance.evaluate_now, "breach")
+        second = await waiting_approval(r)
+        await r.handle.signal(
+            GpuRebalance.decide_move,
+            MoveDecision(move_id=second.move.move_id, approve=False, by="bob"),
+        )
+
+        async def rejected() -> ShareStatus | None:
+            s = await r.status()
+            return s if s.current is None and len(s.moves) == 2 else None
+
+        s = await eventually(rejected, what="the rejection")
+
+    one, two = s.moves
+    assert (one.status, one.approved_by) == ("done", "alice")
+    assert world.names(one.move.move_id) == LEND_STEPS
+    assert two.status == "rejected" and "bob" in two.error and two.steps == []
+    assert world.names(two.move.move_id) == []
+    assert s.pools[two.move.node] == Pool.TRAINING
+    assert [c.node for c in world.of("share_drain_for_move")] == [one.move.node]
+
+
+async def test_a_manual_move_is_validated_and_runs_without_approval(
+    env: WorkflowEnvironment,
+) -> None:
+    world = ShareWorld([N("gpu-01"), N("gpu-02"), lent("gpu-03")], [MID])
+    async with rebalancer(env, world, policy(needs_approval=True)) as r:
+        await r.evaluate()
+        refused = [
+            MoveRequest(node="gpu-99", to="inference", requested_by="carol"),
+            MoveRequest(node="gpu-01", to="training", requested_by="carol"),
+            MoveRequest(node="gpu-03", to="inference", requested_by="carol"),
+        ]
+        for req in refused:
+            with pytest.raises(WorkflowUpdateFailedError):
+                await r.handle.execute_update(GpuRebalance.request_move, req)
+        assert (await r.status()).queued == []
+        move_id = await r.handle.execute_update(
+            GpuRebalance.request_move,
+            MoveRequest(node="gpu-01", to="inference", requested_by="carol"),
+        )
+
+        async def done() -> ShareStatus | None:
+            s = await r.status()
+            return s if s.moves and s.current is None and not s.queued else None
+
+        s = await eventually(done, what="the manual move")
+
+    (rec,) = s.moves
+    assert rec.move.move_id == move_id and rec.move.requested_by == "carol"
+    assert rec.status == "done" and rec.approved_by is None
+    assert world.names() == LEND_STEPS  # no approval asked of a person's own move
+    assert [c.replicas for c in world.of("share_scale_inference")] == [2]
+    assert s.pools["gpu-01"] == Pool.INFERENCE
+
+
+# --- evaluate_now, continue-as-new -------------------------------------------------------
+
+
+async def test_evaluate_now_does_not_wait_for_the_timer(env: WorkflowEnvironment) -> None:
+    world = ShareWorld(nodes(2), [MID])
+    async with rebalancer(env, world, policy()) as r:
+        assert (await r.status()).evaluations == 0
+        s = await r.evaluate()
+        started = (await r.handle.describe()).start_time
+
+    assert s.evaluations == 1 and s.last_demand is not None
+    (read,) = world.of("share_read_demand")
+    assert read.at - started.timestamp() < policy().evaluate_every_s
+    assert s.last_verdict is not None and "within the band" in s.last_verdict.why
+
+
+async def test_continue_as_new_carries_pools_and_moves(
+    env: WorkflowEnvironment, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The worker runs the workflow in this process, unsandboxed, so it sees the patch.
+    monkeypatch.setattr(gpu_rebalance, "EVALUATIONS_PER_RUN", 3)
+    world = ShareWorld(nodes(3), [HIGH])
+    async with rebalancer(env, world, policy(), runner=UnsandboxedWorkflowRunner()) as r:
+        first_run = (await r.handle.describe()).run_id
+        await r.evaluate(3)  # a lend at the second; the third continues as new
+
+        async def new_run() -> str | None:
+            run = (await r.handle.describe()).run_id
+            return run if run != first_run else None
+
+        await eventually(new_run, what="continue-as-new")
+        carried = await r.status()
+        s = await r.evaluate(2)  # and the next lend, in the new run
+        runs = (await r.handle.describe()).run_id
+
+    assert runs != first_run
+    assert carried.evaluations == 3 and [m.status for m in carried.moves] == ["done"]
+    assert sum(p == Pool.INFERENCE for p in carried.pools.values()) == 1
+    assert s.evaluations == 5
+    assert [m.move.move_id for m in s.moves] == [f"{r.cluster}-move-1", f"{r.cluster}-move-2"]
+    assert sum(p == Pool.INFERENCE for p in s.pools.values()) == 2
+    # The second lend knew of the first: two replicas.
+    assert [c.replicas for c in world.of("share_scale_inference")] == [1, 2]
