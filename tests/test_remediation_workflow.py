@@ -27,7 +27,7 @@ import asyncio
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -35,6 +35,7 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
+from temporalio import activity
 from temporalio.client import (
     WithStartWorkflowOperation,
     WorkflowFailureError,
@@ -66,6 +67,7 @@ from autoclusters.core.models import (
     workflow_id,
 )
 from autoclusters.core.policy import FaultRule, GuardPolicy, Policy, Rung, StepPolicy
+from autoclusters.core.sharing import LENT_REASON, Pool, YieldCall, YieldResult
 from autoclusters.integrations import temporal
 from autoclusters.workers.remediation import WORKFLOWS, activities_for
 from autoclusters.workflows.fleet_guard import FleetGuard
@@ -217,6 +219,7 @@ async def _fleet(
     nodes: int = 3,
     cloud: Callable[[FakeSlurm], FakeCloud] = FakeCloud,
     fixed_by: Rung | None = Rung.RESET_GPU,
+    extra_activities: Sequence[Callable[..., Any]] = (),
     **slurm_knobs: bool,
 ) -> AsyncIterator[Fleet]:
     """A fresh cluster on its own worker and task queue; the worker lives for the block, and
@@ -240,7 +243,10 @@ async def _fleet(
         env.client,
         task_queue=f.task_queue,
         workflows=WORKFLOWS,
-        activities=activities_for(slurm, fake_cloud, f.health, guard_acts, [f.notifier]),
+        activities=[
+            *activities_for(slurm, fake_cloud, f.health, guard_acts, [f.notifier]),
+            *extra_activities,
+        ],
     ):
         try:
             yield f
@@ -1137,6 +1143,57 @@ async def test_foreign_drain_is_kept(env: WorkflowEnvironment, before: bool) -> 
     assert back is not None and back.outcome == "ok"
     assert "not ours" in back.detail
     assert state.step("notify_resolved") is None
+
+
+@pytest.mark.parametrize("lent", [True, False], ids=["lent-to-inference", "in-training"])
+async def test_a_lent_node_is_taken_from_the_rebalancer_before_requeue(
+    env: WorkflowEnvironment, lent: bool
+) -> None:
+    yields: list[YieldCall] = []
+    slurm: list[FakeSlurm] = []
+
+    @activity.defn(name="share_yield_node")
+    async def share_yield_node(call: YieldCall) -> YieldResult:
+        yields.append(call)
+        slurm[0].record("share_yield_node", call.node)
+        return YieldResult(held=True, pool_before=Pool.INFERENCE)
+
+    async with _fleet(env, extra_activities=[share_yield_node]) as f:
+        slurm.append(f.slurm)
+        if lent:
+            f.slurm.set_reason("gpu-01", LENT_REASON)
+        req = f.request()
+        result = await (await f.start(req)).result()
+
+    assert result.status == "resolved"
+    repair = [
+        ("requeue", "101"),
+        ("release_hold", "101"),
+        ("cloud.reboot", "gpu-01"),
+        ("registered", "gpu-01"),
+        ("resume", "gpu-01"),
+    ]
+    if lent:
+        assert yields == [YieldCall(cluster=f.cluster, node="gpu-01", incident_id=req.incident_id)]
+        # Taken after the drain (under the incident's reason now), before the requeue.
+        assert f.slurm.log == [
+            ("admin_drain", "gpu-01"),
+            ("drain", "gpu-01"),
+            ("share_yield_node", "gpu-01"),
+            *repair,
+        ]
+        assert [s.name for s in result.steps] == [
+            *RUNBOOK[:4],
+            "take_from_rebalancer",
+            *RUNBOOK[4:],
+        ]
+        took = result.step("take_from_rebalancer")
+        assert took is not None and took.outcome == "ok" and "inference" in took.detail
+    else:
+        assert yields == []
+        assert f.slurm.log == [("drain", "gpu-01"), *repair]
+        assert [s.name for s in result.steps] == RUNBOOK
+    assert not f.slurm.node_now("gpu-01").drained
 
 
 async def test_unknown_node_fails_at_once(env: WorkflowEnvironment) -> None:
