@@ -9,7 +9,9 @@ Aspects covered:
   and gets the node's next incident; a trailing alert whose incident closed meanwhile is
   delivered to the next incident, and the closed one is forgotten;
 - a trailing alert that can never be delivered forgets its dedupe key (a re-send delivers);
-- shutdown sends what trails.
+- shutdown sends what trails;
+- the webhooks are served by plain Starlette routes (FastAPI's machinery cost a quarter
+  of an alert's CPU) and still documented in the OpenAPI document.
 """
 
 from __future__ import annotations
@@ -21,12 +23,18 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 import pytest
+from fastapi.routing import APIRoute
+from starlette.routing import Match
+from temporalio.client import Client
 
 from autoclusters.clients.api import intake as intake_module
+from autoclusters.clients.api.app import create_app
 from autoclusters.clients.api.dedupe import DedupeStore
 from autoclusters.clients.api.intake import Delivered, Intake, Signal, TemporalUnavailable
+from autoclusters.clients.api.inventory import StaticInventory
 from autoclusters.clients.api.metrics import ApiMetrics
 from autoclusters.clients.api.open_incidents import OpenIncidents
+from autoclusters.clients.api.settings import ApiSettings
 from autoclusters.clients.incidents import OpenedIncident
 from autoclusters.core.fault_evidence import FaultEvidence
 
@@ -250,3 +258,21 @@ def test_open_incidents_learn_only_newer_news_and_expire() -> None:
     off = OpenIncidents(ttl_s=0)
     off.learn("n", "inc-1", "wf", "XID_79", now)
     assert off.joined("n", "XID_79") is None  # 0 turns it off
+
+
+def test_the_webhooks_are_served_plainly_and_still_documented() -> None:
+    app = create_app(
+        ApiSettings(api_inventory="static"),
+        client_factory=_no_temporal,
+        inventory=StaticInventory([]),
+    )
+    scope = {"type": "http", "method": "POST", "path": "/v1/alerts/alertmanager"}
+    first = next(r for r in app.router.routes if r.matches(scope)[0] == Match.FULL)
+    assert not isinstance(first, APIRoute), "FastAPI's route would serve it: the slow path"
+    doc = app.openapi()["paths"]
+    for path in ("/v1/alerts/alertmanager", "/v1/reports"):
+        assert "requestBody" in doc[path]["post"], path
+
+
+async def _no_temporal() -> Client:
+    raise AssertionError("no Temporal in this test")

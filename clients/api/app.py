@@ -74,6 +74,7 @@ from autoclusters.clients.api.intake import Delivered, Intake, Outcome, Signal, 
 from autoclusters.clients.api.inventory import NodeInventory, SlurmInventory, StaticInventory
 from autoclusters.clients.api.metrics import ApiMetrics
 from autoclusters.clients.api.open_incidents import OpenIncidents
+from autoclusters.clients.api.plain_routes import serve_plainly
 from autoclusters.clients.api.resolutions import Resolution, ResolutionLog
 from autoclusters.clients.api.settings import ApiSettings
 from autoclusters.clients.api.timing import RequestTimer
@@ -452,7 +453,7 @@ class Api:
 
 def answer(
     outcomes: list[Outcome], resolved: int, skipped: list[Skipped], metrics: ApiMetrics, src: str
-) -> JSONResponse:
+) -> Response:
     refs: dict[str, IncidentRef] = {}
     for o in outcomes:
         ref = refs.get(o.signal.node)
@@ -467,7 +468,7 @@ def answer(
     # Known here (this process accepted it), or known to the incident (another replica, or
     # this one before a restart, delivered it first).
     repeats = sum(o.repeat or o.delivered.repeat for o in outcomes)
-    metrics.alerts_deduplicated.labels(src).inc(repeats)
+    metrics.of(metrics.alerts_deduplicated, src).inc(repeats)
     for s in skipped:
         metrics.alerts_rejected.labels(src, s.reason).inc()
     body = IngestAnswer(
@@ -477,7 +478,8 @@ def answer(
         skipped=skipped,
         incidents=list(refs.values()),
     )
-    return JSONResponse(body.model_dump(mode="json"), status_code=202)
+    # pydantic writes the JSON itself: no dict in between, no json.dumps.
+    return Response(body.model_dump_json(), status_code=202, media_type="application/json")
 
 
 def _raise(err: ApiError) -> NoReturn:
@@ -521,7 +523,7 @@ def create_app(
         openapi_extra=_body_schema(AlertmanagerPayload),
         summary="Alertmanager webhook (version 4): open or join each node's incident",
     )
-    async def alertmanager(request: Request) -> JSONResponse:
+    async def alertmanager(request: Request) -> Response:
         ep, src = "alertmanager", "alertmanager"
         caller = api.authorize(request, ep)
         payload = await api.body(request, AlertmanagerPayload, "Alertmanager payload", ep)
@@ -538,7 +540,7 @@ def create_app(
             ep,
         )
         for a in payload.alerts:
-            api.metrics.alerts_received.labels(src, a.status).inc()
+            api.metrics.of(api.metrics.alerts_received, src, a.status).inc()
         skipped = [
             Skipped(
                 index=s.index,
@@ -646,11 +648,11 @@ def create_app(
         openapi_extra=_body_schema(NodeReport),
         summary="A node health agent's report: open or join the node's incident",
     )
-    async def report(request: Request) -> JSONResponse:
+    async def report(request: Request) -> Response:
         ep, src = "reports", "agent"
         api.authorize(request, ep)
         rep = await api.body(request, NodeReport, "NodeReport", ep)
-        api.metrics.alerts_received.labels(src, rep.state.value).inc()
+        api.metrics.of(api.metrics.alerts_received, src, rep.state.value).inc()
         if rep.state == ReportState.FIRING:
             api.refuse_unknown_faults([("fault", rep.fault)], ep)
         known = await api.known_nodes([rep.node], ep)
@@ -837,6 +839,7 @@ def create_app(
     console.mount(
         app, settings=settings, auth=api.auth, client=api.gate.client, policy=api.policies.current
     )
+    serve_plainly(app, {"/v1/alerts/alertmanager", "/v1/reports"})
     return app
 
 

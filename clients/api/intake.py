@@ -130,7 +130,7 @@ class Intake:
                 else:
                     joined = Delivered(known.incident_id, known.workflow_id, opened=False)
                     self._dedupe.settle(s.key, claim.future, joined)
-                    self._metrics.incidents.labels("joined").inc()
+                    self._metrics.of(self._metrics.incidents, "joined").inc()
                     self._metrics.alerts_trailing.inc()
                     self._trail(_Waiting(s, claim.future, trailing=True), self._join_flush_s)
             claims.append((s, claim))
@@ -245,8 +245,9 @@ class Intake:
         # The incident itself says who opened it: exactly one caller, across API restarts
         # and replicas; a report it had already (a retry after a restart) opens nothing.
         first = opened.opened and not opened.repeat
-        self._metrics.incidents.labels("opened").inc(1 if first else 0)
-        self._metrics.incidents.labels("joined").inc(len(waited) - (1 if first else 0))
+        m = self._metrics
+        m.of(m.incidents, "opened").inc(1 if first else 0)
+        m.of(m.incidents, "joined").inc(len(waited) - (1 if first else 0))
         for i, w in enumerate(waited):
             done = Delivered(
                 opened.incident_id, opened.workflow_id, first and i == 0, opened.repeat

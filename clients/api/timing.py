@@ -38,6 +38,5 @@ class RequestTimer:
         finally:
             # The router writes the matched route into the scope it was given.
             endpoint = getattr(scope.get("route"), "path", "unmatched")
-            self.metrics.request_duration.labels(endpoint, str(code)).observe(
-                time.monotonic() - started
-            )
+            m = self.metrics
+            m.of(m.request_duration, endpoint, str(code)).observe(time.monotonic() - started)
