@@ -676,3 +676,18 @@ async def test_continue_as_new_carries_pools_and_moves(
     assert sum(p == Pool.INFERENCE for p in s.pools.values()) == 2
     # The second lend knew of the first: two replicas.
     assert [c.replicas for c in world.of("share_scale_inference")] == [1, 2]
+
+
+async def test_a_node_that_failed_its_gate_is_not_lent_again(env: WorkflowEnvironment) -> None:
+    demand = Dial(LOW)
+    world = ShareWorld([N("gpu-01", jobs=[101]), N("gpu-02", jobs=[102]), lent("gpu-03")], demand)
+    world.gate_fails = {"gpu-03"}
+    async with rebalancer(env, world, policy()) as r:
+        s = await r.evaluate(2)
+        assert r.move(s, "gpu-03").status == "failed"
+        demand.value = HIGH
+        s = await r.evaluate(2)
+
+    # gpu-03 is drained and idle, the cheapest node to lend, but it failed its gate.
+    assert [c.node for c in world.of("share_drain_for_move")] == ["gpu-01"]
+    assert s.unhealthy == ["gpu-03"]

@@ -203,6 +203,20 @@ class GpuRebalance(AgentGate):
         )
         self._s.evaluations += 1
         self._evaluations_this_run += 1
+        if self._s.unhealthy:
+            # A node that failed its gate on the way back is drained, idle and labelled
+            # training: to the figures, the cheapest node to lend. It is a human's until
+            # they clear it; neither pool may take it meanwhile.
+            demand = demand.model_copy(
+                update={
+                    "nodes": [
+                        n.model_copy(update={"in_incident": True})
+                        if n.name in self._s.unhealthy
+                        else n
+                        for n in demand.nodes
+                    ]
+                }
+            )
         for n in demand.nodes:
             self._s.pools.setdefault(n.name, n.pool)
         since = (
