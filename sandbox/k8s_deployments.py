@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import math
+from datetime import datetime
 from typing import Any
 
 from autoclusters.sandbox.k8s_controllers import TERMINAL, is_ready
@@ -97,10 +98,13 @@ def deletion_cost(pod: Obj) -> int:
 def removal_order(pods: list[Obj], born: dict[str, int]) -> list[Obj]:
     """Pods in the order a scale-down removes them (`born`: creation order by uid)."""
 
-    def rank(p: Obj) -> tuple[int, int, int, int]:
+    def rank(p: Obj) -> tuple[int, int, int, float, int]:
         bound = 1 if p["spec"].get("nodeName") else 0
         ready = 1 if is_ready(p) else 0
-        return (bound, ready, deletion_cost(p), -born.get(p["metadata"]["uid"], 0))
+        # Newest first: by creation time, then (within its second) by creation order.
+        created = datetime.strptime(p["metadata"]["creationTimestamp"], "%Y-%m-%dT%H:%M:%SZ")
+        return (bound, ready, deletion_cost(p), -created.timestamp(),
+                -born.get(p["metadata"]["uid"], 0))  # fmt: skip
 
     return sorted(pods, key=rank)
 

@@ -13,7 +13,14 @@ race them (`sandbox.k8s_controllers` holds what they do):
   a NotReady node's pods not Ready;
 - pod garbage collection removes the pods of a deleted Node;
 - PodDisruptionBudget status is computed on every read from the matching pods (expected =
-  those pods, or their NodeSet owner's replicas when larger).
+  those pods, or their NodeSet owner's replicas when larger);
+- the Deployment controller keeps each Deployment's pods at `spec.replicas` and its status
+  current (`sandbox.k8s_deployments`), and the scheduler binds pods with no node
+  (`sandbox.k8s_scheduler`), after every write: a node relabelled, untainted or uncordoned
+  takes a pending pod in the same request;
+- pods matching `external_kubelet` (a label selector) are left to a kubelet outside the
+  emulator (the sandbox's inference kubelet): bound, they stay Pending until it reports
+  them ready, and deleted gracefully they stay Terminating until it reports them gone.
 
 `--state FILE` keeps the objects in a JSON file, rewritten after every change.
 """

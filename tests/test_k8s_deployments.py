@@ -261,3 +261,24 @@ def test_an_external_kubelet_starts_pods_and_finishes_their_deletion(tmp_path: P
         r.raise_for_status()
         assert k8s.pods() == []
         k8s.close()
+
+
+def test_a_reboot_keeps_the_pool_a_new_machine_starts_in_training(k8s: Cluster) -> None:
+    k8s.node("gpu-01", "inference")
+    k8s.node("gpu-01")  # the same machine boots again: its kubelet registers again
+    node = k8s.core.read_node("gpu-01")
+    assert node.metadata.labels[POOL_LABEL] == "inference"
+    assert not [t for t in node.spec.taints or [] if t.key == POOL_TAINT_KEY]
+    assert node.status.allocatable["nvidia.com/gpu"] == "8"
+    k8s.admin.post(
+        "/_emulator/nodes",
+        json={"name": "gpu-01", "provider_id": "crusoe://replacement", "gpus": 4,
+              "register_labels": {POOL_LABEL: "training"},
+              "register_taints": [TRAINING_TAINT]},
+    ).raise_for_status()  # fmt: skip
+    node = k8s.core.read_node("gpu-01")
+    assert node.metadata.labels[POOL_LABEL] == "training"
+    assert [(t.key, t.value, t.effect) for t in node.spec.taints] == [
+        (POOL_TAINT_KEY, "training", "NoSchedule")
+    ]
+    assert node.status.allocatable["nvidia.com/gpu"] == "4"
