@@ -6,6 +6,8 @@ the kubelet starts for the inference Deployment's pods."""
 from __future__ import annotations
 
 import asyncio
+import re
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -206,6 +208,16 @@ async def test_the_load_generator_keeps_its_rate(stack_factory: Callable[..., St
     assert 25 * 0.7 <= summary["achieved_rps"] <= 25 * 1.3, summary
     assert summary["p50_s"] is not None and summary["p50_s"] >= 0.05, summary
     assert stack.metric("inference_requests_total", 'code="200"') == stats.ok
+    # The CLI, on the sandbox's state dir, prints what it achieved.
+    stack.cfg.save()
+    cli = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "autoclusters.clients.cli", "sandbox", "load", "--rps", "10",
+        "--for", "2", "--state-dir", str(stack.cfg.state_dir),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    )  # fmt: skip
+    out = (await cli.communicate())[0].decode()
+    assert cli.returncode == 0, out
+    assert re.search(r"sent \d+ in 2\.\d+s: [\d.]+ rps; ok \d+, errors 0; p50 \d+ ms", out), out
 
 
 async def _async(value: bool) -> bool:
