@@ -11,7 +11,9 @@ leaves them to it) and, like a node's kubelet:
 - a pod with a deletionTimestamp: SIGTERMs its server (which finishes the requests in
   flight), waits up to the pod's grace period for it to exit (then SIGKILL), and finishes
   the deletion (`POST /_emulator/pods/{ns}/{name}/terminated`);
-- a server whose pod is gone (its node was deleted): stopped.
+- a server whose pod is gone (its node was deleted, or the pod force-deleted): stopped;
+- a pod on a NotReady node: left alone (that node's kubelet is down), as the emulator's
+  own kubelet does.
 
 A restarted kubelet adopts the servers still running. With `--file-sd F` it keeps F, a
 Prometheus file_sd list of the servers' /metrics (label `node`), up to date.
@@ -90,13 +92,16 @@ class Kubelet:
     async def sync(self, k8s: httpx.AsyncClient, probe: httpx.AsyncClient) -> None:
         """One pass over the inference pods (and the servers whose pods are gone)."""
         listed = await pods.list_pods(k8s)
+        r = await k8s.get("/api/v1/nodes")
+        r.raise_for_status()
+        up = {n["metadata"]["name"] for n in r.json()["items"] if pods.is_ready(n)}
         self._tasks = {k: t for k, t in self._tasks.items() if not t.done()}
         names = set()
         for pod in listed:
             name = server_name(pod)
             names.add(name)
-            if not pod["spec"].get("nodeName") or name in self._tasks:
-                continue
+            if name in self._tasks or pod["spec"].get("nodeName") not in up:
+                continue  # unscheduled, or its node's kubelet is down: nothing happens
             if pods.terminating(pod):
                 self._tasks[name] = asyncio.create_task(self._terminate(k8s, pod))
             elif (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):

@@ -365,7 +365,11 @@ class Store:
                 and pod["spec"].get("nodeName")
                 and not pod["metadata"].get("deletionTimestamp")
             )
-            if phase == "Running" or starting:
+            node = self._objs["nodes"].get(("", pod["spec"].get("nodeName") or ""))
+            # An external kubelet's word on a pod of a NotReady node is not taken: the node
+            # lifecycle controller keeps such pods not Ready.
+            down = self._is_external(pod) and (node is None or not is_ready(node))
+            if (phase == "Running" or starting) and not (ready and down):
                 self._set_pod_status(pod, ready=ready)
             self._settle()
             return self.get(PODS, ns, name)

@@ -154,7 +154,7 @@ async def _infer(n: int, url: str) -> list[httpx.Response]:
 async def test_a_scheduled_pod_serves_and_drains_without_failing_a_request(
     stack_factory: Callable[..., Stack],
 ) -> None:
-    stack = stack_factory(ms_per_request=1500)
+    stack = stack_factory(ms_per_request=2500)
     url = stack.cfg.inference_gateway_url
     assert stack.servers() == [] and stack.pods() == []
     stack.scale(1)

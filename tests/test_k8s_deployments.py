@@ -252,6 +252,13 @@ def test_an_external_kubelet_starts_pods_and_finishes_their_deletion(tmp_path: P
         (pod,) = k8s.pods()
         assert pod.status.phase == "Running" and _condition(pod, "Ready").status == "True"
         assert k8s.apps.read_namespaced_deployment(DEPLOY, NS).status.ready_replicas == 1
+        # Its node goes NotReady: the pod is not Ready, whatever that kubelet says meanwhile.
+        k8s.admin.post("/_emulator/nodes/gpu-01/ready", json={"ready": False})
+        k8s.admin.post(f"/_emulator/pods/{NS}/{name}/ready", json={"ready": True})
+        assert _condition(k8s.pods()[0], "Ready").status == "False"
+        k8s.admin.post("/_emulator/nodes/gpu-01/ready", json={"ready": True})
+        k8s.admin.post(f"/_emulator/pods/{NS}/{name}/ready", json={"ready": True})
+        assert _condition(k8s.pods()[0], "Ready").status == "True"
         k8s.scale(0)
         (pod,) = k8s.pods()  # Terminating until its kubelet says its process is gone
         assert pod.metadata.deletion_timestamp is not None
