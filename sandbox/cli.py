@@ -346,10 +346,25 @@ def demo(
             "with replace, the reboot fails the health gate and the incident escalates."
         ),
     ] = "replace",
+    scenario: Annotated[
+        str,
+        typer.Option(
+            help="remediate: a GPU fault and its remediation; share: GPU nodes lent to "
+            "inference as its load rises and returned when it falls."
+        ),
+    ] = "remediate",
 ) -> None:
-    """Sandbox up, a 2-node job, a fault on one of its nodes, the remediation, a summary."""
+    """Sandbox up, a 2-node job, a fault on one of its nodes, the remediation, a summary
+    (`--scenario share`: training and inference sharing the GPU nodes)."""
     from autoclusters.sandbox.config import SandboxConfig
     from autoclusters.sandbox.demo import DemoError, run_demo
+
+    if scenario not in ("remediate", "share"):
+        err.print(f"[red]refused:[/red] --scenario must be remediate or share, not {scenario!r}")
+        raise typer.Exit(2)
+    if scenario == "share":
+        _share_demo(as_json, keep, state_dir, port_base, boot_delay)
+        return
 
     if mode not in ("observe", "approve", "auto"):
         err.print(f"[red]refused:[/red] --mode must be observe, approve or auto, not {mode!r}")
@@ -373,6 +388,27 @@ def demo(
         err.print(f"[red]demo failed:[/red] {e}")
         raise typer.Exit(1) from None
     _print_summary(summary, err if as_json else console)
+    if as_json:
+        print(summary.model_dump_json())
+
+
+def _share_demo(
+    as_json: bool, keep: bool, state_dir: Path, port_base: int, boot_delay: float
+) -> None:
+    from autoclusters.sandbox.config import SandboxConfig
+    from autoclusters.sandbox.demo import DemoError
+    from autoclusters.sandbox.share_demo import print_share_summary, run_share_demo
+
+    cfg = SandboxConfig(
+        state_dir=state_dir.absolute(), port_base=port_base, boot_delay_s=boot_delay, k8s=True
+    )
+    out = err if as_json else console
+    try:
+        summary = asyncio.run(run_share_demo(cfg, keep=keep, console=out))
+    except DemoError as e:
+        err.print(f"[red]demo failed:[/red] {e}")
+        raise typer.Exit(1) from None
+    print_share_summary(summary, out)
     if as_json:
         print(summary.model_dump_json())
 
