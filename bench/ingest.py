@@ -424,6 +424,8 @@ async def bench(args: argparse.Namespace) -> int:
             print(f"api:        {args.api_procs} process(es) ({how} {args.api_procs}), "
                   f"{args.senders} concurrent senders (keep-alive HTTP/1.1), "
                   f"{os.cpu_count()} CPUs, one worker, Temporal dev server")  # fmt: skip
+            load = " ".join(f"{x:.1f}" for x in os.getloadavg())
+            print(f"machine:    load average {load} before the load (others' work shares the CPUs)")
             target = Target(api_port, token, api.pid)
             ok = await MODES[args.mode](args, target, Temporal(env.client, cluster))
         return 0 if ok else 1
