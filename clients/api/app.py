@@ -41,6 +41,7 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any, NoReturn, TypeVar
 
 from fastapi import FastAPI, Query, Request, Response
@@ -606,7 +607,8 @@ def create_app(
                 node=m.node,
                 fault=m.fault,
                 source=src,
-                evidence=FaultEvidence.from_alert(
+                evidence_of=partial(
+                    FaultEvidence.from_alert,
                     key=m.key,
                     starts_at=m.alert.starts_at,
                     labels=m.alert.labels,

@@ -63,7 +63,15 @@ class Signal:
     fault: str
     source: str  # alertmanager, agent: the incident's opened_by / the fault's source
     evidence: FaultEvidence | None = None  # labels and annotations, or the agent's readings
+    # Or how to make it, when it is sent: most alerts of a storm are repeats or trail in a
+    # batch that carries its first alert's evidence, and never need theirs.
+    evidence_of: Callable[[], FaultEvidence | None] | None = None
     at: datetime | None = None  # when the source saw it start (an alert's startsAt)
+
+    def described(self) -> FaultEvidence | None:
+        if self.evidence is None and self.evidence_of is not None:
+            return self.evidence_of()
+        return self.evidence
 
 
 @dataclass(frozen=True)
@@ -262,7 +270,7 @@ class Intake:
             started = time.monotonic()
             try:
                 return await asyncio.wait_for(
-                    self._deliver(node, fault, signal.source, key, signal.evidence, signal.at),
+                    self._deliver(node, fault, signal.source, key, signal.described(), signal.at),
                     self._timeout_s,
                 )
             except TimeoutError:
