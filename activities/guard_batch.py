@@ -21,12 +21,20 @@ from typing import Any
 from temporalio.client import WorkflowUpdateFailedError
 from temporalio.service import RPCError, RPCStatusCode
 
-from autoclusters.core.guard import Admission, GuardContext, Registration
+from autoclusters.core.guard import Admission, GuardContext, Registration, SlurmView
 from autoclusters.core.guard_batch import MAX_BATCH_ITEMS, GuardAnswer, GuardBatch, GuardCall
 
 # How long to wait out "too many updates in flight" before the activity fails (it retries).
 BUSY_WAIT_S = 60.0
-_BUSY = {RPCStatusCode.RESOURCE_EXHAUSTED, RPCStatusCode.UNAVAILABLE, RPCStatusCode.ABORTED}
+# Too many updates in flight; Temporal busy; the guard's workflow task failed or timed out
+# (FAILED_PRECONDITION: "Workflow Task in failed state", a busy worker): all pass.
+_BUSY = {
+    RPCStatusCode.RESOURCE_EXHAUSTED,
+    RPCStatusCode.UNAVAILABLE,
+    RPCStatusCode.ABORTED,
+    RPCStatusCode.FAILED_PRECONDITION,
+    RPCStatusCode.DEADLINE_EXCEEDED,
+}
 
 # An update-with-start, built fresh per send: (update name, argument, result type) -> answer.
 Send = Callable[[GuardContext, str, Any, type], Any]
@@ -80,7 +88,7 @@ class GuardBatcher:
     async def _send_batch(self, taken: list[_Waiting]) -> list[GuardAnswer]:
         if not self._batched:
             return [await self._one(w) for w in taken]
-        batch = GuardBatch(calls=[w.call for w in taken])
+        batch = GuardBatch(calls=one_view([w.call for w in taken]))
         # The newest context starts the guard if it is not running (any would do).
         guard = taken[-1].guard
         delay = 0.05
@@ -115,3 +123,37 @@ class GuardBatcher:
             return GuardAnswer()
         adm = await self._send(w.guard, c.update, c.admit, Admission)
         return GuardAnswer(admission=adm)
+
+
+def one_view(calls: list[GuardCall]) -> list[GuardCall]:
+    """Slurm's view (the nodes out of service: a long list on a big cluster) once per batch:
+    the newest, on the first call that carries one, so the guard reconciles on it before
+    it answers any call that brought one. The calls' views were read moments apart; sent
+    with each, a batch of a 2,000-node cluster's admissions would write it dozens of times
+    into the guard's history."""
+    views = [v for c in calls if (v := _view(c)) is not None]
+    if len(views) < 2:
+        return calls
+    newest, placed, out = views[-1], False, []
+    for c in calls:
+        view = newest if not placed and _view(c) is not None else None
+        placed = placed or view is not None
+        out.append(_with_view(c, view))
+    return out
+
+
+def _view(c: GuardCall) -> SlurmView | None:
+    if c.opened is not None:
+        return c.opened.slurm
+    if c.admit is not None and c.admit.out_of_service is not None:
+        return SlurmView(cluster_nodes=c.admit.cluster_nodes, out_of_service=c.admit.out_of_service)
+    return None
+
+
+def _with_view(c: GuardCall, view: SlurmView | None) -> GuardCall:
+    if c.opened is not None:
+        return c.model_copy(update={"opened": c.opened.model_copy(update={"slurm": view})})
+    if c.admit is not None:
+        oos = view.out_of_service if view is not None else None
+        return c.model_copy(update={"admit": c.admit.model_copy(update={"out_of_service": oos})})
+    return c

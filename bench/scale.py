@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -356,6 +357,8 @@ def main() -> None:
     p.add_argument("--concurrency", type=int, default=64, help="opens in flight (API's 64)")
     p.add_argument("--timeout", type=float, default=3600, help="per run, for all to close")
     args = p.parse_args()
+    # A SIGTERM (timeout(1)) stops like Ctrl-C: every process started is still stopped.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     rc = asyncio.run(bench(args))
     sys.stdout.flush()
     os._exit(rc)  # Temporal's Rust threads can crash a normal interpreter exit (sdk#300)

@@ -18,7 +18,9 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import os
 import signal
+import sys
 from datetime import UTC, datetime
 from typing import Any
 
@@ -224,6 +226,8 @@ def main() -> None:
     args = p.parse_args()
     logging.basicConfig(level=logging.WARNING)
     asyncio.run(serve(args))
+    sys.stdout.flush()
+    os._exit(0)  # Temporal's Rust threads can hang a normal interpreter exit (sdk#300)
 
 
 if __name__ == "__main__":

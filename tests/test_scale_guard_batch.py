@@ -9,7 +9,8 @@ with bench/scale.py: 179 of 200). Aspects covered:
 - the batcher waits out "too many updates in flight" instead of failing the calls;
 - against a guard that knows no `batch` (a rolling upgrade) it falls back to one update
   per call, with each call's own update name;
-- a GuardCall carries exactly the argument of its update.
+- a GuardCall carries exactly the argument of its update;
+- a batch carries Slurm's view once, the newest, ahead of the calls that brought one.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
 from temporalio.worker import Worker
 
 from autoclusters.activities.guard import GuardActivities
-from autoclusters.activities.guard_batch import GuardBatcher
+from autoclusters.activities.guard_batch import GuardBatcher, one_view
 from autoclusters.core.guard import (
     Admission,
     AdmitCall,
@@ -40,6 +41,7 @@ from autoclusters.core.guard import (
     RegisterCall,
     Registration,
     ReleaseRequest,
+    SlurmView,
     guard_workflow_id,
 )
 from autoclusters.core.guard_batch import GuardAnswer, GuardBatch, GuardCall
@@ -244,3 +246,29 @@ def test_a_guard_call_carries_exactly_its_updates_argument() -> None:
         GuardCall(update="register", admit=admit)
     with pytest.raises(ValidationError, match="admit_quarantine takes `admit` only"):
         GuardCall(update="admit_quarantine")
+
+
+def test_a_batch_carries_slurms_view_once_the_newest_first() -> None:
+    def admit(n: int, out: list[str]) -> GuardCall:
+        req = AdmitRequest(
+            node=f"gpu-{n:02d}", incident_id=f"INC-{n}", cluster_nodes=8, out_of_service=out
+        )
+        return GuardCall(update="admit_quarantine", admit=req)
+
+    release = ReleaseRequest(node="gpu-09", incident_id="INC-9", back_in_service=True)
+    opened = IncidentOpened(
+        node="gpu-03", incident_id="INC-3", fault="X", slurm=SlurmView(cluster_nodes=8)
+    )
+    calls = [
+        GuardCall(update="release", release=release),
+        admit(1, ["gpu-05"]),
+        GuardCall(update="register", opened=opened),
+        admit(2, ["gpu-05", "gpu-06"]),  # the newest
+    ]
+    sent = one_view(calls)
+    assert sent[0] == calls[0]
+    assert sent[1].admit is not None and sent[1].admit.out_of_service == ["gpu-05", "gpu-06"]
+    assert sent[2].opened is not None and sent[2].opened.slurm is None
+    assert sent[3].admit is not None and sent[3].admit.out_of_service is None
+    assert [c.admit.cluster_nodes for c in sent if c.admit] == [8, 8]
+    assert one_view(calls[:2]) == calls[:2]  # one view: nothing to share
