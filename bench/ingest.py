@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import json
 import os
 import secrets
@@ -402,7 +403,7 @@ async def bench(args: argparse.Namespace) -> int:
                 "AUTOCLUSTERS_API_NODES": json.dumps([f"gpu-[0001-{max(args.nodes, 1):04d}]"]),
                 "AUTOCLUSTERS_API_TEMPORAL_TIMEOUT_S": str(args.timeout),
                 "AUTOCLUSTERS_LOG_LEVEL": "WARNING",
-                "PYTHONPATH": str(ROOT),
+                "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.getenv("PYTHONPATH")])),
             }
             worker = subprocess.Popen(
                 [sys.executable, __file__, "--worker", address, queue],
@@ -421,7 +422,11 @@ async def bench(args: argparse.Namespace) -> int:
             await asyncio.to_thread(worker.stdout.readline)  # "worker ready"
             await wait_healthy(api_port, args.api_procs)
             how = "uvicorn --workers" if args.api_procs > 1 else "uvicorn"
-            print(f"api:        {args.api_procs} process(es) ({how} {args.api_procs}), "
+            # uvicorn takes httptools and uvloop when they are installed (uvicorn[standard]).
+            http = "httptools" if importlib.util.find_spec("httptools") else "h11"
+            loop = "uvloop" if importlib.util.find_spec("uvloop") else "asyncio"
+            print(f"api:        {args.api_procs} process(es) ({how} {args.api_procs}; "
+                  f"HTTP parser {http}, event loop {loop}), "
                   f"{args.senders} concurrent senders (keep-alive HTTP/1.1), "
                   f"{os.cpu_count()} CPUs, one worker, Temporal dev server")  # fmt: skip
             load = " ".join(f"{x:.1f}" for x in os.getloadavg())
