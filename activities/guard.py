@@ -11,6 +11,7 @@ it re-reads Slurm now and then while incidents wait.
 
 from __future__ import annotations
 
+import asyncio
 from datetime import timedelta
 from typing import Any, Literal
 
@@ -64,6 +65,7 @@ class GuardActivities:
         self._execution_timeout = execution_timeout
         # register, admissions and releases of this worker's activities go out together.
         self._batcher = GuardBatcher(self._send)
+        self._reading: dict[str, asyncio.Future[SlurmView]] = {}  # cluster -> read in flight
 
     def _start(self, guard: GuardContext) -> WithStartWorkflowOperation[Any, Any]:
         # A fresh operation per call: one cannot be reused.
@@ -173,8 +175,17 @@ class GuardActivities:
         return await self._view(call.cluster)
 
     async def _view(self, cluster: str) -> SlurmView:
+        """Slurm's view; calls that come while a read is in flight share it (at a thousand
+        concurrent incidents, one `sinfo` per guard call is thousands of them)."""
+        reading = self._reading.get(cluster)
+        if reading is None or reading.done():
+            reading = self._reading[cluster] = asyncio.ensure_future(self._read_view())
         async with heartbeating(f"reading the nodes of {cluster}"):
-            nodes = await self._slurm.nodes()
+            # Shielded: one cancelled activity does not cancel the others' read.
+            return await asyncio.shield(reading)
+
+    async def _read_view(self) -> SlurmView:
+        nodes = await self._slurm.nodes()
         # A node lent to inference (or moving) is drained in Slurm but serving: it is
         # capacity in use, not capacity lost, so it does not count against the guard.
         return SlurmView(

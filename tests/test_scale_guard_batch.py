@@ -4,7 +4,8 @@ At a thousand concurrent incidents, one update per guard call ran into Temporal'
 updates in flight per workflow, and most incidents failed their registration (measured
 with bench/scale.py: 179 of 200). Aspects covered:
 - many incidents registering and asking at once through one worker's GuardActivities all
-  get their own answers, in fewer updates than calls, and the guard's limits hold exactly;
+  get their own answers, in fewer updates (and Slurm reads) than calls, and the guard's
+  limits hold exactly;
 - a malformed call in a batch is refused alone: the others in it still count;
 - the batcher waits out "too many updates in flight" instead of failing the calls;
 - against a guard that knows no `batch` (a rolling upgrade) it falls back to one update
@@ -118,6 +119,8 @@ async def test_many_incidents_at_once_each_get_their_answer_in_few_updates(
             # Fewer updates than calls: concurrent calls went out together.
             calls = 40 + 40 + len(admitted)
             assert 0 < acts._batcher.batches < calls
+            # Calls that came while Slurm was being read shared the read.
+            assert slurm.calls["nodes"] < calls
         finally:
             await handle.terminate()
 
