@@ -10,6 +10,7 @@ Aspects covered:
   delivered to the next incident, and the closed one is forgotten;
 - a trailing alert that can never be delivered forgets its dedupe key (a re-send delivers);
 - shutdown sends what trails;
+- an incident whose workflow task failed (Temporal: not ready) is a 503, retried, not 500;
 - the webhooks are served by plain Starlette routes (FastAPI's machinery cost a quarter
   of an alert's CPU) and still documented in the OpenAPI document.
 """
@@ -21,12 +22,15 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import cast
 
 import pytest
 from fastapi.routing import APIRoute
 from starlette.routing import Match
 from temporalio.client import Client
+from temporalio.service import RPCError, RPCStatusCode
 
+from autoclusters.clients import incidents
 from autoclusters.clients.api import intake as intake_module
 from autoclusters.clients.api.app import create_app
 from autoclusters.clients.api.dedupe import DedupeStore
@@ -276,3 +280,24 @@ def test_the_webhooks_are_served_plainly_and_still_documented() -> None:
 
 async def _no_temporal() -> Client:
     raise AssertionError("no Temporal in this test")
+
+
+async def test_an_incident_whose_workflow_task_failed_is_503_not_500(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    async def not_ready(*_args: object, **_kwargs: object) -> OpenedIncident:
+        raw = b"\x08\t...type.googleapis.com/temporal.api.errordetails.v1.WorkflowNotReadyFailure"
+        raise RPCError(
+            "Unable to perform workflow execution update due to Workflow Task in failed state.",
+            RPCStatusCode.FAILED_PRECONDITION,
+            raw,
+        )
+
+    async def client() -> Client:
+        return cast(Client, object())
+
+    monkeypatch.setattr(incidents, "open_incident", not_ready)
+    app = create_app(ApiSettings(api_inventory="static"), client_factory=client)
+    with pytest.raises(TemporalUnavailable) as refused:
+        await app.state.api.deliver("gpu-001", "XID_79", "alertmanager", "k", None, None)
+    assert refused.value.kind == "not_ready"

@@ -76,7 +76,8 @@ class ApiMetrics:
         self.temporal_errors = Counter(
             "autoclusters_api_temporal_errors",
             "Temporal calls that failed: unavailable, timeout, closing (incident closing), "
-            "inventory (Slurm node list unreadable), other.",
+            "not_ready (its workflow task failed, retried), inventory (Slurm node list "
+            "unreadable), other.",
             ["kind"],
             registry=r,
         )
