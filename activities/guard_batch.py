@@ -2,9 +2,10 @@
 
 The guard activities of a busy worker ask the same guard at the same moment. Each call
 joins its cluster's queue; one sender per cluster takes what has queued (up to
-MAX_BATCH_ITEMS) and sends it as one `batch` update, so a worker has one update in flight
-per guard whatever its load, and every call still gets its own answer. Temporal's answer
-"too many updates in flight" (other workers, the CLI) is waited out, not failed on.
+MAX_BATCH_ITEMS) and sends it as one `batch` update, at most IN_FLIGHT at a time, so a
+worker's updates in flight per guard stay bounded whatever its load, and every call still
+gets its own answer. Temporal's "too many updates in flight" (other workers, the CLI) is
+waited out, not failed on.
 
 A guard run by a worker from before `batch` existed (a rolling upgrade) refuses the
 update as unknown: the calls then go one by one, as they did.
@@ -24,6 +25,9 @@ from temporalio.service import RPCError, RPCStatusCode
 from autoclusters.core.guard import Admission, GuardContext, Registration, SlurmView
 from autoclusters.core.guard_batch import MAX_BATCH_ITEMS, GuardAnswer, GuardBatch, GuardCall
 
+# Batches in flight per guard from one worker: the next fills while one is answered.
+# Four workers stay below Temporal's 10 updates in flight per workflow.
+IN_FLIGHT = 2
 # How long to wait out "too many updates in flight" before the activity fails (it retries).
 BUSY_WAIT_S = 60.0
 # Too many updates in flight; Temporal busy; the guard's workflow task failed or timed out
@@ -48,9 +52,12 @@ class _Waiting:
 
 
 class GuardBatcher:
-    def __init__(self, send: Send, *, max_items: int = MAX_BATCH_ITEMS) -> None:
+    def __init__(
+        self, send: Send, *, max_items: int = MAX_BATCH_ITEMS, in_flight: int = IN_FLIGHT
+    ) -> None:
         self._send = send
         self._max_items = max_items
+        self._in_flight = in_flight
         self._queues: dict[str, list[_Waiting]] = {}
         self._senders: dict[str, asyncio.Task[None]] = {}
         self._batched = True  # False once a guard said it knows no `batch`
@@ -66,24 +73,30 @@ class GuardBatcher:
 
     async def _drain(self, cluster: str) -> None:
         queue = self._queues[cluster]
-        while queue:
+        sending: set[asyncio.Task[None]] = set()
+        while queue or sending:
+            if not queue or len(sending) >= self._in_flight:
+                done, sending = await asyncio.wait(sending, return_when=asyncio.FIRST_COMPLETED)
+                continue
             # Calls whose activity was cancelled meanwhile are not sent.
             taken = [w for w in queue[: self._max_items] if not w.answer.done()]
             del queue[: self._max_items]
-            if not taken:
-                continue
-            try:
-                answers = await self._send_batch(taken)
-            except BaseException as e:
-                for w in taken:
-                    if not w.answer.done():
-                        w.answer.set_exception(e)
-                if isinstance(e, asyncio.CancelledError):
-                    raise
-                continue
-            for w, a in zip(taken, answers, strict=True):
+            if taken:
+                sending.add(asyncio.create_task(self._deliver(taken)))
+
+    async def _deliver(self, taken: list[_Waiting]) -> None:
+        try:
+            answers = await self._send_batch(taken)
+        except BaseException as e:
+            for w in taken:
                 if not w.answer.done():
-                    w.answer.set_result(a)
+                    w.answer.set_exception(e)
+            if isinstance(e, asyncio.CancelledError):
+                raise
+            return
+        for w, a in zip(taken, answers, strict=True):
+            if not w.answer.done():
+                w.answer.set_result(a)
 
     async def _send_batch(self, taken: list[_Waiting]) -> list[GuardAnswer]:
         if not self._batched:

@@ -3,7 +3,7 @@
 Temporal takes at most 10 updates in flight per workflow, and the guard is one workflow
 per cluster: at a thousand concurrent incidents, one update per call ran into that limit
 and incidents failed on it. A worker process now sends the calls its activities make at
-the same moment together, one batch in flight per cluster; the guard answers each item
+the same moment together, a couple of batches in flight per cluster; the guard answers each item
 as its own update would have, in order, all within one workflow task.
 """
 
@@ -22,9 +22,9 @@ from autoclusters.core.guard import (
 )
 
 BatchedUpdate = Literal["register", "admit_quarantine", "admit_repair", "release"]
-# Items per batch: each carries Slurm's view (the nodes out of service), and a payload
-# must stay well below Temporal's 2 MB blob limit.
-MAX_BATCH_ITEMS = 32
+# Calls per batch: about half a KiB each, and Slurm's view (the nodes out of service) once
+# per batch: far below Temporal's 2 MB limit on a payload.
+MAX_BATCH_ITEMS = 100
 
 
 class GuardCall(BaseModel):

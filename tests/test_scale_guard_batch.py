@@ -7,7 +7,8 @@ with bench/scale.py: 179 of 200). Aspects covered:
   get their own answers, in fewer updates (and Slurm reads) than calls, and the guard's
   limits hold exactly;
 - a malformed call in a batch is refused alone: the others in it still count;
-- the batcher waits out "too many updates in flight" instead of failing the calls;
+- the batcher keeps at most two batches in flight, and waits out "too many updates in
+  flight" instead of failing the calls;
 - against a guard that knows no `batch` (a rolling upgrade) it falls back to one update
   per call, with each call's own update name;
 - a GuardCall carries exactly the argument of its update;
@@ -275,3 +276,27 @@ def test_a_batch_carries_slurms_view_once_the_newest_first() -> None:
     assert sent[3].admit is not None and sent[3].admit.out_of_service is None
     assert [c.admit.cluster_nodes for c in sent if c.admit] == [8, 8]
     assert one_view(calls[:2]) == calls[:2]  # one view: nothing to share
+
+
+async def test_the_batcher_keeps_at_most_two_batches_in_flight() -> None:
+    in_flight, most, sizes = 0, 0, []
+    gate = asyncio.Event()
+
+    async def send(guard: GuardContext, update: str, arg: Any, result: type) -> Any:
+        nonlocal in_flight, most
+        in_flight += 1
+        most = max(most, in_flight)
+        sizes.append(len(arg.calls))
+        await gate.wait()
+        in_flight -= 1
+        return [GuardAnswer(admission=Admission(admitted=True)) for _ in arg.calls]
+
+    batcher = GuardBatcher(send, max_items=3)
+    ctx = _context()
+    calls = [asyncio.ensure_future(batcher.call(ctx, _admit(n))) for n in range(10)]
+    while len(sizes) < 2:
+        await asyncio.sleep(0)
+    assert most == 2 and sizes == [3, 3]  # the rest wait for a batch to come back
+    gate.set()
+    answers = await asyncio.gather(*calls)
+    assert len(answers) == 10 and most == 2 and sum(sizes) == 10
