@@ -5,12 +5,14 @@ Aspects covered:
 - lend on a sustained SLO breach: drain, checkpoint, hand-over, scale, serve, mark lent, in
   that order; the idle node first, else the most recently checkpointed, never one in an
   incident; the move carries its demand; a job is requeued once though its step is retried;
-- return when demand falls: scale down, reclaim, health gate with the agent's evidence,
-  resume, regrow; a node failing the gate stays drained, unhealthy, and a human is paged;
+- return when demand falls: scale down (a replica per node still lent), reclaim, health
+  gate with the agent's evidence, resume, regrow; a node failing the gate stays drained,
+  unhealthy, a human is paged, and it is not lent again;
 - hysteresis and cooldown on noisy signals over a long simulated period; a spike lends
   nothing; the minimum training and maximum inference nodes hold in a long breach;
 - a fault during a move: the incident gets the node after the move's current step, the
-  move ends `yielded`, and the rebalancer settles the node's Kubernetes side;
+  move ends `yielded`, and the rebalancer settles the node's Kubernetes side; a lent node
+  is yielded at once and leaves the pool; a node not held (or no rebalancer) is not;
 - approval mode, manual moves and their validation; `evaluate_now`; continue-as-new.
 
 Evaluations are driven by `evaluate_now` (real time; the timer is an hour away) except in
@@ -472,7 +474,10 @@ async def test_a_fault_during_a_lend_takes_the_node_after_the_current_step(
             return (await incident.describe()).status == WorkflowExecutionStatus.COMPLETED
 
         await eventually(incident_done, what="the incident's yield to return")
-        got = await incident.result()
+        # Awaiting a result unlocks time skipping: the rebalancer's hour-long timer would
+        # fire and a second breach would lend another node.
+        with env.auto_time_skipping_disabled():
+            got = await incident.result()
 
         async def settled() -> ShareStatus | None:
             s = await r.status()
