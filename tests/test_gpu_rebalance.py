@@ -696,3 +696,28 @@ async def test_a_node_that_failed_its_gate_is_not_lent_again(env: WorkflowEnviro
     # gpu-03 is drained and idle, the cheapest node to lend, but it failed its gate.
     assert [c.node for c in world.of("share_drain_for_move")] == ["gpu-01"]
     assert s.unhealthy == ["gpu-03"]
+
+
+async def test_an_incident_on_a_node_waiting_for_approval_takes_it_at_once(
+    env: WorkflowEnvironment,
+) -> None:
+    world = ShareWorld(nodes(3), [HIGH])
+    async with rebalancer(env, world, policy(needs_approval=True)) as r:
+        await r.evaluate()
+        await r.handle.signal(GpuRebalance.evaluate_now, "breach")
+        waiting = await waiting_approval(r)
+        got = await r.handle.execute_update(
+            GpuRebalance.yield_node,
+            YieldCall(cluster=r.cluster, node=waiting.move.node, incident_id="INC-5"),
+        )
+
+        async def settled() -> ShareStatus | None:
+            s = await r.status()
+            return s if world.of("share_k8s_reclaim") and s.current is None else None
+
+        s = await eventually(settled, what="the rebalancer to settle the node")
+
+    assert got == YieldResult(held=True, pool_before=Pool.MOVING, waited_for_step=None)
+    rec = r.move(s, waiting.move.node)
+    assert rec.status == "yielded" and rec.steps == [] and "INC-5" in rec.error
+    assert world.names() == ["notify", "share_scale_inference", "share_k8s_reclaim"]
