@@ -59,6 +59,7 @@ class GuardBatcher:
         self._max_items = max_items
         self._in_flight = in_flight
         self._queues: dict[str, list[_Waiting]] = {}
+        self._arrived: dict[str, asyncio.Event] = {}
         self._senders: dict[str, asyncio.Task[None]] = {}
         self._batched = True  # False once a guard said it knows no `batch`
         self.batches = 0  # sent, for tests and the benchmark
@@ -66,17 +67,24 @@ class GuardBatcher:
     async def call(self, guard: GuardContext, call: GuardCall) -> GuardAnswer:
         waiting = _Waiting(guard, call, asyncio.get_running_loop().create_future())
         self._queues.setdefault(guard.cluster, []).append(waiting)
+        self._arrived.setdefault(guard.cluster, asyncio.Event()).set()
         sender = self._senders.get(guard.cluster)
         if sender is None or sender.done():
             self._senders[guard.cluster] = asyncio.create_task(self._drain(guard.cluster))
         return await waiting.answer
 
     async def _drain(self, cluster: str) -> None:
-        queue = self._queues[cluster]
-        sending: set[asyncio.Task[None]] = set()
+        queue, arrived = self._queues[cluster], self._arrived[cluster]
+        sending: set[asyncio.Future[Any]] = set()
         while queue or sending:
             if not queue or len(sending) >= self._in_flight:
-                done, sending = await asyncio.wait(sending, return_when=asyncio.FIRST_COMPLETED)
+                # Until a batch comes back, or (a slot free) a call arrives.
+                arrived.clear()
+                woken = asyncio.ensure_future(arrived.wait())
+                wake = sending | ({woken} if len(sending) < self._in_flight else set())
+                await asyncio.wait(wake, return_when=asyncio.FIRST_COMPLETED)
+                woken.cancel()
+                sending = {t for t in sending if not t.done()}
                 continue
             # Calls whose activity was cancelled meanwhile are not sent.
             taken = [w for w in queue[: self._max_items] if not w.answer.done()]
