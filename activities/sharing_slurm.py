@@ -34,10 +34,16 @@ _ACTIVE = {"RUNNING", "CONFIGURING", "SUSPENDED"}
 _BUSY = _ACTIVE | {"COMPLETING"}
 
 
-def checkpoint_marker(move_id: str, restart_cnt: int) -> str:
+def checkpoint_marker(move_id: str, restart_cnt: int, width: int) -> str:
     """Written on a job before it is signalled: a retry that finds it (and the same restart
-    count) waits instead of signalling again; a higher count means the job already left."""
-    return f"{REASON_PREFIX}checkpoint:{move_id}:{restart_cnt}"
+    count) waits instead of signalling again; a higher count means the job already left.
+    It also keeps the job's width then, which Slurm does not (a started job's `--nodes`
+    range becomes the nodes it got)."""
+    return f"{REASON_PREFIX}checkpoint:{move_id}:{restart_cnt}:w{width}"
+
+
+def _width(job: SlurmJob) -> int:
+    return job.node_count or len(hostlist.expand(job.nodes))
 
 
 def regrow_marker(move_id: str, restart_cnt: int) -> str:
@@ -45,9 +51,19 @@ def regrow_marker(move_id: str, restart_cnt: int) -> str:
 
 
 def _marked(job: SlurmJob, prefix: str) -> int | None:
+    """The restart count a marker with `prefix` recorded (None: no such marker)."""
     if job.admin_comment.startswith(prefix):
-        tail = job.admin_comment[len(prefix) :]
+        tail = job.admin_comment[len(prefix) :].split(":")[0]
         return int(tail) if tail.isdigit() else None
+    return None
+
+
+def _marked_width(job: SlurmJob, prefix: str) -> int | None:
+    if not job.admin_comment.startswith(prefix):
+        return None
+    parts = job.admin_comment[len(prefix) :].split(":")
+    if len(parts) > 1 and parts[1].startswith("w") and parts[1][1:].isdigit():
+        return int(parts[1][1:])
     return None
 
 
@@ -101,7 +117,7 @@ class ShareSlurmActivities:
                 result.signalled.append(job.job_id)
                 continue  # an earlier attempt signalled it: wait, never signal twice
             await self._slurm.set_admin_comment(
-                job.job_id, checkpoint_marker(call.move_id, job.restart_cnt)
+                job.job_id, checkpoint_marker(call.move_id, job.restart_cnt, _width(job))
             )
             await self._slurm.signal_job(job.job_id, call.policy.checkpoint_signal)
             result.signalled.append(job.job_id)
@@ -129,6 +145,9 @@ class ShareSlurmActivities:
             if job.job_id in result.signalled + result.requeued and job.job_state == "PENDING":
                 await self._slurm.release_hold(job.job_id)
                 result.holds_released.append(job.job_id)
+            width = _marked_width(job, prefix)
+            if width is not None:
+                result.widths[job.job_id] = width
         result.waited_s = time.monotonic() - started
         return result
 
@@ -171,23 +190,23 @@ class ShareSlurmActivities:
 
     @activity.defn(name="share_regrow_jobs")
     async def regrow_jobs(self, call: MoveCall) -> RegrowResult:
-        """Running jobs narrower than they asked for (`--nodes=min-max` started below max)
-        are checkpointed and requeued once, so they start again at full width."""
+        """Jobs a lend narrowed (`call.regrow`: job -> its width before) that still run
+        narrower are asked to checkpoint and requeue once, so they start again at full
+        width now that the node is back; ended or pending ones need nothing."""
         async with heartbeating(f"share_regrow_jobs {call.node}"):
             result = RegrowResult()
             prefix = f"{REASON_PREFIX}regrow:{call.move_id}:"
-            for job in await self._slurm.jobs():
-                if job.job_state != "RUNNING" or not job.requeue:
+            jobs = {j.job_id: j for j in await self._slurm.jobs()}
+            for job_id, before in sorted(call.regrow.items()):
+                job = jobs.get(job_id)
+                if job is None or job.job_state != "RUNNING" or _width(job) >= before:
+                    result.settled.append(job_id)
                     continue
-                if _marked(job, prefix) is not None:
-                    continue  # asked already (this move)
-                width = job.node_count or len(hostlist.expand(job.nodes))
-                if not job.max_nodes or width >= job.max_nodes:
-                    continue
-                await self._slurm.set_admin_comment(
-                    job.job_id, regrow_marker(call.move_id, job.restart_cnt)
-                )
-                await self._slurm.signal_job(job.job_id, call.policy.checkpoint_signal)
+                if _marked(job, prefix) is None:
+                    await self._slurm.set_admin_comment(
+                        job.job_id, regrow_marker(call.move_id, job.restart_cnt)
+                    )
+                    await self._slurm.signal_job(job.job_id, call.policy.checkpoint_signal)
                 result.requeued.append(job.job_id)
             # Each requeues itself after its checkpoint; start it again at once.
             waiting = set(result.requeued)

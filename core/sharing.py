@@ -253,7 +253,8 @@ def decide(
             return hold(f"SLO breached {breach}/{policy.sustain} evaluations")
         if len(inference) >= policy.max_inference_nodes:
             return hold(f"at the maximum of {policy.max_inference_nodes} inference nodes")
-        if len(training) <= policy.min_training_nodes:
+        # A node in an incident runs no training: it does not count towards the minimum.
+        if len([n for n in training if not n.in_incident]) <= policy.min_training_nodes:
             return hold(f"at the minimum of {policy.min_training_nodes} training nodes")
         node = pick_to_lend(training)
         if node is None:
@@ -301,6 +302,8 @@ class MoveCall(BaseModel):
     move_id: str
     policy: SharePolicy
     replicas: int = 0  # the inference Deployment's replicas this step sets (scale steps)
+    # Jobs a lend narrowed (job id -> nodes it ran on before): a return regrows them.
+    regrow: dict[int, int] = Field(default_factory=dict)
 
 
 class CheckpointResult(BaseModel):
@@ -308,6 +311,9 @@ class CheckpointResult(BaseModel):
     requeued: list[int] = Field(default_factory=list)  # requeued by us after the grace
     holds_released: list[int] = Field(default_factory=list)
     waited_s: float = 0.0
+    # Each job asked to leave, with the nodes it ran on then (Slurm forgets a started job's
+    # `--nodes` range, so this is what "full width" means when the node comes back).
+    widths: dict[int, int] = Field(default_factory=dict)
 
 
 class StepOutcome(BaseModel):
@@ -318,7 +324,8 @@ class StepOutcome(BaseModel):
 
 
 class RegrowResult(BaseModel):
-    requeued: list[int] = Field(default_factory=list)
+    requeued: list[int] = Field(default_factory=list)  # asked to checkpoint and requeue
+    settled: list[int] = Field(default_factory=list)  # ended, pending, or at full width
 
 
 class YieldCall(BaseModel):
@@ -388,6 +395,7 @@ class RebalanceState(BaseModel):
     # been put back in the training pool since.
     yielded: dict[str, str] = Field(default_factory=dict)  # node -> incident id
     unhealthy: list[str] = Field(default_factory=list)  # failed the gate on return
+    narrowed: dict[int, int] = Field(default_factory=dict)  # job -> width before a lend
 
 
 class RebalanceInput(BaseModel):

@@ -152,7 +152,7 @@ async def _share(cfg: SandboxConfig, console: Console) -> ShareSummary:
     training = [n for n in nodes if n != first]
     width = len(training)
     job_id, log, kind = await training_job.submit(
-        slurm, cfg, "train", (f"--nodes={width - 1}-{width}",)
+        slurm, cfg, "train", (f"--nodes={width - 1}-{width}", "--exclusive")
     )
     console.print(f"[bold]3. training[/bold] job {job_id} ({kind}) on up to {width} nodes")
     job = await wait_for("the job to run at full width", lambda: _width(slurm, job_id, width), 120)

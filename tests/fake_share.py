@@ -106,6 +106,7 @@ class ShareWorld:
         self.reads = 0
         self.replicas = 0
         self.requeued: Counter[int] = Counter()
+        self.regrown: list[dict[int, int]] = []  # what each regrow step was asked to regrow
         self.pending: list[int] = []
         self.notes: list[Notification] = []
         self.violations: list[str] = []  # a node with a job and a pod at once
@@ -228,7 +229,8 @@ class ShareWorld:
         if self.fail_checkpoint_once:
             self.fail_checkpoint_once = False
             raise ApplicationError("lost the connection after requeueing")
-        return CheckpointResult(signalled=done)
+        # Every job here ran two nodes wide before the lend (what a return regrows to).
+        return CheckpointResult(signalled=done, widths={job: 2 for job in done})
 
     @activity.defn(name="share_k8s_lend")
     async def k8s_lend(self, call: MoveCall) -> StepOutcome:
@@ -298,7 +300,8 @@ class ShareWorld:
     @activity.defn(name="share_regrow_jobs")
     async def regrow_jobs(self, call: MoveCall) -> RegrowResult:
         self._log("share_regrow_jobs", call.node, call)
-        return RegrowResult()
+        self.regrown.append(dict(call.regrow))
+        return RegrowResult(settled=sorted(call.regrow))
 
     @activity.defn(name="notify")
     async def notify(self, note: Notification) -> None:

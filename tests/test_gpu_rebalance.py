@@ -213,11 +213,12 @@ async def test_lend_picks_idle_first_then_latest_checkpoint_never_an_incident(
     world.nodes["gpu-01"].last_checkpoint_at = 2000.0
     world.nodes["gpu-04"].last_checkpoint_at = 1000.0
     world.nodes["gpu-02"].in_incident = True  # idle, but a remediation incident owns it
-    async with rebalancer(env, world, policy(max_inference_nodes=5, min_training_nodes=2)) as r:
+    async with rebalancer(env, world, policy(max_inference_nodes=5, min_training_nodes=1)) as r:
         s = await r.evaluate(8)
 
     lent = [c.node for c in world.of("share_drain_for_move")]
-    # gpu-03 is idle; then gpu-01 checkpointed later than gpu-04; then min training (2).
+    # gpu-03 is idle; then gpu-01 checkpointed later than gpu-04; then min training (1):
+    # gpu-02 is in an incident, so it runs no training and does not count.
     assert lent == ["gpu-03", "gpu-01"]
     assert [c.replicas for c in world.of("share_scale_inference")] == [1, 2]
     assert "gpu-02" not in {c.node for c in world.calls}
@@ -227,8 +228,23 @@ async def test_lend_picks_idle_first_then_latest_checkpoint_never_an_incident(
         "gpu-03": Pool.INFERENCE,
         "gpu-04": Pool.TRAINING,
     }
-    assert s.last_verdict is not None and "minimum of 2 training" in s.last_verdict.why
+    assert s.last_verdict is not None and "minimum of 1 training" in s.last_verdict.why
     assert world.requeued == {101: 1}
+
+
+async def test_a_return_regrows_the_jobs_its_lend_narrowed(env: WorkflowEnvironment) -> None:
+    world = ShareWorld(
+        nodes(3, gpu_01=[101], gpu_02=[102], gpu_03=[103]), [HIGH, HIGH, LOW], agent=False
+    )
+    async with rebalancer(env, world, policy()) as r:
+        s = await r.evaluate(2)
+        assert r.move(s, "gpu-01").status == "done" and world.regrown == []
+        s = await r.evaluate(2)
+
+    back = r.move(s, "gpu-01")
+    assert back.move.to == "training" and back.status == "done"
+    # Job 101 left gpu-01 for the lend, two nodes wide before: the return regrows it, once.
+    assert world.regrown == [{101: 2}]
 
 
 # --- return ------------------------------------------------------------------------------

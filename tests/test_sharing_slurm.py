@@ -133,18 +133,25 @@ def test_resume_only_undoes_the_rebalancers_drain(slurm: FakeSlurm) -> None:
     assert slurm.node_now("gpu-2").drained
 
 
-def test_regrow_requeues_only_narrowed_jobs_once(slurm: FakeSlurm) -> None:
-    slurm.add_job(10, nodes="gpu-[1-2]")
-    slurm.add_job(11, nodes="gpu-3")
-    for job_id, width, most in ((10, 2, 3), (11, 1, 1)):
-        j = slurm._jobs[job_id]  # noqa: SLF001 - the fake's own record
-        j.node_count, j.max_nodes = width, most
+def test_regrow_requeues_only_jobs_still_narrower_than_before_once(slurm: FakeSlurm) -> None:
+    slurm.add_job(10, nodes="gpu-[1-2]")  # ran 3 wide before the lend: regrown
+    slurm.add_job(11, nodes="gpu-3")  # ran 1 wide: already full
     slurm.checkpointing.update({10, 11})
-    out = run(acts(slurm).regrow_jobs(call()))
-    assert out.requeued == [10]
+    back = call().model_copy(update={"regrow": {10: 3, 11: 1, 12: 2}})  # 12 has ended
+    out = run(acts(slurm).regrow_jobs(back))
+    assert out.requeued == [10] and sorted(out.settled) == [11, 12]
     assert slurm.signals == {10: 1}
-    again = run(acts(slurm).regrow_jobs(call()))
-    assert again.requeued == [] and slurm.signals == {10: 1}
+    assert slurm.job_now(10).job_state == "PENDING"  # requeued itself, hold released
+    assert slurm.release_count[10] == 1
+
+
+def test_checkpoint_records_each_jobs_width_even_across_a_retry(slurm: FakeSlurm) -> None:
+    slurm.add_job(7, nodes="gpu-[1-3]")
+    slurm.checkpointing.add(7)
+    run(acts(slurm).drain_for_move(call()))
+    assert run(acts(slurm).checkpoint_jobs(call())).widths == {7: 3}
+    # The job has left (requeued itself); a retry still knows how wide it was.
+    assert run(acts(slurm).checkpoint_jobs(call())).widths == {7: 3}
 
 
 def test_pools_and_incidents_are_read_from_drain_reasons() -> None:

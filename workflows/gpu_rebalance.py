@@ -316,7 +316,12 @@ class GpuRebalance(AgentGate):
     async def _lend(self, rec: MoveRecord) -> None:
         call = self._call(rec.move)
         await self._step(rec, "drain", contracts.share_drain_for_move, call)
-        await self._step(rec, "checkpoint_and_requeue", contracts.share_checkpoint_jobs, call)
+        left = await self._step(
+            rec, "checkpoint_and_requeue", contracts.share_checkpoint_jobs, call
+        )
+        # Remember how wide each job ran, to regrow it when a node comes back.
+        for job_id, width in left.widths.items():
+            self._s.narrowed.setdefault(job_id, width)
         await self._step(rec, "k8s_lend", contracts.share_k8s_lend, call)
         grown = call.model_copy(update={"replicas": self._inference_count() + 1})
         await self._step(rec, "scale_up_inference", contracts.share_scale_inference, grown)
@@ -374,7 +379,10 @@ class GpuRebalance(AgentGate):
             return False
         await self._step(rec, "resume_in_slurm", contracts.share_resume_training, call)
         if self._policy.regrow_training_jobs:
-            await self._step(rec, "regrow_jobs", contracts.share_regrow_jobs, call)
+            regrow = call.model_copy(update={"regrow": dict(self._s.narrowed)})
+            grown = await self._step(rec, "regrow_jobs", contracts.share_regrow_jobs, regrow)
+            for job_id in grown.requeued + grown.settled:
+                self._s.narrowed.pop(job_id, None)
         return True
 
     async def _settle_yielded(self) -> None:

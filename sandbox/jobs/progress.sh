@@ -4,10 +4,9 @@
 # run from the first.
 #SBATCH --job-name=progress
 #SBATCH --nodes=2
-#SBATCH --ntasks-per-node=1
 #SBATCH --requeue
 #SBATCH --open-mode=append
-srun --kill-on-bad-exit=1 bash -c '
+srun --kill-on-bad-exit=1 --ntasks-per-node=1 --ntasks="$SLURM_NNODES" bash -c '
   i=0
   while true; do
     echo "ts=$(date +%s.%N) node=$SLURMD_NODENAME restart=${SLURM_RESTART_COUNT:-0} step=$i"
