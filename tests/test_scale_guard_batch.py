@@ -12,7 +12,8 @@ with bench/scale.py: 179 of 200). Aspects covered:
 - against a guard that knows no `batch` (a rolling upgrade) it falls back to one update
   per call, with each call's own update name;
 - a GuardCall carries exactly the argument of its update;
-- a batch carries Slurm's view once, the newest, ahead of the calls that brought one.
+- a batch carries Slurm's view once, the newest, ahead of the calls that brought one;
+- a recorded guard history with batches replays on the current code.
 """
 
 from __future__ import annotations
@@ -21,16 +22,18 @@ import asyncio
 import uuid
 from collections.abc import AsyncIterator
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
 import pytest_asyncio
 from pydantic import ValidationError
-from temporalio.client import WorkflowUpdateFailedError
+from temporalio.client import WorkflowHistory, WorkflowUpdateFailedError
+from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
-from temporalio.worker import Worker
+from temporalio.worker import Replayer, Worker
 
 from autoclusters.activities.guard import GuardActivities
 from autoclusters.activities.guard_batch import GuardBatcher, one_view
@@ -300,3 +303,18 @@ async def test_the_batcher_keeps_at_most_two_batches_in_flight() -> None:
     gate.set()
     answers = await asyncio.gather(*calls)
     assert len(answers) == 10 and most == 2 and sum(sizes) == 10
+
+
+ACCEPTED = "workflow_execution_update_accepted_event_attributes"
+BATCH_HISTORY = Path(__file__).parent / "histories" / "fleet_guard_v2_batch.json"
+
+
+async def test_a_guard_history_with_batches_replays() -> None:
+    """Recorded when `batch` came (registrations, admissions with a queue, a release, in
+    three batches): later guard code must replay it."""
+    replayer = Replayer(workflows=[FleetGuard], data_converter=pydantic_data_converter)
+    history = WorkflowHistory.from_json("fleet-guard-v2-batch", BATCH_HISTORY.read_text())
+    result = await replayer.replay_workflow(history, raise_on_replay_failure=False)
+    assert result.replay_failure is None, result.replay_failure
+    updates = [e for e in history.events if e.WhichOneof("attributes") == ACCEPTED]
+    assert len(updates) == 3
