@@ -12,7 +12,9 @@ asks before it takes a node out of service (quarantine) and before it repairs it
 
 Every handler is synchronous, so each runs whole within one workflow task and they never
 interleave. Admissions are answers (`Admission.admitted`), not errors; validators reject
-malformed requests before they reach the history.
+malformed requests before they reach the history. `batch` takes many incidents' calls in
+one update (a worker sends its activities' concurrent calls together: Temporal allows 10
+updates in flight per workflow) and answers each as its own update would have.
 
 Held incidents do not poll (behind `fleet-guard-v2-queue`): a held admission is queued,
 first come first served per kind, and whenever capacity may have freed (a release, a
