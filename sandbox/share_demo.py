@@ -50,7 +50,7 @@ from autoclusters.sandbox.load import Load
 # `ms_per_request` at a time: 4 x 100 ms = 40 requests/s): calm, then more than one replica
 # takes, then calm again.
 CALM_RPS = 8.0
-PEAK_RPS = 55.0
+PEAK_RPS = 50.0
 
 
 def demo_policy() -> SharePolicy:
@@ -97,7 +97,8 @@ class ShareSummary(BaseModel):
     return_s: float | None  # demand calm -> the node back in Slurm
     moves: list[dict[str, object]]
     training_restarts: int
-    resumed_from_step: int | None
+    resumed_after_lend: int | None  # the checkpoint step the job resumed from, narrower
+    resumed_from_step: int | None  # ... and after regrowing
     slo_s: float
     slo_attainment: float | None  # requests answered within the SLO, over the whole run
     requests: int
@@ -186,7 +187,7 @@ async def _share(cfg: SandboxConfig, console: Console) -> ShareSummary:
             lambda: _running_restarted(slurm, job_id, 1),
             180,
         )
-        await asyncio.sleep(10)  # serve the peak on two replicas for a while (load, not a sync)
+        await asyncio.sleep(20)  # serve the peak on two replicas for a while (load, not a sync)
         load.set_rps(CALM_RPS / 2)
         calm_at = await wait_for("demand to fall", lambda: _breach(cfg, policy, False), 120)
         back = await wait_for(
@@ -224,6 +225,7 @@ async def _share(cfg: SandboxConfig, console: Console) -> ShareSummary:
         return_s=return_s,
         moves=[_move_summary(m) for m in st.moves],
         training_restarts=after.restart_cnt,
+        resumed_after_lend=_resumed_from(log, 1),
         resumed_from_step=_resumed_from(log, after.restart_cnt),
         slo_s=policy.inference.slo,
         slo_attainment=round(within / stats.sent, 4) if stats.sent else None,
