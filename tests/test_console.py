@@ -513,3 +513,18 @@ def test_the_console_command_prints_the_configured_apis_url(
     result = CliRunner().invoke(app, ["console"])
     assert result.exit_code == 0, result.output
     assert "http://127.0.0.1:17207/ui/" in result.stdout.splitlines()
+
+
+def test_a_node_lent_to_inference_or_moving_has_its_own_tile_state() -> None:
+    from autoclusters.core.sharing import LENT_REASON, move_reason
+
+    lent = SlurmNode(name="gpu-02", state="idle", state_flags=["DRAIN"], reason=LENT_REASON)
+    assert topology.node_state(lent, None, None)[0] == "lent"
+    moving = SlurmNode(
+        name="gpu-02", state="mixed", state_flags=["DRAIN"], reason=move_reason("c-move-3")
+    )
+    assert topology.node_state(moving, None, None)[0] == "moving"
+    # An incident on a lent node is the incident's tile, not the pool's.
+    inc = incident("gpu-02", step="repair")
+    assert topology.node_state(lent, inc, None)[0] == "repairing"
+    assert topology.STATE_LABELS["lent"] == "lent to inference"

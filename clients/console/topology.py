@@ -19,14 +19,26 @@ from autoclusters.core import hostlist
 from autoclusters.core.guard import GuardStatus
 from autoclusters.core.models import REASON_PREFIX, SPARE_REASON, IncidentState, SlurmNode
 from autoclusters.core.policy import NodeTopology
+from autoclusters.core.sharing import LENT_REASON, is_sharing_reason
 
-NodeState = Literal["in_service", "quarantined", "repairing", "waiting_approval", "spare", "failed"]
+NodeState = Literal[
+    "in_service",
+    "quarantined",
+    "repairing",
+    "waiting_approval",
+    "spare",
+    "lent",
+    "moving",
+    "failed",
+]
 STATE_LABELS: dict[str, str] = {
     "in_service": "in service",
     "quarantined": "quarantined",
     "repairing": "repairing",
     "waiting_approval": "waiting for approval",
     "spare": "spare",
+    "lent": "lent to inference",
+    "moving": "moving (training ↔ inference)",
     "failed": "failed",
 }
 UNPLACED = "unplaced"
@@ -143,6 +155,10 @@ def node_state(
     if slurm.name in spares or slurm.reason.startswith(SPARE_REASON):
         return "spare", "hot spare, drained out of the partition"
     shown = slurm.display_state + (f": {slurm.reason}" if slurm.reason else "")
+    if slurm.drained and slurm.reason == LENT_REASON:
+        return "lent", "serving inference (Kubernetes), drained in Slurm"
+    if slurm.drained and is_sharing_reason(slurm.reason):
+        return "moving", shown
     if not slurm.responding:
         return "failed", shown
     if slurm.drained:
