@@ -33,6 +33,7 @@ import asyncio
 import importlib.util
 import json
 import os
+import re
 import secrets
 import socket
 import statistics
@@ -274,6 +275,26 @@ async def wait_healthy(port: int, procs: int) -> None:
             await asyncio.sleep(0.1)
 
 
+async def temporal_calls(port: int) -> str:
+    """The API's own count of its Temporal calls (one process's: its /metrics)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    text = (await reader.read()).decode()
+    writer.close()
+
+    def metric(name: str) -> float:
+        m = re.search(rf"^{re.escape(name)} ([0-9.e+]+)$", text, re.M)
+        return float(m.group(1)) if m else 0.0
+
+    calls = metric("autoclusters_api_temporal_call_duration_seconds_count")
+    took = metric("autoclusters_api_temporal_call_duration_seconds_sum")
+    alerts = metric("autoclusters_api_batch_alerts_sum")
+    return (
+        f"{calls:.0f} calls ({alerts / max(calls, 1):.1f} alerts per call), "
+        f"mean {took / max(calls, 1) * 1000:.0f} ms"
+    )
+
+
 class Temporal:
     """What the load started, read from Temporal (every API process's work shows there)."""
 
@@ -320,6 +341,8 @@ async def mode_storm(args: argparse.Namespace, api: Target, t: Temporal) -> bool
           f"(grouped by {args.group_by}), {args.faults} fault kind(s)")  # fmt: skip
     print("\n".join(run.lines("storm")))
     print(f"started:    {incidents} incidents (want {len(nodes)})")
+    if args.api_procs == 1:
+        print(f"temporal:   {await temporal_calls(api.port)}")
     return run.codes == {202: len(payloads)} and incidents == len(nodes)
 
 

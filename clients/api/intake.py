@@ -219,13 +219,17 @@ class Intake:
         grouped: dict[tuple[str, str], list[_Waiting]] = {}
         for w in batch:
             grouped.setdefault((w.signal.fault, w.signal.source), []).append(w)
-        groups = list(grouped.values())
+        # Those a request waits for first; trailing ones (answered already) last.
+        groups = sorted(grouped.values(), key=lambda g: all(w.trailing for w in g))
         # The first goes alone: it may open the incident, which then opens on the fault
-        # that came first. The rest go together, a few at a time (below Temporal's limit
-        # of updates in flight per workflow): updates that arrive together reach the
-        # worker in one workflow task.
-        chunks = [groups[:1]] + [
-            groups[i : i + PER_NODE_IN_FLIGHT] for i in range(1, len(groups), PER_NODE_IN_FLIGHT)
+        # that came first (not needed while the incident is known open). The rest go
+        # together, a few at a time (below Temporal's limit of updates in flight per
+        # workflow): updates that arrive together reach the worker in one workflow task.
+        alone = 0 if self._open.open_on(node) is not None else 1
+        chunks = [groups[:alone]] if alone else []
+        chunks += [
+            groups[i : i + PER_NODE_IN_FLIGHT]
+            for i in range(alone, len(groups), PER_NODE_IN_FLIGHT)
         ]
         for n, chunk in enumerate(chunks):
             errors = await asyncio.gather(*(self._send_group(node, g) for g in chunk))

@@ -38,10 +38,13 @@ class OpenIncidents:
 
     def joined(self, node: str, fault: str) -> OpenIncident | None:
         """The node's open incident if it has `fault` and was open less than ttl_s ago."""
+        entry = self.open_on(node)
+        return entry if entry is not None and fault in entry.faults else None
+
+    def open_on(self, node: str) -> OpenIncident | None:
+        """The node's incident if it was open less than ttl_s ago."""
         entry = self._by_node.get(node)
-        if entry is None or fault not in entry.faults:
-            return None
-        if time.monotonic() - entry.as_of > self._ttl_s:
+        if entry is None or time.monotonic() - entry.as_of > self._ttl_s:
             return None
         return entry
 
