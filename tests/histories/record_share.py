@@ -1,0 +1,112 @@
+"""Record GpuRebalance histories for the replay test (tests/test_cluster_replay.py).
+
+Run once per released workflow version, *before* changing the workflow:
+    .venv/bin/python -m tests.histories.record_share v1
+It runs the rebalancer on the time-skipping server against the in-memory world of
+tests/fake_share.py: a sustained breach lends a node (its job checkpointed and requeued), a
+calm spell returns it (gate, resume, regrow); a manual move and a rejected approval follow.
+Writes gpu_rebalance_<version>_<case>.json beside this file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import sys
+import uuid
+from datetime import timedelta
+from pathlib import Path
+
+from temporalio.worker import Worker
+
+from autoclusters.core.sharing import (
+    InferenceTarget,
+    MoveDecision,
+    MoveRequest,
+    RebalanceInput,
+    SharePolicy,
+    rebalance_workflow_id,
+)
+from autoclusters.workflows.gpu_rebalance import GpuRebalance
+from tests.fake_share import Node, ShareWorld
+from tests.helpers import eventually, time_skipping_env
+
+HERE = Path(__file__).resolve().parent
+HIGH, LOW = 0.9, 0.05
+
+
+def _policy(**changes: object) -> SharePolicy:
+    fields: dict[str, object] = {
+        "inference": InferenceTarget(slo=0.5),
+        "min_training_nodes": 1,
+        "max_inference_nodes": 2,
+        "sustain": 2,
+        "cooldown_s": 0,
+        "evaluate_every_s": 3600,
+    }
+    return SharePolicy.model_validate({**fields, **changes})
+
+
+async def _run(case: str, version: str) -> None:
+    env = await time_skipping_env()
+    async with env:
+        approval = case == "manual_and_rejected"
+        world = ShareWorld(
+            [Node("gpu-01", jobs=[101]), Node("gpu-02", jobs=[102]), Node("gpu-03")],
+            [HIGH, HIGH, LOW, LOW] if not approval else [HIGH, HIGH, HIGH],
+            agent=False,
+        )
+        cluster = f"rec-{uuid.uuid4().hex[:6]}"
+        tq = f"tq-{uuid.uuid4()}"
+        async with Worker(
+            env.client, task_queue=tq, workflows=[GpuRebalance], activities=world.activities()
+        ):
+            handle = await env.client.start_workflow(
+                GpuRebalance.run,
+                RebalanceInput(cluster=cluster, policy=_policy(needs_approval=approval)),
+                id=rebalance_workflow_id(cluster),
+                task_queue=tq,
+                execution_timeout=timedelta(days=1),
+            )
+
+            async def evaluations(n: int) -> bool | None:
+                s = await handle.query(GpuRebalance.status)
+                return True if s.evaluations >= n and s.current is None else None
+
+            async def waiting() -> str | None:
+                s = await handle.query(GpuRebalance.status)
+                cur = s.current
+                return cur.move.move_id if cur and cur.status == "waiting_approval" else None
+
+            if not approval:
+                for n in range(1, 5):
+                    await handle.signal(GpuRebalance.evaluate_now, "record")
+                    await eventually(functools.partial(evaluations, n), what=f"evaluation {n}")
+            else:
+                await handle.signal(GpuRebalance.evaluate_now, "record")
+                await eventually(lambda: evaluations(1), what="a first look at the nodes")
+                move_id = await handle.execute_update(
+                    GpuRebalance.request_move,
+                    MoveRequest(node="gpu-03", to="inference", requested_by="alice"),
+                )
+                await handle.signal(GpuRebalance.evaluate_now, "record")
+                pending = await eventually(waiting, what="a move waiting for approval")
+                await handle.signal(
+                    GpuRebalance.decide_move, MoveDecision(move_id=pending, approve=False, by="bob")
+                )
+                await eventually(lambda: evaluations(2), what="the rejection")
+                assert move_id and pending != move_id
+            await handle.terminate(reason="recorded")
+            history = await handle.fetch_history()
+    out = HERE / f"gpu_rebalance_{version}_{case}.json"
+    out.write_text(history.to_json())
+    print(f"wrote {out} ({len(history.events)} events)")
+
+
+async def record(version: str) -> None:
+    for case in sys.argv[2:] or ["lend_and_return", "manual_and_rejected"]:
+        await _run(case, version)
+
+
+if __name__ == "__main__":
+    asyncio.run(record(sys.argv[1] if len(sys.argv) > 1 else "v1"))
