@@ -4,7 +4,8 @@ loses nothing by it (Intake and OpenIncidents, with a stand-in for Temporal).
 Aspects covered:
 - an alert of a fault kind the node's open incident has, within the window, is answered
   `joined` before any Temporal call, and reaches the incident afterwards, in one batch;
-- a fault kind the incident lacks waits for Temporal (it may raise the rung);
+- a fault kind the incident lacks waits for Temporal (it may raise the rung), and goes
+  before the alerts that trail;
 - a closed incident is not joined: once the window passed, the alert waits for Temporal
   and gets the node's next incident; a trailing alert whose incident closed meanwhile is
   delivered to the next incident, and the closed one is forgotten;
@@ -160,6 +161,29 @@ async def test_a_new_fault_kind_on_the_node_waits_for_temporal() -> None:
         [again] = await asyncio.wait_for(intake.submit([sig("b2", fault="ECC_DBE")]), 1)
         assert again.delivered.incident_id == "inc-1"
         temporal.gate.set()
+    finally:
+        await intake.close()
+
+
+async def test_what_a_request_waits_for_goes_before_what_trails() -> None:
+    temporal = FakeTemporal()
+    intake, _, _ = make_intake(temporal)
+    try:
+        await intake.submit([sig("a1")])
+        temporal.gate = asyncio.Event()
+        lane = intake._lanes  # node -> alerts waiting for the call in flight to return
+        busy = asyncio.create_task(intake.submit([sig("c1", fault="IB_LINK_DOWN")]))
+        await eventually(lambda: lane.get("gpu-001") == [])  # c1's call is in flight
+        await intake.submit([sig("a2")])  # trails, then queues behind the busy call
+        await eventually(lambda: len(lane["gpu-001"]) == 1)
+        waiting = asyncio.create_task(intake.submit([sig("b1", fault="ECC_DBE")]))
+        await eventually(lambda: len(lane["gpu-001"]) == 2)
+        temporal.gate.set()
+        await busy
+        [outcome] = await waiting
+        # One batch, sent together (the incident is known open): the waited-for one first.
+        assert [c.fault for c in temporal.calls[1:]] == ["IB_LINK_DOWN", "ECC_DBE", "XID_79"]
+        assert outcome.delivered.incident_id == "inc-1"
     finally:
         await intake.close()
 
