@@ -478,12 +478,17 @@ def main() -> None:
     parser.add_argument("--faults", type=int, default=5, choices=range(1, len(FAULTS) + 1))
     parser.add_argument("--repeats", type=int, default=3000, help="repeat: requests per phase")
     parser.add_argument(
-        "--senders", "--concurrency", type=int, default=50, help="concurrent connections"
+        "--senders",
+        "--concurrency",
+        type=int,
+        help="concurrent connections (storm: 100, one per payload; else 50)",
     )
     parser.add_argument("--api-procs", type=int, default=1, help="API processes")
     parser.add_argument("--timeout", type=float, default=30, help="api_temporal_timeout_s")
     parser.add_argument("--worker", nargs=2, metavar=("ADDRESS", "QUEUE"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.senders is None:
+        args.senders = 100 if args.mode == "storm" else 50
     if args.worker:
         try:
             asyncio.run(run_worker(*args.worker))
