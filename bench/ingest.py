@@ -152,19 +152,20 @@ class Sender:
 
 @dataclass(frozen=True)
 class Target:
-    """The API under load: where it listens, its token, its (supervising) process."""
+    """The API under load: where it listens, its token, its processes."""
 
     port: int
     token: str
-    pid: int
+    pids: list[int]
 
     def cpu_s(self) -> float:
-        """CPU seconds the API's processes (the supervisor and its workers) have used."""
+        """CPU seconds the API's processes (with uvicorn's workers) have used."""
         tick = os.sysconf("SC_CLK_TCK")
         total = 0.0
-        pids = [self.pid]
-        for path in Path(f"/proc/{self.pid}/task").glob("*/children"):
-            pids += [int(p) for p in path.read_text().split()]
+        pids = list(self.pids)
+        for pid in self.pids:
+            for path in Path(f"/proc/{pid}/task").glob("*/children"):
+                pids += [int(p) for p in path.read_text().split()]
         for pid in pids:
             try:
                 fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -433,18 +434,44 @@ async def bench(args: argparse.Namespace) -> int:
                 env=child_env, stdout=subprocess.PIPE,
             )  # fmt: skip
             procs.append(worker)
-            api = subprocess.Popen(
-                [sys.executable, "-m", "uvicorn", "--factory",
-                 "autoclusters.clients.api.app:app_from_env",
-                 "--host", "127.0.0.1", "--port", str(api_port), "--log-level", "warning",
-                 "--no-access-log", "--workers", str(args.api_procs)],
-                env=child_env,
-            )  # fmt: skip
-            procs.append(api)
+            uvicorn = [sys.executable, "-m", "uvicorn", "--factory",
+                       "autoclusters.clients.api.app:app_from_env",
+                       "--log-level", "warning", "--no-access-log"]  # fmt: skip
+            if args.reuse_port:
+                # N processes, each with its own listening socket on the one port
+                # (SO_REUSEPORT): the kernel spreads new connections over them evenly.
+                apis = []
+                for _ in range(args.api_procs):
+                    sock = socket.socket()
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+                    sock.bind(("127.0.0.1", api_port))
+                    fd = sock.fileno()
+                    apis.append(
+                        subprocess.Popen([*uvicorn, "--fd", str(fd)], env=child_env, pass_fds=[fd])
+                    )
+                    sock.close()  # the process holds its own copy
+            else:
+                apis = [
+                    subprocess.Popen(
+                        [
+                            *uvicorn,
+                            "--host",
+                            "127.0.0.1",
+                            "--port",
+                            str(api_port),
+                            "--workers",
+                            str(args.api_procs),
+                        ],
+                        env=child_env,
+                    )  # fmt: skip
+                ]
+            procs += apis
             assert worker.stdout is not None
             await asyncio.to_thread(worker.stdout.readline)  # "worker ready"
             await wait_healthy(api_port, args.api_procs)
             how = "uvicorn --workers" if args.api_procs > 1 else "uvicorn"
+            if args.reuse_port:
+                how = "SO_REUSEPORT, uvicorn --fd, processes:"
             # uvicorn takes httptools and uvloop when they are installed (uvicorn[standard]).
             http = "httptools" if importlib.util.find_spec("httptools") else "h11"
             loop = "uvloop" if importlib.util.find_spec("uvloop") else "asyncio"
@@ -454,7 +481,7 @@ async def bench(args: argparse.Namespace) -> int:
                   f"{os.cpu_count()} CPUs, one worker, Temporal dev server")  # fmt: skip
             load = " ".join(f"{x:.1f}" for x in os.getloadavg())
             print(f"machine:    load average {load} before the load (others' work shares the CPUs)")
-            target = Target(api_port, token, api.pid)
+            target = Target(api_port, token, [a.pid for a in apis])
             ok = await MODES[args.mode](args, target, Temporal(env.client, cluster))
         return 0 if ok else 1
     finally:
@@ -484,6 +511,11 @@ def main() -> None:
         help="concurrent connections (storm: 100, one per payload; else 50)",
     )
     parser.add_argument("--api-procs", type=int, default=1, help="API processes")
+    parser.add_argument(
+        "--reuse-port",
+        action="store_true",
+        help="API processes with a socket each (SO_REUSEPORT), not uvicorn --workers",
+    )
     parser.add_argument("--timeout", type=float, default=30, help="api_temporal_timeout_s")
     parser.add_argument("--worker", nargs=2, metavar=("ADDRESS", "QUEUE"), help=argparse.SUPPRESS)
     args = parser.parse_args()
