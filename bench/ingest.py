@@ -3,9 +3,10 @@ alerts one per request.
 
 Starts a local Temporal dev server, a worker hosting NodeRemediation and the API (each its
 own process, as in production; `--api-procs N` runs N API processes with uvicorn
-`--workers N`, one listening socket shared by the kernel), posts the load from concurrent
-senders, and prints alerts/s, request latency p50/p99 and what it started (incidents,
-report_fault updates on them). Everything it starts is stopped by handle at the end.
+`--workers N`, one listening socket, or with `--reuse-port` a socket each), posts the load
+from concurrent senders, and prints alerts/s, request latency p50/p99, the CPU the API
+and the senders used, and what it started (incidents, report_fault updates on them).
+Everything it starts is stopped by handle at the end.
 
 Modes:
   storm   N alerts on each of M nodes, in Alertmanager payloads, posted at once
@@ -22,8 +23,9 @@ httpx spends more per request than the API does.
 
     .venv/bin/python bench/ingest.py                   # storm: 100 payloads × 100 alerts
     .venv/bin/python bench/ingest.py --group-by node   # 100 payloads, one per node
-    .venv/bin/python bench/ingest.py --mode repeat --repeats 3000 --senders 50 --api-procs 2
-    .venv/bin/python bench/ingest.py --mode single --nodes 500 --senders 50
+    .venv/bin/python bench/ingest.py --mode repeat --repeats 3000 --senders 50
+    .venv/bin/python bench/ingest.py --mode repeat --api-procs 2 --reuse-port
+    .venv/bin/python bench/ingest.py --mode single --nodes 200 --senders 50
 """
 
 from __future__ import annotations
