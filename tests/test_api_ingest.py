@@ -283,6 +283,13 @@ def test_open_incidents_learn_only_newer_news_and_expire() -> None:
     assert entry is not None and entry.incident_id == "inc-2"
     assert known.joined("n", "ECC_DBE") is None  # a kind the incident does not have
     assert known.joined("other", "XID_79") is None
+    # A failure forgets the incident, and a call sent before it cannot bring it back.
+    sent = time.monotonic()
+    known.forget("n")
+    known.learn("n", "inc-2", "wf", "XID_79", sent)
+    assert known.joined("n", "XID_79") is None
+    known.learn("n", "inc-3", "wf", "XID_79", time.monotonic())
+    assert known.joined("n", "XID_79") is not None
     off = OpenIncidents(ttl_s=0)
     off.learn("n", "inc-1", "wf", "XID_79", now)
     assert off.joined("n", "XID_79") is None  # 0 turns it off

@@ -32,6 +32,8 @@ class OpenIncidents:
         self._ttl_s = ttl_s
         self._max = max_nodes
         self._by_node: dict[str, OpenIncident] = {}
+        # node -> when a call to it failed: older news of it being open is stale.
+        self._failed_at: dict[str, float] = {}
 
     def __len__(self) -> int:
         return len(self._by_node)
@@ -52,7 +54,7 @@ class OpenIncidents:
         self, node: str, incident_id: str, workflow_id: str, fault: str, as_of: float
     ) -> None:
         """The incident took a report of `fault` in a call sent at `as_of`."""
-        if self._ttl_s <= 0:
+        if self._ttl_s <= 0 or as_of < self._failed_at.get(node, -1.0):
             return
         entry = self._by_node.get(node)
         if entry is None or entry.incident_id != incident_id:
@@ -65,4 +67,15 @@ class OpenIncidents:
         entry.as_of = max(entry.as_of, as_of)
 
     def forget(self, node: str) -> None:
+        """A call to the node's incident failed (closing, gone, Temporal unreachable): ask
+        Temporal again, and take no news sent before now (a call still in flight)."""
         self._by_node.pop(node, None)
+        if self._ttl_s > 0:
+            self._failed_at.pop(node, None)
+            self._failed_at[node] = time.monotonic()
+            now = time.monotonic()
+            while self._failed_at:  # only news younger than ttl_s could be taken anyway
+                oldest, at = next(iter(self._failed_at.items()))
+                if now - at <= self._ttl_s and len(self._failed_at) <= self._max:
+                    break
+                del self._failed_at[oldest]
