@@ -22,7 +22,7 @@ from typing import Any
 
 import httpx
 
-from autoclusters.sandbox import cloud_api, cluster, daemons, monitoring, slinky
+from autoclusters.sandbox import cloud_api, cluster, daemons, inference_sandbox, monitoring, slinky
 from autoclusters.sandbox.config import SandboxConfig
 from autoclusters.sandbox.daemons import SandboxError
 from autoclusters.sandbox.processes import ProcessRecord, ProcessTable, _signal, _start_ticks
@@ -70,6 +70,10 @@ def _spec(cfg: SandboxConfig, name: str) -> _Spec:
         # Both come back on their data dirs (Prometheus's TSDB, Alertmanager's silences).
         monitoring.PROMETHEUS: _Spec({}, lambda: monitoring.ready(cfg.prometheus_url)),
         monitoring.ALERTMANAGER: _Spec({}, lambda: monitoring.ready(cfg.alertmanager_url)),
+        # The kubelet finds its pods' servers again by PID (the process table); the gateway
+        # re-reads the Ready pods from the emulator.
+        inference_sandbox.KUBELET: _Spec({}, lambda: True),
+        inference_sandbox.GATEWAY: _Spec({}, lambda: inference_sandbox.gateway_ready(cfg)),
     }
     if name in fixed:
         return fixed[name]
