@@ -108,22 +108,26 @@ def _iso(t: datetime) -> str:
     return t.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+async def call_json(fn: Callable[..., Any], *args: Any, timeout_s: float, **kwargs: Any) -> Obj:
+    """One blocking client call, off the event loop, answered as the API's own JSON.
+
+    Reading the raw JSON (not the client's models) keeps what we patch back exactly what
+    the server sent.
+    """
+    resp = await asyncio.to_thread(
+        fn, *args, _request_timeout=timeout_s, _preload_content=False, **kwargs
+    )
+    body: Obj = json.loads(resp.data or b"{}")
+    return body
+
+
 class KubernetesActivities:
     def __init__(self, api: client.ApiClient, *, request_timeout_s: float = 30) -> None:
         self._core = client.CoreV1Api(api)
         self._timeout = request_timeout_s
 
     async def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Obj:
-        """One blocking client call, off the event loop, answered as the API's own JSON.
-
-        Reading the raw JSON (not the client's models) keeps what we patch back exactly what
-        the server sent.
-        """
-        resp = await asyncio.to_thread(
-            fn, *args, _request_timeout=self._timeout, _preload_content=False, **kwargs
-        )
-        body: Obj = json.loads(resp.data or b"{}")
-        return body
+        return await call_json(fn, *args, timeout_s=self._timeout, **kwargs)
 
     async def _node(self, name: str) -> Obj:
         return await self._call(self._core.read_node, name)

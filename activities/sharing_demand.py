@@ -9,7 +9,6 @@ holds, since "no data" must never read as "no demand" and hand every node back.
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 import time
 from typing import Any
@@ -19,6 +18,7 @@ from kubernetes import client
 from temporalio import activity
 
 from autoclusters.activities.heartbeat import heartbeating
+from autoclusters.activities.kubernetes import call_json
 from autoclusters.core import hostlist
 from autoclusters.core.cluster_ops import is_ops_reason
 from autoclusters.core.models import REASON_PREFIX, SPARE_REASON, SlurmJob, SlurmNode
@@ -129,11 +129,7 @@ class ShareDemandActivities:
         self._timeout = request_timeout_s
 
     async def _k8s(self, fn: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
-        resp = await asyncio.to_thread(
-            fn, *args, _request_timeout=self._timeout, _preload_content=False, **kwargs
-        )
-        body: dict[str, Any] = json.loads(resp.data or b"{}")
-        return body
+        return await call_json(fn, *args, timeout_s=self._timeout, **kwargs)
 
     @activity.defn(name="share_read_demand")
     async def read_demand(self, call: DemandCall) -> Demand:

@@ -17,6 +17,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from autoclusters.activities.heartbeat import heartbeating
+from autoclusters.activities.slurm import ACTIVE, BUSY, known_node
 from autoclusters.core import hostlist
 from autoclusters.core.models import REASON_PREFIX, SlurmJob, SlurmNode
 from autoclusters.core.sharing import (
@@ -29,9 +30,6 @@ from autoclusters.core.sharing import (
     move_reason,
 )
 from autoclusters.integrations.slurm import SlurmSignalClient
-
-_ACTIVE = {"RUNNING", "CONFIGURING", "SUSPENDED"}
-_BUSY = _ACTIVE | {"COMPLETING"}
 
 
 def checkpoint_marker(move_id: str, restart_cnt: int, width: int) -> str:
@@ -73,12 +71,11 @@ class ShareSlurmActivities:
         self._poll_s = poll_s
 
     async def _node(self, name: str) -> SlurmNode:
-        node = await self._slurm.node(name)
-        if node is None:
-            raise ApplicationError(
-                f"node {name} is not in this Slurm cluster", type="UnknownNode", non_retryable=True
-            )
-        return node
+        return await known_node(self._slurm, name)
+
+    async def _busy_on(self, node: str) -> list[int]:
+        """Jobs with processes on the node (a requeued one is there until it completes)."""
+        return [j.job_id for j in await self._slurm.jobs_on_node(node) if j.job_state in BUSY]
 
     @activity.defn(name="share_drain_for_move")
     async def drain_for_move(self, call: MoveCall) -> StepOutcome:
@@ -110,7 +107,7 @@ class ShareSlurmActivities:
         started = time.monotonic()
         prefix = f"{REASON_PREFIX}checkpoint:{call.move_id}:"
         for job in await self._slurm.jobs_on_node(call.node):
-            if job.job_state not in _ACTIVE:
+            if job.job_state not in ACTIVE:
                 continue
             before = _marked(job, prefix)
             if before is not None:
@@ -123,13 +120,13 @@ class ShareSlurmActivities:
             result.signalled.append(job.job_id)
         deadline = started + call.policy.checkpoint_grace_s
         while time.monotonic() < deadline:
-            if not [j for j in await self._slurm.jobs_on_node(call.node) if j.job_state in _BUSY]:
+            if not await self._busy_on(call.node):
                 break
             await asyncio.sleep(self._poll_s)
         else:
             # Did not checkpoint in time (or does not handle the signal): requeue it, once.
             for job in await self._slurm.jobs_on_node(call.node):
-                if job.job_state not in _ACTIVE:
+                if job.job_state not in ACTIVE:
                     continue
                 marked = _marked(job, prefix)
                 if marked is not None and job.restart_cnt > marked:
@@ -137,7 +134,7 @@ class ShareSlurmActivities:
                 if job.requeue and job.batch_flag:
                     await self._slurm.requeue(job.job_id)
                     result.requeued.append(job.job_id)
-            while [j for j in await self._slurm.jobs_on_node(call.node) if j.job_state in _BUSY]:
+            while await self._busy_on(call.node):
                 await asyncio.sleep(self._poll_s)
         # A job that requeued itself (scontrol requeue) waits ~2 min before it may start
         # again; the runbook's rule is that it restarts at once on healthy capacity.
@@ -164,9 +161,7 @@ class ShareSlurmActivities:
                     type="NodeNotOurs",
                     non_retryable=True,
                 )
-            busy = [
-                j.job_id for j in await self._slurm.jobs_on_node(call.node) if j.job_state in _BUSY
-            ]
+            busy = await self._busy_on(call.node)
             if busy:
                 raise ApplicationError(f"{call.node} still runs Slurm jobs {busy}", type="NotIdle")
             await self._slurm.drain(call.node, LENT_REASON)

@@ -30,9 +30,9 @@ from autoclusters.core.quarantine import QuarantineStatus, VerifyQuarantineInput
 from autoclusters.integrations.slurm import SlurmClient
 
 # Jobs that hold the node's resources and can be requeued.
-_ACTIVE = {"RUNNING", "CONFIGURING", "SUSPENDED"}
+ACTIVE = {"RUNNING", "CONFIGURING", "SUSPENDED"}
 # Jobs with processes on the node: a repair under them would kill them.
-_BUSY = _ACTIVE | {"COMPLETING"}
+BUSY = ACTIVE | {"COMPLETING"}
 
 
 def requeue_marker(incident_id: str, restart_cnt: int) -> str:
@@ -56,17 +56,22 @@ def _settling(job: SlurmJob) -> bool:
     return job.job_state == "COMPLETING" or job.job_state.startswith("REQUEUE")
 
 
+async def known_node(slurm: SlurmClient, name: str) -> SlurmNode:
+    """The node as Slurm sees it; a node Slurm does not have is `UnknownNode`, not retried."""
+    node = await slurm.node(name)
+    if node is None:
+        raise ApplicationError(
+            f"node {name} is not in this Slurm cluster", type="UnknownNode", non_retryable=True
+        )
+    return node
+
+
 class SlurmActivities:
     def __init__(self, slurm: SlurmClient) -> None:
         self._slurm = slurm
 
     async def _known_node(self, name: str) -> SlurmNode:
-        node = await self._slurm.node(name)
-        if node is None:
-            raise ApplicationError(
-                f"node {name} is not in this Slurm cluster", type="UnknownNode", non_retryable=True
-            )
-        return node
+        return await known_node(self._slurm, name)
 
     @activity.defn(name="drain_node")
     async def drain_node(self, inp: DrainInput) -> DrainResult:
@@ -95,7 +100,7 @@ class SlurmActivities:
     async def _requeue_jobs(self, inp: RequeueInput) -> RequeueResult:
         result = RequeueResult()
         for job in await self._slurm.jobs_on_node(inp.node):
-            if job.job_state not in _ACTIVE:
+            if job.job_state not in ACTIVE:
                 continue
             if not (job.requeue and job.batch_flag):
                 result.not_requeueable.append(job.job_id)
@@ -171,7 +176,7 @@ class SlurmActivities:
         start = time.monotonic()
         while True:
             busy = [
-                j.job_id for j in await self._slurm.jobs_on_node(inp.node) if j.job_state in _BUSY
+                j.job_id for j in await self._slurm.jobs_on_node(inp.node) if j.job_state in BUSY
             ]
             waited = time.monotonic() - start
             if not busy:
@@ -260,7 +265,7 @@ class SlurmActivities:
         async with heartbeating(f"verify_quarantine {inp.node}"):
             node = await self._known_node(inp.node)
             busy = [
-                j.job_id for j in await self._slurm.jobs_on_node(inp.node) if j.job_state in _BUSY
+                j.job_id for j in await self._slurm.jobs_on_node(inp.node) if j.job_state in BUSY
             ]
         # On Slinky the operator may have copied our cordon reason into Slurm with its own
         # prefix ("slurm-operator: <reason>"): still ours.

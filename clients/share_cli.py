@@ -68,16 +68,9 @@ def start(
     async def go(client: Client, s: Settings) -> str:
         c = _cluster(s, cluster)
         await start_rebalancer(client, c, policy, s.task_queue)
-        return c
+        return f"rebalancer of {c} running; Temporal UI: {_ui(s, c)}"
 
-    c = _run(go)
-    console.print(f"rebalancer of {c} running; Temporal UI: {_ui(settings_now(), c)}")
-
-
-def settings_now() -> Settings:
-    from autoclusters.core import settings as settings_mod
-
-    return settings_mod.load()
+    console.print(_run(go))
 
 
 @share_app.command("status")

@@ -18,6 +18,7 @@ import json
 import time
 from pathlib import Path
 
+import httpx
 from kubernetes import client as k8s_client
 from pydantic import BaseModel, Field
 from rich.console import Console
@@ -165,13 +166,14 @@ async def _share(cfg: SandboxConfig, console: Console) -> ShareSummary:
     sampling = asyncio.create_task(sampler.run())
     load = Load(cfg.inference_gateway_url, rps=CALM_RPS)
     await load.start()
+    http = httpx.AsyncClient(timeout=5)  # Prometheus, polled while waiting for the SLO
     try:
         console.print(f"[bold]4. load[/bold] {CALM_RPS:g} requests/s, then {PEAK_RPS:g}")
         await asyncio.sleep(10)  # a calm baseline the SLO holds on (load, not a sync)
         load.set_rps(PEAK_RPS)
         breach_at = await wait_for(
             "the SLO to be breached",
-            lambda: _breach(cfg, policy, True),
+            lambda: _breach(http, cfg, policy, True),
             120,
         )
         console.print("   SLO breached; waiting for the rebalancer to lend a node")
@@ -189,7 +191,7 @@ async def _share(cfg: SandboxConfig, console: Console) -> ShareSummary:
         )
         await asyncio.sleep(20)  # serve the peak on two replicas for a while (load, not a sync)
         load.set_rps(CALM_RPS / 2)
-        calm_at = await wait_for("demand to fall", lambda: _breach(cfg, policy, False), 120)
+        calm_at = await wait_for("demand to fall", lambda: _breach(http, cfg, policy, False), 120)
         back = await wait_for(
             "the node back in training",
             lambda: _move_done(tc, settings.cluster, "training", after=calm_at),
@@ -206,6 +208,7 @@ async def _share(cfg: SandboxConfig, console: Console) -> ShareSummary:
         await wait_for("the job to step again", lambda: _stepping(log, after.restart_cnt), 180)
     finally:
         stats = await load.stop(drain=False)
+        await http.aclose()
         sampler.stop()
         await asyncio.gather(sampling, return_exceptions=True)
     st = await share_status(tc, settings.cluster)
@@ -305,11 +308,10 @@ async def _stepping(log: Path, restart: int) -> bool | None:
     return True if any(p.restart >= restart for p in progress_lines(log)) else None
 
 
-async def _breach(cfg: SandboxConfig, policy: SharePolicy, above: bool) -> float | None:
-    import httpx
-
-    async with httpx.AsyncClient(timeout=5) as http:
-        value = await prometheus_value(http, cfg.prometheus_url, policy.inference.demand_query)
+async def _breach(
+    http: httpx.AsyncClient, cfg: SandboxConfig, policy: SharePolicy, above: bool
+) -> float | None:
+    value = await prometheus_value(http, cfg.prometheus_url, policy.inference.demand_query)
     if value is None:
         return None
     slo = policy.inference.slo

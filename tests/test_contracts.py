@@ -58,7 +58,7 @@ def test_every_stub_has_one_implementation_with_the_same_types() -> None:
             assert _signature(fn) == _signature(stub), f"{cls.__name__}.{attr} vs stub {name}"
 
 
-def test_the_sharing_steps_are_stubs_the_workflow_can_call() -> None:
+def test_every_sharing_step_has_a_stub() -> None:
     names = {_name(fn) for _, fn in inspect.getmembers(contracts, inspect.isfunction)}
     assert {
         "share_read_demand", "share_drain_for_move", "share_checkpoint_jobs", "share_mark_lent",
