@@ -5,8 +5,8 @@ a free slot (the fewest requests in flight first); with none free it waits in a 
 until a slot frees or a new replica becomes Ready, and gets 503 after `--queue-timeout`
 seconds. A server that answers 503 (it is draining after SIGTERM) or cannot be reached is
 not used again, and the request goes back to the head of the line: a pod's graceful
-deletion fails no request. The pods are read from the emulated Kubernetes API every
-`--poll` seconds.
+deletion fails no request. A connection dropped mid-request is retried the same way. The
+pods are read from the emulated Kubernetes API every `--poll` seconds.
 
 `/metrics` (Prometheus): `inference_requests_total{code}`, `inference_request_duration_seconds`
 (end to end, the queue included), `inference_queue_length`, `inference_inflight_requests`,
@@ -49,6 +49,8 @@ log = logging.getLogger("inference-gateway")
 # Fine around the SLOs a demo sets (0.05 .. 5 s): a p95 from these buckets moves visibly.
 BUCKETS = (0.025, 0.05, 0.075, 0.1, 0.125, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.6, 0.75, 1.0,
            1.25, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 7.5, 10.0, 20.0, 30.0)  # fmt: skip
+# Below uvicorn's keep-alive timeout (5 s): the client side lets an idle connection go first.
+KEEPALIVE_S = 2.0
 
 
 @dataclass
@@ -199,9 +201,18 @@ class Gateway:
                     content=body,
                     headers={"Content-Type": "application/json"},
                 )
-            except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError) as e:
+            except httpx.ConnectError as e:
+                # Nothing listens there any more: the pod's process is gone.
                 log.info("replica %s unreachable (%s): retrying elsewhere", b.pod, e)
                 b.broken = True
+                retry = True
+                continue
+            except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as e:
+                # The connection dropped under the request: the pod is going away, or the
+                # replica closed a kept-alive connection just as it was reused. The second
+                # says nothing against the replica, so it stays routable; a pod that is
+                # going away answers the retry with 503 or refuses the connection.
+                log.info("replica %s dropped the connection (%r): retrying", b.pod, e)
                 retry = True
                 continue
             except httpx.TimeoutException:
@@ -230,7 +241,11 @@ def create_app(gateway: Gateway) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        limits = httpx.Limits(max_connections=None, max_keepalive_connections=200)
+        # Idle connections expire here before the replicas' uvicorn closes them (5 s), so a
+        # request is never sent on a connection the replica is closing.
+        limits = httpx.Limits(
+            max_connections=None, max_keepalive_connections=200, keepalive_expiry=KEEPALIVE_S
+        )
         async with httpx.AsyncClient(timeout=gateway.request_timeout_s, limits=limits) as http:
             state["http"] = http
             watcher = asyncio.create_task(gateway.watch())

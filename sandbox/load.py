@@ -27,6 +27,8 @@ from typing import Any
 
 import httpx
 
+from autoclusters.sandbox.inference_gateway import KEEPALIVE_S
+
 
 @dataclass
 class LoadStats:
@@ -91,7 +93,11 @@ class Load:
         self._changed.set()
 
     async def start(self) -> None:
-        limits = httpx.Limits(max_connections=None, max_keepalive_connections=100)
+        # Idle connections expire before the gateway's uvicorn closes them (5 s): otherwise a
+        # request can go out on a connection the server is closing, and fail unanswered.
+        limits = httpx.Limits(
+            max_connections=None, max_keepalive_connections=100, keepalive_expiry=KEEPALIVE_S
+        )
         self._http = httpx.AsyncClient(timeout=self.timeout_s, limits=limits)
         self.stats = LoadStats()
         self._runner = asyncio.create_task(self._arrivals())

@@ -44,5 +44,5 @@ def test_share_scenario_lends_and_returns_a_node(tmp_path: Path) -> None:
         assert s["resumed_from_step"] >= s["resumed_after_lend"]
     # Slurm user work and Kubernetes user work never on one node at once.
     assert s["samples"] > 50 and s["overlap_samples"] == 0, s["overlaps"]
-    assert s["requests"] > 100 and s["request_errors"] == 0
+    assert s["requests"] > 100 and s["request_errors"] == 0, s["request_codes"]
     assert s["slo_attainment"] is not None and 0 < s["slo_attainment"] <= 1
