@@ -128,16 +128,20 @@ class Settings(BaseSettings):
     policy_file: Path | None = Field(default=None, description="remediation policy (YAML)")
     admission_poll_s: float = 30
     log_level: str = "INFO"
-    # The worker's Prometheus metrics (workers/metrics.py) on this port, loopback only;
-    # None: not served. 0: a free port (tests).
+    # The worker's Prometheus metrics (workers/metrics.py) on this port; None: not served.
+    # 0: a free port (tests).
     worker_metrics_port: int | None = Field(
-        default=None, ge=0, le=65535, description="worker /metrics port on 127.0.0.1"
+        default=None, ge=0, le=65535, description="worker /metrics port"
     )
-    # The endpoint has no authentication: loopback unless a container or pod network, where
-    # Prometheus scrapes from another address, asks for 0.0.0.0.
+    # Loopback unless a container or pod network, where Prometheus scrapes from another
+    # address, asks for 0.0.0.0; off loopback the worker refuses to serve without a token.
     worker_metrics_host: str = Field(
         default="127.0.0.1", description="address the worker's /metrics listens on"
     )
+    worker_metrics_token: SecretStr | None = Field(
+        default=None, description="bearer token the worker's /metrics asks for; required "
+        "off loopback"
+    )  # fmt: skip
 
     # The web console (/ui, clients/console): who may see it without logging in, how long
     # a login lasts, and where the node pages read GPU metrics from.

@@ -30,9 +30,10 @@ from autoclusters.clients.agent import fake_backend
 from autoclusters.clients.agent.agent import Agent
 from autoclusters.clients.agent.dcgm_series import FIELDS, LABELS
 from autoclusters.clients.agent.fake_backend import FakeBackend, FakeInfiniband
-from autoclusters.clients.agent.metrics import AgentMetrics, serve
+from autoclusters.clients.agent.metrics import AgentMetrics
 from autoclusters.clients.agent.nvml_backend import NvmlBackend
 from autoclusters.clients.agent.settings import AgentSettings
+from autoclusters.integrations.metrics_http import MetricsServer
 from tests.test_agent_nvml import FakeNvml, Handle, ListSink, NVMLError, eventually
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -335,9 +336,9 @@ def test_the_agent_loop_serves_metrics_on_loopback(tmp_path: Path) -> None:
 
 
 def test_serve_refuses_a_taken_port() -> None:
-    first = serve(AgentMetrics("a"), "127.0.0.1", 0)
+    first = MetricsServer(AgentMetrics("a").registry, "127.0.0.1", 0)
     try:
         with pytest.raises(OSError):
-            serve(AgentMetrics("b"), "127.0.0.1", first.port)
+            MetricsServer(AgentMetrics("b").registry, "127.0.0.1", first.port)
     finally:
         first.stop()

@@ -1,5 +1,6 @@
 """The worker's Prometheus metrics, on a registry of its own, served over HTTP on
-`worker_metrics_port` (settings; off by default) on loopback.
+`worker_metrics_port` (settings; off by default): loopback, or any address with a token
+(integrations/metrics_http.py).
 
 Workflow code stays deterministic, so nothing here runs inside a workflow; each figure
 comes from the worker's side:
@@ -17,16 +18,12 @@ name only series these registries export (tests/test_grafana_dashboard.py).
 
 from __future__ import annotations
 
-import threading
-from wsgiref.simple_server import WSGIServer
-
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
     Counter,
     Histogram,
     generate_latest,
-    start_http_server,
 )
 
 # Steps run from milliseconds (a Slurm call) to the better part of an hour (a replacement,
@@ -34,8 +31,6 @@ from prometheus_client import (
 STEP_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 900, 1800, 3600)
 # Job recovery is seconds; capacity recovery is a boot (minutes) or a spare (seconds).
 RECOVERY_BUCKETS = (1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200)
-# Only loopback: the endpoint has no authentication (Prometheus scrapes it on the host).
-BIND_ADDRESS = "127.0.0.1"
 
 
 class WorkerMetrics:
@@ -96,21 +91,3 @@ class WorkerMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
-
-
-class MetricsServer:
-    """`/metrics` (any path, in fact) on `port` (0: a free one) in a thread of its own."""
-
-    def __init__(self, metrics: WorkerMetrics, port: int, host: str = BIND_ADDRESS) -> None:
-        self._server: WSGIServer
-        self._thread: threading.Thread
-        self._server, self._thread = start_http_server(port, addr=host, registry=metrics.registry)
-
-    @property
-    def port(self) -> int:
-        return int(self._server.server_port)
-
-    def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(timeout=5)

@@ -30,10 +30,11 @@ from autoclusters.core.settings import Settings
 from autoclusters.integrations import k8s, temporal
 from autoclusters.integrations.cloud import CloudProvider
 from autoclusters.integrations.health import HealthGate, SlurmHealthGate
+from autoclusters.integrations.metrics_http import MetricsServer
 from autoclusters.integrations.notify import LogNotifier, Notifier
 from autoclusters.integrations.slack.fanout import MultiNotifier
 from autoclusters.integrations.slurm import SlurmBatchClient, SlurmCli, SlurmClient
-from autoclusters.workers.metrics import MetricsServer, WorkerMetrics
+from autoclusters.workers.metrics import WorkerMetrics
 from autoclusters.workers.metrics_collector import TemporalCollector
 from autoclusters.workers.metrics_interceptor import MetricsInterceptor
 from autoclusters.workflows.cluster_ops import ClusterTeardown, ScaleNodeSet
@@ -276,8 +277,13 @@ async def run(
         cluster_provider(settings, slurm),
         metrics,
     )
+    token = settings.worker_metrics_token
     server = serve_metrics(
-        client, metrics, settings.worker_metrics_port, settings.worker_metrics_host
+        client,
+        metrics,
+        settings.worker_metrics_port,
+        settings.worker_metrics_host,
+        token.get_secret_value() if token else None,
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -294,14 +300,18 @@ async def run(
 
 
 def serve_metrics(
-    client: Client, metrics: WorkerMetrics | None, port: int | None, host: str = "127.0.0.1"
+    client: Client,
+    metrics: WorkerMetrics | None,
+    port: int | None,
+    host: str = "127.0.0.1",
+    token: str | None = None,
 ) -> MetricsServer | None:
     """The worker's metrics, with what Temporal knows now, on `host:port` (loopback unless
-    settings say otherwise); call on the worker's event loop (the collector reads Temporal
-    through it)."""
+    settings say otherwise; a token required off loopback); call on the worker's event loop
+    (the collector reads Temporal through it)."""
     if metrics is None or port is None:
         return None
     metrics.registry.register(TemporalCollector(client))
-    server = MetricsServer(metrics, port, host)
-    log.info("worker metrics on http://%s:%d/metrics", host, server.port)
+    server = MetricsServer(metrics.registry, host, port, token)
+    log.info("worker metrics on %s", server.url)
     return server

@@ -31,11 +31,12 @@ from autoclusters.clients.agent.classify import (
     Finding,
 )
 from autoclusters.clients.agent.debounce import DebounceMemory, Debouncer
-from autoclusters.clients.agent.metrics import AgentMetrics, MetricsServer, serve
+from autoclusters.clients.agent.metrics import AgentMetrics
 from autoclusters.clients.agent.readings import GpuReadings, IbReadings, state_number
 from autoclusters.clients.agent.report import ActiveFault, HealthSnapshot, IbPortState, NodeReport
 from autoclusters.clients.agent.reporter import Answer, Outcome, ReportSink, write_atomic
 from autoclusters.clients.agent.settings import AgentSettings
+from autoclusters.integrations.metrics_http import MetricsServer
 
 log = logging.getLogger(__name__)
 STATE_FILE = "state.json"
@@ -225,7 +226,13 @@ class Agent:
         """Check every interval until `stop` is set."""
         port = self.settings.metrics_port
         if self.metrics is not None and port is not None:
-            self.metrics_server = serve(self.metrics, self.settings.metrics_host, port)
+            token = self.settings.metrics_token
+            self.metrics_server = MetricsServer(
+                self.metrics.registry,
+                self.settings.metrics_host,
+                port,
+                token.get_secret_value() if token else None,
+            )
             log.info("metrics on %s", self.metrics_server.url)
         try:
             self._loop(stop)

@@ -2,8 +2,8 @@
 
 `AgentMetrics` keeps the latest check's readings and the Xid history, and renders them on
 every scrape (a prometheus-client collector on its own registry, so nothing else in the
-process leaks into the page). `serve` puts the registry on HTTP (`settings.metrics_port`,
-loopback unless `metrics_host` says otherwise); the agent's loop starts and stops it.
+process leaks into the page). The agent's loop serves the registry on HTTP
+(`settings.metrics_port`; integrations/metrics_http.py: a token off loopback) and stops it.
 
 Xids: the event stream is consumed by the check, so the exporter is told of them there. Like
 dcgm-exporter, the last Xid of a GPU stays until the machine reboots (a new boot id), and
@@ -15,10 +15,8 @@ from __future__ import annotations
 import threading
 from collections import deque
 from collections.abc import Iterator
-from dataclasses import dataclass
-from wsgiref.simple_server import WSGIServer
 
-from prometheus_client import CollectorRegistry, generate_latest, start_http_server
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import Metric
 
 from autoclusters.clients.agent.dcgm_series import XidState, gpu_series
@@ -87,28 +85,3 @@ class AgentMetrics:
     def text(self) -> str:
         """The page a scrape gets."""
         return generate_latest(self.registry).decode()
-
-
-@dataclass
-class MetricsServer:
-    host: str
-    port: int  # the bound one (a requested 0 is a free port)
-    _server: WSGIServer
-    _thread: threading.Thread
-
-    @property
-    def url(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}/metrics"
-
-    def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(timeout=5)
-
-
-def serve(metrics: AgentMetrics, host: str, port: int) -> MetricsServer:
-    """/metrics on host:port in a daemon thread; raises OSError when the port is taken."""
-    server, thread = start_http_server(port, addr=host, registry=metrics.registry)
-    bound = int(server.server_address[1])
-    return MetricsServer(host=host, port=bound, _server=server, _thread=thread)

@@ -110,8 +110,13 @@ class AgentSettings(BaseSettings):
     )  # fmt: skip
     metrics_host: str = Field(
         default="127.0.0.1", description="address /metrics listens on; 0.0.0.0 for a "
-        "Prometheus on another machine (the series carry no secrets, like dcgm-exporter's)"
+        "Prometheus on another machine (then metrics_token is required)"
     )  # fmt: skip
+    # The series name the node, its faults and its boot: off loopback, only a scraper that
+    # shows this token reads them (the agent refuses to serve them open).
+    metrics_token: SecretStr | None = Field(
+        default=None, description="bearer token /metrics asks for; required off loopback"
+    )
     xid_count_window_s: float = Field(
         default=300, gt=0, description="DCGM_EXP_XID_ERRORS_COUNT's window "
         "(dcgm-exporter's --xid-count-window-size, 5 min)"

@@ -1,0 +1,101 @@
+"""`/metrics` for a process that is not a web app (the worker, the node agent): a small WSGI
+server on a thread of its own, behind a bearer token once it listens off loopback.
+
+Off loopback, whoever reaches the port would read the fleet's node names, faults and
+incident counts, so a token is required there: `serve` refuses to start without one rather
+than serve the page open. On loopback (a sandbox, or Prometheus on the same host) a token is
+optional; when one is set it is checked there too. Prometheus sends it with
+`authorization: {credentials_file: ...}`; the Prometheus Operator with a ServiceMonitor's
+`authorization.credentials` (deploy/).
+"""
+
+from __future__ import annotations
+
+import hmac
+import socket
+import threading
+from collections.abc import Callable, Iterable
+from socketserver import ThreadingMixIn
+from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+from prometheus_client import CollectorRegistry, make_wsgi_app
+
+from autoclusters.core.net import is_loopback
+
+StartResponse = Callable[..., Any]
+WsgiApp = Callable[[dict[str, Any], StartResponse], Iterable[bytes]]
+
+
+class OpenMetricsRefused(ValueError):
+    """/metrics would listen off loopback with no token."""
+
+
+class _Server(ThreadingMixIn, WSGIServer):
+    daemon_threads = True  # a scrape in flight never holds the process up
+
+
+class _Server6(_Server):
+    address_family = socket.AF_INET6
+
+
+class _Quiet(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (the base's name)
+        pass  # one line per scrape is noise; Prometheus records each scrape's outcome
+
+
+def _bearer(app: WsgiApp, token: str) -> WsgiApp:
+    expected = f"Bearer {token}".encode()
+
+    def checked(environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
+        given = environ.get("HTTP_AUTHORIZATION", "").encode()
+        if not hmac.compare_digest(given, expected):
+            start_response(
+                "401 Unauthorized",
+                [("Content-Type", "text/plain; charset=utf-8"),
+                 ("WWW-Authenticate", 'Bearer realm="metrics"')],
+            )  # fmt: skip
+            return [b"a bearer token is required for /metrics\n"]
+        return app(environ, start_response)
+
+    return checked
+
+
+class MetricsServer:
+    """`registry` on `http://host:port/metrics` (any path, as prometheus-client serves it);
+    port 0 picks a free one. Raises OpenMetricsRefused off loopback without a token, and
+    OSError when the port is taken."""
+
+    def __init__(
+        self, registry: CollectorRegistry, host: str, port: int, token: str | None = None
+    ) -> None:
+        if not token and not is_loopback(host):
+            raise OpenMetricsRefused(
+                f"/metrics on {host} would be open to anyone who reaches it: set a metrics "
+                "token (AUTOCLUSTERS_WORKER_METRICS_TOKEN / AUTOCLUSTERS_AGENT_METRICS_TOKEN) "
+                "or listen on 127.0.0.1"
+            )
+        app: WsgiApp = make_wsgi_app(registry)
+        if token:
+            app = _bearer(app, token)
+        server_class = _Server6 if ":" in host else _Server
+        self.host = host
+        self._server = make_server(host, port, app, server_class, handler_class=_Quiet)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, name="metrics", daemon=True
+        )
+        self._thread.start()
+
+    @property
+    def port(self) -> int:
+        return int(self._server.server_port)
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}/metrics"
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=5)

@@ -1,0 +1,84 @@
+"""/metrics of the worker and the agent: open on loopback, behind a token anywhere else."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import httpx
+import pytest
+from prometheus_client import CollectorRegistry, Counter
+
+from autoclusters.clients.agent.agent import Agent
+from autoclusters.clients.agent.fake_backend import FakeBackend, FakeInfiniband
+from autoclusters.clients.agent.settings import AgentSettings
+from autoclusters.core.settings import Settings
+from autoclusters.integrations.metrics_http import MetricsServer, OpenMetricsRefused
+from tests.test_agent_nvml import ListSink
+
+
+def _registry() -> CollectorRegistry:
+    registry = CollectorRegistry()
+    Counter("demo_scrapes", "a series to find", registry=registry).inc()
+    return registry
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "10.0.0.7", "gpu-01.internal"])
+def test_off_loopback_without_a_token_nothing_is_served(host: str) -> None:
+    with pytest.raises(OpenMetricsRefused, match="token"):
+        MetricsServer(_registry(), host, 0)
+
+
+def test_with_a_token_a_scrape_must_show_it() -> None:
+    server = MetricsServer(_registry(), "127.0.0.1", 0, token="s3cret")
+    try:
+        with httpx.Client(trust_env=False, timeout=5) as http:
+            bare = http.get(server.url)
+            wrong = http.get(server.url, headers={"Authorization": "Bearer s3cre"})
+            basic = http.get(server.url, auth=("prometheus", "s3cret"))
+            right = http.get(server.url, headers={"Authorization": "Bearer s3cret"})
+    finally:
+        server.stop()
+    for refused in (bare, wrong, basic):
+        assert refused.status_code == 401
+        assert refused.headers["www-authenticate"].startswith("Bearer")
+        assert b"demo_scrapes" not in refused.content
+    assert right.status_code == 200 and b"demo_scrapes_total 1.0" in right.content
+
+
+def test_on_loopback_without_a_token_it_is_open_and_stops() -> None:
+    server = MetricsServer(_registry(), "127.0.0.1", 0)
+    url = server.url
+    try:
+        assert b"demo_scrapes_total" in httpx.get(url, timeout=5, trust_env=False).content
+    finally:
+        server.stop()
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(url, timeout=2, trust_env=False)
+
+
+def test_the_worker_and_the_agent_read_their_tokens_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("AUTOCLUSTERS_WORKER_METRICS_TOKEN", "w-token")
+    monkeypatch.setenv("AUTOCLUSTERS_AGENT_METRICS_TOKEN", "a-token")
+    worker = Settings()
+    agent = AgentSettings()
+    assert worker.worker_metrics_token is not None
+    assert worker.worker_metrics_token.get_secret_value() == "w-token"
+    assert agent.metrics_token is not None and agent.metrics_token.get_secret_value() == "a-token"
+    assert "a-token" not in repr(agent) and "w-token" not in repr(worker)
+
+
+def test_an_agent_asked_to_serve_metrics_openly_off_loopback_refuses(tmp_path: Path) -> None:
+    settings = AgentSettings(metrics_port=0, metrics_host="0.0.0.0", interval_s=0.05)
+    path = tmp_path / "n.json"
+    backend = FakeBackend(path)
+    backend.open()
+    agent = Agent(
+        node="gpu-01", settings=settings, backend=backend, infiniband=FakeInfiniband(path),
+        sink=ListSink(),
+    )  # fmt: skip
+    with pytest.raises(OpenMetricsRefused):
+        agent.run(threading.Event())
+    assert agent.metrics_server is None
