@@ -41,6 +41,7 @@ COMPOSE_ONLY = {
     "AUTOCLUSTERS_WORKERS": "worker replicas",
     "AUTOCLUSTERS_ALERTMANAGER_TOKEN": "Alertmanager's API token (file and api_tokens)",
     "AUTOCLUSTERS_AGENT_TOKEN": "the agents' API token (in api_tokens)",
+    "AUTOCLUSTERS_METRICS_TOKEN": "Prometheus' scrape token (worker, api_tokens, file)",
 }
 CRUSOE_ENV = {"CRUSOE_ACCESS_KEY_ID", "CRUSOE_SECRET_KEY", "CRUSOE_DEFAULT_PROJECT"}
 CRUSOE_ENV |= {"CRUSOE_API_ENDPOINT"}
@@ -199,6 +200,16 @@ def test_prometheus_scrapes_our_metrics_ports_and_loads_the_shipped_rules() -> N
     assert jobs["autoclusters-api"].get("metrics_path", "/metrics") == "/metrics"
     assert _env(api)["AUTOCLUSTERS_PROMETHEUS_URL"] == "http://prometheus:9090"
 
+    # Every /metrics off loopback asks for a token: each job shows the file compose mounts
+    # from AUTOCLUSTERS_METRICS_TOKEN, the worker is given that token and the API takes it
+    # from the caller `prometheus`.
+    [secret] = prometheus["secrets"]
+    for job in jobs.values():
+        assert job["authorization"]["credentials_file"] == secret["target"], job["job_name"]
+    source = _compose()["secrets"][secret["source"]]["environment"]
+    assert (_env(worker)["AUTOCLUSTERS_WORKER_METRICS_TOKEN"] or "").startswith(f"${{{source}:?")
+    assert f'"prometheus": "${{{source}:?' in (_env(api)["AUTOCLUSTERS_API_TOKENS"] or "")
+
     for rule_file in config["rule_files"]:
         assert (config_path.parent / rule_file).is_file()
     assert "gpu-alerts.yml" in config["rule_files"]
@@ -211,8 +222,15 @@ def test_prometheus_scrapes_our_metrics_ports_and_loads_the_shipped_rules() -> N
 
 
 @pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed")
-def test_promtool_accepts_the_prometheus_config() -> None:
-    config = ROOT / "deploy/prometheus/prometheus.yml"
+def test_promtool_accepts_the_prometheus_config(tmp_path: Path) -> None:
+    # promtool checks that the token file exists: the compose secret's path, here a file.
+    shutil.copytree(ROOT / "deploy/prometheus", tmp_path / "prometheus")
+    config = tmp_path / "prometheus/prometheus.yml"
+    token = tmp_path / "metrics-token"
+    token.write_text("t")
+    text = config.read_text()
+    assert "/run/secrets/metrics-token" in text
+    config.write_text(text.replace("/run/secrets/metrics-token", str(token)))
     done = subprocess.run(
         ["promtool", "check", "config", str(config)], capture_output=True, text=True, timeout=60
     )

@@ -5,6 +5,7 @@ the shipped rules, and each ServiceAccount's RBAC is exactly what its code calls
 from __future__ import annotations
 
 import ast
+import json
 import re
 import shutil
 import subprocess
@@ -361,6 +362,32 @@ def test_service_monitors_select_services_with_the_named_ports(
             assert endpoint["path"] == "/metrics"
         scraped |= {s["metadata"]["name"] for s in chosen}
     assert scraped == {s["metadata"]["name"] for s in services}
+
+
+def test_every_metrics_port_asks_for_the_token_prometheus_shows(
+    objects: list[dict[str, Any]],
+) -> None:
+    token_ref = {"name": "autoclusters-metrics", "key": "token"}
+    token = _one(objects, "Secret", "autoclusters-metrics")["stringData"]["token"]
+    for sm in (o for o in objects if o["kind"] == "ServiceMonitor"):
+        for endpoint in sm["spec"]["endpoints"]:
+            assert endpoint["authorization"] == {"type": "Bearer", "credentials": token_ref}
+    # The worker and the agents listen on the pod network, so they are given the token
+    # (without one they refuse to serve /metrics there) ...
+    data = _one(objects, "ConfigMap", "autoclusters-config")["data"]
+    assert data["AUTOCLUSTERS_WORKER_METRICS_HOST"] == "0.0.0.0"
+    worker = _one(objects, "Deployment", "autoclusters-worker")["spec"]["template"]["spec"]
+    agent = _one(objects, "DaemonSet", "autoclusters-agent")["spec"]["template"]["spec"]
+    for container, var in (
+        (worker["containers"][0], "AUTOCLUSTERS_WORKER_METRICS_TOKEN"),
+        (agent["containers"][0], "AUTOCLUSTERS_AGENT_METRICS_TOKEN"),
+    ):
+        env = {e["name"]: e for e in container["env"]}
+        assert env[var]["valueFrom"]["secretKeyRef"] == token_ref, var
+    # ... and the API knows it as the caller `prometheus`.
+    raw = _one(objects, "Secret", "autoclusters-api-tokens")["stringData"]
+    api = ApiSettings(api_tokens=json.loads(raw["AUTOCLUSTERS_API_TOKENS"]))
+    assert api.token_names()[token] == "prometheus"
 
 
 def _selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:

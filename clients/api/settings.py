@@ -37,7 +37,8 @@ class ApiSettings(Settings):
     # Who may write (POST alerts and reports): caller name -> bearer token. The name is
     # only for logs. No tokens: every write is refused (401), never accepted unchecked.
     api_tokens: dict[str, SecretStr] = Field(default_factory=dict)
-    # Reads (GET /v1/incidents...) need a token too; /healthz and /metrics never do.
+    # Reads (GET /v1/incidents...) need a token too; /healthz never does, /metrics only
+    # from a caller that is not on this machine's loopback (app.py).
     api_auth_reads: bool = False
 
     api_host: str = "127.0.0.1"
