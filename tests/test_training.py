@@ -6,6 +6,7 @@ exactly the processes it started (torchrun, found by its PID, and the ranks belo
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 import json
 import os
@@ -24,6 +25,8 @@ import pytest
 
 pytest.importorskip("torch")
 
+from autoclusters.activities.sharing_demand import checkpointed_at  # noqa: E402
+from autoclusters.integrations.slurm import SlurmCli  # noqa: E402
 from autoclusters.sandbox.config import SandboxConfig  # noqa: E402
 
 pytestmark = pytest.mark.integration  # torchrun runs and the session's real sandbox
@@ -309,6 +312,14 @@ def test_sbatch_requeue_resumes_on_sandbox(sandbox: SandboxConfig, tmp_path: Pat
             90,
             "steps on both nodes and a checkpoint",
         )
+        # The job told Slurm when it checkpointed, in the form the GPU rebalancer reads.
+        saved_at = until(
+            lambda: _checkpointed_at(SlurmCli(sandbox.slurm_conf), job),
+            30,
+            "ckpt_at in the job's comment",
+        )
+        marker_at = json.loads((ckpt / "latest").read_text())["saved_at"]
+        assert abs(saved_at - marker_at) < 30
         slurm("scontrol", "requeue", str(job))
 
         def restarted() -> list[dict[str, Any]]:
@@ -334,3 +345,8 @@ def test_sbatch_requeue_resumes_on_sandbox(sandbox: SandboxConfig, tmp_path: Pat
             60,
             "the job to leave the queue",
         )  # fmt: skip
+
+
+def _checkpointed_at(slurm: SlurmCli, job_id: int) -> float | None:
+    jobs = asyncio.run(slurm.jobs())
+    return next((checkpointed_at(j) for j in jobs if j.job_id == job_id), None)

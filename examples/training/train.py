@@ -7,7 +7,9 @@ run resumed from step n continues exactly the sequence an uninterrupted run woul
 Checkpoints (torch.distributed.checkpoint) go to `<ckpt-dir>/step-<n>/`. Only once a save
 has completed on every rank does rank 0 move the `latest` marker (write a temp file, fsync,
 os.replace): a run killed mid-save leaves the marker at the previous checkpoint, and the
-half-written directory is ignored (and removed at the next start).
+half-written directory is ignored (and removed at the next start). Under Slurm, rank 0
+then records the time in the job's Comment (`ckpt_at=<epoch s>`), so a scheduler taking a
+node knows how much work each job would lose.
 
 SIGTERM (Slurm requeue/cancel, torchrun shutting down) and SIGUSR1 (Slurm's warning before
 the time limit) make every rank stop at the same step boundary, save, and exit 128+signal.
@@ -28,7 +30,9 @@ import re
 import shutil
 import signal
 import socket
+import subprocess
 import sys
+import threading
 import time
 import warnings
 from concurrent.futures import Future
@@ -142,15 +146,41 @@ def read_marker(root: Path) -> int:
     return 0
 
 
-def write_marker(root: Path, step: int) -> None:
+def write_marker(root: Path, step: int) -> float:
+    """Commit `step` as the latest checkpoint; returns when it was saved (epoch s)."""
+    saved_at = time.time()
     tmp = root / f".{MARKER}.tmp.{os.getpid()}"
-    body = json.dumps({"step": step, "dir": f"step-{step}", "saved_at": time.time()})
+    body = json.dumps({"step": step, "dir": f"step-{step}", "saved_at": saved_at})
     with open(tmp, "w") as f:
         f.write(body + "\n")
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, root / MARKER)
     _fsync_dir(root)
+    return saved_at
+
+
+def publish_checkpoint(saved_at: float) -> threading.Thread | None:
+    """Tell Slurm when this job last checkpointed: `ckpt_at=<epoch s>` in the job's Comment
+    (a field its owner may set). Whoever must take a node from running jobs (AutoClusters'
+    GPU rebalancer lending a node to inference) picks the job that loses least work. Best
+    effort, off the training thread: a slow or absent slurmctld never stalls a step.
+    Outside Slurm (no SLURM_JOB_ID, or no scontrol) nothing is done."""
+    job = os.environ.get("SLURM_JOB_ID")
+    scontrol = shutil.which("scontrol")
+    if not job or not scontrol:
+        return None
+    argv = [scontrol, "update", f"JobId={job}", f"Comment=ckpt_at={saved_at:.0f}"]
+
+    def run() -> None:
+        try:
+            subprocess.run(argv, capture_output=True, timeout=30, check=False)
+        except (OSError, subprocess.TimeoutExpired):
+            pass  # the next checkpoint tries again
+
+    thread = threading.Thread(target=run, name="publish-checkpoint", daemon=True)
+    thread.start()
+    return thread
 
 
 class Checkpointer:
@@ -230,7 +260,7 @@ class Checkpointer:
         finished = self._finished.pop(step, time.monotonic())
         if self.rank != 0:
             return
-        write_marker(self.root, step)
+        publish_checkpoint(write_marker(self.root, step))
         self._event("checkpoint_saved", step, save_s=finished - started)
         older = sorted(s for s in step_dirs(self.root) if s < step)
         for s in older[: max(0, len(older) - (self.keep - 1))]:
