@@ -21,7 +21,7 @@ from autoclusters.clients.agent import fake_backend
 from autoclusters.core.kubernetes import INSTANCE_ID_LABEL
 from autoclusters.core.policy import Rung
 from autoclusters.core.sharing import POOL_LABEL, POOL_TAINT_KEY
-from autoclusters.sandbox import daemons
+from autoclusters.sandbox import agent_targets, daemons
 from autoclusters.sandbox.config import GPUS_PER_NODE, SandboxConfig
 from autoclusters.sandbox.crusoe_slurm_models import ClusterStarted, SlurmCluster, SlurmUser
 from autoclusters.sandbox.crusoe_world import EmulatedVm
@@ -57,9 +57,11 @@ def start_agent(cfg: SandboxConfig, node: str) -> None:
         fake_backend.write_node(cfg.agent_file(node), fake_backend.healthy_node())
     if not table.alive(f"agent-{node}"):
         table.spawn(f"agent-{node}", daemons.agent_argv(cfg, node), daemons.agent_env(cfg))
+    agent_targets.add(cfg, node)  # Prometheus scrapes it from now on
 
 
 def stop_agent(cfg: SandboxConfig, node: str) -> None:
+    agent_targets.remove(cfg, node)  # a deleted machine's agent is no scrape target
     ProcessTable(cfg.state_dir).stop(f"agent-{node}")
 
 

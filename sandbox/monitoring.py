@@ -2,9 +2,10 @@
 own config and data dir under the state dir (`monitoring/`) and a loopback port; never the
 system services.
 
-- Prometheus (port_base + 92) scrapes, every 2 s, each node agent's dcgm-exporter-named
-  /metrics (static targets labelled `node` = the node's name: the shipped rules and the API
-  read the node from it), the worker's /metrics and the API's, and evaluates the shipped
+- Prometheus (port_base + 92) scrapes, every 2 s, each running node agent's
+  dcgm-exporter-named /metrics (the file_sd list `monitoring/agents.json`, labelled `node` =
+  the node's name: the shipped rules and the API read the node from it; agent_targets.py),
+  the worker's /metrics and the API's, and evaluates the shipped
   `deploy/prometheus/gpu-alerts.yml` itself (not a copy: the rules, their `for:` and labels,
   are the ones a real cluster loads). GpuXidError has no `for:` and fires at the first
   evaluation that sees the Xid; GpuMissing (`for: 2m`) and InfinibandLinkDown (`for: 3m`)
@@ -33,7 +34,7 @@ from urllib.parse import urlsplit
 import httpx
 import yaml
 
-from autoclusters.sandbox import inference_sandbox
+from autoclusters.sandbox import agent_targets, inference_sandbox
 from autoclusters.sandbox.config import SandboxConfig
 from autoclusters.sandbox.daemons import SandboxError
 
@@ -44,7 +45,7 @@ GROUP_WAIT, GROUP_INTERVAL = "1s", "5s"  # the sandbox copy's autoclusters route
 DEPLOY = Path(__file__).resolve().parents[1] / "deploy"
 RULES = DEPLOY / "prometheus" / "gpu-alerts.yml"
 ROUTING = DEPLOY / "alertmanager" / "alertmanager.yml"
-AGENT_JOB, WORKER_JOB, API_JOB = "dcgm-exporter", "autoclusters-worker", "autoclusters-api"
+AGENT_JOB, WORKER_JOB, API_JOB = agent_targets.JOB, "autoclusters-worker", "autoclusters-api"
 # Kubernetes mode: the inference gateway, and each inference pod's server through the
 # file_sd list the inference kubelet keeps (sandbox/inference_kubelet.py).
 GATEWAY_JOB, SERVER_JOB = "inference-gateway", "inference-server"
@@ -94,9 +95,8 @@ def prometheus_config(cfg: SandboxConfig) -> dict[str, Any]:
         "scrape_configs": [
             {
                 "job_name": AGENT_JOB,
-                "static_configs": [
-                    _targets(cfg.agent_metrics_port(node), node=node) for node in cfg.node_names()
-                ],
+                # The agents that run now: a scale up's new machines join (agent_targets.py).
+                "file_sd_configs": [{"files": [str(agent_targets.path(cfg))]}],
             },
             {"job_name": WORKER_JOB, "static_configs": [_targets(cfg.worker_metrics_port)]},
             {
@@ -146,6 +146,7 @@ def prepare(cfg: SandboxConfig) -> None:
     """Write both configs (after the API's token exists); each keeps its data dir."""
     for sub in ("prometheus-data", "alertmanager-data"):
         (_dir(cfg) / sub).mkdir(parents=True, exist_ok=True)
+    agent_targets.write(cfg, cfg.node_names())  # the sandbox's own; machines made later add theirs
     servers = Path(inference_sandbox.file_sd(cfg))
     if cfg.k8s and not servers.exists():  # the kubelet rewrites it as servers come and go
         servers.write_text("[]")

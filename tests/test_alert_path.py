@@ -8,6 +8,7 @@ stopped by PID at the end.
 
 from __future__ import annotations
 
+import json
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,7 +23,7 @@ from temporalio.service import RPCError
 from autoclusters.core.models import IncidentState, workflow_id
 from autoclusters.core.settings import load_file
 from autoclusters.integrations import temporal
-from autoclusters.sandbox import cluster, monitoring
+from autoclusters.sandbox import agent_targets, cluster, monitoring
 from autoclusters.sandbox.config import SandboxConfig
 from autoclusters.sandbox.hardware import Hardware, HardwareFault
 from autoclusters.sandbox.processes import ProcessTable, _start_ticks
@@ -73,10 +74,20 @@ def test_rendered_configs_are_valid_and_keep_the_shipped_files(tmp_path: Path) -
         assert r.returncode == 0, r.stdout + r.stderr
     prom = yaml.safe_load(monitoring.prometheus_file(cfg).read_text())
     assert prom["rule_files"] == [str(monitoring.RULES)]
-    agents = prom["scrape_configs"][0]["static_configs"]
+    [agents_sd] = prom["scrape_configs"][0]["file_sd_configs"]
+    agents = json.loads(Path(agents_sd["files"][0]).read_text())
     assert [(t["labels"]["node"], t["targets"]) for t in agents] == [
         ("gpu-01", ["127.0.0.1:30100"]), ("gpu-02", ["127.0.0.1:30101"])
     ]  # fmt: skip
+    # A machine made later (a scale up) is scraped once its agent starts, and no longer once
+    # it is deleted.
+    agent_targets.add(cfg, "gpu-05")
+    assert agent_targets.nodes(cfg) == ["gpu-01", "gpu-02", "gpu-05"]
+    assert json.loads(Path(agents_sd["files"][0]).read_text())[-1] == {
+        "targets": ["127.0.0.1:30104"], "labels": {"node": "gpu-05"}
+    }  # fmt: skip
+    agent_targets.remove(cfg, "gpu-01")
+    assert agent_targets.nodes(cfg) == ["gpu-02", "gpu-05"]
     shipped = yaml.safe_load(monitoring.ROUTING.read_text())
     rendered = yaml.safe_load(monitoring.alertmanager_file(cfg).read_text())
     hook = rendered["receivers"][1]["webhook_configs"][0]

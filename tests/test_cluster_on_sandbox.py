@@ -14,7 +14,7 @@ import os
 import re
 import subprocess
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -207,6 +207,10 @@ async def test_scale_down_requeues_the_job_once_and_deletes_only_an_idle_node(
     j = await job(slurm, job_id)
     assert j is not None and j.restart_cnt == 1
     assert gone not in _vm_names(cfg)
+    # Its agent left with the machine, so Prometheus no longer scrapes it.
+    await eventually(
+        lambda: _scraped(cfg, lambda up: gone not in up), 30, f"{gone} out of Prometheus' targets"
+    )
     # The machine went only once the node ran nothing: the deletion started after the
     # requeue took the job off it (the step that waited for idle finished first).
     [delete] = [
@@ -235,6 +239,25 @@ async def test_scale_up_replaces_a_machine_that_fails_to_boot_and_gates_it(
     # Registered drained and gated before it could take a job: the history says so.
     gate = [s.name for s in ops.steps]
     assert gate.index("register_and_gate") < gate.index(f"return_to_service {missing[0]}")
+    # The new machine's agent is scraped (its GPU series reach the alert rules).
+    await eventually(
+        lambda: _scraped(cfg, lambda up: up.get(missing[0]) == "up"),
+        30,
+        f"Prometheus scraping {missing[0]}'s agent",
+    )
+
+
+async def _scraped(cfg: SandboxConfig, check: Callable[[dict[str, str]], bool]) -> bool:
+    """`check` of {node: health} over Prometheus' active agent targets."""
+    async with httpx.AsyncClient(base_url=cfg.prometheus_url, timeout=5) as prom:
+        r = await prom.get("/api/v1/targets", params={"state": "active"})
+    r.raise_for_status()
+    up = {
+        t["labels"]["node"]: t["health"]
+        for t in r.json()["data"]["activeTargets"]
+        if t["labels"].get("job") == "dcgm-exporter"
+    }
+    return bool(check(up))
 
 
 def _cli(cfg: SandboxConfig, *args: str) -> subprocess.CompletedProcess[str]:
