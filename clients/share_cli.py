@@ -3,8 +3,9 @@
 `share start` runs the cluster's rebalancer (GpuRebalance) with a share policy;
 `share status` shows nodes per pool, the demand it last saw and the last moves;
 `share move --to inference|training --node N` moves one node through the same workflow;
-`share approve|reject MOVE` answers a move waiting for a human. Exit codes: 0 done; 1
-refused (no rebalancer, a node it cannot move); 2 a policy file that does not validate.
+`share approve|reject MOVE` answers a move waiting for a human (as the Approve / Reject
+buttons of its Slack message do). Exit codes: 0 done; 1 refused (no rebalancer, a node it
+cannot move, a move not waiting for approval); 2 a policy file that does not validate.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Annotated, Literal
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 from temporalio.client import Client, WorkflowUpdateFailedError
 
@@ -172,15 +174,21 @@ def move(
 
 
 def _decide(move_id: str, approve: bool, by: str, cluster: str | None) -> None:
-    from autoclusters.clients.sharing import decide_move
+    from autoclusters.clients.sharing import MoveRefused, decide_move
 
-    async def go(client: Client, s: Settings) -> None:
-        await decide_move(
-            client, _cluster(s, cluster), MoveDecision(move_id=move_id, approve=approve, by=by)
-        )
+    async def go(client: Client, s: Settings) -> str | None:
+        try:
+            return await decide_move(
+                client, _cluster(s, cluster), MoveDecision(move_id=move_id, approve=approve, by=by)
+            )
+        except MoveRefused as e:
+            err.print(f"[red]refused:[/red] {escape(str(e))}")
+            return None
 
-    _run(go)
-    console.print(f"move {move_id} {'approved' if approve else 'rejected'} by {by}")
+    outcome = _run(go)
+    if outcome is None:
+        raise typer.Exit(1)
+    console.print(f"move {move_id} {outcome} by {by}")
 
 
 @share_app.command("approve")

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from temporalio.client import Client, WorkflowHandle
+from temporalio.client import Client, WorkflowHandle, WorkflowUpdateFailedError
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
-from temporalio.service import RPCError
+from temporalio.exceptions import FailureError
+from temporalio.service import RPCError, RPCStatusCode
 
 from autoclusters.core.sharing import (
     REBALANCE_WORKFLOW,
@@ -19,6 +20,11 @@ from autoclusters.core.sharing import (
 
 class RebalancerNotRunning(RuntimeError):
     pass
+
+
+class MoveRefused(PermissionError):
+    """A decision the rebalancer refused: no such move, or it is not waiting for one
+    (already decided, running, finished), or no rebalancer runs. The message says which."""
 
 
 async def start_rebalancer(
@@ -64,8 +70,25 @@ async def request_move(client: Client, cluster: str, req: MoveRequest) -> str:
     return move_id
 
 
-async def decide_move(client: Client, cluster: str, decision: MoveDecision) -> None:
-    await _handle(client, cluster).signal("decide_move", decision)
+async def decide_move(client: Client, cluster: str, decision: MoveDecision) -> str:
+    """Approve or reject the move waiting for a human: `approved` or `rejected`. The
+    rebalancer's validator refuses a move that is not waiting (MoveRefused, with its
+    reason; nothing is recorded then). The CLI and Slack's buttons decide through here."""
+    try:
+        outcome: str = await _handle(client, cluster).execute_update(
+            "decide_waiting_move", decision, result_type=str
+        )
+    except WorkflowUpdateFailedError as e:
+        # The validator's words, without the exception type the SDK puts in front.
+        cause = e.cause
+        raise MoveRefused(cause.message if isinstance(cause, FailureError) else str(e)) from e
+    except RPCError as e:
+        if e.status == RPCStatusCode.NOT_FOUND:
+            raise MoveRefused(
+                f"no GPU rebalancer for cluster {cluster}, so no move {decision.move_id}"
+            ) from e
+        raise
+    return outcome
 
 
 async def evaluate_now(client: Client, cluster: str, why: str) -> bool:

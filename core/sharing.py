@@ -39,6 +39,11 @@ POD_DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
 
 REBALANCE_WORKFLOW = "GpuRebalance"
 REBALANCE_ID_PREFIX = "gpu-rebalance-"
+# The rebalancer's notifications carry this fault; a move's Approve / Reject buttons carry
+# this step (never a remediation rung), so a click is routed to the rebalancer, not to an
+# incident.
+REBALANCE_FAULT = "gpu-rebalance"
+MOVE_APPROVAL_STEP = "move"
 
 
 def rebalance_workflow_id(cluster: str) -> str:

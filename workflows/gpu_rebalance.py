@@ -37,6 +37,7 @@ with workflow.unsafe.imports_passed_through():
     from autoclusters.activities import contracts
     from autoclusters.core.models import HealthGateInput, Notification
     from autoclusters.core.sharing import (
+        REBALANCE_FAULT,
         REBALANCE_WORKFLOW,
         DemandCall,
         Move,
@@ -172,8 +173,49 @@ class GpuRebalance(AgentGate):
 
     @workflow.signal
     def decide_move(self, decision: MoveDecision) -> None:
-        """Approve or reject a move waiting for a human."""
+        """Approve or reject a move waiting for a human (unchecked: kept for callers that
+        signal; `decide_waiting_move` says why a decision is refused)."""
         self._decisions[decision.move_id] = decision
+
+    @workflow.update
+    def decide_waiting_move(self, decision: MoveDecision) -> str:
+        """Approve or reject the move waiting for a human (the CLI, Slack's buttons); the
+        validator refuses, with the reason, a move that is not waiting. Returns what the
+        decision did: `approved` or `rejected`."""
+        self._decisions[decision.move_id] = decision
+        return "approved" if decision.approve else "rejected"
+
+    @decide_waiting_move.validator
+    def _check_decision(self, decision: MoveDecision) -> None:
+        if not decision.by.strip():
+            raise ValueError("a decision needs the name of who decides")
+        cur = self._current
+        if cur is not None and cur.move.move_id == decision.move_id:
+            if cur.status != "waiting_approval":
+                raise ValueError(
+                    f"move {decision.move_id} is not waiting for approval: {cur.status}"
+                )
+            if decision.move_id in self._decisions:
+                raise ValueError(f"move {decision.move_id} is already decided")
+            if cur.move.node in self._s.yielded:
+                raise ValueError(
+                    f"move {decision.move_id} is stopping: incident "
+                    f"{self._s.yielded[cur.move.node]} took {cur.move.node}"
+                )
+            return
+        past = next(
+            (m for m in reversed(self._s.moves) if m.move.move_id == decision.move_id), None
+        )
+        if past is None:
+            queued = any(m.move_id == decision.move_id for m in self._s.queued)
+            if queued:
+                raise ValueError(f"move {decision.move_id} is queued, not waiting for approval")
+            raise ValueError(f"no move {decision.move_id} on cluster {self._cluster}")
+        by = f" by {past.approved_by}" if past.approved_by else ""
+        why = f" ({past.error})" if past.error else ""
+        raise ValueError(
+            f"move {decision.move_id} is not waiting for approval: {past.status}{by}{why}"
+        )
 
     @workflow.update
     async def yield_node(self, call: YieldCall) -> YieldResult:
@@ -295,8 +337,9 @@ class GpuRebalance(AgentGate):
         await self._notify(
             move,
             "approval_needed",
-            f"move {move.move_id}: {move.node} to {move.to} ({move.reason}). Approve with "
-            f"`autoclusters share approve {move.move_id}` or reject.",
+            f"move {move.move_id}: {move.node} to {move.to} ({move.reason}) needs approval. "
+            f"Approve or reject with the buttons, or `autoclusters share approve "
+            f"{move.move_id}` / `autoclusters share reject {move.move_id}`.",
             "warning",
         )
         try:
@@ -471,7 +514,7 @@ class GpuRebalance(AgentGate):
                     incident_id=move.move_id,
                     cluster=self._cluster,
                     node=move.node,
-                    fault="gpu-rebalance",
+                    fault=REBALANCE_FAULT,
                     event=event,
                     text=text,
                     severity=severity,

@@ -858,7 +858,12 @@ def create_app(
 
 def _slack_interactions(app: FastAPI, api: Api, settings: ApiSettings) -> None:
     """`POST /slack/interactions`: Approve / Reject clicks. The Slack signature over the raw
-    body is the authentication (no bearer token); the click becomes the Temporal Update."""
+    body is the authentication (no bearer token); the click becomes the Temporal Update:
+    the incident's, or, for a button of a GPU rebalancer's move (step `move`, which no
+    incident has), the cluster's rebalancer's `decide_waiting_move`. Either refusal is a
+    PermissionError, which the handler shows to the clicker."""
+    from autoclusters.clients.sharing import decide_move
+    from autoclusters.core.sharing import MOVE_APPROVAL_STEP, MoveDecision
     from autoclusters.integrations.slack import InteractionHandler
 
     assert settings.slack is not None
@@ -868,6 +873,9 @@ def _slack_interactions(app: FastAPI, api: Api, settings: ApiSettings) -> None:
         *, incident_id: str, step: str, approver: str, approve: bool, comment: str = ""
     ) -> object:
         client = await api.gate.client()
+        if step == MOVE_APPROVAL_STEP:
+            decision = MoveDecision(move_id=incident_id, approve=approve, by=approver)
+            return await decide_move(client, settings.cluster, decision)
         return await incidents.decide(
             client, settings, incident_id, approver, approve, comment, step=step
         )

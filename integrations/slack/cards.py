@@ -7,6 +7,11 @@ always gives the same message, so an update repeated after a retry changes nothi
 
 Approve / Reject buttons are on the card only while the incident waits for a decision;
 the next event's update takes them away, so an old button can never decide a later step.
+
+The GPU rebalancer's moves use the same card (fault `gpu-rebalance`, the move id in place
+of the incident id): a move waiting for approval carries the buttons with the step `move`,
+which no incident has, so the API sends such a click to the rebalancer, never to an
+incident.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from urllib.parse import quote
 from pydantic import BaseModel
 
 from autoclusters.core.models import Notification, workflow_id
+from autoclusters.core.sharing import MOVE_APPROVAL_STEP, REBALANCE_FAULT, rebalance_workflow_id
 
 __all__ = [
     "APPROVAL_BLOCK_PREFIX",
@@ -110,7 +116,9 @@ class IncidentCard(BaseModel):
         if m := (_PLAN.search(note.text) or _NEXT.search(note.text)):
             rung = m.group(1)
         waiting = None
-        if note.event in APPROVAL_EVENTS:
+        if note.event in APPROVAL_EVENTS and self.is_move:
+            waiting = MOVE_APPROVAL_STEP
+        elif note.event in APPROVAL_EVENTS:
             m = _APPROVAL_STEP.match(note.text)
             waiting = m.group(1) if m else (self.waiting_step or rung)
             rung = waiting or rung
@@ -133,6 +141,11 @@ class IncidentCard(BaseModel):
     def state(self) -> str:
         return STATE_WORDS.get(self.event, self.event.replace("_", " "))
 
+    @property
+    def is_move(self) -> bool:
+        """The card of a GPU rebalancer's move (its id in `incident_id`), not an incident."""
+        return self.fault == REBALANCE_FAULT
+
 
 class Links(BaseModel):
     """Where a reader goes next: the workflow in the Temporal UI, the incident in the API."""
@@ -144,18 +157,20 @@ class Links(BaseModel):
     def workflow(self, card: IncidentCard) -> str | None:
         if not self.temporal_ui_url:
             return None
-        wf = quote(workflow_id(card.cluster, card.node), safe="")
+        wid = rebalance_workflow_id(card.cluster) if card.is_move else None
+        wf = quote(wid or workflow_id(card.cluster, card.node), safe="")
         ns = quote(self.temporal_namespace, safe="")
         return f"{self.temporal_ui_url.rstrip('/')}/namespaces/{ns}/workflows/{wf}"
 
     def incident(self, card: IncidentCard) -> str | None:
-        if not self.api_url:
+        if not self.api_url or card.is_move:
             return None
         return f"{self.api_url.rstrip('/')}/v1/incidents/{quote(card.incident_id, safe='')}"
 
 
 def approval_value(incident_id: str, step: str) -> str:
-    """A button's value: which incident and which step the click decides."""
+    """A button's value: which incident and which step the click decides (a move: its id
+    and the step `move`)."""
     return json.dumps({"incident_id": incident_id, "step": step}, separators=(",", ":"))
 
 
@@ -207,7 +222,7 @@ def card_message(
     ]
     if card.headline:
         blocks.append({"type": "section", "text": {"type": "mrkdwn", "text": card.headline}})
-    refs = [f"incident `{card.incident_id}`"]
+    refs = [f"{'move' if card.is_move else 'incident'} `{card.incident_id}`"]
     if url := links.workflow(card):
         refs.append(f"<{url}|Temporal workflow>")
     if url := links.incident(card):
@@ -221,7 +236,11 @@ def card_message(
 
 def _approval_block(card: IncidentCard, step: str) -> dict[str, Any]:
     value = approval_value(card.incident_id, step)
-    question = f"{step} of {card.node} ({card.fault})"
+    question = (
+        f"move {card.incident_id} of {card.node}"
+        if card.is_move
+        else f"{step} of {card.node} ({card.fault})"
+    )
 
     def button(action: str, label: str, style: str) -> dict[str, Any]:
         return {

@@ -19,6 +19,10 @@ Slack POSTs a click as `application/x-www-form-urlencoded` with one field, `payl
 5. on success replaces the buttons with "Approved by <user> at <time>" (`chat.update`)
    and says so in the incident's thread.
 
+A GPU rebalancer's move waiting for approval has the same buttons, with the move id in
+`incident_id` and the step `move`; `decide` routes those to the rebalancer (the API's
+does), which refuses a move that is not waiting, and the messages name the move.
+
 Each authentic request is processed at most once: a byte-identical request seen within the
 last `remember_s` (longer than the 5-minute signature window, after which a replay fails
 the signature check anyway) is answered `duplicate` and decides nothing.
@@ -45,6 +49,7 @@ from slack_sdk.errors import SlackApiError
 from slack_sdk.signature import Clock, SignatureVerifier
 from slack_sdk.web.async_client import AsyncWebClient
 
+from autoclusters.core.sharing import MOVE_APPROVAL_STEP
 from autoclusters.core.slack_config import SlackConfig
 from autoclusters.integrations.slack.cards import decided_blocks, parse_approval_value
 from autoclusters.integrations.slack.client import web_client_for
@@ -90,6 +95,13 @@ class Click(BaseModel):
     message_ts: str
     thread_ts: str  # the thread to tell: the message's own, or the message itself
     blocks: list[dict[str, Any]] = Field(default_factory=list)
+
+    @property
+    def what(self) -> str:
+        """What the click decides, in words: the incident's step, or the move."""
+        if self.step == MOVE_APPROVAL_STEP:
+            return f"move {self.incident_id}"
+        return self.step
 
 
 def parse_click(payload: Mapping[str, Any]) -> Click | None:
@@ -268,7 +280,7 @@ class InteractionHandler:
             user_id=click.user_id, username=click.username
         )
         if approver is None:
-            await self._tell(click, f"You are not allowed to approve or reject {click.step}.")
+            await self._tell(click, f"You are not allowed to approve or reject {click.what}.")
             return _outcome("not_allowed", click)
         verb = "approve" if click.approve else "reject"
         try:
@@ -280,11 +292,11 @@ class InteractionHandler:
                 comment=f"via Slack by <@{click.user_id}>",
             )
         except (PermissionError, LookupError) as e:
-            await self._tell(click, f"Could not {verb} {click.step}: {e}")
+            await self._tell(click, f"Could not {verb} {click.what}: {e}")
             return _outcome("refused", click, reason=str(e))
         except Exception as e:  # noqa: BLE001 - Temporal down: tell the clicker to retry
             log.warning("Slack: %s of %s failed: %s", verb, click.incident_id, e)
-            await self._tell(click, f"Could not {verb} {click.step} now ({e}); try again.")
+            await self._tell(click, f"Could not {verb} {click.what} now ({e}); try again.")
             return _outcome("error", click, reason=str(e))
         await self._mark_decided(click, approver)
         return _outcome("approved" if click.approve else "rejected", click, approver=approver)
@@ -292,7 +304,7 @@ class InteractionHandler:
     async def _mark_decided(self, click: Click, approver: str) -> None:
         at = datetime.fromtimestamp(self._now(), UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
         done = "Approved" if click.approve else "Rejected"
-        line = f"{done} by <@{click.user_id}> ({approver}) at {at}: {click.step}"
+        line = f"{done} by <@{click.user_id}> ({approver}) at {at}: {click.what}"
         mark = ":white_check_mark:" if click.approve else ":no_entry:"
         try:
             await self._client.chat_update(
