@@ -4,8 +4,10 @@
 `share status` shows nodes per pool, the demand it last saw and the last moves;
 `share move --to inference|training --node N` moves one node through the same workflow;
 `share approve|reject MOVE` answers a move waiting for a human (as the Approve / Reject
-buttons of its Slack message do). Exit codes: 0 done; 1 refused (no rebalancer, a node it
-cannot move, a move not waiting for approval); 2 a policy file that does not validate.
+buttons of its Slack message do); `share clear NODE` takes a node that failed its health
+gate on return off the list of nodes neither pool may take. Exit codes: 0 done; 1 refused
+(no rebalancer, a node it cannot move or clear, a move not waiting for approval); 2 a policy
+file that does not validate.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from temporalio.client import Client, WorkflowUpdateFailedError
 from autoclusters.clients.cluster_cli import _run
 from autoclusters.core.settings import Settings
 from autoclusters.core.sharing import (
+    ClearUnhealthy,
     MoveDecision,
     MoveRequest,
     Pool,
@@ -139,7 +142,10 @@ def _print_status(st: ShareStatus) -> None:
         )  # fmt: skip
     console.print(moves)
     if st.unhealthy:
-        console.print(f"[red]failed their health gate, left drained:[/red] {st.unhealthy}")
+        console.print(
+            f"[red]failed their health gate, left drained:[/red] {st.unhealthy} "
+            "(fixed: `autoclusters share clear NODE`)"
+        )
 
 
 @share_app.command("move")
@@ -209,3 +215,28 @@ def reject(
 ) -> None:
     """Reject a move that waits for a human: the node stays where it is."""
     _decide(move_id, False, by, cluster)
+
+
+@share_app.command("clear")
+def clear(
+    node: Annotated[str, typer.Argument(help="A node listed as failed its health gate.")],
+    by: Annotated[str, typer.Option("--by", help="Who fixed it (recorded).")] = "cli",
+    cluster: ClusterOpt = None,
+) -> None:
+    """A node that failed its health gate on the way back from inference is fixed: the
+    rebalancer may move it again. Resume it in Slurm yourself when it should take jobs."""
+    from autoclusters.clients.sharing import MoveRefused, clear_unhealthy
+
+    async def go(client: Client, s: Settings) -> str | None:
+        try:
+            return await clear_unhealthy(
+                client, _cluster(s, cluster), ClearUnhealthy(node=node, by=by)
+            )
+        except MoveRefused as e:
+            err.print(f"[red]refused:[/red] {escape(str(e))}")
+            return None
+
+    done = _run(go)
+    if done is None:
+        raise typer.Exit(1)
+    console.print(done)

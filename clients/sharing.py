@@ -9,6 +9,7 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from autoclusters.core.sharing import (
     REBALANCE_WORKFLOW,
+    ClearUnhealthy,
     MoveDecision,
     MoveRequest,
     RebalanceInput,
@@ -89,6 +90,23 @@ async def decide_move(client: Client, cluster: str, decision: MoveDecision) -> s
             ) from e
         raise
     return outcome
+
+
+async def clear_unhealthy(client: Client, cluster: str, req: ClearUnhealthy) -> str:
+    """Take a node off the rebalancer's failed-its-gate list; MoveRefused (with the
+    reason) when it is not listed or no rebalancer runs."""
+    try:
+        done: str = await _handle(client, cluster).execute_update(
+            "clear_unhealthy", req, result_type=str
+        )
+    except WorkflowUpdateFailedError as e:
+        cause = e.cause
+        raise MoveRefused(cause.message if isinstance(cause, FailureError) else str(e)) from e
+    except RPCError as e:
+        if e.status == RPCStatusCode.NOT_FOUND:
+            raise MoveRefused(f"no GPU rebalancer for cluster {cluster}") from e
+        raise
+    return done
 
 
 async def evaluate_now(client: Client, cluster: str, why: str) -> bool:

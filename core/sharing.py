@@ -355,6 +355,14 @@ class MoveRequest(BaseModel):
     requested_by: str
 
 
+class ClearUnhealthy(BaseModel):
+    """A human says a node that failed its gate on the way back is fixed: the rebalancer
+    may move it again (`autoclusters share clear NODE`)."""
+
+    node: str
+    by: str
+
+
 class MoveDecision(BaseModel):
     """A human's answer to a move that needs approval."""
 

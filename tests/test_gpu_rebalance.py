@@ -39,9 +39,11 @@ from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker, WorkflowRunner
 
 from autoclusters.activities.sharing_yield import ShareYieldActivities
+from autoclusters.clients.sharing import MoveRefused, clear_unhealthy
 from autoclusters.core.evidence import HealthSnapshot
 from autoclusters.core.sharing import (
     LENT_REASON,
+    ClearUnhealthy,
     InferenceTarget,
     MoveDecision,
     MoveRecord,
@@ -712,6 +714,29 @@ async def test_a_node_that_failed_its_gate_is_not_lent_again(env: WorkflowEnviro
     # gpu-03 is drained and idle, the cheapest node to lend, but it failed its gate.
     assert [c.node for c in world.of("share_drain_for_move")] == ["gpu-01"]
     assert s.unhealthy == ["gpu-03"]
+
+
+async def test_a_human_clears_a_node_that_failed_its_gate(env: WorkflowEnvironment) -> None:
+    world = ShareWorld(
+        [N("gpu-01", jobs=[101]), N("gpu-02", jobs=[102]), lent("gpu-03")], Dial(LOW)
+    )
+    world.gate_fails = {"gpu-03"}
+    async with rebalancer(env, world, policy()) as r:
+        s = await r.evaluate(2)
+        assert s.unhealthy == ["gpu-03"]
+        with pytest.raises(MoveRefused, match="gpu-01 is not listed"):
+            await clear_unhealthy(env.client, r.cluster, ClearUnhealthy(node="gpu-01", by="ann"))
+        with pytest.raises(MoveRefused, match="who cleared"):
+            await clear_unhealthy(env.client, r.cluster, ClearUnhealthy(node="gpu-03", by=" "))
+        done = await clear_unhealthy(env.client, r.cluster, ClearUnhealthy(node="gpu-03", by="ann"))
+        assert done == "gpu-03 cleared by ann"
+        s = await r.handle.query(GpuRebalance.status)
+        assert s.unhealthy == []
+        # Twice is refused: it is no longer listed.
+        with pytest.raises(MoveRefused, match="not listed"):
+            await clear_unhealthy(env.client, r.cluster, ClearUnhealthy(node="gpu-03", by="ann"))
+    with pytest.raises(MoveRefused, match="no GPU rebalancer"):
+        await clear_unhealthy(env.client, "nowhere", ClearUnhealthy(node="gpu-03", by="ann"))
 
 
 async def test_an_incident_on_a_node_waiting_for_approval_takes_it_at_once(

@@ -39,6 +39,7 @@ with workflow.unsafe.imports_passed_through():
     from autoclusters.core.sharing import (
         REBALANCE_FAULT,
         REBALANCE_WORKFLOW,
+        ClearUnhealthy,
         DemandCall,
         Move,
         MoveCall,
@@ -170,6 +171,25 @@ class GpuRebalance(AgentGate):
             raise ValueError(f"{req.node} is already moving")
         if node.in_incident or req.node in self._s.yielded:
             raise ValueError(f"{req.node} is in a remediation incident")
+
+    @workflow.update
+    def clear_unhealthy(self, req: ClearUnhealthy) -> str:
+        """A human looked at a node that failed its gate on return and fixed it: neither
+        pool is barred from it any more. It stays drained in Slurm until they resume it;
+        the rebalancer never resumes a node it did not gate itself."""
+        self._s.unhealthy.remove(req.node)
+        workflow.logger.info("%s cleared by %s", req.node, req.by)
+        return f"{req.node} cleared by {req.by}"
+
+    @clear_unhealthy.validator
+    def _check_clear(self, req: ClearUnhealthy) -> None:
+        if not req.by.strip():
+            raise ValueError("clearing a node needs the name of who cleared it")
+        if req.node not in self._s.unhealthy:
+            listed = ", ".join(self._s.unhealthy) or "none"
+            raise ValueError(
+                f"{req.node} is not listed as failed its health gate (listed: {listed})"
+            )
 
     @workflow.signal
     def decide_move(self, decision: MoveDecision) -> None:
