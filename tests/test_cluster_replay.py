@@ -40,6 +40,8 @@ def test_there_are_histories_to_replay() -> None:
         assert f"cluster_ops_v1_{case}" in names
     for case in ("lend_and_return", "manual_and_rejected"):
         assert f"gpu_rebalance_v1_{case}" in names
+        # v2: a move people were asked about says how it ended (MOVE_OUTCOME_NOTICE).
+        assert f"gpu_rebalance_v2_{case}" in names
 
 
 @pytest.mark.parametrize("path", HISTORIES, ids=[p.stem for p in HISTORIES])

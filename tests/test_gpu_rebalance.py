@@ -614,6 +614,11 @@ async def test_approval_mode_waits_for_a_human(env: WorkflowEnvironment) -> None
         s = await eventually(rejected, what="the rejection")
 
     one, two = s.moves
+    # Each asked-about move said how it ended.
+    assert [n.event for n in world.notes] == [
+        "approval_needed", "move_done", "approval_needed", "move_stopped"
+    ]  # fmt: skip
+    assert "approved by alice" in world.notes[1].text and "bob" in world.notes[3].text
     assert (one.status, one.approved_by) == ("done", "alice")
     assert world.names(one.move.move_id) == LEND_STEPS
     assert two.status == "rejected" and "bob" in two.error and two.steps == []
@@ -761,4 +766,8 @@ async def test_an_incident_on_a_node_waiting_for_approval_takes_it_at_once(
     assert got == YieldResult(held=True, pool_before=Pool.MOVING, waited_for_step=None)
     rec = r.move(s, waiting.move.node)
     assert rec.status == "yielded" and rec.steps == [] and "INC-5" in rec.error
-    assert world.names() == ["notify", "share_scale_inference", "share_k8s_reclaim"]
+    # Asked, told it stopped (an incident took the node), then the node's Kubernetes side
+    # was put back.
+    assert world.names() == ["notify", "notify", "share_scale_inference", "share_k8s_reclaim"]
+    assert [n.event for n in world.notes] == ["approval_needed", "move_stopped"]
+    assert "INC-5" in world.notes[1].text

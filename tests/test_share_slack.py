@@ -250,6 +250,16 @@ async def finished(s: Setup, move_id: str) -> MoveRecord:
     return await eventually(check, what=f"move {move_id} to end")
 
 
+async def outcome(s: Setup, text: str) -> dict[str, Any]:
+    """The move's message once it shows `text` (the workflow's outcome notice)."""
+
+    async def check() -> dict[str, Any] | None:
+        message = await s.message()
+        return message if text in json.dumps(message["blocks"]) else None
+
+    return await eventually(check, what=f"the message to say {text!r}")
+
+
 # --- the message ---------------------------------------------------------------------------
 
 
@@ -303,9 +313,10 @@ async def test_approve_click_lets_the_move_proceed_and_a_later_click_is_refused(
     done = await finished(setup, move_id)
     assert (done.status, done.approved_by) == ("done", "alice")
     assert setup.world.names(move_id) == LEND_STEPS
-    decided = await setup.message()
+    # The click marked the message decided at once; the move's end then rewrote it with
+    # the outcome. Either way no button is left to click.
+    decided = await outcome(setup, f"{rec.move.node} is now in inference, approved by alice")
     assert not actions_of(decided)
-    assert "Approved by <@U_ALICE> (alice) at " in json.dumps(decided["blocks"])
     assert f"move {move_id}" in decided["replies"][-1]["text"]
 
     # The same buttons clicked again (the old message, re-signed): refused with the reason.
@@ -328,9 +339,20 @@ async def test_reject_click_stops_the_move(setup: Setup) -> None:
     done = await finished(setup, move_id)
     assert done.status == "rejected" and done.error == "rejected by bob"
     assert done.approved_by is None and done.steps == []
-    assert setup.world.names() == ["notify"]  # asked; nothing drained
+    assert set(setup.world.names()) == {"notify"}  # asked, told the outcome; nothing drained
     assert (await setup.status()).pools[rec.move.node] == Pool.TRAINING
-    assert "Rejected by <@U_BOB> (bob)" in json.dumps((await setup.message())["blocks"])
+    told = await outcome(setup, f"{rec.move.node} stays where it was: rejected by bob")
+    assert not actions_of(told)
+
+
+async def test_a_move_nobody_approves_in_time_loses_its_buttons(setup: Setup) -> None:
+    rec, _ = await waiting(setup)
+    timeout = (await setup.status()).policy.approval_timeout_s
+    await setup.r.env.sleep(timeout + 1)  # the time-skipping server: no real wait
+    done = await finished(setup, rec.move.move_id)
+    assert done.status == "rejected" and done.error == "nobody approved in time"
+    told = await outcome(setup, "stays where it was: nobody approved in time")
+    assert not actions_of(told)
 
 
 async def test_unknown_forged_and_unauthorised_clicks_change_nothing(setup: Setup) -> None:

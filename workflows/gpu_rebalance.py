@@ -73,6 +73,9 @@ STEP_TIMEOUT = timedelta(minutes=5)
 KEEP_MOVES = 50
 # Continue as new well before the history grows large (each evaluation is ~6 events).
 EVALUATIONS_PER_RUN = 500
+# A move people were asked to approve sends its outcome too (a notify the first version of
+# this workflow did not run).
+MOVE_OUTCOME_NOTICE = "share-v2-move-outcome-notice"
 
 
 class MoveStopped(Exception):
@@ -314,8 +317,9 @@ class GpuRebalance(AgentGate):
         del self._s.moves[:-KEEP_MOVES]
         before = self._s.pools.get(move.node, Pool.TRAINING)
         self._s.pools[move.node] = Pool.MOVING
+        asked = self._policy.needs_approval and move.requested_by == "rebalancer"
         try:
-            if self._policy.needs_approval and move.requested_by == "rebalancer":
+            if asked:
                 await self._approval(rec)
             rec.status = "running"
             if move.to == "inference":
@@ -350,6 +354,21 @@ class GpuRebalance(AgentGate):
             self._running_step = None
             if move.node in self._s.yielded:
                 self._s.pools.pop(move.node, None)
+        # People were asked about this move: its message says how it ended (and loses its
+        # buttons: a decision on another channel, or none in time, leaves none to click).
+        # A failure has told them already.
+        if asked and rec.status != "failed" and workflow.patched(MOVE_OUTCOME_NOTICE):
+            await self._notify_outcome(rec)
+
+    async def _notify_outcome(self, rec: MoveRecord) -> None:
+        move = rec.move
+        if rec.status == "done":
+            by = f", approved by {rec.approved_by}" if rec.approved_by else ""
+            text = f"move {move.move_id}: {move.node} is now in {move.to}{by}."
+            await self._notify(move, "move_done", text, "info")
+        else:
+            text = f"move {move.move_id}: {move.node} stays where it was: {rec.error}."
+            await self._notify(move, "move_stopped", text, "info")
 
     async def _approval(self, rec: MoveRecord) -> None:
         move = rec.move

@@ -60,6 +60,9 @@ STATE_WORDS = {
     "observed": "observed: nothing changed",
     "monitored": "monitored: stays in service",
     "cancelled": "cancelled by a human",
+    "move_done": "moved",
+    "move_stopped": "not moved",
+    "move_failed": "move failed",
 }
 EVENT_MARKS = {
     "opened": ":rotating_light:",
@@ -74,6 +77,9 @@ EVENT_MARKS = {
     "observed": ":eyes:",
     "monitored": ":eyes:",
     "cancelled": ":octagonal_sign:",
+    "move_done": ":white_check_mark:",
+    "move_stopped": ":no_entry:",
+    "move_failed": ":x:",
 }
 
 # What the workflow's sentences carry (workflows/remediation.py); the fields belong in
