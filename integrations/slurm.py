@@ -11,7 +11,7 @@ import asyncio
 import json
 import os
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from autoclusters.core import hostlist
 from autoclusters.core.models import SlurmJob, SlurmNode
@@ -57,8 +57,10 @@ class SlurmBatchClient(SlurmClient, Protocol):
     async def job(self, job_id: int) -> SlurmJob | None: ...
 
 
+@runtime_checkable
 class SlurmSignalClient(SlurmClient, Protocol):
-    """What GPU sharing adds: ask a job to checkpoint through its own signal."""
+    """What GPU sharing adds: ask a job to checkpoint through its own signal. Checkable at
+    run time: a worker serves the sharing steps only with a client that has it."""
 
     async def signal_job(self, job_id: int, signal: str) -> None: ...
 

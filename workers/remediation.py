@@ -33,7 +33,12 @@ from autoclusters.integrations.health import HealthGate, SlurmHealthGate
 from autoclusters.integrations.metrics_http import MetricsServer
 from autoclusters.integrations.notify import LogNotifier, Notifier
 from autoclusters.integrations.slack.fanout import MultiNotifier
-from autoclusters.integrations.slurm import SlurmBatchClient, SlurmCli, SlurmClient
+from autoclusters.integrations.slurm import (
+    SlurmBatchClient,
+    SlurmCli,
+    SlurmClient,
+    SlurmSignalClient,
+)
 from autoclusters.workers.metrics import WorkerMetrics
 from autoclusters.workers.metrics_collector import TemporalCollector
 from autoclusters.workers.metrics_interceptor import MetricsInterceptor
@@ -191,10 +196,11 @@ def sharing_activities(
     client: Client, settings: Settings, slurm: SlurmClient, kube_api: ApiClient | None
 ) -> list[Any]:
     """GpuRebalance's steps. Its Kubernetes steps need a kubeconfig and its Slurm steps a
-    client that can signal jobs (the real one); without them only the incident's side
-    (`share_yield_node`) is served, and a rebalancer's moves wait for a worker that has them."""
+    client that can signal jobs (the real one can; the scale benchmark's stand-in cannot);
+    without them only the incident's side (`share_yield_node`) is served, and a rebalancer's
+    moves wait for a worker that has them."""
     out: list[Any] = [ShareYieldActivities(client).yield_node]
-    if not isinstance(slurm, SlurmCli):
+    if not isinstance(slurm, SlurmSignalClient):
         return out
     demand = ShareDemandActivities(
         slurm,
