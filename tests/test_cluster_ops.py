@@ -48,7 +48,11 @@ from autoclusters.core.models import DrainInput, workflow_id
 from autoclusters.workflows.cluster_ops import ClusterTeardown, ScaleNodeSet
 from tests.fake_ops import OpsProvider
 from tests.fakes import FakeSlurm
-from tests.helpers import eventually, time_skipping_env
+
+# The sandbox re-imports this module (it defines workflows); tests.helpers reads the
+# settings, which look at the home directory on import: the sandbox's import refuses that.
+with workflow.unsafe.imports_passed_through():
+    from tests.helpers import eventually, time_skipping_env
 
 pytestmark = pytest.mark.workflow
 

@@ -1,11 +1,12 @@
 """ScaleNodeSet and ClusterTeardown: a provisioned cluster grown, shrunk or deleted, every
 step in the history.
 
-Scale up creates the new machines through the provider activities ClusterProvisioning uses
-(`cluster_create_machine`, `cluster_wait_booted`, `cluster_discover_topology`,
-`cluster_configure_slurm`, `cluster_health_gate`), a failed boot, registration or gate
-replaced up to `machine_attempts` machines per node; the new nodes register drained under
-this operation's reason and are returned to service only once every one passed its gate.
+Scale up brings the new machines up as ClusterProvisioning does, with the same code
+(workflows/machine_bring_up.py: `cluster_create_machine`, `cluster_wait_booted`,
+`cluster_discover_topology`, `cluster_configure_slurm`, `cluster_health_gate`), a failed
+boot, registration or gate replaced up to `machine_attempts` machines per node; the new
+nodes register drained under this operation's reason and are returned to service only once
+every one passed its gate.
 
 Scale down picks idle nodes first, then the least busy; drains them under this operation's
 reason; requeues their jobs (each once: the requeue marker carries this operation's key) or
@@ -27,7 +28,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import TypeVar
 
 from temporalio import workflow
@@ -39,16 +40,9 @@ with workflow.unsafe.imports_passed_through():
         ClusterRef,
         DeleteCall,
         Machine,
-        MachineCall,
-        NodeGateCall,
         NodeSetNodes,
-        Placement,
         Resource,
-        SlurmConfigCall,
-        SlurmConfigResult,
-        TopologyCall,
         provisioning_workflow_id,
-        render_topology,
     )
     from autoclusters.core.cluster_ops import (
         IncidentProbe,
@@ -76,15 +70,12 @@ with workflow.unsafe.imports_passed_through():
     )
     from autoclusters.core.sharing import is_sharing_reason
 
-from autoclusters.workflows.agent_gate import CLUSTER_AGENT_GATE, AgentGate
-from autoclusters.workflows.cluster_provisioning import (
+from autoclusters.workflows.machine_bring_up import MachineBringUp
+from autoclusters.workflows.provider_calls import (
     CREATE_TIMEOUT,
-    GATE_TIMEOUT,
     PROVIDER_RETRY,
     SLURM_TIMEOUT,
-    _fatal,
-    wait_booted,
-    with_agent_checks,
+    fatal_refusal,
 )
 from autoclusters.workflows.timeline import HEARTBEAT, RETRY, cause_of
 
@@ -216,7 +207,7 @@ class _Ops:
 
 
 def _failed(err: BaseException) -> ApplicationError:
-    fatal = _fatal(err)
+    fatal = fatal_refusal(err)
     if fatal is not None:
         return ApplicationError(fatal.message, type=fatal.type, non_retryable=True)
     cause = cause_of(err)
@@ -225,17 +216,15 @@ def _failed(err: BaseException) -> ApplicationError:
 
 
 @workflow.defn(name="ScaleNodeSet")
-class ScaleNodeSet(_Ops, AgentGate):
+class ScaleNodeSet(_Ops, MachineBringUp):
     @workflow.init
     def __init__(self, inp: ScaleNodeSetInput) -> None:
         spec = inp.spec
         self._inp = inp
         self._ref = ClusterRef(name=spec.name, provider=spec.provider, location=spec.location)
         self._state = OpsState(cluster=spec.name)
-        self._machines: dict[str, Machine] = {}  # every node of the cluster -> its machine
-        self._attempts: dict[str, int] = {}
-        self._booted_at: dict[str, datetime] = {}
-        self._init_agent_gate()
+        self._growing: NodeSetSpec | None = None  # a scale up's node set, at its new count
+        self._init_bring_up(inp, inp.agent_report_timeout_s)
 
     @workflow.query
     def status(self) -> OpsState:
@@ -255,7 +244,7 @@ class ScaleNodeSet(_Ops, AgentGate):
         try:
             await self._not_provisioning()
             inv = await self._inventory()
-            self._machines = {m.node: m for m in inv.machines}
+            self._machines = {m.node: m for m in inv.machines}  # every node of the cluster
             mine = sorted(m.node for m in inv.machines if m.node_set == inp.node_set)
             if inp.count > len(mine):
                 grown = node_set.model_copy(update={"count": inp.count})
@@ -272,12 +261,17 @@ class ScaleNodeSet(_Ops, AgentGate):
     # --- up ---------------------------------------------------------------------------------
 
     async def _scale_up(self, node_set: NodeSetSpec, new: list[str]) -> None:
+        self._growing = node_set
         await self._step(
             "boot_machines",
-            lambda: self._all(self._bring_up(node_set, n) for n in new),
+            lambda: self._all(self._bring_up(n) for n in new),
             lambda _: ", ".join(new),
         )
-        await self._step("register_and_gate", lambda: self._register_and_gate(node_set, new))
+        # The new nodes register drained under this operation's reason until returned.
+        why = drain_reason(self._state.key, "SCALE_UP")
+        await self._step(
+            "register_and_gate", lambda: self._register_and_gate(new, {n: why for n in new})
+        )
         for node in new:
             back: ReturnResult = await self._step(
                 f"return_to_service {node}",
@@ -294,122 +288,35 @@ class ScaleNodeSet(_Ops, AgentGate):
                 raise ApplicationError(f"{node} not returned to service: {back.detail}")
             self._state.added.append(node)
 
-    async def _all(self, tasks: object) -> None:
-        results = await asyncio.gather(*tasks, return_exceptions=True)  # type: ignore[misc]
-        errors = [r for r in results if isinstance(r, BaseException)]
-        for err in errors:
-            if _fatal(err) is not None:
-                raise err
-        if errors:
-            raise errors[0]
+    # --- the bring-up's hooks (workflows/machine_bring_up.py) -------------------------------
 
-    async def _bring_up(self, node_set: NodeSetSpec, node: str) -> None:
-        while True:
-            attempt = self._attempts.get(node, 0) + 1
-            self._attempts[node] = attempt
-            machine: Machine = await workflow.execute_activity(
-                contracts.cluster_create_machine,
-                MachineCall(cluster=self._ref, node_set=node_set, node=node, attempt=attempt),
-                start_to_close_timeout=CREATE_TIMEOUT,
-                heartbeat_timeout=HEARTBEAT,
-                retry_policy=PROVIDER_RETRY,
-                summary=f"create {node} (attempt {attempt})",
-            )
-            self._machines[node] = machine
-            boot = await wait_booted(machine, self._inp.boot_timeout_s)
-            if boot.booted:
-                self._booted_at[node] = workflow.now()
-                return
-            await self._discard(node, f"did not boot: {boot.detail}")
+    def _spec_of(self, node: str) -> NodeSetSpec:
+        assert self._growing is not None, "only a scale up brings machines up"
+        return self._growing
 
-    async def _discard(self, node: str, why: str) -> None:
-        machine = self._machines.pop(node)
+    def _slurm_node_sets(self, machines: list[Machine]) -> list[NodeSetNodes]:
+        return _node_set_nodes(self._inp.spec, machines)
+
+    def _attempts_exhausted(self, node: str, machine: Machine, why: str) -> Exception:
+        return ApplicationError(
+            f"node {node}: {self._attempts[node]} machines tried, the last {why}",
+            type="MachineAttemptsExhausted",
+            non_retryable=True,
+        )
+
+    def _on_discarded(self, node: str, machine: Machine) -> None:
         self._state.replaced += 1
-        await self._delete(machine.resource())
-        if self._attempts[node] >= self._inp.machine_attempts:
-            raise ApplicationError(
-                f"node {node}: {self._attempts[node]} machines tried, the last {why}",
-                type="MachineAttemptsExhausted",
-                non_retryable=True,
-            )
 
-    async def _register_and_gate(self, node_set: NodeSetSpec, new: list[str]) -> None:
-        why = drain_reason(self._state.key, "SCALE_UP")
-        healthy: set[str] = set()
-        while True:
-            registered = await self._configure_slurm({n: why for n in new})
-            failed = {n: "did not register with slurmctld" for n in new if n not in registered}
-            pending = [n for n in new if n in registered and n not in healthy]
-            # Drained before anything can be scheduled on it (configure_slurm registers it
-            # drained already; this holds even on a provider that ignores that).
-            for node in pending:
-                await self._drain(node, "SCALE_UP")
-            reports = await asyncio.gather(*(self._gate(n, node_set) for n in pending))
-            for report in reports:
-                if report.passed:
-                    healthy.add(report.node)
-                else:
-                    failed[report.node] = f"failed its health gate: {report.failures()}"
-            if not failed:
-                return
+    async def _before_gate(self, registered: list[str]) -> None:
+        # Drained before anything can be scheduled on it (configure_slurm registers it
+        # drained already; this holds even on a provider that ignores that).
+        for node in registered:
+            await self._drain(node, "SCALE_UP")
 
-            async def replace(node: str, why: str) -> None:
-                await self._discard(node, why)
-                await self._bring_up(node_set, node)
-
-            await self._all(replace(n, w) for n, w in sorted(failed.items()))
-
-    async def _configure_slurm(self, drained: dict[str, str]) -> set[str]:
-        machines = [self._machines[n] for n in sorted(self._machines)]
-        found: list[Placement] = await workflow.execute_activity(
-            contracts.cluster_discover_topology,
-            TopologyCall(cluster=self._ref, machines=machines),
-            start_to_close_timeout=SLURM_TIMEOUT,
-            heartbeat_timeout=HEARTBEAT,
-            retry_policy=PROVIDER_RETRY,
-        )
-        by_node = {p.node: p for p in found}
-        topology = render_topology([by_node.get(m.node, Placement(node=m.node)) for m in machines])
-        result: SlurmConfigResult = await workflow.execute_activity(
-            contracts.cluster_configure_slurm,
-            SlurmConfigCall(
-                cluster=self._ref,
-                node_sets=_node_set_nodes(self._inp.spec, machines),
-                machines=machines,
-                topology_conf=topology,
-                accounting=self._inp.spec.accounting,
-                drained=drained,
-            ),
-            start_to_close_timeout=SLURM_TIMEOUT,
-            heartbeat_timeout=HEARTBEAT,
-            retry_policy=PROVIDER_RETRY,
-        )
-        return set(result.registered)
-
-    async def _gate(self, node: str, node_set: NodeSetSpec) -> HealthReport:
-        try:
-            report: HealthReport = await workflow.execute_activity(
-                contracts.cluster_health_gate,
-                NodeGateCall(
-                    cluster=self._ref,
-                    machine=self._machines[node],
-                    expected_gpus=node_set.gpus_per_node,
-                ),
-                start_to_close_timeout=GATE_TIMEOUT,
-                heartbeat_timeout=HEARTBEAT,
-                retry_policy=PROVIDER_RETRY,
-                summary=f"health gate {node}",
-            )
-        except ActivityError as e:
-            if _fatal(e) is not None:
-                raise
-            return HealthReport(node=node, passed=False)
-        if report.passed and self._inp.agent_gate and workflow.patched(CLUSTER_AGENT_GATE):
-            since = self._booted_at.get(node, workflow.info().start_time)
-            timeout = self._inp.agent_report_timeout_s
-            checks = await self._agent_gate(node, since, node_set.gpus_per_node, timeout)
-            report = with_agent_checks(report, checks)
-        return report
+    def _gate_unreachable(self, node: str, err: ActivityError) -> HealthReport:
+        # Only that the node failed, no check naming the activity's error (provisioning
+        # records one): what a scale up recorded before the bring-up was shared.
+        return HealthReport(node=node, passed=False)
 
     # --- down -------------------------------------------------------------------------------
 
@@ -421,7 +328,7 @@ class ScaleNodeSet(_Ops, AgentGate):
             "remove_nodes", lambda: self._all(self._remove(n) for n in victims), lambda _: ""
         )
         # Slurm forgets the removed nodes.
-        await self._step("configure_slurm", lambda: self._configure_slurm({}))
+        await self._step("configure_slurm", self._configure_slurm)
 
     async def _choose(self, mine: list[str], remove: int) -> list[str]:
         """Idle nodes first, then the least busy (fewest jobs), the newest first among equals;

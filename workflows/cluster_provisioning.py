@@ -17,72 +17,58 @@ Progress (requested / booted / registered / healthy per node set) is the `status
 the workflow's current details in the Temporal UI.
 
 The provider is reached only through the `cluster_*` activities (activities/contracts.py).
-The health gate is the runbook's: Slurm's side is the provider's `cluster_health_gate`
-(slurmd answers with all its GPUs), the agent's side a fresh healthy snapshot from the
-node's own agent since its machine booted (workflows/agent_gate.py, through this
-workflow's `health_evidence` update).
+Booting, registering, gating and replacing the machines is workflows/machine_bring_up.py,
+shared with ScaleNodeSet; this workflow records each node's progress. The health gate is
+the runbook's: Slurm's side is the provider's `cluster_health_gate` (slurmd answers with
+all its GPUs), the agent's side a fresh healthy snapshot from the node's own agent since
+its machine booted (workflows/agent_gate.py, through this workflow's `health_evidence`
+update).
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any, TypeVar
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
     from autoclusters.activities import contracts
     from autoclusters.core.cluster import (
-        BOOT_FAILED,
-        FATAL_PROVIDER_ERRORS,
         AcceptanceCall,
         AcceptanceResult,
-        BootResult,
         ClusterProvisioningInput,
         ClusterRef,
         ClusterState,
         DeleteCall,
         Machine,
-        MachineCall,
-        NodeGateCall,
         NodeSetNodes,
         Placement,
         ProviderCall,
         Resource,
-        SlurmConfigCall,
-        SlurmConfigResult,
-        TopologyCall,
         UsersCall,
         UsersResult,
-        render_topology,
     )
     from autoclusters.core.cluster_spec import NodeSetSpec
     from autoclusters.core.guard import GuardContext, GuardStatus, guard_workflow_id
-    from autoclusters.core.models import HealthCheck, HealthReport, StepRecord
+    from autoclusters.core.models import HealthReport, StepRecord
     from autoclusters.core.policy import NodeTopology
     from autoclusters.integrations import temporal
 
-from autoclusters.workflows.agent_gate import CLUSTER_AGENT_GATE, AgentGate
+from autoclusters.workflows.machine_bring_up import MachineBringUp
+from autoclusters.workflows.provider_calls import (
+    CREATE_TIMEOUT,
+    PROVIDER_RETRY,
+    SLURM_TIMEOUT,
+    fatal_refusal,
+)
 from autoclusters.workflows.timeline import HEARTBEAT, cause_of
 
 T = TypeVar("T")
 
-# Provider and Slurm calls fail transiently (API busy, 429s); a refusal for quota or
-# capacity, or a machine the provider says will not boot, does not.
-PROVIDER_RETRY = RetryPolicy(
-    initial_interval=timedelta(seconds=1),
-    backoff_coefficient=2.0,
-    maximum_interval=timedelta(seconds=30),
-    maximum_attempts=5,
-    non_retryable_error_types=[*FATAL_PROVIDER_ERRORS, BOOT_FAILED, "BadCredentials"],
-)
-CREATE_TIMEOUT = timedelta(minutes=30)
-SLURM_TIMEOUT = timedelta(minutes=15)
-GATE_TIMEOUT = timedelta(minutes=10)
 ACCEPTANCE_TIMEOUT = timedelta(minutes=30)
 
 
@@ -94,15 +80,8 @@ class ProvisioningFailed(Exception):
         self.kind = kind
 
 
-def _fatal(err: BaseException) -> ApplicationError | None:
-    cause = cause_of(err)
-    if isinstance(cause, ApplicationError) and cause.type in FATAL_PROVIDER_ERRORS:
-        return cause
-    return None
-
-
 @workflow.defn(name="ClusterProvisioning")
-class ClusterProvisioning(AgentGate):
+class ClusterProvisioning(MachineBringUp):
     @workflow.init
     def __init__(self, inp: ClusterProvisioningInput) -> None:
         spec = inp.spec
@@ -113,11 +92,8 @@ class ClusterProvisioning(AgentGate):
             provider=spec.provider,
             node_sets={s.name: s.node_names() for s in spec.node_sets},
         )
-        self._machines: dict[str, Machine] = {}
-        self._attempts: dict[str, int] = {}
         self._placements: dict[str, Placement] = {}
-        self._booted_at: dict[str, datetime] = {}
-        self._init_agent_gate()
+        self._init_bring_up(inp, inp.policy.agent_report_timeout_s)
 
     @workflow.query
     def status(self) -> ClusterState:
@@ -129,7 +105,7 @@ class ClusterProvisioning(AgentGate):
         try:
             await self._provision()
         except (ActivityError, ProvisioningFailed) as e:
-            fatal = _fatal(e)
+            fatal = fatal_refusal(e)
             if fatal is not None:
                 kind, message = fatal.type or "ProvisioningFailed", fatal.message
             elif isinstance(e, ProvisioningFailed):
@@ -159,7 +135,9 @@ class ClusterProvisioning(AgentGate):
         await self._create("create_login_nodes", contracts.cluster_create_login_nodes, call)
 
         await self._step("boot_machines", self._boot_all, lambda _: self._state.progress_line())
-        await self._step("register_and_gate", self._register_and_gate)
+        await self._step(
+            "register_and_gate", lambda: self._register_and_gate(sorted(self._machines))
+        )
         results = await self._step("acceptance", self._acceptance)
         failed = [r for r in results if not r.passed]
         if failed:
@@ -200,159 +178,55 @@ class ClusterProvisioning(AgentGate):
         self._state.resources.append(res)
         return res
 
-    # --- machines --------------------------------------------------------------------------
+    # --- machines: the bring-up's hooks (workflows/machine_bring_up.py) --------------------
 
     async def _boot_all(self) -> None:
-        slots = [(s, node) for s in self._inp.spec.node_sets for node in s.node_names()]
-        await self._all(self._bring_up(s, node) for s, node in slots)
-
-    async def _all(self, tasks: Any) -> None:
-        """Run side by side and let every one finish (nothing is left creating a machine
-        while the cluster is cleaned up); then raise the first fatal refusal, else the first
-        failure."""
-        results = await asyncio.gather(*tasks, return_exceptions=True)
-        errors = [r for r in results if isinstance(r, BaseException)]
-        for err in errors:
-            if _fatal(err) is not None:
-                raise err
-        if errors:
-            raise errors[0]
-
-    async def _bring_up(self, node_set: NodeSetSpec, node: str) -> None:
-        """Create the slot's machine and wait until it boots; replace it until it does."""
-        while True:
-            machine = await self._create_machine(node_set, node)
-            boot = await self._wait_booted(machine)
-            if boot.booted:
-                self._state.nodes[node] = "booted"
-                self._booted_at[node] = workflow.now()
-                self._show()
-                return
-            await self._discard(node, f"did not boot: {boot.detail}")
-
-    async def _create_machine(self, node_set: NodeSetSpec, node: str) -> Machine:
-        attempt = self._attempts.get(node, 0) + 1
-        self._attempts[node] = attempt
-        machine: Machine = await workflow.execute_activity(
-            contracts.cluster_create_machine,
-            MachineCall(cluster=self._ref, node_set=node_set, node=node, attempt=attempt),
-            start_to_close_timeout=CREATE_TIMEOUT,
-            heartbeat_timeout=HEARTBEAT,
-            retry_policy=PROVIDER_RETRY,
-            summary=f"create {node} (attempt {attempt})",
+        await self._all(
+            self._bring_up(node) for s in self._inp.spec.node_sets for node in s.node_names()
         )
-        self._machines[node] = machine
+
+    def _spec_of(self, node: str) -> NodeSetSpec:
+        name = next(name for name, slots in self._state.node_sets.items() if node in slots)
+        return next(s for s in self._inp.spec.node_sets if s.name == name)
+
+    def _slurm_node_sets(self, machines: list[Machine]) -> list[NodeSetNodes]:
+        return self._node_set_nodes()  # every slot of the spec has a machine by now
+
+    def _attempts_exhausted(self, node: str, machine: Machine, why: str) -> Exception:
+        return ProvisioningFailed(
+            f"node {node} of node set {machine.node_set}: {self._attempts[node]} machines "
+            f"tried, the last {why}",
+            "MachineAttemptsExhausted",
+        )
+
+    def _on_created(self, node: str, machine: Machine) -> None:
         self._state.resources.append(machine.resource())
         self._state.nodes[node] = "requested"
         self._show()
-        return machine
 
-    async def _wait_booted(self, machine: Machine) -> BootResult:
-        return await wait_booted(machine, self._inp.boot_timeout_s)
+    def _on_booted(self, node: str) -> None:
+        self._state.nodes[node] = "booted"
+        self._show()
 
-    async def _discard(self, node: str, why: str) -> None:
-        """Delete the slot's machine; fail the cluster when the slot has no attempts left."""
-        machine = self._machines.pop(node)
+    def _on_discarded(self, node: str, machine: Machine) -> None:
         self._state.nodes[node] = "failed"
         self._state.replaced[machine.node_set] = self._state.replaced.get(machine.node_set, 0) + 1
         self._show()
-        await self._delete(machine.resource())
-        if self._attempts[node] >= self._inp.machine_attempts:
-            raise ProvisioningFailed(
-                f"node {node} of node set {machine.node_set}: {self._attempts[node]} machines "
-                f"tried, the last {why}",
-                "MachineAttemptsExhausted",
-            )
-        workflow.logger.warning("replacing %s (%s): %s", node, machine.machine_id, why)
 
-    async def _replace(self, node: str, why: str) -> None:
-        await self._discard(node, why)
-        node_set = next(s for s in self._inp.spec.node_sets if s.name == self._set_of(node))
-        await self._bring_up(node_set, node)
+    def _on_topology(self, placements: list[Placement], topology_conf: str) -> None:
+        self._placements = {p.node: p for p in placements}
+        self._state.topology_conf = topology_conf
 
-    def _set_of(self, node: str) -> str:
-        return next(name for name, slots in self._state.node_sets.items() if node in slots)
+    async def _before_gate(self, registered: list[str]) -> None:
+        for node in registered:
+            self._state.nodes[node] = "registered"
+        self._show()
 
-    # --- Slurm: topology, registration, the gate ---------------------------------------------
-
-    async def _register_and_gate(self) -> None:
-        healthy: set[str] = set()
-        while True:
-            await self._discover_topology()
-            registered = await self._configure_slurm()
-            for node in registered & set(self._machines):
-                if node not in healthy:
-                    self._state.nodes[node] = "registered"
-            self._show()
-            failed = {
-                n: "did not register with slurmctld" for n in self._machines if n not in registered
-            }
-            pending = sorted(n for n in registered & set(self._machines) if n not in healthy)
-            reports = await asyncio.gather(*(self._gate(n) for n in pending))
-            for report in reports:
-                if report.passed:
-                    healthy.add(report.node)
-                    self._state.nodes[report.node] = "healthy"
-                else:
-                    failed[report.node] = f"failed its health gate: {report.failures()}"
-            self._show()
-            if not failed:
-                return
-            await self._all(self._replace(n, why) for n, why in sorted(failed.items()))
-
-    async def _discover_topology(self) -> None:
-        machines = [self._machines[n] for n in sorted(self._machines)]
-        found: list[Placement] = await workflow.execute_activity(
-            contracts.cluster_discover_topology,
-            TopologyCall(cluster=self._ref, machines=machines),
-            start_to_close_timeout=SLURM_TIMEOUT,
-            heartbeat_timeout=HEARTBEAT,
-            retry_policy=PROVIDER_RETRY,
-        )
-        by_node = {p.node: p for p in found}
-        self._placements = {n: by_node.get(n, Placement(node=n)) for n in self._machines}
-        self._state.topology_conf = render_topology(
-            [self._placements[n] for n in sorted(self._placements)]
-        )
-
-    async def _configure_slurm(self) -> set[str]:
-        result: SlurmConfigResult = await workflow.execute_activity(
-            contracts.cluster_configure_slurm,
-            SlurmConfigCall(
-                cluster=self._ref,
-                node_sets=self._node_set_nodes(),
-                machines=[self._machines[n] for n in sorted(self._machines)],
-                topology_conf=self._state.topology_conf,
-                accounting=self._inp.spec.accounting,
-            ),
-            start_to_close_timeout=SLURM_TIMEOUT,
-            heartbeat_timeout=HEARTBEAT,
-            retry_policy=PROVIDER_RETRY,
-        )
-        return set(result.registered)
-
-    async def _gate(self, node: str) -> HealthReport:
-        machine = self._machines[node]
-        gpus = next(s.gpus_per_node for s in self._inp.spec.node_sets if s.name == machine.node_set)
-        try:
-            report: HealthReport = await workflow.execute_activity(
-                contracts.cluster_health_gate,
-                NodeGateCall(cluster=self._ref, machine=machine, expected_gpus=gpus),
-                start_to_close_timeout=GATE_TIMEOUT,
-                heartbeat_timeout=HEARTBEAT,
-                retry_policy=PROVIDER_RETRY,
-                summary=f"health gate {node}",
-            )
-        except ActivityError as e:
-            if _fatal(e) is not None:
-                raise
-            return HealthReport(node=node, passed=False, checks=[_check("gate", str(cause_of(e)))])
-        if report.passed and self._inp.agent_gate and workflow.patched(CLUSTER_AGENT_GATE):
-            since = self._booted_at.get(node, workflow.info().start_time)
-            timeout = self._inp.policy.agent_report_timeout_s
-            checks = await self._agent_gate(node, since, gpus, timeout)
-            report = with_agent_checks(report, checks)
-        return report
+    def _on_gated(self, reports: list[HealthReport]) -> None:
+        for report in reports:
+            if report.passed:
+                self._state.nodes[report.node] = "healthy"
+        self._show()
 
     def _node_set_nodes(self) -> list[NodeSetNodes]:
         return [
@@ -475,33 +349,3 @@ class ClusterProvisioning(AgentGate):
             f"**{s.cluster}** ({s.provider}): {s.status}, step **{s.current_step or '-'}**\n\n"
             f"{s.progress_line()}" + (f"\n\nfailure: {s.failure}" if s.failure else "")
         )
-
-
-def with_agent_checks(report: HealthReport, checks: list[HealthCheck]) -> HealthReport:
-    """Slurm's report with the agent's checks added: passed only if every check did."""
-    both = [*report.checks, *checks]
-    return report.model_copy(update={"checks": both, "passed": all(c.passed for c in both)})
-
-
-def _check(name: str, detail: str) -> HealthCheck:
-    return HealthCheck(name=name, passed=False, detail=detail)
-
-
-async def wait_booted(machine: Machine, boot_timeout_s: float) -> BootResult:
-    """Until `machine` boots; a hang past the timeout or a provider's failure is an answer
-    (booted=False: replace it), only a fatal error (quota, capacity) raises. Shared by
-    provisioning and scaling."""
-    try:
-        result: BootResult = await workflow.execute_activity(
-            contracts.cluster_wait_booted,
-            machine,
-            start_to_close_timeout=timedelta(seconds=boot_timeout_s),
-            heartbeat_timeout=HEARTBEAT,
-            retry_policy=PROVIDER_RETRY,
-            summary=f"wait for {machine.node} ({machine.machine_id}) to boot",
-        )
-    except ActivityError as e:
-        if _fatal(e) is not None:
-            raise
-        return BootResult(booted=False, detail=str(cause_of(e)))
-    return result
