@@ -58,7 +58,6 @@ with workflow.unsafe.imports_passed_through():
     from autoclusters.core.cluster_spec import ClusterSpec, NodeSetSpec
     from autoclusters.core.models import (
         DrainInput,
-        HealthReport,
         RequeueInput,
         RequeueResult,
         ReturnInput,
@@ -312,11 +311,6 @@ class ScaleNodeSet(_Ops, MachineBringUp):
         # drained already; this holds even on a provider that ignores that).
         for node in registered:
             await self._drain(node, "SCALE_UP")
-
-    def _gate_unreachable(self, node: str, err: ActivityError) -> HealthReport:
-        # Only that the node failed, no check naming the activity's error (provisioning
-        # records one): what a scale up recorded before the bring-up was shared.
-        return HealthReport(node=node, passed=False)
 
     # --- down -------------------------------------------------------------------------------
 

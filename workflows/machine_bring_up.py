@@ -12,9 +12,10 @@ node's own agent since its machine booted (workflows/agent_gate.py).
 
 Both workflows run this one copy. What differs between them is bookkeeping, left to hooks:
 the progress each records, what a slot out of attempts raises, the node sets Slurm is told
-about, what happens to a node between registering and its gate (a scale up drains it), and
-the report of a gate that could not run. Changing the commands issued here changes both
-workflows' histories: it needs a `workflow.patched` so running ones replay.
+about, and what happens to a node between registering and its gate (a scale up drains it).
+A gate that could not run fails the node with a check naming why. Changing the commands
+issued here changes both workflows' histories: it needs a `workflow.patched` so running
+ones replay.
 """
 
 from __future__ import annotations
@@ -145,10 +146,6 @@ class MachineBringUp(AgentGate):
     def _on_gated(self, reports: list[HealthReport]) -> None:
         pass
 
-    def _gate_unreachable(self, node: str, err: ActivityError) -> HealthReport:
-        """The report of a gate whose activity failed (not fatally): the node failed."""
-        return HealthReport(node=node, passed=False, checks=[_check("gate", str(cause_of(err)))])
-
     # --- the algorithm ---------------------------------------------------------------------
 
     async def _all(self, tasks: Iterable[Any]) -> None:
@@ -274,7 +271,8 @@ class MachineBringUp(AgentGate):
         except ActivityError as e:
             if fatal_refusal(e) is not None:
                 raise
-            return self._gate_unreachable(node, e)
+            # Not fatal: the node failed its gate, and the check says why.
+            return HealthReport(node=node, passed=False, checks=[_check("gate", str(cause_of(e)))])
         settings = self._bring_up_settings
         if report.passed and settings.agent_gate and workflow.patched(CLUSTER_AGENT_GATE):
             since = self._booted_at.get(node, workflow.info().start_time)
