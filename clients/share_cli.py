@@ -13,6 +13,7 @@ file that does not validate.
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -20,7 +21,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
-from temporalio.client import Client, WorkflowUpdateFailedError
+from temporalio.client import Client
 
 from autoclusters.clients.cluster_cli import _run
 from autoclusters.core.settings import Settings
@@ -162,38 +163,35 @@ def move(
     direction: Literal["inference", "training"] = "inference" if to == "inference" else "training"
     from autoclusters.clients.sharing import request_move
 
-    async def go(client: Client, s: Settings) -> str | None:
-        try:
-            return await request_move(
-                client, _cluster(s, cluster), MoveRequest(node=node, to=direction, requested_by=by)
-            )
-        except WorkflowUpdateFailedError as e:
-            err.print(f"[red]refused:[/red] {e.cause}")
-            return None
-
-    move_id = _run(go)
-    if move_id is None:
-        raise typer.Exit(1)
+    req = MoveRequest(node=node, to=direction, requested_by=by)
+    move_id = _refusable(lambda c, s: request_move(c, _cluster(s, cluster), req))
     console.print(
         f"move {move_id}: {node} to {to} queued; follow it with `autoclusters share status`"
     )
 
 
-def _decide(move_id: str, approve: bool, by: str, cluster: str | None) -> None:
-    from autoclusters.clients.sharing import MoveRefused, decide_move
+def _refusable(call: Callable[[Client, Settings], Awaitable[str]]) -> str:
+    """Run one of the rebalancer's updates; a refusal is printed with its reason, exit 1."""
+    from autoclusters.clients.sharing import MoveRefused
 
     async def go(client: Client, s: Settings) -> str | None:
         try:
-            return await decide_move(
-                client, _cluster(s, cluster), MoveDecision(move_id=move_id, approve=approve, by=by)
-            )
+            return await call(client, s)
         except MoveRefused as e:
             err.print(f"[red]refused:[/red] {escape(str(e))}")
             return None
 
-    outcome = _run(go)
-    if outcome is None:
+    answer = _run(go)
+    if answer is None:
         raise typer.Exit(1)
+    return answer
+
+
+def _decide(move_id: str, approve: bool, by: str, cluster: str | None) -> None:
+    from autoclusters.clients.sharing import decide_move
+
+    decision = MoveDecision(move_id=move_id, approve=approve, by=by)
+    outcome = _refusable(lambda c, s: decide_move(c, _cluster(s, cluster), decision))
     console.print(f"move {move_id} {outcome} by {by}")
 
 
@@ -225,18 +223,7 @@ def clear(
 ) -> None:
     """A node that failed its health gate on the way back from inference is fixed: the
     rebalancer may move it again. Resume it in Slurm yourself when it should take jobs."""
-    from autoclusters.clients.sharing import MoveRefused, clear_unhealthy
+    from autoclusters.clients.sharing import clear_unhealthy
 
-    async def go(client: Client, s: Settings) -> str | None:
-        try:
-            return await clear_unhealthy(
-                client, _cluster(s, cluster), ClearUnhealthy(node=node, by=by)
-            )
-        except MoveRefused as e:
-            err.print(f"[red]refused:[/red] {escape(str(e))}")
-            return None
-
-    done = _run(go)
-    if done is None:
-        raise typer.Exit(1)
-    console.print(done)
+    req = ClearUnhealthy(node=node, by=by)
+    console.print(_refusable(lambda c, s: clear_unhealthy(c, _cluster(s, cluster), req)))

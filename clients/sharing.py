@@ -24,8 +24,9 @@ class RebalancerNotRunning(RuntimeError):
 
 
 class MoveRefused(PermissionError):
-    """A decision the rebalancer refused: no such move, or it is not waiting for one
-    (already decided, running, finished), or no rebalancer runs. The message says which."""
+    """What the rebalancer refused: a move it cannot make, a decision on a move not waiting
+    for one (unknown, decided, running, finished), a node it cannot clear, or no rebalancer
+    runs. The message says which."""
 
 
 async def start_rebalancer(
@@ -62,51 +63,40 @@ async def share_status(client: Client, cluster: str) -> ShareStatus:
     return status
 
 
+async def _update(client: Client, cluster: str, name: str, arg: object, nobody: str) -> str:
+    """Run one of the rebalancer's validated updates. A refusal raises MoveRefused with the
+    validator's words (without the exception type the SDK puts in front); no rebalancer
+    raises it with `nobody`."""
+    try:
+        answer: str = await _handle(client, cluster).execute_update(name, arg, result_type=str)
+    except WorkflowUpdateFailedError as e:
+        cause = e.cause
+        raise MoveRefused(cause.message if isinstance(cause, FailureError) else str(e)) from e
+    except RPCError as e:
+        if e.status == RPCStatusCode.NOT_FOUND:
+            raise MoveRefused(f"no GPU rebalancer for cluster {cluster}{nobody}") from e
+        raise
+    return answer
+
+
 async def request_move(client: Client, cluster: str, req: MoveRequest) -> str:
-    """Queue a person's move; the validator refuses an unknown node, one already in that
-    pool, moving, or in an incident (nothing is queued then)."""
-    move_id: str = await _handle(client, cluster).execute_update(
-        "request_move", req, result_type=str
-    )
-    return move_id
+    """Queue a person's move; the move id. The validator refuses an unknown node, one
+    already in that pool, moving, or in an incident (MoveRefused; nothing is queued)."""
+    return await _update(client, cluster, "request_move", req, "")
 
 
 async def decide_move(client: Client, cluster: str, decision: MoveDecision) -> str:
     """Approve or reject the move waiting for a human: `approved` or `rejected`. The
     rebalancer's validator refuses a move that is not waiting (MoveRefused, with its
     reason; nothing is recorded then). The CLI and Slack's buttons decide through here."""
-    try:
-        outcome: str = await _handle(client, cluster).execute_update(
-            "decide_waiting_move", decision, result_type=str
-        )
-    except WorkflowUpdateFailedError as e:
-        # The validator's words, without the exception type the SDK puts in front.
-        cause = e.cause
-        raise MoveRefused(cause.message if isinstance(cause, FailureError) else str(e)) from e
-    except RPCError as e:
-        if e.status == RPCStatusCode.NOT_FOUND:
-            raise MoveRefused(
-                f"no GPU rebalancer for cluster {cluster}, so no move {decision.move_id}"
-            ) from e
-        raise
-    return outcome
+    nobody = f", so no move {decision.move_id}"
+    return await _update(client, cluster, "decide_waiting_move", decision, nobody)
 
 
 async def clear_unhealthy(client: Client, cluster: str, req: ClearUnhealthy) -> str:
     """Take a node off the rebalancer's failed-its-gate list; MoveRefused (with the
     reason) when it is not listed or no rebalancer runs."""
-    try:
-        done: str = await _handle(client, cluster).execute_update(
-            "clear_unhealthy", req, result_type=str
-        )
-    except WorkflowUpdateFailedError as e:
-        cause = e.cause
-        raise MoveRefused(cause.message if isinstance(cause, FailureError) else str(e)) from e
-    except RPCError as e:
-        if e.status == RPCStatusCode.NOT_FOUND:
-            raise MoveRefused(f"no GPU rebalancer for cluster {cluster}") from e
-        raise
-    return done
+    return await _update(client, cluster, "clear_unhealthy", req, "")
 
 
 async def evaluate_now(client: Client, cluster: str, why: str) -> bool:

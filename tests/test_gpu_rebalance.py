@@ -39,7 +39,7 @@ from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker, WorkflowRunner
 
 from autoclusters.activities.sharing_yield import ShareYieldActivities
-from autoclusters.clients.sharing import MoveRefused, clear_unhealthy
+from autoclusters.clients.sharing import MoveRefused, clear_unhealthy, request_move
 from autoclusters.core.evidence import HealthSnapshot
 from autoclusters.core.sharing import (
     LENT_REASON,
@@ -641,6 +641,9 @@ async def test_a_manual_move_is_validated_and_runs_without_approval(
         for req in refused:
             with pytest.raises(WorkflowUpdateFailedError):
                 await r.handle.execute_update(GpuRebalance.request_move, req)
+        # The CLI's path: the validator's words, nothing else.
+        with pytest.raises(MoveRefused, match="^gpu-99 is not a GPU node this rebalancer"):
+            await request_move(env.client, r.cluster, refused[0])
         assert (await r.status()).queued == []
         move_id = await r.handle.execute_update(
             GpuRebalance.request_move,
