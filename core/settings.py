@@ -150,11 +150,6 @@ class Settings(BaseSettings):
         description="serve /ui without a login to loopback callers, only while the API "
         "itself binds a loopback address (a sandbox on one machine)",
     )
-    # Every viewer within this many seconds sees one read of Slurm and Temporal (the
-    # topology polls); 0: concurrent viewers still share a read, none is kept.
-    console_cache_s: float = Field(
-        default=2.0, ge=0, le=60, description="seconds one console read of the cluster serves"
-    )
     console_session_s: int = Field(
         default=8 * 3600, ge=60, le=7 * 86400, description="console login lifetime, seconds"
     )

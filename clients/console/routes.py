@@ -27,10 +27,8 @@ from autoclusters.clients.api.auth import Unauthorized
 from autoclusters.clients.api.settings import ApiSettings
 from autoclusters.clients.clusters import ui_link
 from autoclusters.clients.console import prometheus, topology, views
-from autoclusters.clients.console.coalesce import Coalesced
 from autoclusters.clients.console.session import COOKIE, COOKIE_PATH, NotLoggedIn, Sessions
 from autoclusters.clients.console.sources import ConsoleSource
-from autoclusters.clients.console.topology import TopologyView
 from autoclusters.clients.incidents import IncidentNotFound
 from autoclusters.core.policy import Policy
 from autoclusters.core.slack_config import SLACK_API_URL
@@ -85,7 +83,6 @@ class Console:
         self.policy = policy
         self.http = http or httpx.AsyncClient(timeout=5, trust_env=False)
         self.templates = templates()
-        self._topology: Coalesced[TopologyView] = Coalesced(settings.console_cache_s)
 
     def now(self) -> datetime:
         return datetime.now(UTC)
@@ -97,12 +94,7 @@ class Console:
             errors.append(f"{what}: {str(e) or type(e).__name__}")
             return None
 
-    async def topology(self) -> TopologyView:
-        """The cluster as the topology page shows it; one read serves every viewer within
-        `console_cache_s` (coalesce.py)."""
-        return await self._topology.get(self._read_topology)
-
-    async def _read_topology(self) -> TopologyView:
+    async def topology(self) -> topology.TopologyView:
         errors: list[str] = []
         nodes, cluster, guard, open_ = await asyncio.gather(
             self._try("Slurm", self.source.slurm_nodes(), errors),
