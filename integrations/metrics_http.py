@@ -20,6 +20,7 @@ from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, make_wsgi_app
+from pydantic import SecretStr
 
 from autoclusters.core.net import is_loopback
 
@@ -67,8 +68,15 @@ class MetricsServer:
     OSError when the port is taken."""
 
     def __init__(
-        self, registry: CollectorRegistry, host: str, port: int, token: str | None = None
+        self,
+        registry: CollectorRegistry,
+        host: str,
+        port: int,
+        token: SecretStr | str | None = None,
     ) -> None:
+        # The settings' SecretStr as they hold it: unwrapped here, once, for every caller.
+        if isinstance(token, SecretStr):
+            token = token.get_secret_value()
         if not token and not is_loopback(host):
             raise OpenMetricsRefused(
                 f"/metrics on {host} would be open to anyone who reaches it: set a metrics "

@@ -21,6 +21,7 @@ import pytest
 import pytest_asyncio
 from hypothesis import settings as hypothesis_settings
 from temporalio.client import Client
+from temporalio.testing import WorkflowEnvironment
 
 from autoclusters.core.settings import Settings
 from autoclusters.integrations import temporal
@@ -28,6 +29,7 @@ from autoclusters.integrations.slurm import SlurmCli
 from autoclusters.sandbox import cluster
 from autoclusters.sandbox.config import PORT_SPAN, SandboxConfig
 from autoclusters.sandbox.processes import ProcessTable
+from tests.helpers import time_skipping_env
 
 # Fuzz tests: 300 examples each in `make test`; `make unit` asks for the quick profile.
 hypothesis_settings.register_profile("full", max_examples=300)
@@ -101,6 +103,17 @@ def free_port_base(span: int = PORT_SPAN) -> int:
             _handed_out.add(base)
             return base
     raise RuntimeError("no free port range")
+
+
+@pytest_asyncio.fixture(scope="module")
+async def env() -> AsyncIterator[WorkflowEnvironment]:
+    """The time-skipping test server, one per test module (a module that needs the dev
+    server instead defines its own `env`)."""
+    environment = await time_skipping_env()
+    try:
+        yield environment
+    finally:
+        await environment.shutdown()
 
 
 @pytest.fixture(scope="session")

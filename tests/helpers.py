@@ -9,11 +9,13 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
 from temporalio.api.enums.v1 import IndexedValueType
 from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
+from autoclusters.clients.api.settings import ApiSettings
 from autoclusters.core import binpaths
 from autoclusters.core.models import SlurmJob
 from autoclusters.integrations import temporal
@@ -92,3 +94,19 @@ async def time_skipping_env() -> WorkflowEnvironment:
         )
     )
     return env
+
+
+class HermeticSettings(ApiSettings):
+    """The API's settings from what the test passes only: no environment, no
+    autoclusters.toml of a local sandbox."""
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (init_settings,)

@@ -33,7 +33,7 @@ from autoclusters.clients.agent.fake_backend import FakeBackend, FakeInfiniband
 from autoclusters.clients.agent.metrics import AgentMetrics
 from autoclusters.clients.agent.nvml_backend import NvmlBackend
 from autoclusters.clients.agent.settings import AgentSettings
-from autoclusters.integrations.metrics_http import MetricsServer
+from autoclusters.integrations.metrics_http import MetricsServer, OpenMetricsRefused
 from tests.test_agent_nvml import FakeNvml, Handle, ListSink, NVMLError, eventually
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -302,15 +302,19 @@ def test_every_series_the_alert_rules_name_is_exported(rig: Rig) -> None:
     assert one(page, "DCGM_EXP_XID_ERRORS_COUNT", xid="79").labels["gpu"] == "0"
 
 
-def test_the_agent_loop_serves_metrics_on_loopback(tmp_path: Path) -> None:
-    settings = AgentSettings(metrics_port=0, interval_s=0.05)
+def _agent(tmp_path: Path, settings: AgentSettings) -> Agent:
+    """gpu-01's agent on the fake backend, reporting to a list."""
     path = tmp_path / "n.json"
     backend = FakeBackend(path)
     backend.open()
-    agent = Agent(
+    return Agent(
         node="gpu-01", settings=settings, backend=backend, infiniband=FakeInfiniband(path),
         sink=ListSink(),
     )  # fmt: skip
+
+
+def test_the_agent_loop_serves_metrics_on_loopback(tmp_path: Path) -> None:
+    agent = _agent(tmp_path, AgentSettings(metrics_port=0, interval_s=0.05))
     assert agent.metrics is not None  # made from the setting
     stop = threading.Event()
     loop = threading.Thread(target=agent.run, args=(stop,))
@@ -342,3 +346,11 @@ def test_serve_refuses_a_taken_port() -> None:
             MetricsServer(AgentMetrics("b").registry, "127.0.0.1", first.port)
     finally:
         first.stop()
+
+
+def test_an_agent_asked_to_serve_metrics_openly_off_loopback_refuses(tmp_path: Path) -> None:
+    settings = AgentSettings(metrics_port=0, metrics_host="0.0.0.0", interval_s=0.05)
+    agent = _agent(tmp_path, settings)
+    with pytest.raises(OpenMetricsRefused):
+        agent.run(threading.Event())
+    assert agent.metrics_server is None

@@ -40,7 +40,6 @@ import httpx
 import pytest
 import pytest_asyncio
 import uvicorn
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
@@ -56,6 +55,7 @@ from autoclusters.core import binpaths
 from autoclusters.core.models import IncidentState, workflow_id
 from autoclusters.integrations import temporal
 from autoclusters.workflows.remediation import NodeRemediation
+from tests.helpers import HermeticSettings
 
 pytestmark = pytest.mark.integration  # a Temporal dev server
 
@@ -64,21 +64,6 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 NODES = [f"gpu-{i:03d}" for i in range(1, 101)]
 INVENTORY = StaticInventory(["gpu-[001-100]"])
 AM = "/v1/alerts/alertmanager"
-
-
-class HermeticSettings(ApiSettings):
-    """Only what the test passes: no environment, no autoclusters.toml of a local sandbox."""
-
-    @classmethod
-    def settings_customise_sources(
-        cls,
-        settings_cls: type[BaseSettings],
-        init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource,
-        dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        return (init_settings,)
 
 
 def free_port() -> int:

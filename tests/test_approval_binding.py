@@ -8,12 +8,10 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-import pytest_asyncio
 from temporalio.testing import WorkflowEnvironment
 
 from autoclusters.clients import incidents
@@ -22,7 +20,6 @@ from autoclusters.core.models import FaultReport
 from autoclusters.core.policy import Rung
 from autoclusters.core.settings import Settings
 from autoclusters.workflows.remediation import NodeRemediation
-from tests.helpers import time_skipping_env
 from tests.test_remediation_workflow import (
     _approval_pending,
     _approve,
@@ -33,15 +30,6 @@ from tests.test_remediation_workflow import (
 )
 
 pytestmark = pytest.mark.workflow
-
-
-@pytest_asyncio.fixture(scope="module")
-async def env() -> AsyncIterator[WorkflowEnvironment]:
-    environment = await time_skipping_env()
-    try:
-        yield environment
-    finally:
-        await environment.shutdown()
 
 
 async def test_a_replayed_click_for_an_earlier_step_is_refused(

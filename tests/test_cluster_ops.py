@@ -26,7 +26,6 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-import pytest_asyncio
 from temporalio import workflow
 from temporalio.client import WorkflowFailureError
 from temporalio.exceptions import ApplicationError
@@ -52,7 +51,7 @@ from tests.fakes import FakeSlurm
 # The sandbox re-imports this module (it defines workflows); tests.helpers reads the
 # settings, which look at the home directory on import: the sandbox's import refuses that.
 with workflow.unsafe.imports_passed_through():
-    from tests.helpers import eventually, time_skipping_env
+    from tests.helpers import eventually
 
 pytestmark = pytest.mark.workflow
 
@@ -87,15 +86,6 @@ class StillProvisioning:
     @workflow.run
     async def run(self, _: Any) -> None:
         await workflow.wait_condition(lambda: False)
-
-
-@pytest_asyncio.fixture(scope="module")
-async def env() -> AsyncIterator[WorkflowEnvironment]:
-    environment = await time_skipping_env()
-    try:
-        yield environment
-    finally:
-        await environment.shutdown()
 
 
 class Cluster:

@@ -24,7 +24,6 @@ from contextlib import asynccontextmanager
 from datetime import timedelta
 
 import pytest
-import pytest_asyncio
 from temporalio import activity
 from temporalio.client import WorkflowFailureError, WorkflowHandle
 from temporalio.exceptions import ApplicationError
@@ -47,7 +46,6 @@ from autoclusters.workflows.cluster_provisioning import ClusterProvisioning
 from autoclusters.workflows.fleet_guard import FleetGuard
 from tests.fake_provider import QUOTA_MESSAGE, FakeProvider, feed_agents
 from tests.fakes import FakeSlurm
-from tests.helpers import time_skipping_env
 
 pytestmark = pytest.mark.workflow
 
@@ -72,15 +70,6 @@ users:
 keep_on_failure: {str(keep).lower()}
 """
     )
-
-
-@pytest_asyncio.fixture(scope="module")
-async def env() -> AsyncIterator[WorkflowEnvironment]:
-    environment = await time_skipping_env()
-    try:
-        yield environment
-    finally:
-        await environment.shutdown()
 
 
 Handle = WorkflowHandle[ClusterProvisioning, ClusterState]

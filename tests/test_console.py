@@ -24,7 +24,6 @@ import httpx
 import pytest
 import pytest_asyncio
 from fastapi import FastAPI
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
 from starlette.requests import Request
 from temporalio.client import Client
 
@@ -51,23 +50,11 @@ from autoclusters.core.models import (
     Waiting,
 )
 from autoclusters.core.policy import GuardPolicy
+from tests.helpers import HermeticSettings
 
 TOKEN = "console-test-token"
 EVIL = "<script>alert('owned')</script>"
 T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
-
-
-class HermeticSettings(ApiSettings):
-    @classmethod
-    def settings_customise_sources(
-        cls,
-        settings_cls: type[BaseSettings],
-        init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource,
-        dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        return (init_settings,)
 
 
 def settings(**changes: Any) -> ApiSettings:

@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import pytest_asyncio
 from temporalio import workflow
 from temporalio.client import Client, WorkflowHandle, WorkflowHistory, WorkflowUpdateFailedError
 from temporalio.contrib.pydantic import pydantic_data_converter
@@ -65,21 +64,12 @@ from autoclusters.core.guard import (
 from autoclusters.core.policy import GuardPolicy, NodeTopology
 from autoclusters.workflows.fleet_guard import FleetGuard
 from tests.fakes import FakeSlurm
-from tests.helpers import eventually, time_skipping_env
+from tests.helpers import eventually
 
 # Virtual time: the guard runs forever, so every test also terminates the guards it started.
 EXECUTION_TIMEOUT = timedelta(days=7)
 
 Guard = WorkflowHandle[FleetGuard, None]
-
-
-@pytest_asyncio.fixture(scope="module")
-async def env() -> AsyncIterator[WorkflowEnvironment]:
-    environment = await time_skipping_env()
-    try:
-        yield environment
-    finally:
-        await environment.shutdown()
 
 
 def _cluster() -> str:

@@ -31,7 +31,6 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-import pytest_asyncio
 from temporalio import workflow
 from temporalio.client import WorkflowExecutionStatus, WorkflowHandle, WorkflowUpdateFailedError
 from temporalio.service import RPCError
@@ -61,7 +60,7 @@ from autoclusters.workflows.gpu_rebalance import GpuRebalance
 from tests.fake_share import LEND_STEPS, RETURN_STEPS, ShareWorld
 from tests.fake_share import Node as N
 from tests.fakes import agent_snapshot
-from tests.helpers import eventually, time_skipping_env
+from tests.helpers import eventually
 
 pytestmark = pytest.mark.workflow
 
@@ -80,15 +79,6 @@ def policy(**changes: Any) -> SharePolicy:
         "ready_timeout_s": 600,
     }
     return SharePolicy(**{**fields, **changes})
-
-
-@pytest_asyncio.fixture(scope="module")
-async def env() -> AsyncIterator[WorkflowEnvironment]:
-    environment = await time_skipping_env()
-    try:
-        yield environment
-    finally:
-        await environment.shutdown()
 
 
 @dataclass

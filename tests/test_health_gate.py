@@ -16,11 +16,9 @@ API forwards them (the `health_evidence` update):
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 
 import pytest
-import pytest_asyncio
 from temporalio.client import WorkflowFailureError, WorkflowUpdateFailedError
 from temporalio.testing import WorkflowEnvironment
 
@@ -29,7 +27,6 @@ from autoclusters.core.evidence import HealthSnapshot, judge
 from autoclusters.core.models import IncidentState
 from autoclusters.workflows.remediation import NodeRemediation
 from tests.fakes import agent_snapshot, send_evidence
-from tests.helpers import time_skipping_env
 from tests.test_remediation_workflow import (
     RUNBOOK,
     Fleet,
@@ -42,15 +39,6 @@ from tests.test_remediation_workflow import (
 )
 
 TIMEOUT_S = 120.0
-
-
-@pytest_asyncio.fixture(scope="module")
-async def env() -> AsyncIterator[WorkflowEnvironment]:
-    environment = await time_skipping_env()
-    try:
-        yield environment
-    finally:
-        await environment.shutdown()
 
 
 def _gate_waits(s: IncidentState) -> bool:

@@ -1,20 +1,15 @@
-"""/metrics of the worker and the agent: open on loopback, behind a token anywhere else."""
+"""/metrics of the worker and the agent: open on loopback, behind a token anywhere else
+(the agent's own loop refusing is in test_agent_metrics.py)."""
 
 from __future__ import annotations
-
-import threading
-from pathlib import Path
 
 import httpx
 import pytest
 from prometheus_client import CollectorRegistry, Counter
 
-from autoclusters.clients.agent.agent import Agent
-from autoclusters.clients.agent.fake_backend import FakeBackend, FakeInfiniband
 from autoclusters.clients.agent.settings import AgentSettings
 from autoclusters.core.settings import Settings
 from autoclusters.integrations.metrics_http import MetricsServer, OpenMetricsRefused
-from tests.test_agent_nvml import ListSink
 
 
 def _registry() -> CollectorRegistry:
@@ -68,17 +63,3 @@ def test_the_worker_and_the_agent_read_their_tokens_from_the_environment(
     assert worker.worker_metrics_token.get_secret_value() == "w-token"
     assert agent.metrics_token is not None and agent.metrics_token.get_secret_value() == "a-token"
     assert "a-token" not in repr(agent) and "w-token" not in repr(worker)
-
-
-def test_an_agent_asked_to_serve_metrics_openly_off_loopback_refuses(tmp_path: Path) -> None:
-    settings = AgentSettings(metrics_port=0, metrics_host="0.0.0.0", interval_s=0.05)
-    path = tmp_path / "n.json"
-    backend = FakeBackend(path)
-    backend.open()
-    agent = Agent(
-        node="gpu-01", settings=settings, backend=backend, infiniband=FakeInfiniband(path),
-        sink=ListSink(),
-    )  # fmt: skip
-    with pytest.raises(OpenMetricsRefused):
-        agent.run(threading.Event())
-    assert agent.metrics_server is None

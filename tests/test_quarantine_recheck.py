@@ -19,11 +19,9 @@ ActivityEnvironment.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from datetime import timedelta
 
 import pytest
-import pytest_asyncio
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowFailureError
 from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
@@ -38,7 +36,7 @@ from autoclusters.integrations.slurm import SlurmCli
 from autoclusters.sandbox.config import SandboxConfig
 from autoclusters.workflows.remediation import NodeRemediation
 from tests.fakes import FakeSlurm
-from tests.helpers import cancel, eventually, job, running, submit_progress_job, time_skipping_env
+from tests.helpers import cancel, eventually, job, running, submit_progress_job
 from tests.test_incident_on_sandbox import fresh_policy
 from tests.test_remediation_workflow import (
     APPROVED_RUNBOOK,
@@ -53,15 +51,6 @@ from tests.test_remediation_workflow import (
 )
 
 ADMIN_REASON = "bad cable, keep out -- alice"
-
-
-@pytest_asyncio.fixture(scope="module")
-async def env() -> AsyncIterator[WorkflowEnvironment]:
-    environment = await time_skipping_env()
-    try:
-        yield environment
-    finally:
-        await environment.shutdown()
 
 
 # --- the workflow ----------------------------------------------------------------------------

@@ -34,7 +34,6 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-import pytest_asyncio
 from temporalio import activity
 from temporalio.client import (
     WithStartWorkflowOperation,
@@ -74,7 +73,6 @@ from autoclusters.workflows.fleet_guard import FleetGuard
 from autoclusters.workflows.guard_steps import held_drain_reason
 from autoclusters.workflows.remediation import RETRY, NodeRemediation
 from tests.fakes import FakeCloud, FakeHealth, FakeSlurm, RecordingNotifier
-from tests.helpers import time_skipping_env
 
 # Virtual time under the test server: a workflow stuck on a bug fails instead of hanging.
 EXECUTION_TIMEOUT = timedelta(days=1)
@@ -121,15 +119,6 @@ def _policy(**changes: Any) -> Policy:
 
 
 Incident = WorkflowHandle[NodeRemediation, IncidentState]
-
-
-@pytest_asyncio.fixture(scope="module")
-async def env() -> AsyncIterator[WorkflowEnvironment]:
-    environment = await time_skipping_env()
-    try:
-        yield environment
-    finally:
-        await environment.shutdown()
 
 
 # --- a fake cluster with a worker ----------------------------------------------------------

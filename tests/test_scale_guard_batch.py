@@ -20,13 +20,11 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
-import pytest_asyncio
 from pydantic import ValidationError
 from temporalio.client import WorkflowHistory, WorkflowUpdateFailedError
 from temporalio.contrib.pydantic import pydantic_data_converter
@@ -53,18 +51,8 @@ from autoclusters.core.guard_batch import GuardAnswer, GuardBatch, GuardCall
 from autoclusters.core.policy import GuardPolicy
 from autoclusters.workflows.fleet_guard import FleetGuard
 from tests.fakes import FakeSlurm
-from tests.helpers import time_skipping_env
 
 EXECUTION_TIMEOUT = timedelta(days=7)
-
-
-@pytest_asyncio.fixture(scope="module")
-async def env() -> AsyncIterator[WorkflowEnvironment]:
-    environment = await time_skipping_env()
-    try:
-        yield environment
-    finally:
-        await environment.shutdown()
 
 
 def _context(**policy: Any) -> GuardContext:

@@ -11,6 +11,7 @@ from typing import Any
 
 import httpx
 from kubernetes.client import ApiClient
+from pydantic import SecretStr
 from temporalio.client import Client
 from temporalio.worker import Worker
 
@@ -283,13 +284,12 @@ async def run(
         cluster_provider(settings, slurm),
         metrics,
     )
-    token = settings.worker_metrics_token
     server = serve_metrics(
         client,
         metrics,
         settings.worker_metrics_port,
         settings.worker_metrics_host,
-        token.get_secret_value() if token else None,
+        settings.worker_metrics_token,
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -310,7 +310,7 @@ def serve_metrics(
     metrics: WorkerMetrics | None,
     port: int | None,
     host: str = "127.0.0.1",
-    token: str | None = None,
+    token: SecretStr | None = None,
 ) -> MetricsServer | None:
     """The worker's metrics, with what Temporal knows now, on `host:port` (loopback unless
     settings say otherwise; a token required off loopback); call on the worker's event loop

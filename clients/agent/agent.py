@@ -226,12 +226,8 @@ class Agent:
         """Check every interval until `stop` is set."""
         port = self.settings.metrics_port
         if self.metrics is not None and port is not None:
-            token = self.settings.metrics_token
             self.metrics_server = MetricsServer(
-                self.metrics.registry,
-                self.settings.metrics_host,
-                port,
-                token.get_secret_value() if token else None,
+                self.metrics.registry, self.settings.metrics_host, port, self.settings.metrics_token
             )
             log.info("metrics on %s", self.metrics_server.url)
         try:

@@ -160,7 +160,7 @@ def write_marker(root: Path, step: int) -> float:
     return saved_at
 
 
-def publish_checkpoint(saved_at: float) -> threading.Thread | None:
+def publish_checkpoint(saved_at: float) -> None:
     """Tell Slurm when this job last checkpointed: `ckpt_at=<epoch s>` in the job's Comment
     (a field its owner may set). Whoever must take a node from running jobs (AutoClusters'
     GPU rebalancer lending a node to inference) picks the job that loses least work. Best
@@ -169,7 +169,7 @@ def publish_checkpoint(saved_at: float) -> threading.Thread | None:
     job = os.environ.get("SLURM_JOB_ID")
     scontrol = shutil.which("scontrol")
     if not job or not scontrol:
-        return None
+        return
     argv = [scontrol, "update", f"JobId={job}", f"Comment=ckpt_at={saved_at:.0f}"]
 
     def run() -> None:
@@ -178,9 +178,7 @@ def publish_checkpoint(saved_at: float) -> threading.Thread | None:
         except (OSError, subprocess.TimeoutExpired):
             pass  # the next checkpoint tries again
 
-    thread = threading.Thread(target=run, name="publish-checkpoint", daemon=True)
-    thread.start()
-    return thread
+    threading.Thread(target=run, name="publish-checkpoint", daemon=True).start()
 
 
 class Checkpointer:
