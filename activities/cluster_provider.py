@@ -442,7 +442,7 @@ class ClusterProviderActivities:
                     call.machine.node
                 )
             except SlurmError as e:
-                raise ApplicationError(str(e), type="SlurmError") from e
+                raise ApplicationError(str(e), type=type(e).__name__) from e
 
     @activity.defn(name="cluster_acceptance_job")
     async def acceptance_job(self, call: AcceptanceCall) -> AcceptanceResult:
@@ -461,7 +461,7 @@ class ClusterProviderActivities:
                     timeout_s=self._acceptance_timeout_s,
                 )
             except SlurmError as e:
-                raise ApplicationError(str(e), type="SlurmError") from e
+                raise ApplicationError(str(e), type=type(e).__name__) from e
 
     @activity.defn(name="cluster_add_users")
     async def add_users(self, call: UsersCall) -> UsersResult:

@@ -60,6 +60,7 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
+import urllib3.exceptions
 from kubernetes.client.exceptions import ApiException
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
@@ -79,6 +80,7 @@ from autoclusters.activities.crusoe_machines import (
     wait_registered,
 )
 from autoclusters.activities.heartbeat import heartbeating
+from autoclusters.activities.kubernetes import kubernetes_outage, unavailable_error
 from autoclusters.core.cluster import (
     AcceptanceCall,
     AcceptanceResult,
@@ -396,7 +398,7 @@ class CmkProvider:
                     call.machine.node
                 )
             except SlurmError as e:
-                raise ApplicationError(str(e), type="SlurmError") from e
+                raise ApplicationError(str(e), type=type(e).__name__) from e
 
     async def acceptance_job(self, call: AcceptanceCall) -> AcceptanceResult:
         async with heartbeating(f"acceptance job on {call.node_set.name}"):
@@ -409,7 +411,7 @@ class CmkProvider:
                     timeout_s=self._acceptance_timeout_s,
                 )
             except SlurmError as e:
-                raise ApplicationError(str(e), type="SlurmError") from e
+                raise ApplicationError(str(e), type=type(e).__name__) from e
 
     async def add_users(self, call: UsersCall) -> UsersResult:
         added: list[str] = []
@@ -641,8 +643,8 @@ class CmkProvider:
                         }
                     },
                 )
-        except ApiException:
-            pass
+        except (ApiException, urllib3.exceptions.HTTPError):
+            pass  # the original error matters more; an unreleased lock expires
 
     async def _wait_op(self, op: Operation) -> Operation:
         return await self._crusoe.wait_operation(op, "node_pool", poll_s=self._poll_s)
@@ -673,14 +675,20 @@ def _holder() -> str:
 @contextlib.asynccontextmanager
 async def _kstep(what: str) -> AsyncIterator[None]:
     """`_step` (heartbeats; Crusoe errors as ApplicationErrors) that also turns Kubernetes
-    API errors into ApplicationErrors: a 4xx other than 409/429 is non-retryable."""
+    API errors into ApplicationErrors: the API not answering (429, 5xx, status 0, no
+    connection, a timeout) is `KubernetesUnavailable`, an outage; 409 is retryable; any
+    other 4xx is non-retryable."""
     try:
         async with _step(what):
             yield
-    except ApiException as e:
+    except (ApiException, urllib3.exceptions.HTTPError) as e:
+        outage = kubernetes_outage(e)
+        if outage is not None:
+            raise unavailable_error(outage) from e
+        assert isinstance(e, ApiException)
         status = e.status or 0
         raise ApplicationError(
             f"Kubernetes API: {status} {e.reason}: {str(e.body or '')[:300]}",
             type=KUBERNETES_ERROR,
-            non_retryable=400 <= status < 500 and status not in (409, 429),
+            non_retryable=400 <= status < 500 and status != 409,
         ) from e

@@ -62,6 +62,8 @@ from autoclusters.core.kubernetes import (
     WaitNewNodeInput,
 )
 from autoclusters.core.models import (
+    CancelJobsInput,
+    CancelJobsResult,
     DrainInput,
     DrainResult,
     HealthGateInput,
@@ -140,6 +142,11 @@ async def park_as_spare(inp: SpareInput) -> ReturnResult:
 
 @activity.defn(name="verify_quarantine")
 async def verify_quarantine(inp: VerifyQuarantineInput) -> QuarantineStatus:
+    raise _stub()
+
+
+@activity.defn(name="cancel_jobs")
+async def cancel_jobs(inp: CancelJobsInput) -> CancelJobsResult:
     raise _stub()
 
 

@@ -111,7 +111,13 @@ async def wait_registered(
         try:
             nodes = {n.name: n for n in await slurm.nodes()}
         except SlurmError:
-            nodes = {}  # slurmctld restarting after the new configuration
+            # slurmctld restarting after the new configuration, or away: unknown, so keep
+            # asking; at the deadline an unanswered read is an outage, not "none came up"
+            # (which would make the caller replace healthy machines).
+            if time.monotonic() >= deadline:
+                raise
+            await asyncio.sleep(poll_s)
+            continue
         up = [n for n in wanted if n in nodes and nodes[n].responding and fresh(nodes[n])]
         if len(up) == len(wanted) or time.monotonic() >= deadline:
             return up

@@ -13,6 +13,8 @@ from autoclusters.core.cluster_ops import is_ops_reason
 from autoclusters.core.models import (
     REASON_PREFIX,
     SPARE_REASON,
+    CancelJobsInput,
+    CancelJobsResult,
     DrainInput,
     DrainResult,
     RequeueInput,
@@ -27,7 +29,7 @@ from autoclusters.core.models import (
     WaitRegisteredInput,
 )
 from autoclusters.core.quarantine import QuarantineStatus, VerifyQuarantineInput
-from autoclusters.integrations.slurm import SlurmClient
+from autoclusters.integrations.slurm import SlurmClient, SlurmUnavailable
 
 # Jobs that hold the node's resources and can be requeued.
 ACTIVE = {"RUNNING", "CONFIGURING", "SUSPENDED"}
@@ -90,7 +92,19 @@ class SlurmActivities:
         if node.drained and node.reason == inp.reason:
             return DrainResult(already_drained=True, previous_reason=node.reason)
         await self._slurm.drain(inp.node, inp.reason)
+        await self._drain_read_back(inp.node, inp.reason)
         return DrainResult(already_drained=node.drained, previous_reason=node.reason)
+
+    async def _drain_read_back(self, name: str, reason: str) -> SlurmNode:
+        """A drain is a fact only once Slurm shows it: `scontrol update` answering 0 is not
+        enough (a controller that restarts from an older saved state forgets it)."""
+        node = await self._known_node(name)
+        if not (node.drained and (node.reason == reason or node.reason.endswith(f": {reason}"))):
+            raise SlurmUnavailable(
+                f"the drain of {name} did not show when read back "
+                f"({node.display_state}, reason {node.reason!r})"
+            )
+        return node
 
     @activity.defn(name="requeue_jobs")
     async def requeue_jobs(self, inp: RequeueInput) -> RequeueResult:
@@ -107,12 +121,20 @@ class SlurmActivities:
                 continue
             before = _marked_for(job, inp.incident_id)
             if before is not None and job.restart_cnt > before:
-                continue  # requeued by an earlier attempt; it only looks active again
+                # Requeued once for this incident, and Slurm placed it on this node again
+                # (the drain was lost meanwhile). Never a second requeue for one fault
+                # unless the policy says so: the runbook asks a human.
+                if not inp.requeue_again:
+                    result.came_back.append(job.job_id)
+                    continue
+                result.requeued_again.append(job.job_id)
+                before = None  # a fresh marker: a retry of this call must not requeue it thrice
             if before is None:
                 await self._slurm.set_admin_comment(
                     job.job_id, requeue_marker(inp.incident_id, job.restart_cnt)
                 )
             await self._slurm.requeue(job.job_id)
+            result.requeued_now.append(job.job_id)
         # Release the requeue hold of every job this incident requeued, including those an
         # earlier attempt requeued before it was interrupted. A requeued job passes through
         # COMPLETING while its processes are killed; the hold can only be released once it
@@ -134,7 +156,7 @@ class SlurmActivities:
                 break
             activity.heartbeat(f"jobs {settling or [j.job_id for j in held]} settling")
             await asyncio.sleep(inp.poll_s)
-        result.requeued = [j.job_id for j in mine]
+        result.requeued = [j.job_id for j in mine if j.job_id not in result.came_back]
         return result
 
     @activity.defn(name="wait_node_registered")
@@ -174,13 +196,16 @@ class SlurmActivities:
         (non-retryable) and the node stays drained for a human.
         """
         start = time.monotonic()
+        redrained = 0
         while True:
+            if inp.drain_reason and await self._drain_lost(inp.node, inp.drain_reason):
+                redrained += 1
             busy = [
                 j.job_id for j in await self._slurm.jobs_on_node(inp.node) if j.job_state in BUSY
             ]
             waited = time.monotonic() - start
             if not busy:
-                return WaitIdleResult(waited_s=waited)
+                return WaitIdleResult(waited_s=waited, redrained=redrained)
             if waited >= inp.timeout_s:
                 if not inp.force:
                     raise ApplicationError(
@@ -190,9 +215,39 @@ class SlurmActivities:
                     )
                 for job_id in busy:
                     await self._slurm.cancel(job_id)
-                return WaitIdleResult(waited_s=waited, cancelled=busy)
+                return WaitIdleResult(waited_s=waited, cancelled=busy, redrained=redrained)
             activity.heartbeat(f"jobs {busy} still running")
             await asyncio.sleep(inp.poll_s)
+
+    async def _drain_lost(self, name: str, reason: str) -> bool:
+        """Undrained (our drain was lost, not overridden by someone's own drain): drain
+        again, read it back, and say so."""
+        node = await self._known_node(name)
+        if node.drained:
+            return False
+        await self._slurm.drain(name, reason)
+        await self._drain_read_back(name, reason)
+        return True
+
+    @activity.defn(name="cancel_jobs")
+    async def cancel_jobs(self, inp: CancelJobsInput) -> CancelJobsResult:
+        async with heartbeating(f"cancel_jobs {inp.node}"):
+            return await self._cancel_jobs(inp)
+
+    async def _cancel_jobs(self, inp: CancelJobsInput) -> CancelJobsResult:
+        """Cancel the named jobs that still run on the node (a human decided so); a job that
+        has left the node or ended is left alone. Idempotent: a retry cancels nothing twice."""
+        on_node = {
+            j.job_id for j in await self._slurm.jobs_on_node(inp.node) if j.job_state in BUSY
+        }
+        result = CancelJobsResult()
+        for job_id in inp.job_ids:
+            if job_id in on_node:
+                await self._slurm.cancel(job_id)
+                result.cancelled.append(job_id)
+            else:
+                result.gone.append(job_id)
+        return result
 
     @activity.defn(name="take_spare")
     async def take_spare(self, inp: SpareInput) -> ReturnResult:

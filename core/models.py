@@ -22,6 +22,11 @@ REASON_PREFIX = "autoclusters:"
 SPARE_REASON = f"{REASON_PREFIX} spare"
 
 
+# The decision asked for when jobs requeued once for a fault run on the node again:
+# approve = cancel them, reject = wait for them to end.
+RETURNED_JOBS_STEP = "returned_jobs"
+
+
 def drain_reason(incident_id: str, fault: str) -> str:
     """The Slurm drain reason we own; return-to-service only undrains reasons we wrote."""
     return f"{REASON_PREFIX} {incident_id} {fault}"
@@ -279,12 +284,34 @@ class RequeueInput(BaseModel):
     incident_id: str
     poll_s: float = 0.25
     hold_watch_s: float = 5.0  # how long a late requeue hold is watched for at most
+    # Jobs this incident requeued once that Slurm placed back on the node (its drain was
+    # lost): requeue them a second time (the policy says so), or only report them.
+    requeue_again: bool = False
 
 
 class RequeueResult(BaseModel):
-    requeued: list[int] = Field(default_factory=list)
+    requeued: list[int] = Field(default_factory=list)  # every job this incident requeued
     not_requeueable: list[int] = Field(default_factory=list)
     holds_released: list[int] = Field(default_factory=list)
+    requeued_now: list[int] = Field(default_factory=list)  # by this call
+    # Requeued once for this incident and running on the node again (left running unless
+    # `requeue_again`): the runbook asks what to do with them.
+    came_back: list[int] = Field(default_factory=list)
+    requeued_again: list[int] = Field(default_factory=list)
+
+    def describe(self) -> str:
+        """Exactly what was done to which job."""
+        parts = [f"requeued {self.requeued_now or 'no jobs'}"]
+        earlier = [j for j in self.requeued if j not in self.requeued_now]
+        if earlier:
+            parts.append(f"requeued earlier for this incident {earlier}")
+        if self.requeued_again:
+            parts.append(f"requeued a second time {self.requeued_again}")
+        if self.came_back:
+            parts.append(f"back on the node after their requeue, left running {self.came_back}")
+        if self.not_requeueable:
+            parts.append(f"cannot requeue {self.not_requeueable}")
+        return "; ".join(parts)
 
 
 class ReplaceInput(BaseModel):
@@ -360,11 +387,25 @@ class WaitIdleInput(BaseModel):
     timeout_s: float
     force: bool  # on timeout: cancel what still runs (True) or give up (False)
     poll_s: float = 1.0
+    # The incident's drain: while waiting, a drain Slurm lost (a controller restarted from
+    # an older state, an admin's resume) is applied again, so no new job lands meanwhile.
+    drain_reason: str = ""
 
 
 class WaitIdleResult(BaseModel):
     waited_s: float
     cancelled: list[int] = Field(default_factory=list)
+    redrained: int = 0  # times the drain was found lost and applied again
+
+
+class CancelJobsInput(BaseModel):
+    node: str
+    job_ids: list[int]
+
+
+class CancelJobsResult(BaseModel):
+    cancelled: list[int] = Field(default_factory=list)  # still on the node, now cancelled
+    gone: list[int] = Field(default_factory=list)  # had already left the node or ended
 
 
 class SpareInput(BaseModel):

@@ -169,6 +169,16 @@ class Policy(_Strict):
     max_repair_attempts: int = Count(3, le=len(LADDER) * 3)
     # The health gate waits this long after a repair for the node agent's fresh report.
     agent_report_timeout_s: float = Field(default=300, gt=0, le=3600)
+    # A system the runbook reads (slurmctld restarting, an API away): each step waits the
+    # outage out this long, then the incident fails with the node drained. People hear of
+    # it in Slack once it has lasted outage_notify_after_s.
+    outage_budget_s: float = Duration(900)
+    outage_notify_after_s: float = Duration(60)
+    # Jobs this incident requeued once that Slurm placed back on the node (its drain was
+    # lost): ask a human in Slack (cancel them / wait for them), or requeue them again.
+    # "Never requeue a job twice for one fault" holds unless the policy says `requeue`.
+    returned_jobs: Literal["ask", "requeue"] = "ask"
+    returned_jobs_timeout_s: float = Duration(1800)
     faults: dict[FaultKind, FaultRule] = Field(default_factory=dict)
     default_rule: FaultRule = FaultRule(severity="warning", first_rung=Rung.REBOOT)
     steps: dict[Rung, StepPolicy] = Field(default_factory=dict)

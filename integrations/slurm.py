@@ -15,6 +15,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from autoclusters.core import hostlist
 from autoclusters.core.models import SlurmJob, SlurmNode
+from autoclusters.core.unavailable import Unavailable
 
 RESTART_GRACE_S = 2
 
@@ -25,6 +26,75 @@ class SlurmError(RuntimeError):
 
 class UnknownNodeError(SlurmError):
     pass
+
+
+class SlurmUnavailable(Unavailable, SlurmError):
+    """slurmctld gave no trustworthy answer: unreachable, timed out, or a `--json` document
+    with errors (22.05's sinfo/squeue exit 0 with `"nodes": []` / `"jobs": []` and an
+    `errors` array while the controller is down). Never read as "no nodes" or "no jobs"."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__("slurmctld", message)
+
+
+# What Slurm's commands print when they cannot reach the controller (or it is restarting):
+# a write that failed this way may be tried again; anything else is a real refusal.
+_UNREACHABLE = (
+    "unable to contact slurm controller",
+    "socket timed out",
+    "zero bytes were transmitted",
+    "connection refused",
+    "communication connection failure",
+    "connection reset",
+    "slurm backup controller in standby mode",
+    "slurmctld is not responding",
+    "controller is not responding",
+    "temporarily unavailable",
+    # 22.05's scontrol requeue / update JobId= while the controller is down (captured:
+    # tests/data/slurm-22.05-controller-down/).
+    "unexpected message received",
+)
+
+
+def unreachable(message: str) -> bool:
+    """Does a Slurm command's error say the controller could not be reached?"""
+    low = message.lower()
+    return any(p in low for p in _UNREACHABLE)
+
+
+def checked_document(raw: str, key: str, command: str) -> dict[str, Any]:
+    """A `--json` document that can be trusted, or SlurmUnavailable.
+
+    Unknown is not empty: empty or unparseable output, a non-empty `errors` array, or a
+    document without `key` says nothing about the cluster.
+    """
+    if not raw.strip():
+        raise SlurmUnavailable(f"{command} --json printed nothing")
+    try:
+        doc = json.loads(raw)
+    except ValueError as e:
+        raise SlurmUnavailable(f"{command} --json printed no JSON ({e})") from None
+    if not isinstance(doc, dict):
+        raise SlurmUnavailable(f"{command} --json printed {type(doc).__name__}, not an object")
+    errors = [e for e in doc.get("errors") or [] if e]
+    if errors:
+        raise SlurmUnavailable(f"{command}: {_error_text(errors)}")
+    if not isinstance(doc.get(key), list):
+        raise SlurmUnavailable(f"{command} --json has no {key!r} list")
+    return doc
+
+
+def _error_text(errors: list[Any]) -> str:
+    """22.05: [{"error": "...", "errno": 1007}]; 23.02+: [{"description", "error_number", ...}]."""
+    parts = []
+    for e in errors[:3]:
+        if isinstance(e, dict):
+            text = e.get("error") or e.get("description") or ""
+            code = e.get("errno", e.get("error_number"))
+            parts.append(f"{text} (errno {code})" if code is not None else str(text))
+        else:
+            parts.append(str(e))
+    return "; ".join(p for p in parts if p) or "errors reported"
 
 
 class SlurmClient(Protocol):
@@ -145,7 +215,11 @@ class SlurmCli:
         self._bin_dir = bin_dir
         self._timeout_s = timeout_s
 
-    async def _run(self, *argv: str) -> str:
+    async def _run(self, *argv: str, read: bool = False) -> str:
+        """Run one Slurm command. A read that failed in any way, and a write that could not
+        reach the controller (or got no answer: it may or may not have been applied, and
+        every write here is idempotent), is SlurmUnavailable; any other failed write is a
+        refusal (SlurmError)."""
         exe = str(self._bin_dir / argv[0]) if self._bin_dir else argv[0]
         proc = await asyncio.create_subprocess_exec(
             exe,
@@ -159,25 +233,33 @@ class SlurmCli:
         except TimeoutError:
             proc.kill()
             await proc.wait()
-            raise SlurmError(f"{' '.join(argv)}: no answer within {self._timeout_s}s") from None
+            raise SlurmUnavailable(
+                f"{' '.join(argv)}: no answer within {self._timeout_s}s"
+            ) from None
         if proc.returncode != 0:
             msg = (err or out).decode(errors="replace").strip()
+            if read or unreachable(msg):
+                raise SlurmUnavailable(f"{' '.join(argv)}: {msg or f'exit {proc.returncode}'}")
             raise SlurmError(f"{' '.join(argv)}: {msg}")
-        return out.decode()
+        return out.decode(errors="replace")
 
-    async def _json(self, *argv: str) -> dict[str, Any]:
-        doc: dict[str, Any] = json.loads(await self._run(*argv, "--json"))
-        return doc
+    async def _json(self, command: str, key: str) -> dict[str, Any]:
+        return checked_document(await self._run(command, "--json", read=True), key, command)
 
     async def nodes(self) -> list[SlurmNode]:
-        return parse_nodes(await self._json("sinfo"))
+        nodes = parse_nodes(await self._json("sinfo", "nodes"))
+        if not nodes:
+            # A configured cluster always has nodes: an empty list is a controller that did
+            # not answer in full, not a cluster of size 0.
+            raise SlurmUnavailable("sinfo --json listed no nodes")
+        return nodes
 
     async def node(self, name: str) -> SlurmNode | None:
         # sinfo --json lists every node whatever -n says on 22.05, so filter here.
         return next((n for n in await self.nodes() if n.name == name), None)
 
     async def jobs(self) -> list[SlurmJob]:
-        return parse_jobs(await self._json("squeue"))
+        return parse_jobs(await self._json("squeue", "jobs"))
 
     async def jobs_on_node(self, name: str) -> list[SlurmJob]:
         # squeue --json ignores --nodelist, so match the hostlist here.

@@ -71,7 +71,8 @@ from autoclusters.integrations import temporal
 from autoclusters.workers.remediation import WORKFLOWS, activities_for
 from autoclusters.workflows.fleet_guard import FleetGuard
 from autoclusters.workflows.guard_steps import held_drain_reason
-from autoclusters.workflows.remediation import RETRY, NodeRemediation
+from autoclusters.workflows.remediation import NodeRemediation
+from autoclusters.workflows.timeline import STEP_RETRY as RETRY
 from tests.fakes import FakeCloud, FakeHealth, FakeSlurm, RecordingNotifier
 
 # Virtual time under the test server: a workflow stuck on a bug fails instead of hanging.

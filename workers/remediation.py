@@ -177,6 +177,7 @@ def activities_for(
         s.take_spare,
         s.park_as_spare,
         s.verify_quarantine,
+        s.cancel_jobs,
         guard.claim_spare,
         guard.refill_spare,
         c.plan_repair,

@@ -44,7 +44,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from autoclusters.core.policy import Policy
 
-from autoclusters.workflows.timeline import HEARTBEAT, RETRY, Timeline
+from autoclusters.workflows.timeline import HEARTBEAT, RETRY, STEP_RETRY, Timeline
 
 # Incidents started before this patch poll the guard every `admission_poll_s`.
 RUNBOOK_V6_GUARD_QUEUE = "runbook-v6-guard-queue"
@@ -117,7 +117,7 @@ class GuardSteps(Timeline):
                 call,
                 start_to_close_timeout=self._slurm_timeout(),
                 heartbeat_timeout=HEARTBEAT,
-                retry_policy=RETRY,
+                retry_policy=STEP_RETRY,
             )
 
         async def wait() -> Admission:
@@ -166,7 +166,7 @@ class GuardSteps(Timeline):
                 AdmitCall(guard=guard, node=req.node, incident_id=req.incident_id),
                 start_to_close_timeout=self._slurm_timeout(),
                 heartbeat_timeout=HEARTBEAT,
-                retry_policy=RETRY,
+                retry_policy=STEP_RETRY,
             )
             if adm.admitted:
                 self._state.waiting_for = None
@@ -196,7 +196,7 @@ class GuardSteps(Timeline):
                 DrainInput(node=r.node, reason=held_drain_reason(r.incident_id, r.fault)),
                 start_to_close_timeout=self._slurm_timeout(),
                 heartbeat_timeout=HEARTBEAT,
-                retry_policy=RETRY,
+                retry_policy=STEP_RETRY,
             ),
             detail=lambda d: (
                 f"kept the drain already there: {d.previous_reason}"

@@ -28,7 +28,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from autoclusters.core.policy import Policy
 
-from autoclusters.workflows.timeline import HEARTBEAT, RETRY, Timeline
+from autoclusters.workflows.timeline import HEARTBEAT, STEP_RETRY, Timeline
 
 # Incidents started before this patch keep the Slurm-only gate.
 RUNBOOK_V5_AGENT_GATE = "runbook-v5-agent-health-gate"
@@ -83,7 +83,7 @@ class HealthGateSteps(Timeline):
                     HealthGateInput(node=node),
                     start_to_close_timeout=timedelta(minutes=2),
                     heartbeat_timeout=HEARTBEAT,
-                    retry_policy=RETRY,
+                    retry_policy=STEP_RETRY,
                 ),
                 detail=lambda r: "passed" if r.passed else f"FAILED: {r.failures()}",
             )
@@ -99,7 +99,7 @@ class HealthGateSteps(Timeline):
                 HealthGateInput(node=node),
                 start_to_close_timeout=timedelta(minutes=2),
                 heartbeat_timeout=HEARTBEAT,
-                retry_policy=RETRY,
+                retry_policy=STEP_RETRY,
             )
             if done.stopped_at is not None:
                 since = datetime.fromtimestamp(done.stopped_at, UTC)

@@ -28,7 +28,7 @@ with workflow.unsafe.imports_passed_through():
     from autoclusters.core.models import RepairResult, drain_reason
     from autoclusters.core.policy import StepPolicy
 
-from autoclusters.workflows.timeline import HEARTBEAT, RETRY, Timeline
+from autoclusters.workflows.timeline import HEARTBEAT, STEP_RETRY, Timeline
 
 K8S_CALL = timedelta(seconds=60)
 
@@ -53,7 +53,7 @@ class KubernetesSteps(Timeline):
                 ),
                 start_to_close_timeout=K8S_CALL,
                 heartbeat_timeout=HEARTBEAT,
-                retry_policy=RETRY,
+                retry_policy=STEP_RETRY,
             ),
             detail=lambda c: c.detail or ("cordoned" if c.cordoned else ""),
         )
@@ -75,7 +75,7 @@ class KubernetesSteps(Timeline):
                 ),
                 start_to_close_timeout=timedelta(seconds=min(step.idle_timeout_s, 600) + 120),
                 heartbeat_timeout=HEARTBEAT,
-                retry_policy=RETRY,
+                retry_policy=STEP_RETRY,
             ),
             detail=lambda e: (
                 f"evicted {len(e.evicted)}, forced {len(e.forced)}, skipped {len(e.skipped)}"
@@ -91,7 +91,7 @@ class KubernetesSteps(Timeline):
                 NodeIdentityInput(node=r.node),
                 start_to_close_timeout=K8S_CALL,
                 heartbeat_timeout=HEARTBEAT,
-                retry_policy=RETRY,
+                retry_policy=STEP_RETRY,
             ),
             detail=lambda n: n.provider_id,
         )
@@ -109,7 +109,7 @@ class KubernetesSteps(Timeline):
                 ),
                 start_to_close_timeout=timedelta(seconds=r.timeouts.wait_registered_s),
                 heartbeat_timeout=HEARTBEAT,
-                retry_policy=RETRY,
+                retry_policy=STEP_RETRY,
             ),
             detail=lambda n: f"Ready as {n.provider_id}",
         )
@@ -127,7 +127,7 @@ class KubernetesSteps(Timeline):
                 UncordonNodeInput(node=r.node, incident_id=r.incident_id),
                 start_to_close_timeout=K8S_CALL,
                 heartbeat_timeout=HEARTBEAT,
-                retry_policy=RETRY,
+                retry_policy=STEP_RETRY,
             ),
             detail=lambda u: u.detail,
         )
@@ -143,7 +143,7 @@ class KubernetesSteps(Timeline):
                 ),
                 start_to_close_timeout=K8S_CALL,
                 heartbeat_timeout=HEARTBEAT,
-                retry_policy=RETRY,
+                retry_policy=STEP_RETRY,
             ),
             detail=lambda c: f"GpuUnhealthy={c.status}",
         )

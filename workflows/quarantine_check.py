@@ -30,7 +30,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from autoclusters.core.quarantine import QuarantineStatus, VerifyQuarantineInput
 
-from autoclusters.workflows.timeline import HEARTBEAT, RETRY, Timeline
+from autoclusters.workflows.timeline import HEARTBEAT, STEP_RETRY, Timeline
 
 # Incidents started before this patch repair without the check.
 RUNBOOK_V5_RECHECK = "runbook-v5-recheck-quarantine"
@@ -98,6 +98,11 @@ class QuarantineCheck(Timeline):
             )
 
     async def _quarantine_now(self) -> Found:
+        """What Slurm (and Kubernetes) show now; an outage is waited out, never read as
+        "not drained" or "no jobs"."""
+        return await self._ride_out("verify_quarantine", self._read_quarantine)
+
+    async def _read_quarantine(self) -> Found:
         r = self._state.request
         reasons = [drain_reason(r.incident_id, r.fault)]
         if self._kept_drain:
@@ -107,7 +112,7 @@ class QuarantineCheck(Timeline):
             VerifyQuarantineInput(node=r.node, incident_id=r.incident_id, reasons=reasons),
             start_to_close_timeout=timedelta(seconds=r.timeouts.slurm_step_s),
             heartbeat_timeout=HEARTBEAT,
-            retry_policy=RETRY,
+            retry_policy=STEP_RETRY,
         )
         cordoned: bool | None = None
         if self._k8s:
@@ -116,7 +121,7 @@ class QuarantineCheck(Timeline):
                 NodeIdentityInput(node=r.node),
                 start_to_close_timeout=timedelta(seconds=60),
                 heartbeat_timeout=HEARTBEAT,
-                retry_policy=RETRY,
+                retry_policy=STEP_RETRY,
             )
             cordoned = ident.unschedulable
         return Found(slurm=slurm, cordoned=cordoned)

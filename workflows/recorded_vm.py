@@ -15,7 +15,7 @@ with workflow.unsafe.imports_passed_through():
     from autoclusters.activities import contracts
     from autoclusters.core.models import PlanRepairInput, RepairInput
 
-from autoclusters.workflows.timeline import HEARTBEAT, RETRY
+from autoclusters.workflows.timeline import HEARTBEAT, STEP_RETRY
 
 # Incidents started before this patch repair the VM named like the node when the repair runs.
 RUNBOOK_V5_RECORDED_VM = "runbook-v5-recorded-vm"
@@ -30,6 +30,6 @@ async def with_recorded_vm(inp: RepairInput) -> RepairInput:
         PlanRepairInput(node=inp.node, rung=inp.rung, key=inp.key),
         start_to_close_timeout=timedelta(seconds=60),
         heartbeat_timeout=HEARTBEAT,
-        retry_policy=RETRY,
+        retry_policy=STEP_RETRY,
     )
     return inp.model_copy(update={"vm_id": plan.vm_id, "planned_at": plan.planned_at})

@@ -29,8 +29,10 @@ with workflow.unsafe.imports_passed_through():
         Registration,
     )
     from autoclusters.core.models import (
+        RETURNED_JOBS_STEP,
         ApprovalRecord,
         ApprovalRequest,
+        CancelJobsInput,
         DrainInput,
         FaultAck,
         FaultReport,
@@ -42,6 +44,7 @@ with workflow.unsafe.imports_passed_through():
         RepairInput,
         RepairResult,
         RequeueInput,
+        RequeueResult,
         ReturnInput,
         WaitIdleInput,
         Waiting,
@@ -49,6 +52,7 @@ with workflow.unsafe.imports_passed_through():
         drain_reason,
     )
     from autoclusters.core.policy import LADDER, Policy, Rung, next_rung
+    from autoclusters.core.quarantine import QuarantineStatus
     from autoclusters.core.sharing import YieldCall, is_sharing_reason
     from autoclusters.integrations import temporal
 
@@ -60,7 +64,7 @@ from autoclusters.workflows.quarantine_check import QuarantineCheck
 from autoclusters.workflows.recorded_vm import with_recorded_vm
 from autoclusters.workflows.runbook_v1 import run_v1
 from autoclusters.workflows.spare_steps import SpareSteps
-from autoclusters.workflows.timeline import HEARTBEAT, RETRY, cause_of
+from autoclusters.workflows.timeline import HEARTBEAT, STEP_RETRY, cause_of
 
 # Incidents started before this patch run the first runbook to the end.
 RUNBOOK_V2 = "runbook-v2-policy-ladder"
@@ -72,6 +76,9 @@ RUNBOOK_V4_SPARES = "runbook-v4-hot-spares"
 RUNBOOK_V7_OPS_OWNER = "runbook-v7-cluster-ops-owner"
 # A node lent to inference (or moving) is taken from the cluster's GpuRebalance first.
 RUNBOOK_V8_SHARING_YIELD = "runbook-v8-sharing-yield"
+# The closing words ("left drained", "returned") are read back from Slurm, and a drain the
+# controller lost is applied again before the incident closes.
+RUNBOOK_V9_CLOSE_READ_BACK = "runbook-v9-close-read-back"
 
 
 class Rejected(Exception):
@@ -249,7 +256,7 @@ class NodeRemediation(
                 ),
                 start_to_close_timeout=timedelta(seconds=req.timeouts.slurm_step_s),
                 heartbeat_timeout=HEARTBEAT,
-                retry_policy=RETRY,
+                retry_policy=STEP_RETRY,
             ),
             detail=lambda r: (
                 f"{r.recent_on_node} recent on node; "
@@ -293,7 +300,7 @@ class NodeRemediation(
                     ReturnInput(node=req.node, incident_id=req.incident_id),
                     start_to_close_timeout=self._slurm_timeout(),
                     heartbeat_timeout=HEARTBEAT,
-                    retry_policy=RETRY,
+                    retry_policy=STEP_RETRY,
                 ),
                 detail=lambda r: r.state_after + (f" ({r.detail})" if r.detail else ""),
             )
@@ -301,7 +308,12 @@ class NodeRemediation(
                 raise ApplicationError(f"{req.node} not returned to service: {back.detail}")
         except Rejected as no:
             await self._release(guard, back_in_service=False)
-            return await self._close("rejected", f"{no}; {req.node} left drained", "warning")
+            left = "left drained"
+            if (s.step("drain") or s.step("drain_held")) and workflow.patched(
+                RUNBOOK_V9_CLOSE_READ_BACK
+            ):
+                left = await self._left_drained()
+            return await self._close("rejected", f"{no}; {req.node} {left}", "warning")
         except (ActivityError, ApplicationError, Unattended) as err:
             if self._cancelling(err):
                 raise
@@ -310,6 +322,8 @@ class NodeRemediation(
             await self._release(guard, back_in_service=False)
             drained = s.step("drain") or s.step("drain_held")
             left = "left drained" if drained and drained.outcome == "ok" else "not drained"
+            if drained and drained.outcome == "ok" and workflow.patched(RUNBOOK_V9_CLOSE_READ_BACK):
+                left = await self._left_drained()
             await self._close(
                 "failed",
                 f"{cause}; {req.node} {left} under {req.incident_id}, needs a human",
@@ -332,7 +346,7 @@ class NodeRemediation(
                 DrainInput(node=req.node, reason=drain_reason(req.incident_id, req.fault)),
                 start_to_close_timeout=self._slurm_timeout(),
                 heartbeat_timeout=HEARTBEAT,
-                retry_policy=RETRY,
+                retry_policy=STEP_RETRY,
             ),
             detail=lambda r: (
                 f"kept the drain already there: {r.previous_reason}"
@@ -361,7 +375,7 @@ class NodeRemediation(
                     YieldCall(cluster=req.cluster, node=req.node, incident_id=req.incident_id),
                     start_to_close_timeout=timedelta(minutes=15),
                     heartbeat_timeout=HEARTBEAT,
-                    retry_policy=RETRY,
+                    retry_policy=STEP_RETRY,
                 ),
                 detail=lambda r: (
                     f"was {r.pool_before}"
@@ -377,14 +391,13 @@ class NodeRemediation(
                 RequeueInput(node=req.node, incident_id=req.incident_id),
                 start_to_close_timeout=self._slurm_timeout(),
                 heartbeat_timeout=HEARTBEAT,
-                retry_policy=RETRY,
+                retry_policy=STEP_RETRY,
             ),
-            detail=lambda r: (
-                f"requeued {r.requeued or 'no jobs'}"
-                + (f"; cannot requeue {r.not_requeueable}" if r.not_requeueable else "")
-            ),
+            detail=lambda r: r.describe(),
         )
         self._state.requeued_jobs = requeued.requeued
+        if requeued.came_back:
+            await self._returned_jobs(req, requeued)
         first = self._policy.step(Rung(self._state.rung or Rung.REBOOT.value))
         # Jobs that could not be requeued still run here: never repair under them, unless
         # the policy says force.
@@ -399,13 +412,15 @@ class NodeRemediation(
                     node=req.node,
                     timeout_s=first.idle_timeout_s if first.wait_for_idle else 0,
                     force=not first.wait_for_idle or first.on_idle_timeout == "force",
+                    drain_reason=drain_reason(req.incident_id, req.fault),
                 ),
                 start_to_close_timeout=timedelta(seconds=first.idle_timeout_s + 120),
                 heartbeat_timeout=HEARTBEAT,
-                retry_policy=RETRY,
+                retry_policy=STEP_RETRY,
             ),
             detail=lambda r: (
-                f"cancelled {r.cancelled}" if r.cancelled else f"idle after {r.waited_s:.0f}s"
+                (f"cancelled {r.cancelled}" if r.cancelled else f"idle after {r.waited_s:.0f}s")
+                + (f"; the drain was lost and applied again x{r.redrained}" if r.redrained else "")
             ),
         )
         self._state.waiting_for = None
@@ -442,7 +457,11 @@ class NodeRemediation(
             repair_input = RepairInput(node=req.node, rung=rung, key=key)
             before = await self._k8s_identity() if self._k8s else None
             try:
-                repair_input = await with_recorded_vm(repair_input)  # the VM, into history
+                # The VM, into history.
+                repair_input = await self._ride_out(
+                    "plan_repair",
+                    lambda inp=repair_input: with_recorded_vm(inp),  # type: ignore[misc]
+                )
                 done = await self._repair(repair_input, req.timeouts.repair_s)
             finally:
                 await self._release(guard, back_in_service=False, slot_only=True)
@@ -480,7 +499,7 @@ class NodeRemediation(
                 # The activity beats every 2 s: a dead worker is noticed within 10 s and the
                 # retry resumes the same keyed operation on another worker.
                 heartbeat_timeout=timedelta(seconds=10),
-                retry_policy=RETRY,
+                retry_policy=STEP_RETRY,
             ),
             detail=lambda r: f"{r.rung.value}: {r.old_vm_id} -> {r.new_vm_id}",
         )
@@ -496,7 +515,7 @@ class NodeRemediation(
                 WaitRegisteredInput(node=req.node, since=stopped_at),
                 start_to_close_timeout=timedelta(seconds=req.timeouts.wait_registered_s),
                 heartbeat_timeout=HEARTBEAT,
-                retry_policy=RETRY,
+                retry_policy=STEP_RETRY,
             ),
             detail=lambda n: n.display_state,
         )
@@ -554,6 +573,123 @@ class NodeRemediation(
                 f"{d.step} rejected by {d.approver}" + (f": {d.comment}" if d.comment else "")
             )
         return Rung(d.step)
+
+    async def _returned_jobs(self, req: IncidentRequest, found: RequeueResult) -> None:
+        """Jobs this incident requeued once are running on the node again (its drain was
+        lost, e.g. an admin resumed it during a wait). Never a second requeue for one fault
+        unless the policy says so: otherwise a human decides in Slack, cancel them or wait
+        for them to end, within `returned_jobs_timeout_s` (not the idle timeout)."""
+        s, p = self._state, self._policy
+        jobs = found.came_back
+        if p.returned_jobs == "requeue":
+            again = await self._step(
+                "requeue_again",
+                lambda: workflow.execute_activity(
+                    contracts.requeue_jobs,
+                    RequeueInput(node=req.node, incident_id=req.incident_id, requeue_again=True),
+                    start_to_close_timeout=self._slurm_timeout(),
+                    heartbeat_timeout=HEARTBEAT,
+                    retry_policy=STEP_RETRY,
+                ),
+                detail=lambda r: r.describe(),
+            )
+            s.requeued_jobs = sorted({*s.requeued_jobs, *again.requeued})
+            return
+        s.waiting_for = Waiting(
+            kind="approval",
+            step=RETURNED_JOBS_STEP,
+            detail=f"cancel jobs {jobs} or wait for them; one of {p.approvers}",
+            since=workflow.now(),
+        )
+        self._decision = None
+        self._publish()
+
+        async def decided() -> ApprovalRecord:
+            text = (
+                f"{RETURNED_JOBS_STEP} of {req.node} needs approval by one of {p.approvers}: "
+                f"jobs {jobs} were requeued once for {req.fault} and run on {req.node} again. "
+                f"Approve: cancel them; reject: wait for them to end"
+            )
+            await self._notify("approval_needed", text, "warning")
+            try:
+                await workflow.wait_condition(
+                    lambda: self._decision is not None,
+                    timeout=timedelta(seconds=p.returned_jobs_timeout_s),
+                )
+            except TimeoutError:
+                raise Unattended(
+                    f"no decision on jobs {jobs} back on {req.node} within "
+                    f"{p.returned_jobs_timeout_s:.0f}s"
+                ) from None
+            assert self._decision is not None
+            return self._decision
+
+        try:
+            d = await self._step(
+                RETURNED_JOBS_STEP,
+                decided,
+                detail=lambda d: (
+                    f"cancel jobs {jobs}: approved by {d.approver}"
+                    if d.approved
+                    else f"wait for jobs {jobs}: {d.approver}"
+                ),
+            )
+        finally:
+            s.waiting_for = None
+            self._publish()
+        if d.approved:
+            await self._step(
+                "cancel_jobs",
+                lambda: workflow.execute_activity(
+                    contracts.cancel_jobs,
+                    CancelJobsInput(node=req.node, job_ids=jobs),
+                    start_to_close_timeout=self._slurm_timeout(),
+                    heartbeat_timeout=HEARTBEAT,
+                    retry_policy=STEP_RETRY,
+                ),
+                detail=lambda r: (
+                    f"cancelled {r.cancelled or 'none'}"
+                    + (f"; already gone {r.gone}" if r.gone else "")
+                ),
+            )
+
+    async def _left_drained(self) -> str:
+        """What the closing words may say about the node, read back from Slurm: a drain
+        the controller lost is applied again first. Never assumed."""
+        try:
+            found = await self._step(
+                "verify_drained",
+                lambda: self._drained_again_if_lost(),
+                detail=lambda f: f.describe(),
+            )
+        except (ActivityError, ApplicationError) as err:
+            return f"drain state unknown ({cause_of(err)})"
+        if found.drained and found.ours:
+            return "left drained"
+        if found.drained:
+            return f"left drained by someone else ({found.reason!r})"
+        return f"NOT drained ({found.state}) although the incident drained it"
+
+    async def _drained_again_if_lost(self) -> QuarantineStatus:
+        found = (await self._quarantine_now()).slurm
+        if found.drained or not found.restorable:
+            return found
+        r = self._state.request
+        await self._step(
+            "redrain",
+            lambda: workflow.execute_activity(
+                contracts.drain_node,
+                DrainInput(node=r.node, reason=drain_reason(r.incident_id, r.fault)),
+                start_to_close_timeout=self._slurm_timeout(),
+                heartbeat_timeout=HEARTBEAT,
+                retry_policy=STEP_RETRY,
+            ),
+            detail=lambda _: f"the drain was lost ({found.state}); applied again",
+        )
+        return (await self._quarantine_now()).slurm
+
+    def _outage_budget(self) -> tuple[float, float]:
+        return self._policy.outage_budget_s, self._policy.outage_notify_after_s
 
     async def _release(
         self, guard: GuardContext, back_in_service: bool, *, slot_only: bool = False

@@ -16,7 +16,7 @@ with workflow.unsafe.imports_passed_through():
     from autoclusters.core.guard import GuardContext, SpareCall, SpareRequest
     from autoclusters.core.models import SpareInput
 
-from autoclusters.workflows.timeline import HEARTBEAT, RETRY, Timeline
+from autoclusters.workflows.timeline import HEARTBEAT, STEP_RETRY, Timeline
 
 CALL = timedelta(seconds=60)
 
@@ -34,7 +34,7 @@ class SpareSteps(Timeline):
                 ),
                 start_to_close_timeout=CALL,
                 heartbeat_timeout=HEARTBEAT,
-                retry_policy=RETRY,
+                retry_policy=STEP_RETRY,
             ),
             detail=lambda c: c.spare or "no spare free",
         )
@@ -48,7 +48,7 @@ class SpareSteps(Timeline):
                 SpareInput(node=spare, incident_id=r.incident_id),
                 start_to_close_timeout=CALL,
                 heartbeat_timeout=HEARTBEAT,
-                retry_policy=RETRY,
+                retry_policy=STEP_RETRY,
             ),
             detail=lambda t: f"{spare} {t.state_after}" + (f" ({t.detail})" if t.detail else ""),
         )
@@ -66,7 +66,7 @@ class SpareSteps(Timeline):
                 SpareInput(node=r.node, incident_id=r.incident_id),
                 start_to_close_timeout=CALL,
                 heartbeat_timeout=HEARTBEAT,
-                retry_policy=RETRY,
+                retry_policy=STEP_RETRY,
             ),
             detail=lambda p: p.state_after,
         )
@@ -79,7 +79,7 @@ class SpareSteps(Timeline):
                 ),
                 start_to_close_timeout=CALL,
                 heartbeat_timeout=HEARTBEAT,
-                retry_policy=RETRY,
+                retry_policy=STEP_RETRY,
             ),
             detail=lambda free: f"free spares {free}",
         )

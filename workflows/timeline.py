@@ -4,16 +4,17 @@ notification sent without ever blocking the remediation."""
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import TypeVar
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import ActivityError
+from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
     from autoclusters.activities import contracts
     from autoclusters.core.models import IncidentState, Notification, StepRecord
+    from autoclusters.core.unavailable import OUTAGE_TYPES, component_of, is_unavailable_type
 
 T = TypeVar("T")
 
@@ -26,7 +27,24 @@ RETRY = RetryPolicy(
     maximum_attempts=5,
     non_retryable_error_types=["UnknownNode", "NodeBusy", "PolicyForbids", "BadCredentials"],
 )
+# A runbook step's own retry: the same, except that an outage (a dependency unreachable)
+# is not retried here but reaches the step at once, which waits it out with the outage shown
+# on the incident (Timeline._ride_out) for as long as the policy's budget allows.
+STEP_RETRY = RetryPolicy(
+    initial_interval=RETRY.initial_interval,
+    backoff_coefficient=RETRY.backoff_coefficient,
+    maximum_interval=RETRY.maximum_interval,
+    maximum_attempts=RETRY.maximum_attempts,
+    non_retryable_error_types=[*(RETRY.non_retryable_error_types or []), *OUTAGE_TYPES],
+)
 NOTIFY_RETRY = RetryPolicy(maximum_attempts=3)
+# Between two tries of a step whose dependency is away: short at first (a blip), then
+# every OUTAGE_POLL_MAX_S.
+OUTAGE_POLL_S = 2.0
+OUTAGE_POLL_MAX_S = 10.0
+# What an outage that outlasted the budget is called: not an outage type any more, so an
+# enclosing step does not wait it out a second time.
+OUTAGE_BUDGET_SPENT = "OutageBudgetSpent"
 # Every activity that can take more than a few seconds heartbeats (activities/heartbeat.py):
 # a worker killed mid-step is noticed within this, and the retry starts on another worker.
 HEARTBEAT = timedelta(seconds=10)
@@ -34,6 +52,14 @@ HEARTBEAT = timedelta(seconds=10)
 
 def cause_of(err: BaseException) -> BaseException:
     return err.cause if isinstance(err, ActivityError) and err.cause else err
+
+
+def outage_of(err: BaseException) -> ApplicationError | None:
+    """The failure when `err` says a dependency was unreachable (a retryable outage)."""
+    cause = cause_of(err)
+    if isinstance(cause, ApplicationError) and is_unavailable_type(cause.type):
+        return cause
+    return None
 
 
 class Timeline:
@@ -46,8 +72,12 @@ class Timeline:
         name: str,
         run: Callable[[], Awaitable[T]],
         detail: Callable[[T], str] | None = None,
+        *,
+        ride_out: bool = True,
     ) -> T:
-        """Run one runbook step and record it on the timeline, whatever its outcome."""
+        """Run one runbook step and record it on the timeline, whatever its outcome. An
+        outage of a system the step reads is waited out (`ride_out`; never for a
+        notification, which must not hold the runbook)."""
         rec = StepRecord(name=name, started_at=workflow.now())
         self._state.steps.append(rec)
         # A step can run inside another (a notification while a step waits for a human or
@@ -55,8 +85,9 @@ class Timeline:
         enclosing = self._state.current_step
         self._state.current_step = name
         self._show_current(name)
+        outages: list[str] = []
         try:
-            out = await run()
+            out = await (self._ride_out(name, run, rec, outages) if ride_out else run())
         except GeneratorExit:
             raise  # the worker evicted this workflow from its cache: not the step's outcome
         except BaseException as e:
@@ -68,7 +99,7 @@ class Timeline:
                 self._show_current(enclosing)
             raise
         rec.outcome, rec.finished_at = "ok", workflow.now()
-        rec.detail = detail(out) if detail else ""
+        rec.detail = "; ".join(p for p in [detail(out) if detail else "", *outages] if p)
         self._state.current_step = enclosing
         if enclosing:
             self._show_current(enclosing)
@@ -76,6 +107,74 @@ class Timeline:
 
     def _show_current(self, step: str) -> None:
         """What the Temporal UI shows as the incident's current details (overridable)."""
+
+    def _outage_budget(self) -> tuple[float, float]:
+        """(budget, notify after) in seconds; the runbook's policy overrides these."""
+        return 900.0, 60.0
+
+    async def _ride_out(
+        self,
+        what: str,
+        run: Callable[[], Awaitable[T]],
+        rec: StepRecord | None = None,
+        outages: list[str] | None = None,
+    ) -> T:
+        """`run()`, tried again while a system it reads is unreachable: never act on what
+        cannot be seen, and never give up on a minute's outage either.
+
+        Each outage is on the step's detail while it lasts ("slurmctld unreachable for 48 s;
+        waiting up to 900 s") and after ("slurmctld unreachable for 62 s"), and in Slack
+        once it lasted the policy's `outage_notify_after_s`. Past `outage_budget_s` the
+        step fails (OutageBudgetSpent), and the runbook's failure path leaves the node
+        drained and pages a human.
+        """
+        budget_s, notify_after_s = self._outage_budget()
+        since: datetime | None = None
+        told = False
+        tries = 0
+        who = ""
+        while True:
+            try:
+                out = await run()
+            except ActivityError as err:
+                outage = outage_of(err)
+                if outage is None:
+                    raise
+                now = workflow.now()
+                since = since or now
+                lasted = (now - since).total_seconds()
+                who = component_of(str(outage.message))
+                if lasted >= budget_s:
+                    raise ApplicationError(
+                        f"{who} unreachable for {lasted:.0f} s during {what}, over the "
+                        f"outage budget of {budget_s:.0f} s: {outage.message}",
+                        type=OUTAGE_BUDGET_SPENT,
+                        non_retryable=True,
+                    ) from err
+                if rec is not None:
+                    rec.detail = (
+                        f"{who} unreachable for {lasted:.0f} s; waiting up to {budget_s:.0f} s"
+                    )
+                if lasted >= notify_after_s and not told:
+                    told = True
+                    await self._notify(
+                        "dependency_unavailable",
+                        f"{who} unreachable for {lasted:.0f} s during {what} of "
+                        f"{self._state.request.node}; the incident waits for it (up to "
+                        f"{budget_s:.0f} s) and acts on nothing it cannot read",
+                        "warning",
+                    )
+                tries += 1
+                await workflow.sleep(min(OUTAGE_POLL_S * 2 ** (tries - 1), OUTAGE_POLL_MAX_S))
+                continue
+            if since is not None:
+                lasted = (workflow.now() - since).total_seconds()
+                note = f"{who} unreachable for {lasted:.0f} s"
+                if outages is not None:
+                    outages.append(note)
+                if told:
+                    await self._notify("dependency_back", f"{note}; back, {what} goes on", "info")
+            return out
 
     async def _notify(self, event: str, text: str, severity: str = "info") -> None:
         req = self._state.request
@@ -99,6 +198,7 @@ class Timeline:
                     heartbeat_timeout=HEARTBEAT,
                     retry_policy=NOTIFY_RETRY,
                 ),
+                ride_out=False,
             )
         except ActivityError:
             workflow.logger.warning("notification %s for %s failed", event, req.incident_id)

@@ -24,7 +24,7 @@ from urllib.parse import quote
 
 from pydantic import BaseModel
 
-from autoclusters.core.models import Notification, workflow_id
+from autoclusters.core.models import RETURNED_JOBS_STEP, Notification, workflow_id
 from autoclusters.core.sharing import MOVE_APPROVAL_STEP, REBALANCE_FAULT, rebalance_workflow_id
 
 __all__ = [
@@ -127,7 +127,8 @@ class IncidentCard(BaseModel):
         elif note.event in APPROVAL_EVENTS:
             m = _APPROVAL_STEP.match(note.text)
             waiting = m.group(1) if m else (self.waiting_step or rung)
-            rung = waiting or rung
+            if waiting != RETURNED_JOBS_STEP:  # a decision about jobs, not a repair
+                rung = waiting or rung
         headline = self.headline
         if note.event == "opened" and "\n" in note.text:
             headline = note.text.split("\n", 1)[1].strip()
@@ -263,13 +264,15 @@ def _approval_block(card: IncidentCard, step: str) -> dict[str, Any]:
             },
         }
 
+    # Jobs back on the node after their requeue: approve cancels them, reject waits.
+    yes, no = ("Cancel the jobs", "Wait") if step == RETURNED_JOBS_STEP else ("Approve", "Reject")
     return {
         "type": "actions",
         # A new block_id per step: Slack asks for one per iteration of an updated message.
         "block_id": f"{APPROVAL_BLOCK_PREFIX}:{step}",
         "elements": [
-            button("approve", "Approve", "primary"),
-            button("reject", "Reject", "danger"),
+            button("approve", yes, "primary"),
+            button("reject", no, "danger"),
         ],
     }
 
