@@ -20,7 +20,7 @@ import signal
 import sys
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import typer
 
@@ -40,6 +40,11 @@ def _group() -> None:
     pass
 
 
+# Fixed sets are typed as such: anything else is Typer's usage error (exit 2, naming them).
+Backend = Literal["nvml", "fake"]
+LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"]
+
+
 def _fail(message: str, code: int = 2) -> typer.Exit:
     typer.echo(message, err=True)
     return typer.Exit(code)
@@ -55,7 +60,9 @@ def default_fake_file(node: str) -> Path:
 @agent_app.command("run")
 def run(
     node: Annotated[str, typer.Option(help="This node's name, as Slurm/Kubernetes know it.")],
-    backend: Annotated[str, typer.Option(help="nvml (real GPUs) or fake (a JSON file).")] = "nvml",
+    backend: Annotated[
+        Backend, typer.Option(help="nvml (real GPUs) or fake (a JSON file).")
+    ] = "nvml",
     fake_file: Annotated[
         Path | None,
         typer.Option(
@@ -110,7 +117,9 @@ def run(
         int | None,
         typer.Option(help="Serve dcgm-exporter's series on /metrics on this port (default: off)."),
     ] = None,
-    log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING.")] = "INFO",
+    log_level: Annotated[
+        LogLevel, typer.Option(case_sensitive=False, help="How much to log.")
+    ] = "INFO",
 ) -> None:
     """Check this node's GPUs and InfiniBand every interval; report faults to the API."""
     from pydantic import ValidationError
@@ -120,8 +129,6 @@ def run(
     logging.basicConfig(
         level=log_level.upper(), stream=sys.stderr, format="%(asctime)s %(levelname)s %(message)s"
     )
-    if backend not in ("nvml", "fake"):
-        raise _fail(f"--backend must be nvml or fake, not {backend!r}")
     overrides: dict[str, Any] = {
         k: v
         for k, v in {
@@ -284,6 +291,7 @@ def inject(
 ) -> None:
     """Write FAULT into the node's fake-backend file, as NVML or sysfs would show it."""
     from autoclusters.clients.agent import fake_backend
+    from autoclusters.core.faults import UnknownFaultError, check_known_fault
 
     path = fake_file or default_fake_file(node)
     if clear:
@@ -293,8 +301,11 @@ def inject(
     if not fault:
         raise _fail(f"say --fault (one of: {', '.join(fake_backend.injectable())}) or --clear")
     try:
+        # A kind nobody knows: one line pointing at the catalogue. A known kind the fake
+        # cannot produce: the injectable ones are named below.
+        check_known_fault(fault)
         fake_backend.inject(path, fault=fault, gpu=gpu, hca=hca)
-    except fake_backend.UnknownFault as e:
+    except (UnknownFaultError, fake_backend.UnknownFault) as e:
         raise _fail(str(e)) from None
     typer.echo(f"{node}: {fault} injected ({path})")
 

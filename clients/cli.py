@@ -8,11 +8,12 @@ import os
 import sys
 from collections.abc import Awaitable, Callable
 from importlib.metadata import entry_points
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, Literal, NoReturn, TypeVar, get_args
 
 import typer
 from pydantic import ValidationError
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from autoclusters.clients.agent_cli import agent_app, inject_app
@@ -40,6 +41,17 @@ app.command("console")(console_command)
 console = Console()
 err = Console(stderr=True)
 T = TypeVar("T")
+
+# Options whose value is one of a fixed set are typed as that set: anything else is Typer's
+# usage error (exit 2, naming the allowed values) before a query or a workflow sees it.
+# The incident's own states (core.models.IncidentStatus) plus the search attribute's
+# `waiting_approval`; tests/test_cli_choices.py keeps the two in step.
+IncidentStateName = Literal[
+    "open", "waiting_approval", "resolved", "failed", "rejected", "observed", "monitored",
+    "cancelled",
+]  # fmt: skip
+# The rungs a human approves (core.policy.LADDER less `monitor`, which repairs nothing).
+ApprovalStep = Literal["reset_gpu", "reboot", "replace"]
 
 
 def _settings() -> Settings:
@@ -101,6 +113,7 @@ def incident_open(
     from autoclusters.integrations.slurm import SlurmError
 
     s = _settings()
+    _refuse_unknown_fault(s, fault)  # before Temporal is asked anything
 
     async def go(client: Any) -> incidents.OpenedIncident:
         opened = await incidents.open_incident(client, s, node, fault)
@@ -118,12 +131,29 @@ def incident_open(
         err.print(f"[red]refused:[/red] {_first_error(e)}")
         raise typer.Exit(2) from None
     except (SlurmError, PolicyError, UnknownFaultError) as e:
-        err.print(f"[red]refused:[/red] {e}")
-        raise typer.Exit(2) from None
+        _refused(str(e))
     verb = "joined open incident" if opened.joined else "opened"
     console.print(f"{verb} {opened.incident_id} (workflow {opened.workflow_id})")
     if wait:
         _show(opened.incident_id, as_json=False)
+
+
+def _refuse_unknown_fault(s: Settings, fault: str) -> None:
+    """Exit 2 with one line (pointing at `autoclusters faults`) for a kind nobody knows."""
+    from autoclusters.core.faults import UnknownFaultError, check_known_fault
+    from autoclusters.core.policy import PolicyError
+    from autoclusters.core.settings import policy_for
+
+    try:
+        check_known_fault(fault, policy_for(s).faults)
+    except (UnknownFaultError, PolicyError) as e:
+        _refused(str(e))
+
+
+def _refused(message: str) -> NoReturn:
+    """`refused: MESSAGE` on stderr, exit 2; a one-line message stays one line."""
+    err.print(f"[red]refused:[/red] {escape(message)}", soft_wrap=True)
+    raise typer.Exit(2)
 
 
 def _first_error(e: ValidationError) -> str:
@@ -135,9 +165,10 @@ def _first_error(e: ValidationError) -> str:
 def incident_list(
     as_json: Annotated[bool, typer.Option("--json", help="One JSON array.")] = False,
     state: Annotated[
-        str | None,
+        IncidentStateName | None,
         typer.Option(
-            help="open, waiting_approval, resolved, failed, rejected, observed, monitored."
+            metavar="STATE",
+            help=f"Only incidents in this state: {', '.join(get_args(IncidentStateName))}.",
         ),
     ] = None,
     node: Annotated[str | None, typer.Option(help="Only this node's incidents.")] = None,
@@ -170,10 +201,11 @@ def approve(
     reject: Annotated[bool, typer.Option("--reject", help="Reject instead of approve.")] = False,
     comment: Annotated[str, typer.Option(help="Why, for the record.")] = "",
     step: Annotated[
-        str | None,
+        ApprovalStep | None,
         typer.Option(
-            help="The step you mean (reset_gpu, reboot, replace): refused unless "
-            "the incident waits on exactly that one."
+            metavar="STEP",
+            help=f"The step you mean ({', '.join(get_args(ApprovalStep))}): refused unless "
+            "the incident waits on exactly that one.",
         ),
     ] = None,
 ) -> None:
@@ -269,6 +301,57 @@ def _show(incident_id: str, as_json: bool) -> None:
             f"{secs:.2f}" if secs is not None else "", st.detail,
         )  # fmt: skip
     console.print(t)
+
+
+# --- the fault catalogue -----------------------------------------------------------------
+
+
+@app.command("faults")
+def faults(
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON array.")] = False,
+) -> None:
+    """List the fault kinds AutoClusters knows, with the severity and first rung the
+    cluster's policy gives each (its default rule where it names none)."""
+    import json
+
+    from autoclusters.core.faults import NAMED_FAULTS, XID_KIND
+    from autoclusters.core.policy import PolicyError
+    from autoclusters.core.settings import policy_for
+
+    s = _settings()
+    try:
+        policy = policy_for(s)
+    except PolicyError as e:
+        err.print(f"[red]bad policy:[/red] {escape(str(e))}")
+        raise typer.Exit(2) from None
+    rows = []
+    named_xids = sorted(
+        (k for k in policy.faults if k.startswith("XID_")), key=lambda k: int(k[4:])
+    )
+    others = sorted(NAMED_FAULTS | {k for k in policy.faults if not k.startswith("XID_")})
+    for kind in [*named_xids, XID_KIND, *others]:
+        named = kind in policy.faults
+        rule = policy.faults[kind] if named else policy.default_rule
+        rows.append(
+            {
+                "fault": kind,
+                "severity": rule.severity,
+                "first_rung": rule.first_rung.value,
+                "rule": "policy" if named else "default",
+            }
+        )
+    if as_json:
+        print(json.dumps(rows))
+        return
+    t = Table("fault", "severity", "first rung", "rule")
+    for r in rows:
+        t.add_row(r["fault"], r["severity"], r["first_rung"], r["rule"])
+    console.print(t)
+    console.print(
+        f"{XID_KIND}: any driver Xid the policy does not name; "
+        "a cluster's policy may name more kinds.",
+        markup=False,
+    )
 
 
 def _plugins() -> None:

@@ -151,19 +151,17 @@ def _print_status(st: ShareStatus) -> None:
 
 @share_app.command("move")
 def move(
-    to: Annotated[str, typer.Option("--to", help="inference or training.")],
+    to: Annotated[
+        Literal["inference", "training"], typer.Option("--to", help="Which side it joins.")
+    ],
     node: Annotated[str, typer.Option("--node", help="The node to move.")],
     cluster: ClusterOpt = None,
     by: Annotated[str, typer.Option("--by", help="Who asks (recorded).")] = "cli",
 ) -> None:
     """Move one node now, through the rebalancer (the same steps as its own moves)."""
-    if to not in ("inference", "training"):
-        err.print(f"[red]--to must be inference or training, not {to!r}[/red]")
-        raise typer.Exit(2)
-    direction: Literal["inference", "training"] = "inference" if to == "inference" else "training"
     from autoclusters.clients.sharing import request_move
 
-    req = MoveRequest(node=node, to=direction, requested_by=by)
+    req = MoveRequest(node=node, to=to, requested_by=by)
     move_id = _refusable(lambda c, s: request_move(c, _cluster(s, cluster), req))
     console.print(
         f"move {move_id}: {node} to {to} queued; follow it with `autoclusters share status`"

@@ -27,6 +27,7 @@ NAMED_FAULTS = frozenset(
     }
 )  # fmt: skip
 _XID = re.compile(r"^XID_\d{1,3}$")
+XID_KIND = "XID_<n>"  # how the catalogue names every driver Xid at once
 
 
 class UnknownFaultError(ValueError):
@@ -37,12 +38,20 @@ def known_faults(policy_faults: Iterable[str] = ()) -> list[str]:
     return sorted(NAMED_FAULTS | set(policy_faults))
 
 
+# Where a person finds the catalogue: every refusal of an unknown kind points here rather
+# than listing it (a list of every kind buries the one line that matters).
+CATALOGUE_HINT = "see 'autoclusters faults' for the kinds known"
+
+
+def unknown_fault_message(fault: str) -> str:
+    """One line: the kind (quoted, cut short, control characters escaped) and the hint."""
+    return f"unknown fault kind {fault[:64]!r}: {CATALOGUE_HINT}"
+
+
 def check_known_fault(fault: str, policy_faults: Iterable[str] = ()) -> None:
-    """Raise UnknownFaultError (naming the known kinds) unless `fault` is one we know."""
+    """Raise UnknownFaultError (one line, pointing at the catalogue) unless `fault` is one
+    we know: XID_<n>, a named kind, or one the cluster's policy names."""
     if _XID.match(fault):
         return
-    known = known_faults(policy_faults)
-    if fault not in known:
-        raise UnknownFaultError(
-            f"unknown fault kind {fault[:64]!r}: use XID_<n> or one of {', '.join(known)}"
-        )
+    if fault not in NAMED_FAULTS and fault not in set(policy_faults):
+        raise UnknownFaultError(unknown_fault_message(fault))

@@ -1,9 +1,11 @@
 """YAML files validated into pydantic models, with problems that name the line and field.
 
 Shared by the remediation policy (core/policy.py) and the cluster spec (core/cluster_spec.py):
-a file is read with a size bound, parsed with PyYAML's safe loader, refused when aliases
-expand it past a bound or a key is given twice, and validated; each pydantic error is mapped
-back onto the YAML node it is about, so `file:line: field: message` points at the mistake.
+a file is read with a size bound, its entries counted in a cheap streaming pass (refused past
+a bound before anything builds a tree), parsed with PyYAML's safe loader, refused when
+aliases expand it past that bound or a key is given twice, and validated; each pydantic error
+is mapped back onto the YAML node it is about, so `file:line: field: message` points at the
+mistake.
 """
 
 from __future__ import annotations
@@ -59,7 +61,9 @@ class SpecFormat(Generic[M]):
     error: type[SpecError]
     what: str  # "a policy", "a cluster spec": in messages
     max_bytes: int
-    max_nodes: int  # values of the document once aliases are expanded
+    # Entries (keys, values, list items) of the document, and the bound on their number
+    # once aliases are expanded.
+    max_nodes: int
     root_message: str  # when the document is not a mapping
 
 
@@ -87,7 +91,24 @@ def parse_yaml(text: str, source: str, fmt: SpecFormat[Any]) -> tuple[yaml.Node,
     size = len(text.encode("utf-8", errors="replace"))
     if size > fmt.max_bytes:
         raise fmt.error(source, [_too_large(size, fmt)])
-    loader = yaml.SafeLoader(text)
+    # Building the node tree costs seconds per megabyte: count the entries first, in a pass
+    # that builds nothing and stops as soon as there are too many.
+    if count_entries(text, fmt.max_nodes) > fmt.max_nodes:
+        raise fmt.error(
+            source,
+            [
+                SpecProblem(
+                    None,
+                    "",
+                    f"the document has more than {fmt.max_nodes} entries (keys, values and "
+                    f"list items); {fmt.what} may have at most {fmt.max_nodes}",
+                )
+            ],
+        )
+    try:
+        loader = yaml.SafeLoader(text)  # refuses a character YAML does not allow
+    except yaml.YAMLError as e:
+        raise fmt.error(source, [SpecProblem(None, "", f"YAML error: {e}")]) from None
     try:
         root = loader.get_single_node()
         if root is None:
@@ -127,6 +148,36 @@ def validate_node(root: yaml.Node, data: Any, source: str, fmt: SpecFormat[M]) -
         return fmt.model.model_validate(data)
     except ValidationError as e:
         raise fmt.error(source, [problem_at(root, err, fmt) for err in e.errors()]) from None
+
+
+# libyaml's parser when PyYAML was built with it (its wheels are): ~20x faster than the
+# pure-Python one, which is the fallback.
+_FastLoader: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+_ENTRY_EVENTS = (yaml.ScalarEvent, yaml.MappingStartEvent, yaml.SequenceStartEvent, yaml.AliasEvent)
+
+
+def count_entries(text: str, limit: int) -> int:
+    """Entries the document writes out (each key, value and list item; an alias counts
+    once), counted from the parser's event stream without building anything, stopping past
+    `limit`. A lower bound of what aliases expand it to, so a count past the bound refuses
+    nothing the expanded-size check would let through. A document the fast parser cannot
+    read is left to the full parse, which names the line of the mistake."""
+    count = 0
+    try:
+        loader = _FastLoader(text)  # a character YAML refuses can stop it here already
+    except (yaml.YAMLError, ValueError):
+        return count
+    try:
+        while (event := loader.get_event()) is not None:
+            if isinstance(event, _ENTRY_EVENTS):
+                count += 1
+                if count > limit:
+                    break
+    except (yaml.YAMLError, ValueError):
+        pass
+    finally:
+        loader.dispose()
+    return count
 
 
 def _too_large(size: int, fmt: SpecFormat[Any]) -> SpecProblem:

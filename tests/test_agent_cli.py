@@ -109,9 +109,13 @@ def test_inject_ib_faults_land_in_the_fake_infiniband(tmp_path: Path) -> None:
 
 
 def test_inject_refuses_what_the_agent_cannot_see(tmp_path: Path) -> None:
-    for fault in ("NODE_NOT_READY", "MANUAL", "xid79"):
+    for fault in ("NODE_NOT_READY", "MANUAL"):
         p = cli("inject", "--node", "n", "--fault", fault, "--fake-file", str(tmp_path / "f"))
         assert p.returncode == 2 and "cannot inject" in p.stderr
+    # A kind nobody knows: one line that points at the catalogue.
+    p = cli("inject", "--node", "n", "--fault", "xid79", "--fake-file", str(tmp_path / "f"))
+    assert p.returncode == 2
+    assert p.stderr == "unknown fault kind 'xid79': see 'autoclusters faults' for the kinds known\n"
     assert not (tmp_path / "f").exists()
 
 

@@ -8,7 +8,8 @@ worker (test_api.py's set-up):
 - a resolution is recorded on the incident: in the payload that opens it, and after the
   API restarted (it lives in the incident, not in the API's memory); it never stops it;
 - exactly one caller is told `opened` when three open one node at once;
-- an unknown fault kind is a 422 naming the known ones, and starts nothing.
+- an unknown fault kind is a 422 naming it and its field, pointing at `autoclusters faults`,
+  and starts nothing.
 """
 
 from __future__ import annotations
@@ -167,7 +168,8 @@ async def test_an_unknown_fault_kind_is_422_and_starts_nothing(
     odd = alert("gpu-066", "Whatever", fault="NOT_A_REAL_FAULT")
     r = await http.post(AM, json=payload(odd), headers=AUTH)
     assert r.status_code == 422, r.text
-    assert r.json()["faults"] == ["NOT_A_REAL_FAULT"] and "GPU_FELL_OFF_BUS" in r.json()["detail"]
+    assert r.json()["faults"] == ["NOT_A_REAL_FAULT"] and r.json()["fields"] == ["alerts[0]"]
+    assert "'autoclusters faults'" in r.json()["detail"]
     rep = NodeReport.build(
         node="gpu-066", fault="NOT_A_REAL_FAULT", state="firing",
         observed_at=STARTS, since=STARTS,

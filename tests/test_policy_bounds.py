@@ -1,8 +1,8 @@
 """Policies with sane bounds: what `policy check` passes can always run.
 
 Every generated document is either accepted, and then travels into a workflow input and
-back unchanged, or refused with an error that names where; alias bombs and oversized files
-are refused before anything walks them.
+back unchanged, or refused with an error that names where; alias bombs, oversized files and
+files of too many entries are refused before anything walks them, each naming its limit.
 """
 
 from __future__ import annotations
@@ -17,10 +17,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from temporalio.contrib.pydantic import pydantic_data_converter
 
+from autoclusters.core import yaml_spec
 from autoclusters.core.models import IncidentRequest
 from autoclusters.core.policy import (
     MAX_DURATION_S,
     MAX_POLICY_BYTES,
+    MAX_POLICY_NODES,
     Policy,
     PolicyError,
     Rung,
@@ -64,6 +66,73 @@ def test_a_policy_over_one_mebibyte_is_refused(tmp_path: Path) -> None:
     big.write_text("approvers:\n" + "  - alice\n" * (MAX_POLICY_BYTES // 10))
     with pytest.raises(PolicyError, match="at most 1048576 bytes"):
         load_policy(big)
+
+
+def _never_composed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tree-building parse (seconds per megabyte) must not start."""
+
+    def compose(*_: object) -> None:
+        raise AssertionError("the full parse ran")
+
+    monkeypatch.setattr(yaml.SafeLoader, "get_single_node", compose)
+
+
+def test_a_one_megabyte_policy_of_too_many_entries_is_refused_at_once_naming_the_limit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # No alias in it: it used to take seconds and blame aliases.
+    big = tmp_path / "policy.yaml"
+    big.write_text("approvers:\n" + "  - alice\n" * 100_000)
+    assert 1_000_000 <= big.stat().st_size <= MAX_POLICY_BYTES
+    _never_composed(monkeypatch)
+    started = time.perf_counter()
+    with pytest.raises(PolicyError) as e:
+        load_policy(big)
+    assert time.perf_counter() - started < 0.5  # the issue's bound; it takes ~0.05 s
+    (problem,) = e.value.problems
+    assert f"more than {MAX_POLICY_NODES} entries" in problem.message
+    assert f"at most {MAX_POLICY_NODES}" in problem.message
+    assert "alias" not in problem.message
+
+
+def test_a_policy_one_byte_over_the_size_limit_is_refused_unread_naming_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    big = tmp_path / "policy.yaml"
+    big.write_text("#" * MAX_POLICY_BYTES + "\n")
+    _never_composed(monkeypatch)
+    monkeypatch.setattr(yaml_spec, "count_entries", lambda *_: pytest.fail("the file was scanned"))
+    started = time.perf_counter()
+    with pytest.raises(PolicyError) as e:
+        load_policy(big)
+    assert time.perf_counter() - started < 0.5
+    assert str(e.value) == (
+        f"{big}: the file is {MAX_POLICY_BYTES + 1} bytes; "
+        f"a policy may be at most {MAX_POLICY_BYTES} bytes"
+    )
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_entries_are_counted_up_to_just_past_the_limit(
+    fast: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if not fast:  # PyYAML built without libyaml: the same count, slower
+        monkeypatch.setattr(yaml_spec, "_FastLoader", yaml.SafeLoader)
+    # the mapping, its 2 keys, the sequence and its 3 items, the alias: 8
+    text = "a: &x [1, 2, 3]\nb: *x\n"
+    assert yaml_spec.count_entries(text, 100) == 8
+    assert yaml_spec.count_entries("- x\n" * 1000, 10) == 11  # stops past the limit
+    # What the parser cannot read is left to the full parse, which names the line.
+    assert yaml_spec.count_entries("a: [1, 2\n", 100) < 100
+    assert yaml_spec.count_entries("a: \ud800\n", 100) < 100
+    with pytest.raises(PolicyError):
+        parse_policy("approvers: [\ud800]\n")
+
+
+def test_a_document_of_entries_just_under_the_limit_still_loads() -> None:
+    names = "".join(f"  gpu-{i:05d}: {{leaf: l{i % 64}}}\n" for i in range(9_000))
+    policy = parse_policy("topology:\n" + names)
+    assert len(policy.topology) == 9_000
 
 
 @pytest.mark.parametrize(

@@ -80,7 +80,7 @@ from autoclusters.clients.api.resolutions import Resolution, ResolutionLog
 from autoclusters.clients.api.settings import ApiSettings
 from autoclusters.clients.api.timing import RequestTimer
 from autoclusters.core.fault_evidence import FaultCleared, FaultEvidence
-from autoclusters.core.faults import UnknownFaultError, check_known_fault, known_faults
+from autoclusters.core.faults import CATALOGUE_HINT, UnknownFaultError, check_known_fault
 from autoclusters.core.models import IncidentState, workflow_id
 from autoclusters.core.net import is_loopback
 from autoclusters.core.policy import Policy, PolicyError
@@ -334,7 +334,8 @@ class Api:
             raise TemporalUnavailable(f"Slurm: {e}", kind="inventory") from None
 
     def refuse_unknown_faults(self, faults: list[tuple[str, str]], endpoint: str) -> None:
-        """422 naming every unknown fault kind (with where it was) and the known ones."""
+        """422 naming every unknown fault kind and the field it was in, in one line that
+        points at the catalogue (`autoclusters faults`) rather than listing it."""
         known = self.policies.current().faults
         bad = []
         for where, fault in faults:
@@ -344,16 +345,18 @@ class Api:
                 bad.append((where, fault))
         if bad:
             kinds = sorted({f for _, f in bad})
+            fields = [w for w, _ in bad]
+            shown = ", ".join(repr(k[:64]) for k in kinds[:10])
             _raise(
                 self.refuse(
                     422,
                     "unknown_fault",
                     endpoint,
                     "unknown fault kind",
-                    f"{', '.join(kinds)} ({', '.join(w for w, _ in bad[:10])}) is not a fault "
-                    f"kind we know: use XID_<n> or one of {', '.join(known_faults(known))}; "
-                    "nothing was started",
+                    f"unknown fault kind {shown} ({', '.join(fields[:10])}): "
+                    f"{CATALOGUE_HINT}; nothing was started",
                     faults=kinds,
+                    fields=fields,
                 )  # fmt: skip
             )
 
