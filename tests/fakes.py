@@ -34,7 +34,7 @@ from autoclusters.core.models import (
 )
 from autoclusters.core.policy import LADDER, Rung
 from autoclusters.integrations.cloud import CloudError
-from autoclusters.integrations.slurm import SlurmError
+from autoclusters.integrations.slurm import SlurmError, SlurmUnavailable
 
 _REQUEUEABLE_STATES = {"RUNNING", "CONFIGURING", "SUSPENDED"}
 
@@ -59,6 +59,10 @@ class FakeSlurm:
         # checkpoint and requeue themselves; others ignore it.
         self.checkpointing: set[int] = set()
         self.signals: Counter[int] = Counter()
+        # slurmctld away (restarting, failing over): every call raises SlurmUnavailable, as
+        # SlurmCli does on 22.05's errors document; `calls_while_down` counts the attempts.
+        self.down = False
+        self.calls_while_down: Counter[str] = Counter()
 
     # --- building the cluster -----------------------------------------------------------
 
@@ -136,6 +140,15 @@ class FakeSlurm:
         n.reason = ""
         self.record("admin_resume", node)
 
+    def run_again(self, job_id: int, *, nodes: str) -> None:
+        """Slurm starts a pending (requeued) job, on `nodes`."""
+        job = self._jobs[job_id]
+        job.job_state, job.state_reason, job.nodes = "RUNNING", "None", nodes
+        for n in hostlist.expand(nodes):
+            if self._nodes[n].state == "idle":
+                self._nodes[n].state = "allocated"
+        self.record("started", str(job_id))
+
     def finish_job(self, job_id: int) -> None:
         """The job ends on its own; the nodes it leaves go idle."""
         job = self._jobs[job_id]
@@ -157,6 +170,18 @@ class FakeSlurm:
         self.record("registered", node)
 
     # --- SlurmClient --------------------------------------------------------------------
+
+    def _reachable(self, call: str) -> None:
+        if self.down:
+            self.calls_while_down[call] += 1
+            raise SlurmUnavailable(f"{call}: Unable to contact slurm controller (connect failure)")
+
+    def lose_drain(self, node: str) -> None:
+        """The controller came back from an older saved state: the node's drain is gone."""
+        n = self._nodes[node]
+        n.state_flags = [f for f in n.state_flags if f != "DRAIN"]
+        n.reason = ""
+        self.record("drain_lost", node)
 
     def _node(self, name: str) -> SlurmNode:
         if name not in self._nodes:
@@ -180,25 +205,30 @@ class FakeSlurm:
             n.state = "idle"
 
     async def nodes(self) -> list[SlurmNode]:
+        self._reachable("nodes")
         self.calls["nodes"] += 1
         return [n.model_copy(deep=True) for n in self._nodes.values()]
 
     async def node(self, name: str) -> SlurmNode | None:
+        self._reachable("node")
         self.calls["node"] += 1
         n = self._nodes.get(name)
         return n.model_copy(deep=True) if n else None
 
     async def jobs(self) -> list[SlurmJob]:
+        self._reachable("jobs")
         self.calls["jobs"] += 1
         return [j.model_copy(deep=True) for j in self._jobs.values()]
 
     async def jobs_on_node(self, name: str) -> list[SlurmJob]:
+        self._reachable("jobs_on_node")
         self.calls["jobs_on_node"] += 1
         return [
             j.model_copy(deep=True) for j in self._jobs.values() if name in hostlist.expand(j.nodes)
         ]
 
     async def drain(self, node: str, reason: str) -> None:
+        self._reachable("drain")
         self.calls["drain"] += 1
         n = self._node(node)
         if not reason:
@@ -209,6 +239,7 @@ class FakeSlurm:
         self.record("drain", node)
 
     async def resume(self, node: str) -> None:
+        self._reachable("resume")
         self.calls["resume"] += 1
         n = self._node(node)
         if "DRAIN" not in n.state_flags and n.state != "down":
@@ -220,6 +251,7 @@ class FakeSlurm:
         self.record("resume", node)
 
     async def signal_job(self, job_id: int, signal: str) -> None:
+        self._reachable("signal_job")
         self.calls["signal_job"] += 1
         job = self._job(job_id)
         self.signals[job_id] += 1
@@ -232,6 +264,7 @@ class FakeSlurm:
                 self._settle(n)
 
     async def requeue(self, job_id: int) -> None:
+        self._reachable("requeue")
         self.calls["requeue"] += 1
         job = self._job(job_id)
         if not (job.requeue and job.batch_flag):
@@ -252,6 +285,7 @@ class FakeSlurm:
             raise SlurmError(f"scontrol requeue {job_id}: Socket timed out on send/recv operation")
 
     async def release_hold(self, job_id: int) -> None:
+        self._reachable("release_hold")
         self.calls["release_hold"] += 1
         job = self._job(job_id)
         if job.job_state != "PENDING":
@@ -261,10 +295,12 @@ class FakeSlurm:
         self.record("release_hold", str(job_id))
 
     async def set_admin_comment(self, job_id: int, text: str) -> None:
+        self._reachable("set_admin_comment")
         self.calls["set_admin_comment"] += 1
         self._job(job_id).admin_comment = text
 
     async def cancel(self, job_id: int) -> None:
+        self._reachable("cancel")
         self.calls["cancel"] += 1
         job = self._job(job_id)
         job.job_state = "CANCELLED"

@@ -1,0 +1,207 @@
+"""Unknown is not empty: what Slurm 22.05 really prints while slurmctld is down
+(tests/data/slurm-22.05-controller-down/, captured by scripts/capture-slurm-outage.py) is
+replayed by stand-in `sinfo`/`squeue`/`scontrol`/`scancel` executables, and every reader and
+step that reads it raises SlurmUnavailable instead of answering "no nodes", "no jobs",
+"idle", "not in Slurm" or "cluster size 0". The documents captured a moment earlier, with
+the controller up, still parse.
+"""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+import pytest
+
+from autoclusters.activities.guard import GuardActivities
+from autoclusters.activities.slurm import SlurmActivities
+from autoclusters.core.models import DrainInput, RequeueInput, WaitIdleInput
+from autoclusters.core.quarantine import VerifyQuarantineInput
+from autoclusters.integrations.health import SlurmHealthGate
+from autoclusters.integrations.slurm import (
+    SlurmCli,
+    SlurmError,
+    SlurmUnavailable,
+    checked_document,
+)
+from tests.fakes import FakeSlurm
+
+CAPTURED = Path(__file__).parent / "data" / "slurm-22.05-controller-down"
+
+
+def _replay(tmp_path: Path, routes: dict[str, str]) -> SlurmCli:
+    """A bin dir whose commands print a captured answer: `routes` maps a command (its
+    first argument words, e.g. "scontrol update NodeName") to a capture's name."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    by_exe: dict[str, list[tuple[str, str]]] = {}
+    for cmd, name in routes.items():
+        exe, _, rest = cmd.partition(" ")
+        by_exe.setdefault(exe, []).append((rest, name))
+    for exe, cases in by_exe.items():
+        lines = ["#!/bin/sh", 'args="$*"', 'case "$args" in']
+        for rest, name in cases:
+            base = shlex.quote(str(CAPTURED / name))
+            lines.append(
+                f'  "{rest}"*) cat {base}.stdout; cat {base}.stderr >&2; exit $(cat {base}.rc);;'
+            )
+        lines += ['  *) echo "unexpected: $args" >&2; exit 99;;', "esac"]
+        path = bin_dir / exe
+        path.write_text("\n".join(lines) + "\n")
+        path.chmod(0o755)
+    return SlurmCli(bin_dir=bin_dir)
+
+
+DOWN = {
+    "sinfo --json": "sinfo",
+    "squeue --json": "squeue",
+    "scontrol update NodeName": "scontrol-update-drain",
+    "scontrol update JobId": "scontrol-update-job",
+    "scontrol requeue": "scontrol-requeue",
+    "scancel": "scancel",
+}
+UP = {"sinfo --json": "sinfo-up", "squeue --json": "squeue-up"}
+
+
+@pytest.fixture
+def down(tmp_path: Path) -> SlurmCli:
+    return _replay(tmp_path, DOWN)
+
+
+@pytest.fixture
+def up(tmp_path: Path) -> SlurmCli:
+    return _replay(tmp_path, UP)
+
+
+def test_the_captured_documents_are_what_the_readers_must_not_believe() -> None:
+    # The trap itself: exit 0, empty lists, an errors array.
+    assert (CAPTURED / "sinfo.rc").read_text().strip() == "0"
+    assert '"nodes": [' in (CAPTURED / "sinfo.stdout").read_text()
+    assert (CAPTURED / "squeue.rc").read_text().strip() == "0"
+
+
+async def test_the_controller_up_documents_parse(up: SlurmCli) -> None:
+    nodes = await up.nodes()
+    assert [n.name for n in nodes] == ["gpu-01", "gpu-02"]
+    jobs = await up.jobs()
+    # Job 1 is the provisioning's acceptance job; job 2 the capture's own.
+    assert [(j.job_id, j.job_state) for j in jobs] == [(1, "COMPLETED"), (2, "RUNNING")]
+    assert 2 in [j.job_id for j in await up.jobs_on_node(jobs[1].nodes)]
+
+
+@pytest.mark.parametrize("read", ["nodes", "jobs"])
+async def test_sinfo_and_squeue_with_errors_are_unavailable_not_empty(
+    down: SlurmCli, read: str
+) -> None:
+    with pytest.raises(SlurmUnavailable) as caught:
+        await getattr(down, read)()
+    assert caught.value.component == "slurmctld"
+    assert "Unspecified error" in str(caught.value)
+
+
+async def test_node_and_jobs_on_node_are_unavailable_not_absent(down: SlurmCli) -> None:
+    with pytest.raises(SlurmUnavailable):
+        await down.node("gpu-01")
+    with pytest.raises(SlurmUnavailable):
+        await down.jobs_on_node("gpu-01")
+    with pytest.raises(SlurmUnavailable):
+        await down.job(2)
+
+
+@pytest.mark.parametrize(
+    ("write", "args"),
+    [
+        ("drain", ("gpu-01", "autoclusters: INC-1 XID_79")),
+        ("requeue", (2,)),
+        ("release_hold", (2,)),
+        ("cancel", (2,)),
+    ],
+)
+async def test_writes_that_cannot_reach_the_controller_are_unavailable(
+    down: SlurmCli, write: str, args: tuple[object, ...]
+) -> None:
+    with pytest.raises(SlurmUnavailable):
+        await getattr(down, write)(*args)
+
+
+async def test_a_real_refusal_stays_a_refusal(tmp_path: Path) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    exe = bin_dir / "scontrol"
+    exe.write_text(
+        "#!/bin/sh\necho 'slurm_update error: Invalid node name specified' >&2\nexit 1\n"
+    )
+    exe.chmod(0o755)
+    with pytest.raises(SlurmError) as caught:
+        await SlurmCli(bin_dir=bin_dir).drain("gpu-99", "x")
+    assert not isinstance(caught.value, SlurmUnavailable)
+
+
+@pytest.mark.parametrize(
+    ("raw", "why"),
+    [
+        ("", "printed nothing"),
+        ("{not json", "printed no JSON"),
+        ("[]", "not an object"),
+        ('{"meta": {}}', "has no 'nodes' list"),
+    ],
+)
+def test_empty_or_unparseable_output_is_unavailable(raw: str, why: str) -> None:
+    with pytest.raises(SlurmUnavailable, match=why):
+        checked_document(raw, "nodes", "sinfo")
+
+
+async def test_a_cluster_without_nodes_is_not_a_cluster_of_size_zero(tmp_path: Path) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    exe = bin_dir / "sinfo"
+    exe.write_text('#!/bin/sh\necho \'{"errors": [], "nodes": []}\'\n')
+    exe.chmod(0o755)
+    with pytest.raises(SlurmUnavailable, match="listed no nodes"):
+        await SlurmCli(bin_dir=bin_dir).nodes()
+
+
+# --- the steps that read it ----------------------------------------------------------------
+
+
+async def test_wait_idle_never_reports_idle_while_slurm_is_down(down: SlurmCli) -> None:
+    acts = SlurmActivities(down)
+    with pytest.raises(SlurmUnavailable):
+        await acts._wait_node_idle(WaitIdleInput(node="gpu-01", timeout_s=0, force=True))
+
+
+async def test_drain_requeue_and_verify_are_unavailable_not_unknown_node(down: SlurmCli) -> None:
+    acts = SlurmActivities(down)
+    with pytest.raises(SlurmUnavailable):
+        await acts._drain_node(DrainInput(node="gpu-01", reason="autoclusters: INC-1 XID_79"))
+    with pytest.raises(SlurmUnavailable):
+        await acts._requeue_jobs(RequeueInput(node="gpu-01", incident_id="INC-1"))
+    with pytest.raises(SlurmUnavailable):
+        await acts.verify_quarantine(
+            VerifyQuarantineInput(node="gpu-01", incident_id="INC-1", reasons=["x"])
+        )
+
+
+async def test_the_health_gate_does_not_fail_a_node_it_cannot_see(down: SlurmCli) -> None:
+    # Before: "not in Slurm" and a failed gate, i.e. one rung up, a second repair.
+    with pytest.raises(SlurmUnavailable):
+        await SlurmHealthGate(down).check("gpu-01")
+
+
+async def test_the_guard_never_counts_a_cluster_of_zero_nodes(down: SlurmCli) -> None:
+    guard = GuardActivities(None, down, "tq")  # type: ignore[arg-type]  # only reads Slurm
+    with pytest.raises(SlurmUnavailable):
+        await guard._read_view()
+
+
+async def test_a_drain_that_does_not_show_when_read_back_is_not_a_drain() -> None:
+    class Forgetful(FakeSlurm):
+        async def drain(self, node: str, reason: str) -> None:
+            self.calls["drain"] += 1  # answers 0, and the controller forgets it
+
+    slurm = Forgetful()
+    slurm.add_node("gpu-01")
+    with pytest.raises(SlurmUnavailable, match="did not show when read back"):
+        await SlurmActivities(slurm)._drain_node(
+            DrainInput(node="gpu-01", reason="autoclusters: INC-1 XID_79")
+        )
