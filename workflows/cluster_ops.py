@@ -70,6 +70,7 @@ with workflow.unsafe.imports_passed_through():
     from autoclusters.core.sharing import is_sharing_reason
 
 from autoclusters.workflows.machine_bring_up import MachineBringUp
+from autoclusters.workflows.outage import ride_out, shown_on
 from autoclusters.workflows.provider_calls import (
     CREATE_TIMEOUT,
     PROVIDER_RETRY,
@@ -100,7 +101,7 @@ class _Ops:
         self._state.steps.append(rec)
         self._state.current_step = name
         try:
-            out = await run()
+            out = await ride_out(name, run, on_outage=shown_on(rec))
         except GeneratorExit:
             raise
         except BaseException as e:

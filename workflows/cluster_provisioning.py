@@ -59,6 +59,7 @@ with workflow.unsafe.imports_passed_through():
     from autoclusters.integrations import temporal
 
 from autoclusters.workflows.machine_bring_up import MachineBringUp
+from autoclusters.workflows.outage import ride_out, shown_on
 from autoclusters.workflows.provider_calls import (
     CREATE_TIMEOUT,
     PROVIDER_RETRY,
@@ -333,7 +334,7 @@ class ClusterProvisioning(MachineBringUp):
         self._state.current_step = name
         self._show()
         try:
-            out = await run()
+            out = await ride_out(name, run, on_outage=shown_on(rec))
         except GeneratorExit:
             raise  # evicted from the worker's cache: not the step's outcome
         except BaseException as e:

@@ -58,6 +58,7 @@ with workflow.unsafe.imports_passed_through():
     )
 
 from autoclusters.workflows.agent_gate import AgentGate
+from autoclusters.workflows.outage import ride_out
 from autoclusters.workflows.timeline import HEARTBEAT, NOTIFY_RETRY, cause_of
 
 T = TypeVar("T")
@@ -534,7 +535,7 @@ class GpuRebalance(AgentGate):
         rec.steps.append(step)
         self._running_step = name
         try:
-            out = await self._activity(fn, arg, max(timeout, STEP_TIMEOUT))
+            out = await ride_out(name, lambda: self._activity(fn, arg, max(timeout, STEP_TIMEOUT)))
         except ActivityError as e:
             step.ok, step.detail = False, str(cause_of(e))
             raise

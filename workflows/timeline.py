@@ -4,17 +4,19 @@ notification sent without ever blocking the remediation."""
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import TypeVar
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import ActivityError, ApplicationError
+from temporalio.exceptions import ActivityError
 
 with workflow.unsafe.imports_passed_through():
     from autoclusters.activities import contracts
     from autoclusters.core.models import IncidentState, Notification, StepRecord
-    from autoclusters.core.unavailable import OUTAGE_TYPES, component_of, is_unavailable_type
+    from autoclusters.core.unavailable import OUTAGE_TYPES
+
+from autoclusters.workflows.outage import ride_out
 
 T = TypeVar("T")
 
@@ -38,13 +40,6 @@ STEP_RETRY = RetryPolicy(
     non_retryable_error_types=[*(RETRY.non_retryable_error_types or []), *OUTAGE_TYPES],
 )
 NOTIFY_RETRY = RetryPolicy(maximum_attempts=3)
-# Between two tries of a step whose dependency is away: short at first (a blip), then
-# every OUTAGE_POLL_MAX_S.
-OUTAGE_POLL_S = 2.0
-OUTAGE_POLL_MAX_S = 10.0
-# What an outage that outlasted the budget is called: not an outage type any more, so an
-# enclosing step does not wait it out a second time.
-OUTAGE_BUDGET_SPENT = "OutageBudgetSpent"
 # Every activity that can take more than a few seconds heartbeats (activities/heartbeat.py):
 # a worker killed mid-step is noticed within this, and the retry starts on another worker.
 HEARTBEAT = timedelta(seconds=10)
@@ -52,14 +47,6 @@ HEARTBEAT = timedelta(seconds=10)
 
 def cause_of(err: BaseException) -> BaseException:
     return err.cause if isinstance(err, ActivityError) and err.cause else err
-
-
-def outage_of(err: BaseException) -> ApplicationError | None:
-    """The failure when `err` says a dependency was unreachable (a retryable outage)."""
-    cause = cause_of(err)
-    if isinstance(cause, ApplicationError) and is_unavailable_type(cause.type):
-        return cause
-    return None
 
 
 class Timeline:
@@ -119,62 +106,37 @@ class Timeline:
         rec: StepRecord | None = None,
         outages: list[str] | None = None,
     ) -> T:
-        """`run()`, tried again while a system it reads is unreachable: never act on what
-        cannot be seen, and never give up on a minute's outage either.
+        """`run()`, waiting out an outage of a system it reads (workflows/outage.py).
 
         Each outage is on the step's detail while it lasts ("slurmctld unreachable for 48 s;
         waiting up to 900 s") and after ("slurmctld unreachable for 62 s"), and in Slack
         once it lasted the policy's `outage_notify_after_s`. Past `outage_budget_s` the
-        step fails (OutageBudgetSpent), and the runbook's failure path leaves the node
-        drained and pages a human.
+        step fails, and the runbook's failure path leaves the node drained and pages a human.
         """
         budget_s, notify_after_s = self._outage_budget()
-        since: datetime | None = None
-        told = False
-        tries = 0
-        who = ""
-        while True:
-            try:
-                out = await run()
-            except ActivityError as err:
-                outage = outage_of(err)
-                if outage is None:
-                    raise
-                now = workflow.now()
-                since = since or now
-                lasted = (now - since).total_seconds()
-                who = component_of(str(outage.message))
-                if lasted >= budget_s:
-                    raise ApplicationError(
-                        f"{who} unreachable for {lasted:.0f} s during {what}, over the "
-                        f"outage budget of {budget_s:.0f} s: {outage.message}",
-                        type=OUTAGE_BUDGET_SPENT,
-                        non_retryable=True,
-                    ) from err
-                if rec is not None:
-                    rec.detail = (
-                        f"{who} unreachable for {lasted:.0f} s; waiting up to {budget_s:.0f} s"
-                    )
-                if lasted >= notify_after_s and not told:
-                    told = True
-                    await self._notify(
-                        "dependency_unavailable",
-                        f"{who} unreachable for {lasted:.0f} s during {what} of "
-                        f"{self._state.request.node}; the incident waits for it (up to "
-                        f"{budget_s:.0f} s) and acts on nothing it cannot read",
-                        "warning",
-                    )
-                tries += 1
-                await workflow.sleep(min(OUTAGE_POLL_S * 2 ** (tries - 1), OUTAGE_POLL_MAX_S))
-                continue
-            if since is not None:
-                lasted = (workflow.now() - since).total_seconds()
-                note = f"{who} unreachable for {lasted:.0f} s"
-                if outages is not None:
-                    outages.append(note)
-                if told:
-                    await self._notify("dependency_back", f"{note}; back, {what} goes on", "info")
-            return out
+        told: list[bool] = []
+
+        async def waiting(who: str, lasted: float) -> None:
+            if rec is not None:
+                rec.detail = f"{who} unreachable for {lasted:.0f} s; waiting up to {budget_s:.0f} s"
+            if lasted >= notify_after_s and not told:
+                told.append(True)
+                await self._notify(
+                    "dependency_unavailable",
+                    f"{who} unreachable for {lasted:.0f} s during {what} of "
+                    f"{self._state.request.node}; the incident waits for it (up to "
+                    f"{budget_s:.0f} s) and acts on nothing it cannot read",
+                    "warning",
+                )
+
+        async def back(who: str, lasted: float) -> None:
+            note = f"{who} unreachable for {lasted:.0f} s"
+            if outages is not None:
+                outages.append(note)
+            if told:
+                await self._notify("dependency_back", f"{note}; back, {what} goes on", "info")
+
+        return await ride_out(what, run, budget_s=budget_s, on_outage=waiting, on_back=back)
 
     async def _notify(self, event: str, text: str, severity: str = "info") -> None:
         req = self._state.request
