@@ -2,7 +2,9 @@
 
 `plan_repair` puts the node's VM id (and when) into the workflow's history; `repair_node`
 repairs that VM only, and keeps the repair's progress (its cloud operation ids) in its
-heartbeat details, so a retry on any worker resumes the same operation.
+heartbeat details, so a retry on any worker resumes the same operation. The cloud API not
+answering reaches the workflow as its own outage type (`CrusoeUnavailable`), not as a
+`CloudError`.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from autoclusters.core.models import (
     ReplaceInput,
     ReplaceResult,
 )
+from autoclusters.core.unavailable import UNAVAILABLE, Unavailable, is_unavailable_type
 from autoclusters.integrations.cloud import CloudError, CloudProvider
 
 
@@ -95,6 +98,15 @@ class CloudActivities:
 
 
 def _application_error(e: CloudError) -> ApplicationError:
+    """A cloud error as the workflow reads it. The cloud API not answering
+    (`CrusoeUnavailable`, any `Unavailable`) keeps its own type, which ends in
+    "Unavailable": an outage, retryable, that the workflow waits out; anything else is a
+    `CloudError`, retryable unless the provider said a retry cannot help."""
+    if isinstance(e, Unavailable):
+        name = type(e).__name__
+        return ApplicationError(
+            str(e), type=name if is_unavailable_type(name) else UNAVAILABLE, non_retryable=False
+        )
     return ApplicationError(
         str(e), type="CloudError", non_retryable=getattr(e, "non_retryable", False)
     )

@@ -8,8 +8,12 @@ instead of being overwritten.
 On Slinky, a slurmd pod is never evicted here by default: evicting it tells Slurm nothing.
 The workflow drains through Slurm, waits for IDLE+DRAIN, then deals with that pod.
 
-Failures: a Node that does not exist is `UnknownNode` (non-retryable); 409 and 5xx are
-retryable; other refusals (400/401/403/422) are non-retryable, since a retry would repeat them.
+Failures: a Node that does not exist is `UnknownNode` (non-retryable); 409 is a retryable
+conflict (`KubernetesRetryable`); other refusals (400/401/403/422) are non-retryable, since a
+retry would repeat them. The API not answering is `KubernetesUnavailable` (retryable, an
+outage the workflow waits out): 429 and 5xx, status 0 (the client's TLS failures), and the
+client's connection errors and timeouts (urllib3's MaxRetryError, ProtocolError,
+ReadTimeoutError, ...). A read that failed is never taken as "no pods" or "node absent".
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
+import urllib3.exceptions
 from kubernetes import client
 from kubernetes.client import ApiException
 from temporalio import activity
@@ -58,11 +63,29 @@ from autoclusters.core.kubernetes import (
     pod_ref,
     slurmd_pod_of,
 )
+from autoclusters.core.unavailable import Unavailable
 
 # A write computed from a stale read is recomputed this many times before the step fails
 # (retryably) and Temporal takes over.
 _CONFLICT_ATTEMPTS = 5
 R = TypeVar("R")
+
+
+KUBERNETES_API = "Kubernetes API"
+KUBERNETES_UNAVAILABLE = "KubernetesUnavailable"
+# What the kubernetes client raises when the API never answered: urllib3's errors
+# (MaxRetryError around NewConnectionError or ReadTimeoutError, ProtocolError on a dropped
+# connection, ...) and the socket's own (OSError: ConnectionError, TimeoutError).
+TRANSPORT_ERRORS: tuple[type[BaseException], ...] = (urllib3.exceptions.HTTPError, OSError)
+
+
+class KubernetesUnavailable(Unavailable):
+    """The Kubernetes API gave no answer to trust: 429/5xx/status 0, no connection, a
+    timeout, or a body that is not the API's JSON. `status`: the HTTP status, if any."""
+
+    def __init__(self, message: str, *, status: int | None = None) -> None:
+        super().__init__(KUBERNETES_API, message)
+        self.status = status
 
 
 def _status_body(e: ApiException) -> dict[str, Any]:
@@ -73,11 +96,43 @@ def _status_body(e: ApiException) -> dict[str, Any]:
     return body if isinstance(body, dict) else {}
 
 
-def _translate(e: ApiException, node: str) -> ApplicationError:
+def is_outage_status(status: int | None) -> bool:
+    """429 (the API server's overload filters), 5xx, or 0 (the client's TLS failures)."""
+    return not status or status == 429 or status >= 500
+
+
+def kubernetes_outage(e: BaseException) -> KubernetesUnavailable | None:
+    """`e` as a `KubernetesUnavailable` when it says the API did not answer, else None."""
+    if isinstance(e, KubernetesUnavailable):
+        return e
+    if isinstance(e, ApiException):
+        if not is_outage_status(e.status):
+            return None
+        body = _status_body(e)
+        message = body.get("message") or str(e.body or "").strip()[:200] or e.reason
+        return KubernetesUnavailable(f"{e.status or 0} {message}", status=e.status or 0)
+    if isinstance(e, urllib3.exceptions.HTTPError):
+        return KubernetesUnavailable(f"{type(e).__name__}: {e}")
+    return None
+
+
+def unavailable_error(e: KubernetesUnavailable) -> ApplicationError:
+    """An outage as the workflow reads it: retryable, its type ends in "Unavailable"."""
+    return ApplicationError(str(e), type=KUBERNETES_UNAVAILABLE)
+
+
+def _translate(e: ApiException, node: str | None) -> ApplicationError:
+    outage = kubernetes_outage(e)
+    if outage is not None:
+        return unavailable_error(outage)
     body = _status_body(e)
     message = body.get("message") or e.reason or str(e)
     status = e.status or 0
-    if status == 404 and (body.get("details") or {}).get("kind") in ("nodes", None):
+    if (
+        node is not None
+        and status == 404
+        and (body.get("details") or {}).get("kind") in ("nodes", None)
+    ):
         return ApplicationError(
             f"node {node} is not in this Kubernetes cluster", type="UnknownNode", non_retryable=True
         )
@@ -87,7 +142,7 @@ def _translate(e: ApiException, node: str) -> ApplicationError:
             type="KubernetesUnauthorized",
             non_retryable=True,
         )
-    if status in (409, 429) or status >= 500 or status == 0:
+    if status == 409:
         return ApplicationError(f"Kubernetes {status}: {message}", type="KubernetesRetryable")
     return ApplicationError(
         f"Kubernetes refused the request ({status}): {message}",
@@ -97,11 +152,24 @@ def _translate(e: ApiException, node: str) -> ApplicationError:
 
 
 @contextmanager
-def _api_errors(node: str) -> Iterator[None]:
+def api_errors(node: str | None = None) -> Iterator[None]:
+    """Kubernetes errors leave the block as ApplicationErrors (`node`: the Node the block is
+    about, so a 404 is `UnknownNode`)."""
     try:
         yield
     except ApiException as e:
         raise _translate(e, node) from e
+    except KubernetesUnavailable as e:
+        raise unavailable_error(e) from e
+
+
+def items_of(doc: Obj, what: str) -> list[Obj]:
+    """A list answer's items. A body without `items` is not a list the API sent (a proxy's
+    answer, a truncated body): unavailable, never an empty list."""
+    items = doc.get("items", ...)
+    if items is ... or not isinstance(items, list | None):
+        raise KubernetesUnavailable(f"the {what} list came back without items: {str(doc)[:200]}")
+    return list(items or [])
 
 
 def _iso(t: datetime) -> str:
@@ -109,15 +177,29 @@ def _iso(t: datetime) -> str:
 
 
 async def call_json(fn: Callable[..., Any], *args: Any, timeout_s: float, **kwargs: Any) -> Obj:
-    """One blocking client call, off the event loop, answered as the API's own JSON.
+    """One blocking client call (and the read of its body), off the event loop, answered
+    as the API's own JSON.
 
     Reading the raw JSON (not the client's models) keeps what we patch back exactly what
-    the server sent.
+    the server sent. Refusals are the client's `ApiException`; no answer at all (no
+    connection, a timeout, a body that is not a JSON object) is `KubernetesUnavailable`.
     """
-    resp = await asyncio.to_thread(
-        fn, *args, _request_timeout=timeout_s, _preload_content=False, **kwargs
-    )
-    body: Obj = json.loads(resp.data or b"{}")
+
+    def call() -> bytes:
+        resp = fn(*args, _request_timeout=timeout_s, _preload_content=False, **kwargs)
+        data: bytes = resp.data
+        return data
+
+    try:
+        data = await asyncio.to_thread(call)
+    except TRANSPORT_ERRORS as e:
+        raise KubernetesUnavailable(f"{type(e).__name__}: {e}") from e
+    try:
+        body = json.loads(data)
+    except ValueError as e:  # a proxy's page, a cut-off body, or none at all
+        raise KubernetesUnavailable(f"answered with no JSON: {data[:200]!r}") from e
+    if not isinstance(body, dict):
+        raise KubernetesUnavailable(f"answered with no JSON object: {data[:200]!r}")
     return body
 
 
@@ -136,7 +218,7 @@ class KubernetesActivities:
         pods = await self._call(
             self._core.list_pod_for_all_namespaces, field_selector=f"spec.nodeName={node}"
         )
-        return list(pods.get("items") or [])
+        return items_of(pods, "pods")
 
     async def _rewrite_node(self, name: str, plan: Callable[[Obj], tuple[Obj | None, R]]) -> R:
         """Read the node, plan a patch from it, send it with the read's resourceVersion.
@@ -164,7 +246,7 @@ class KubernetesActivities:
             return await self._cordon_node(inp)
 
     async def _cordon_node(self, inp: CordonNodeInput) -> CordonNodeResult:
-        with _api_errors(inp.node):
+        with api_errors(inp.node):
             return await self._rewrite_node(inp.node, lambda node: _cordon_plan(node, inp))
 
     @activity.defn(name="k8s_uncordon")
@@ -173,7 +255,7 @@ class KubernetesActivities:
             return await self._uncordon_node(inp)
 
     async def _uncordon_node(self, inp: UncordonNodeInput) -> UncordonNodeResult:
-        with _api_errors(inp.node):
+        with api_errors(inp.node):
             return await self._rewrite_node(inp.node, lambda node: _uncordon_plan(node, inp))
 
     @activity.defn(name="k8s_evict_pods")
@@ -188,7 +270,7 @@ class KubernetesActivities:
         another pod). What is still there after `timeout_s` is force-deleted when
         `force_after_timeout`, else the step fails with `EvictionBlocked`.
         """
-        with _api_errors(inp.node):
+        with api_errors(inp.node):
             await self._node(inp.node)
             result = EvictPodsResult()
             wanted: dict[str, Obj] = {}
@@ -250,9 +332,19 @@ class KubernetesActivities:
         except ApiException as e:
             if e.status in (404, 409):  # gone, or replaced by another pod of that name
                 return None
-            if e.status == 429:
-                causes = (_status_body(e).get("details") or {}).get("causes") or []
+            status = _status_body(e)
+            if e.status == 429 and status.get("kind") == "Status":
+                # The eviction API's refusal (a PodDisruptionBudget): a Status document.
+                # The API server's overload 429 is plain text (its max-in-flight and
+                # priority-and-fairness filters), an outage that _translate reports.
+                causes = (status.get("details") or {}).get("causes") or []
                 return "; ".join(c.get("message", "") for c in causes) or "TooManyRequests"
+            if e.status == 500 and "PodDisruptionBudget" in str(status.get("message")):
+                # "This pod has more than one PodDisruptionBudget, which the eviction
+                # subresource does not support.": an answer about this pod, not an outage.
+                raise ApplicationError(
+                    f"Kubernetes {e.status}: {status['message']}", type="KubernetesRetryable"
+                ) from e
             raise
         return None
 
@@ -289,15 +381,21 @@ class KubernetesActivities:
         """
         while True:
             ident: NodeIdentity | None = None
+            seen = "not registered"
             try:
                 ident = identity_of(await self._node(inp.node))
             except ApiException as e:
-                if e.status not in (404, 0, None) and e.status < 500:
+                outage = kubernetes_outage(e)
+                if outage is None and e.status != 404:
                     raise _translate(e, inp.node) from e
+                if outage is not None:  # unknown, not "not registered": keep asking
+                    seen = str(outage)
+            except KubernetesUnavailable as e:
+                seen = str(e)
             if ident is not None and ident.ready and _is_new(ident, inp):
                 return ident
             activity.heartbeat(
-                "not registered"
+                seen
                 if ident is None
                 else f"provider_id={ident.provider_id} boot_id={ident.boot_id} ready={ident.ready}"
             )
@@ -311,7 +409,7 @@ class KubernetesActivities:
     async def _set_node_condition(self, inp: SetNodeConditionInput) -> SetNodeConditionResult:
         """Set or clear GpuUnhealthy through nodes/status, merged by type: others stay as is."""
         status = "True" if inp.unhealthy else "False"
-        with _api_errors(inp.node):
+        with api_errors(inp.node):
             node = await self._node(inp.node)
             conds = (node.get("status") or {}).get("conditions") or []
             cur = next((c for c in conds if c.get("type") == GPU_UNHEALTHY), None)
@@ -344,7 +442,7 @@ class KubernetesActivities:
             return await self._node_identity(inp)
 
     async def _node_identity(self, inp: NodeIdentityInput) -> NodeIdentity:
-        with _api_errors(inp.node):
+        with api_errors(inp.node):
             return identity_of(await self._node(inp.node))
 
     @activity.defn(name="k8s_find_slurmd_pod")
@@ -354,7 +452,7 @@ class KubernetesActivities:
 
     async def _find_slurmd_pod(self, inp: FindSlurmdPodInput) -> FindSlurmdPodResult:
         """The slurmd pod a Slinky NodeSet runs on the node, if any (a live one first)."""
-        with _api_errors(inp.node):
+        with api_errors(inp.node):
             await self._node(inp.node)
             pods = [p for p in await self._pods_on(inp.node) if is_slurmd(p)]
         pods.sort(

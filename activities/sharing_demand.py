@@ -2,14 +2,16 @@
 through the HTTP API), training demand from Slurm (GPUs asked for by pending jobs, held by
 running ones), and every GPU node with its pool, jobs and pods.
 
-Prometheus unreachable or a query with no data gives no figure (`None`): the decision then
-holds, since "no data" must never read as "no demand" and hand every node back.
+A query with no data gives no figure (`None`): the decision then holds, since "no data"
+must never read as "no demand" and hand every node back. Prometheus not answering (refused,
+5xx, an error envelope, not JSON) is no figure either, and is not "no data": it raises
+`PrometheusUnavailable`, as a Kubernetes outage raises `KubernetesUnavailable`, so the
+evaluation fails as an outage (retryable) rather than deciding from figures it never got.
 """
 
 from __future__ import annotations
 
 import asyncio
-import math
 import time
 from typing import Any
 
@@ -18,7 +20,7 @@ from kubernetes import client
 from temporalio import activity
 
 from autoclusters.activities.heartbeat import heartbeating
-from autoclusters.activities.kubernetes import call_json
+from autoclusters.activities.kubernetes import api_errors, call_json, items_of
 from autoclusters.core import hostlist
 from autoclusters.core.cluster_ops import is_ops_reason
 from autoclusters.core.models import REASON_PREFIX, SPARE_REASON, SlurmJob, SlurmNode
@@ -33,6 +35,7 @@ from autoclusters.core.sharing import (
     Pool,
     is_sharing_reason,
 )
+from autoclusters.integrations.prometheus import instant_value
 from autoclusters.integrations.slurm import SlurmClient
 
 _ACTIVE = {"RUNNING", "CONFIGURING", "SUSPENDED", "COMPLETING"}
@@ -89,26 +92,9 @@ def not_shareable(node: SlurmNode) -> bool:
     return node.drained and (node.reason == SPARE_REASON or is_ops_reason(node.reason))
 
 
-async def prometheus_value(http: httpx.AsyncClient, base_url: str, query: str) -> float | None:
-    """The first sample of an instant query; None for no data, NaN or an error."""
-    try:
-        r = await http.get(f"{base_url.rstrip('/')}/api/v1/query", params={"query": query})
-        r.raise_for_status()
-        data = r.json().get("data") or {}
-    except (httpx.HTTPError, ValueError):
-        return None
-    result: Any = data.get("result")
-    if data.get("resultType") == "scalar" and isinstance(result, list):
-        sample = result
-    elif isinstance(result, list) and result:
-        sample = result[0].get("value")
-    else:
-        return None
-    try:
-        value = float(sample[1])
-    except (TypeError, ValueError, IndexError):
-        return None
-    return None if math.isnan(value) or math.isinf(value) else value
+# The first sample of an instant query: None for no data (or NaN), PrometheusUnavailable when
+# Prometheus did not answer (integrations/prometheus.py).
+prometheus_value = instant_value
 
 
 class ShareDemandActivities:
@@ -131,6 +117,38 @@ class ShareDemandActivities:
     async def _k8s(self, fn: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
         return await call_json(fn, *args, timeout_s=self._timeout, **kwargs)
 
+    async def _read_kubernetes(
+        self, call: DemandCall
+    ) -> tuple[dict[str, str], dict[str, int], int]:
+        """Each node's pool label, the inference pods on each node, the ready replicas."""
+        assert self._core is not None and self._apps is not None
+        target = call.policy.inference
+        labels: dict[str, str] = {}
+        for item in items_of(await self._k8s(self._core.list_node), "nodes"):
+            meta = item.get("metadata") or {}
+            pool = (meta.get("labels") or {}).get(POOL_LABEL)
+            if pool:
+                labels[meta.get("name", "")] = pool
+        pods_doc = await self._k8s(
+            self._core.list_namespaced_pod,
+            target.namespace,
+            label_selector=f"{INFERENCE_APP_LABEL}={INFERENCE_APP}",
+        )
+        pods: dict[str, int] = {}
+        for pod in items_of(pods_doc, "pods"):
+            where = (pod.get("spec") or {}).get("nodeName")
+            if where and (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed"):
+                pods[where] = pods.get(where, 0) + 1
+        try:
+            dep = await self._k8s(
+                self._apps.read_namespaced_deployment, target.deployment, target.namespace
+            )
+        except client.ApiException as e:
+            if e.status != 404:
+                raise
+            return labels, pods, 0  # no Deployment (yet): nothing serves
+        return labels, pods, int((dep.get("status") or {}).get("readyReplicas") or 0)
+
     @activity.defn(name="share_read_demand")
     async def read_demand(self, call: DemandCall) -> Demand:
         async with heartbeating(f"share_read_demand {call.cluster}"):
@@ -149,29 +167,8 @@ class ShareDemandActivities:
         pods: dict[str, int] = {}
         ready = 0
         if self._core is not None and self._apps is not None:
-            nodes_doc = await self._k8s(self._core.list_node)
-            for item in nodes_doc.get("items") or []:
-                meta = item.get("metadata") or {}
-                pool = (meta.get("labels") or {}).get(POOL_LABEL)
-                if pool:
-                    labels[meta.get("name", "")] = pool
-            pods_doc = await self._k8s(
-                self._core.list_namespaced_pod,
-                target.namespace,
-                label_selector=f"{INFERENCE_APP_LABEL}={INFERENCE_APP}",
-            )
-            for pod in pods_doc.get("items") or []:
-                where = (pod.get("spec") or {}).get("nodeName")
-                if where and (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed"):
-                    pods[where] = pods.get(where, 0) + 1
-            try:
-                dep = await self._k8s(
-                    self._apps.read_namespaced_deployment, target.deployment, target.namespace
-                )
-                ready = int((dep.get("status") or {}).get("readyReplicas") or 0)
-            except client.ApiException as e:
-                if e.status != 404:
-                    raise
+            with api_errors():
+                labels, pods, ready = await self._read_kubernetes(call)
         slurm_nodes, jobs = await asyncio.gather(self._slurm.nodes(), self._slurm.jobs())
         gpus_of = {n.name: node_gpus(n) for n in slurm_nodes}
         on_node: dict[str, list[SlurmJob]] = {}

@@ -19,7 +19,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from autoclusters.activities.heartbeat import heartbeating
-from autoclusters.activities.kubernetes import KubernetesActivities, _api_errors
+from autoclusters.activities.kubernetes import KubernetesActivities, api_errors
 from autoclusters.core.kubernetes import INCIDENT_ANNOTATION, Obj, metadata_of
 from autoclusters.core.sharing import (
     INFERENCE_APP,
@@ -89,7 +89,7 @@ class ShareKubernetesActivities(KubernetesActivities):
         """Label the node for the inference pool and lift the pool taint (a cordoned node is
         someone else's: refused)."""
         async with heartbeating(f"share_k8s_lend {call.node}"):
-            with _api_errors(call.node):
+            with api_errors(call.node):
 
                 def plan(node: Obj) -> tuple[Obj | None, StepOutcome]:
                     meta = metadata_of(node)
@@ -129,7 +129,7 @@ class ShareKubernetesActivities(KubernetesActivities):
         """Set the inference Deployment's replicas (an absolute number: a retry sets the
         same one)."""
         async with heartbeating(f"share_scale_inference {call.replicas}"):
-            with _api_errors(call.node):
+            with api_errors(call.node):
                 await self._scale(call)
                 return StepOutcome(changed=True, detail=f"replicas={call.replicas}")
 
@@ -137,7 +137,7 @@ class ShareKubernetesActivities(KubernetesActivities):
     async def wait_serving(self, call: MoveCall) -> StepOutcome:
         """Until an inference pod on the node is Ready (its readiness probe passes)."""
         async with heartbeating(f"share_wait_serving {call.node}"):
-            with _api_errors(call.node):
+            with api_errors(call.node):
                 deadline = time.monotonic() + call.policy.ready_timeout_s
                 while time.monotonic() < deadline:
                     ready = [p for p in await self._inference_pods_on(call.node, call) if _ready(p)]
@@ -157,7 +157,7 @@ class ShareKubernetesActivities(KubernetesActivities):
         (Kubernetes' pod-deletion-cost), so the ReplicaSet removes that one, gracefully
         (in-flight requests finish); wait until no inference pod is left on the node."""
         async with heartbeating(f"share_k8s_release {call.node}"):
-            with _api_errors(call.node):
+            with api_errors(call.node):
                 for pod in await self._inference_pods_on(call.node, call):
                     meta = metadata_of(pod)
                     if (meta.get("annotations") or {}).get(POD_DELETION_COST) == "-1000":
@@ -188,7 +188,7 @@ class ShareKubernetesActivities(KubernetesActivities):
     async def reclaim(self, call: MoveCall) -> StepOutcome:
         """Back to the training pool: label and taint restored, so no inference pod lands."""
         async with heartbeating(f"share_k8s_reclaim {call.node}"):
-            with _api_errors(call.node):
+            with api_errors(call.node):
 
                 def plan(node: Obj) -> tuple[Obj | None, StepOutcome]:
                     labels = metadata_of(node).get("labels") or {}

@@ -1,8 +1,9 @@
 """A node's GPU metrics for the last hour, from Prometheus's HTTP API (`query_range`).
 
 The series are dcgm-exporter's (the node agent exports the same names), selected by their
-`Hostname` label; one chart per metric and GPU. Prometheus unreachable or unset is an
-answer the page shows, never an error page.
+`Hostname` label; one chart per metric and GPU. Prometheus unset, or not answering, is what
+the page shows, never an error page: an outage shows as "Prometheus unavailable: ..." (its
+cause), never as empty charts ("no GPU series" is only what an answering Prometheus says).
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ import time
 
 import httpx
 from pydantic import BaseModel, Field
+
+from autoclusters.integrations.prometheus import PrometheusUnavailable, api_data
 
 # (series, title, unit)
 GPU_METRICS: list[tuple[str, str, str]] = [
@@ -55,25 +58,28 @@ async def node_metrics(
     charts: list[Chart] = []
     try:
         for metric, title, unit in GPU_METRICS:
-            answer = await http.get(
-                f"{root}/api/v1/query_range",
-                params={
+            data = await api_data(
+                http,
+                root,
+                "/api/v1/query_range",
+                {
                     "query": f'{metric}{{Hostname="{_label(node)}"}}',
                     "start": f"{end - WINDOW_S:.0f}",
                     "end": f"{end:.0f}",
                     "step": str(STEP_S),
                 },
             )
-            answer.raise_for_status()
-            body = answer.json()
-            if body.get("status") != "success":
-                raise ValueError(body.get("error") or "query failed")
-            for series in body["data"]["result"]:
-                gpu = str(series["metric"].get("gpu", "?"))
-                points = [(float(t), float(v)) for t, v in series.get("values", [])]
-                charts.append(Chart(metric=metric, title=title, unit=unit, gpu=gpu, points=points))
-    except (httpx.HTTPError, ValueError, KeyError, TypeError) as e:
-        return NodeMetrics(configured=True, prometheus_url=root, error=f"Prometheus: {e}")
+            try:
+                for series in data["result"]:
+                    gpu = str(series["metric"].get("gpu", "?"))
+                    points = [(float(t), float(v)) for t, v in series.get("values", [])]
+                    charts.append(
+                        Chart(metric=metric, title=title, unit=unit, gpu=gpu, points=points)
+                    )
+            except (ValueError, KeyError, TypeError, AttributeError) as e:
+                raise PrometheusUnavailable(f"{metric}: a malformed series ({e!r})") from e
+    except PrometheusUnavailable as e:
+        return NodeMetrics(configured=True, prometheus_url=root, error=str(e))
     order = {metric: i for i, (metric, _, _) in enumerate(GPU_METRICS)}
     charts.sort(key=lambda c: (order[c.metric], int(c.gpu) if c.gpu.isdigit() else 1 << 20, c.gpu))
     return NodeMetrics(configured=True, prometheus_url=root, charts=charts)

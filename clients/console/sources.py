@@ -188,16 +188,25 @@ class LiveSource:
 
 
 def _read_k8s_node(settings: Settings, node: str) -> dict[str, str]:
+    """The Node's state; a refusal (404, 403) is what the page shows. The API not answering
+    (429/5xx, no connection, a timeout) raises `KubernetesUnavailable`: the page says the
+    API is unavailable and shows the node's Kubernetes state as unknown, not absent."""
     from kubernetes import client as k8s
     from kubernetes.client.exceptions import ApiException
 
+    from autoclusters.activities.kubernetes import kubernetes_outage
     from autoclusters.integrations.k8s import api_client
 
     with api_client(kubeconfig=settings.kubeconfig) as api:
         try:
             obj = k8s.CoreV1Api(api).read_node(node, _request_timeout=5)
-        except ApiException as e:
-            return {"error": f"{e.status} {e.reason}"}
+        except Exception as e:
+            outage = kubernetes_outage(e)
+            if outage is not None:
+                raise outage from e
+            if isinstance(e, ApiException):
+                return {"error": f"{e.status} {e.reason}"}
+            raise
     status, spec = obj.status, obj.spec
     conditions = (status.conditions if status else None) or []
     ready = next((c for c in conditions if c.type == "Ready"), None)

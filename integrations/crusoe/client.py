@@ -14,6 +14,11 @@ cluster by name.
 Mutations answer with an async operation; `wait_operation` polls it on the endpoint of its
 API family until it leaves IN_PROGRESS, and raises `CrusoeOperationFailed` with the
 operation's `result.message` when it ends FAILED.
+
+An answer that is not one is `CrusoeUnavailable` too, never an empty result: a 2xx whose
+body is not JSON, a read answered with no body, a list answered with an error envelope or
+something else than a list, a resource that does not parse. "No VMs" and "no such
+operation" are answers only a working API gives.
 """
 
 from __future__ import annotations
@@ -26,10 +31,11 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from types import TracebackType
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 from urllib.parse import quote
 
 import httpx
+from pydantic import BaseModel, ValidationError
 
 from autoclusters.integrations.crusoe.credentials import CrusoeCredentials
 from autoclusters.integrations.crusoe.errors import (
@@ -59,6 +65,9 @@ RETRY_STATUSES = frozenset({409, 429, 500, 502, 503, 504})
 UNSAFE_RETRY_STATUSES = frozenset({409, 429, 503})
 # A Slurm cluster create: 409 means "that name exists", which no retry changes.
 CREATE_CLUSTER_RETRY_STATUSES = frozenset({429, 503})
+# Where a list answer keeps its items.
+_LIST_FIELDS = ("items", "vms", "instances")
+M = TypeVar("M", bound=BaseModel)
 
 
 def _seg(value: str) -> str:
@@ -93,18 +102,30 @@ def _retry_after_s(value: str | None) -> float | None:
     return max(0.0, (when - datetime.now(UTC)).total_seconds())
 
 
+def _parse(model: type[M], body: Any) -> M:
+    """The answer as `model`; one that does not parse is no answer (CrusoeUnavailable)."""
+    try:
+        return model.model_validate(body)
+    except ValidationError as e:
+        raise CrusoeUnavailable(f"the answer is not a {model.__name__}: {str(body)[:200]}") from e
+
+
 def _operation(body: Any) -> Operation:
-    return Operation.model_validate(body.get("operation", body) if isinstance(body, dict) else {})
+    return _parse(Operation, body.get("operation", body) if isinstance(body, dict) else body)
 
 
 def _items(body: Any) -> list[Any]:
+    """A list answer's items. `{}` (an empty list with its field left out) is empty; an
+    error envelope or anything that is not a list is no answer."""
     if isinstance(body, list):
         return body
     if isinstance(body, dict):
-        for field in ("items", "vms", "instances"):
+        for field in _LIST_FIELDS:
             if isinstance(body.get(field), list):
                 return list(body[field])
-    return []
+        if not any(body.get(k) for k in ("code", "message", "error", *_LIST_FIELDS)):
+            return []
+    raise CrusoeUnavailable(f"the answer is not a list: {str(body)[:200]}")
 
 
 class CrusoeClient:
@@ -173,7 +194,7 @@ class CrusoeClient:
         return f"/projects/{_seg(self.project_id)}/compute/vms/instances{suffix}"
 
     async def get_vm(self, vm_id: str) -> Vm:
-        return Vm.model_validate(await self._request("GET", self._vms(f"/{_seg(vm_id)}")))
+        return _parse(Vm, await self._request("GET", self._vms(f"/{_seg(vm_id)}")))
 
     async def list_vms(
         self,
@@ -189,7 +210,7 @@ class CrusoeClient:
         vms: list[Vm] = []
         while True:
             body = await self._request("GET", self._vms(), params=params)
-            vms += [Vm.model_validate(v) for v in _items(body)]
+            vms += [_parse(Vm, v) for v in _items(body)]
             token = body.get("next_page_token") if isinstance(body, dict) else None
             if not token:
                 return vms
@@ -218,12 +239,10 @@ class CrusoeClient:
 
     async def get_node_pool(self, node_pool_id: str) -> NodePool:
         body = await self._request("GET", self._pools(f"/{_seg(node_pool_id)}"))
-        return NodePool.model_validate(body)
+        return _parse(NodePool, body)
 
     async def list_node_pools(self) -> list[NodePool]:
-        return [
-            NodePool.model_validate(p) for p in _items(await self._request("GET", self._pools()))
-        ]
+        return [_parse(NodePool, p) for p in _items(await self._request("GET", self._pools()))]
 
     async def create_node_pool(self, spec: Mapping[str, Any]) -> Operation:
         """`POST .../kubernetes/nodepools` (`cluster_id`, `name`, `product_name`, `count`,
@@ -243,7 +262,7 @@ class CrusoeClient:
 
     async def node_pool_vms(self, node_pool_id: str) -> list[Vm]:
         body = await self._request("GET", self._pools(f"/{_seg(node_pool_id)}/vms"))
-        return [Vm.model_validate(v) for v in _items(body)]
+        return [_parse(Vm, v) for v in _items(body)]
 
     async def remediate_vm(self, cluster_id: str, vm_id: str) -> Operation:
         """Ask AutoClusters to remediate the VM (today this always replaces the node)."""
@@ -271,14 +290,14 @@ class CrusoeClient:
 
     async def list_slurm_clusters(self) -> list[SlurmCluster]:
         body = await self._request("GET", self._slurm())
-        return [SlurmCluster.model_validate(c) for c in _items(body)]
+        return [_parse(SlurmCluster, c) for c in _items(body)]
 
     async def find_slurm_cluster(self, name: str) -> SlurmCluster | None:
         return next((c for c in await self.list_slurm_clusters() if c.name == name), None)
 
     async def get_slurm_cluster(self, cluster_id: str) -> SlurmCluster:
         body = await self._request("GET", self._slurm(f"/{_seg(cluster_id)}"))
-        return SlurmCluster.model_validate(body)
+        return _parse(SlurmCluster, body)
 
     async def delete_slurm_cluster(self, cluster_id: str) -> Operation:
         return _operation(await self._request("DELETE", self._slurm(f"/{_seg(cluster_id)}")))
@@ -374,6 +393,24 @@ class CrusoeClient:
         base: float = min(self._max_backoff_s, self._backoff_s * 2.0 ** (attempt - 1))
         return base * random.uniform(0.5, 1.0)  # jitter: many workers must not retry in step
 
+    @staticmethod
+    def _answer(resp: httpx.Response, method: str, path: str) -> Any:
+        """A 2xx's JSON. A read answered without a body, or any body that is not JSON (a
+        proxy's page), is no answer."""
+        if not resp.content:
+            if method == "GET":
+                raise CrusoeUnavailable(
+                    f"{method} {path}: {resp.status_code} with no body", status=resp.status_code
+                )
+            return {}
+        try:
+            return resp.json()
+        except ValueError as e:
+            raise CrusoeUnavailable(
+                f"{method} {path}: {resp.status_code} but not JSON: {resp.text.strip()[:200]!r}",
+                status=resp.status_code,
+            ) from e
+
     async def _request(
         self,
         method: str,
@@ -394,14 +431,14 @@ class CrusoeClient:
                 # A refused connection never reached the API, so even a create may retry.
                 never_sent = isinstance(e, httpx.ConnectError | httpx.ConnectTimeout)
                 if last or not (idempotent or never_sent):
-                    raise CrusoeUnavailable(f"Crusoe API {method} {path}: {e!r}") from e
+                    raise CrusoeUnavailable(f"{method} {path}: {e!r}") from e
                 delay = self._delay(attempt, None)
                 log.warning("crusoe %s %s: %r; retry %d in %.1fs", method, path, e, attempt, delay)
                 await asyncio.sleep(delay)
                 continue
             status = resp.status_code
             if status < 300:
-                return resp.json() if resp.content else {}
+                return self._answer(resp, method, path)
             message = _api_message(resp)
             if status in retry_on and not last:
                 delay = self._delay(attempt, resp.headers.get("Retry-After"))
@@ -412,9 +449,7 @@ class CrusoeClient:
                 await asyncio.sleep(delay)
                 continue
             if status in RETRY_STATUSES:
-                raise CrusoeUnavailable(
-                    f"Crusoe API {method} {path}: {status} {message}", status=status
-                )
+                raise CrusoeUnavailable(f"{method} {path}: {status} {message}", status=status)
             error = CrusoeNotFound if status == 404 else CrusoeRequestError
             raise error(status, message, method=method, path=path)
         raise AssertionError("unreachable")  # the loop returns or raises

@@ -4,7 +4,9 @@
     └── CrusoeError                   non_retryable = False unless stated
         ├── CrusoeRequestError        the API refused the request (4xx): non_retryable
         │   └── CrusoeNotFound        404
-        ├── CrusoeUnavailable         409/429/5xx or the network, still failing after retries
+        ├── CrusoeUnavailable         409/429/5xx, the network, or a 2xx that is no answer
+        │                             (not JSON, not the resource), after retries; also a
+        │                             core.unavailable.Unavailable (component "Crusoe API")
         ├── CrusoeOperationFailed     an async operation ended FAILED (its result.message)
         └── CrusoeTimeout             an operation or a replacement took longer than allowed
 
@@ -14,9 +16,11 @@ the same body fails the same way every time.
 
 from __future__ import annotations
 
+from autoclusters.core.unavailable import Unavailable
 from autoclusters.integrations.cloud import CloudError
 
 __all__ = [
+    "CRUSOE_API",
     "CrusoeError",
     "CrusoeNotFound",
     "CrusoeOperationFailed",
@@ -24,6 +28,9 @@ __all__ = [
     "CrusoeTimeout",
     "CrusoeUnavailable",
 ]
+
+
+CRUSOE_API = "Crusoe API"
 
 
 class CrusoeError(CloudError):
@@ -46,11 +53,13 @@ class CrusoeNotFound(CrusoeRequestError):
     pass
 
 
-class CrusoeUnavailable(CrusoeError):
-    """Busy, throttled or failing (409/429/5xx, network errors) after every retry."""
+class CrusoeUnavailable(CrusoeError, Unavailable):
+    """Busy, throttled or failing (409/429/5xx, network errors, an answer that is not one)
+    after every retry: the Crusoe API gave no answer to trust, so a reader raises this
+    rather than "no VMs". Its ApplicationError type (`CrusoeUnavailable`) is an outage's."""
 
     def __init__(self, message: str, *, status: int | None = None) -> None:
-        super().__init__(message)
+        Unavailable.__init__(self, CRUSOE_API, message)
         self.status = status
 
 
