@@ -62,6 +62,7 @@ from autoclusters.core.cluster import (
 )
 from autoclusters.core.cluster_ops import Inventory
 from autoclusters.core.models import HealthReport
+from autoclusters.core.unavailable import Unavailable
 from autoclusters.integrations.crusoe.client import CrusoeClient
 from autoclusters.integrations.crusoe.errors import (
     CrusoeError,
@@ -120,6 +121,8 @@ def _refused(e: CrusoeError) -> ApplicationError:
         return ApplicationError(message, type=QUOTA_EXCEEDED, non_retryable=True)
     if "capacity" in lowered:
         return ApplicationError(message, type=CAPACITY_UNAVAILABLE, non_retryable=True)
+    if isinstance(e, Unavailable):  # an outage: the workflow's step waits it out
+        return ApplicationError(str(e), type=type(e).__name__, non_retryable=False)
     return ApplicationError(str(e), type="CloudError", non_retryable=e.non_retryable)
 
 

@@ -7,8 +7,8 @@ named `<Something>Unavailable`), never an empty list: "no jobs", "idle", "node a
 "healthy" and "cluster size 0" are answers only a reachable system can give.
 
 In an activity the exception reaches the workflow as an ApplicationError whose `type` is the
-class name; `is_unavailable_type` tells the workflow to wait the outage out (retry with the
-outage shown on the incident) instead of failing the step.
+class name (one of OUTAGE_TYPES); `is_unavailable_type` tells the workflow to wait the
+outage out (retry with the outage shown on the incident) instead of failing the step.
 """
 
 from __future__ import annotations
@@ -37,8 +37,9 @@ class Unavailable(RuntimeError):
 
 
 def is_unavailable_type(error_type: str | None) -> bool:
-    """Is an ApplicationError's `type` an outage (`Unavailable`, `SlurmUnavailable`, ...)?"""
-    return bool(error_type) and str(error_type).endswith(UNAVAILABLE)
+    """Is an ApplicationError's `type` an outage? Only the types above: a refusal whose name
+    happens to end the same way ("CapacityUnavailable", "ProviderUnavailable") is not."""
+    return error_type in OUTAGE_TYPES
 
 
 def component_of(message: str) -> str:

@@ -31,6 +31,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from autoclusters.core.cluster_spec import ClusterSpec, NodeSetSpec, UserSpec
+from autoclusters.core.unavailable import Unavailable
 
 Obj = dict[str, Any]
 
@@ -213,7 +214,12 @@ class KubeObjects:
         resp = await asyncio.to_thread(
             fn, *args, _request_timeout=self._timeout, _preload_content=False, **kwargs
         )
-        body: Obj = json.loads(resp.data or b"{}")
+        try:
+            body = json.loads(resp.data or b"{}")
+        except ValueError as e:
+            raise Unavailable("Kubernetes API", f"an answer that is not JSON ({e})") from None
+        if not isinstance(body, dict):
+            raise Unavailable("Kubernetes API", f"an answer that is not an object: {body!r:.80}")
         return body
 
     async def _maybe(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Obj | None:
@@ -255,7 +261,11 @@ class KubeObjects:
             *self._where(kind),
             label_selector=label_selector,
         )
-        return list(body.get("items") or [])
+        items = body.get("items")
+        if not isinstance(items, list):
+            # A list answer without its items says nothing: not "none of that kind".
+            raise Unavailable("Kubernetes API", f"a {kind.kind} list without items")
+        return list(items)
 
     async def patch(self, kind: CustomKind, name: str, patch: Obj) -> Obj:
         """A merge patch; with `metadata.resourceVersion` in it, 409 if someone wrote first."""

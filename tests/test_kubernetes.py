@@ -476,7 +476,7 @@ async def test_server_errors_are_retryable_and_waits_ride_them_out(
     fault(admin, "GET", f"/api/v1/nodes/{NODE}", 503)
     with pytest.raises(ApplicationError) as err:
         await env.run(acts.node_identity, NodeIdentityInput(node=NODE))
-    assert err.value.type == "KubernetesRetryable" and not err.value.non_retryable
+    assert err.value.type == "KubernetesUnavailable" and not err.value.non_retryable
 
     fault(admin, "GET", f"/api/v1/nodes/{NODE}", 503, times=3)
     machine(admin, NODE, "vm-1", "boot-2")

@@ -43,6 +43,7 @@ from autoclusters.core.sharing import (
     SharePolicy,
     move_reason,
 )
+from autoclusters.integrations.prometheus import PrometheusUnavailable
 from tests.fakes import FakeSlurm
 
 
@@ -219,12 +220,24 @@ def test_prometheus_answers_become_a_figure_or_none(prometheus: str) -> None:
 
     async def go() -> list[float | None]:
         async with httpx.AsyncClient() as http:
-            return [
-                await prometheus_value(http, prometheus, q)
-                for q in ("v", "nan", "empty", "s", "refused")
-            ] + [await prometheus_value(http, "http://127.0.0.1:9", "v")]
+            return [await prometheus_value(http, prometheus, q) for q in ("v", "nan", "empty", "s")]
 
-    assert asyncio.run(go()) == [0.75, None, None, 2.0, None, None]
+    assert asyncio.run(go()) == [0.75, None, None, 2.0]
+
+
+@pytest.mark.parametrize("where", ["refused query", "closed port"])
+def test_a_prometheus_that_does_not_answer_is_unavailable_not_no_figure(
+    prometheus: str, where: str
+) -> None:
+    _Prometheus.answers = {}
+    url = prometheus if where == "refused query" else "http://127.0.0.1:9"
+
+    async def go() -> float | None:
+        async with httpx.AsyncClient() as http:
+            return await prometheus_value(http, url, "v")
+
+    with pytest.raises(PrometheusUnavailable):
+        asyncio.run(go())
 
 
 def test_demand_lists_gpu_nodes_with_their_pool_jobs_and_incidents(

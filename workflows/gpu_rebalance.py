@@ -58,7 +58,7 @@ with workflow.unsafe.imports_passed_through():
     )
 
 from autoclusters.workflows.agent_gate import AgentGate
-from autoclusters.workflows.outage import ride_out
+from autoclusters.workflows.outage import outage_of, ride_out
 from autoclusters.workflows.timeline import HEARTBEAT, NOTIFY_RETRY, cause_of
 
 T = TypeVar("T")
@@ -260,13 +260,21 @@ class GpuRebalance(AgentGate):
     # --- the runbook -----------------------------------------------------------------------
 
     async def _evaluate(self) -> None:
-        demand = await workflow.execute_activity(
-            contracts.share_read_demand,
-            DemandCall(cluster=self._cluster, policy=self._policy, pools=dict(self._s.pools)),
-            start_to_close_timeout=timedelta(minutes=1),
-            heartbeat_timeout=HEARTBEAT,
-            retry_policy=RETRY,
-        )
+        try:
+            demand = await workflow.execute_activity(
+                contracts.share_read_demand,
+                DemandCall(cluster=self._cluster, policy=self._policy, pools=dict(self._s.pools)),
+                start_to_close_timeout=timedelta(minutes=1),
+                heartbeat_timeout=HEARTBEAT,
+                retry_policy=RETRY,
+            )
+        except ActivityError as err:
+            if outage_of(err) is None:
+                raise
+            # Prometheus, Slurm or Kubernetes away: no figure is not a calm figure. Hold
+            # this evaluation (no move, streaks unchanged) and look again next interval.
+            workflow.logger.warning("rebalancer holds: demand unreadable (%s)", cause_of(err))
+            return
         self._s.evaluations += 1
         self._evaluations_this_run += 1
         if self._s.unhealthy:

@@ -33,7 +33,11 @@ DEFAULT_BUDGET_S = 900.0
 def outage_of(err: BaseException) -> ApplicationError | None:
     """The failure when `err` says a dependency was unreachable (a retryable outage)."""
     cause = err.cause if isinstance(err, ActivityError) and err.cause else err
-    if isinstance(cause, ApplicationError) and is_unavailable_type(cause.type):
+    if (
+        isinstance(cause, ApplicationError)
+        and is_unavailable_type(cause.type)
+        and not cause.non_retryable
+    ):
         return cause
     return None
 
