@@ -1,6 +1,7 @@
 """The sandbox's commands, added to `autoclusters` through the `autoclusters.cli` entry
-point: `sandbox up|status|down|restart|hardware-fault|slack|load`, `demo` and `chaos`. They live
-with the sandbox (nothing outside it imports it); they use the CLI's own helpers."""
+point: `sandbox up|status|down|restart|outage|hardware-fault|slack|load`, `demo` and
+`chaos`. They live with the sandbox (nothing outside it imports it); they use the CLI's own
+helpers."""
 
 from __future__ import annotations
 
@@ -150,6 +151,47 @@ def sandbox_restart(
         raise typer.Exit(1) from None
     console.print(
         f"restarted {done.name}: pid {done.old_pid} ({done.signal}) -> pid {done.new_pid}, ready"
+    )
+
+
+@sandbox_app.command("outage")
+def sandbox_outage(
+    component: Annotated[
+        str,
+        typer.Argument(
+            help="slurmctld, k8s, crusoe, slack, temporal, prometheus, alertmanager or api."
+        ),
+    ],
+    for_s: Annotated[float, typer.Option("--for", help="Seconds it stays away.")],
+    kill: Annotated[
+        bool, typer.Option("--kill", help="SIGKILL (a crash) instead of SIGTERM.")
+    ] = False,
+    timeout_s: Annotated[float, typer.Option(help="How long it may take to be ready.")] = 90,
+    state_dir: StateDir = DEFAULT_SANDBOX_DIR,
+) -> None:
+    """Take one component of a running sandbox away for a while, then start it again on the
+    same state; returns once it is ready. Jobs, drains and incidents stay as they are."""
+    from autoclusters.sandbox import cluster as sb
+    from autoclusters.sandbox import outage
+    from autoclusters.sandbox.daemons import SandboxError
+
+    try:  # refuse a name before touching anything
+        outage.process_name(component)
+    except outage.OutageError as e:
+        err.print(f"[red]refused:[/red] {e}")
+        raise typer.Exit(2) from None
+    if for_s < 0:
+        err.print("[red]refused:[/red] --for must be 0 or more seconds")
+        raise typer.Exit(2)
+    try:
+        cfg = sb.load(state_dir.absolute())
+        done = outage.take_away(cfg, component, for_s, kill=kill, timeout_s=timeout_s)
+    except SandboxError as e:
+        err.print(f"[red]outage failed:[/red] {e}")
+        raise typer.Exit(1) from None
+    console.print(
+        f"{done.component}: pid {done.old_pid} stopped ({done.signal}), away {done.down_s:.1f}s "
+        f"(asked {for_s:g}s, restart included) -> pid {done.new_pid}, ready"
     )
 
 

@@ -1,0 +1,363 @@
+"""The outage matrix: which (component, step) pairs are worth a case, the job each case
+runs on its node, one case end to end (sandbox/outage.py's `run_outage_case` between the
+job's start and its cleanup), and what a case must show. tests/test_outage_matrix.py runs
+it with 15 s outages, bench/outages.py with 60 s ones.
+
+Expected of every case: the incident resolves with one repair (a reboot: the GPU is broken
+until then); the Crusoe emulator records one operation for it (besides one that the Crusoe
+API's own outage cut short, which did nothing), none while the job still ran on the node; a
+requeueable job is requeued exactly once, a held job runs to its end and the requeue step
+saw it; the node is back in service in Slurm and uncordoned in Kubernetes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import subprocess
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+from rich.console import Console
+
+from autoclusters.integrations.slurm import SlurmCli, SlurmError
+from autoclusters.sandbox import daemons
+from autoclusters.sandbox.chaos import STEPS
+from autoclusters.sandbox.config import SandboxConfig
+from autoclusters.sandbox.outage import (
+    COMPONENTS,
+    OutageError,
+    OutageReport,
+    _state,
+    ops_cut_short,
+    ops_under_job,
+    run_outage_case,
+    squeue_job,
+)
+
+PROGRESS_JOB = Path(__file__).resolve().parent / "jobs" / "progress.sh"
+
+# The matrix: at which steps each component's outage is worth a case, i.e. the steps that
+# use it (an outage elsewhere proves nothing the kept cases do not).
+USED_AT: dict[str, tuple[str, ...]] = {
+    # Every Slurm step reads or writes through slurmctld; the repair talks to the cloud.
+    "slurmctld": (
+        "drain",
+        "requeue",
+        "wait_idle",
+        "wait_registered",
+        "health_gate",
+        "return_to_service",
+    ),  # fmt: skip
+    # The repair's call, and the boot the emulator drives while the node registers again.
+    "crusoe": ("repair", "wait_registered"),
+    # The cordon right after wait_idle, the new machine's identity around the repair, the
+    # uncordon before return_to_service.
+    "k8s": ("wait_idle", "repair", "return_to_service"),
+    # Notifications at the quarantine and at the repair: they must never block.
+    "slack": ("drain", "repair"),
+    # The server itself: the workflow and its activities wait for it.
+    "temporal": ("wait_idle", "repair"),
+    # The alert path only: the runbook must not depend on them, one case each is enough.
+    "prometheus": ("wait_idle",),
+    "alertmanager": ("wait_idle",),
+    "api": ("wait_idle",),
+}
+# Steps reached before the repair: a `--no-requeue` job holds the node through the outage,
+# so wait_idle must wait for it (and the repair never runs under it).
+EARLY_STEPS = ("drain", "requeue", "wait_idle")
+# How long past the outage's end that job ends by itself, so wait_idle waits for it through
+# the whole outage (15 s away: the job ends ~25 s after the outage starts) ...
+HOLD_PAST_OUTAGE_S = 10.0
+# ... except where what follows is the point, so the job ends while the component is still
+# away: the Kubernetes cordon follows wait_idle; Slack is only ever told when the incident
+# opens and closes (and when it is held or escalates), so the drain's case runs on to the
+# closing notification inside the outage.
+# (seconds after the outage starts, whatever its length)
+HOLD_SHORT: dict[tuple[str, str], float] = {("k8s", "wait_idle"): 5.0, ("slack", "drain"): 2.0}
+
+
+@dataclass(frozen=True)
+class OutageCase:
+    component: str  # a short name (COMPONENTS)
+    at: str  # the step (STEPS)
+
+    @property
+    def id(self) -> str:
+        return f"{self.component}@{self.at}"
+
+    @property
+    def holds_node(self) -> bool:
+        """A `--no-requeue` job on the node (early steps), else a requeueable job."""
+        return self.at in EARLY_STEPS
+
+    def hold_s(self, outage_s: float) -> float:
+        """When the held job ends, in seconds after the outage starts."""
+        return HOLD_SHORT.get((self.component, self.at), outage_s + HOLD_PAST_OUTAGE_S)
+
+
+def skipped(component: str, step: str) -> bool:
+    """A pair the matrix leaves out: the step does not use the component."""
+    return step not in USED_AT.get(component, ())
+
+
+def matrix(only: list[str] | None = None) -> list[OutageCase]:
+    """Every kept case, components in COMPONENTS order, steps in runbook order. `only`:
+    ids (`slurmctld@drain`), components (`crusoe`) or steps (`@repair`) to keep."""
+    cases = [
+        OutageCase(c, s) for c in COMPONENTS for s in STEPS if not skipped(c, s)
+    ]  # fmt: skip
+    if not only:
+        return cases
+    unknown = [f for f in only if not any(_matches(case, f) for case in cases)]
+    if unknown:
+        raise OutageError(f"no case matches {', '.join(unknown)}")
+    return [case for case in cases if any(_matches(case, f) for f in only)]
+
+
+# Components no step of any incident uses: their outages cannot reach another incident, so
+# their cases may run side by side (on different nodes). Every other outage reaches any
+# incident running at the time (slurmctld and Temporal every step; the cloud, Kubernetes,
+# Slack and the API, through the agents' health snapshots, some step): alone.
+REACHES_NOTHING = frozenset({"prometheus", "alertmanager"})
+
+
+def waves(cases: list[OutageCase], width: int = 2) -> list[tuple[OutageCase, ...]]:
+    """The cases in runs: side by side only those whose components reach nothing, at most
+    `width` together (the sandbox's guard lets half of 4 nodes out at once)."""
+    out: list[tuple[OutageCase, ...]] = []
+    quiet: list[OutageCase] = []
+    for case in cases:
+        if case.component not in REACHES_NOTHING:
+            out.append((case,))
+            continue
+        quiet.append(case)
+        if len(quiet) == width:
+            out.append(tuple(quiet))
+            quiet = []
+    if quiet:
+        out.append(tuple(quiet))
+    return out
+
+
+def _matches(case: OutageCase, wanted: str) -> bool:
+    component, _, step = wanted.partition("@")
+    return (not component or component == case.component) and (not step or step == case.at)
+
+
+# --- a case's job ------------------------------------------------------------------------------
+
+
+def _sbatch(cfg: SandboxConfig, *argv: str) -> int:
+    out = subprocess.run(
+        [daemons.require("sbatch"), "--parsable", *argv],
+        env={**os.environ, "SLURM_CONF": str(cfg.slurm_conf)},
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    return int(out.strip().split(";")[0])
+
+
+def submit_held_job(cfg: SandboxConfig, node: str, stop_file: Path) -> int:
+    """A `--no-requeue` job on exactly `node` that runs until `stop_file` exists (the
+    harness creates it a while after the outage starts): a job the runbook cannot move."""
+    return _sbatch(
+        cfg, "--job-name=outage-held", "--nodes=1", f"--nodelist={node}", "--no-requeue",
+        f"--output={cfg.state_dir}/jobs/outage-held-%j.log",
+        f"--wrap=while [ ! -e {stop_file} ]; do sleep 0.2; done",
+    )  # fmt: skip
+
+
+def submit_requeueable_job(cfg: SandboxConfig, node: str) -> int:
+    """The progress job (`--requeue`), on `node` only: requeued, it waits for that node,
+    so parallel cases never meet on a node and its restart count is this incident's."""
+    return _sbatch(
+        cfg, "--nodes=1", f"--nodelist={node}",
+        f"--output={cfg.state_dir}/jobs/outage-progress-%j.log", str(PROGRESS_JOB),
+    )  # fmt: skip
+
+
+def cancel_job(cfg: SandboxConfig, job_id: int) -> None:
+    subprocess.run(
+        [daemons.require("scancel"), str(job_id)],
+        env={**os.environ, "SLURM_CONF": str(cfg.slurm_conf)},
+        capture_output=True, check=False,
+    )  # fmt: skip
+
+
+async def restore_node(cfg: SandboxConfig, node: str) -> list[str]:
+    """What a human does after an incident that left the node out (failed, or cancelled
+    because it stalled), so the next case starts on a node in service: resume it in Slurm,
+    uncordon it in Kubernetes and drop our taint. Says what it did."""
+    from autoclusters.core.kubernetes import TAINT_KEY
+
+    done: list[str] = []
+    slurm = SlurmCli(cfg.slurm_conf)
+    # Until it is in service: resume it whenever Slurm will take that (a node that
+    # slurmctld has not heard from since its restart is UNKNOWN, and refuses a resume).
+    deadline = time.monotonic() + 60
+    while True:
+        state = await slurm.node(node)
+        if state is not None and state.responding and not state.drained:
+            break
+        if time.monotonic() > deadline:
+            shown = state.display_state if state else "unknown to Slurm"
+            done.append(f"{node} still not in service after 60s ({shown})")
+            break
+        if state is not None and (state.drained or state.state == "down"):
+            with contextlib.suppress(SlurmError):
+                await slurm.resume(node)
+                done.append(f"resumed {node} ({state.display_state}: {state.reason})")
+        await asyncio.sleep(1)
+    if cfg.k8s:
+        url = f"{cfg.k8s_url}/api/v1/nodes/{node}"
+        auth = {"Authorization": f"Bearer {cfg.k8s_token()}"}
+        async with httpx.AsyncClient(timeout=10, headers=auth) as http:
+            obj = (await http.get(url)).raise_for_status().json()
+            spec = obj.get("spec") or {}
+            taints = [t for t in spec.get("taints") or [] if t.get("key") != TAINT_KEY]
+            if spec.get("unschedulable") or taints != (spec.get("taints") or []):
+                patch = {"spec": {"unschedulable": False, "taints": taints}}
+                headers = {"Content-Type": "application/merge-patch+json"}
+                (await http.patch(url, json=patch, headers=headers)).raise_for_status()
+                done.append(f"uncordoned {node} in Kubernetes")
+    return done
+
+
+def case_timeout_s(outage_s: float) -> float:
+    """An undisturbed incident takes ~10 s here, a held job keeps it ~outage + 10 s more,
+    the outage may cost its length again in retries: past this the incident is stuck."""
+    return 90 + 2 * outage_s
+
+
+async def _running_on(cfg: SandboxConfig, job_id: int, node: str, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        job = await asyncio.to_thread(squeue_job, cfg, job_id)
+        if job is not None and _state(job) == "RUNNING" and job.get("nodes") == node:
+            return
+        await asyncio.sleep(0.3)
+    raise OutageError(f"job {job_id} not running on {node} after {timeout_s:.0f}s")
+
+
+async def _gone(cfg: SandboxConfig, job_id: int, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        job = await asyncio.to_thread(squeue_job, cfg, job_id)
+        if job is None or _state(job) in ("CANCELLED", "COMPLETED", "FAILED"):
+            return
+        await asyncio.sleep(0.3)
+    raise OutageError(f"job {job_id} still there {timeout_s:.0f}s after scancel")
+
+
+async def run_matrix_case(
+    cfg: SandboxConfig,
+    case: OutageCase,
+    node: str,
+    outage_s: float,
+    *,
+    kill: bool = False,
+    console: Console | None = None,
+) -> OutageReport:
+    """The case's job on `node`, the incident with `case.component` away at `case.at`, then
+    the job cancelled and, when the incident left the node out, the node put back (so a
+    failing case does not fail the next ones on that node; the report's notes say so)."""
+    release = cfg.state_dir / "jobs" / f"release-{case.id}-{uuid.uuid4().hex[:6]}"
+    if case.holds_node:
+        job_id = await asyncio.to_thread(submit_held_job, cfg, node, release)
+    else:
+        job_id = await asyncio.to_thread(submit_requeueable_job, cfg, node)
+    report: OutageReport | None = None
+    try:
+        await _running_on(cfg, job_id, node, 60)
+        report = await run_outage_case(
+            cfg, case.component, case.at, outage_s, node, job_id=job_id,
+            release=release if case.holds_node else None,
+            release_after_s=case.hold_s(outage_s), kill=kill,
+            timeout_s=case_timeout_s(outage_s), console=console,
+        )  # fmt: skip
+    finally:
+        release.touch()
+        await asyncio.to_thread(cancel_job, cfg, job_id)
+        await _gone(cfg, job_id)
+        if report is None or report.status != "resolved" or report.node_drained:
+            try:
+                restored = await restore_node(cfg, node)
+            except Exception as e:  # the case's own outcome matters more than this
+                restored = [f"could not restore {node}: {type(e).__name__}: {e}"]
+            if report is not None:
+                report.notes += restored
+            elif console is not None:
+                console.print(f"outage: {case.id}: {'; '.join(restored) or 'nothing to restore'}")
+    return report
+
+
+def problems(case: OutageCase, r: OutageReport) -> list[str]:
+    """What the case shows that it must not (empty: the case passes)."""
+    out = []
+    if r.outage is None:
+        out.append(f"{case.component} was never taken away")
+    if r.status != "resolved":
+        out.append(f"incident {r.status}, not resolved")
+    if r.repairs != ["reboot"]:
+        out.append(f"repairs {r.repairs}, not one reboot")
+    cut = ops_cut_short(r)
+    counted = [o for o in r.cloud_ops if o not in cut]
+    if len(counted) != len(r.repairs) or any(o.state != "SUCCEEDED" for o in counted):
+        ops = ", ".join(f"{o.action} {o.state}" for o in r.cloud_ops)
+        out.append(f"cloud operations [{ops}] for {len(r.repairs)} repair(s)")
+    under = ops_under_job(r)
+    if under:
+        out.append(f"cloud operation under the running job: {under[0].action} {under[0].state}")
+    requeue = next((s for s in r.steps if s.name == "requeue"), None)
+    if case.holds_node:
+        if r.job_state != "COMPLETED" or r.job_restart_cnt != 0 or r.job_end_time is None:
+            out.append(f"held job {r.job_state}, restarts {r.job_restart_cnt}: not run to its end")
+        # It ran on the node all along: an outage must not read as "no jobs" or "idle".
+        if requeue is not None and str(r.job_id) not in requeue.detail:
+            out.append(f"requeue did not see the held job: {requeue.detail!r}")
+        idle = next((s for s in r.steps if s.name == "wait_idle"), None)
+        ended = r.job_end_time  # whole seconds: the step may end within that second
+        if idle and idle.finished_at and ended and idle.finished_at < ended:
+            out.append(
+                f"wait_idle ended {idle.finished_at:%H:%M:%S.%f} before the held job did "
+                f"({ended:%H:%M:%S})"
+            )
+    else:
+        if r.job_restart_cnt != 1:
+            out.append(f"job restarts {r.job_restart_cnt}, not 1")
+        if r.job_admin_comment != f"autoclusters:requeue:{r.incident_id}:0":
+            out.append(f"job AdminComment {r.job_admin_comment!r}")
+    if r.status == "resolved" and r.node_drained:
+        out.append(f"resolved, yet left {r.node_state} ({r.node_reason})")
+    if r.k8s_cordoned:
+        out.append("left cordoned in Kubernetes")
+    return out
+
+
+def describe(case: OutageCase, r: OutageReport) -> str:
+    """One line: what happened in the case."""
+    down = f"{r.outage.down_s:.1f}s" if r.outage else "never"
+    ops = [f"{o.action} {o.state} @{o.started_at:%H:%M:%S.%f}" for o in r.cloud_ops]
+    return (
+        f"{case.id} on {r.node}: {r.status}; away {down}, landed {r.landed_down} -> "
+        f"{r.landed_up} (step hit: {r.hit_step}); repairs={r.repairs} cloud={ops}; "
+        f"job {r.job_id} {r.job_state} restarts={r.job_restart_cnt} ended={r.job_end_time} "
+        f"last running={r.job_last_running_at}; node {r.node_state} {r.node_reason!r} "
+        f"cordoned={r.k8s_cordoned}; shown={r.outage_shown}; notes={r.notes}; "
+        f"{r.duration_s:.0f}s\n    steps: " + timeline(r)
+    )
+
+
+def timeline(r: OutageReport) -> str:
+    """The incident's steps, offsets from its opening: `drain +1.2s 0.1s ok`, details."""
+    out = []
+    for s in r.steps:
+        took = f" {(s.finished_at - s.started_at).total_seconds():.1f}s" if s.finished_at else ""
+        at = (s.started_at - r.opened_at).total_seconds()
+        detail = f" [{s.detail}]" if s.detail else ""
+        out.append(f"{s.name} +{at:.1f}s{took} {s.outcome}{detail}")
+    return "; ".join(out)

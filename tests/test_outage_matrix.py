@@ -1,0 +1,121 @@
+"""The outage matrix, on one real Slurm-on-Kubernetes sandbox (Crusoe emulator included):
+each dependency of the runbook (slurmctld, the Kubernetes and Crusoe APIs, Slack, Temporal,
+and the alert path: Prometheus, Alertmanager, the API) is taken away for OUTAGE_S once a
+step that uses it has started (sandbox/outage_matrix.py `USED_AT`: pairs where the step does
+not use the component are left out). The machine's GPU is really broken until a reboot.
+For the early steps (drain, requeue, wait_idle) a `--no-requeue` job holds the node and
+ends by itself a while after the outage starts, so wait_idle must wait for it through the
+outage; for the later steps a requeueable job runs there. In every case
+(`outage_matrix.problems`):
+
+- the incident resolves, with one repair (a reboot);
+- the Crusoe emulator's own record shows exactly one cloud operation for it (besides one
+  the Crusoe API's own outage cut short), and none that started while the job still ran
+  on the node;
+- a requeueable job was requeued exactly once (restart count 1, our AdminComment marker);
+  the held job ran to its end, and the requeue step saw it;
+- the node's final Slurm state matches the incident (resolved: not drained), and it is not
+  left cordoned in Kubernetes.
+
+Each case prints where the outage really landed, what the incident's timeline says about
+it, and its duration; the module prints each case's duration and the total. Prometheus's
+and Alertmanager's cases run side by side (their outages reach no incident); the rest one
+at a time, the nodes in turn.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+
+import pytest
+import pytest_asyncio
+import yaml
+
+from autoclusters.sandbox import cluster
+from autoclusters.sandbox.config import SandboxConfig
+from autoclusters.sandbox.outage_matrix import (
+    OutageCase,
+    describe,
+    matrix,
+    problems,
+    run_matrix_case,
+    waves,
+)
+from tests.conftest import free_port_base
+
+pytestmark = pytest.mark.integration  # a real sandbox of its own
+
+# Long enough to outlast a step's first retries (1 s, 2 s, 4 s, ...) and a heartbeat
+# timeout (10 s): the runbook must ride the outage out, not be lucky.
+OUTAGE_S = 15
+WAVES = [pytest.param(w, id="+".join(c.id for c in w)) for w in waves(matrix())]
+_durations: list[tuple[str, float]] = []
+
+
+@pytest_asyncio.fixture(scope="module")
+async def outage_sandbox(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> AsyncIterator[SandboxConfig]:
+    cfg = SandboxConfig(
+        state_dir=tmp_path_factory.mktemp("outages"), cluster="outages", nodes=4,
+        port_base=free_port_base(), boot_delay_s=2, k8s=True, breaker_threshold=100,
+    )  # fmt: skip
+    await asyncio.to_thread(cluster.up, cfg)  # sync: it runs its own event loop
+    # The cases reuse the nodes: an earlier incident on a node must not count as a
+    # recurrence (which would start the next one at `replace`). Read at every opening.
+    policy = yaml.safe_load(cfg.policy_file.read_text())
+    policy["recurrence_window_s"] = 1
+    cfg.policy_file.write_text(yaml.safe_dump(policy, sort_keys=False))
+    started = time.monotonic()
+    try:
+        yield cfg
+    finally:
+        total = time.monotonic() - started
+        lines = "\n".join(f"  {case:<45} {s:6.1f}s" for case, s in _durations)
+        print(f"\noutage matrix: {total:.0f}s for {len(_durations)} runs\n{lines}")
+        await asyncio.to_thread(cluster.down, cfg)
+
+
+class NodeTurns:
+    """The nodes in turn: a node rests while the others serve the next cases."""
+
+    def __init__(self, names: list[str]) -> None:
+        self.names, self.served = names, 0
+
+    def take(self, k: int) -> list[str]:
+        out = [self.names[(self.served + i) % len(self.names)] for i in range(k)]
+        self.served += k
+        return out
+
+
+@pytest.fixture(scope="module")
+def node_turns(outage_sandbox: SandboxConfig) -> NodeTurns:
+    return NodeTurns(outage_sandbox.node_names())
+
+
+@pytest.mark.parametrize("wave", WAVES)
+async def test_outage_at_step(
+    outage_sandbox: SandboxConfig, node_turns: NodeTurns, wave: tuple[OutageCase, ...]
+) -> None:
+    cfg = outage_sandbox
+    nodes = node_turns.take(len(wave))
+    started = time.monotonic()
+    # Every case of the wave runs to its end (its job cancelled) before anything fails.
+    results = await asyncio.gather(
+        *(
+            run_matrix_case(cfg, case, node, OUTAGE_S)
+            for case, node in zip(wave, nodes, strict=True)
+        ),
+        return_exceptions=True,
+    )
+    _durations.append(("+".join(c.id for c in wave), time.monotonic() - started))
+    failed = []
+    for case, result in zip(wave, results, strict=True):
+        if isinstance(result, BaseException):
+            failed.append(f"{case.id}: {type(result).__name__}: {result}")
+            continue
+        print(describe(case, result))
+        failed += [f"{case.id}: {p}" for p in problems(case, result)]
+    assert not failed, "\n".join(failed)
