@@ -12,7 +12,7 @@ import time
 from typing import Protocol
 
 from autoclusters.core.models import HealthCheck, HealthReport
-from autoclusters.integrations.slurm import SlurmClient
+from autoclusters.integrations.slurm import SlurmClient, SlurmUnavailable
 
 
 class HealthGate(Protocol):
@@ -40,6 +40,11 @@ class SlurmHealthGate:
 
     async def check(self, node: str) -> HealthReport:
         n = await self._slurm.node(node)
+        if n is not None and n.state == "unknown":
+            # A controller that just restarted shows every node UNKNOWN until its slurmd
+            # registers again: not heard from yet, which is not "failed". A slurmd that
+            # really is gone turns DOWN+NOT_RESPONDING after SlurmdTimeout, and fails here.
+            raise SlurmUnavailable(f"{node} is {n.display_state}: slurmd not heard from yet")
         gpus = gres_gpus(n.gres) if n else 0
         checks = [
             HealthCheck(

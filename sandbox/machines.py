@@ -12,6 +12,7 @@ too, through `sandbox/slurm_controller.py`).
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from pathlib import Path
 
@@ -69,6 +70,10 @@ def provider_id(vm_id: str) -> str:
     return f"crusoe://{vm_id}"
 
 
+# How long an emulated kubelet keeps trying to register while the API server is away.
+KUBELET_PATIENCE_S = 300.0
+
+
 class SandboxMachines:
     """VmBackend for the Crusoe emulator (`--backend sandbox.machines:SandboxMachines
     --backend-arg <state dir>`)."""
@@ -86,6 +91,20 @@ class SandboxMachines:
         land on it until it is lent); the device plugin advertises its GPUs."""
         if not self._cfg.k8s:
             return
+        # Like a real kubelet, keep trying while the API server is away (an outage must not
+        # fail the machine's boot, which is the cloud's operation, not Kubernetes').
+        deadline = time.monotonic() + KUBELET_PATIENCE_S
+        while True:
+            try:
+                await self._register_once(vm)
+                return
+            except (httpx.TransportError, httpx.HTTPStatusError) as e:
+                status = e.response.status_code if isinstance(e, httpx.HTTPStatusError) else 0
+                if (0 < status < 500) or time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(1)
+
+    async def _register_once(self, vm: EmulatedVm) -> None:
         async with httpx.AsyncClient(base_url=self._cfg.k8s_url, timeout=10) as k8s:
             r = await k8s.post(
                 "/_emulator/nodes",

@@ -205,3 +205,15 @@ async def test_a_drain_that_does_not_show_when_read_back_is_not_a_drain() -> Non
         await SlurmActivities(slurm)._drain_node(
             DrainInput(node="gpu-01", reason="autoclusters: INC-1 XID_79")
         )
+
+
+async def test_a_node_the_restarted_controller_has_not_heard_from_is_not_a_failed_gate() -> None:
+    # Right after slurmctld restarts every node is UNKNOWN until its slurmd registers
+    # again (seen in the outage matrix: the gate failed and escalated to a replacement).
+    slurm = FakeSlurm()
+    slurm.add_node("gpu-01", state="unknown", state_flags=["DRAIN"])
+    with pytest.raises(SlurmUnavailable, match="not heard from yet"):
+        await SlurmHealthGate(slurm, expected_gpus=0).check("gpu-01")
+    slurm.add_node("gpu-02", state="down", state_flags=["NOT_RESPONDING"])
+    report = await SlurmHealthGate(slurm, expected_gpus=0).check("gpu-02")
+    assert not report.passed  # a slurmd that is really gone still fails the gate
