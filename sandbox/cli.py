@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import typer
 from pydantic import ValidationError
@@ -25,6 +25,19 @@ commands = typer.Typer()
 StateDir = Annotated[
     Path, typer.Option("--state-dir", help="Where the sandbox keeps its state, logs and PIDs.")
 ]
+
+
+# Options whose values come from a fixed set: anything else is Typer's usage error (exit 2)
+# naming the values allowed.
+RepairRung = Literal["reset_gpu", "reboot", "replace"]
+BrokenUntil = Literal["reboot", "replace"]
+DemoMode = Literal["observe", "approve", "auto"]
+Scenario = Literal["remediate", "share"]
+Killable = Literal["worker", "temporal", "api", "slurmctld"]
+ChaosAt = Literal[
+    "drain", "requeue", "wait_idle", "repair", "wait_registered", "health_gate",
+    "return_to_service", "repair:before-cloud", "repair:after-cloud",
+]  # fmt: skip
 
 
 def register(app: typer.Typer) -> None:
@@ -200,7 +213,7 @@ def sandbox_hardware_fault(
     node: Annotated[str, typer.Option(help="The sandbox node whose machine breaks.")],
     fault: Annotated[str, typer.Option(help="What the health gate will report, e.g. XID_79.")],
     fixed_by: Annotated[
-        str, typer.Option(help="The cheapest repair that clears it: reset_gpu, reboot, replace.")
+        RepairRung, typer.Option(help="The cheapest repair that clears it.")
     ] = "reboot",
     state_dir: StateDir = DEFAULT_SANDBOX_DIR,
 ) -> None:
@@ -296,18 +309,15 @@ def chaos_cmd(
         str | None, typer.Option(help="The node; default: a random node of a running job.")
     ] = None,
     broken_until: Annotated[
-        str | None,
-        typer.Option(help="Make the machine's fault real until this repair (reboot, replace)."),
+        BrokenUntil | None,
+        typer.Option(help="Make the machine's fault real until this repair."),
     ] = None,
     kill: Annotated[
-        str | None,
-        typer.Option(
-            "--kill",
-            help="SIGKILL this and start it again at --at: worker, temporal, api, slurmctld.",
-        ),
+        Killable | None,
+        typer.Option("--kill", help="SIGKILL this and start it again at --at."),
     ] = None,
     at: Annotated[
-        str | None,
+        ChaosAt | None,
         typer.Option(
             "--at",
             help="The step: drain, requeue, wait_idle, repair, wait_registered, health_gate, "
@@ -323,10 +333,10 @@ def chaos_cmd(
         ),
     ] = False,
     kill_worker_at: Annotated[
-        str | None, typer.Option(help="Same as --kill worker --at STEP.")
+        ChaosAt | None, typer.Option(help="Same as --kill worker --at STEP.")
     ] = None,
     restart_temporal_at: Annotated[
-        str | None, typer.Option(help="Restart the Temporal server (SIGTERM) at this step.")
+        ChaosAt | None, typer.Option(help="Restart the Temporal server (SIGTERM) at this step.")
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object.")] = False,
     state_dir: StateDir = DEFAULT_SANDBOX_DIR,
@@ -374,7 +384,7 @@ def demo(
     boot_delay: Annotated[float, typer.Option(help="Seconds a replacement VM takes to boot.")] = 20,
     fault: Annotated[str, typer.Option(help="The fault to inject.")] = "XID_79",
     mode: Annotated[
-        str, typer.Option(help="observe (touch nothing), approve (wait for a human), auto.")
+        DemoMode, typer.Option(help="observe (touch nothing), approve (wait for a human), auto.")
     ] = "auto",
     k8s: Annotated[
         bool,
@@ -382,14 +392,14 @@ def demo(
     ] = True,
     spares: Annotated[int, typer.Option(help="Hot spare nodes, kept drained until needed.")] = 0,
     broken_until: Annotated[
-        str,
+        BrokenUntil,
         typer.Option(
-            help="The faulty machine's GPU is fixed only by this repair (reboot, replace): "
+            help="The faulty machine's GPU is fixed only by this repair: "
             "with replace, the reboot fails the health gate and the incident escalates."
         ),
     ] = "replace",
     scenario: Annotated[
-        str,
+        Scenario,
         typer.Option(
             help="remediate: a GPU fault and its remediation; share: GPU nodes lent to "
             "inference as its load rises and returned when it falls."
