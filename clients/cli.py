@@ -50,8 +50,10 @@ IncidentStateName = Literal[
     "open", "waiting_approval", "resolved", "failed", "rejected", "observed", "monitored",
     "cancelled",
 ]  # fmt: skip
-# The rungs a human approves (core.policy.LADDER less `monitor`, which repairs nothing).
-ApprovalStep = Literal["reset_gpu", "reboot", "replace"]
+# What a human approves: the rungs (core.policy.LADDER less `monitor`, which repairs
+# nothing), and jobs back on the node after their requeue (approve: cancel them; reject:
+# wait for them; core.models.RETURNED_JOBS_STEP).
+ApprovalStep = Literal["reset_gpu", "reboot", "replace", "returned_jobs"]
 
 
 def _settings() -> Settings:

@@ -15,7 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 from autoclusters.clients import cli
-from autoclusters.core.models import IncidentStatus
+from autoclusters.core.models import RETURNED_JOBS_STEP, IncidentStatus
 from autoclusters.core.policy import LADDER, Rung
 
 runner = CliRunner()
@@ -77,8 +77,9 @@ def test_every_state_an_incident_publishes_can_be_listed_and_nothing_else() -> N
     assert set(get_args(cli.IncidentStateName)) == published
 
 
-def test_the_approvable_steps_are_the_rungs_that_repair() -> None:
-    assert set(get_args(cli.ApprovalStep)) == {r.value for r in LADDER if r != Rung.MONITOR}
+def test_the_approvable_steps_are_the_rungs_that_repair_and_returned_jobs() -> None:
+    rungs = {r.value for r in LADDER if r != Rung.MONITOR}
+    assert set(get_args(cli.ApprovalStep)) == rungs | {RETURNED_JOBS_STEP}
 
 
 class _Client:
