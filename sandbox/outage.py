@@ -29,7 +29,7 @@ from typing import Any
 import httpx
 from pydantic import BaseModel
 from rich.console import Console
-from temporalio.client import Client, WorkflowFailureError
+from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
 
 from autoclusters.clients import incidents
 from autoclusters.core import hostlist
@@ -201,6 +201,10 @@ class OutageReport(BaseModel):
     job_end_time: datetime | None = None  # Slurm's, for a job that has ended
     job_last_running_at: datetime | None = None  # last seen running on the node
     job_off_node_at: datetime | None = None  # first seen off it
+    # When the last wait_node_idle activity completed, from the history's own event: the
+    # step's finished_at is workflow time, which after a workflow task timed out (Temporal
+    # away) can be the time of the task before it.
+    idle_completed_at: datetime | None = None
     node_state: str = ""  # Slurm's display state afterwards (IDLE, IDLE+DRAIN, ...)
     node_reason: str = ""
     node_drained: bool = False
@@ -340,10 +344,30 @@ async def run_outage_case(
         console.print(
             f"outage: {name} back after {done.down_s:.1f}s (pid {done.old_pid} -> {done.new_pid})"
         )
-    return await _report(
+    report = await _report(
         cfg, component, at, for_s, node, opened.incident_id, final, done, log, since,
         started, job_id, watch,
     )  # fmt: skip
+    report.idle_completed_at = await _completed_at(handle, "wait_node_idle")
+    return report
+
+
+async def _completed_at(handle: WorkflowHandle[Any, Any], activity: str) -> datetime | None:
+    """When the last `activity` of the run completed, as its history records it."""
+    scheduled: dict[int, str] = {}
+    last: datetime | None = None
+    try:
+        async for e in handle.fetch_history_events():
+            if e.HasField("activity_task_scheduled_event_attributes"):
+                name = e.activity_task_scheduled_event_attributes.activity_type.name
+                scheduled[e.event_id] = name
+            elif e.HasField("activity_task_completed_event_attributes"):
+                sid = e.activity_task_completed_event_attributes.scheduled_event_id
+                if scheduled.get(sid) == activity:
+                    last = e.event_time.ToDatetime(tzinfo=UTC)
+    except Exception:  # the report matters more than this detail
+        return None
+    return last
 
 
 async def _touch_later(path: Path, after_s: float) -> None:

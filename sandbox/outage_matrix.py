@@ -321,10 +321,10 @@ def problems(case: OutageCase, r: OutageReport) -> list[str]:
             out.append(f"requeue did not see the held job: {requeue.detail!r}")
         idle = next((s for s in r.steps if s.name == "wait_idle"), None)
         ended = r.job_end_time  # whole seconds: the step may end within that second
-        if idle and idle.finished_at and ended and idle.finished_at < ended:
+        idle_end = r.idle_completed_at or (idle.finished_at if idle else None)
+        if idle and idle_end and ended and idle_end < ended:
             out.append(
-                f"wait_idle ended {idle.finished_at:%H:%M:%S.%f} before the held job did "
-                f"({ended:%H:%M:%S})"
+                f"wait_idle ended {idle_end:%H:%M:%S.%f} before the held job did ({ended:%H:%M:%S})"
             )
     else:
         if r.job_restart_cnt != 1:
