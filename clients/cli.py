@@ -24,6 +24,7 @@ from autoclusters.clients.console_cli import console as console_command
 from autoclusters.clients.policy_cli import policy_app
 from autoclusters.clients.share_cli import share_app
 from autoclusters.core import settings as settings_mod
+from autoclusters.core.models import IncidentStateName
 from autoclusters.core.settings import Settings
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
@@ -44,12 +45,8 @@ T = TypeVar("T")
 
 # Options whose value is one of a fixed set are typed as that set: anything else is Typer's
 # usage error (exit 2, naming the allowed values) before a query or a workflow sees it.
-# The incident's own states (core.models.IncidentStatus) plus the search attribute's
-# `waiting_approval`; tests/test_cli_choices.py keeps the two in step.
-IncidentStateName = Literal[
-    "open", "waiting_approval", "resolved", "failed", "rejected", "observed", "monitored",
-    "cancelled",
-]  # fmt: skip
+# The incident's own states plus the search attribute's `waiting_approval`
+# (core.models.IncidentStateName); tests/test_cli_choices.py keeps them in step.
 # What a human approves: the rungs (core.policy.LADDER less `monitor`, which repairs
 # nothing), and jobs back on the node after their requeue (approve: cancel them; reject:
 # wait for them; core.models.RETURNED_JOBS_STEP).

@@ -93,6 +93,13 @@ class StepRecord(BaseModel):
 IncidentStatus = Literal[
     "open", "resolved", "failed", "rejected", "observed", "monitored", "cancelled"
 ]
+# What incidents can be listed by (`incident list --state`, GET /v1/incidents?state=): their
+# own statuses plus the search attribute's `waiting_approval`. Anything else is refused,
+# never an empty list.
+IncidentStateName = Literal[
+    "open", "waiting_approval", "resolved", "failed", "rejected", "observed", "monitored",
+    "cancelled",
+]  # fmt: skip
 
 
 class FaultSeen(BaseModel):

@@ -615,6 +615,10 @@ async def test_list_and_read_incidents(
     assert await listed("?state=resolved") == []
     assert len((await http.get("/v1/incidents?limit=1")).json()["incidents"]) == 1
     assert (await http.get("/v1/incidents?limit=0")).status_code == 422
+    # A state outside the set is refused, naming the field: never an empty list.
+    hostile = await http.get("/v1/incidents", params={"state": "x' OR 1=1"})
+    assert hostile.status_code == 422, hostile.text
+    assert hostile.json()["detail"][0]["loc"] == ["query", "state"]
 
     r = await http.get(f"/v1/incidents/{ids['gpu-060']}")
     assert r.status_code == 200, r.text

@@ -42,7 +42,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from functools import partial
-from typing import Any, NoReturn, TypeVar
+from typing import Annotated, Any, NoReturn, TypeVar
 
 from fastapi import FastAPI, Query, Request, Response
 from fastapi.responses import JSONResponse
@@ -81,7 +81,7 @@ from autoclusters.clients.api.settings import ApiSettings
 from autoclusters.clients.api.timing import RequestTimer
 from autoclusters.core.fault_evidence import FaultCleared, FaultEvidence
 from autoclusters.core.faults import CATALOGUE_HINT, UnknownFaultError, check_known_fault
-from autoclusters.core.models import IncidentState, workflow_id
+from autoclusters.core.models import IncidentState, IncidentStateName, workflow_id
 from autoclusters.core.net import is_loopback
 from autoclusters.core.policy import Policy, PolicyError
 from autoclusters.core.settings import policy_for
@@ -787,7 +787,10 @@ def create_app(
     @app.get("/v1/incidents", response_model=IncidentList, summary="This cluster's incidents")
     async def list_incidents(
         request: Request,
-        state: str | None = Query(None, description="open, waiting_approval, resolved, ..."),
+        state: Annotated[
+            IncidentStateName | None,
+            Query(description="open, waiting_approval, resolved, ... (anything else: 422)"),
+        ] = None,
         node: str | None = None,
         fault: str | None = None,
         limit: int = Query(100, ge=1, le=1000),
