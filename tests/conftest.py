@@ -62,17 +62,20 @@ def _hermetic(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.Monk
     return home
 
 
+# Fixtures that start a server: a test using one (directly or through another fixture) is
+# never in `make unit`. Decided by what the test uses, not by what its module imports.
+SERVER_FIXTURES = {"sandbox": "integration", "env": "workflow"}
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """A test on the session's real sandbox is an integration test, marked or not; a test
-    of a module that runs workflows on the time-skipping server is a `workflow` test."""
-    from tests.helpers import time_skipping_env
-
+    that uses a Temporal server (the `env` fixture: the time-skipping server here, or a
+    module's own dev server) is at least a `workflow` test."""
     for item in items:
-        if "sandbox" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.integration)
-        module = getattr(item, "module", None)
-        if getattr(module, "time_skipping_env", None) is time_skipping_env:
-            item.add_marker(pytest.mark.workflow)
+        used = set(getattr(item, "fixturenames", ()))
+        for fixture, marker in SERVER_FIXTURES.items():
+            if fixture in used and not item.get_closest_marker("integration"):
+                item.add_marker(getattr(pytest.mark, marker))
 
 
 _handed_out: set[int] = set()

@@ -1,0 +1,28 @@
+"""The lanes are decided by what a test uses: no test that starts a server (a sandbox, or a
+Temporal server through `env`) runs without the marker that keeps it out of `make unit`.
+Checked over whatever this session collected and selected, so `make unit` checks itself."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.conftest import SERVER_FIXTURES
+
+
+def test_every_selected_test_that_starts_a_server_is_marked(request: pytest.FixtureRequest) -> None:
+    unmarked = []
+    for item in request.session.items:
+        used = set(getattr(item, "fixturenames", ()))
+        for fixture in used & SERVER_FIXTURES.keys():
+            if not (item.get_closest_marker("workflow") or item.get_closest_marker("integration")):
+                unmarked.append(f"{item.nodeid} uses {fixture}")
+    assert unmarked == []
+
+
+def test_the_rule_marks_what_a_module_would_miss(request: pytest.FixtureRequest) -> None:
+    # A workflow test that reaches the server through the shared fixture (no import of the
+    # time-skipping helper in its module: the case the old rule missed) is marked.
+    ours = [i for i in request.session.items if "test_remediation_workflow.py" in i.nodeid]
+    if not ours:
+        pytest.skip("test_remediation_workflow not selected in this session")
+    assert all(i.get_closest_marker("workflow") for i in ours if "env" in i.fixturenames)
