@@ -34,6 +34,7 @@ with workflow.unsafe.imports_passed_through():
         ApprovalRequest,
         CancelJobsInput,
         DrainInput,
+        DrainResult,
         FaultAck,
         FaultReport,
         FaultSeen,
@@ -341,13 +342,7 @@ class NodeRemediation(
     async def _quarantine(self, req: IncidentRequest) -> None:
         drain = await self._step(
             "drain",
-            lambda: workflow.execute_activity(
-                contracts.drain_node,
-                DrainInput(node=req.node, reason=drain_reason(req.incident_id, req.fault)),
-                start_to_close_timeout=self._slurm_timeout(),
-                heartbeat_timeout=HEARTBEAT,
-                retry_policy=STEP_RETRY,
-            ),
+            self._drain,
             detail=lambda r: (
                 f"kept the drain already there: {r.previous_reason}"
                 if r.previous_reason and r.already_drained
@@ -674,19 +669,23 @@ class NodeRemediation(
         found = (await self._quarantine_now()).slurm
         if found.drained or not found.restorable:
             return found
-        r = self._state.request
         await self._step(
             "redrain",
-            lambda: workflow.execute_activity(
-                contracts.drain_node,
-                DrainInput(node=r.node, reason=drain_reason(r.incident_id, r.fault)),
-                start_to_close_timeout=self._slurm_timeout(),
-                heartbeat_timeout=HEARTBEAT,
-                retry_policy=STEP_RETRY,
-            ),
+            self._drain,
             detail=lambda _: f"the drain was lost ({found.state}); applied again",
         )
         return (await self._quarantine_now()).slurm
+
+    async def _drain(self) -> DrainResult:
+        """Drain the node under this incident's reason (the activity reads it back)."""
+        r = self._state.request
+        return await workflow.execute_activity(
+            contracts.drain_node,
+            DrainInput(node=r.node, reason=drain_reason(r.incident_id, r.fault)),
+            start_to_close_timeout=self._slurm_timeout(),
+            heartbeat_timeout=HEARTBEAT,
+            retry_policy=STEP_RETRY,
+        )
 
     def _outage_budget(self) -> tuple[float, float]:
         return self._policy.outage_budget_s, self._policy.outage_notify_after_s
