@@ -56,7 +56,9 @@ def prepare(cfg: SandboxConfig) -> None:
 def k8s_emulator_argv(cfg: SandboxConfig) -> list[str]:
     return [
         sys.executable, "-m", "autoclusters.sandbox.k8s_emulator",
-        "--port", str(cfg.k8s_port), "--token", cfg.k8s_token(),
+        # One argument, `--token=...`: a urlsafe token may begin with "-", which argparse
+        # reads as the next option when the value stands alone (a 1-in-64 failed start).
+        "--port", str(cfg.k8s_port), f"--token={cfg.k8s_token()}",
     ]  # fmt: skip
 
 
