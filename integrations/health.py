@@ -7,18 +7,22 @@ one (`workflows/health_gate_steps.py`).
 
 from __future__ import annotations
 
+import asyncio
 import re
 import time
 from typing import Protocol
 
 from autoclusters.core.models import HealthCheck, HealthReport
-from autoclusters.integrations.slurm import SlurmClient, SlurmUnavailable
+from autoclusters.integrations.slurm import SlurmClient
 
 
 class HealthGate(Protocol):
     async def check(self, node: str) -> HealthReport: ...
 
 
+# How long a node the controller has not heard from since it restarted may stay UNKNOWN
+# before the gate judges it: slurmctld asks every node to register within seconds.
+UNKNOWN_GRACE_S = 30.0
 _GPUS = re.compile(r"gpu(?::[^:(,]+)?:(\d+)")
 
 
@@ -34,17 +38,29 @@ class SlurmHealthGate:
     The node agent's evidence (NVML, InfiniBand) is judged in the workflow after this.
     """
 
-    def __init__(self, slurm: SlurmClient, expected_gpus: int = 8) -> None:
+    def __init__(
+        self,
+        slurm: SlurmClient,
+        expected_gpus: int = 8,
+        *,
+        unknown_grace_s: float = UNKNOWN_GRACE_S,
+        poll_s: float = 1.0,
+    ) -> None:
         self._slurm = slurm
         self._expected = expected_gpus
+        self._unknown_grace_s = unknown_grace_s
+        self._poll_s = poll_s
 
     async def check(self, node: str) -> HealthReport:
         n = await self._slurm.node(node)
-        if n is not None and n.state == "unknown":
+        deadline = time.monotonic() + self._unknown_grace_s
+        while n is not None and n.state == "unknown" and time.monotonic() < deadline:
             # A controller that just restarted shows every node UNKNOWN until its slurmd
-            # registers again: not heard from yet, which is not "failed". A slurmd that
-            # really is gone turns DOWN+NOT_RESPONDING after SlurmdTimeout, and fails here.
-            raise SlurmUnavailable(f"{node} is {n.display_state}: slurmd not heard from yet")
+            # registers again (it asks them within a few seconds): not heard from yet is
+            # not "failed". One still UNKNOWN after the grace fails the gate below, so a
+            # slurmd that never comes back is repaired, not waited for.
+            await asyncio.sleep(self._poll_s)
+            n = await self._slurm.node(node)
         gpus = gres_gpus(n.gres) if n else 0
         checks = [
             HealthCheck(

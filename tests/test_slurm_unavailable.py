@@ -8,6 +8,7 @@ the controller up, still parse.
 
 from __future__ import annotations
 
+import asyncio
 import shlex
 from pathlib import Path
 
@@ -212,8 +213,21 @@ async def test_a_node_the_restarted_controller_has_not_heard_from_is_not_a_faile
     # again (seen in the outage matrix: the gate failed and escalated to a replacement).
     slurm = FakeSlurm()
     slurm.add_node("gpu-01", state="unknown", state_flags=["DRAIN"])
-    with pytest.raises(SlurmUnavailable, match="not heard from yet"):
-        await SlurmHealthGate(slurm, expected_gpus=0).check("gpu-01")
-    slurm.add_node("gpu-02", state="down", state_flags=["NOT_RESPONDING"])
-    report = await SlurmHealthGate(slurm, expected_gpus=0).check("gpu-02")
-    assert not report.passed  # a slurmd that is really gone still fails the gate
+    gate = SlurmHealthGate(slurm, expected_gpus=0, unknown_grace_s=30, poll_s=0.01)
+    checking = asyncio.ensure_future(gate.check("gpu-01"))
+    while slurm.calls["node"] < 3:  # it keeps asking while the node is UNKNOWN
+        await asyncio.sleep(0.01)
+    assert not checking.done()
+    slurm.boot("gpu-01", slurmd_start_time=1_700_000_100)  # slurmd registers: IDLE+DRAIN
+    report = await checking
+    assert report.passed, report.failures()
+
+
+async def test_a_node_still_unknown_after_the_grace_fails_the_gate() -> None:
+    # A slurmd that never registers again is repaired (one rung up), not waited for.
+    slurm = FakeSlurm()
+    slurm.add_node("gpu-01", state="unknown", state_flags=["NOT_RESPONDING"])
+    gate = SlurmHealthGate(slurm, expected_gpus=0, unknown_grace_s=0.05, poll_s=0.01)
+    report = await gate.check("gpu-01")
+    assert not report.passed
+    assert "UNKNOWN" in report.checks[0].detail
