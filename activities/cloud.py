@@ -44,7 +44,7 @@ class CloudActivities:
             async with heartbeating(f"finding the machine of {inp.node}"):
                 vm_id = await self._provider.vm_id(inp.node)
         except CloudError as e:
-            raise _application_error(e) from e
+            raise cloud_failure(e) from e
         return RepairPlan(node=inp.node, vm_id=vm_id, planned_at=planned_at)
 
     @activity.defn(name="repair_node")
@@ -90,14 +90,14 @@ class CloudActivities:
         try:
             yield record
         except CloudError as e:
-            raise _application_error(e) from e
+            raise cloud_failure(e) from e
         finally:
             beater.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await beater
 
 
-def _application_error(e: CloudError) -> ApplicationError:
+def cloud_failure(e: CloudError) -> ApplicationError:
     """A cloud error as the workflow reads it. The cloud API not answering
     (`CrusoeUnavailable`, any `Unavailable`) keeps its own type, which ends in
     "Unavailable": an outage, retryable, that the workflow waits out; anything else is a

@@ -33,6 +33,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from autoclusters.activities.acceptance_job import run_acceptance
+from autoclusters.activities.cloud import cloud_failure
 from autoclusters.activities.crusoe_machines import (
     delete_until_gone,
     op_meta,
@@ -62,7 +63,6 @@ from autoclusters.core.cluster import (
 )
 from autoclusters.core.cluster_ops import Inventory
 from autoclusters.core.models import HealthReport
-from autoclusters.core.unavailable import Unavailable
 from autoclusters.integrations.crusoe.client import CrusoeClient
 from autoclusters.integrations.crusoe.errors import (
     CrusoeError,
@@ -121,9 +121,7 @@ def _refused(e: CrusoeError) -> ApplicationError:
         return ApplicationError(message, type=QUOTA_EXCEEDED, non_retryable=True)
     if "capacity" in lowered:
         return ApplicationError(message, type=CAPACITY_UNAVAILABLE, non_retryable=True)
-    if isinstance(e, Unavailable):  # an outage: the workflow's step waits it out
-        return ApplicationError(str(e), type=type(e).__name__, non_retryable=False)
-    return ApplicationError(str(e), type="CloudError", non_retryable=e.non_retryable)
+    return cloud_failure(e)  # an outage keeps its type (the step waits it out); else CloudError
 
 
 @contextlib.asynccontextmanager

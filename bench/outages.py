@@ -23,8 +23,6 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-import yaml
-
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
@@ -34,6 +32,7 @@ from autoclusters.sandbox.outage import OutageReport, ops_cut_short  # noqa: E40
 from autoclusters.sandbox.outage_matrix import (  # noqa: E402
     OutageCase,
     describe,
+    every_case_a_first_incident,
     matrix,
     problems,
     run_matrix_case,
@@ -92,10 +91,7 @@ async def run(args: argparse.Namespace) -> int:
     print(f"sandbox in {state_dir}: {len(cases)} cases, {args.outage_s:g} s outages")
     await asyncio.to_thread(cluster.up, cfg)
     try:
-        # Each incident is a fresh fault on a reused node: no recurrence escalation.
-        policy = yaml.safe_load(cfg.policy_file.read_text())
-        policy["recurrence_window_s"] = 1
-        cfg.policy_file.write_text(yaml.safe_dump(policy, sort_keys=False))
+        every_case_a_first_incident(cfg)
         rows, bad, started = [], 0, time.monotonic()
         turn = 0
         for wave in waves(cases):

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+import yaml
 from rich.console import Console
 
 from autoclusters.integrations.slurm import SlurmCli, SlurmError
@@ -361,3 +362,12 @@ def timeline(r: OutageReport) -> str:
         detail = f" [{s.detail}]" if s.detail else ""
         out.append(f"{s.name} +{at:.1f}s{took} {s.outcome}{detail}")
     return "; ".join(out)
+
+
+def every_case_a_first_incident(cfg: SandboxConfig) -> None:
+    """Matrices reuse the sandbox's nodes: an earlier case's incident on a node must not
+    count as a recurrence (which would start the next one a rung up, at `replace`). The
+    policy file is read at every opening."""
+    policy = yaml.safe_load(cfg.policy_file.read_text())
+    policy["recurrence_window_s"] = 1
+    cfg.policy_file.write_text(yaml.safe_dump(policy, sort_keys=False))

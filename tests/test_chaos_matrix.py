@@ -24,7 +24,6 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 import pytest_asyncio
-import yaml
 
 from autoclusters.core import hostlist
 from autoclusters.core.policy import Rung
@@ -32,6 +31,7 @@ from autoclusters.integrations.slurm import SlurmCli
 from autoclusters.sandbox import cluster
 from autoclusters.sandbox.chaos import ChaosReport, run_chaos
 from autoclusters.sandbox.config import SandboxConfig
+from autoclusters.sandbox.outage_matrix import every_case_a_first_incident
 from tests.conftest import free_port_base
 from tests.helpers import cancel, eventually, job, running, submit_progress_job
 
@@ -63,11 +63,7 @@ async def matrix_sandbox(
         port_base=free_port_base(), boot_delay_s=2, k8s=True, breaker_threshold=100,
     )  # fmt: skip
     await asyncio.to_thread(cluster.up, cfg)  # sync: it runs its own event loop
-    # The cases reuse the nodes: an earlier incident on a node must not count as a
-    # recurrence (which would start the next one at `replace`). Read at every opening.
-    policy = yaml.safe_load(cfg.policy_file.read_text())
-    policy["recurrence_window_s"] = 1
-    cfg.policy_file.write_text(yaml.safe_dump(policy, sort_keys=False))
+    every_case_a_first_incident(cfg)
     started = time.monotonic()
     try:
         yield cfg

@@ -31,13 +31,13 @@ from collections.abc import AsyncIterator
 
 import pytest
 import pytest_asyncio
-import yaml
 
 from autoclusters.sandbox import cluster
 from autoclusters.sandbox.config import SandboxConfig
 from autoclusters.sandbox.outage_matrix import (
     OutageCase,
     describe,
+    every_case_a_first_incident,
     matrix,
     problems,
     run_matrix_case,
@@ -63,11 +63,7 @@ async def outage_sandbox(
         port_base=free_port_base(), boot_delay_s=2, k8s=True, breaker_threshold=100,
     )  # fmt: skip
     await asyncio.to_thread(cluster.up, cfg)  # sync: it runs its own event loop
-    # The cases reuse the nodes: an earlier incident on a node must not count as a
-    # recurrence (which would start the next one at `replace`). Read at every opening.
-    policy = yaml.safe_load(cfg.policy_file.read_text())
-    policy["recurrence_window_s"] = 1
-    cfg.policy_file.write_text(yaml.safe_dump(policy, sort_keys=False))
+    every_case_a_first_incident(cfg)
     started = time.monotonic()
     try:
         yield cfg
