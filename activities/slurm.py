@@ -197,9 +197,15 @@ class SlurmActivities:
         """
         start = time.monotonic()
         redrained = 0
+        drain_checked = -float("inf")
         while True:
-            if inp.drain_reason and await self._drain_lost(inp.node, inp.drain_reason):
-                redrained += 1
+            # The drain is read (a whole-cluster sinfo) every drain_check_s, not at every
+            # poll: an hour's wait on a thousand-node cluster must not double the load on
+            # slurmctld that squeue already puts there.
+            if inp.drain_reason and time.monotonic() - drain_checked >= inp.drain_check_s:
+                drain_checked = time.monotonic()
+                if await self._drain_lost(inp.node, inp.drain_reason):
+                    redrained += 1
             busy = [
                 j.job_id for j in await self._slurm.jobs_on_node(inp.node) if j.job_state in BUSY
             ]

@@ -397,6 +397,7 @@ class WaitIdleInput(BaseModel):
     # The incident's drain: while waiting, a drain Slurm lost (a controller restarted from
     # an older state, an admin's resume) is applied again, so no new job lands meanwhile.
     drain_reason: str = ""
+    drain_check_s: float = 10.0  # how often the drain is read back while waiting
 
 
 class WaitIdleResult(BaseModel):
