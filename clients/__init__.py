@@ -1,1 +1,2 @@
-"""What starts and steers workflows: the CLI (and later the HTTP API and the node agent)."""
+"""What starts and steers workflows: the CLI, the HTTP API (with the web console) and the
+per-node health agent."""

@@ -1,4 +1,5 @@
-"""Notifiers: where an incident's story is told. Console/log for now; Slack later."""
+"""Notifiers: where an incident's story is told. The log notifier is here; Slack's is in
+integrations/slack/ (notifier.py, and fanout.py to send to several at once)."""
 
 from __future__ import annotations
 
