@@ -23,6 +23,7 @@ from pydantic_settings import (
 )
 
 from autoclusters.core.policy import Policy, default_policy, load_policy
+from autoclusters.core.process_start import start_ticks
 from autoclusters.core.slack_config import SlackConfig
 
 DEFAULT_SANDBOX_DIR = Path.home() / ".autoclusters" / "sandbox"
@@ -38,18 +39,6 @@ def default_sandbox_dir() -> Path:
     return Path.home() / ".autoclusters" / "sandbox"
 
 
-def _start_ticks(pid: int) -> int | None:
-    """Field 22 of /proc/<pid>/stat (start time); None if the process is gone or a zombie."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat[stat.rindex(")") + 2 :].split()
-    if fields[0] in ("Z", "X"):
-        return None
-    return int(fields[19])
-
-
 def sandbox_running(state_dir: Path) -> bool:
     """Whether the sandbox in `state_dir` runs: its record exists and its Temporal server's
     recorded PID is alive with the recorded start time (a reused PID is not ours).
@@ -63,7 +52,7 @@ def sandbox_running(state_dir: Path) -> bool:
         pid, ticks = int(rec["pid"]), int(rec["start_ticks"])
     except (OSError, ValueError, KeyError, TypeError):
         return False
-    return pid > 0 and _start_ticks(pid) == ticks
+    return pid > 0 and start_ticks(pid) == ticks
 
 
 def config_file() -> Path | None:

@@ -16,6 +16,8 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
+from autoclusters.core.process_start import start_ticks
+
 
 class ProcessRecord(BaseModel):
     name: str
@@ -25,16 +27,8 @@ class ProcessRecord(BaseModel):
     log: str
 
 
-def _start_ticks(pid: int) -> int | None:
-    """Field 22 of /proc/<pid>/stat (start time); None if the process is gone or a zombie."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except (FileNotFoundError, ProcessLookupError):
-        return None
-    fields = stat[stat.rindex(")") + 2 :].split()
-    if fields[0] in ("Z", "X"):
-        return None
-    return int(fields[19])
+# tests/conftest.py still imports the start-time reader by this name.
+_start_ticks = start_ticks
 
 
 class ProcessTable:
@@ -63,7 +57,7 @@ class ProcessTable:
 
     def alive(self, name: str) -> bool:
         rec = self.get(name)
-        return rec is not None and _start_ticks(rec.pid) == rec.start_ticks
+        return rec is not None and start_ticks(rec.pid) == rec.start_ticks
 
     def spawn(
         self, name: str, argv: Sequence[str], env: dict[str, str] | None = None
@@ -84,7 +78,7 @@ class ProcessTable:
                 env={**os.environ, **(env or {})},
                 start_new_session=True,
             )
-        ticks = _start_ticks(proc.pid)
+        ticks = start_ticks(proc.pid)
         rec = ProcessRecord(
             name=name, pid=proc.pid, start_ticks=ticks or 0, argv=list(argv), log=str(log)
         )
@@ -98,7 +92,7 @@ class ProcessTable:
         rec = self.get(name)
         if rec is None:
             return False
-        was_running = _start_ticks(rec.pid) == rec.start_ticks
+        was_running = start_ticks(rec.pid) == rec.start_ticks
         if was_running:
             _signal(rec.pid, signal.SIGTERM)
             deadline = time.monotonic() + timeout_s
@@ -114,7 +108,7 @@ class ProcessTable:
     def kill(self, name: str) -> int | None:
         """SIGKILL the recorded PID (a crash, not a shutdown); return it, None if not running."""
         rec = self.get(name)
-        if rec is None or _start_ticks(rec.pid) != rec.start_ticks:
+        if rec is None or start_ticks(rec.pid) != rec.start_ticks:
             return None
         _signal(rec.pid, signal.SIGKILL)
         while not _exited(rec):
@@ -142,7 +136,7 @@ def _exited(rec: ProcessRecord) -> bool:
         os.waitpid(rec.pid, os.WNOHANG)
     except ChildProcessError:
         pass
-    return _start_ticks(rec.pid) != rec.start_ticks
+    return start_ticks(rec.pid) != rec.start_ticks
 
 
 def wait_until(check: Callable[[], bool], timeout_s: float, interval_s: float = 0.1) -> bool:
@@ -196,5 +190,5 @@ def kill_sessions(sids: set[int], timeout_s: float = 5.0) -> int:
                 continue
     for pid in victims:
         _signal(pid, signal.SIGKILL)
-    wait_until(lambda: all(_start_ticks(p) is None for p in victims), timeout_s, 0.05)
+    wait_until(lambda: all(start_ticks(p) is None for p in victims), timeout_s, 0.05)
     return len(victims)

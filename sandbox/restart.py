@@ -22,10 +22,11 @@ from typing import Any
 
 import httpx
 
+from autoclusters.core.process_start import start_ticks
 from autoclusters.sandbox import cloud_api, cluster, daemons, inference_sandbox, monitoring, slinky
 from autoclusters.sandbox.config import SandboxConfig
 from autoclusters.sandbox.daemons import SandboxError
-from autoclusters.sandbox.processes import ProcessRecord, ProcessTable, _signal, _start_ticks
+from autoclusters.sandbox.processes import ProcessRecord, ProcessTable, _signal
 
 SLURMD_PREFIX = "slurmd-"
 AGENT_PREFIX = "agent-"
@@ -159,7 +160,7 @@ def stop(cfg: SandboxConfig, name: str, *, kill: bool = False, timeout_s: float 
     SIGTERM (SIGKILL after `timeout_s`), or SIGKILL at once with `kill`."""
     table = ProcessTable(cfg.state_dir)
     rec = table.get(name)
-    if rec is None or _start_ticks(rec.pid) != rec.start_ticks:
+    if rec is None or start_ticks(rec.pid) != rec.start_ticks:
         raise SandboxError(
             f"{name} is not running in the sandbox in {cfg.state_dir} "
             f"(components: {', '.join(components(cfg)) or 'none'})"

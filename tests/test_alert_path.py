@@ -21,12 +21,13 @@ from prometheus_client.parser import text_string_to_metric_families
 from temporalio.service import RPCError
 
 from autoclusters.core.models import IncidentState, workflow_id
+from autoclusters.core.process_start import start_ticks
 from autoclusters.core.settings import load_file
 from autoclusters.integrations import temporal
 from autoclusters.sandbox import agent_targets, cluster, monitoring
 from autoclusters.sandbox.config import SandboxConfig
 from autoclusters.sandbox.hardware import Hardware, HardwareFault
-from autoclusters.sandbox.processes import ProcessTable, _start_ticks
+from autoclusters.sandbox.processes import ProcessTable
 from autoclusters.sandbox.vms import VmRegistry
 from autoclusters.workflows.remediation import NodeRemediation
 from tests.conftest import free_port_base
@@ -50,7 +51,7 @@ def alert_sandbox(tmp_path: Path) -> Iterator[SandboxConfig]:
     finally:
         recorded = table.records()
         cluster.down(cfg)
-        left = [r.name for r in recorded if _start_ticks(r.pid) == r.start_ticks]
+        left = [r.name for r in recorded if start_ticks(r.pid) == r.start_ticks]
         assert not left, f"still alive after down: {left}"
 
 

@@ -18,10 +18,11 @@ from pathlib import Path
 
 import pytest
 
+from autoclusters.core.process_start import start_ticks
 from autoclusters.sandbox import cluster
 from autoclusters.sandbox.config import SandboxConfig
 from autoclusters.sandbox.daemons import SandboxError
-from autoclusters.sandbox.processes import ProcessTable, _start_ticks
+from autoclusters.sandbox.processes import ProcessTable
 from tests.conftest import free_port_base
 
 pytestmark = pytest.mark.integration  # real sandboxes
@@ -30,7 +31,7 @@ CLI = [sys.executable, "-m", "autoclusters.clients.cli", "sandbox"]
 
 
 def _no_recorded_process_alive(records: list) -> bool:  # type: ignore[type-arg]
-    return all(_start_ticks(r.pid) != r.start_ticks for r in records)
+    return all(start_ticks(r.pid) != r.start_ticks for r in records)
 
 
 def test_up_again_is_a_noop(sandbox: SandboxConfig) -> None:
@@ -132,7 +133,7 @@ def _processes_mentioning(text: str) -> list[str]:
             cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
         except (FileNotFoundError, ProcessLookupError, NotADirectoryError, PermissionError):
             continue
-        if text in cmd and _start_ticks(int(proc.name)) is not None:
+        if text in cmd and start_ticks(int(proc.name)) is not None:
             found.append(cmd)
     return found
 

@@ -19,6 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
+from autoclusters.core.process_start import start_ticks
 from autoclusters.integrations.crusoe.signing import format_timestamp, sign
 from autoclusters.sandbox import daemons
 from autoclusters.sandbox.config import SandboxConfig
@@ -276,11 +277,7 @@ def _ssh(cfg: SandboxConfig, key: Path, command: str) -> subprocess.CompletedPro
 
 
 def _alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return False
-    return stat[stat.rindex(")") + 2] not in "ZX"
+    return start_ticks(pid) is not None
 
 
 @pytest.fixture

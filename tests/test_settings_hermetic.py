@@ -12,14 +12,16 @@ from pathlib import Path
 import pytest
 
 from autoclusters.core import settings
+from autoclusters.core.process_start import start_ticks
 from autoclusters.core.settings import Settings, config_file, default_sandbox_dir
 
 LEFTOVER_TOML = 'cluster = "leftover"\nkubeconfig = "/leftover/kubeconfig"\n'
 
 
-def _start_ticks(pid: int) -> int:
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    return int(stat[stat.rindex(")") + 2 :].split()[19])
+def _own_start_ticks() -> int:
+    ticks = start_ticks(os.getpid())
+    assert ticks is not None  # this process runs
+    return ticks
 
 
 def _default_sandbox(pid: int | None, ticks: int | None = None) -> Path:
@@ -60,12 +62,12 @@ def test_stopped_sandbox_without_pid_records_is_not_read() -> None:
 
 def test_reused_pid_is_not_a_running_sandbox() -> None:
     # Our own PID, alive, but not the process the sandbox recorded (other start time).
-    _default_sandbox(os.getpid(), _start_ticks(os.getpid()) + 1)
+    _default_sandbox(os.getpid(), _own_start_ticks() + 1)
     assert config_file() is None
 
 
 def test_running_sandbox_toml_is_read() -> None:
-    state = _default_sandbox(os.getpid(), _start_ticks(os.getpid()))
+    state = _default_sandbox(os.getpid(), _own_start_ticks())
     assert settings.sandbox_running(state)
     assert config_file() == state / "autoclusters.toml"
     s = Settings()
@@ -74,7 +76,7 @@ def test_running_sandbox_toml_is_read() -> None:
 
 
 def test_explicit_config_wins(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    _default_sandbox(os.getpid(), _start_ticks(os.getpid()))
+    _default_sandbox(os.getpid(), _own_start_ticks())
     mine = tmp_path / "mine.toml"
     mine.write_text('cluster = "mine"\n')
     monkeypatch.setenv("AUTOCLUSTERS_CONFIG", str(mine))
