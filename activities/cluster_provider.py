@@ -1,49 +1,25 @@
-"""The `cluster_*` activities for providers `sandbox` and `crusoe-managed-slurm`: one
-class, talking to a Crusoe API (on the sandbox, the Crusoe emulator) and to the cluster's
-Slurm.
-
-- The controller, accounting, shared home and login nodes are one Managed Slurm cluster
-  (`POST /slurm/clusters`): `create_controller` creates it (or adopts the one of that name),
-  the other three wait for their part of it and delete nothing of their own.
-- A machine is a VM named after its Slurm node. Its create body carries
-  `labels: {autoclusters.cluster, autoclusters.node-set, autoclusters.attempt}` (an EXT
-  field: the emulator keeps it, the public VM API's support is UNCONFIRMED); that is how
-  `inventory` knows a cluster's machines and a retried create knows its own VM.
-- Slurm's side (registration, the gate, the acceptance job) goes through the worker's
-  `SlurmBatchClient`, whose SLURM_CONF is the cluster's (on the sandbox, the emulator writes
-  the configuration where the worker's SLURM_CONF points).
+"""The `cluster_*` activities (names as in activities/contracts.py): each hands its call to
+the provider of the call's cluster (activities/cluster_providers/: Managed Slurm for
+providers `sandbox` and `crusoe-managed-slurm`; Slinky on CMK for `crusoe-cmk` when the
+worker has a kubeconfig and a CMK cluster id), chosen once by registry.py. A provider this
+worker does not serve is refused as ProviderUnavailable.
 
 Every activity is idempotent (a retry adopts what a lost attempt made), heartbeats while
-it waits, and turns Crusoe errors into ApplicationErrors: quota -> QuotaExceeded, capacity
--> CapacityUnavailable (both non-retryable, with the provider's message), any other
-refusal (4xx) non-retryable, the rest retryable. Provider `crusoe-cmk` goes to
-activities/cluster_provider_cmk.py when the worker has a kubeconfig and a CMK cluster id
-(`cmk`); without them every call raises ProviderUnavailable.
+it waits, and turns provider errors into ApplicationErrors: quota -> QuotaExceeded,
+capacity -> CapacityUnavailable (both non-retryable, with the provider's message), any
+other refusal (4xx) non-retryable, the rest retryable.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
-from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from temporalio import activity
-from temporalio.exceptions import ApplicationError
 
-from autoclusters.activities.acceptance_job import run_acceptance
-from autoclusters.activities.cloud import cloud_failure
-from autoclusters.activities.crusoe_machines import (
-    delete_until_gone,
-    op_meta,
-    placements,
-    wait_registered,
-)
-from autoclusters.activities.heartbeat import heartbeating
+from autoclusters.activities.cluster_providers.base import ClusterProvider
+from autoclusters.activities.cluster_providers.registry import worker_providers
 from autoclusters.core.cluster import (
-    CAPACITY_UNAVAILABLE,
-    QUOTA_EXCEEDED,
     AcceptanceCall,
     AcceptanceResult,
     BootResult,
@@ -64,78 +40,11 @@ from autoclusters.core.cluster import (
 from autoclusters.core.cluster_ops import Inventory
 from autoclusters.core.models import HealthReport
 from autoclusters.integrations.crusoe.client import CrusoeClient
-from autoclusters.integrations.crusoe.errors import (
-    CrusoeError,
-    CrusoeNotFound,
-    CrusoeOperationFailed,
-    CrusoeUnavailable,
-)
-from autoclusters.integrations.crusoe.resources import (
-    Operation,
-    OperationKind,
-    SlurmCluster,
-    Vm,
-)
-from autoclusters.integrations.health import SlurmHealthGate
-from autoclusters.integrations.slurm import SlurmBatchClient, SlurmError
-
-if TYPE_CHECKING:  # it imports this module's helpers
-    from autoclusters.activities.cluster_provider_cmk import CmkProvider
-
-PROVIDER_UNAVAILABLE = "ProviderUnavailable"
-CONTROLLER_FAILED = "ControllerFailed"
-MACHINE_NAME_TAKEN = "MachineNameTaken"
-SERVED = ("sandbox", "crusoe-managed-slurm")
-CMK = "crusoe-cmk"  # served by activities/cluster_provider_cmk.py when configured
-
-# The VM labels (EXT) that tie a machine to its cluster, node set and attempt.
-LABEL_CLUSTER = "autoclusters.cluster"
-LABEL_NODE_SET = "autoclusters.node-set"
-LABEL_ATTEMPT = "autoclusters.attempt"
-
-RUNNING = "STATE_RUNNING"
-CLUSTER_FAILED = "STATE_FAILED"
-CLUSTER_DELETING = "STATE_DELETING"
-VM_BOOTED = frozenset({"RUNNING"})
-VM_FAILED = frozenset({"FAILED", "CRASHED"})
-
-
-def labels_of(vm: Vm) -> dict[str, str]:
-    raw = (vm.model_extra or {}).get("labels")
-    return {str(k): str(v) for k, v in raw.items()} if isinstance(raw, dict) else {}
-
-
-def _attempt(vm: Vm) -> int:
-    try:
-        return int(labels_of(vm).get(LABEL_ATTEMPT, "1"))
-    except ValueError:
-        return 1
-
-
-def _refused(e: CrusoeError) -> ApplicationError:
-    """A Crusoe error as the workflow reads it."""
-    status = getattr(e, "status", None)
-    message = getattr(e, "message", None) or str(e)
-    lowered = str(e).lower()
-    if status == 403 and "quota" in lowered:
-        return ApplicationError(message, type=QUOTA_EXCEEDED, non_retryable=True)
-    if "capacity" in lowered:
-        return ApplicationError(message, type=CAPACITY_UNAVAILABLE, non_retryable=True)
-    return cloud_failure(e)  # an outage keeps its type (the step waits it out); else CloudError
-
-
-@contextlib.asynccontextmanager
-async def _step(what: str) -> AsyncIterator[None]:
-    """Heartbeat `what` while the block runs; Crusoe errors leave as ApplicationErrors."""
-    try:
-        async with heartbeating(what):
-            yield
-    except CrusoeError as e:
-        raise _refused(e) from e
+from autoclusters.integrations.slurm import SlurmBatchClient
 
 
 class ClusterProviderActivities:
-    """The provider activities (names as in activities/contracts.py).
+    """The provider activities, registered by the worker.
 
     Args:
         crusoe: the project's Crusoe client (its endpoint: Crusoe, or the emulator).
@@ -145,6 +54,9 @@ class ClusterProviderActivities:
             still missing then is left out of `registered` (the workflow replaces it).
         acceptance_timeout_s: the longest an acceptance job may take before it is cancelled
             and counted failed.
+        cmk: provider crusoe-cmk's implementation (activities/cluster_providers/cmk.py),
+            when the worker has a kubeconfig and a CMK cluster id; without it crusoe-cmk is
+            refused.
     """
 
     def __init__(
@@ -155,19 +67,17 @@ class ClusterProviderActivities:
         poll_s: float = 2.0,
         register_timeout_s: float = 300.0,
         acceptance_timeout_s: float = 1200.0,
-        cmk: CmkProvider | None = None,
+        cmk: ClusterProvider | None = None,
     ) -> None:
         self._cmk = cmk
-        self._crusoe = crusoe
-        self._slurm = slurm
-        self._poll_s = poll_s
-        self._register_timeout_s = register_timeout_s
-        self._acceptance_timeout_s = acceptance_timeout_s
-
-    def _cmk_for(self, ref: ClusterRef) -> CmkProvider | None:
-        """Provider crusoe-cmk's implementation, when this worker has one (a kubeconfig and
-        a CMK cluster id); else None (and `_served` refuses crusoe-cmk)."""
-        return self._cmk if ref.provider == CMK else None
+        self._providers = worker_providers(
+            crusoe,
+            slurm,
+            poll_s=poll_s,
+            register_timeout_s=register_timeout_s,
+            acceptance_timeout_s=acceptance_timeout_s,
+            cmk=cmk,
+        )
 
     def activities(self) -> list[Callable[..., Awaitable[Any]]]:
         return [
@@ -190,447 +100,72 @@ class ClusterProviderActivities:
 
     @activity.defn(name="cluster_create_controller")
     async def create_controller(self, call: ProviderCall) -> Resource:
-        """Create the Managed Slurm cluster (or adopt the one with the spec's name: a retry,
-        or a 409) and wait until it runs."""
-        if (cmk := self._cmk_for(call.cluster)) is not None:
-            return await cmk.create_controller(call)
-        _served(call.cluster)
-        spec = call.spec
-        async with _step(f"creating Slurm cluster {spec.name}"):
-            found = await self._crusoe.find_slurm_cluster(spec.name)
-            if found is None:
-                body = {
-                    "name": spec.name,
-                    "location": spec.location,
-                    "login_replicas": spec.login.count,
-                    "root_ssh_pub_keys": list(spec.login.ssh_public_keys),
-                    "home_volume_size": f"{spec.shared_home.size}Gi",
-                    "accounting_enabled": spec.accounting,  # EXT
-                }
-                if spec.login.instance_type:
-                    body["login_node_type"] = spec.login.instance_type
-                try:
-                    op = await self._crusoe.create_slurm_cluster(body)
-                except CrusoeUnavailable as e:
-                    if e.status != 409:
-                        raise
-                    found = await self._crusoe.find_slurm_cluster(spec.name)
-                    if found is None:  # deleted between the 409 and the list: try again
-                        raise
-                else:
-                    await self._created(op)
-            cid = found.id if found is not None else await self._cluster_id(spec.name)
-            try:
-                await self._wait_cluster(cid, lambda c: c.state == RUNNING, "running")
-            except ApplicationError as e:
-                if e.type == CONTROLLER_FAILED:
-                    # A failed cluster is of no use and holds the name: delete it, so the
-                    # spec can be provisioned again once the cause is fixed.
-                    await self._gone(
-                        "slurm_cluster",
-                        lambda: self._crusoe.delete_slurm_cluster(cid),
-                        lambda: self._crusoe.get_slurm_cluster(cid),
-                    )
-                raise
-        return Resource(kind="controller", id=cid, name=spec.name)
-
-    async def _created(self, op: Operation) -> None:
-        """Wait for the create. A FAILED one that left the cluster STATE_FAILED is reported
-        from the cluster (its issues, by the caller); one that left it half made deletes it
-        and raises, so the activity's retry creates it anew."""
-        try:
-            await self._wait_op(op)
-        except CrusoeOperationFailed:
-            cid = op_meta(op, "slurm_cluster_id")
-            if cid is None:
-                raise
-            with contextlib.suppress(CrusoeNotFound):
-                if (await self._crusoe.get_slurm_cluster(cid)).state == CLUSTER_FAILED:
-                    return
-            await self._gone(
-                "slurm_cluster",
-                lambda: self._crusoe.delete_slurm_cluster(cid),
-                lambda: self._crusoe.get_slurm_cluster(cid),
-            )
-            raise
+        """Create the cluster's controller (or adopt the one with the spec's name)."""
+        return await self._providers.serving(call.cluster).create_controller(call)
 
     @activity.defn(name="cluster_create_accounting")
     async def create_accounting(self, call: ProviderCall) -> Resource:
-        """slurmdbd comes with the cluster (`accounting_enabled`): wait until it runs."""
-        if (cmk := self._cmk_for(call.cluster)) is not None:
-            return await cmk.create_accounting(call)
-        _served(call.cluster)
-        async with _step(f"waiting for the accounting of {call.cluster.name}"):
-            cid = await self._controller(call)
-            await self._wait_cluster(
-                cid, lambda c: c.accounting_state == RUNNING, "accounting running"
-            )
-        return Resource(
-            kind="accounting", id=f"{cid}/accounting", name=f"{call.spec.name}-slurmdbd"
-        )
+        """The cluster's accounting (slurmdbd)."""
+        return await self._providers.serving(call.cluster).create_accounting(call)
 
     @activity.defn(name="cluster_create_shared_home")
     async def create_shared_home(self, call: ProviderCall) -> Resource:
-        """/home comes with the cluster (`home_volume_size`): wait until it is reported."""
-        if (cmk := self._cmk_for(call.cluster)) is not None:
-            return await cmk.create_shared_home(call)
-        _served(call.cluster)
-        async with _step(f"waiting for the shared home of {call.cluster.name}"):
-            cid = await self._controller(call)
-            cluster = await self._wait_cluster(
-                cid, lambda c: bool(c.home_volume_size), "a home volume"
-            )
-        return Resource(
-            kind="shared_home",
-            id=f"{cid}/home",
-            name=f"{call.spec.name}-home-{cluster.home_volume_size}",
-        )
+        """The cluster's shared /home."""
+        return await self._providers.serving(call.cluster).create_shared_home(call)
 
     @activity.defn(name="cluster_create_login_nodes")
     async def create_login_nodes(self, call: ProviderCall) -> Resource:
-        """The login nodes come with the cluster: wait until their endpoint answers."""
-        if (cmk := self._cmk_for(call.cluster)) is not None:
-            return await cmk.create_login_nodes(call)
-        _served(call.cluster)
-        async with _step(f"waiting for the login nodes of {call.cluster.name}"):
-            cid = await self._controller(call)
-            cluster = await self._wait_cluster(
-                cid, lambda c: bool(c.login_node_endpoint), "a login endpoint"
-            )
-        return Resource(kind="login", id=f"{cid}/login", name=str(cluster.login_node_endpoint))
+        """The cluster's login nodes."""
+        return await self._providers.serving(call.cluster).create_login_nodes(call)
 
     # --- machines -----------------------------------------------------------------------
 
     @activity.defn(name="cluster_create_machine")
     async def create_machine(self, call: MachineCall) -> Machine:
-        """A VM named after the node. A VM of that name from this attempt (a retry) is
-        adopted; one from an earlier attempt (deleted by the workflow) is waited out."""
-        if (cmk := self._cmk_for(call.cluster)) is not None:
-            return await cmk.create_machine(call)
-        _served(call.cluster)
-        ns = call.node_set
-        async with _step(f"creating {call.node} (attempt {call.attempt})"):
-            vm = await self._own_vm(call)
-            if vm is None:
-                body: dict[str, Any] = {
-                    "name": call.node,
-                    "type": ns.instance_type,
-                    "location": call.cluster.location,
-                    "labels": {  # EXT: see the module's docstring
-                        LABEL_CLUSTER: call.cluster.name,
-                        LABEL_NODE_SET: ns.name,
-                        LABEL_ATTEMPT: str(call.attempt),
-                    },
-                }
-                if ns.ib_partition:
-                    body["host_channel_adapters"] = [{"ib_partition_id": ns.ib_partition}]
-                op = await self._crusoe.create_vm(body)
-                vm_id = op_meta(op, "vm_id")
-                if vm_id is None:
-                    made = await self._crusoe.find_vm_by_name(call.node)
-                    if made is None:
-                        raise CrusoeError(f"VM {call.node} was created but is not listed")
-                    vm_id = made.id
-            else:
-                vm_id = vm.id
-        return Machine(
-            cluster=call.cluster,
-            node_set=ns.name,
-            node=call.node,
-            machine_id=vm_id,
-            attempt=call.attempt,
-        )
-
-    async def _own_vm(self, call: MachineCall) -> Vm | None:
-        """This attempt's VM if a lost try made it; None when one must be created."""
-        while True:
-            vm = await self._crusoe.find_vm_by_name(call.node)
-            if vm is None:
-                return None
-            labels = labels_of(vm)
-            if labels.get(LABEL_CLUSTER) != call.cluster.name:
-                raise ApplicationError(
-                    f"a VM named {call.node} ({vm.id}) exists in project "
-                    f"{self._crusoe.project_id} and is not a machine of cluster "
-                    f"{call.cluster.name}",
-                    type=MACHINE_NAME_TAKEN,
-                    non_retryable=True,
-                )
-            if _attempt(vm) >= call.attempt:
-                return vm
-            # An earlier attempt's VM: the workflow deleted it; wait until it is gone.
-            await asyncio.sleep(self._poll_s)
+        """A machine for the node's slot (a retry adopts this attempt's machine)."""
+        return await self._providers.serving(call.cluster).create_machine(call)
 
     @activity.defn(name="cluster_wait_booted")
     async def wait_booted(self, machine: Machine) -> BootResult:
-        """Until the VM runs (booted) or fails (not booted, with the provider's reason). A
-        boot that hangs is waited on, heartbeating: the workflow's timeout decides."""
-        if (cmk := self._cmk_for(machine.cluster)) is not None:
-            return await cmk.wait_booted(machine)
-        _served(machine.cluster)
-        async with _step(f"waiting for {machine.node} ({machine.machine_id}) to boot"):
-            while True:
-                try:
-                    vm = await self._crusoe.get_vm(machine.machine_id)
-                except CrusoeNotFound:
-                    return BootResult(booted=False, detail=f"VM {machine.machine_id} is gone")
-                if vm.state in VM_BOOTED:
-                    return BootResult(booted=True)
-                if vm.state in VM_FAILED:
-                    return BootResult(booted=False, detail=await self._boot_failure(vm))
-                await asyncio.sleep(self._poll_s)
-
-    async def _boot_failure(self, vm: Vm) -> str:
-        """The create operation's message ("VM gpu-02 failed to boot"), else the state."""
-        for op in reversed(await self._crusoe.list_operations("vm", resource_id=vm.id)):
-            if op.state == "FAILED":
-                return op.failure_message()
-        return f"VM {vm.name} is {vm.state}"
+        """Until the machine boots or fails (with the provider's reason)."""
+        return await self._providers.serving(machine.cluster).wait_booted(machine)
 
     @activity.defn(name="cluster_discover_topology")
     async def discover_topology(self, call: TopologyCall) -> list[Placement]:
-        """Each machine's pod and leaf from its VM's `topology` (EXT); unknown: unplaced."""
-        if (cmk := self._cmk_for(call.cluster)) is not None:
-            return await cmk.discover_topology(call)
-        _served(call.cluster)
-        async with _step(f"reading the fabric of {len(call.machines)} machines"):
-            return await placements(self._crusoe, call.machines)
+        """Each machine's pod and leaf in the fabric; unknown: unplaced."""
+        return await self._providers.serving(call.cluster).discover_topology(call)
 
     # --- Slurm ----------------------------------------------------------------------------
 
     @activity.defn(name="cluster_configure_slurm")
     async def configure_slurm(self, call: SlurmConfigCall) -> SlurmConfigResult:
-        """Write the node layout (EXT PUT .../configuration), then wait, bounded, until
-        every machine's node answers in Slurm from a slurmd started after its VM was
-        created (a replaced machine's old slurmd, still counted as responding until
-        SlurmdTimeout, is not the new one). A node that never does is not `registered`."""
-        if (cmk := self._cmk_for(call.cluster)) is not None:
-            return await cmk.configure_slurm(call)
-        _served(call.cluster)
-        wanted = sorted({m.node for m in call.machines})
-        async with _step(f"configuring Slurm of {call.cluster.name}"):
-            cid = await self._cluster_id(call.cluster.name)
-            op = await self._crusoe.configure_slurm_cluster(
-                cid,
-                {
-                    "node_sets": [s.model_dump() for s in call.node_sets],
-                    "topology_conf": call.topology_conf,
-                    "drained": dict(call.drained),
-                },
-            )
-            await self._wait_op(op)
-            vms = await self._crusoe.list_vms(ids=[m.machine_id for m in call.machines])
-            created = {vm.name: _epoch(vm.created_at) for vm in vms}
-            registered = await wait_registered(
-                self._slurm,
-                wanted,
-                created,
-                poll_s=self._poll_s,
-                timeout_s=self._register_timeout_s,
-            )
-        return SlurmConfigResult(registered=registered)
+        """Write the node layout, then wait, bounded, for the nodes to register."""
+        return await self._providers.serving(call.cluster).configure_slurm(call)
 
     @activity.defn(name="cluster_health_gate")
     async def health_gate(self, call: NodeGateCall) -> HealthReport:
-        """Slurm's side of the gate: slurmd answers with all its GPUs. The node agent's
-        evidence (NVML, InfiniBand) is the workflow's part, still TODO (issue 12)."""
-        if (cmk := self._cmk_for(call.cluster)) is not None:
-            return await cmk.health_gate(call)
-        _served(call.cluster)
-        async with heartbeating(f"health gate {call.machine.node}"):
-            try:
-                return await SlurmHealthGate(self._slurm, call.expected_gpus).check(
-                    call.machine.node
-                )
-            except SlurmError as e:
-                raise ApplicationError(str(e), type=type(e).__name__) from e
+        """Slurm's half of a new machine's health gate; the node agent's half is the
+        workflow's (workflows/agent_gate.py)."""
+        return await self._providers.serving(call.cluster).health_gate(call)
 
     @activity.defn(name="cluster_acceptance_job")
     async def acceptance_job(self, call: AcceptanceCall) -> AcceptanceResult:
-        """`srun hostname` on every node of the set in one batch job (activities/
-        acceptance_job.py); a retry adopts the job this workflow run submitted."""
-        if (cmk := self._cmk_for(call.cluster)) is not None:
-            return await cmk.acceptance_job(call)
-        _served(call.cluster)
-        async with heartbeating(f"acceptance job on {call.node_set.name}"):
-            try:
-                return await run_acceptance(
-                    self._slurm,
-                    call.node_set,
-                    _run_id(),
-                    poll_s=self._poll_s,
-                    timeout_s=self._acceptance_timeout_s,
-                )
-            except SlurmError as e:
-                raise ApplicationError(str(e), type=type(e).__name__) from e
+        """One batch job over every node of the set; a retry adopts it."""
+        return await self._providers.serving(call.cluster).acceptance_job(call)
 
     @activity.defn(name="cluster_add_users")
     async def add_users(self, call: UsersCall) -> UsersResult:
-        """Each user's login (keys) and, with accounting, Slurm account and association
-        (EXT POST .../users, idempotent by name)."""
-        if (cmk := self._cmk_for(call.cluster)) is not None:
-            return await cmk.add_users(call)
-        _served(call.cluster)
-        added: list[str] = []
-        async with _step(f"adding {len(call.users)} users to {call.cluster.name}"):
-            cid = await self._cluster_id(call.cluster.name)
-            for user in call.users:
-                await self._crusoe.add_slurm_user(
-                    cid,
-                    {
-                        "name": user.name,
-                        "ssh_public_keys": list(user.ssh_public_keys),
-                        "slurm_account": user.slurm_account,
-                    },
-                )
-                added.append(user.name)
-        return UsersResult(added=added)
+        """Each user's login (keys), and what the provider keeps of their Slurm account."""
+        return await self._providers.serving(call.cluster).add_users(call)
 
     # --- deleting and listing -------------------------------------------------------------
 
     @activity.defn(name="cluster_delete")
     async def delete(self, call: DeleteCall) -> None:
-        """A machine: delete its VM. The controller: delete the Managed Slurm cluster. Both
-        wait until done; already gone (404) is done. Accounting, shared home and login
-        nodes go with the cluster: nothing to do for them."""
-        if (cmk := self._cmk_for(call.cluster)) is not None:
-            return await cmk.delete(call)
-        _served(call.cluster)
-        res = call.resource
-        async with _step(f"deleting {res.kind} {res.name} ({res.id})"):
-            if res.kind == "machine":
-                await self._delete_vm(res.id)
-            elif res.kind == "controller":
-                await self._gone(
-                    "slurm_cluster",
-                    lambda: self._crusoe.delete_slurm_cluster(res.id),
-                    lambda: self._crusoe.get_slurm_cluster(res.id),
-                )
-
-    async def _delete_vm(self, vm_id: str) -> None:
-        await self._gone(
-            "vm", lambda: self._crusoe.delete_vm(vm_id), lambda: self._crusoe.get_vm(vm_id)
-        )
-
-    async def _gone(
-        self,
-        kind: OperationKind,
-        delete: Callable[[], Awaitable[Operation]],
-        get: Callable[[], Awaitable[Any]],
-    ) -> None:
-        await delete_until_gone(self._crusoe, delete, get, kind, self._poll_s)
+        """Delete one of the cluster's resources and wait until done; gone is done."""
+        return await self._providers.serving(call.cluster).delete(call)
 
     @activity.defn(name="cluster_inventory")
     async def inventory(self, cluster: ClusterRef) -> Inventory:
-        """The cluster's parts (if the Managed Slurm cluster exists) and its machines: the
-        VMs labelled with its name, in node order."""
-        if (cmk := self._cmk_for(cluster)) is not None:
-            return await cmk.inventory(cluster)
-        _served(cluster)
-        async with _step(f"listing cluster {cluster.name}"):
-            found = await self._crusoe.find_slurm_cluster(cluster.name)
-            vms = await self._crusoe.list_vms()
-        resources: list[Resource] = []
-        if found is not None:
-            cid = found.id
-            resources.append(Resource(kind="controller", id=cid, name=found.name))
-            if found.accounting_enabled:
-                resources.append(
-                    Resource(
-                        kind="accounting", id=f"{cid}/accounting", name=f"{found.name}-slurmdbd"
-                    )
-                )
-            if found.home_volume_size:
-                resources.append(
-                    Resource(
-                        kind="shared_home",
-                        id=f"{cid}/home",
-                        name=f"{found.name}-home-{found.home_volume_size}",
-                    )
-                )
-            if found.login_node_endpoint:
-                resources.append(
-                    Resource(kind="login", id=f"{cid}/login", name=found.login_node_endpoint)
-                )
-        machines = [
-            Machine(
-                cluster=cluster,
-                node_set=labels_of(vm).get(LABEL_NODE_SET, ""),
-                node=vm.name,
-                machine_id=vm.id,
-                attempt=_attempt(vm),
-            )
-            for vm in sorted(vms, key=lambda v: (v.name, v.created_at))
-            if labels_of(vm).get(LABEL_CLUSTER) == cluster.name
-        ]
-        resources += [m.resource() for m in machines]
-        return Inventory(resources=resources, machines=machines)
-
-    # --- helpers --------------------------------------------------------------------------
-
-    async def _wait_op(self, op: Operation, kind: OperationKind = "slurm_cluster") -> Operation:
-        return await self._crusoe.wait_operation(op, kind, poll_s=self._poll_s)
-
-    async def _cluster_id(self, name: str) -> str:
-        found = await self._crusoe.find_slurm_cluster(name)
-        if found is None:
-            raise ApplicationError(
-                f"no Managed Slurm cluster named {name} in project {self._crusoe.project_id}",
-                type="ClusterNotFound",
-                non_retryable=True,
-            )
-        return found.id
-
-    async def _controller(self, call: ProviderCall) -> str:
-        if call.controller is not None:
-            return call.controller.id
-        return await self._cluster_id(call.spec.name)
-
-    async def _wait_cluster(
-        self, cid: str, ready: Callable[[SlurmCluster], bool], what: str
-    ) -> SlurmCluster:
-        """Poll the cluster until `ready`; a FAILED cluster raises (non-retryable)."""
-        while True:
-            cluster = await self._crusoe.get_slurm_cluster(cid)
-            if ready(cluster):
-                return cluster
-            if cluster.state == CLUSTER_FAILED:
-                raise ApplicationError(
-                    f"Slurm cluster {cluster.name} ({cid}) failed before {what}: "
-                    f"{cluster.issues_text()}",
-                    type=CONTROLLER_FAILED,
-                    non_retryable=True,
-                )
-            if cluster.state == CLUSTER_DELETING:
-                # A teardown's leftover under the same name: a later try may create anew.
-                raise ApplicationError(
-                    f"Slurm cluster {cluster.name} ({cid}) is being deleted",
-                    type="ClusterDeleting",
-                )
-            await asyncio.sleep(self._poll_s)
-
-
-def _run_id() -> str:
-    run_id = activity.info().workflow_run_id if activity.in_activity() else None
-    return run_id or "no-run"
-
-
-def _epoch(rfc3339: str) -> float:
-    """An API time as epoch seconds; 0 when missing or unreadable (no constraint)."""
-    try:
-        t = datetime.fromisoformat(rfc3339.replace("Z", "+00:00"))
-    except ValueError:
-        return 0.0
-    return (t if t.tzinfo is not None else t.replace(tzinfo=UTC)).timestamp()
-
-
-def _served(ref: ClusterRef) -> None:
-    if ref.provider not in SERVED:
-        raise ApplicationError(
-            f"provider {ref.provider} is not available on this worker: cluster {ref.name} "
-            f"cannot be provisioned, scaled or deleted through it (crusoe-cmk needs the "
-            f"worker's kubeconfig and crusoe_cluster_id; or use sandbox or "
-            f"crusoe-managed-slurm)",
-            type=PROVIDER_UNAVAILABLE,
-            non_retryable=True,
-        )
+        """The cluster's parts and its machines, in node order."""
+        return await self._providers.serving(cluster).inventory(cluster)

@@ -23,11 +23,9 @@ import pytest_asyncio
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
-from autoclusters.activities.cluster_provider import (
-    CONTROLLER_FAILED,
-    PROVIDER_UNAVAILABLE,
-    ClusterProviderActivities,
-)
+from autoclusters.activities.cluster_provider import ClusterProviderActivities
+from autoclusters.activities.cluster_providers.managed_slurm import CONTROLLER_FAILED
+from autoclusters.activities.cluster_providers.registry import PROVIDER_UNAVAILABLE
 from autoclusters.core.cluster import (
     QUOTA_EXCEEDED,
     AcceptanceCall,

@@ -32,11 +32,9 @@ from kubernetes import client
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
-from autoclusters.activities.cluster_provider import (
-    PROVIDER_UNAVAILABLE,
-    ClusterProviderActivities,
-)
-from autoclusters.activities.cluster_provider_cmk import CmkProvider
+from autoclusters.activities.cluster_provider import ClusterProviderActivities
+from autoclusters.activities.cluster_providers.cmk import CmkProvider
+from autoclusters.activities.cluster_providers.registry import PROVIDER_UNAVAILABLE
 from autoclusters.core.cluster import (
     QUOTA_EXCEEDED,
     ClusterRef,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from temporalio.exceptions import ApplicationError
 
-from autoclusters.activities.cluster_provider import _refused
+from autoclusters.activities.cluster_providers.crusoe_step import refused as _refused
 from autoclusters.core.cluster import CAPACITY_UNAVAILABLE
 from autoclusters.core.unavailable import OUTAGE_TYPES, component_of, is_unavailable_type
 from autoclusters.integrations.crusoe.errors import CrusoeRequestError, CrusoeUnavailable

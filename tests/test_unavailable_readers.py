@@ -35,7 +35,7 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
 from autoclusters.activities.cloud import CloudActivities
-from autoclusters.activities.cluster_provider_cmk import CmkProvider
+from autoclusters.activities.cluster_providers.cmk import CmkProvider
 from autoclusters.activities.kubernetes import KubernetesActivities, KubernetesUnavailable
 from autoclusters.activities.sharing_demand import ShareDemandActivities, prometheus_value
 from autoclusters.clients.console import prometheus as console_prometheus

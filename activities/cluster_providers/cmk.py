@@ -1,0 +1,664 @@
+"""The `cluster_*` activities for provider `crusoe-cmk`: Slurm (Slinky) on an existing CMK
+cluster, its machines from CMK node pools through the Crusoe API, its Slurm parts as
+Kubernetes objects applied with the official `kubernetes` client
+(integrations/slinky_crs.py has the bodies and names).
+
+The mapping (crusoe.md §1.5, §2.4, §3; UNCONFIRMED where marked):
+
+- controller: Slinky `Controller` `<cluster>` (its `configFileRefs` name the ConfigMap
+  `<cluster>-slurm-conf` that configure_slurm writes topology.conf into). Slinky's CRs are
+  used directly rather than Crusoe's `SlurmCluster`, whose expansion into them is Crusoe's
+  operator's and not documented. A retry or an existing object of that name is adopted
+  (409 -> read). Resource ids are the objects' names.
+- accounting: Slinky `Accounting` `<cluster>-accounting`, and the Controller's
+  `spec.accountingRef` patched to it. shared home: a `PersistentVolumeClaim` `<cluster>-home`
+  (ReadWriteMany, the spec's size). login: Slinky `LoginSet` `<cluster>-login`.
+  No operator runs in the emulator, so these are applied, not waited on: slurmctld's
+  readiness shows at configure_slurm (nodes register through it).
+- machines: one CMK node pool per node set, named `<cluster>-<set>` (as its NodeSet),
+  `product_name` the instance type, `transport_partition_id` the IB partition,
+  `node_labels` {autoclusters.crusoe.ai/cluster, .../node-set} that the set's NodeSet selects
+  (DaemonSet mode: one slurmd per node of the pool). A slot (Slurm node) holds one pool VM;
+  the NodeSet's annotation `autoclusters.crusoe.ai/slots` is the ledger
+  `{node: {vm, attempt}}`. Changing the pool (create, count, claims) happens under a lock:
+  the NodeSet's annotation `autoclusters.crusoe.ai/pool-lock` {holder, until}, taken and
+  released with resourceVersion-checked patches (409: someone else wrote; read again), so
+  slots created in parallel never lose one. Under the lock a slot takes the oldest pool VM
+  no slot holds; with none free it PATCHes the pool's count to (held VMs + 1) and waits
+  for the new VM. The lock expires after `lock_ttl_s` (a dead worker's); the activity's
+  retry holds it under the same holder id (workflow run + activity id), so it resumes at
+  once. A retry whose slot already holds a VM of its attempt adopts it.
+- deleting a machine: under the lock, the pool's count goes down by one (the target is
+  written to the slot's ledger entry first, so a retry does not shrink twice), then the VM
+  is deleted: the pool does not refill it (Crusoe's autoscaler scales down that way, §2.4).
+  The next attempt of the slot grows the pool again.
+- wait_booted: the VM RUNNING (FAILED/CRASHED: not booted) and, once its Kubernetes node
+  (named as the VM: UNCONFIRMED) has joined, that node Ready. A node that is not there does
+  not hold the boot up: configure_slurm skips it, and registration is what counts.
+- topology: the VMs' `topology` (EXT), as the managed provider reads it.
+- configure_slurm: topology.conf into the ConfigMap; each NodeSet's `replicas` and
+  `partition.config`; each machine's node (named as its VM: UNCONFIRMED) annotated with
+  Slinky's `hostname-override` = the slot's name, and a drained slot cordoned with
+  `node-cordon-reason` (Slinky drains it in Slurm, §3); then the same bounded wait for
+  registration through Slurm as the managed provider.
+- users: Crusoe `SlurmUser` `<cluster>-<user>` (OS identity and keys). Slurm accounts and
+  associations are not created on this provider (no sacctmgr client yet; documented gap).
+- registration, health gate and acceptance job: Slurm's side, slurm_bring_up.py, shared with
+  the managed provider.
+- deleting the controller deletes the cluster's NodeSets, their pools (and VMs), its
+  ConfigMap and SlurmUsers too; 404 is gone.
+- inventory: the objects that exist and the machines of the ledgers whose VMs exist.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import urllib3.exceptions
+from kubernetes.client.exceptions import ApiException
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from autoclusters.activities.cluster_providers.base import VM_BOOTED, VM_FAILED
+from autoclusters.activities.cluster_providers.crusoe_step import crusoe_step
+from autoclusters.activities.cluster_providers.slurm_bring_up import SlurmBringUp, created_epoch
+from autoclusters.activities.crusoe_machines import delete_until_gone, op_meta, placements
+from autoclusters.activities.kubernetes import kubernetes_outage, unavailable_error
+from autoclusters.core.cluster import (
+    AcceptanceCall,
+    AcceptanceResult,
+    BootResult,
+    ClusterRef,
+    DeleteCall,
+    Machine,
+    MachineCall,
+    NodeGateCall,
+    Placement,
+    ProviderCall,
+    Resource,
+    SlurmConfigCall,
+    SlurmConfigResult,
+    TopologyCall,
+    UsersCall,
+    UsersResult,
+)
+from autoclusters.core.cluster_ops import Inventory
+from autoclusters.core.cluster_spec import NodeSetSpec
+from autoclusters.core.models import HealthReport
+from autoclusters.integrations.crusoe.client import CrusoeClient
+from autoclusters.integrations.crusoe.errors import (
+    CrusoeNotFound,
+)
+from autoclusters.integrations.crusoe.resources import NodePool, Operation, OperationKind, Vm
+from autoclusters.integrations.slinky_crs import (
+    ACCOUNTING,
+    ANN_POOL_LOCK,
+    ANN_SLOTS,
+    CONTROLLER,
+    CORDON_REASON,
+    HOSTNAME_OVERRIDE,
+    LABEL_CLUSTER,
+    LABEL_NODE_SET,
+    LOGINSET,
+    NODESET,
+    SLURM_USER,
+    TOPOLOGY_KEY,
+    KubeObjects,
+    Obj,
+    accounting_body,
+    config_map_body,
+    config_map_name,
+    controller_body,
+    home_claim_body,
+    loginset_body,
+    nodeset_body,
+    nodeset_name,
+    partition_config,
+    pool_node_labels,
+    resource_version,
+    slots_of,
+    slurm_user_body,
+)
+from autoclusters.integrations.slurm import SlurmBatchClient
+
+KUBERNETES_ERROR = "KubernetesError"
+
+
+class CmkProvider:
+    """Provider `crusoe-cmk` (a ClusterProvider).
+
+    Args:
+        crusoe: the project's Crusoe client.
+        kube: the CMK cluster's objects in the namespace Slurm lives in.
+        slurm: the cluster's Slurm.
+        cmk_cluster_id: the CMK cluster the node pools join.
+        lock_ttl_s: how long a pool lock holds when its holder stops renewing it.
+    """
+
+    def __init__(
+        self,
+        crusoe: CrusoeClient,
+        kube: KubeObjects,
+        slurm: SlurmBatchClient,
+        *,
+        cmk_cluster_id: str,
+        poll_s: float = 2.0,
+        register_timeout_s: float = 300.0,
+        acceptance_timeout_s: float = 1200.0,
+        lock_ttl_s: float = 120.0,
+    ) -> None:
+        self._crusoe = crusoe
+        self._kube = kube
+        self._cmk = cmk_cluster_id
+        self._poll_s = poll_s
+        self._lock_ttl_s = lock_ttl_s
+        self._slurm_side = SlurmBringUp(
+            slurm,
+            poll_s=poll_s,
+            register_timeout_s=register_timeout_s,
+            acceptance_timeout_s=acceptance_timeout_s,
+        )
+
+    # --- the cluster's parts ----------------------------------------------------------------
+
+    async def create_controller(self, call: ProviderCall) -> Resource:
+        spec = call.spec
+        async with _kstep(f"applying Slinky Controller {spec.name}"):
+            await self._kube.ensure_namespace()
+            await self._kube.create(CONTROLLER, controller_body(spec))
+        return Resource(kind="controller", id=spec.name, name=spec.name)
+
+    async def create_accounting(self, call: ProviderCall) -> Resource:
+        spec = call.spec
+        body = accounting_body(spec)
+        name = body["metadata"]["name"]
+        async with _kstep(f"applying Slinky Accounting {name}"):
+            await self._kube.create(ACCOUNTING, body)
+            await self._kube.patch(
+                CONTROLLER, spec.name, {"spec": {"accountingRef": {"name": name}}}
+            )
+        return Resource(kind="accounting", id=name, name=name)
+
+    async def create_shared_home(self, call: ProviderCall) -> Resource:
+        body = home_claim_body(call.spec)
+        name = body["metadata"]["name"]
+        async with _kstep(f"claiming the shared home {name}"):
+            await self._kube.create_claim(body)
+        return Resource(kind="shared_home", id=name, name=f"{name}-{call.spec.shared_home.size}Gi")
+
+    async def create_login_nodes(self, call: ProviderCall) -> Resource:
+        body = loginset_body(call.spec)
+        name = body["metadata"]["name"]
+        async with _kstep(f"applying Slinky LoginSet {name}"):
+            await self._kube.create(LOGINSET, body)
+        return Resource(kind="login", id=name, name=name)
+
+    # --- machines ---------------------------------------------------------------------------
+
+    async def create_machine(self, call: MachineCall) -> Machine:
+        ns, cluster = call.node_set, call.cluster.name
+        name = nodeset_name(cluster, ns.name)
+        holder = _holder()
+        async with _kstep(f"creating {call.node} (attempt {call.attempt}) in pool {name}"):
+            await self._kube.create(NODESET, nodeset_body(cluster, ns))
+            while True:
+                cr = await self._nodeset(name)
+                mine = slots_of(cr).get(call.node) or {}
+                if mine.get("vm") and int(mine.get("attempt", 0)) >= call.attempt:
+                    vm_id = str(mine["vm"])
+                    break
+                if not await self._lock(cr, holder):
+                    await asyncio.sleep(self._poll_s)
+                    continue
+                try:
+                    claimed = await self._claim(call, holder)
+                except BaseException:
+                    await self._unlock(name, holder)
+                    raise
+                if claimed is not None:
+                    vm_id = claimed
+                    break
+        return Machine(
+            cluster=call.cluster,
+            node_set=ns.name,
+            node=call.node,
+            machine_id=vm_id,
+            attempt=call.attempt,
+        )
+
+    async def _claim(self, call: MachineCall, holder: str) -> str | None:
+        """Under the lock: a free VM of the pool (grown by one when none is free), written
+        into the ledger with the lock released in the same patch. None: the ledger changed
+        under us (the lock expired and was taken): start over."""
+        ns, cluster = call.node_set, call.cluster.name
+        name = nodeset_name(cluster, ns.name)
+        pool = await self._pool(cluster, ns.name)
+        if pool is None:
+            pool = await self._create_pool(cluster, ns, count=1)
+        while True:
+            cr = await self._nodeset(name)
+            if not _holds(cr, holder):
+                return None
+            slots = slots_of(cr)
+            held = {str(s.get("vm")) for s in slots.values() if s.get("vm")}
+            vms = await self._crusoe.node_pool_vms(pool.id)
+            free = sorted(
+                (vm for vm in vms if vm.id not in held),
+                key=lambda v: (v.state in VM_FAILED, v.created_at, v.id),
+            )
+            if free:
+                slots[call.node] = {"vm": free[0].id, "attempt": call.attempt}
+                if await self._write(cr, slots, lock=None):
+                    return free[0].id
+                return None
+            pool = await self._crusoe.get_node_pool(pool.id)
+            target = max(pool.count, len(held & set(pool.instance_ids)) + 1)
+            if target > pool.count:
+                op = await self._crusoe.patch_node_pool(pool.id, {"count": target})
+                await self._wait_op(op)
+            else:
+                # The pool owes VMs it has not made yet: wait for them (renewing the lock).
+                await asyncio.sleep(self._poll_s)
+                await self._renew(name, holder)
+
+    async def _create_pool(self, cluster: str, ns: NodeSetSpec, *, count: int) -> NodePool:
+        body: dict[str, Any] = {
+            "cluster_id": self._cmk,
+            "name": nodeset_name(cluster, ns.name),
+            "product_name": ns.instance_type,
+            "count": count,
+            "node_labels": pool_node_labels(cluster, ns.name),
+        }
+        if ns.ib_partition:
+            body["transport_partition_id"] = ns.ib_partition
+        op = await self._crusoe.create_node_pool(body)
+        await self._wait_op(op)
+        pool_id = op_meta(op, "node_pool_id")
+        if pool_id is not None:
+            return await self._crusoe.get_node_pool(pool_id)
+        found = await self._pool(cluster, ns.name)
+        if found is None:
+            raise ApplicationError(f"node pool {body['name']} was created but is not listed")
+        return found
+
+    async def _pools(self, cluster: str) -> list[NodePool]:
+        prefix = f"{cluster}-"
+        return [
+            p
+            for p in await self._crusoe.list_node_pools()
+            if p.cluster_id == self._cmk
+            and p.name.startswith(prefix)
+            and (p.model_extra or {}).get("node_labels", {}).get(LABEL_CLUSTER, cluster) == cluster
+        ]
+
+    async def _pool(self, cluster: str, node_set: str) -> NodePool | None:
+        name = nodeset_name(cluster, node_set)
+        return next((p for p in await self._pools(cluster) if p.name == name), None)
+
+    async def wait_booted(self, machine: Machine) -> BootResult:
+        async with _kstep(f"waiting for {machine.node} ({machine.machine_id}) to boot"):
+            while True:
+                try:
+                    vm = await self._crusoe.get_vm(machine.machine_id)
+                except CrusoeNotFound:
+                    return BootResult(booted=False, detail=f"VM {machine.machine_id} is gone")
+                if vm.state in VM_BOOTED and await self._node_not_unready(vm.name):
+                    return BootResult(booted=True)
+                if vm.state in VM_FAILED:
+                    return BootResult(
+                        booted=False, detail=f"VM {vm.name} ({vm.id}) of the pool is {vm.state}"
+                    )
+                await asyncio.sleep(self._poll_s)
+
+    async def _node_not_unready(self, name: str) -> bool:
+        """The VM's Kubernetes node is Ready, or not there: a node that joined but is not
+        Ready (kubelet still starting) is waited for; one that never shows (its name is not
+        the VM's, UNCONFIRMED) does not hold the boot up."""
+        node = await self._kube.get_node(name)
+        if node is None:
+            return True
+        conditions = node.get("status", {}).get("conditions") or []
+        ready = next((c for c in conditions if c.get("type") == "Ready"), None)
+        return ready is not None and ready.get("status") == "True"
+
+    async def discover_topology(self, call: TopologyCall) -> list[Placement]:
+        async with _kstep(f"reading the fabric of {len(call.machines)} machines"):
+            return await placements(self._crusoe, call.machines)
+
+    # --- Slurm ------------------------------------------------------------------------------
+
+    async def configure_slurm(self, call: SlurmConfigCall) -> SlurmConfigResult:
+        cluster = call.cluster.name
+        wanted = sorted({m.node for m in call.machines})
+        async with _kstep(f"configuring Slurm of {cluster}"):
+            await self._kube.put_config_map(
+                config_map_body(cluster, {TOPOLOGY_KEY: call.topology_conf})
+            )
+            for s in call.node_sets:
+                await self._kube.patch(
+                    NODESET,
+                    nodeset_name(cluster, s.name),
+                    {
+                        "spec": {
+                            "replicas": len(s.nodes),
+                            "partition": {"enabled": True, "config": partition_config(s.partition)},
+                        }
+                    },
+                )
+            vms = await self._crusoe.list_vms(ids=[m.machine_id for m in call.machines])
+            by_id = {vm.id: vm for vm in vms}
+            created: dict[str, float] = {}
+            for m in call.machines:
+                vm = by_id.get(m.machine_id)
+                if vm is None:
+                    continue
+                created[m.node] = created_epoch(vm.created_at)
+                await self._label_node(vm, m.node, call.drained.get(m.node))
+            registered = await self._slurm_side.registered(wanted, created)
+        return SlurmConfigResult(registered=registered)
+
+    async def _label_node(self, vm: Vm, slot: str, drained: str | None) -> None:
+        """The VM's Kubernetes node: its Slurm name, and cordoned with the reason when the
+        slot registers drained. A node not there (yet) is left: it will not register."""
+        node = await self._kube.get_node(vm.name)
+        if node is None:
+            return
+        annotations: dict[str, str] = {HOSTNAME_OVERRIDE: slot}
+        patch: Obj = {"metadata": {"annotations": annotations}}
+        if drained:
+            annotations[CORDON_REASON] = drained
+            patch["spec"] = {"unschedulable": True}
+        await self._kube.patch_node(vm.name, patch)
+
+    async def health_gate(self, call: NodeGateCall) -> HealthReport:
+        return await self._slurm_side.health_gate(call)
+
+    async def acceptance_job(self, call: AcceptanceCall) -> AcceptanceResult:
+        return await self._slurm_side.acceptance_job(call)
+
+    async def add_users(self, call: UsersCall) -> UsersResult:
+        added: list[str] = []
+        async with _kstep(f"adding {len(call.users)} users to {call.cluster.name}"):
+            for user in call.users:
+                body = slurm_user_body(call.cluster.name, user)
+                _, created = await self._kube.create(SLURM_USER, body)
+                if not created:  # keys may have changed: the spec wins
+                    await self._kube.patch(
+                        SLURM_USER, body["metadata"]["name"], {"spec": body["spec"]}
+                    )
+                added.append(user.name)
+        return UsersResult(added=added)
+
+    # --- deleting and listing -----------------------------------------------------------------
+
+    async def delete(self, call: DeleteCall) -> None:
+        res, cluster = call.resource, call.cluster.name
+        async with _kstep(f"deleting {res.kind} {res.name} ({res.id})"):
+            if res.kind == "machine":
+                await self._delete_machine(cluster, res)
+            elif res.kind == "controller":
+                await self._delete_cluster(cluster, res.id)
+            elif res.kind == "accounting":
+                await self._kube.delete(ACCOUNTING, res.id)
+                if await self._kube.get(CONTROLLER, cluster) is not None:
+                    await self._kube.patch(CONTROLLER, cluster, {"spec": {"accountingRef": None}})
+            elif res.kind == "shared_home":
+                await self._kube.delete_claim(res.id)
+            elif res.kind == "login":
+                await self._kube.delete(LOGINSET, res.id)
+
+    async def _delete_machine(self, cluster: str, res: Resource) -> None:
+        """Shrink the VM's pool by one, then delete the VM; the ledger forgets it."""
+        pool = next((p for p in await self._pools(cluster) if res.id in p.instance_ids), None)
+        if pool is None:
+            await self._delete_vm(res.id)  # in no pool of the cluster (any more)
+            await self._forget(cluster, res.id)
+            return
+        name, holder = pool.name, _holder()
+        while True:
+            cr = await self._kube.get(NODESET, name)
+            if cr is None:  # no ledger: the pool is not ours to shrink
+                await self._delete_vm(res.id)
+                return
+            if await self._lock(cr, holder):
+                break
+            await asyncio.sleep(self._poll_s)
+        try:
+            cr = await self._nodeset(name)
+            slots = slots_of(cr)
+            slot = next((n for n, s in slots.items() if s.get("vm") == res.id), res.name)
+            entry = dict(slots.get(slot) or {"vm": res.id})
+            if "shrink_to" not in entry:
+                current = await self._crusoe.get_node_pool(pool.id)
+                if res.id not in current.instance_ids:
+                    entry["shrink_to"] = current.count  # already out of the pool
+                else:
+                    entry["shrink_to"] = max(0, current.count - 1)
+                slots[slot] = entry
+                if not await self._write(cr, slots, lock=holder):
+                    raise ApplicationError("the pool lock was lost; retry", type="PoolLockLost")
+            op = await self._crusoe.patch_node_pool(pool.id, {"count": int(entry["shrink_to"])})
+            await self._wait_op(op)
+            await self._delete_vm(res.id)
+            cr = await self._nodeset(name)
+            slots = slots_of(cr)
+            slots = {n: s for n, s in slots.items() if s.get("vm") != res.id}
+            if not await self._write(cr, slots, lock=None):
+                raise ApplicationError("the pool lock was lost; retry", type="PoolLockLost")
+        except BaseException:
+            await self._unlock(name, holder)
+            raise
+
+    async def _forget(self, cluster: str, vm_id: str) -> None:
+        """Drop the VM from every ledger that still names it (resourceVersion-checked: a
+        claim written meanwhile is read again, not overwritten)."""
+        for cr in await self._kube.list(NODESET, f"{LABEL_CLUSTER}={cluster}"):
+            while True:
+                slots = slots_of(cr)
+                kept = {n: s for n, s in slots.items() if s.get("vm") != vm_id}
+                if kept == slots or await self._write(cr, kept, lock=_lock_of(cr).get("holder")):
+                    break
+                cr = await self._nodeset(cr["metadata"]["name"])
+
+    async def _delete_cluster(self, cluster: str, controller: str) -> None:
+        for pool in await self._pools(cluster):
+            await self._gone(
+                functools.partial(self._crusoe.delete_node_pool, pool.id),
+                functools.partial(self._crusoe.get_node_pool, pool.id),
+            )
+        selector = f"{LABEL_CLUSTER}={cluster}"
+        for kind in (NODESET, SLURM_USER):
+            for obj in await self._kube.list(kind, selector):
+                await self._kube.delete(kind, obj["metadata"]["name"])
+        await self._kube.delete_config_map(config_map_name(cluster))
+        await self._kube.delete(CONTROLLER, controller)
+
+    async def _delete_vm(self, vm_id: str) -> None:
+        await self._gone(
+            lambda: self._crusoe.delete_vm(vm_id),
+            lambda: self._crusoe.get_vm(vm_id),
+            kind="vm",
+        )
+
+    async def _gone(
+        self,
+        delete: Callable[[], Awaitable[Operation]],
+        get: Callable[[], Awaitable[Any]],
+        *,
+        kind: OperationKind = "node_pool",
+    ) -> None:
+        await delete_until_gone(self._crusoe, delete, get, kind, self._poll_s)
+
+    async def inventory(self, cluster: ClusterRef) -> Inventory:
+        name = cluster.name
+        resources: list[Resource] = []
+        machines: list[Machine] = []
+        async with _kstep(f"listing cluster {name}"):
+            if await self._kube.get(CONTROLLER, name) is not None:
+                resources.append(Resource(kind="controller", id=name, name=name))
+            if await self._kube.get(ACCOUNTING, f"{name}-accounting") is not None:
+                acct = f"{name}-accounting"
+                resources.append(Resource(kind="accounting", id=acct, name=acct))
+            claim = await self._kube.get_claim(f"{name}-home")
+            if claim is not None:
+                size = claim.get("spec", {}).get("resources", {}).get("requests", {})
+                resources.append(
+                    Resource(
+                        kind="shared_home",
+                        id=f"{name}-home",
+                        name=f"{name}-home-{size.get('storage', '')}",
+                    )
+                )
+            if await self._kube.get(LOGINSET, f"{name}-login") is not None:
+                resources.append(Resource(kind="login", id=f"{name}-login", name=f"{name}-login"))
+            live = {vm_id for p in await self._pools(name) for vm_id in p.instance_ids}
+            for cr in await self._kube.list(NODESET, f"{LABEL_CLUSTER}={name}"):
+                node_set = (cr["metadata"].get("labels") or {}).get(LABEL_NODE_SET, "")
+                for node, slot in slots_of(cr).items():
+                    if slot.get("vm") in live:
+                        machines.append(
+                            Machine(
+                                cluster=cluster,
+                                node_set=node_set,
+                                node=node,
+                                machine_id=str(slot["vm"]),
+                                attempt=int(slot.get("attempt", 1)),
+                            )
+                        )
+        machines.sort(key=lambda m: m.node)
+        resources += [m.resource() for m in machines]
+        return Inventory(resources=resources, machines=machines)
+
+    # --- the pool lock and the ledger ---------------------------------------------------------
+
+    async def _nodeset(self, name: str) -> Obj:
+        cr = await self._kube.get(NODESET, name)
+        if cr is None:
+            raise ApplicationError(f"NodeSet {name} is gone", type="NodeSetGone")
+        return cr
+
+    async def _lock(self, cr: Obj, holder: str) -> bool:
+        """Take (or renew) the NodeSet's pool lock; False: another holder has it, or wrote
+        first."""
+        lock = _lock_of(cr)
+        if lock and lock.get("holder") != holder and float(lock.get("until", 0)) > time.time():
+            return False
+        value = json.dumps({"holder": holder, "until": time.time() + self._lock_ttl_s})
+        try:
+            await self._kube.patch(
+                NODESET,
+                cr["metadata"]["name"],
+                {
+                    "metadata": {
+                        "resourceVersion": resource_version(cr),
+                        "annotations": {ANN_POOL_LOCK: value},
+                    }
+                },
+            )
+        except ApiException as e:
+            if e.status == 409:
+                return False
+            raise
+        return True
+
+    async def _renew(self, name: str, holder: str) -> None:
+        cr = await self._nodeset(name)
+        if _holds(cr, holder):
+            await self._lock(cr, holder)
+
+    async def _write(self, cr: Obj, slots: dict[str, Any], *, lock: str | None) -> bool:
+        """The ledger (and the NodeSet's `replicas`: its slots), resourceVersion-checked;
+        `lock` None releases the lock with it, a holder leaves it as it is. False: someone
+        wrote first."""
+        annotations: dict[str, Any] = {ANN_SLOTS: json.dumps(slots, sort_keys=True)}
+        if lock is None:
+            annotations[ANN_POOL_LOCK] = None
+        try:
+            await self._kube.patch(
+                NODESET,
+                cr["metadata"]["name"],
+                {
+                    "metadata": {
+                        "resourceVersion": resource_version(cr),
+                        "annotations": annotations,
+                    },
+                    "spec": {"replicas": len(slots)},
+                },
+            )
+        except ApiException as e:
+            if e.status == 409:
+                return False
+            raise
+        return True
+
+    async def _unlock(self, name: str, holder: str) -> None:
+        """Best effort: release the lock if still ours (else it expires)."""
+        try:
+            cr = await self._kube.get(NODESET, name)
+            if cr is not None and _holds(cr, holder):
+                await self._kube.patch(
+                    NODESET,
+                    name,
+                    {
+                        "metadata": {
+                            "resourceVersion": resource_version(cr),
+                            "annotations": {ANN_POOL_LOCK: None},
+                        }
+                    },
+                )
+        except (ApiException, urllib3.exceptions.HTTPError):
+            pass  # the original error matters more; an unreleased lock expires
+
+    async def _wait_op(self, op: Operation) -> Operation:
+        return await self._crusoe.wait_operation(op, "node_pool", poll_s=self._poll_s)
+
+
+def _lock_of(cr: Obj) -> dict[str, Any]:
+    raw = (cr.get("metadata", {}).get("annotations") or {}).get(ANN_POOL_LOCK)
+    try:
+        value = json.loads(raw) if raw else {}
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _holds(cr: Obj, holder: str) -> bool:
+    return _lock_of(cr).get("holder") == holder
+
+
+def _holder() -> str:
+    """Who takes a pool lock: this activity of this workflow run, so that its retry (same
+    ids) resumes under the lock a lost try held."""
+    if activity.in_activity():
+        info = activity.info()
+        return f"{info.workflow_run_id}/{info.activity_id}"
+    return f"local/{uuid.uuid4()}"
+
+
+@contextlib.asynccontextmanager
+async def _kstep(what: str) -> AsyncIterator[None]:
+    """`crusoe_step` (heartbeats; Crusoe errors as ApplicationErrors) that also turns Kubernetes
+    API errors into ApplicationErrors: the API not answering (429, 5xx, status 0, no
+    connection, a timeout) is `KubernetesUnavailable`, an outage; 409 is retryable; any
+    other 4xx is non-retryable."""
+    try:
+        async with crusoe_step(what):
+            yield
+    except (ApiException, urllib3.exceptions.HTTPError) as e:
+        outage = kubernetes_outage(e)
+        if outage is not None:
+            raise unavailable_error(outage) from e
+        assert isinstance(e, ApiException)
+        status = e.status or 0
+        raise ApplicationError(
+            f"Kubernetes API: {status} {e.reason}: {str(e.body or '')[:300]}",
+            type=KUBERNETES_ERROR,
+            non_retryable=400 <= status < 500 and status != 409,
+        ) from e
