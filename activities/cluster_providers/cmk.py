@@ -53,24 +53,22 @@ The mapping (crusoe.md §1.5, §2.4, §3; UNCONFIRMED where marked):
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
-import json
-import time
-import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
-import urllib3.exceptions
-from kubernetes.client.exceptions import ApiException
-from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from autoclusters.activities.cluster_providers.base import VM_BOOTED, VM_FAILED
-from autoclusters.activities.cluster_providers.crusoe_step import crusoe_step
+from autoclusters.activities.cluster_providers.cmk_pool_ledger import (
+    PoolLedger,
+    holds,
+    lock_holder,
+    lock_of,
+)
+from autoclusters.activities.cluster_providers.kube_step import kube_step
 from autoclusters.activities.cluster_providers.slurm_bring_up import SlurmBringUp, created_epoch
 from autoclusters.activities.crusoe_machines import delete_until_gone, op_meta, placements
-from autoclusters.activities.kubernetes import kubernetes_outage, unavailable_error
 from autoclusters.core.cluster import (
     AcceptanceCall,
     AcceptanceResult,
@@ -93,14 +91,10 @@ from autoclusters.core.cluster_ops import Inventory
 from autoclusters.core.cluster_spec import NodeSetSpec
 from autoclusters.core.models import HealthReport
 from autoclusters.integrations.crusoe.client import CrusoeClient
-from autoclusters.integrations.crusoe.errors import (
-    CrusoeNotFound,
-)
+from autoclusters.integrations.crusoe.errors import CrusoeNotFound
 from autoclusters.integrations.crusoe.resources import NodePool, Operation, OperationKind, Vm
 from autoclusters.integrations.slinky_crs import (
     ACCOUNTING,
-    ANN_POOL_LOCK,
-    ANN_SLOTS,
     CONTROLLER,
     CORDON_REASON,
     HOSTNAME_OVERRIDE,
@@ -122,13 +116,10 @@ from autoclusters.integrations.slinky_crs import (
     nodeset_name,
     partition_config,
     pool_node_labels,
-    resource_version,
     slots_of,
     slurm_user_body,
 )
 from autoclusters.integrations.slurm import SlurmBatchClient
-
-KUBERNETES_ERROR = "KubernetesError"
 
 
 class CmkProvider:
@@ -158,7 +149,7 @@ class CmkProvider:
         self._kube = kube
         self._cmk = cmk_cluster_id
         self._poll_s = poll_s
-        self._lock_ttl_s = lock_ttl_s
+        self._ledger = PoolLedger(kube, lock_ttl_s=lock_ttl_s)
         self._slurm_side = SlurmBringUp(
             slurm,
             poll_s=poll_s,
@@ -170,7 +161,7 @@ class CmkProvider:
 
     async def create_controller(self, call: ProviderCall) -> Resource:
         spec = call.spec
-        async with _kstep(f"applying Slinky Controller {spec.name}"):
+        async with kube_step(f"applying Slinky Controller {spec.name}"):
             await self._kube.ensure_namespace()
             await self._kube.create(CONTROLLER, controller_body(spec))
         return Resource(kind="controller", id=spec.name, name=spec.name)
@@ -179,7 +170,7 @@ class CmkProvider:
         spec = call.spec
         body = accounting_body(spec)
         name = body["metadata"]["name"]
-        async with _kstep(f"applying Slinky Accounting {name}"):
+        async with kube_step(f"applying Slinky Accounting {name}"):
             await self._kube.create(ACCOUNTING, body)
             await self._kube.patch(
                 CONTROLLER, spec.name, {"spec": {"accountingRef": {"name": name}}}
@@ -189,14 +180,14 @@ class CmkProvider:
     async def create_shared_home(self, call: ProviderCall) -> Resource:
         body = home_claim_body(call.spec)
         name = body["metadata"]["name"]
-        async with _kstep(f"claiming the shared home {name}"):
+        async with kube_step(f"claiming the shared home {name}"):
             await self._kube.create_claim(body)
         return Resource(kind="shared_home", id=name, name=f"{name}-{call.spec.shared_home.size}Gi")
 
     async def create_login_nodes(self, call: ProviderCall) -> Resource:
         body = loginset_body(call.spec)
         name = body["metadata"]["name"]
-        async with _kstep(f"applying Slinky LoginSet {name}"):
+        async with kube_step(f"applying Slinky LoginSet {name}"):
             await self._kube.create(LOGINSET, body)
         return Resource(kind="login", id=name, name=name)
 
@@ -205,22 +196,22 @@ class CmkProvider:
     async def create_machine(self, call: MachineCall) -> Machine:
         ns, cluster = call.node_set, call.cluster.name
         name = nodeset_name(cluster, ns.name)
-        holder = _holder()
-        async with _kstep(f"creating {call.node} (attempt {call.attempt}) in pool {name}"):
+        holder = lock_holder()
+        async with kube_step(f"creating {call.node} (attempt {call.attempt}) in pool {name}"):
             await self._kube.create(NODESET, nodeset_body(cluster, ns))
             while True:
-                cr = await self._nodeset(name)
+                cr = await self._ledger.nodeset(name)
                 mine = slots_of(cr).get(call.node) or {}
                 if mine.get("vm") and int(mine.get("attempt", 0)) >= call.attempt:
                     vm_id = str(mine["vm"])
                     break
-                if not await self._lock(cr, holder):
+                if not await self._ledger.lock(cr, holder):
                     await asyncio.sleep(self._poll_s)
                     continue
                 try:
                     claimed = await self._claim(call, holder)
                 except BaseException:
-                    await self._unlock(name, holder)
+                    await self._ledger.unlock(name, holder)
                     raise
                 if claimed is not None:
                     vm_id = claimed
@@ -243,8 +234,8 @@ class CmkProvider:
         if pool is None:
             pool = await self._create_pool(cluster, ns, count=1)
         while True:
-            cr = await self._nodeset(name)
-            if not _holds(cr, holder):
+            cr = await self._ledger.nodeset(name)
+            if not holds(cr, holder):
                 return None
             slots = slots_of(cr)
             held = {str(s.get("vm")) for s in slots.values() if s.get("vm")}
@@ -255,7 +246,7 @@ class CmkProvider:
             )
             if free:
                 slots[call.node] = {"vm": free[0].id, "attempt": call.attempt}
-                if await self._write(cr, slots, lock=None):
+                if await self._ledger.write(cr, slots, lock=None):
                     return free[0].id
                 return None
             pool = await self._crusoe.get_node_pool(pool.id)
@@ -266,7 +257,7 @@ class CmkProvider:
             else:
                 # The pool owes VMs it has not made yet: wait for them (renewing the lock).
                 await asyncio.sleep(self._poll_s)
-                await self._renew(name, holder)
+                await self._ledger.renew(name, holder)
 
     async def _create_pool(self, cluster: str, ns: NodeSetSpec, *, count: int) -> NodePool:
         body: dict[str, Any] = {
@@ -303,7 +294,7 @@ class CmkProvider:
         return next((p for p in await self._pools(cluster) if p.name == name), None)
 
     async def wait_booted(self, machine: Machine) -> BootResult:
-        async with _kstep(f"waiting for {machine.node} ({machine.machine_id}) to boot"):
+        async with kube_step(f"waiting for {machine.node} ({machine.machine_id}) to boot"):
             while True:
                 try:
                     vm = await self._crusoe.get_vm(machine.machine_id)
@@ -329,7 +320,7 @@ class CmkProvider:
         return ready is not None and ready.get("status") == "True"
 
     async def discover_topology(self, call: TopologyCall) -> list[Placement]:
-        async with _kstep(f"reading the fabric of {len(call.machines)} machines"):
+        async with kube_step(f"reading the fabric of {len(call.machines)} machines"):
             return await placements(self._crusoe, call.machines)
 
     # --- Slurm ------------------------------------------------------------------------------
@@ -337,7 +328,7 @@ class CmkProvider:
     async def configure_slurm(self, call: SlurmConfigCall) -> SlurmConfigResult:
         cluster = call.cluster.name
         wanted = sorted({m.node for m in call.machines})
-        async with _kstep(f"configuring Slurm of {cluster}"):
+        async with kube_step(f"configuring Slurm of {cluster}"):
             await self._kube.put_config_map(
                 config_map_body(cluster, {TOPOLOGY_KEY: call.topology_conf})
             )
@@ -385,7 +376,7 @@ class CmkProvider:
 
     async def add_users(self, call: UsersCall) -> UsersResult:
         added: list[str] = []
-        async with _kstep(f"adding {len(call.users)} users to {call.cluster.name}"):
+        async with kube_step(f"adding {len(call.users)} users to {call.cluster.name}"):
             for user in call.users:
                 body = slurm_user_body(call.cluster.name, user)
                 _, created = await self._kube.create(SLURM_USER, body)
@@ -400,7 +391,7 @@ class CmkProvider:
 
     async def delete(self, call: DeleteCall) -> None:
         res, cluster = call.resource, call.cluster.name
-        async with _kstep(f"deleting {res.kind} {res.name} ({res.id})"):
+        async with kube_step(f"deleting {res.kind} {res.name} ({res.id})"):
             if res.kind == "machine":
                 await self._delete_machine(cluster, res)
             elif res.kind == "controller":
@@ -421,17 +412,17 @@ class CmkProvider:
             await self._delete_vm(res.id)  # in no pool of the cluster (any more)
             await self._forget(cluster, res.id)
             return
-        name, holder = pool.name, _holder()
+        name, holder = pool.name, lock_holder()
         while True:
             cr = await self._kube.get(NODESET, name)
             if cr is None:  # no ledger: the pool is not ours to shrink
                 await self._delete_vm(res.id)
                 return
-            if await self._lock(cr, holder):
+            if await self._ledger.lock(cr, holder):
                 break
             await asyncio.sleep(self._poll_s)
         try:
-            cr = await self._nodeset(name)
+            cr = await self._ledger.nodeset(name)
             slots = slots_of(cr)
             slot = next((n for n, s in slots.items() if s.get("vm") == res.id), res.name)
             entry = dict(slots.get(slot) or {"vm": res.id})
@@ -442,18 +433,18 @@ class CmkProvider:
                 else:
                     entry["shrink_to"] = max(0, current.count - 1)
                 slots[slot] = entry
-                if not await self._write(cr, slots, lock=holder):
+                if not await self._ledger.write(cr, slots, lock=holder):
                     raise ApplicationError("the pool lock was lost; retry", type="PoolLockLost")
             op = await self._crusoe.patch_node_pool(pool.id, {"count": int(entry["shrink_to"])})
             await self._wait_op(op)
             await self._delete_vm(res.id)
-            cr = await self._nodeset(name)
+            cr = await self._ledger.nodeset(name)
             slots = slots_of(cr)
             slots = {n: s for n, s in slots.items() if s.get("vm") != res.id}
-            if not await self._write(cr, slots, lock=None):
+            if not await self._ledger.write(cr, slots, lock=None):
                 raise ApplicationError("the pool lock was lost; retry", type="PoolLockLost")
         except BaseException:
-            await self._unlock(name, holder)
+            await self._ledger.unlock(name, holder)
             raise
 
     async def _forget(self, cluster: str, vm_id: str) -> None:
@@ -463,9 +454,10 @@ class CmkProvider:
             while True:
                 slots = slots_of(cr)
                 kept = {n: s for n, s in slots.items() if s.get("vm") != vm_id}
-                if kept == slots or await self._write(cr, kept, lock=_lock_of(cr).get("holder")):
+                holder = lock_of(cr).get("holder")
+                if kept == slots or await self._ledger.write(cr, kept, lock=holder):
                     break
-                cr = await self._nodeset(cr["metadata"]["name"])
+                cr = await self._ledger.nodeset(cr["metadata"]["name"])
 
     async def _delete_cluster(self, cluster: str, controller: str) -> None:
         for pool in await self._pools(cluster):
@@ -500,7 +492,7 @@ class CmkProvider:
         name = cluster.name
         resources: list[Resource] = []
         machines: list[Machine] = []
-        async with _kstep(f"listing cluster {name}"):
+        async with kube_step(f"listing cluster {name}"):
             if await self._kube.get(CONTROLLER, name) is not None:
                 resources.append(Resource(kind="controller", id=name, name=name))
             if await self._kube.get(ACCOUNTING, f"{name}-accounting") is not None:
@@ -536,129 +528,5 @@ class CmkProvider:
         resources += [m.resource() for m in machines]
         return Inventory(resources=resources, machines=machines)
 
-    # --- the pool lock and the ledger ---------------------------------------------------------
-
-    async def _nodeset(self, name: str) -> Obj:
-        cr = await self._kube.get(NODESET, name)
-        if cr is None:
-            raise ApplicationError(f"NodeSet {name} is gone", type="NodeSetGone")
-        return cr
-
-    async def _lock(self, cr: Obj, holder: str) -> bool:
-        """Take (or renew) the NodeSet's pool lock; False: another holder has it, or wrote
-        first."""
-        lock = _lock_of(cr)
-        if lock and lock.get("holder") != holder and float(lock.get("until", 0)) > time.time():
-            return False
-        value = json.dumps({"holder": holder, "until": time.time() + self._lock_ttl_s})
-        try:
-            await self._kube.patch(
-                NODESET,
-                cr["metadata"]["name"],
-                {
-                    "metadata": {
-                        "resourceVersion": resource_version(cr),
-                        "annotations": {ANN_POOL_LOCK: value},
-                    }
-                },
-            )
-        except ApiException as e:
-            if e.status == 409:
-                return False
-            raise
-        return True
-
-    async def _renew(self, name: str, holder: str) -> None:
-        cr = await self._nodeset(name)
-        if _holds(cr, holder):
-            await self._lock(cr, holder)
-
-    async def _write(self, cr: Obj, slots: dict[str, Any], *, lock: str | None) -> bool:
-        """The ledger (and the NodeSet's `replicas`: its slots), resourceVersion-checked;
-        `lock` None releases the lock with it, a holder leaves it as it is. False: someone
-        wrote first."""
-        annotations: dict[str, Any] = {ANN_SLOTS: json.dumps(slots, sort_keys=True)}
-        if lock is None:
-            annotations[ANN_POOL_LOCK] = None
-        try:
-            await self._kube.patch(
-                NODESET,
-                cr["metadata"]["name"],
-                {
-                    "metadata": {
-                        "resourceVersion": resource_version(cr),
-                        "annotations": annotations,
-                    },
-                    "spec": {"replicas": len(slots)},
-                },
-            )
-        except ApiException as e:
-            if e.status == 409:
-                return False
-            raise
-        return True
-
-    async def _unlock(self, name: str, holder: str) -> None:
-        """Best effort: release the lock if still ours (else it expires)."""
-        try:
-            cr = await self._kube.get(NODESET, name)
-            if cr is not None and _holds(cr, holder):
-                await self._kube.patch(
-                    NODESET,
-                    name,
-                    {
-                        "metadata": {
-                            "resourceVersion": resource_version(cr),
-                            "annotations": {ANN_POOL_LOCK: None},
-                        }
-                    },
-                )
-        except (ApiException, urllib3.exceptions.HTTPError):
-            pass  # the original error matters more; an unreleased lock expires
-
     async def _wait_op(self, op: Operation) -> Operation:
         return await self._crusoe.wait_operation(op, "node_pool", poll_s=self._poll_s)
-
-
-def _lock_of(cr: Obj) -> dict[str, Any]:
-    raw = (cr.get("metadata", {}).get("annotations") or {}).get(ANN_POOL_LOCK)
-    try:
-        value = json.loads(raw) if raw else {}
-    except ValueError:
-        return {}
-    return value if isinstance(value, dict) else {}
-
-
-def _holds(cr: Obj, holder: str) -> bool:
-    return _lock_of(cr).get("holder") == holder
-
-
-def _holder() -> str:
-    """Who takes a pool lock: this activity of this workflow run, so that its retry (same
-    ids) resumes under the lock a lost try held."""
-    if activity.in_activity():
-        info = activity.info()
-        return f"{info.workflow_run_id}/{info.activity_id}"
-    return f"local/{uuid.uuid4()}"
-
-
-@contextlib.asynccontextmanager
-async def _kstep(what: str) -> AsyncIterator[None]:
-    """`crusoe_step` (heartbeats; Crusoe errors as ApplicationErrors) that also turns Kubernetes
-    API errors into ApplicationErrors: the API not answering (429, 5xx, status 0, no
-    connection, a timeout) is `KubernetesUnavailable`, an outage; 409 is retryable; any
-    other 4xx is non-retryable."""
-    try:
-        async with crusoe_step(what):
-            yield
-    except (ApiException, urllib3.exceptions.HTTPError) as e:
-        outage = kubernetes_outage(e)
-        if outage is not None:
-            raise unavailable_error(outage) from e
-        assert isinstance(e, ApiException)
-        status = e.status or 0
-        raise ApplicationError(
-            f"Kubernetes API: {status} {e.reason}: {str(e.body or '')[:300]}",
-            type=KUBERNETES_ERROR,
-            non_retryable=400 <= status < 500 and status != 409,
-        ) from e
