@@ -22,7 +22,7 @@ from temporalio.common import (
 )
 from temporalio.service import RPCError, RPCStatusCode
 
-from autoclusters.clients.api.inventory import NodeInventory, SlurmInventory
+from autoclusters.clients.inventory import NodeInventory, SlurmInventory
 from autoclusters.core.fault_evidence import FaultCleared, FaultEvidence
 from autoclusters.core.faults import INCIDENT_ID_PATTERN, check_known_fault
 from autoclusters.core.models import (

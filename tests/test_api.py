@@ -49,8 +49,8 @@ from temporalio.worker import Worker
 
 from autoclusters.clients.agent.report import NodeReport
 from autoclusters.clients.api.app import create_app
-from autoclusters.clients.api.inventory import NodeInventory, StaticInventory
 from autoclusters.clients.api.settings import ApiSettings
+from autoclusters.clients.inventory import NodeInventory, StaticInventory
 from autoclusters.core import binpaths
 from autoclusters.core.models import IncidentState, workflow_id
 from autoclusters.integrations import temporal

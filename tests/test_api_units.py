@@ -24,8 +24,8 @@ from autoclusters.clients.api.alertmanager import (
 )
 from autoclusters.clients.api.auth import BearerAuth, Unauthorized
 from autoclusters.clients.api.dedupe import DedupeStore
-from autoclusters.clients.api.inventory import SlurmInventory, StaticInventory
 from autoclusters.clients.api.settings import DEFAULT_ALERT_FAULTS, ApiSettings
+from autoclusters.clients.inventory import SlurmInventory, StaticInventory
 from autoclusters.core.faults import FAULT_PATTERN
 from autoclusters.core.policy import Rung, default_policy
 from tests.fakes import FakeSlurm

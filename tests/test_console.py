@@ -29,13 +29,13 @@ from temporalio.client import Client
 
 from autoclusters.clients.api.app import create_app
 from autoclusters.clients.api.auth import BearerAuth
-from autoclusters.clients.api.inventory import StaticInventory
 from autoclusters.clients.api.settings import ApiSettings
 from autoclusters.clients.console import prometheus, topology
 from autoclusters.clients.console.routes import Console
 from autoclusters.clients.console.session import COOKIE, NotLoggedIn, Sessions
 from autoclusters.clients.console.sources import IncidentRead
 from autoclusters.clients.incidents import IncidentNotFound, IncidentSummary
+from autoclusters.clients.inventory import StaticInventory
 from autoclusters.core.cluster import ClusterState, Placement, render_topology
 from autoclusters.core.fault_evidence import FaultEvidence
 from autoclusters.core.guard import GuardState, GuardStatus

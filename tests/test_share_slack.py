@@ -41,7 +41,7 @@ from temporalio.testing import WorkflowEnvironment
 from typer.testing import CliRunner
 
 from autoclusters.clients.api.app import create_app
-from autoclusters.clients.api.inventory import StaticInventory
+from autoclusters.clients.inventory import StaticInventory
 from autoclusters.clients.share_cli import share_app
 from autoclusters.clients.sharing import MoveRefused, decide_move
 from autoclusters.core.models import Notification

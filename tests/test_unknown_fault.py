@@ -21,8 +21,8 @@ from autoclusters.clients import cli
 from autoclusters.clients.agent.classify import EXTRA_KINDS, POLICY_KINDS
 from autoclusters.clients.agent.report import NodeReport
 from autoclusters.clients.api.app import create_app
-from autoclusters.clients.api.inventory import StaticInventory
 from autoclusters.clients.api.settings import DEFAULT_ALERT_FAULTS
+from autoclusters.clients.inventory import StaticInventory
 from autoclusters.core.faults import NAMED_FAULTS, UnknownFaultError, check_known_fault
 from autoclusters.core.models import workflow_id
 from autoclusters.core.policy import default_policy

@@ -24,6 +24,7 @@ from temporalio.client import (
 from temporalio.service import RPCError, RPCStatusCode
 
 from autoclusters.clients.api.intake import TemporalUnavailable
+from autoclusters.clients.api.temporal_gate import RETRYABLE
 from autoclusters.core.cluster import provisioning_workflow_id
 from autoclusters.core.cluster_ops import ops_workflow_id
 from autoclusters.core.evidence import EvidenceAck, HealthSnapshot
@@ -34,13 +35,6 @@ UPDATE = "health_evidence"  # NodeRemediation.health_evidence, by name
 QUERY = "wants_evidence"  # NodeRemediation.wants_evidence
 # No workflow, or it has completed: no open incident to tell.
 _NO_INCIDENT = {RPCStatusCode.NOT_FOUND, RPCStatusCode.FAILED_PRECONDITION}
-_RETRYABLE = {
-    RPCStatusCode.UNAVAILABLE,
-    RPCStatusCode.DEADLINE_EXCEEDED,
-    RPCStatusCode.RESOURCE_EXHAUSTED,
-    RPCStatusCode.ABORTED,
-    RPCStatusCode.CANCELLED,
-}
 
 
 class SnapshotAnswer(BaseModel):
@@ -86,7 +80,7 @@ async def _cluster_gates(client: Client, cluster: str) -> list[str]:
         except RPCError as e:
             if e.status in _NO_INCIDENT:
                 continue
-            if e.status in _RETRYABLE:
+            if e.status in RETRYABLE:
                 raise TemporalUnavailable(f"Temporal: {e.message}") from None
             raise
         if desc.status == WorkflowExecutionStatus.RUNNING:
@@ -111,7 +105,7 @@ async def _offer(client: Client, wf_id: str, snap: HealthSnapshot, absent: str) 
     except RPCError as e:
         if e.status in _NO_INCIDENT:
             return SnapshotAnswer(node=snap.node, forwarded=False, workflow_id=wf_id, detail=absent)
-        if e.status in _RETRYABLE:
+        if e.status in RETRYABLE:
             raise TemporalUnavailable(f"Temporal: {e.message}") from None
         raise
     except WorkflowUpdateRPCTimeoutOrCancelledError:

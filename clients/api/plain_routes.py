@@ -9,7 +9,7 @@ reach them. Exception handlers are the app's, as for any route.
 
 from __future__ import annotations
 
-from fastapi import FastAPI
+from fastapi import APIRouter, FastAPI
 from fastapi.routing import APIRoute
 from starlette.routing import Match, Route
 from starlette.types import Scope
@@ -23,10 +23,12 @@ class _PlainRoute(Route):
         return match, child
 
 
-def serve_plainly(app: FastAPI, paths: set[str]) -> None:
-    """Put a plain route in front of each POST route at `paths`, with its endpoint."""
+def serve_plainly(app: FastAPI, routers: list[APIRouter], paths: set[str]) -> None:
+    """Put a plain route in front of each POST route of `routers` at `paths`, with its
+    endpoint. The routers' own routes, not the app's: an included router's routes are not
+    in `app.router.routes`."""
     plain = []
-    for route in app.router.routes:
+    for route in (route for router in routers for route in router.routes):
         if isinstance(route, APIRoute) and route.path in paths and route.methods == {"POST"}:
             plain.append(_PlainRoute(route.path, route.endpoint, methods=["POST"]))
     missing = paths - {r.path for r in plain}

@@ -38,7 +38,7 @@ class ApiSettings(Settings):
     # only for logs. No tokens: every write is refused (401), never accepted unchecked.
     api_tokens: dict[str, SecretStr] = Field(default_factory=dict)
     # Reads (GET /v1/incidents...) need a token too; /healthz never does, /metrics only
-    # from a caller that is not on this machine's loopback (app.py).
+    # from a caller that is not on this machine's loopback (routes/metrics.py).
     api_auth_reads: bool = False
 
     api_host: str = "127.0.0.1"

@@ -5,17 +5,13 @@ without a running rebalancer the answer says so. Resolved alerts change nothing.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, Request
 from pydantic import BaseModel
 from temporalio.client import Client
 
 from autoclusters.clients.api.alertmanager import AlertmanagerPayload
+from autoclusters.clients.api.state import ApiState
 from autoclusters.clients.sharing import evaluate_now
-
-if TYPE_CHECKING:
-    from autoclusters.clients.api.app import Api
 
 
 class SharingAnswer(BaseModel):
@@ -24,8 +20,10 @@ class SharingAnswer(BaseModel):
     cluster: str
 
 
-def register(app: FastAPI, api: Api) -> None:
-    @app.post(
+def router(api: ApiState) -> APIRouter:
+    r = APIRouter()
+
+    @r.post(
         "/v1/alerts/sharing",
         status_code=202,
         response_model=SharingAnswer,
@@ -33,8 +31,8 @@ def register(app: FastAPI, api: Api) -> None:
     )
     async def sharing_alert(request: Request) -> SharingAnswer:
         ep = "sharing"
-        api.authorize(request, ep)
-        payload = await api.body(request, AlertmanagerPayload, "Alertmanager payload", ep)
+        api.checks.authorize(request, ep)
+        payload = await api.checks.body(request, AlertmanagerPayload, "Alertmanager payload", ep)
         firing = [a for a in payload.alerts if a.status == "firing"]
         cluster = api.settings.cluster
         if not firing:
@@ -46,3 +44,5 @@ def register(app: FastAPI, api: Api) -> None:
 
         signalled = await api.read(tell, ep)
         return SharingAnswer(firing=len(firing), signalled=signalled, cluster=cluster)
+
+    return r

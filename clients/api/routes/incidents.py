@@ -1,0 +1,82 @@
+"""Reads: `GET /v1/incidents` (this cluster's incidents, filtered) and
+`GET /v1/incidents/{id}` (one incident's timeline, from the workflow's `status` query).
+Open unless api_auth_reads."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Request
+from pydantic import BaseModel
+from temporalio.client import Client
+
+from autoclusters.clients import incidents
+from autoclusters.clients.api.resolutions import Resolution
+from autoclusters.clients.api.state import ApiState
+from autoclusters.core.models import IncidentState, IncidentStateName
+
+
+class IncidentList(BaseModel):
+    incidents: list[incidents.IncidentSummary]
+
+
+class IncidentDetail(BaseModel):
+    incident_id: str
+    workflow_id: str
+    temporal_status: str
+    incident: IncidentState
+    # Resolutions of this node's faults received since the incident opened (kept by the
+    # API until the workflow can record them).
+    resolved_alerts: list[Resolution]
+
+
+def router(api: ApiState) -> APIRouter:
+    r = APIRouter()
+    settings = api.settings
+
+    @r.get("/v1/incidents", response_model=IncidentList, summary="This cluster's incidents")
+    async def list_incidents(
+        request: Request,
+        state: Annotated[
+            IncidentStateName | None,
+            Query(description="open, waiting_approval, resolved, ... (anything else: 422)"),
+        ] = None,
+        node: str | None = None,
+        fault: str | None = None,
+        limit: int = Query(100, ge=1, le=1000),
+    ) -> IncidentList:
+        api.checks.authorize(request, "incidents", write=False)
+        found = await api.read(
+            lambda c: incidents.list_incidents(c, settings, state, node, fault, limit=limit),
+            "incidents",
+        )
+        return IncidentList(incidents=found)
+
+    @r.get(
+        "/v1/incidents/{incident_id}",
+        response_model=IncidentDetail,
+        summary="One incident's timeline (the workflow's status query)",
+    )
+    async def get_incident(request: Request, incident_id: str) -> IncidentDetail:
+        ep = "incident"
+        api.checks.authorize(request, ep, write=False)
+
+        async def look(client: Client) -> IncidentDetail:
+            handle = await incidents.find_incident(client, settings, incident_id)
+            state, status = await incidents.incident_state(handle)
+            assert state is not None
+            node = state.request.node
+            return IncidentDetail(
+                incident_id=incident_id,
+                workflow_id=handle.id,
+                temporal_status=status,
+                incident=state,
+                resolved_alerts=api.resolutions.for_node(node, state.request.opened_at),
+            )
+
+        try:
+            return await api.read(look, ep)
+        except incidents.IncidentNotFound as e:
+            raise api.refusals.refuse(404, "not_found", ep, "no such incident", str(e)) from None
+
+    return r
