@@ -14,7 +14,7 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
-from autoclusters.clients.cli import console, err
+from autoclusters.clients.cli.output import console, err
 from autoclusters.core.settings import DEFAULT_SANDBOX_DIR
 from autoclusters.sandbox.slack_cli import slack_app
 

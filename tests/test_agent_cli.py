@@ -38,7 +38,7 @@ def env() -> dict[str, str]:
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "autoclusters.clients.agent_cli", *args],
+        [sys.executable, "-m", "autoclusters.clients.cli.agent", *args],
         cwd=ROOT, env=env(), capture_output=True, text=True, timeout=60,
     )  # fmt: skip
 

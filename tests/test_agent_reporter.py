@@ -228,7 +228,7 @@ def wait_for(check: Callable[[], Any], what: str, timeout_s: float = 20) -> Any:
 
 
 def cli(*args: str) -> list[str]:
-    return [sys.executable, "-m", "autoclusters.clients.agent_cli", *args]
+    return [sys.executable, "-m", "autoclusters.clients.cli.agent", *args]
 
 
 def test_agent_process_reports_an_injected_fault_and_its_resolution(

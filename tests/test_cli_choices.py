@@ -14,7 +14,8 @@ from typing import Any, get_args
 import pytest
 from typer.testing import CliRunner
 
-from autoclusters.clients import cli
+from autoclusters.clients.cli import connect, incidents
+from autoclusters.clients.cli.app import app
 from autoclusters.core.models import RETURNED_JOBS_STEP, IncidentStatus
 from autoclusters.core.policy import LADDER, Rung
 
@@ -29,10 +30,10 @@ def _flat(text: str) -> str:
 
 @pytest.fixture(autouse=True)
 def _no_temporal(monkeypatch: pytest.MonkeyPatch) -> None:
-    def refuse(_fn: Any) -> Any:
+    def refuse(_fn: Any, **_: Any) -> Any:
         raise AssertionError("a refused option must not reach Temporal")
 
-    monkeypatch.setattr(cli, "_run_client", refuse)
+    monkeypatch.setattr(connect, "run_client", refuse)
 
 
 @pytest.mark.parametrize(
@@ -64,7 +65,7 @@ def _no_temporal(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_a_value_outside_the_set_is_a_usage_error_naming_the_allowed_ones(
     argv: list[str], option: str, allowed: list[str]
 ) -> None:
-    r = runner.invoke(cli.app, argv)
+    r = runner.invoke(app, argv)
     assert r.exit_code == 2, r.output
     out = _flat(r.output)
     assert f"Invalid value for '{option}'" in out, out
@@ -74,12 +75,12 @@ def test_a_value_outside_the_set_is_a_usage_error_naming_the_allowed_ones(
 
 def test_every_state_an_incident_publishes_can_be_listed_and_nothing_else() -> None:
     published = set(get_args(IncidentStatus)) | {"waiting_approval"}
-    assert set(get_args(cli.IncidentStateName)) == published
+    assert set(get_args(incidents.IncidentStateName)) == published
 
 
 def test_the_approvable_steps_are_the_rungs_that_repair_and_returned_jobs() -> None:
     rungs = {r.value for r in LADDER if r != Rung.MONITOR}
-    assert set(get_args(cli.ApprovalStep)) == rungs | {RETURNED_JOBS_STEP}
+    assert set(get_args(incidents.ApprovalStep)) == rungs | {RETURNED_JOBS_STEP}
 
 
 class _Client:
@@ -100,8 +101,10 @@ class _Client:
 
 def test_an_allowed_state_still_lists(monkeypatch: pytest.MonkeyPatch) -> None:
     client = _Client()
-    monkeypatch.setattr(cli, "_run_client", lambda fn: asyncio.run(fn(client)))
-    r = runner.invoke(cli.app, ["incident", "list", "--json", "--state", "waiting_approval"])
+    monkeypatch.setattr(
+        connect, "run_client", lambda fn, **_: asyncio.run(fn(client, connect.load_settings()))
+    )
+    r = runner.invoke(app, ["incident", "list", "--json", "--state", "waiting_approval"])
     assert r.exit_code == 0, r.output
     assert r.stdout.strip() == "[]"
     (query,) = client.queries
@@ -111,12 +114,12 @@ def test_an_allowed_state_still_lists(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_log_level_is_still_case_insensitive(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(logging, "basicConfig", lambda **_: None)  # leave pytest's logging be
     # Past option parsing: it stops later, for want of somewhere to send reports.
-    r = runner.invoke(cli.app, ["agent", "run", "--node", "gpu-01", "--log-level", "debug"])
+    r = runner.invoke(app, ["agent", "run", "--node", "gpu-01", "--log-level", "debug"])
     assert "Invalid value" not in r.output, r.output
     assert "say where reports go" in r.output
 
 
 def test_help_stays_readable() -> None:
-    r = runner.invoke(cli.app, ["incident", "list", "--help"])
+    r = runner.invoke(app, ["incident", "list", "--help"])
     assert r.exit_code == 0
     assert "open, waiting_approval, resolved" in _flat(r.output)

@@ -41,7 +41,7 @@ from typer.testing import CliRunner
 from autoclusters.activities.cluster_ops import ClusterOpsActivities
 from autoclusters.activities.guard import GuardActivities
 from autoclusters.activities.slurm import SlurmActivities
-from autoclusters.clients.cli import app
+from autoclusters.clients.cli.app import app
 from autoclusters.core import binpaths
 from autoclusters.core.cluster import (
     BootResult,

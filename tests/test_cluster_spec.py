@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 from temporalio.contrib.pydantic import pydantic_data_converter
 from typer.testing import CliRunner
 
-from autoclusters.clients.cli import app
+from autoclusters.clients.cli.app import app
 from autoclusters.core.cluster_spec import (
     MAX_HOME_GIB,
     MAX_NODES,

@@ -479,7 +479,7 @@ async def test_node_metrics_come_from_prometheus_query_range() -> None:
 
 
 def test_console_url_prefers_the_public_url_then_the_bound_address() -> None:
-    from autoclusters.clients.console_cli import console_url
+    from autoclusters.clients.cli.console import console_url
 
     assert console_url("https://ops.example/", "127.0.0.1", 8480) == "https://ops.example/ui/"
     assert console_url(None, "127.0.0.1", 17207) == "http://127.0.0.1:17207/ui/"
@@ -492,7 +492,7 @@ def test_the_console_command_prints_the_configured_apis_url(
 ) -> None:
     from typer.testing import CliRunner
 
-    from autoclusters.clients.cli import app
+    from autoclusters.clients.cli.app import app
 
     config = tmp_path / "autoclusters.toml"
     config.write_text('api_port = 17207\napi_tokens = { agents = "t" }\n')

@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 from autoclusters.clients.api.app import create_app
 from autoclusters.clients.api.settings import ApiSettings
-from autoclusters.clients.cli import app
+from autoclusters.clients.cli.app import app
 from autoclusters.integrations.temporal import SEARCH_ATTRIBUTES
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -38,6 +38,7 @@ from typer.testing import CliRunner
 
 from autoclusters.activities.guard import GuardActivities
 from autoclusters.clients import breaker
+from autoclusters.clients.cli.breaker import breaker_app
 from autoclusters.core.guard import (
     GUARD_ADMITTED_SIGNAL,
     Admission,
@@ -457,16 +458,19 @@ async def test_waiters_are_admitted_in_arrival_order_and_told(env: WorkflowEnvir
         ) == []
 
 
-GUARD_V1_HISTORY = Path(__file__).parent / "histories" / "fleet_guard_v1_before_queue.json"
+QUEUED_HISTORY = Path(__file__).parent / "histories" / "fleet_guard_0.1_held_then_admitted.json"
+SIGNALLED = "signal_external_workflow_execution_initiated_event_attributes"
 
 
 async def test_guard_histories_replay(env: WorkflowEnvironment) -> None:
-    """A guard that ran before the queue (refused admissions, a reset, a release) replays
-    on the current code, and so does one that queues and signals."""
+    """A recorded guard of the 0.1 baseline that held, queued and signalled an incident
+    replays on the current code, and so does one that queues and signals now."""
     replayer = Replayer(workflows=[FleetGuard, Waiting], data_converter=pydantic_data_converter)
-    old = WorkflowHistory.from_json("fleet-guard-v1", GUARD_V1_HISTORY.read_text())
-    result = await replayer.replay_workflow(old, raise_on_replay_failure=False)
+    recorded = WorkflowHistory.from_json("fleet-guard-0.1", QUEUED_HISTORY.read_text())
+    result = await replayer.replay_workflow(recorded, raise_on_replay_failure=False)
     assert result.replay_failure is None, result.replay_failure
+    signals = [e for e in recorded.events if e.WhichOneof("attributes") == SIGNALLED]
+    assert signals, "the recorded guard told a queued incident it was admitted"
 
     async with _guard(env, policy=GuardPolicy(max_concurrent_repairs=1)) as g:
         assert (await _repair(g, "gpu-01", "INC-1")).admitted
@@ -851,16 +855,16 @@ def test_breaker_cli_status_json_and_reset(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setattr(breaker, "reset_breaker", reset)
     runner = CliRunner()
 
-    out = runner.invoke(breaker.breaker_app, ["status", "--json"])
+    out = runner.invoke(breaker_app, ["status", "--json"])
     assert out.exit_code == 0, out.output
     assert GuardStatus.model_validate_json(out.stdout) == tripped
 
-    out = runner.invoke(breaker.breaker_app, ["reset", "--as", "bob", "--cluster", "c2"])
+    out = runner.invoke(breaker_app, ["reset", "--as", "bob", "--cluster", "c2"])
     assert out.exit_code == 0, out.output
     assert "reset by bob" in out.stdout
     assert asked == [("status", "c1"), ("reset", "c2/bob")]
 
-    out = runner.invoke(breaker.breaker_app, ["reset"])
+    out = runner.invoke(breaker_app, ["reset"])
     assert out.exit_code != 0  # --as is required
 
 
@@ -877,11 +881,11 @@ def test_breaker_cli_says_when_there_is_no_guard(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setattr(breaker, "reset_breaker", not_tripped)
     runner = CliRunner()
 
-    out = runner.invoke(breaker.breaker_app, ["status", "--cluster", "c9"])
+    out = runner.invoke(breaker_app, ["status", "--cluster", "c9"])
     assert out.exit_code == 1
     assert "cluster c9 is not running" in out.output
 
-    out = runner.invoke(breaker.breaker_app, ["reset", "--as", "bob", "--cluster", "c9"])
+    out = runner.invoke(breaker_app, ["reset", "--as", "bob", "--cluster", "c9"])
     assert out.exit_code == 0
     assert "not tripped; nothing to reset" in out.output
 
@@ -897,7 +901,7 @@ def test_breaker_cli_refuses_a_non_approver_in_one_line(monkeypatch: pytest.Monk
 
     monkeypatch.setattr(breaker, "reset_breaker", refused)
 
-    out = CliRunner().invoke(breaker.breaker_app, ["reset", "--as", "mallory", "--cluster", "c9"])
+    out = CliRunner().invoke(breaker_app, ["reset", "--as", "mallory", "--cluster", "c9"])
 
     assert out.exit_code == 1
     assert out.output.strip().splitlines() == [
@@ -934,7 +938,7 @@ def test_breaker_cli_status_shows_the_threshold_approvers_and_queue(
 
     monkeypatch.setattr(breaker, "breaker_status", status)
 
-    out = CliRunner().invoke(breaker.breaker_app, ["status"])
+    out = CliRunner().invoke(breaker_app, ["status"])
 
     assert out.exit_code == 0, out.output
     text = " ".join(out.output.split())

@@ -20,7 +20,7 @@ import yaml
 from pydantic import ValidationError
 from typer.testing import CliRunner
 
-from autoclusters.clients.policy_cli import policy_app
+from autoclusters.clients.cli.policy import policy_app
 from autoclusters.core.faults import FAULT_PATTERN
 from autoclusters.core.policy import (
     DEFAULT_POLICY_FILE,

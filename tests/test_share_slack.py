@@ -41,8 +41,8 @@ from temporalio.testing import WorkflowEnvironment
 from typer.testing import CliRunner
 
 from autoclusters.clients.api.app import create_app
+from autoclusters.clients.cli.share import share_app
 from autoclusters.clients.inventory import StaticInventory
-from autoclusters.clients.share_cli import share_app
 from autoclusters.clients.sharing import MoveRefused, decide_move
 from autoclusters.core.models import Notification
 from autoclusters.core.sharing import MoveDecision, MoveRecord, Pool, ShareStatus

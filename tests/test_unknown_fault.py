@@ -17,11 +17,12 @@ from temporalio.client import Client
 from temporalio.service import RPCError
 from typer.testing import CliRunner
 
-from autoclusters.clients import cli
 from autoclusters.clients.agent.classify import EXTRA_KINDS, POLICY_KINDS
 from autoclusters.clients.agent.report import NodeReport
 from autoclusters.clients.api.app import create_app
 from autoclusters.clients.api.settings import DEFAULT_ALERT_FAULTS
+from autoclusters.clients.cli import app as cli
+from autoclusters.clients.cli import connect
 from autoclusters.clients.inventory import StaticInventory
 from autoclusters.core.faults import NAMED_FAULTS, UnknownFaultError, check_known_fault
 from autoclusters.core.models import workflow_id
@@ -53,10 +54,10 @@ def test_unknown_kinds_are_refused_in_one_line_pointing_at_the_catalogue(fault: 
 
 @pytest.fixture
 def no_temporal(monkeypatch: pytest.MonkeyPatch) -> None:
-    def refuse(_fn: Any) -> Any:
+    def refuse(_fn: Any, **_: Any) -> Any:
         raise AssertionError("an unknown fault must be refused before Temporal is asked")
 
-    monkeypatch.setattr(cli, "_run_client", refuse)
+    monkeypatch.setattr(connect, "run_client", refuse)
 
 
 @pytest.mark.usefixtures("no_temporal")

@@ -41,7 +41,7 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 [ -n "${EXPECTED_IB_RATE:-}" ] && export AUTOCLUSTERS_AGENT_EXPECTED_IB_RATE_GBPS="$EXPECTED_IB_RATE"
 
 start=$(date +%s.%N)
-"$PYTHON" -m clients.agent_cli "${args[@]}"
+"$PYTHON" -m clients.cli.agent "${args[@]}"
 rc=$?
 end=$(date +%s.%N)
 echo "== one check: exit $rc in $(echo "$end - $start" | bc 2>/dev/null || echo '?') s" >&2

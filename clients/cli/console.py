@@ -11,11 +11,10 @@ from typing import Annotated
 import httpx
 import typer
 from pydantic import ValidationError
-from rich.console import Console
 
+from autoclusters.clients.cli.output import err
 from autoclusters.core.net import is_loopback
 
-err = Console(stderr=True)
 # Addresses a server binds to that a browser cannot open as such.
 _ANY = {"", "0.0.0.0", "::", "[::]"}
 

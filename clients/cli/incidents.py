@@ -1,47 +1,25 @@
-"""`autoclusters`: the operator's command line."""
+"""`autoclusters incident open|list|show` and `autoclusters approve`: incidents, for operators.
+
+Exit codes: 0 done; 1 no such incident (or not started yet), or Temporal not reachable;
+2 refused (an unknown fault kind, a request Slurm or the policy refuses) or bad settings;
+3 a decision the incident refused.
+"""
 
 from __future__ import annotations
 
-import asyncio
-import logging
-import os
-import sys
-from collections.abc import Awaitable, Callable
-from importlib.metadata import entry_points
-from typing import Annotated, Any, Literal, NoReturn, TypeVar, get_args
+from typing import Annotated, Any, Literal, NoReturn, get_args
 
 import typer
 from pydantic import ValidationError
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from autoclusters.clients.agent_cli import agent_app, inject_app
-from autoclusters.clients.api_cli import api_app
-from autoclusters.clients.breaker import breaker_app
-from autoclusters.clients.cluster_cli import cluster_app
-from autoclusters.clients.console_cli import console as console_command
-from autoclusters.clients.policy_cli import policy_app
-from autoclusters.clients.share_cli import share_app
-from autoclusters.core import settings as settings_mod
+from autoclusters.clients.cli import connect
+from autoclusters.clients.cli.output import console, err
 from autoclusters.core.models import IncidentStateName
 from autoclusters.core.settings import Settings
 
-app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
 incident_app = typer.Typer(no_args_is_help=True, help="Open, list and read incidents.")
-app.add_typer(incident_app, name="incident")
-app.add_typer(breaker_app, name="breaker")
-app.add_typer(policy_app, name="policy")
-app.add_typer(cluster_app, name="cluster")
-app.add_typer(share_app, name="share")
-app.add_typer(agent_app, name="agent")
-app.add_typer(inject_app, name="inject")
-app.add_typer(api_app, name="api")
-app.command("console")(console_command)
-
-console = Console()
-err = Console(stderr=True)
-T = TypeVar("T")
 
 # Options whose value is one of a fixed set are typed as that set: anything else is Typer's
 # usage error (exit 2, naming the allowed values) before a query or a workflow sees it.
@@ -51,52 +29,6 @@ T = TypeVar("T")
 # nothing), and jobs back on the node after their requeue (approve: cancel them; reject:
 # wait for them; core.models.RETURNED_JOBS_STEP).
 ApprovalStep = Literal["reset_gpu", "reboot", "replace", "returned_jobs"]
-
-
-def _settings() -> Settings:
-    try:
-        return settings_mod.load()
-    except ValidationError as e:
-        err.print(f"[red]bad settings:[/red] {e}")
-        raise typer.Exit(2) from None
-
-
-def _run_client(fn: Callable[[Any], Awaitable[T]]) -> T:
-    """Run `fn(client)` against the configured Temporal; say clearly when it is not there."""
-    from autoclusters.integrations import temporal
-
-    async def go() -> T:
-        client = await temporal.connect(_settings())
-        return await fn(client)
-
-    try:
-        return asyncio.run(go())
-    except RuntimeError as e:
-        if "Failed client connect" in str(e) or "connect" in str(e).lower():
-            s = _settings()
-            err.print(
-                f"[red]cannot reach Temporal at {s.temporal_address}[/red]: is the sandbox up? "
-                "(`autoclusters sandbox up`)"
-            )
-            raise typer.Exit(1) from None
-        raise
-
-
-@app.command("worker")
-def worker() -> None:
-    """Run a worker hosting the remediation workflow and its activities."""
-    from autoclusters.workers.remediation import run
-
-    s = _settings()
-    logging.basicConfig(
-        level=s.log_level,
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-        stream=sys.stdout,
-    )
-    asyncio.run(run(s))
-
-
-# --- incidents ----------------------------------------------------------------------------
 
 
 @incident_app.command("open")
@@ -111,10 +43,10 @@ def incident_open(
     from autoclusters.core.policy import PolicyError
     from autoclusters.integrations.slurm import SlurmError
 
-    s = _settings()
+    s = connect.load_settings()
     _refuse_unknown_fault(s, fault)  # before Temporal is asked anything
 
-    async def go(client: Any) -> incidents.OpenedIncident:
+    async def go(client: Any, s: Settings) -> incidents.OpenedIncident:
         opened = await incidents.open_incident(client, s, node, fault)
         if wait:
             handle = client.get_workflow_handle(opened.workflow_id, run_id=opened.run_id)
@@ -125,7 +57,7 @@ def incident_open(
         return opened
 
     try:
-        opened = _run_client(go)
+        opened = connect.run_client(go)
     except ValidationError as e:
         err.print(f"[red]refused:[/red] {_first_error(e)}")
         raise typer.Exit(2) from None
@@ -176,9 +108,8 @@ def incident_list(
     """List the cluster's incidents, newest first."""
     from autoclusters.clients import incidents
 
-    s = _settings()
-    rows = _run_client(
-        lambda c: incidents.list_incidents(c, s, state=state, node=node, fault=fault)
+    rows = connect.run_client(
+        lambda c, s: incidents.list_incidents(c, s, state=state, node=node, fault=fault)
     )
     if as_json:
         print("[" + ",".join(r.model_dump_json() for r in rows) + "]")
@@ -193,7 +124,6 @@ def incident_list(
     console.print(t)
 
 
-@app.command("approve")
 def approve(
     incident_id: Annotated[str, typer.Argument(help="The incident waiting for a decision.")],
     as_user: Annotated[str, typer.Option("--as", help="Who decides (must be an approver).")],
@@ -211,10 +141,9 @@ def approve(
     """Approve (or reject) the step an incident is waiting on; says which before deciding."""
     from autoclusters.clients import incidents
 
-    s = _settings()
     verb = "approving" if not reject else "rejecting"
 
-    async def go(client: Any) -> Any:
+    async def go(client: Any, s: Settings) -> Any:
         handle = await incidents.find_incident(client, s, incident_id)
         state, _ = await incidents.incident_state(handle)
         if state is not None and state.waiting_for and state.waiting_for.kind == "approval":
@@ -224,7 +153,7 @@ def approve(
         return await incidents.decide(client, s, incident_id, as_user, not reject, comment, step)
 
     try:
-        rec = _run_client(go)
+        rec = connect.run_client(go)
     except incidents.IncidentNotFound as e:
         err.print(str(e))
         raise typer.Exit(1) from None
@@ -249,14 +178,12 @@ def incident_show(
 def _show(incident_id: str, as_json: bool) -> None:
     from autoclusters.clients import incidents
 
-    s = _settings()
-
-    async def go(client: Any) -> Any:
+    async def go(client: Any, s: Settings) -> Any:
         handle = await incidents.find_incident(client, s, incident_id)
         return await incidents.incident_state(handle)
 
     try:
-        state, wf_status = _run_client(go)
+        state, wf_status = connect.run_client(go)
     except incidents.IncidentNotFound as e:
         err.print(str(e))
         raise typer.Exit(1) from None
@@ -300,90 +227,3 @@ def _show(incident_id: str, as_json: bool) -> None:
             f"{secs:.2f}" if secs is not None else "", st.detail,
         )  # fmt: skip
     console.print(t)
-
-
-# --- the fault catalogue -----------------------------------------------------------------
-
-
-@app.command("faults")
-def faults(
-    as_json: Annotated[bool, typer.Option("--json", help="One JSON array.")] = False,
-) -> None:
-    """List the fault kinds AutoClusters knows, with the severity and first rung the
-    cluster's policy gives each (its default rule where it names none)."""
-    import json
-
-    from autoclusters.core.faults import NAMED_FAULTS, XID_KIND
-    from autoclusters.core.policy import PolicyError
-    from autoclusters.core.settings import policy_for
-
-    s = _settings()
-    try:
-        policy = policy_for(s)
-    except PolicyError as e:
-        err.print(f"[red]bad policy:[/red] {escape(str(e))}")
-        raise typer.Exit(2) from None
-    rows = []
-    named_xids = sorted(
-        (k for k in policy.faults if k.startswith("XID_")), key=lambda k: int(k[4:])
-    )
-    others = sorted(NAMED_FAULTS | {k for k in policy.faults if not k.startswith("XID_")})
-    for kind in [*named_xids, XID_KIND, *others]:
-        named = kind in policy.faults
-        rule = policy.faults[kind] if named else policy.default_rule
-        rows.append(
-            {
-                "fault": kind,
-                "severity": rule.severity,
-                "first_rung": rule.first_rung.value,
-                "rule": "policy" if named else "default",
-            }
-        )
-    if as_json:
-        print(json.dumps(rows))
-        return
-    t = Table("fault", "severity", "first rung", "rule")
-    for r in rows:
-        t.add_row(r["fault"], r["severity"], r["first_rung"], r["rule"])
-    console.print(t)
-    console.print(
-        f"{XID_KIND}: any driver Xid the policy does not name; "
-        "a cluster's policy may name more kinds.",
-        markup=False,
-    )
-
-
-def _plugins() -> None:
-    """Commands other installed parts add (the sandbox: `sandbox ...`, `demo`, `chaos`),
-    found through the `autoclusters.cli` entry points: this module imports none of them,
-    and an install without them (the worker image) simply lacks those commands."""
-    for ep in entry_points(group="autoclusters.cli"):
-        try:
-            register = ep.load()
-        except ImportError as e:  # the part is not installed here (its extra is missing)
-            logging.getLogger("autoclusters.cli").debug("no %s commands: %s", ep.name, e)
-            continue
-        register(app)
-
-
-def main() -> None:
-    # Temporal's Rust threads can crash a finishing interpreter (sdk-python#300): flush and
-    # leave with os._exit so the exit code is the command's own.
-    rc = 0
-    try:
-        _plugins()
-        app()
-    except SystemExit as e:
-        rc = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-    except BaseException:
-        import traceback
-
-        traceback.print_exc()
-        rc = 1
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(rc)
-
-
-if __name__ == "__main__":
-    main()

@@ -10,10 +10,10 @@ from typing import Annotated
 
 import typer
 from pydantic import ValidationError
-from rich.console import Console
+
+from autoclusters.clients.cli.output import err
 
 api_app = typer.Typer(no_args_is_help=True, help="The HTTP API for alerts and incidents.")
-err = Console(stderr=True)
 
 
 @api_app.command("run")

@@ -5,7 +5,7 @@ Register on the main app with::
     app.add_typer(agent_app, name="agent")
     app.add_typer(inject_app, name="inject")
 
-`python -m clients.agent_cli agent run ...` / `... inject ...` runs the same commands on
+`python -m clients.cli.agent agent run ...` / `... inject ...` runs the same commands on
 their own, which is how a GPU machine without the full CLI set-up can run the agent.
 
 Exit codes: 0 the agent ran (with `--once`: and found no fault), 1 `--once` found a firing

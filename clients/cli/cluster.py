@@ -7,26 +7,23 @@ failed: nothing is started by a refusal); 2 a spec that does not validate.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import typer
-from pydantic import ValidationError
-from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 from temporalio.client import Client
 
+from autoclusters.clients.cli import connect
+from autoclusters.clients.cli.output import console, err
 from autoclusters.core.cluster import ClusterState
 from autoclusters.core.cluster_ops import OpsState
 from autoclusters.core.cluster_spec import ClusterSpecError, load_cluster_spec
 from autoclusters.core.settings import Settings
 
 cluster_app = typer.Typer(no_args_is_help=True, help="Slurm clusters described by a spec.")
-console = Console()
-err = Console(stderr=True)
 T = TypeVar("T")
 
 ClusterArg = Annotated[str, typer.Argument(help="The cluster's name (from its spec).")]
@@ -71,31 +68,8 @@ def _run(fn: Callable[[Client, Settings], Awaitable[T]]) -> T:
     """Run `fn(client, settings)` against the configured Temporal; a refusal or an unknown
     cluster is one red line and exit 1."""
     from autoclusters.clients.clusters import ClusterNotFound, ClusterRefused
-    from autoclusters.core import settings as settings_mod
-    from autoclusters.integrations import temporal
 
-    try:
-        s = settings_mod.load()
-    except ValidationError as e:
-        err.print(f"[red]bad settings:[/red] {e}")
-        raise typer.Exit(2) from None
-
-    async def go() -> T:
-        return await fn(await temporal.connect(s), s)
-
-    try:
-        return asyncio.run(go())
-    except (ClusterNotFound, ClusterRefused) as e:
-        err.print(Text(str(e), style="red"), soft_wrap=True)
-        raise typer.Exit(1) from None
-    except RuntimeError as e:
-        if "connect" in str(e).lower():
-            err.print(
-                f"[red]cannot reach Temporal at {s.temporal_address}[/red]: is the sandbox up? "
-                "(`autoclusters sandbox up`)"
-            )
-            raise typer.Exit(1) from None
-        raise
+    return connect.run_client(fn, refusals=(ClusterNotFound, ClusterRefused))
 
 
 def _say(line: str, *, to_err: bool = False) -> None:

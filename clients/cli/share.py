@@ -18,12 +18,12 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 from temporalio.client import Client
 
-from autoclusters.clients.cluster_cli import _run
+from autoclusters.clients.cli import connect
+from autoclusters.clients.cli.output import console, err
 from autoclusters.core.settings import Settings
 from autoclusters.core.sharing import (
     ClearUnhealthy,
@@ -38,8 +38,6 @@ from autoclusters.core.sharing import (
 )
 
 share_app = typer.Typer(no_args_is_help=True, help="GPU nodes shared by training and inference.")
-console = Console()
-err = Console(stderr=True)
 
 ClusterOpt = Annotated[
     str | None, typer.Option("--cluster", help="The cluster (default: the configured one).")
@@ -76,7 +74,7 @@ def start(
         await start_rebalancer(client, c, policy, s.task_queue)
         return f"rebalancer of {c} running; Temporal UI: {_ui(s, c)}"
 
-    console.print(_run(go))
+    console.print(connect.run_client(go))
 
 
 @share_app.command("status")
@@ -91,7 +89,7 @@ def status(cluster: ClusterOpt = None, as_json: JsonOpt = False) -> None:
             err.print(f"[red]{e}[/red]")
             return None
 
-    st = _run(go)
+    st = connect.run_client(go)
     if st is None:
         raise typer.Exit(1)
     if as_json:
@@ -179,7 +177,7 @@ def _refusable(call: Callable[[Client, Settings], Awaitable[str]]) -> str:
             err.print(f"[red]refused:[/red] {escape(str(e))}")
             return None
 
-    answer = _run(go)
+    answer = connect.run_client(go)
     if answer is None:
         raise typer.Exit(1)
     return answer
