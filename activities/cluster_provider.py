@@ -69,7 +69,7 @@ class ClusterProviderActivities:
         acceptance_timeout_s: float = 1200.0,
         cmk: ClusterProvider | None = None,
     ) -> None:
-        self._cmk = cmk
+        self._cmk = cmk  # what the worker configured for crusoe-cmk (its test reads it)
         self._providers = worker_providers(
             crusoe,
             slurm,
