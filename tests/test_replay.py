@@ -1,31 +1,105 @@
-"""Running incidents survive a new worker: every checked-in history of an earlier
-NodeRemediation version replays against the current code without nondeterminism.
+"""Open runs survive a new worker: every recorded history in tests/histories/ replays on the
+current code without nondeterminism (docs/versioning.md).
 
-Record a version's histories before changing the workflow: `python -m tests.histories.record vN`.
+Each release records histories of every workflow type (`scripts/record-histories.py
+RELEASE`), named <workflow>_<release>_<case>.json; they stay here, and replay, until no run
+of that release can be open. Aspects covered:
+- every history replays on the current workflows;
+- the baseline release (0.1) has a history of every workflow type and of each rung and
+  mode of the runbook, and each history shows the path its case names (so a recording
+  that went another way is caught, not replayed for nothing).
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from temporalio.client import WorkflowHistory
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 
-from autoclusters.workflows.remediation import NodeRemediation
+from autoclusters.workers.remediation import WORKFLOWS
 
-HISTORIES = sorted((Path(__file__).parent / "histories").glob("remediation_*.json"))
+# Replayed against the time-skipping lane's workflows (no server needed, but the same lane).
+pytestmark = pytest.mark.workflow
+
+HERE = Path(__file__).parent / "histories"
+HISTORIES = sorted(HERE.glob("*.json"))
+BASELINE = "0.1"
+WORKFLOW_TYPES = {
+    "NodeRemediation",
+    "FleetGuard",
+    "ClusterProvisioning",
+    "ScaleNodeSet",
+    "ClusterTeardown",
+    "GpuRebalance",
+}
+# case -> activities its history must have run (the path the case is about).
+BASELINE_CASES: dict[tuple[str, str], set[str]] = {
+    ("remediation", "reboot_resolved"): {"drain_node", "repair_node", "return_to_service"},
+    ("remediation", "reset_gpu_resolved"): {"repair_node", "health_gate", "return_to_service"},
+    ("remediation", "replace_escalated"): {"repair_node", "health_gate", "return_to_service"},
+    ("remediation", "repair_failed"): {"repair_node", "verify_quarantine"},
+    ("remediation", "approved"): {"notify", "repair_node", "return_to_service"},
+    ("remediation", "rejected"): {"verify_quarantine", "guard_release"},
+    ("remediation", "hot_spare"): {"guard_claim_spare", "take_spare", "park_as_spare"},
+    ("remediation", "kubernetes"): {"k8s_cordon", "k8s_evict_pods", "k8s_wait_new_node_ready"},
+    ("remediation", "quarantine_recheck"): {"verify_quarantine", "drain_node", "requeue_jobs"},
+    ("remediation", "returned_jobs"): {"cancel_jobs", "repair_node"},
+    ("remediation", "slurm_outage"): {"wait_node_idle", "repair_node"},
+    ("remediation", "held_then_admitted"): {"guard_admit_quarantine", "repair_node"},
+    ("fleet_guard", "batch"): set(),
+    ("fleet_guard", "hot_spare"): set(),
+    ("fleet_guard", "held_then_admitted"): set(),
+    ("cluster_provisioning", "ready_with_replacements"): {"cluster_create_machine"},
+    ("cluster_provisioning", "quota_cleanup"): {"cluster_delete"},
+    ("cluster_provisioning", "agent_gate"): {"cluster_health_gate", "cluster_delete"},
+    ("cluster_ops", "scale_up_replaced"): {"cluster_wait_booted", "return_to_service"},
+    ("cluster_ops", "scale_down_requeue"): {"drain_node", "requeue_jobs", "cluster_delete"},
+    ("cluster_ops", "teardown"): {"drain_node", "wait_node_idle", "cluster_delete"},
+    ("gpu_rebalance", "lend_and_return"): {"share_k8s_lend", "share_k8s_reclaim", "health_gate"},
+    ("gpu_rebalance", "manual_and_rejected"): {"notify", "share_k8s_lend"},
+}
 
 
-def test_there_are_histories_to_replay() -> None:
-    assert any("_v1_" in p.name for p in HISTORIES)
-    assert any("_v2_" in p.name for p in HISTORIES)
+def _path(kind: str, case: str, release: str = BASELINE) -> Path:
+    return HERE / f"{kind}_{release}_{case}.json"
+
+
+def _events(path: Path) -> list[dict[str, Any]]:
+    events: list[dict[str, Any]] = json.loads(path.read_text())["events"]
+    return events
+
+
+def _activities(path: Path) -> set[str]:
+    scheduled = "activityTaskScheduledEventAttributes"
+    return {e[scheduled]["activityType"]["name"] for e in _events(path) if scheduled in e}
+
+
+def _workflow_type(path: Path) -> str:
+    return str(_events(path)[0]["workflowExecutionStartedEventAttributes"]["workflowType"]["name"])
+
+
+def test_the_baseline_has_every_workflow_type_and_case() -> None:
+    missing = [_path(*c).name for c in BASELINE_CASES if not _path(*c).exists()]
+    assert not missing, missing
+    # Every workflow the worker hosts (a new one needs its histories recorded here).
+    assert len(WORKFLOWS) == len(WORKFLOW_TYPES)
+    assert {_workflow_type(p) for p in HISTORIES} == WORKFLOW_TYPES
+
+
+@pytest.mark.parametrize("case", sorted(BASELINE_CASES), ids=lambda c: "_".join(c))
+def test_each_baseline_history_shows_its_case(case: tuple[str, str]) -> None:
+    ran = _activities(_path(*case))
+    assert BASELINE_CASES[case] <= ran, sorted(ran)
 
 
 @pytest.mark.parametrize("path", HISTORIES, ids=[p.stem for p in HISTORIES])
 async def test_history_replays(path: Path) -> None:
-    replayer = Replayer(workflows=[NodeRemediation], data_converter=pydantic_data_converter)
+    replayer = Replayer(workflows=WORKFLOWS, data_converter=pydantic_data_converter)
     history = WorkflowHistory.from_json(path.stem, path.read_text())
     result = await replayer.replay_workflow(history, raise_on_replay_failure=False)
     assert result.replay_failure is None, result.replay_failure

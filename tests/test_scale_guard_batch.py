@@ -294,14 +294,14 @@ async def test_the_batcher_keeps_at_most_two_batches_in_flight() -> None:
 
 
 ACCEPTED = "workflow_execution_update_accepted_event_attributes"
-BATCH_HISTORY = Path(__file__).parent / "histories" / "fleet_guard_v2_batch.json"
+BATCH_HISTORY = Path(__file__).parent / "histories" / "fleet_guard_0.1_batch.json"
 
 
 async def test_a_guard_history_with_batches_replays() -> None:
-    """Recorded when `batch` came (registrations, admissions with a queue, a release, in
+    """Recorded for the 0.1 baseline (registrations, admissions with a queue, a release, in
     three batches): later guard code must replay it."""
     replayer = Replayer(workflows=[FleetGuard], data_converter=pydantic_data_converter)
-    history = WorkflowHistory.from_json("fleet-guard-v2-batch", BATCH_HISTORY.read_text())
+    history = WorkflowHistory.from_json("fleet-guard-0.1-batch", BATCH_HISTORY.read_text())
     result = await replayer.replay_workflow(history, raise_on_replay_failure=False)
     assert result.replay_failure is None, result.replay_failure
     updates = [e for e in history.events if e.WhichOneof("attributes") == ACCEPTED]

@@ -19,8 +19,6 @@ with workflow.unsafe.imports_passed_through():
     from autoclusters.core.evidence import EvidenceAck, HealthSnapshot, Judgement, judge
     from autoclusters.core.models import HealthCheck
 
-# Workflows started before this patch keep the Slurm-only gate.
-CLUSTER_AGENT_GATE = "cluster-v2-agent-health-gate"
 KEEP_PER_NODE = 10
 
 

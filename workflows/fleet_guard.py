@@ -16,7 +16,7 @@ malformed requests before they reach the history. `batch` takes many incidents' 
 one update (a worker sends its activities' concurrent calls together: Temporal allows 10
 updates in flight per workflow) and answers each as its own update would have.
 
-Held incidents do not poll (behind `fleet-guard-v2-queue`): a held admission is queued,
+Held incidents do not poll: a held admission is queued,
 first come first served per kind, and whenever capacity may have freed (a release, a
 breaker reset, a reconcile with Slurm, a newer policy) the guard serves its queues in
 arrival order and tells each admitted incident with the `guard_admitted` signal, sent from
@@ -64,8 +64,6 @@ with workflow.unsafe.imports_passed_through():
     )
     from autoclusters.core.guard_batch import GuardAnswer, GuardBatch, GuardCall
 
-# Guards started before this patch answer "not admitted" and let incidents ask again.
-GUARD_V2_QUEUE = "fleet-guard-v2-queue"
 SLURM_VIEW_RETRY = RetryPolicy(maximum_attempts=3, maximum_interval=timedelta(seconds=10))
 
 
@@ -82,20 +80,10 @@ class FleetGuard:
         # Built from the input (and the state carried over) so handlers see it at once.
         self._input = inp
         self._state = inp.state.model_copy(deep=True) if inp.state else GuardState()
-        self._v2: bool | None = None  # decided by the first handler or the run, whichever first
-
-    def _queueing(self) -> bool:
-        """Queue and signal (patched): never from a validator or a query."""
-        if self._v2 is None:
-            self._v2 = workflow.patched(GUARD_V2_QUEUE)
-        return self._v2
 
     @workflow.run
     async def run(self, inp: GuardInput) -> None:
-        if self._queueing():
-            await self._serve_loop()
-        else:
-            await workflow.wait_condition(self._should_continue_as_new)
+        await self._serve_loop()
         # Every handler is synchronous, but wait anyway: an update must never be left
         # unanswered by the run that accepted it.
         await workflow.wait_condition(workflow.all_handlers_finished)
@@ -381,8 +369,6 @@ class FleetGuard:
     # --- the queue -------------------------------------------------------------------
 
     def _take_view(self, req: AdmitRequest) -> None:
-        if not self._queueing():
-            return
         self._state.cluster_nodes = req.cluster_nodes
         if req.out_of_service is not None:
             self._reconcile(
@@ -391,16 +377,12 @@ class FleetGuard:
 
     def _ahead(self, incident_id: str, kind: AdmissionKind) -> bool:
         """Does an earlier waiter of this kind come first? (Never overtaken.)"""
-        if not self._queueing():
-            return False
         for w in self._state.queue:
             if w.kind == kind:
                 return w.incident_id != incident_id
         return False
 
     def _hold(self, req: AdmitRequest, kind: AdmissionKind, why_not: str | None) -> Admission:
-        if not self._queueing():
-            return Admission(admitted=False, reason=why_not or "")
         queue = self._state.queue
         mine = next((w for w in queue if w.kind == kind and w.incident_id == req.incident_id), None)
         if mine is None:
@@ -434,8 +416,6 @@ class FleetGuard:
 
     def _serve(self) -> None:
         """Admit waiters strictly in arrival order, per kind, while capacity allows."""
-        if not self._queueing():
-            return
         st = self._state
         for kind in ("quarantine", "repair"):
             for w in [w for w in st.queue if w.kind == kind]:
@@ -484,8 +464,6 @@ class FleetGuard:
             del state.repairing[req.node]
         if req.back_in_service and state.out_of_service.get(req.node) == req.incident_id:
             del state.out_of_service[req.node]
-        if not self._queueing():
-            return
         if req.slot_only:
             self._dequeue(req.incident_id, "repair")
         else:

@@ -74,9 +74,6 @@ STEP_TIMEOUT = timedelta(minutes=5)
 KEEP_MOVES = 50
 # Continue as new well before the history grows large (each evaluation is ~6 events).
 EVALUATIONS_PER_RUN = 500
-# A move people were asked to approve sends its outcome too (a notify the first version of
-# this workflow did not run).
-MOVE_OUTCOME_NOTICE = "share-v2-move-outcome-notice"
 
 
 class MoveStopped(Exception):
@@ -366,7 +363,7 @@ class GpuRebalance(AgentGate):
         # People were asked about this move: its message says how it ended (and loses its
         # buttons: a decision on another channel, or none in time, leaves none to click).
         # A failure has told them already.
-        if asked and rec.status != "failed" and workflow.patched(MOVE_OUTCOME_NOTICE):
+        if asked and rec.status != "failed":
             await self._notify_outcome(rec)
 
     async def _notify_outcome(self, rec: MoveRecord) -> None:

@@ -1,11 +1,9 @@
 """The incident's side of the fleet guard: wait to be admitted, without polling.
 
-Before `runbook-v6-guard-queue` a held incident asked the guard again every
-`admission_poll_s` (about a dozen history events a minute). Now it asks once; held, the
-guard queues it (first come, first served) and tells it with the `guard_admitted` signal
-when its turn comes. It asks again only as a safety net (every `ADMISSION_REASK`: asking
-is idempotent, and answers "admitted" if a signal was lost), so an incident held for days
-adds a handful of events per hour.
+An incident asks once; held, the guard queues it (first come, first served) and tells it
+with the `guard_admitted` signal when its turn comes. It asks again only as a safety net
+(every `ADMISSION_REASK`: asking is idempotent, and answers "admitted" if a signal was
+lost), so an incident held for days adds a handful of events per hour.
 
 A node with a critical fault whose quarantine is held takes no new jobs meanwhile: it is
 drained without requeueing (its running jobs go on) under `<our reason> (held)`, unless the
@@ -46,8 +44,6 @@ with workflow.unsafe.imports_passed_through():
 
 from autoclusters.workflows.timeline import HEARTBEAT, RETRY, STEP_RETRY, Timeline
 
-# Incidents started before this patch poll the guard every `admission_poll_s`.
-RUNBOOK_V6_GUARD_QUEUE = "runbook-v6-guard-queue"
 # A queued incident asks again this often, in case the guard's signal was lost.
 ADMISSION_REASK = timedelta(hours=1)
 HELD_SUFFIX = " (held)"
@@ -59,7 +55,6 @@ def held_drain_reason(incident_id: str, fault: str) -> str:
 
 
 class GuardSteps(Timeline):
-    _v6: bool = False  # runbook-v6-guard-queue, decided when the runbook starts
     _guard: GuardContext | None = None
     _guard_tickets: set[int]  # the queue tickets the guard said were admitted
     _policy: Policy
@@ -100,9 +95,6 @@ class GuardSteps(Timeline):
         guard: GuardContext,
     ) -> None:
         """Ask the fleet guard once; held, wait for its signal; tell the humans once."""
-        if not self._v6:
-            await self._step(f"admit_{what}", lambda: self._polled(what, act, guard), _reason)
-            return
         req = self._state.request
         call = AdmitCall(
             guard=guard,
@@ -154,32 +146,6 @@ class GuardSteps(Timeline):
 
         await self._step(f"admit_{what}", wait, _reason)
 
-    async def _polled(
-        self, what: str, act: Callable[[AdmitCall], Awaitable[Admission]], guard: GuardContext
-    ) -> Admission:
-        """Before v6: ask until admitted, every `admission_poll_s`."""
-        req = self._state.request
-        told = False
-        while True:
-            adm: Admission = await workflow.execute_activity(
-                act,
-                AdmitCall(guard=guard, node=req.node, incident_id=req.incident_id),
-                start_to_close_timeout=self._slurm_timeout(),
-                heartbeat_timeout=HEARTBEAT,
-                retry_policy=STEP_RETRY,
-            )
-            if adm.admitted:
-                self._state.waiting_for = None
-                return adm
-            self._state.waiting_for = Waiting(
-                kind="admission", step=what, detail=adm.reason, since=workflow.now()
-            )
-            self._publish()
-            if not told:
-                await self._notify("held", f"{what} of {req.node} held: {adm.reason}", "warning")
-                told = True
-            await workflow.sleep(timedelta(seconds=req.timeouts.admission_poll_s))
-
     def _told(self, ticket: int) -> Callable[[], bool]:
         return lambda: ticket in self._guard_tickets
 
@@ -223,7 +189,7 @@ class GuardSteps(Timeline):
                         node=req.node,
                         incident_id=req.incident_id,
                         back_in_service=back_in_service,
-                        slot_only=slot_only and self._v6,
+                        slot_only=slot_only,
                     ),
                 ),
                 start_to_close_timeout=self._slurm_timeout(),
@@ -238,8 +204,8 @@ class GuardSteps(Timeline):
         return True
 
     def _cancelling(self, err: BaseException) -> bool:
-        """Is `err` this incident's cancellation (v6 closes it `cancelled`)?"""
-        return self._v6 and self._state.status == "open" and is_cancelled_exception(err)
+        """Is `err` this incident's cancellation (closed `cancelled`)?"""
+        return self._state.status == "open" and is_cancelled_exception(err)
 
     async def _close_cancelled(self) -> None:
         """Cancelled (e.g. from the Temporal UI): give back the guard's slot or queue place,

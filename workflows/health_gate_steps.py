@@ -1,4 +1,4 @@
-"""The health gate that proves the hardware (runbook v5): Slurm's side and the agent's.
+"""The health gate that proves the hardware: Slurm's side and the agent's.
 
 After a repair the node passes only when slurmd registered again and answers with all its
 GPUs (the `health_gate` activity) AND the node's own agent has sent a snapshot observed
@@ -30,8 +30,6 @@ with workflow.unsafe.imports_passed_through():
 
 from autoclusters.workflows.timeline import HEARTBEAT, STEP_RETRY, Timeline
 
-# Incidents started before this patch keep the Slurm-only gate.
-RUNBOOK_V5_AGENT_GATE = "runbook-v5-agent-health-gate"
 KEEP_SNAPSHOTS = 30  # the latest ones; older ones cannot be fresh for a gate still to come
 KEEP_BOOTS = 20
 
@@ -74,22 +72,6 @@ class HealthGateSteps(Timeline):
     # --- the gate ------------------------------------------------------------------------
 
     async def _health_gate(self, done: RepairResult) -> HealthReport:
-        if not workflow.patched(RUNBOOK_V5_AGENT_GATE):
-            node = self._state.request.node
-            return await self._step(
-                "health_gate",
-                lambda: workflow.execute_activity(
-                    contracts.health_gate,
-                    HealthGateInput(node=node),
-                    start_to_close_timeout=timedelta(minutes=2),
-                    heartbeat_timeout=HEARTBEAT,
-                    retry_policy=STEP_RETRY,
-                ),
-                detail=lambda r: "passed" if r.passed else f"FAILED: {r.failures()}",
-            )
-        return await self._proven_health_gate(done)
-
-    async def _proven_health_gate(self, done: RepairResult) -> HealthReport:
         s = self._state
         node = s.request.node
 

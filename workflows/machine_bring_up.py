@@ -14,8 +14,7 @@ Both workflows run this one copy. What differs between them is bookkeeping, left
 the progress each records, what a slot out of attempts raises, the node sets Slurm is told
 about, and what happens to a node between registering and its gate (a scale up drains it).
 A gate that could not run fails the node with a check naming why. Changing the commands
-issued here changes both workflows' histories: it needs a `workflow.patched` so running
-ones replay.
+issued here changes both workflows' histories (docs/versioning.md).
 """
 
 from __future__ import annotations
@@ -48,7 +47,7 @@ with workflow.unsafe.imports_passed_through():
     from autoclusters.core.cluster_spec import ClusterSpec, NodeSetSpec
     from autoclusters.core.models import HealthCheck, HealthReport
 
-from autoclusters.workflows.agent_gate import CLUSTER_AGENT_GATE, AgentGate
+from autoclusters.workflows.agent_gate import AgentGate
 from autoclusters.workflows.provider_calls import (
     CREATE_TIMEOUT,
     GATE_TIMEOUT,
@@ -274,7 +273,7 @@ class MachineBringUp(AgentGate):
             # Not fatal: the node failed its gate, and the check says why.
             return HealthReport(node=node, passed=False, checks=[_check("gate", str(cause_of(e)))])
         settings = self._bring_up_settings
-        if report.passed and settings.agent_gate and workflow.patched(CLUSTER_AGENT_GATE):
+        if report.passed and settings.agent_gate:
             since = self._booted_at.get(node, workflow.info().start_time)
             timeout = settings.agent_report_timeout_s
             checks = await self._agent_gate(node, since, gpus, timeout)

@@ -32,9 +32,6 @@ with workflow.unsafe.imports_passed_through():
 
 from autoclusters.workflows.timeline import HEARTBEAT, STEP_RETRY, Timeline
 
-# Incidents started before this patch repair without the check.
-RUNBOOK_V5_RECHECK = "runbook-v5-recheck-quarantine"
-
 
 @dataclass
 class Found:
@@ -67,8 +64,6 @@ class QuarantineCheck(Timeline):
 
     async def _recheck_quarantine(self) -> None:
         """Call right before a reboot or replacement (after every wait)."""
-        if not workflow.patched(RUNBOOK_V5_RECHECK):
-            return
         r = self._state.request
         found = await self._quarantine_now()
         if found.intact:

@@ -17,14 +17,9 @@ with workflow.unsafe.imports_passed_through():
 
 from autoclusters.workflows.timeline import HEARTBEAT, STEP_RETRY
 
-# Incidents started before this patch repair the VM named like the node when the repair runs.
-RUNBOOK_V5_RECORDED_VM = "runbook-v5-recorded-vm"
-
 
 async def with_recorded_vm(inp: RepairInput) -> RepairInput:
     """`inp` with the node's current VM and the time, recorded by `plan_repair`."""
-    if not workflow.patched(RUNBOOK_V5_RECORDED_VM):
-        return inp
     plan = await workflow.execute_activity(
         contracts.plan_repair,
         PlanRepairInput(node=inp.node, rung=inp.rung, key=inp.key),

@@ -58,28 +58,13 @@ with workflow.unsafe.imports_passed_through():
     from autoclusters.integrations import temporal
 
 from autoclusters.workflows.fault_intake import FaultIntake
-from autoclusters.workflows.guard_steps import RUNBOOK_V6_GUARD_QUEUE, GuardSteps
+from autoclusters.workflows.guard_steps import GuardSteps
 from autoclusters.workflows.health_gate_steps import HealthGateSteps
 from autoclusters.workflows.kubernetes_steps import KubernetesSteps
 from autoclusters.workflows.quarantine_check import QuarantineCheck
 from autoclusters.workflows.recorded_vm import with_recorded_vm
-from autoclusters.workflows.runbook_v1 import run_v1
 from autoclusters.workflows.spare_steps import SpareSteps
 from autoclusters.workflows.timeline import HEARTBEAT, STEP_RETRY, cause_of
-
-# Incidents started before this patch run the first runbook to the end.
-RUNBOOK_V2 = "runbook-v2-policy-ladder"
-# Kubernetes (Slinky) steps: cordon/taint/evict, new machine Ready, uncordon.
-RUNBOOK_V3_K8S = "runbook-v3-kubernetes"
-# Hot spares: a replacement takes a spare into service at once.
-RUNBOOK_V4_SPARES = "runbook-v4-hot-spares"
-# A node drained by a scale or teardown (cluster-ops) is theirs: the incident leaves it.
-RUNBOOK_V7_OPS_OWNER = "runbook-v7-cluster-ops-owner"
-# A node lent to inference (or moving) is taken from the cluster's GpuRebalance first.
-RUNBOOK_V8_SHARING_YIELD = "runbook-v8-sharing-yield"
-# The closing words ("left drained", "returned") are read back from Slurm, and a drain the
-# controller lost is applied again before the incident closes.
-RUNBOOK_V9_CLOSE_READ_BACK = "runbook-v9-close-read-back"
 
 
 class Rejected(Exception):
@@ -112,7 +97,7 @@ class NodeRemediation(
         self._recent = 0  # earlier incidents on this node within the recurrence window
         self._repairing = False
         self._decision: ApprovalRecord | None = None
-        self._k8s = False  # decided once the run starts (behind a patch)
+        self._k8s = req.kubernetes
         self._report_keys: list[str] = []  # FaultIntake
         self._told_opened = False
         self._agent_snapshots: list[HealthSnapshot] = []  # HealthGateSteps
@@ -223,8 +208,6 @@ class NodeRemediation(
 
     @workflow.run
     async def run(self, req: IncidentRequest) -> IncidentState:
-        if not workflow.patched(RUNBOOK_V2):
-            return await run_v1(self, req)
         try:
             return await self._runbook(req)
         except BaseException as err:
@@ -235,8 +218,6 @@ class NodeRemediation(
     async def _runbook(self, req: IncidentRequest) -> IncidentState:
         s, p = self._state, self._policy
         s.mode = p.mode
-        self._k8s = req.kubernetes and workflow.patched(RUNBOOK_V3_K8S)
-        self._v6 = workflow.patched(RUNBOOK_V6_GUARD_QUEUE)
         guard = GuardContext(
             cluster=req.cluster, policy=p.guard, topology=p.topology, approvers=p.approvers
         )
@@ -310,9 +291,7 @@ class NodeRemediation(
         except Rejected as no:
             await self._release(guard, back_in_service=False)
             left = "left drained"
-            if (s.step("drain") or s.step("drain_held")) and workflow.patched(
-                RUNBOOK_V9_CLOSE_READ_BACK
-            ):
+            if s.step("drain") or s.step("drain_held"):
                 left = await self._left_drained()
             return await self._close("rejected", f"{no}; {req.node} {left}", "warning")
         except (ActivityError, ApplicationError, Unattended) as err:
@@ -322,8 +301,8 @@ class NodeRemediation(
             s.error = str(cause)
             await self._release(guard, back_in_service=False)
             drained = s.step("drain") or s.step("drain_held")
-            left = "left drained" if drained and drained.outcome == "ok" else "not drained"
-            if drained and drained.outcome == "ok" and workflow.patched(RUNBOOK_V9_CLOSE_READ_BACK):
+            left = "not drained"
+            if drained and drained.outcome == "ok":
                 left = await self._left_drained()
             await self._close(
                 "failed",
@@ -350,17 +329,9 @@ class NodeRemediation(
             ),
         )
         self._note_drain(drain)
-        if (
-            drain.already_drained
-            and is_ops_reason(drain.previous_reason)
-            and workflow.patched(RUNBOOK_V7_OPS_OWNER)
-        ):
+        if drain.already_drained and is_ops_reason(drain.previous_reason):
             raise Rejected(f"{req.node} is owned by {drain.previous_reason!r} (scale/teardown)")
-        if (
-            drain.already_drained
-            and is_sharing_reason(drain.previous_reason)
-            and workflow.patched(RUNBOOK_V8_SHARING_YIELD)
-        ):
+        if drain.already_drained and is_sharing_reason(drain.previous_reason):
             # Lent to inference or moving: the rebalancer lets the node go once its move's
             # current step is done; the move stops there and the runbook goes on.
             await self._step(
@@ -433,12 +404,7 @@ class NodeRemediation(
                 approved = await self._approval(rung)
                 continue
             await self._admitted("repair", contracts.guard_admit_repair, guard)
-            if (
-                rung == Rung.REPLACE
-                and p.guard.spares
-                and s.spare_node is None
-                and workflow.patched(RUNBOOK_V4_SPARES)
-            ):
+            if rung == Rung.REPLACE and p.guard.spares and s.spare_node is None:
                 s.spare_node = await self._spare_into_service(guard)
             if s.rung != rung.value:
                 # Raised while the repair was held: give the slot back, repair the new rung.

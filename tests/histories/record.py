@@ -1,110 +1,355 @@
-"""Record NodeRemediation histories for the replay test.
+"""Record NodeRemediation and FleetGuard histories for the replay test (tests/test_replay.py).
 
-Run once per released workflow version, *before* changing the workflow:
-    .venv/bin/python -m tests.histories.record v2 [case ...]
-It runs incidents on the time-skipping server against the in-memory cluster and writes
-remediation_<version>_<case>.json beside this file.
+Run for each release, with the released code (docs/versioning.md):
+    .venv/bin/python scripts/record-histories.py 0.1            # every workflow type
+    .venv/bin/python -m tests.histories.record 0.1 [case ...]   # these two only
+It runs incidents on the time-skipping server against the in-memory Slurm, cloud and health
+gate of the workflow tests (tests/test_remediation_workflow.py's harness) and writes
+remediation_<release>_<case>.json and fleet_guard_<release>_<case>.json beside this file.
 """
 
 from __future__ import annotations
 
 import asyncio
 import sys
-import uuid
-from datetime import UTC, datetime, timedelta
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
-from autoclusters.models import (
-    SPARE_REASON,
-    ApprovalRequest,
-    IncidentRequest,
-    IncidentState,
-    workflow_id,
-)
-from autoclusters.policy import FaultRule, Policy, Rung
-from temporalio.client import WorkflowFailureError, WorkflowHandle
+from temporalio import activity
+from temporalio.client import WorkflowFailureError, WorkflowHistory
+from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from activities.guard import GuardActivities
-from tests.fakes import FakeCloud, FakeHealth, FakeSlurm
+from autoclusters.core.guard import (
+    AdmitRequest,
+    GuardInput,
+    IncidentOpened,
+    ReleaseRequest,
+    guard_workflow_id,
+)
+from autoclusters.core.guard_batch import GuardBatch, GuardCall
+from autoclusters.core.kubernetes import (
+    CordonNodeInput,
+    CordonNodeResult,
+    EvictPodsInput,
+    EvictPodsResult,
+    NodeIdentity,
+    NodeIdentityInput,
+    SetNodeConditionInput,
+    SetNodeConditionResult,
+    UncordonNodeInput,
+    UncordonNodeResult,
+    WaitNewNodeInput,
+)
+from autoclusters.core.models import RETURNED_JOBS_STEP, SPARE_REASON, ApprovalRequest
+from autoclusters.core.policy import GuardPolicy, Rung, StepPolicy
+from autoclusters.workflows.fleet_guard import FleetGuard
+from autoclusters.workflows.remediation import NodeRemediation
+from tests.fakes import FakeCloud
 from tests.helpers import time_skipping_env
-from workers.remediation import WORKFLOWS, activities_for
-from workflows.remediation import NodeRemediation
-
-HERE = Path(__file__).resolve().parent
-POLICY = Policy(
-    approvers=["alice"],
-    faults={"XID_79": FaultRule(severity="critical", first_rung=Rung.REBOOT)},
+from tests.test_remediation_workflow import (
+    Fleet,
+    Incident,
+    _fleet,
+    _policy,
+    _until,
+    _waiting,
 )
 
+HERE = Path(__file__).resolve().parent
+# Long enough that only a job's end, never the idle timeout, ends wait_idle.
+PATIENT = {r: StepPolicy(idle_timeout_s=3600) for r in (Rung.RESET_GPU, Rung.REBOOT, Rung.REPLACE)}
 
-async def _approve_when_asked(handle: WorkflowHandle[NodeRemediation, IncidentState]) -> None:
-    while True:
-        state = await handle.query(NodeRemediation.status)
-        if state.waiting_for and state.waiting_for.kind == "approval":
-            await handle.execute_update(
-                NodeRemediation.approve,
-                ApprovalRequest(step=state.waiting_for.step or "", approver="alice"),
+
+@dataclass
+class FakeKubernetes:
+    """The Slinky side of the runbook, in memory: a Node that is cordoned, marked, emptied,
+    replaced by a new machine (a new providerID) and uncordoned."""
+
+    cordoned: bool = False
+    machine: int = 1
+    calls: list[str] = field(default_factory=list)
+
+    def _identity(self, node: str) -> NodeIdentity:
+        return NodeIdentity(
+            node=node,
+            uid=f"uid-{self.machine}",
+            provider_id=f"crusoe://vm-{self.machine}",
+            boot_id=f"boot-{self.machine}",
+            instance_id="",
+            ready=True,
+            unschedulable=self.cordoned,
+        )
+
+    def activities(self) -> list[Callable[..., Any]]:
+        @activity.defn(name="k8s_cordon")
+        async def cordon(inp: CordonNodeInput) -> CordonNodeResult:
+            self.calls.append(f"cordon {inp.phase}")
+            changed, self.cordoned = not self.cordoned, True
+            return CordonNodeResult(cordoned=True, changed=changed)
+
+        @activity.defn(name="k8s_uncordon")
+        async def uncordon(inp: UncordonNodeInput) -> UncordonNodeResult:
+            self.calls.append("uncordon")
+            self.cordoned = False
+            return UncordonNodeResult(uncordoned=True, changed=True, detail="uncordoned")
+
+        @activity.defn(name="k8s_evict_pods")
+        async def evict(inp: EvictPodsInput) -> EvictPodsResult:
+            self.calls.append("evict")
+            return EvictPodsResult(evicted=["inference/llm-0"], skipped={"slurm/slurmd": "ds"})
+
+        @activity.defn(name="k8s_wait_new_node_ready")
+        async def wait_ready(inp: WaitNewNodeInput) -> NodeIdentity:
+            self.calls.append("wait_ready")
+            self.machine += 1
+            self.cordoned = False  # a new machine registers as a fresh Node
+            return self._identity(inp.node)
+
+        @activity.defn(name="k8s_set_condition")
+        async def condition(inp: SetNodeConditionInput) -> SetNodeConditionResult:
+            self.calls.append(f"condition {inp.unhealthy}")
+            return SetNodeConditionResult(changed=True, status=str(inp.unhealthy))
+
+        @activity.defn(name="k8s_node_identity")
+        async def identity(inp: NodeIdentityInput) -> NodeIdentity:
+            return self._identity(inp.node)
+
+        return [cordon, uncordon, evict, wait_ready, condition, identity]
+
+
+async def _result(handle: Incident) -> None:
+    try:
+        await handle.result()
+    except WorkflowFailureError:
+        pass  # a failed incident is a case too
+
+
+async def _ask(handle: Incident, step: str, *, reject: bool = False) -> None:
+    await _until(handle, _waiting("approval", step), f"the approval of {step}")
+    update = NodeRemediation.reject if reject else NodeRemediation.approve
+    await handle.execute_update(update, ApprovalRequest(step=step, approver="alice"))
+
+
+# --- the cases: each runs one incident on a fresh fake cluster and returns its handle ---------
+
+
+async def reboot_resolved(f: Fleet) -> Incident:
+    handle = await f.start(f.request())  # XID_79: reboot, which the health gate passes
+    await _result(handle)
+    return handle
+
+
+async def reset_gpu_resolved(f: Fleet) -> Incident:
+    handle = await f.start(f.request(fault="XID_46"))  # XID_46: a GPU reset
+    await _result(handle)
+    return handle
+
+
+async def replace_escalated(f: Fleet) -> Incident:
+    # The reboot does not pass the gate (FakeHealth fixed by a replacement): one rung up.
+    handle = await f.start(f.request())
+    await _result(handle)
+    return handle
+
+
+async def repair_failed(f: Fleet) -> Incident:
+    handle = await f.start(f.request())
+    await _result(handle)
+    return handle
+
+
+async def approved(f: Fleet) -> Incident:
+    handle = await f.start(f.request(policy=_policy(mode="approve")))
+    await _ask(handle, "reboot")
+    await _result(handle)
+    return handle
+
+
+async def rejected(f: Fleet) -> Incident:
+    handle = await f.start(f.request(policy=_policy(mode="approve")))
+    await _ask(handle, "reboot", reject=True)
+    await _result(handle)
+    return handle
+
+
+async def hot_spare(f: Fleet) -> Incident:
+    await f.slurm.drain("gpu-04", SPARE_REASON)
+    spares = GuardPolicy(min_in_service_fraction=0.5, breaker_threshold=10, spares=["gpu-04"])
+    handle = await f.start(f.request(fault="XID_61", policy=_policy(guard=spares)))
+    await _result(handle)
+    return handle
+
+
+async def kubernetes(f: Fleet) -> Incident:
+    req = f.request(fault="XID_61").model_copy(update={"kubernetes": True})  # a replacement
+    handle = await f.start(req)
+    await _result(handle)
+    return handle
+
+
+async def quarantine_recheck(f: Fleet) -> Incident:
+    """The node is resumed and filled again while the incident waits for approval: it is
+    quarantined again before the repair."""
+    steps = {**PATIENT, Rung.REBOOT: StepPolicy(idle_timeout_s=60)}
+    handle = await f.start(f.request(policy=_policy(mode="approve", steps=steps)))
+    await _until(handle, _waiting("approval", "reboot"), "the approval wait")
+    f.slurm.admin_resume("gpu-01")
+    f.slurm.add_job(201, nodes="gpu-01")
+    f.slurm.add_job(202, nodes="gpu-01", requeue=False)
+    await handle.execute_update(
+        NodeRemediation.approve, ApprovalRequest(step="reboot", approver="alice")
+    )
+    await _until(handle, lambda s: s.step("requarantine") is not None, "the requarantine")
+    f.slurm.finish_job(202)
+    await _result(handle)
+    return handle
+
+
+async def returned_jobs(f: Fleet) -> Incident:
+    """A requeued job is back on the node (its drain lost during the approval wait): a
+    human decides to cancel it; never a second requeue."""
+    handle = await f.start(f.request(policy=_policy(mode="approve", steps=PATIENT)))
+    await _until(handle, _waiting("approval", "reboot"), "the approval wait")
+    f.slurm.admin_resume("gpu-01")
+    f.slurm.run_again(101, nodes="gpu-01")
+    await handle.execute_update(
+        NodeRemediation.approve, ApprovalRequest(step="reboot", approver="alice")
+    )
+    await _ask(handle, RETURNED_JOBS_STEP)
+    await _result(handle)
+    return handle
+
+
+async def slurm_outage(f: Fleet) -> Incident:
+    """slurmctld away for a minute while the incident waits for a job that cannot be
+    requeued: waited out, then the runbook goes on."""
+    f.slurm.add_job(105, nodes="gpu-01", requeue=False)
+    handle = await f.start(f.request(policy=_policy(steps=PATIENT, outage_notify_after_s=30)))
+    await _until(handle, lambda s: s.current_step == "wait_idle", "wait_idle")
+    f.slurm.down = True
+    await f.env.sleep(65)
+    await _until(handle, lambda s: "unreachable" in (s.step("wait_idle") or _NO).detail, "outage")
+    f.slurm.down = False
+    f.slurm.finish_job(105)
+    await _result(handle)
+    return handle
+
+
+async def held_then_admitted(f: Fleet) -> Incident:
+    """A second incident's quarantine is held by the guard (one node out at a time), queued,
+    and admitted by the guard's signal once the first node is back."""
+    guard = GuardPolicy(min_in_service_fraction=0.75)
+    first = await f.start(f.request("gpu-01", policy=_policy(guard=guard)))
+    await asyncio.wait_for(f.cloud.started.wait(), timeout=30)
+    second = await f.start(f.request("gpu-02", policy=_policy(guard=guard)))
+    await _until(second, _waiting("admission", "quarantine"), "the held quarantine")
+    f.cloud.release.set()
+    await _result(first)
+    await _result(second)
+    return second
+
+
+class _No:
+    detail = ""
+
+
+_NO = _No()
+
+
+@dataclass(frozen=True)
+class Case:
+    run: Callable[[Fleet], Awaitable[Incident]]
+    fleet: dict[str, Any] = field(default_factory=dict)
+    kubernetes: bool = False
+    guard: bool = False  # record the cluster's FleetGuard too
+
+
+CASES = {
+    "reboot_resolved": Case(reboot_resolved),
+    "reset_gpu_resolved": Case(reset_gpu_resolved),
+    "replace_escalated": Case(replace_escalated, {"fixed_by": Rung.REPLACE}),
+    "repair_failed": Case(repair_failed, {"cloud": lambda s: FakeCloud(s, fail=True)}),
+    "approved": Case(approved),
+    "rejected": Case(rejected),
+    "hot_spare": Case(hot_spare, {"nodes": 4}, guard=True),
+    "kubernetes": Case(kubernetes, kubernetes=True),
+    "quarantine_recheck": Case(quarantine_recheck),
+    "returned_jobs": Case(returned_jobs),
+    "slurm_outage": Case(slurm_outage),
+    "held_then_admitted": Case(
+        held_then_admitted, {"nodes": 4, "cloud": lambda s: FakeCloud(s, hold=True)}, guard=True
+    ),
+}
+
+
+def _write(name: str, history: WorkflowHistory) -> None:
+    out = HERE / f"{name}.json"
+    out.write_text(history.to_json())
+    print(f"wrote {out} ({len(history.events)} events)")
+
+
+async def _record_case(env: WorkflowEnvironment, release: str, name: str, case: Case) -> None:
+    k8s = FakeKubernetes()
+    extra = k8s.activities() if case.kubernetes else []
+    async with _fleet(env, extra_activities=extra, **case.fleet) as f:
+        handle = await case.run(f)
+        _write(f"remediation_{release}_{name}", await handle.fetch_history())
+        if case.guard:
+            await f.guard.terminate(reason="recorded")
+            _write(f"fleet_guard_{release}_{name}", await f.guard.fetch_history())
+
+
+async def _record_batch(env: WorkflowEnvironment, release: str) -> None:
+    """A guard taking three batches: registrations, admissions with a queue, a release."""
+    cluster = "history-batch"
+    handle = await env.client.start_workflow(
+        FleetGuard.run,
+        GuardInput(cluster=cluster, policy=GuardPolicy(max_concurrent_repairs=1)),
+        id=guard_workflow_id(cluster),
+        task_queue=f"tq-{release}-batch",
+        execution_timeout=timedelta(days=1),
+    )
+    nodes = ["gpu-01", "gpu-02", "gpu-03"]
+    async with Worker(env.client, task_queue=f"tq-{release}-batch", workflows=[FleetGuard]):
+        opened = [
+            GuardCall(
+                update="register",
+                opened=IncidentOpened(node=n, incident_id=f"INC-{n}", fault="XID_79"),
             )
-            return
-        await asyncio.sleep(0.05)
+            for n in nodes
+        ]
+        await handle.execute_update(FleetGuard.batch, GuardBatch(calls=opened))
+        admits = [
+            GuardCall(
+                update=kind,
+                admit=AdmitRequest(node=n, incident_id=f"INC-{n}", cluster_nodes=8),
+            )
+            for kind in ("admit_quarantine", "admit_repair")
+            for n in nodes
+        ]
+        await handle.execute_update(FleetGuard.batch, GuardBatch(calls=admits))
+        release_one = GuardCall(
+            update="release",
+            release=ReleaseRequest(node="gpu-01", incident_id="INC-gpu-01", back_in_service=True),
+        )
+        await handle.execute_update(FleetGuard.batch, GuardBatch(calls=[release_one]))
+        await handle.terminate(reason="recorded")
+        _write(f"fleet_guard_{release}_batch", await handle.fetch_history())
 
 
-async def record(version: str) -> None:
+async def record(release: str, only: set[str]) -> None:
     env = await time_skipping_env()
     async with env:
-        cases = {
-            "resolved": ("auto", Rung.REBOOT, False),
-            "escalated": ("auto", Rung.REPLACE, False),
-            "approved": ("approve", Rung.REBOOT, False),
-            "repair_failed": ("auto", Rung.REBOOT, True),
-            "hot_spare": ("auto", Rung.REPLACE, False),
-        }
-        only = set(sys.argv[2:]) or set(cases)
-        for case, (mode, fixed_by, fail) in cases.items():
-            if case not in only:
-                continue
-            slurm = FakeSlurm()
-            for name in ("gpu-01", "gpu-02", "gpu-03", "gpu-04"):
-                slurm.add_node(name)
-            slurm.add_job(101, nodes="gpu-[01-02]")
-            policy = POLICY.model_copy(update={"mode": mode})
-            if case == "hot_spare":
-                await slurm.drain("gpu-04", SPARE_REASON)
-                spares = policy.guard.model_copy(update={"spares": ["gpu-04"]})
-                policy = policy.model_copy(update={"guard": spares})
-            cloud = FakeCloud(slurm, fail=fail)
-            cluster = f"history-{case}"
-            req = IncidentRequest(
-                incident_id=f"INC-{case}",
-                cluster=cluster,
-                node="gpu-01",
-                fault="XID_79",
-                opened_at=datetime(2026, 11, 29, 12, 0, tzinfo=UTC),
-                policy=policy,
-            )
-            tq = f"tq-{uuid.uuid4()}"
-            guard = GuardActivities(env.client, slurm, tq, execution_timeout=timedelta(days=1))
-            async with Worker(
-                env.client, task_queue=tq, workflows=WORKFLOWS,
-                activities=activities_for(slurm, cloud, FakeHealth(cloud, fixed_by), guard),
-            ):  # fmt: skip
-                handle = await env.client.start_workflow(
-                    NodeRemediation.run, req, id=workflow_id(req.cluster, req.node),
-                    task_queue=tq, execution_timeout=timedelta(days=1),
-                )  # fmt: skip
-                if mode == "approve":
-                    await _approve_when_asked(handle)
-                try:
-                    await handle.result()
-                except WorkflowFailureError:
-                    pass
-                history = await handle.fetch_history()
-                await env.client.get_workflow_handle(f"fleet-guard-{cluster}").terminate()
-            out = HERE / f"remediation_{version}_{case}.json"
-            out.write_text(history.to_json())
-            print(f"wrote {out}")
+        for name, case in CASES.items():
+            if not only or name in only:
+                await _record_case(env, release, name, case)
+        if not only or "batch" in only:
+            await _record_batch(env, release)
 
 
 if __name__ == "__main__":
-    asyncio.run(record(sys.argv[1]))
+    asyncio.run(record(sys.argv[1], set(sys.argv[2:])))

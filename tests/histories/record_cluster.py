@@ -1,7 +1,8 @@
-"""Record ClusterProvisioning histories for the replay test (tests/test_cluster_replay.py).
+"""Record ClusterProvisioning histories for the replay test (tests/test_replay.py).
 
-Run once per released workflow version, *before* changing the workflow:
-    .venv/bin/python -m tests.histories.record_cluster v1 [case ...]
+Run for each release, with the released code (docs/versioning.md):
+    .venv/bin/python scripts/record-histories.py 0.1
+    .venv/bin/python -m tests.histories.record_cluster 0.1 [case ...]
 It provisions clusters on the time-skipping server against the in-memory provider
 (tests/fake_provider.py) and writes cluster_provisioning_<version>_<case>.json beside this file.
 """
@@ -51,7 +52,7 @@ CASES = {
     ),
     # A quota refusal on the fourth machine: everything created is deleted.
     "quota_cleanup": lambda: FakeProvider(machines_allowed=3),
-    # v2 (cluster-v2-agent-health-gate): every gate also waits for the node's agent; the
+    # Every gate also waits for the node's agent (agent_gate=True); the
     # first report from gpu-02 shows an XID, so its machine is replaced.
     "agent_gate": lambda: FakeProvider(),
 }

@@ -1,8 +1,9 @@
 """Record ScaleNodeSet and ClusterTeardown histories for the replay test
-(tests/test_cluster_replay.py).
+(tests/test_replay.py).
 
-Run once per released workflow version, *before* changing the workflows:
-    .venv/bin/python -m tests.histories.record_cluster_ops v1 [case ...]
+Run for each release, with the released code (docs/versioning.md):
+    .venv/bin/python scripts/record-histories.py 0.1
+    .venv/bin/python -m tests.histories.record_cluster_ops 0.1 [case ...]
 It runs them on the time-skipping server against the in-memory provider and Slurm
 (tests/fake_ops.py) and writes cluster_ops_<version>_<case>.json beside this file.
 """
@@ -54,7 +55,8 @@ CASES: dict[str, tuple[dict[str, Any], Callable[[FakeSlurm], None], Any, Callabl
         {"boot_failures": {"gpu-05": 1}},
         lambda slurm: None,
         ScaleNodeSet.run,
-        lambda spec, ref: ScaleNodeSetInput(spec=spec, node_set="gpu", count=6),
+        # The agents' side of the gate is in cluster_provisioning's agent_gate case.
+        lambda spec, ref: ScaleNodeSetInput(spec=spec, node_set="gpu", count=6, agent_gate=False),
     ),
     # Down by one: the least busy node's job is requeued, then its machine deleted.
     "scale_down_requeue": (

@@ -1,7 +1,8 @@
-"""Record GpuRebalance histories for the replay test (tests/test_cluster_replay.py).
+"""Record GpuRebalance histories for the replay test (tests/test_replay.py).
 
-Run once per released workflow version, *before* changing the workflow:
-    .venv/bin/python -m tests.histories.record_share v1
+Run for each release, with the released code (docs/versioning.md):
+    .venv/bin/python scripts/record-histories.py 0.1
+    .venv/bin/python -m tests.histories.record_share 0.1 [case ...]
 It runs the rebalancer on the time-skipping server against the in-memory world of
 tests/fake_share.py: a sustained breach lends a node (its job checkpointed and requeued), a
 calm spell returns it (gate, resume, regrow); a manual move and a rejected approval follow.
@@ -109,4 +110,4 @@ async def record(version: str) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(record(sys.argv[1] if len(sys.argv) > 1 else "v1"))
+    asyncio.run(record(sys.argv[1]))
