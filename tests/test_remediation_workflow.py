@@ -72,7 +72,7 @@ from autoclusters.workers.remediation import WORKFLOWS, activities_for
 from autoclusters.workflows.fleet_guard import FleetGuard
 from autoclusters.workflows.guard_steps import held_drain_reason
 from autoclusters.workflows.remediation import NodeRemediation
-from autoclusters.workflows.timeline import STEP_RETRY as RETRY
+from autoclusters.workflows.steps import STEP_RETRY as RETRY
 from tests.fakes import FakeCloud, FakeHealth, FakeSlurm, RecordingNotifier
 
 # Virtual time under the test server: a workflow stuck on a bug fails instead of hanging.
@@ -1421,3 +1421,31 @@ async def test_the_planned_vm_reaches_the_repair_input(env: WorkflowEnvironment)
     repair = scheduled[names.index("repair_node")]
     inp = json.loads(repair.input.payloads[0].data)
     assert (inp["vm_id"], inp["key"]) == (planned, key) and inp["planned_at"] > 0
+
+
+async def test_every_activity_of_an_incident_has_a_summary_naming_the_node(
+    env: WorkflowEnvironment,
+) -> None:
+    """The Temporal UI shows each activity's summary: an incident that escalates from a
+    reboot to a replacement names its node (and the VM it replaces) on every one."""
+    async with _fleet(env, fixed_by=Rung.REPLACE) as f:
+        req = f.request()
+        handle = await f.start(req)
+        result = await handle.result()
+        history = await handle.fetch_history()
+
+    assert result.status == "resolved" and result.repair_attempts == 2
+    scheduled = [
+        e for e in history.events if e.HasField("activity_task_scheduled_event_attributes")
+    ]
+    summaries = []
+    for e in scheduled:
+        name = e.activity_task_scheduled_event_attributes.activity_type.name
+        assert e.user_metadata.HasField("summary"), f"{name} has no summary"
+        text = json.loads(e.user_metadata.summary.data)
+        assert "gpu-01" in text, (name, text)
+        summaries.append(text)
+    assert "drain gpu-01 (XID_79)" in summaries
+    assert "reboot gpu-01 (XID_79)" in summaries
+    assert any(s.startswith("replace VM ") and s.endswith(" of gpu-01 (XID_79)") for s in summaries)
+    assert "requeue the jobs on gpu-01" in summaries

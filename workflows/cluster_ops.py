@@ -27,7 +27,6 @@ runbook leaves alone a node drained under an operation's reason (`is_ops_reason`
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from typing import TypeVar
 
@@ -62,7 +61,6 @@ with workflow.unsafe.imports_passed_through():
         RequeueResult,
         ReturnInput,
         ReturnResult,
-        StepRecord,
         WaitIdleInput,
         WaitIdleResult,
         drain_reason,
@@ -70,14 +68,13 @@ with workflow.unsafe.imports_passed_through():
     from autoclusters.core.sharing import is_sharing_reason
 
 from autoclusters.workflows.machine_bring_up import MachineBringUp
-from autoclusters.workflows.outage import ride_out, shown_on
 from autoclusters.workflows.provider_calls import (
     CREATE_TIMEOUT,
     PROVIDER_RETRY,
     SLURM_TIMEOUT,
     fatal_refusal,
 )
-from autoclusters.workflows.timeline import HEARTBEAT, RETRY, cause_of
+from autoclusters.workflows.steps import HEARTBEAT, RETRY, Defaults, OnState, Steps, cause_of
 
 T = TypeVar("T")
 
@@ -91,36 +88,19 @@ class _Ops:
     _state: OpsState
     _ref: ClusterRef
 
-    async def _step(
-        self,
-        name: str,
-        run: Callable[[], Awaitable[T]],
-        detail: Callable[[T], str] | None = None,
-    ) -> T:
-        rec = StepRecord(name=name, started_at=workflow.now())
-        self._state.steps.append(rec)
-        self._state.current_step = name
-        try:
-            out = await ride_out(name, run, on_outage=shown_on(rec))
-        except GeneratorExit:
-            raise
-        except BaseException as e:
-            rec.outcome, rec.finished_at, rec.detail = "failed", workflow.now(), str(cause_of(e))
-            raise
-        rec.outcome, rec.finished_at = "ok", workflow.now()
-        rec.detail = detail(out) if detail else ""
-        return out
+    _steps: Steps
 
     async def _not_provisioning(self) -> None:
         """A cluster still being provisioned belongs to its provisioning: refused."""
         wf_id = provisioning_workflow_id(self._ref.name)
-        running: bool = await self._step(
+        running: bool = await self._steps.step(
             "check_provisioning",
             lambda: workflow.execute_activity(
                 contracts.cluster_workflow_running,
                 WorkflowProbe(workflow_id=wf_id),
                 start_to_close_timeout=SLURM_STEP,
                 retry_policy=RETRY,
+                summary=f"is {wf_id} still running",
             ),
             lambda r: f"{wf_id} running" if r else "",
         )
@@ -133,7 +113,7 @@ class _Ops:
             )
 
     async def _inventory(self) -> Inventory:
-        return await self._step(
+        return await self._steps.step(
             "inventory",
             lambda: workflow.execute_activity(
                 contracts.cluster_inventory,
@@ -141,6 +121,7 @@ class _Ops:
                 start_to_close_timeout=SLURM_TIMEOUT,
                 heartbeat_timeout=HEARTBEAT,
                 retry_policy=PROVIDER_RETRY,
+                summary=f"list what cluster {self._ref.name} has",
             ),
             lambda inv: f"{len(inv.resources)} resources, {len(inv.machines)} machines",
         )
@@ -152,6 +133,7 @@ class _Ops:
             start_to_close_timeout=SLURM_STEP,
             heartbeat_timeout=HEARTBEAT,
             retry_policy=RETRY,
+            summary=f"read the jobs on {', '.join(nodes)}",
         )
         return {ld.node: ld for ld in loads}
 
@@ -223,6 +205,7 @@ class ScaleNodeSet(_Ops, MachineBringUp):
         self._inp = inp
         self._ref = ClusterRef(name=spec.name, provider=spec.provider, location=spec.location)
         self._state = OpsState(cluster=spec.name)
+        self._steps = Steps(OnState(self._state), Defaults(SLURM_STEP, RETRY), keep_last=True)
         self._growing: NodeSetSpec | None = None  # a scale up's node set, at its new count
         self._init_bring_up(inp, inp.agent_report_timeout_s)
 
@@ -262,18 +245,18 @@ class ScaleNodeSet(_Ops, MachineBringUp):
 
     async def _scale_up(self, node_set: NodeSetSpec, new: list[str]) -> None:
         self._growing = node_set
-        await self._step(
+        await self._steps.step(
             "boot_machines",
             lambda: self._all(self._bring_up(n) for n in new),
             lambda _: ", ".join(new),
         )
         # The new nodes register drained under this operation's reason until returned.
         why = drain_reason(self._state.key, "SCALE_UP")
-        await self._step(
+        await self._steps.step(
             "register_and_gate", lambda: self._register_and_gate(new, {n: why for n in new})
         )
         for node in new:
-            back: ReturnResult = await self._step(
+            back: ReturnResult = await self._steps.step(
                 f"return_to_service {node}",
                 lambda node=node: workflow.execute_activity(  # type: ignore[misc]
                     contracts.return_to_service,
@@ -281,6 +264,7 @@ class ScaleNodeSet(_Ops, MachineBringUp):
                     start_to_close_timeout=SLURM_STEP,
                     heartbeat_timeout=HEARTBEAT,
                     retry_policy=RETRY,
+                    summary=f"return {node} to service",
                 ),
                 lambda r: r.state_after,
             )
@@ -316,14 +300,14 @@ class ScaleNodeSet(_Ops, MachineBringUp):
     # --- down -------------------------------------------------------------------------------
 
     async def _scale_down(self, mine: list[str], remove: int) -> None:
-        victims = await self._step(
+        victims = await self._steps.step(
             "choose_nodes", lambda: self._choose(mine, remove), lambda v: ", ".join(v)
         )
-        await self._step(
+        await self._steps.step(
             "remove_nodes", lambda: self._all(self._remove(n) for n in victims), lambda _: ""
         )
         # Slurm forgets the removed nodes.
-        await self._step("configure_slurm", self._configure_slurm)
+        await self._steps.step("configure_slurm", self._configure_slurm)
 
     async def _choose(self, mine: list[str], remove: int) -> list[str]:
         """Idle nodes first, then the least busy (fewest jobs), the newest first among equals;
@@ -379,6 +363,7 @@ class ClusterTeardown(_Ops):
         self._inp = inp
         self._ref = inp.cluster
         self._state = OpsState(cluster=inp.cluster.name)
+        self._steps = Steps(OnState(self._state), Defaults(SLURM_STEP, RETRY), keep_last=True)
 
     @workflow.query
     def status(self) -> OpsState:
@@ -393,19 +378,19 @@ class ClusterTeardown(_Ops):
             inv = await self._inventory()
             nodes = sorted(m.node for m in inv.machines)
             if nodes:
-                await self._step("wait_for_incidents", lambda: self._no_incidents(nodes))
+                await self._steps.step("wait_for_incidents", lambda: self._no_incidents(nodes))
                 known = await self._loads(nodes)
-                await self._step(
+                await self._steps.step(
                     "drain",
                     lambda: self._all_nodes(self._quiesce(n) for n in nodes if n in known),
                     lambda _: f"{len(known)} nodes",
                 )
             machines = [r for r in inv.resources if r.kind == "machine"]
-            await self._step(
+            await self._steps.step(
                 "delete_machines", lambda: self._all_nodes(self._delete(r) for r in machines)
             )
             for res in reversed([r for r in inv.resources if r.kind != "machine"]):
-                await self._step(f"delete_{res.kind}", lambda res=res: self._delete(res))  # type: ignore[misc]
+                await self._steps.step(f"delete_{res.kind}", lambda res=res: self._delete(res))  # type: ignore[misc]
         except (ActivityError, ApplicationError) as e:
             s.status, s.failure = "failed", str(cause_of(e))
             raise _failed(e) from None

@@ -28,7 +28,6 @@ update).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from typing import Any, TypeVar
 
@@ -54,19 +53,18 @@ with workflow.unsafe.imports_passed_through():
     )
     from autoclusters.core.cluster_spec import NodeSetSpec
     from autoclusters.core.guard import GuardContext, GuardStatus, guard_workflow_id
-    from autoclusters.core.models import HealthReport, StepRecord
+    from autoclusters.core.models import HealthReport
     from autoclusters.core.policy import NodeTopology
     from autoclusters.integrations import temporal
 
 from autoclusters.workflows.machine_bring_up import MachineBringUp
-from autoclusters.workflows.outage import ride_out, shown_on
 from autoclusters.workflows.provider_calls import (
     CREATE_TIMEOUT,
     PROVIDER_RETRY,
     SLURM_TIMEOUT,
     fatal_refusal,
 )
-from autoclusters.workflows.timeline import HEARTBEAT, cause_of
+from autoclusters.workflows.steps import HEARTBEAT, Defaults, OnState, Steps, cause_of
 
 T = TypeVar("T")
 
@@ -94,6 +92,12 @@ class ClusterProvisioning(MachineBringUp):
             node_sets={s.name: s.node_names() for s in spec.node_sets},
         )
         self._placements: dict[str, Placement] = {}
+        self._steps = Steps(
+            OnState(self._state),
+            Defaults(SLURM_TIMEOUT, PROVIDER_RETRY),
+            show=lambda _: self._show(),
+            keep_last=True,
+        )
         self._init_bring_up(inp, inp.policy.agent_report_timeout_s)
 
     @workflow.query
@@ -135,11 +139,13 @@ class ClusterProvisioning(MachineBringUp):
         await self._create("create_shared_home", contracts.cluster_create_shared_home, call)
         await self._create("create_login_nodes", contracts.cluster_create_login_nodes, call)
 
-        await self._step("boot_machines", self._boot_all, lambda _: self._state.progress_line())
-        await self._step(
+        await self._steps.step(
+            "boot_machines", self._boot_all, lambda _: self._state.progress_line()
+        )
+        await self._steps.step(
             "register_and_gate", lambda: self._register_and_gate(sorted(self._machines))
         )
-        results = await self._step("acceptance", self._acceptance)
+        results = await self._steps.step("acceptance", self._acceptance)
         failed = [r for r in results if not r.passed]
         if failed:
             raise ProvisioningFailed(
@@ -149,7 +155,7 @@ class ClusterProvisioning(MachineBringUp):
                 "AcceptanceFailed",
             )
         if spec.users:
-            added: UsersResult = await self._step(
+            added: UsersResult = await self._steps.step(
                 "add_users",
                 lambda: workflow.execute_activity(
                     contracts.cluster_add_users,
@@ -157,15 +163,16 @@ class ClusterProvisioning(MachineBringUp):
                     start_to_close_timeout=SLURM_TIMEOUT,
                     heartbeat_timeout=HEARTBEAT,
                     retry_policy=PROVIDER_RETRY,
+                    summary=f"add users {', '.join(u.name for u in spec.users)}",
                 ),
                 lambda r: ", ".join(r.added),
             )
             self._state.users = added.added
-        status: GuardStatus = await self._step("attach_policy", self._attach_policy)
+        status: GuardStatus = await self._steps.step("attach_policy", self._attach_policy)
         self._state.guard_workflow_id = guard_workflow_id(status.cluster)
 
     async def _create(self, step: str, activity: Any, call: ProviderCall) -> Resource:
-        res: Resource = await self._step(
+        res: Resource = await self._steps.step(
             step,
             lambda: workflow.execute_activity(
                 activity,
@@ -173,6 +180,7 @@ class ClusterProvisioning(MachineBringUp):
                 start_to_close_timeout=CREATE_TIMEOUT,
                 heartbeat_timeout=HEARTBEAT,
                 retry_policy=PROVIDER_RETRY,
+                summary=f"{step.replace('_', ' ')} of cluster {self._ref.name}",
             ),
             lambda r: f"{r.kind} {r.name} ({r.id})",
         )
@@ -280,6 +288,7 @@ class ClusterProvisioning(MachineBringUp):
             start_to_close_timeout=timedelta(minutes=2),
             heartbeat_timeout=HEARTBEAT,
             retry_policy=PROVIDER_RETRY,
+            summary=f"attach the remediation policy to the fleet guard of {self._ref.name}",
         )
         return status
 
@@ -291,7 +300,7 @@ class ClusterProvisioning(MachineBringUp):
         self._show()
         if self._inp.spec.keep_on_failure:
             return
-        await self._step("cleanup", self._cleanup, lambda _: f"{len(s.deleted)} deleted")
+        await self._steps.step("cleanup", self._cleanup, lambda _: f"{len(s.deleted)} deleted")
 
     async def _cleanup(self) -> None:
         """Delete what was created, newest first: the machines (side by side), then the
@@ -322,27 +331,6 @@ class ClusterProvisioning(MachineBringUp):
         self._state.deleted.append(res)
 
     # --- recording -------------------------------------------------------------------------
-
-    async def _step(
-        self,
-        name: str,
-        run: Callable[[], Awaitable[T]],
-        detail: Callable[[T], str] | None = None,
-    ) -> T:
-        rec = StepRecord(name=name, started_at=workflow.now())
-        self._state.steps.append(rec)
-        self._state.current_step = name
-        self._show()
-        try:
-            out = await ride_out(name, run, on_outage=shown_on(rec))
-        except GeneratorExit:
-            raise  # evicted from the worker's cache: not the step's outcome
-        except BaseException as e:
-            rec.outcome, rec.finished_at, rec.detail = "failed", workflow.now(), str(cause_of(e))
-            raise
-        rec.outcome, rec.finished_at = "ok", workflow.now()
-        rec.detail = detail(out) if detail else ""
-        return out
 
     def _show(self) -> None:
         s = self._state

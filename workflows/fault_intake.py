@@ -21,14 +21,15 @@ KEEP_KEYS = 500  # source keys remembered for `repeat` (a few days of re-sent al
 
 
 class FaultIntake:
-    _state: IncidentState
-    _report_keys: list[str]  # source keys seen, newest last (set in the runbook's __init__)
-    _told_opened: bool  # an ack said `opened` already
+    def __init__(self, state: IncidentState) -> None:
+        self.state = state
+        self.keys: list[str] = []  # source keys seen, newest last
+        self.told_opened = False  # an ack said `opened` already
 
-    def _merge_report(self, rep: FaultReport) -> tuple[FaultAck, FaultSeen | None]:
+    def merge(self, rep: FaultReport) -> tuple[FaultAck, FaultSeen | None]:
         """Record `rep`; the answer, and the fault it added (None: known already)."""
-        s = self._state
-        keys = self._report_keys
+        s = self.state
+        keys = self.keys
         if rep.key and rep.key in keys:
             ack = FaultAck(
                 incident_id=s.request.incident_id,
@@ -42,8 +43,8 @@ class FaultIntake:
             keys.append(rep.key)
             del keys[:-KEEP_KEYS]
         if rep.open_token:
-            opened = rep.open_token == s.request.open_token and not self._told_opened
-            self._told_opened = self._told_opened or opened
+            opened = rep.open_token == s.request.open_token and not self.told_opened
+            self.told_opened = self.told_opened or opened
         else:  # callers from before tokens: the would-be incident id tells
             opened = rep.incident_id == s.request.incident_id
         at = utc(rep.at)
@@ -72,24 +73,16 @@ class FaultIntake:
         )
         return ack, added
 
-    def _clear(self, c: FaultCleared) -> bool:
-        seen = next((f for f in self._state.faults if f.fault == c.fault), None)
+    def clear(self, c: FaultCleared) -> bool:
+        seen = next((f for f in self.state.faults if f.fault == c.fault), None)
         if seen is None:
             return False
         seen.resolved_at, seen.resolved_by = utc(c.resolved_at), c.source
         return True
 
-    def _check_cleared(self, c: FaultCleared) -> None:
-        s = self._state
+    def check_cleared(self, c: FaultCleared) -> None:
+        s = self.state
         if s.status != "open":
             raise ValueError(f"incident {s.request.incident_id} is closed")
         if all(f.fault != c.fault for f in s.faults):
             raise ValueError(f"{c.fault} is not a fault of incident {s.request.incident_id}")
-
-    def _headline(self) -> str:
-        """The first fault's summary and runbook link, for the UI and the messages."""
-        for f in self._state.faults:
-            for e in f.evidence:
-                if line := e.headline():
-                    return line
-        return ""

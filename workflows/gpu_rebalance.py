@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
@@ -35,7 +35,7 @@ from temporalio.exceptions import ActivityError
 
 with workflow.unsafe.imports_passed_through():
     from autoclusters.activities import contracts
-    from autoclusters.core.models import HealthGateInput, Notification
+    from autoclusters.core.models import HealthGateInput, Notification, StepRecord
     from autoclusters.core.sharing import (
         REBALANCE_FAULT,
         REBALANCE_WORKFLOW,
@@ -58,8 +58,8 @@ with workflow.unsafe.imports_passed_through():
     )
 
 from autoclusters.workflows.agent_gate import AgentGate
-from autoclusters.workflows.outage import outage_of, ride_out
-from autoclusters.workflows.timeline import HEARTBEAT, NOTIFY_RETRY, cause_of
+from autoclusters.workflows.outage import outage_of
+from autoclusters.workflows.steps import HEARTBEAT, NOTIFY_RETRY, Defaults, Steps, cause_of
 
 T = TypeVar("T")
 
@@ -78,6 +78,35 @@ EVALUATIONS_PER_RUN = 500
 
 class MoveStopped(Exception):
     """The move ends early: an incident took the node, or a human said no."""
+
+
+class _MoveLog:
+    """The StepLog of a move: its steps are MoveSteps on the move's record, and the step
+    running now is what a yielding incident waits for."""
+
+    def __init__(self, wf: GpuRebalance, rec: MoveRecord) -> None:
+        self._wf, self._rec = wf, rec
+        self._open: dict[int, MoveStep] = {}
+
+    @property
+    def current_step(self) -> str | None:
+        return self._wf._running_step
+
+    @current_step.setter
+    def current_step(self, name: str | None) -> None:
+        self._wf._running_step = name
+
+    def begin(self, name: str) -> StepRecord:
+        step = MoveStep(name=name, started_at=workflow.now().timestamp())
+        self._rec.steps.append(step)
+        rec = StepRecord(name=name, started_at=workflow.now())
+        self._open[id(rec)] = step
+        return rec
+
+    def end(self, rec: StepRecord) -> None:
+        step = self._open.pop(id(rec))
+        step.ok, step.detail = rec.outcome == "ok", rec.detail
+        step.finished_at = workflow.now().timestamp()
 
 
 @workflow.defn(name=REBALANCE_WORKFLOW)
@@ -264,6 +293,7 @@ class GpuRebalance(AgentGate):
                 start_to_close_timeout=timedelta(minutes=1),
                 heartbeat_timeout=HEARTBEAT,
                 retry_policy=RETRY,
+                summary=f"read inference and training demand on {self._cluster}",
             )
         except ActivityError as err:
             if outage_of(err) is None:
@@ -403,39 +433,39 @@ class GpuRebalance(AgentGate):
 
     async def _lend(self, rec: MoveRecord) -> None:
         call = self._call(rec.move)
-        await self._step(rec, "drain", contracts.share_drain_for_move, call)
-        left = await self._step(
+        await self._move_step(rec, "drain", contracts.share_drain_for_move, call)
+        left = await self._move_step(
             rec, "checkpoint_and_requeue", contracts.share_checkpoint_jobs, call
         )
         # Remember how wide each job ran, to regrow it when a node comes back.
         for job_id, width in left.widths.items():
             self._s.narrowed.setdefault(job_id, width)
-        await self._step(rec, "k8s_lend", contracts.share_k8s_lend, call)
+        await self._move_step(rec, "k8s_lend", contracts.share_k8s_lend, call)
         grown = call.model_copy(update={"replicas": self._inference_count() + 1})
-        await self._step(rec, "scale_up_inference", contracts.share_scale_inference, grown)
-        await self._step(
+        await self._move_step(rec, "scale_up_inference", contracts.share_scale_inference, grown)
+        await self._move_step(
             rec,
             "wait_serving",
             contracts.share_wait_serving,
             call,
             timeout=timedelta(seconds=self._policy.ready_timeout_s + 60),
         )
-        await self._step(rec, "mark_lent", contracts.share_mark_lent, call)
+        await self._move_step(rec, "mark_lent", contracts.share_mark_lent, call)
 
     async def _return(self, rec: MoveRecord) -> bool:
         call = self._call(rec.move)
         # The node is already `moving` (out of the inference count): the others keep theirs.
         shrunk = call.model_copy(update={"replicas": self._inference_count()})
-        await self._step(
+        await self._move_step(
             rec,
             "scale_down_inference",
             contracts.share_k8s_release,
             shrunk,
             timeout=timedelta(seconds=self._policy.ready_timeout_s + 60),
         )
-        await self._step(rec, "k8s_reclaim", contracts.share_k8s_reclaim, call)
+        await self._move_step(rec, "k8s_reclaim", contracts.share_k8s_reclaim, call)
         since = workflow.now()
-        report = await self._step(
+        report = await self._move_step(
             rec, "health_gate", contracts.health_gate, HealthGateInput(node=rec.move.node)
         )
         checks = report.checks
@@ -465,10 +495,10 @@ class GpuRebalance(AgentGate):
                 "critical",
             )
             return False
-        await self._step(rec, "resume_in_slurm", contracts.share_resume_training, call)
+        await self._move_step(rec, "resume_in_slurm", contracts.share_resume_training, call)
         if self._policy.regrow_training_jobs:
             regrow = call.model_copy(update={"regrow": dict(self._s.narrowed)})
-            grown = await self._step(rec, "regrow_jobs", contracts.share_regrow_jobs, regrow)
+            grown = await self._move_step(rec, "regrow_jobs", contracts.share_regrow_jobs, regrow)
             for job_id in grown.requeued + grown.settled:
                 self._s.narrowed.pop(job_id, None)
         return True
@@ -491,8 +521,18 @@ class GpuRebalance(AgentGate):
                 replicas=self._inference_count(),
             )
             try:
-                await self._activity(contracts.share_scale_inference, call, STEP_TIMEOUT)
-                await self._activity(contracts.share_k8s_reclaim, call, STEP_TIMEOUT)
+                await self._activity(
+                    contracts.share_scale_inference,
+                    call,
+                    STEP_TIMEOUT,
+                    f"scale inference to {call.replicas} without {node} (incident {incident})",
+                )
+                await self._activity(
+                    contracts.share_k8s_reclaim,
+                    call,
+                    STEP_TIMEOUT,
+                    f"give {node} back to the training pool (incident {incident})",
+                )
             except ActivityError as e:
                 workflow.logger.warning("settling %s after incident %s: %s", node, incident, e)
                 return  # tried again at the next turn
@@ -513,7 +553,7 @@ class GpuRebalance(AgentGate):
         )
 
     async def _activity(
-        self, fn: Callable[..., Awaitable[T]], arg: object, timeout: timedelta
+        self, fn: Callable[..., Awaitable[T]], arg: object, timeout: timedelta, summary: str
     ) -> T:
         return await workflow.execute_activity(
             fn,
@@ -521,35 +561,32 @@ class GpuRebalance(AgentGate):
             start_to_close_timeout=timeout,
             heartbeat_timeout=HEARTBEAT,
             retry_policy=RETRY,
+            summary=summary,
         )
 
-    async def _step(
+    async def _move_step(
         self,
         rec: MoveRecord,
         name: str,
         fn: Callable[..., Awaitable[T]],
-        arg: object,
+        arg: Any,
         *,
         timeout: timedelta = STEP_TIMEOUT,
     ) -> T:
-        """One step of a move, recorded on it; an incident that took the node meanwhile
-        stops the move before the next step starts."""
+        """One step of a move, recorded on it (the step kernel); an incident that took the
+        node meanwhile stops the move before the next step starts."""
         if rec.move.node in self._s.yielded:
             raise MoveStopped(f"incident {self._s.yielded[rec.move.node]} took the node")
-        step = MoveStep(name=name, started_at=workflow.now().timestamp())
-        rec.steps.append(step)
-        self._running_step = name
-        try:
-            out = await ride_out(name, lambda: self._activity(fn, arg, max(timeout, STEP_TIMEOUT)))
-        except ActivityError as e:
-            step.ok, step.detail = False, str(cause_of(e))
-            raise
-        finally:
-            step.finished_at = workflow.now().timestamp()
-            self._running_step = None
-        step.ok = True
-        step.detail = str(getattr(out, "detail", "") or "")
-        return out
+        steps = Steps(_MoveLog(self, rec), Defaults(STEP_TIMEOUT, RETRY))
+        summary = f"{name.replace('_', ' ')}: {rec.move.node} ({rec.move.move_id})"
+        return await steps.activity(
+            name,
+            fn,
+            arg,
+            summary,
+            lambda out: str(getattr(out, "detail", "") or ""),
+            timeout=max(timeout, STEP_TIMEOUT),
+        )
 
     async def _notify(self, move: Move, event: str, text: str, severity: str) -> None:
         try:
@@ -566,6 +603,7 @@ class GpuRebalance(AgentGate):
                 ),
                 start_to_close_timeout=timedelta(seconds=30),
                 retry_policy=NOTIFY_RETRY,
+                summary=f"notify {event.replace('_', ' ')}: {move.node} ({move.move_id})",
             )
         except ActivityError as e:  # a notification never blocks a move
             workflow.logger.warning("notify failed: %s", e)

@@ -27,22 +27,14 @@ with workflow.unsafe.imports_passed_through():
     from autoclusters.core.guard import (
         Admission,
         AdmitCall,
-        AdmittedNotice,
         GuardContext,
         ReleaseCall,
         ReleaseRequest,
     )
-    from autoclusters.core.models import (
-        DrainInput,
-        DrainResult,
-        IncidentState,
-        IncidentStatus,
-        Waiting,
-        drain_reason,
-    )
-    from autoclusters.core.policy import Policy
+    from autoclusters.core.models import DrainInput, Waiting, drain_reason
 
-from autoclusters.workflows.timeline import HEARTBEAT, RETRY, STEP_RETRY, Timeline
+from autoclusters.workflows.incident import Incident
+from autoclusters.workflows.steps import RETRY
 
 # A queued incident asks again this often, in case the guard's signal was lost.
 ADMISSION_REASK = timedelta(hours=1)
@@ -54,62 +46,30 @@ def held_drain_reason(incident_id: str, fault: str) -> str:
     return drain_reason(incident_id, fault) + HELD_SUFFIX
 
 
-class GuardSteps(Timeline):
-    _guard: GuardContext | None = None
-    _guard_tickets: set[int]  # the queue tickets the guard said were admitted
-    _policy: Policy
+class GuardSeat:
+    """The incident's place with its cluster's fleet guard: admissions and their release.
+    `tickets` are the queue tickets the guard said were admitted (the workflow's
+    `guard_admitted` signal adds them)."""
 
-    # --- provided by the runbook ---------------------------------------------------------
+    def __init__(self, incident: Incident, guard: GuardContext) -> None:
+        self.incident = incident
+        self.guard = guard
+        self.tickets: set[int] = set()
 
-    def _publish(self) -> None:
-        raise NotImplementedError
-
-    def _slurm_timeout(self) -> timedelta:
-        raise NotImplementedError
-
-    def _severity(self) -> str:
-        raise NotImplementedError
-
-    def _note_drain(self, r: DrainResult) -> DrainResult:
-        raise NotImplementedError
-
-    async def _close(
-        self, status: IncidentStatus, text: str, severity: str = "info"
-    ) -> IncidentState:
-        raise NotImplementedError
-
-    # --- the guard's signal ----------------------------------------------------------------
-
-    @workflow.signal
-    def guard_admitted(self, notice: AdmittedNotice) -> None:
-        """The fleet guard admitted this incident from its queue (the ticket it was given)."""
-        if notice.incident_id == self._state.request.incident_id:
-            self._guard_tickets.add(notice.ticket)
-
-    # --- admission -------------------------------------------------------------------------
-
-    async def _admitted(
-        self,
-        what: str,
-        act: Callable[[AdmitCall], Awaitable[Admission]],
-        guard: GuardContext,
-    ) -> None:
+    async def admitted(self, what: str, act: Callable[[AdmitCall], Awaitable[Admission]]) -> None:
         """Ask the fleet guard once; held, wait for its signal; tell the humans once."""
-        req = self._state.request
+        inc = self.incident
+        req = inc.request
         call = AdmitCall(
-            guard=guard,
+            guard=self.guard,
             node=req.node,
             incident_id=req.incident_id,
             workflow_id=workflow.info().workflow_id,
         )
 
         async def ask() -> Admission:
-            return await workflow.execute_activity(
-                act,
-                call,
-                start_to_close_timeout=self._slurm_timeout(),
-                heartbeat_timeout=HEARTBEAT,
-                retry_policy=STEP_RETRY,
+            return await inc.steps.call(
+                act, call, f"ask the fleet guard to admit the {what} of {req.node}"
             )
 
         async def wait() -> Admission:
@@ -117,13 +77,13 @@ class GuardSteps(Timeline):
             if adm.admitted:
                 return adm
             since = workflow.now()
-            self._state.waiting_for = Waiting(
+            inc.state.waiting_for = Waiting(
                 kind="admission", step=what, detail=_held(adm), since=since
             )
-            self._publish()
+            inc.publish()
             if what == "quarantine" and self._drain_while_held():
                 await self._hold_drain()
-            await self._notify("held", f"{what} of {req.node} held: {_held(adm)}", "warning")
+            await inc.notify("held", f"{what} of {req.node} held: {_held(adm)}", "warning")
             while not adm.admitted:
                 if adm.queued and adm.ticket is not None:
                     try:
@@ -137,54 +97,48 @@ class GuardSteps(Timeline):
                     except TimeoutError:
                         adm = await ask()  # idempotent: a lost signal shows here
                 else:
-                    # A guard started before the queue: it does not queue, ask again later.
+                    # A guard that does not queue: ask again later.
                     await workflow.sleep(timedelta(seconds=req.timeouts.admission_poll_s))
                     adm = await ask()
-            self._state.waiting_for = None
-            self._publish()
+            inc.state.waiting_for = None
+            inc.publish()
             return adm
 
-        await self._step(f"admit_{what}", wait, _reason)
+        await inc.steps.step(f"admit_{what}", wait, _reason)
 
     def _told(self, ticket: int) -> Callable[[], bool]:
-        return lambda: ticket in self._guard_tickets
+        return lambda: ticket in self.tickets
 
     def _drain_while_held(self) -> bool:
-        return self._policy.guard.drain_held_critical and self._severity() == "critical"
+        inc = self.incident
+        return inc.policy.guard.drain_held_critical and inc.severity() == "critical"
 
     async def _hold_drain(self) -> None:
         """No new jobs on a critical node while its quarantine is held: drain, no requeue."""
-        r = self._state.request
-        drained = await self._step(
+        inc = self.incident
+        r = inc.request
+        drained = await inc.steps.activity(
             "drain_held",
-            lambda: workflow.execute_activity(
-                contracts.drain_node,
-                DrainInput(node=r.node, reason=held_drain_reason(r.incident_id, r.fault)),
-                start_to_close_timeout=self._slurm_timeout(),
-                heartbeat_timeout=HEARTBEAT,
-                retry_policy=STEP_RETRY,
-            ),
-            detail=lambda d: (
+            contracts.drain_node,
+            DrainInput(node=r.node, reason=held_drain_reason(r.incident_id, r.fault)),
+            f"drain {r.node} ({r.fault}), held: no new jobs",
+            lambda d: (
                 f"kept the drain already there: {d.previous_reason}"
                 if d.already_drained and d.previous_reason
                 else "no new jobs; running jobs go on"
             ),
         )
-        self._note_drain(drained)
+        inc.note_drain(drained)
 
-    # --- release and cancellation ----------------------------------------------------------
-
-    async def _give_back(
-        self, guard: GuardContext, back_in_service: bool, *, slot_only: bool = False
-    ) -> bool:
+    async def give_back(self, back_in_service: bool, *, slot_only: bool = False) -> bool:
         """Tell the guard; False when it could not be told (the guard's reconcile and the
         safety re-asks of others cope)."""
-        req = self._state.request
+        req = self.incident.request
         try:
-            await workflow.execute_activity(
+            await self.incident.steps.call(
                 contracts.guard_release,
                 ReleaseCall(
-                    guard=guard,
+                    guard=self.guard,
                     release=ReleaseRequest(
                         node=req.node,
                         incident_id=req.incident_id,
@@ -192,9 +146,10 @@ class GuardSteps(Timeline):
                         slot_only=slot_only,
                     ),
                 ),
-                start_to_close_timeout=self._slurm_timeout(),
-                heartbeat_timeout=HEARTBEAT,
-                retry_policy=RETRY,
+                f"release {req.node} to the fleet guard"
+                + (" (repair slot)" if slot_only else "")
+                + (", back in service" if back_in_service else ""),
+                retry=RETRY,
             )
         except ActivityError as e:  # never fail the incident here
             if is_cancelled_exception(e):
@@ -202,28 +157,6 @@ class GuardSteps(Timeline):
             workflow.logger.warning("fleet guard release for %s failed", req.incident_id)
             return False
         return True
-
-    def _cancelling(self, err: BaseException) -> bool:
-        """Is `err` this incident's cancellation (closed `cancelled`)?"""
-        return self._state.status == "open" and is_cancelled_exception(err)
-
-    async def _close_cancelled(self) -> None:
-        """Cancelled (e.g. from the Temporal UI): give back the guard's slot or queue place,
-        leave the node as it is (drained by us: for a human), close `cancelled`."""
-        s, r = self._state, self._state.request
-        drained = any(
-            st.outcome == "ok" and st.name in ("drain", "drain_held", "requarantine")
-            for st in s.steps
-        )
-        s.waiting_for = None
-        if self._guard is not None:
-            await self._give_back(self._guard, back_in_service=not drained)
-        where = (
-            f"{r.node} left drained under {r.incident_id} for a human"
-            if drained
-            else f"{r.node} was not drained"
-        )
-        await self._close("cancelled", f"cancelled; {where}", "warning")
 
 
 def _held(adm: Admission) -> str:

@@ -26,41 +26,40 @@ with workflow.unsafe.imports_passed_through():
         RepairResult,
         Waiting,
     )
-    from autoclusters.core.policy import Policy
 
-from autoclusters.workflows.timeline import HEARTBEAT, STEP_RETRY, Timeline
+from autoclusters.workflows.incident import Incident
 
 KEEP_SNAPSHOTS = 30  # the latest ones; older ones cannot be fresh for a gate still to come
 KEEP_BOOTS = 20
+GATE_CALL = timedelta(minutes=2)
 
 
-class HealthGateSteps(Timeline):
-    _state: IncidentState
-    _policy: Policy
-    # Set in the runbook's __init__: the latest snapshots kept, and every boot id seen with
-    # when it was first seen (a machine's identity).
-    _agent_snapshots: list[HealthSnapshot]
-    _agent_boots: dict[str, datetime]
+class Evidence:
+    """What the node's agent sent: the latest snapshots, and every boot id seen with when
+    it was first seen (a machine's identity)."""
 
-    # --- evidence in ---------------------------------------------------------------------
+    def __init__(self, state: IncidentState) -> None:
+        self.state = state
+        self.snapshots: list[HealthSnapshot] = []
+        self.boots: dict[str, datetime] = {}
 
-    def _evidence_is_news(self, snap: HealthSnapshot) -> bool:
+    def is_news(self, snap: HealthSnapshot) -> bool:
         """Worth a place in the history: anything while the gate waits for it; otherwise
         only what changes the picture (another boot, GPUs, fault kinds, ports). Agents
         send every few seconds; an incident held for days must not record each one."""
-        waiting = self._state.waiting_for
+        waiting = self.state.waiting_for
         if waiting is not None and waiting.kind == "agent_report":
             return True
-        ev = self._agent_snapshots
+        ev = self.snapshots
         return not ev or _gist(snap) != _gist(ev[-1])
 
-    def _take_evidence(self, snap: HealthSnapshot) -> EvidenceAck:
-        ev, req = self._agent_snapshots, self._state.request
+    def take(self, snap: HealthSnapshot) -> EvidenceAck:
+        ev, req = self.snapshots, self.state.request
         kept = snap.node == req.node and all(s.snapshot_id != snap.snapshot_id for s in ev)
         if kept:
             ev.append(snap)
             del ev[:-KEEP_SNAPSHOTS]
-            boots = self._agent_boots
+            boots = self.boots
             if snap.boot_id and (
                 snap.boot_id not in boots or snap.observed_at < boots[snap.boot_id]
             ):
@@ -69,78 +68,77 @@ class HealthGateSteps(Timeline):
                     del boots[old]
         return EvidenceAck(incident_id=req.incident_id, kept=kept, snapshots=len(ev))
 
-    # --- the gate ------------------------------------------------------------------------
+    def boot_before(self, since: datetime) -> str | None:
+        """The boot the agent reported from before the machine stopped (None: unknown)."""
+        before = [(first, b) for b, first in self.boots.items() if first < since]
+        return max(before)[1] if before else None
 
-    async def _health_gate(self, done: RepairResult) -> HealthReport:
-        s = self._state
-        node = s.request.node
 
-        async def gate() -> HealthReport:
-            slurm: HealthReport = await workflow.execute_activity(
-                contracts.health_gate,
-                HealthGateInput(node=node),
-                start_to_close_timeout=timedelta(minutes=2),
-                heartbeat_timeout=HEARTBEAT,
-                retry_policy=STEP_RETRY,
-            )
-            if done.stopped_at is not None:
-                since = datetime.fromtimestamp(done.stopped_at, UTC)
-                old_boot = self._boot_before(since)
-            else:  # a GPU reset: the machine stayed up; evidence from after the reset
-                at = slurm.checked_at
-                since = datetime.fromtimestamp(at, UTC) if at is not None else workflow.now()
-                old_boot = None
-            faults = [f.fault for f in s.faults]
+async def health_gate(inc: Incident, evidence: Evidence, done: RepairResult) -> HealthReport:
+    """The gate after the repair `done`: Slurm's side, then the agent's evidence."""
+    s = inc.state
+    node = inc.node
 
-            def now() -> Judgement:
-                return judge(
-                    self._agent_snapshots,
-                    since=since,
-                    old_boot_id=old_boot,
-                    expected_gpus=slurm.expected_gpus,
-                    incident_faults=faults,
-                )
+    async def gate() -> HealthReport:
+        slurm: HealthReport = await inc.steps.call(
+            contracts.health_gate,
+            HealthGateInput(node=node),
+            f"health gate {node}: slurmd with all its GPUs",
+            timeout=GATE_CALL,
+        )
+        if done.stopped_at is not None:
+            since = datetime.fromtimestamp(done.stopped_at, UTC)
+            old_boot = evidence.boot_before(since)
+        else:  # a GPU reset: the machine stayed up; evidence from after the reset
+            at = slurm.checked_at
+            since = datetime.fromtimestamp(at, UTC) if at is not None else workflow.now()
+            old_boot = None
+        faults = [f.fault for f in s.faults]
 
-            timeout = self._policy.agent_report_timeout_s
-            if slurm.passed and now().verdict == "waiting":
-                s.waiting_for = Waiting(
-                    kind="agent_report",
-                    step="health_gate",
-                    detail=f"a healthy report from {node}'s agent, up to {timeout:.0f}s",
-                    since=workflow.now(),
-                )
-                try:
-                    await workflow.wait_condition(
-                        lambda: now().verdict != "waiting", timeout=timedelta(seconds=timeout)
-                    )
-                except TimeoutError:
-                    pass
-                finally:
-                    s.waiting_for = None
-            j = now()
-            agent = j.checks
-            if slurm.passed and j.verdict == "waiting":
-                waited = f"{agent[0].detail} (waited {timeout:.0f}s)"
-                agent = [agent[0].model_copy(update={"detail": waited}), *agent[1:]]
-            checks = [*slurm.checks, *agent]
-            return HealthReport(
-                node=node,
-                passed=slurm.passed and j.verdict == "passed",
-                checks=checks,
-                checked_at=slurm.checked_at,
+        def now() -> Judgement:
+            return judge(
+                evidence.snapshots,
+                since=since,
+                old_boot_id=old_boot,
                 expected_gpus=slurm.expected_gpus,
+                incident_faults=faults,
             )
 
-        return await self._step(
-            "health_gate",
-            gate,
-            detail=lambda r: "passed" if r.passed else f"FAILED: {r.failures()}",
+        timeout = inc.policy.agent_report_timeout_s
+        if slurm.passed and now().verdict == "waiting":
+            s.waiting_for = Waiting(
+                kind="agent_report",
+                step="health_gate",
+                detail=f"a healthy report from {node}'s agent, up to {timeout:.0f}s",
+                since=workflow.now(),
+            )
+            try:
+                await workflow.wait_condition(
+                    lambda: now().verdict != "waiting", timeout=timedelta(seconds=timeout)
+                )
+            except TimeoutError:
+                pass
+            finally:
+                s.waiting_for = None
+        j = now()
+        agent = j.checks
+        if slurm.passed and j.verdict == "waiting":
+            waited = f"{agent[0].detail} (waited {timeout:.0f}s)"
+            agent = [agent[0].model_copy(update={"detail": waited}), *agent[1:]]
+        checks = [*slurm.checks, *agent]
+        return HealthReport(
+            node=node,
+            passed=slurm.passed and j.verdict == "passed",
+            checks=checks,
+            checked_at=slurm.checked_at,
+            expected_gpus=slurm.expected_gpus,
         )
 
-    def _boot_before(self, since: datetime) -> str | None:
-        """The boot the agent reported from before the machine stopped (None: unknown)."""
-        before = [(first, b) for b, first in self._agent_boots.items() if first < since]
-        return max(before)[1] if before else None
+    return await inc.steps.step(
+        "health_gate",
+        gate,
+        detail=lambda r: "passed" if r.passed else f"FAILED: {r.failures()}",
+    )
 
 
 def _gist(snap: HealthSnapshot) -> tuple[object, ...]:

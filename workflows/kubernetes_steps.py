@@ -28,7 +28,7 @@ with workflow.unsafe.imports_passed_through():
     from autoclusters.core.models import RepairResult, drain_reason
     from autoclusters.core.policy import StepPolicy
 
-from autoclusters.workflows.timeline import HEARTBEAT, STEP_RETRY, Timeline
+from autoclusters.workflows.incident import Incident
 
 K8S_CALL = timedelta(seconds=60)
 
@@ -38,112 +38,113 @@ def condition_reason(fault: str) -> str:
     return "".join(p.capitalize() for p in re.split(r"_+", fault) if p)
 
 
-class KubernetesSteps(Timeline):
-    async def _k8s_cordon(self, phase: str) -> None:
-        r = self._state.request
-        await self._step(
+class KubernetesNode:
+    """The incident's Kubernetes Node (Slinky): its marks, its pods, its machine."""
+
+    def __init__(self, incident: Incident) -> None:
+        self.incident = incident
+
+    async def cordon(self, phase: str) -> None:
+        inc = self.incident
+        r = inc.request
+        await inc.steps.activity(
             "k8s_cordon",
-            lambda: workflow.execute_activity(
-                contracts.k8s_cordon,
-                CordonNodeInput(
-                    node=r.node,
-                    incident_id=r.incident_id,
-                    phase=phase,
-                    reason=drain_reason(r.incident_id, r.fault),
-                ),
-                start_to_close_timeout=K8S_CALL,
-                heartbeat_timeout=HEARTBEAT,
-                retry_policy=STEP_RETRY,
+            contracts.k8s_cordon,
+            CordonNodeInput(
+                node=r.node,
+                incident_id=r.incident_id,
+                phase=phase,
+                reason=drain_reason(r.incident_id, r.fault),
             ),
-            detail=lambda c: c.detail or ("cordoned" if c.cordoned else ""),
+            f"cordon Kubernetes Node {r.node} ({phase})",
+            lambda c: c.detail or ("cordoned" if c.cordoned else ""),
+            timeout=K8S_CALL,
         )
 
-    async def _k8s_quarantine(self, step: StepPolicy) -> None:
-        r = self._state.request
-        await self._k8s_cordon("quarantine")
-        await self._k8s_condition(True, condition_reason(r.fault), f"incident {r.incident_id}")
-        await self._step(
+    async def quarantine(self, step: StepPolicy) -> None:
+        inc = self.incident
+        r = inc.request
+        await self.cordon("quarantine")
+        await self.condition(True, condition_reason(r.fault), f"incident {r.incident_id}")
+        wait_s = min(step.idle_timeout_s, 600)
+        await inc.steps.activity(
             "k8s_evict",
-            lambda: workflow.execute_activity(
-                contracts.k8s_evict_pods,
-                # Slurm is drained and idle by now, so the slurmd pod may go too.
-                EvictPodsInput(
-                    node=r.node,
-                    timeout_s=min(step.idle_timeout_s, 600),
-                    force_after_timeout=step.on_idle_timeout == "force",
-                    skip_slurmd=False,
-                ),
-                start_to_close_timeout=timedelta(seconds=min(step.idle_timeout_s, 600) + 120),
-                heartbeat_timeout=HEARTBEAT,
-                retry_policy=STEP_RETRY,
+            contracts.k8s_evict_pods,
+            # Slurm is drained and idle by now, so the slurmd pod may go too.
+            EvictPodsInput(
+                node=r.node,
+                timeout_s=wait_s,
+                force_after_timeout=step.on_idle_timeout == "force",
+                skip_slurmd=False,
             ),
-            detail=lambda e: (
-                f"evicted {len(e.evicted)}, forced {len(e.forced)}, skipped {len(e.skipped)}"
-            ),
+            f"evict the pods of {r.node}",
+            lambda e: f"evicted {len(e.evicted)}, forced {len(e.forced)}, skipped {len(e.skipped)}",
+            timeout=timedelta(seconds=wait_s + 120),
         )
 
-    async def _k8s_identity(self) -> NodeIdentity:
-        r = self._state.request
-        return await self._step(
+    async def identity(self) -> NodeIdentity:
+        inc = self.incident
+        return await inc.steps.activity(
             "k8s_identity",
-            lambda: workflow.execute_activity(
-                contracts.k8s_node_identity,
-                NodeIdentityInput(node=r.node),
-                start_to_close_timeout=K8S_CALL,
-                heartbeat_timeout=HEARTBEAT,
-                retry_policy=STEP_RETRY,
-            ),
-            detail=lambda n: n.provider_id,
+            contracts.k8s_node_identity,
+            NodeIdentityInput(node=inc.node),
+            f"read the machine of Kubernetes Node {inc.node}",
+            lambda n: n.provider_id,
+            timeout=K8S_CALL,
         )
 
-    async def _k8s_wait_new_machine(self, before: NodeIdentity, done: RepairResult) -> None:
-        r = self._state.request
+    async def is_cordoned(self) -> bool:
+        """A read inside another step (the quarantine check)."""
+        inc = self.incident
+        ident = await inc.steps.call(
+            contracts.k8s_node_identity,
+            NodeIdentityInput(node=inc.node),
+            f"is Kubernetes Node {inc.node} still cordoned",
+            timeout=K8S_CALL,
+        )
+        return ident.unschedulable
+
+    async def wait_new_machine(self, before: NodeIdentity, done: RepairResult) -> None:
+        inc = self.incident
+        r = inc.request
         if done.stopped_at is None:
             return  # the machine never went away
-        await self._step(
+        await inc.steps.activity(
             "k8s_wait_ready",
-            lambda: workflow.execute_activity(
-                contracts.k8s_wait_new_node_ready,
-                WaitNewNodeInput(
-                    node=r.node, old_provider_id=before.provider_id, old_boot_id=before.boot_id
-                ),
-                start_to_close_timeout=timedelta(seconds=r.timeouts.wait_registered_s),
-                heartbeat_timeout=HEARTBEAT,
-                retry_policy=STEP_RETRY,
+            contracts.k8s_wait_new_node_ready,
+            WaitNewNodeInput(
+                node=r.node, old_provider_id=before.provider_id, old_boot_id=before.boot_id
             ),
-            detail=lambda n: f"Ready as {n.provider_id}",
+            f"wait for {r.node} to come back Ready as a new machine",
+            lambda n: f"Ready as {n.provider_id}",
+            timeout=timedelta(seconds=r.timeouts.wait_registered_s),
         )
         # A new machine registers as a fresh Node with none of our marks: keep pods off it
         # until the health gate has passed.
-        await self._k8s_cordon("health-gate")
+        await self.cordon("health-gate")
 
-    async def _k8s_return(self) -> None:
-        r = self._state.request
-        await self._k8s_condition(False, "HealthGatePassed", f"incident {r.incident_id}")
-        await self._step(
+    async def give_back(self) -> None:
+        inc = self.incident
+        r = inc.request
+        await self.condition(False, "HealthGatePassed", f"incident {r.incident_id}")
+        await inc.steps.activity(
             "k8s_uncordon",
-            lambda: workflow.execute_activity(
-                contracts.k8s_uncordon,
-                UncordonNodeInput(node=r.node, incident_id=r.incident_id),
-                start_to_close_timeout=K8S_CALL,
-                heartbeat_timeout=HEARTBEAT,
-                retry_policy=STEP_RETRY,
-            ),
-            detail=lambda u: u.detail,
+            contracts.k8s_uncordon,
+            UncordonNodeInput(node=r.node, incident_id=r.incident_id),
+            f"uncordon Kubernetes Node {r.node}",
+            lambda u: u.detail,
+            timeout=K8S_CALL,
         )
 
-    async def _k8s_condition(self, unhealthy: bool, reason: str, message: str) -> None:
-        r = self._state.request
-        await self._step(
+    async def condition(self, unhealthy: bool, reason: str, message: str) -> None:
+        inc = self.incident
+        await inc.steps.activity(
             "k8s_condition",
-            lambda: workflow.execute_activity(
-                contracts.k8s_set_condition,
-                SetNodeConditionInput(
-                    node=r.node, unhealthy=unhealthy, reason=reason, message=message
-                ),
-                start_to_close_timeout=K8S_CALL,
-                heartbeat_timeout=HEARTBEAT,
-                retry_policy=STEP_RETRY,
+            contracts.k8s_set_condition,
+            SetNodeConditionInput(
+                node=inc.node, unhealthy=unhealthy, reason=reason, message=message
             ),
-            detail=lambda c: f"GpuUnhealthy={c.status}",
+            f"mark Kubernetes Node {inc.node} GpuUnhealthy={unhealthy} ({reason})",
+            lambda c: f"GpuUnhealthy={c.status}",
+            timeout=K8S_CALL,
         )

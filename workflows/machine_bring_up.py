@@ -55,7 +55,7 @@ from autoclusters.workflows.provider_calls import (
     SLURM_TIMEOUT,
     fatal_refusal,
 )
-from autoclusters.workflows.timeline import HEARTBEAT, cause_of
+from autoclusters.workflows.steps import HEARTBEAT, cause_of
 
 
 class NewMachinesInput(Protocol):
@@ -233,6 +233,7 @@ class MachineBringUp(AgentGate):
             start_to_close_timeout=SLURM_TIMEOUT,
             heartbeat_timeout=HEARTBEAT,
             retry_policy=PROVIDER_RETRY,
+            summary=f"discover the InfiniBand placement of {len(machines)} machines",
         )
         by_node = {p.node: p for p in found}
         placements = [by_node.get(m.node, Placement(node=m.node)) for m in machines]
@@ -251,6 +252,7 @@ class MachineBringUp(AgentGate):
             start_to_close_timeout=SLURM_TIMEOUT,
             heartbeat_timeout=HEARTBEAT,
             retry_policy=PROVIDER_RETRY,
+            summary=f"configure Slurm with {len(machines)} machines",
         )
         return set(result.registered)
 

@@ -19,7 +19,6 @@ from temporalio import workflow
 from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
-    from autoclusters.core.models import StepRecord
     from autoclusters.core.unavailable import component_of, is_unavailable_type
 
 T = TypeVar("T")
@@ -40,15 +39,6 @@ def outage_of(err: BaseException) -> ApplicationError | None:
     ):
         return cause
     return None
-
-
-def shown_on(rec: StepRecord) -> Callable[[str, float], Awaitable[None]]:
-    """An `on_outage` that keeps the outage on a step's record while it lasts."""
-
-    async def show(who: str, lasted: float) -> None:
-        rec.detail = f"{who} unreachable for {lasted:.0f} s; waiting"
-
-    return show
 
 
 async def ride_out(

@@ -14,7 +14,7 @@ from temporalio.exceptions import ApplicationError
 with workflow.unsafe.imports_passed_through():
     from autoclusters.core.cluster import BOOT_FAILED, FATAL_PROVIDER_ERRORS
 
-from autoclusters.workflows.timeline import cause_of
+from autoclusters.workflows.steps import cause_of
 
 # Provider and Slurm calls fail transiently (API busy, 429s); a refusal for quota or
 # capacity, or a machine the provider says will not boot, does not.

@@ -17,20 +17,28 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from temporalio import workflow
-from temporalio.exceptions import ApplicationError
+from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
     from autoclusters.activities import contracts
-    from autoclusters.core.kubernetes import NodeIdentityInput
+    from autoclusters.core.cluster_ops import is_ops_reason
     from autoclusters.core.models import (
-        REASON_PREFIX,
+        CancelJobsInput,
+        DrainInput,
         DrainResult,
-        IncidentRequest,
+        RequeueInput,
+        WaitIdleInput,
+        Waiting,
         drain_reason,
     )
+    from autoclusters.core.policy import Rung
     from autoclusters.core.quarantine import QuarantineStatus, VerifyQuarantineInput
+    from autoclusters.core.sharing import YieldCall, is_sharing_reason
 
-from autoclusters.workflows.timeline import HEARTBEAT, STEP_RETRY, Timeline
+from autoclusters.workflows.approvals import Approvals
+from autoclusters.workflows.incident import Incident, Rejected
+from autoclusters.workflows.kubernetes_steps import KubernetesNode
+from autoclusters.workflows.steps import cause_of
 
 
 @dataclass
@@ -47,25 +55,128 @@ class Found:
         return text + ("; Kubernetes Node not cordoned" if self.cordoned is False else "")
 
 
-class QuarantineCheck(Timeline):
-    _k8s: bool
-    # A drain that was already there when the incident quarantined the node (an admin's,
-    # kept as it was): it holds the node for this incident as well as our own reason does.
-    _kept_drain: str = ""
+class Quarantine:
+    """The node out of service for the incident: drained under its reason, its jobs
+    requeued, idle, (Slinky) cordoned and emptied; checked again before every repair and
+    read back before the incident closes."""
 
-    async def _quarantine(self, req: IncidentRequest) -> None:
-        raise NotImplementedError  # the runbook's: drain, requeue, wait for idle, cordon
+    def __init__(
+        self, incident: Incident, approvals: Approvals, k8s: KubernetesNode | None
+    ) -> None:
+        self.incident = incident
+        self.approvals = approvals
+        self.k8s = k8s
 
-    def _note_drain(self, r: DrainResult) -> DrainResult:
-        if r.already_drained and r.previous_reason:
-            if not r.previous_reason.startswith(f"{REASON_PREFIX} "):
-                self._kept_drain = r.previous_reason
-        return r
+    async def take(self) -> None:
+        """Drain, requeue, wait until idle, cordon."""
+        inc = self.incident
+        req, s = inc.request, inc.state
+        drain = await inc.steps.step(
+            "drain",
+            self.drain,
+            detail=lambda r: (
+                f"kept the drain already there: {r.previous_reason}"
+                if r.previous_reason and r.already_drained
+                else ""
+            ),
+        )
+        inc.note_drain(drain)
+        if drain.already_drained and is_ops_reason(drain.previous_reason):
+            raise Rejected(f"{req.node} is owned by {drain.previous_reason!r} (scale/teardown)")
+        if drain.already_drained and is_sharing_reason(drain.previous_reason):
+            # Lent to inference or moving: the rebalancer lets the node go once its move's
+            # current step is done; the move stops there and the runbook goes on.
+            await inc.steps.activity(
+                "take_from_rebalancer",
+                contracts.share_yield_node,
+                YieldCall(cluster=req.cluster, node=req.node, incident_id=req.incident_id),
+                f"take {req.node} back from the GPU rebalancer",
+                lambda r: (
+                    f"was {r.pool_before}"
+                    + (f"; waited for {r.waited_for_step}" if r.waited_for_step else "")
+                    if r.held
+                    else "no rebalancer held it"
+                ),
+                timeout=timedelta(minutes=15),
+            )
+        requeued = await inc.steps.activity(
+            "requeue",
+            contracts.requeue_jobs,
+            RequeueInput(node=req.node, incident_id=req.incident_id),
+            f"requeue the jobs on {req.node}",
+            lambda r: r.describe(),
+        )
+        s.requeued_jobs = requeued.requeued
+        if requeued.came_back:
+            await self._returned_jobs(requeued.came_back)
+        first = inc.policy.step(Rung(s.rung or Rung.REBOOT.value))
+        # Jobs that could not be requeued still run here: never repair under them, unless
+        # the policy says force.
+        s.waiting_for = Waiting(kind="idle", detail="jobs still on the node", since=workflow.now())
+        force = not first.wait_for_idle or first.on_idle_timeout == "force"
+        await inc.steps.activity(
+            "wait_idle",
+            contracts.wait_node_idle,
+            WaitIdleInput(
+                node=req.node,
+                timeout_s=first.idle_timeout_s if first.wait_for_idle else 0,
+                force=force,
+                drain_reason=drain_reason(req.incident_id, req.fault),
+            ),
+            f"wait until {req.node} is idle" + (" (then cancel what runs)" if force else ""),
+            lambda r: (
+                (f"cancelled {r.cancelled}" if r.cancelled else f"idle after {r.waited_s:.0f}s")
+                + (f"; the drain was lost and applied again x{r.redrained}" if r.redrained else "")
+            ),
+            timeout=timedelta(seconds=first.idle_timeout_s + 120),
+        )
+        s.waiting_for = None
+        if self.k8s is not None:
+            await self.k8s.quarantine(first)
 
-    async def _recheck_quarantine(self) -> None:
+    async def drain(self) -> DrainResult:
+        """Drain the node under this incident's reason (the activity reads it back)."""
+        r = self.incident.request
+        return await self.incident.steps.call(
+            contracts.drain_node,
+            DrainInput(node=r.node, reason=drain_reason(r.incident_id, r.fault)),
+            f"drain {r.node} ({r.fault})",
+        )
+
+    async def _returned_jobs(self, jobs: list[int]) -> None:
+        """Jobs this incident requeued once are running on the node again (its drain was
+        lost, e.g. an admin resumed it during a wait). Never a second requeue for one fault
+        unless the policy says so: otherwise a human decides in Slack, cancel them or wait
+        for them to end, within `returned_jobs_timeout_s` (not the idle timeout)."""
+        inc = self.incident
+        req, s = inc.request, inc.state
+        if inc.policy.returned_jobs == "requeue":
+            again = await inc.steps.activity(
+                "requeue_again",
+                contracts.requeue_jobs,
+                RequeueInput(node=req.node, incident_id=req.incident_id, requeue_again=True),
+                f"requeue jobs {jobs} on {req.node} again",
+                lambda r: r.describe(),
+            )
+            s.requeued_jobs = sorted({*s.requeued_jobs, *again.requeued})
+            return
+        if await self.approvals.returned_jobs(jobs):
+            await inc.steps.activity(
+                "cancel_jobs",
+                contracts.cancel_jobs,
+                CancelJobsInput(node=req.node, job_ids=jobs),
+                f"cancel jobs {jobs} on {req.node}",
+                lambda r: (
+                    f"cancelled {r.cancelled or 'none'}"
+                    + (f"; already gone {r.gone}" if r.gone else "")
+                ),
+            )
+
+    async def recheck(self) -> None:
         """Call right before a reboot or replacement (after every wait)."""
-        r = self._state.request
-        found = await self._quarantine_now()
+        inc = self.incident
+        r = inc.request
+        found = await self.now()
         if found.intact:
             return
         what = found.describe()
@@ -76,14 +187,14 @@ class QuarantineCheck(Timeline):
                 type="QuarantineLost",
                 non_retryable=True,
             )
-        await self._notify(
+        await inc.notify(
             "quarantine_lost",
             f"{r.node} lost its quarantine while the incident waited ({what}); "
             "quarantining it again before the repair",
             "warning",
         )
-        await self._step("requarantine", lambda: self._quarantine(r), detail=lambda _: what)
-        again = await self._quarantine_now()
+        await inc.steps.step("requarantine", self.take, detail=lambda _: what)
+        again = await self.now()
         if not again.intact:
             raise ApplicationError(
                 f"{r.node} could not be quarantined again for {r.incident_id} "
@@ -92,31 +203,47 @@ class QuarantineCheck(Timeline):
                 non_retryable=True,
             )
 
-    async def _quarantine_now(self) -> Found:
+    async def now(self) -> Found:
         """What Slurm (and Kubernetes) show now; an outage is waited out, never read as
         "not drained" or "no jobs"."""
-        return await self._ride_out("verify_quarantine", self._read_quarantine)
+        return await self.incident.steps.ride_out("verify_quarantine", self._read)
 
-    async def _read_quarantine(self) -> Found:
-        r = self._state.request
+    async def _read(self) -> Found:
+        inc = self.incident
+        r = inc.request
         reasons = [drain_reason(r.incident_id, r.fault)]
-        if self._kept_drain:
-            reasons.append(self._kept_drain)
-        slurm = await workflow.execute_activity(
+        if inc.kept_drain:
+            reasons.append(inc.kept_drain)
+        slurm = await inc.steps.call(
             contracts.verify_quarantine,
             VerifyQuarantineInput(node=r.node, incident_id=r.incident_id, reasons=reasons),
-            start_to_close_timeout=timedelta(seconds=r.timeouts.slurm_step_s),
-            heartbeat_timeout=HEARTBEAT,
-            retry_policy=STEP_RETRY,
+            f"is {r.node} still drained for {r.incident_id} and idle",
         )
-        cordoned: bool | None = None
-        if self._k8s:
-            ident = await workflow.execute_activity(
-                contracts.k8s_node_identity,
-                NodeIdentityInput(node=r.node),
-                start_to_close_timeout=timedelta(seconds=60),
-                heartbeat_timeout=HEARTBEAT,
-                retry_policy=STEP_RETRY,
-            )
-            cordoned = ident.unschedulable
+        cordoned = await self.k8s.is_cordoned() if self.k8s is not None else None
         return Found(slurm=slurm, cordoned=cordoned)
+
+    async def left_drained(self) -> str:
+        """What the closing words may say about the node, read back from Slurm: a drain
+        the controller lost is applied again first. Never assumed."""
+        try:
+            found = await self.incident.steps.step(
+                "verify_drained", self._drained_again_if_lost, detail=lambda f: f.describe()
+            )
+        except (ActivityError, ApplicationError) as err:
+            return f"drain state unknown ({cause_of(err)})"
+        if found.drained and found.ours:
+            return "left drained"
+        if found.drained:
+            return f"left drained by someone else ({found.reason!r})"
+        return f"NOT drained ({found.state}) although the incident drained it"
+
+    async def _drained_again_if_lost(self) -> QuarantineStatus:
+        found = (await self.now()).slurm
+        if found.drained or not found.restorable:
+            return found
+        await self.incident.steps.step(
+            "redrain",
+            self.drain,
+            detail=lambda _: f"the drain was lost ({found.state}); applied again",
+        )
+        return (await self.now()).slurm

@@ -15,16 +15,15 @@ with workflow.unsafe.imports_passed_through():
     from autoclusters.activities import contracts
     from autoclusters.core.models import PlanRepairInput, RepairInput
 
-from autoclusters.workflows.timeline import HEARTBEAT, STEP_RETRY
+from autoclusters.workflows.steps import Steps
 
 
-async def with_recorded_vm(inp: RepairInput) -> RepairInput:
+async def with_recorded_vm(steps: Steps, inp: RepairInput) -> RepairInput:
     """`inp` with the node's current VM and the time, recorded by `plan_repair`."""
-    plan = await workflow.execute_activity(
+    plan = await steps.call(
         contracts.plan_repair,
         PlanRepairInput(node=inp.node, rung=inp.rung, key=inp.key),
-        start_to_close_timeout=timedelta(seconds=60),
-        heartbeat_timeout=HEARTBEAT,
-        retry_policy=STEP_RETRY,
+        f"record the VM of {inp.node} before its {inp.rung.value}",
+        timeout=timedelta(seconds=60),
     )
     return inp.model_copy(update={"vm_id": plan.vm_id, "planned_at": plan.planned_at})

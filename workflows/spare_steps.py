@@ -16,70 +16,67 @@ with workflow.unsafe.imports_passed_through():
     from autoclusters.core.guard import GuardContext, SpareCall, SpareRequest
     from autoclusters.core.models import SpareInput
 
-from autoclusters.workflows.timeline import HEARTBEAT, STEP_RETRY, Timeline
+from autoclusters.workflows.incident import Incident
 
 CALL = timedelta(seconds=60)
 
 
-class SpareSteps(Timeline):
-    async def _spare_into_service(self, guard: GuardContext) -> str | None:
+class Spares:
+    """The cluster's hot spares, for one incident's replacement."""
+
+    def __init__(self, incident: Incident, guard: GuardContext) -> None:
+        self.incident = incident
+        self.guard = guard
+
+    async def into_service(self) -> str | None:
         """Claim a free spare and resume it; None when there is none."""
-        r = self._state.request
-        claim = await self._step(
+        inc = self.incident
+        r = inc.request
+        claim = await inc.steps.activity(
             "claim_spare",
-            lambda: workflow.execute_activity(
-                contracts.guard_claim_spare,
-                SpareCall(
-                    guard=guard, request=SpareRequest(node=r.node, incident_id=r.incident_id)
-                ),
-                start_to_close_timeout=CALL,
-                heartbeat_timeout=HEARTBEAT,
-                retry_policy=STEP_RETRY,
+            contracts.guard_claim_spare,
+            SpareCall(
+                guard=self.guard, request=SpareRequest(node=r.node, incident_id=r.incident_id)
             ),
-            detail=lambda c: c.spare or "no spare free",
+            f"claim a hot spare for {r.node}",
+            lambda c: c.spare or "no spare free",
+            timeout=CALL,
         )
         if claim.spare is None:
             return None
         spare = claim.spare
-        taken = await self._step(
+        taken = await inc.steps.activity(
             "take_spare",
-            lambda: workflow.execute_activity(
-                contracts.take_spare,
-                SpareInput(node=spare, incident_id=r.incident_id),
-                start_to_close_timeout=CALL,
-                heartbeat_timeout=HEARTBEAT,
-                retry_policy=STEP_RETRY,
-            ),
-            detail=lambda t: f"{spare} {t.state_after}" + (f" ({t.detail})" if t.detail else ""),
+            contracts.take_spare,
+            SpareInput(node=spare, incident_id=r.incident_id),
+            f"put hot spare {spare} into service for {r.node}",
+            lambda t: f"{spare} {t.state_after}" + (f" ({t.detail})" if t.detail else ""),
+            timeout=CALL,
         )
         if not taken.returned:
             return None
-        await self._notify("spare_in_service", f"hot spare {spare} in service for {r.node}")
+        await inc.notify("spare_in_service", f"hot spare {spare} in service for {r.node}")
         return spare
 
-    async def _park_as_spare(self, guard: GuardContext) -> None:
-        r = self._state.request
-        await self._step(
+    async def park(self) -> None:
+        """The replaced node, healthy again, waits as the next spare."""
+        inc = self.incident
+        r = inc.request
+        await inc.steps.activity(
             "park_as_spare",
-            lambda: workflow.execute_activity(
-                contracts.park_as_spare,
-                SpareInput(node=r.node, incident_id=r.incident_id),
-                start_to_close_timeout=CALL,
-                heartbeat_timeout=HEARTBEAT,
-                retry_policy=STEP_RETRY,
-            ),
-            detail=lambda p: p.state_after,
+            contracts.park_as_spare,
+            SpareInput(node=r.node, incident_id=r.incident_id),
+            f"park {r.node} as a hot spare",
+            lambda p: p.state_after,
+            timeout=CALL,
         )
-        await self._step(
+        await inc.steps.activity(
             "refill_spare",
-            lambda: workflow.execute_activity(
-                contracts.guard_refill_spare,
-                SpareCall(
-                    guard=guard, request=SpareRequest(node=r.node, incident_id=r.incident_id)
-                ),
-                start_to_close_timeout=CALL,
-                heartbeat_timeout=HEARTBEAT,
-                retry_policy=STEP_RETRY,
+            contracts.guard_refill_spare,
+            SpareCall(
+                guard=self.guard, request=SpareRequest(node=r.node, incident_id=r.incident_id)
             ),
-            detail=lambda free: f"free spares {free}",
+            f"give {r.node} to the fleet guard as a free spare",
+            lambda free: f"free spares {free}",
+            timeout=CALL,
         )
