@@ -106,10 +106,10 @@ def test_rendered_configs_are_valid_and_keep_the_shipped_files(tmp_path: Path) -
 def test_agent_without_direct_reports_still_sends_snapshots(tmp_path: Path, report: bool) -> None:
     """report_faults off: the agent's reports are logged, never sent; its health snapshots
     (the health gate's evidence) still go to the API."""
-    from autoclusters.clients import agent_cli
     from autoclusters.clients.agent import fake_backend
     from autoclusters.clients.agent.reporter import HttpSender, PrintSink, Reporter
     from autoclusters.clients.agent.settings import AgentSettings
+    from autoclusters.clients.cli import agent as agent_cli
 
     fake = tmp_path / "gpu-01.json"
     fake_backend.write_node(fake, fake_backend.healthy_node())
