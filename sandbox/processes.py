@@ -27,10 +27,6 @@ class ProcessRecord(BaseModel):
     log: str
 
 
-# tests/conftest.py still imports the start-time reader by this name.
-_start_ticks = start_ticks
-
-
 class ProcessTable:
     """The sandbox's processes, one JSON record per name under <state>/pids/."""
 

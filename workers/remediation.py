@@ -106,7 +106,7 @@ def cluster_provider(
         return None
     cmk = None
     if settings.kubeconfig is not None and settings.crusoe_cluster_id:
-        from autoclusters.activities.cluster_provider_cmk import CmkProvider
+        from autoclusters.activities.cluster_providers.cmk import CmkProvider
         from autoclusters.integrations.slinky_crs import KubeObjects
 
         kube = KubeObjects(k8s.api_client(kubeconfig=settings.kubeconfig), CMK_NAMESPACE)
