@@ -5,7 +5,7 @@ VENV ?= .venv
 PYTHON ?= python3
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint unit system-deps install clean
+.PHONY: demo test lint unit workflow integration system-deps install clean
 
 $(BIN)/autoclusters: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,14 +26,26 @@ lint: install
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
-test: system-deps install lint
-	$(BIN)/pytest
+# The lanes (docs/testing.md) are decided by what a test uses (tests/conftest.py): `unit`
+# starts no Temporal server, no sandbox and no Slurm; `workflow` runs workflows on the
+# time-skipping test server; `integration` runs on real sandboxes. Tests that share a
+# server run in one xdist worker (their group); most tests wait on sockets and
+# subprocesses, not the CPU, so more workers than cores.
+XDIST := --dist loadgroup --no-loadscope-reorder
 
-# The fast lane: no sandbox, no Slurm, no Temporal server of any kind (the `integration`
-# and `workflow` markers, pyproject.toml); `make test` runs everything.
-# Most of these wait on sockets and subprocesses, not the CPU: four at a time.
+# Everything: lint, then all three lanes in one run, so the unit and workflow tests fill
+# the time the integration tests spend waiting.
+test: system-deps install lint
+	$(BIN)/pytest -n 8 $(XDIST)
+
 unit: install
-	HYPOTHESIS_PROFILE=quick $(BIN)/pytest -m "not integration and not workflow" -n 4
+	HYPOTHESIS_PROFILE=quick $(BIN)/pytest -m "not integration and not workflow" -n 4 $(XDIST)
+
+workflow: install
+	$(BIN)/pytest -m "workflow and not integration" -n 4 $(XDIST)
+
+integration: system-deps install
+	$(BIN)/pytest -m integration -n 8 $(XDIST)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info

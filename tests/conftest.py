@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import random
 import socket
+import zlib
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from hypothesis import settings as hypothesis_settings
 from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 
+from autoclusters.core.process_start import start_ticks
 from autoclusters.core.settings import Settings
 from autoclusters.integrations import temporal
 from autoclusters.integrations.slurm import SlurmCli
@@ -66,16 +68,72 @@ def _hermetic(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.Monk
 # never in `make unit`. Decided by what the test uses, not by what its module imports.
 SERVER_FIXTURES = {"sandbox": "integration", "env": "workflow"}
 
+# Tests on the session's shared sandbox run in this many xdist groups: each group is one
+# worker's sandbox, started once and used by its tests one at a time (as before xdist).
+# More groups would start more sandboxes (~35 s and ~10 s of CPU each) for little gain.
+SHARED_SANDBOX_GROUPS = 2
+
+# Where xdist starts: the modules whose work takes longest, so the run does not end waiting
+# on one of them that started last (measured with --durations; the order changes when a
+# test runs, never what it checks). Everything else follows: integration tests, then
+# workflow tests, then unit tests, which fill the gaps.
+LONGEST_FIRST = (
+    "test_outage_matrix",
+    "test_sandbox_lifecycle",
+    "test_share_demo",
+    "test_demo",
+    "test_chaos_matrix",
+    "test_training",
+    "test_incident_on_sandbox",
+    "test_restart",
+    "test_cluster_on_sandbox",
+    "test_chaos",
+    "test_remediation_workflow",
+)
+
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """A test on the session's real sandbox is an integration test, marked or not; a test
     that uses a Temporal server (the `env` fixture: the time-skipping server here, or a
-    module's own dev server) is at least a `workflow` test."""
+    module's own dev server) is at least a `workflow` test. Then each test gets its xdist
+    group (`--dist loadgroup`) and the longest work is put first."""
     for item in items:
         used = set(getattr(item, "fixturenames", ()))
         for fixture, marker in SERVER_FIXTURES.items():
             if fixture in used and not item.get_closest_marker("integration"):
                 item.add_marker(getattr(pytest.mark, marker))
+        group = xdist_group(item)
+        if group and not item.get_closest_marker("xdist_group"):
+            item.add_marker(pytest.mark.xdist_group(group))
+    items.sort(key=_start_order)
+
+
+def xdist_group(item: pytest.Item) -> str | None:
+    """Tests that share a server must run in one xdist worker, one at a time: those on the
+    session's sandbox (in SHARED_SANDBOX_GROUPS groups), and a module's tests that share one
+    of its module-scoped fixtures (its own sandbox, dev server or time-skipping server).
+    A test with neither can run anywhere. A module may split itself further by marking its
+    tests `xdist_group` (the matrices do: one sandbox per group)."""
+    module = item.nodeid.split("::", 1)[0]
+    used = set(getattr(item, "fixturenames", ()))
+    if "sandbox" in used:
+        return f"shared-sandbox-{zlib.crc32(module.encode()) % SHARED_SANDBOX_GROUPS}"
+    info = getattr(item, "_fixtureinfo", None)
+    defs = info.name2fixturedefs if info is not None else {}
+    if any(defs[name][-1].scope in ("module", "package", "class") for name in used & defs.keys()):
+        return module
+    return None
+
+
+def _start_order(item: pytest.Item) -> tuple[int, int]:
+    stem = Path(item.nodeid.split("::", 1)[0]).stem
+    if stem in LONGEST_FIRST:
+        return 0, LONGEST_FIRST.index(stem)
+    if item.get_closest_marker("integration"):
+        return 1, 0
+    if item.get_closest_marker("workflow"):
+        return 2, 0
+    return 3, 0
 
 
 _handed_out: set[int] = set()
@@ -90,8 +148,12 @@ def free_port_base(span: int = PORT_SPAN) -> int:
     source between this check and the daemon's bind (slurmctld's "Address already in use"
     in one CI run). A base is handed out once per session, because a base chosen for a
     sandbox that has not started yet still looks free."""
+    # Under xdist each worker draws from its own slots, so two workers never race for one.
+    worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw"))
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    slots = [b for i, b in enumerate(range(10000, 32400, 200)) if i % workers == worker]
     for _ in range(200):
-        base = random.randrange(10000, 32400, 200)  # 200 > PORT_SPAN: ranges never overlap
+        base = random.choice(slots)  # 200 > PORT_SPAN: ranges never overlap
         if base in _handed_out:
             continue
         ok = True
@@ -140,9 +202,7 @@ def sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SandboxConfig]
 
 
 def _alive(pid: int, ticks: int) -> bool:
-    from autoclusters.sandbox.processes import _start_ticks
-
-    return _start_ticks(pid) == ticks
+    return start_ticks(pid) == ticks
 
 
 @pytest.fixture(scope="session")

@@ -49,7 +49,12 @@ CASES = [
     ("worker", "return_to_service"),
     ("temporal", "repair"),
 ]
-MATRIX = [pytest.param(w, a, id=f"{w}@{a}") for w, a in CASES]
+# Three sandboxes side by side (xdist groups, one worker each), three cases on each.
+SANDBOXES = 3
+MATRIX = [
+    pytest.param(w, a, id=f"{w}@{a}", marks=pytest.mark.xdist_group(f"chaos-{i % SANDBOXES}"))
+    for i, (w, a) in enumerate(CASES)
+]
 # An undisturbed incident takes ~10 s here, a crash may add 15 s: this is a stall.
 CASE_TIMEOUT_S = 90
 
@@ -68,7 +73,7 @@ async def matrix_sandbox(
     try:
         yield cfg
     finally:
-        print(f"\nchaos matrix: {time.monotonic() - started:.0f}s for {len(MATRIX)} cases")
+        print(f"\nchaos matrix: this sandbox's cases took {time.monotonic() - started:.0f}s")
         await asyncio.to_thread(cluster.down, cfg)
 
 
