@@ -437,7 +437,7 @@ async def bench(args: argparse.Namespace) -> int:
             )  # fmt: skip
             procs.append(worker)
             uvicorn = [sys.executable, "-m", "uvicorn", "--factory",
-                       "autoclusters.clients.api.app:app_from_env",
+                       "autoclusters.clients.server:server_from_env",
                        "--log-level", "warning", "--no-access-log"]  # fmt: skip
             if args.reuse_port:
                 # N processes, each with its own listening socket on the one port

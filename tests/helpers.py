@@ -15,7 +15,7 @@ from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
-from autoclusters.clients.api.settings import ApiSettings
+from autoclusters.clients.web.settings import ApiSettings
 from autoclusters.core import binpaths
 from autoclusters.core.models import SlurmJob
 from autoclusters.integrations import temporal

@@ -23,7 +23,7 @@ import pytest
 
 from autoclusters.clients.agent import fake_backend
 from autoclusters.clients.agent.fake_backend import FakeBackend, read_node
-from autoclusters.clients.agent.report import NodeReport
+from autoclusters.core.node_report import NodeReport
 
 ROOT = Path(__file__).resolve().parent.parent
 NO_DRIVER = "NVML unavailable: driver not loaded (libnvidia-ml.so.1 not found)"

@@ -21,8 +21,8 @@ from autoclusters.clients.agent.agent import Agent
 from autoclusters.clients.agent.classify import Finding
 from autoclusters.clients.agent.debounce import Debouncer, Transition
 from autoclusters.clients.agent.fake_backend import FakeBackend, FakeInfiniband, healthy_node
-from autoclusters.clients.agent.report import NodeReport, ReportState
 from autoclusters.clients.agent.settings import AgentSettings
+from autoclusters.core.node_report import NodeReport, ReportState
 
 FIRING, RESOLVED = ReportState.FIRING, ReportState.RESOLVED
 

@@ -27,9 +27,9 @@ from autoclusters.clients.agent.classify import EXTRA_KINDS, POLICY_KINDS
 from autoclusters.clients.agent.fake_backend import FakeBackend, FakeInfiniband, healthy_node
 from autoclusters.clients.agent.infiniband import SysfsInfiniband
 from autoclusters.clients.agent.readings import FabricReading, GpuEvent
-from autoclusters.clients.agent.report import NodeReport, ReportState
 from autoclusters.clients.agent.settings import AgentSettings
 from autoclusters.core.faults import FAULT_PATTERN
+from autoclusters.core.node_report import NodeReport, ReportState
 from autoclusters.core.policy import default_policy
 
 NODE = "gpu-01"

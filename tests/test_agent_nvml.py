@@ -25,9 +25,9 @@ import pytest
 from autoclusters.clients.agent.agent import Agent
 from autoclusters.clients.agent.backend import BackendUnavailable
 from autoclusters.clients.agent.nvml_backend import NvmlBackend
-from autoclusters.clients.agent.report import NodeReport
 from autoclusters.clients.agent.settings import AgentSettings
 from autoclusters.clients.agent.watchdog import Hung, Watchdog
+from autoclusters.core.node_report import NodeReport
 
 
 class NVMLError(Exception):

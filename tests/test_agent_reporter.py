@@ -29,8 +29,8 @@ from typing import Any
 
 import pytest
 
-from autoclusters.clients.agent.report import REPORTS_PATH, NodeReport
 from autoclusters.clients.agent.reporter import HttpSender, Reporter, Spool
+from autoclusters.core.node_report import REPORTS_PATH, NodeReport
 
 TOKEN = "s3cret"
 ROOT = Path(__file__).resolve().parent.parent
@@ -231,9 +231,11 @@ def cli(*args: str) -> list[str]:
     return [sys.executable, "-m", "autoclusters.clients.cli.agent", *args]
 
 
+@pytest.mark.integration
 def test_agent_process_reports_an_injected_fault_and_its_resolution(
     tmp_path: Path, api: Api
 ) -> None:
+    """Integration lane: it runs the agent as its own process (make unit starts none)."""
     fake = tmp_path / "gpu-02.json"
     env = {k: v for k, v in os.environ.items() if not k.startswith("AUTOCLUSTERS_")}
     env["AUTOCLUSTERS_AGENT_TOKEN"] = TOKEN

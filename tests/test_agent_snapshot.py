@@ -23,9 +23,9 @@ from pydantic import ValidationError
 from autoclusters.clients.agent import fake_backend
 from autoclusters.clients.agent.agent import Agent
 from autoclusters.clients.agent.fake_backend import FakeBackend, FakeInfiniband
-from autoclusters.clients.agent.report import SNAPSHOTS_PATH, HealthSnapshot, NodeReport
 from autoclusters.clients.agent.reporter import Answer, HttpSender, Outcome
 from autoclusters.clients.agent.settings import AgentSettings
+from autoclusters.core.node_report import SNAPSHOTS_PATH, HealthSnapshot, NodeReport
 
 
 class Sink:

@@ -21,8 +21,8 @@ import httpx
 from temporalio.testing import WorkflowEnvironment
 
 from autoclusters.clients import incidents
-from autoclusters.clients.agent.report import NodeReport
-from autoclusters.clients.api.settings import ApiSettings
+from autoclusters.clients.web.settings import ApiSettings
+from autoclusters.core.node_report import NodeReport
 from tests.test_api import (  # noqa: F401  (fixtures)
     AM,
     AUTH,

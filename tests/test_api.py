@@ -47,12 +47,12 @@ from temporalio.service import RPCError, RPCStatusCode
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from autoclusters.clients.agent.report import NodeReport
 from autoclusters.clients.api.app import create_app
-from autoclusters.clients.api.settings import ApiSettings
 from autoclusters.clients.inventory import NodeInventory, StaticInventory
+from autoclusters.clients.web.settings import ApiSettings
 from autoclusters.core import binpaths
 from autoclusters.core.models import IncidentState, workflow_id
+from autoclusters.core.node_report import NodeReport
 from autoclusters.integrations import temporal
 from autoclusters.workflows.remediation import NodeRemediation
 from tests.helpers import HermeticSettings

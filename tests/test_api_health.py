@@ -19,10 +19,10 @@ from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
-from autoclusters.clients.agent.report import SNAPSHOTS_PATH, HealthSnapshot, NodeReport
-from autoclusters.clients.api.settings import ApiSettings
+from autoclusters.clients.web.settings import ApiSettings
 from autoclusters.core.cluster import provisioning_workflow_id
 from autoclusters.core.models import HealthCheck, workflow_id
+from autoclusters.core.node_report import SNAPSHOTS_PATH, HealthSnapshot, NodeReport
 from autoclusters.workflows.agent_gate import AgentGate
 from tests.test_api import (  # noqa: F401  (fixtures)
     AUTH,

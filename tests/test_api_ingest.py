@@ -38,9 +38,9 @@ from autoclusters.clients.api.dedupe import DedupeStore
 from autoclusters.clients.api.intake import Delivered, Intake, Signal, TemporalUnavailable
 from autoclusters.clients.api.metrics import ApiMetrics
 from autoclusters.clients.api.open_incidents import OpenIncidents
-from autoclusters.clients.api.settings import ApiSettings
 from autoclusters.clients.incidents import OpenedIncident
 from autoclusters.clients.inventory import StaticInventory
+from autoclusters.clients.web.settings import ApiSettings
 from autoclusters.core.fault_evidence import FaultEvidence
 
 

@@ -22,10 +22,10 @@ from autoclusters.clients.api.alertmanager import (
     node_candidates,
     read_alerts,
 )
-from autoclusters.clients.api.auth import BearerAuth, Unauthorized
 from autoclusters.clients.api.dedupe import DedupeStore
-from autoclusters.clients.api.settings import DEFAULT_ALERT_FAULTS, ApiSettings
 from autoclusters.clients.inventory import SlurmInventory, StaticInventory
+from autoclusters.clients.web.auth import BearerAuth, Unauthorized
+from autoclusters.clients.web.settings import DEFAULT_ALERT_FAULTS, ApiSettings
 from autoclusters.core.faults import FAULT_PATTERN
 from autoclusters.core.policy import Rung, default_policy
 from tests.fakes import FakeSlurm

@@ -27,15 +27,15 @@ from fastapi import FastAPI
 from starlette.requests import Request
 from temporalio.client import Client
 
-from autoclusters.clients.api.app import create_app
-from autoclusters.clients.api.auth import BearerAuth
-from autoclusters.clients.api.settings import ApiSettings
 from autoclusters.clients.console import prometheus, topology
 from autoclusters.clients.console.routes import Console
 from autoclusters.clients.console.session import COOKIE, NotLoggedIn, Sessions
 from autoclusters.clients.console.sources import IncidentRead
 from autoclusters.clients.incidents import IncidentNotFound, IncidentSummary
 from autoclusters.clients.inventory import StaticInventory
+from autoclusters.clients.server import create_server
+from autoclusters.clients.web.auth import BearerAuth
+from autoclusters.clients.web.settings import ApiSettings
 from autoclusters.core.cluster import ClusterState, Placement, render_topology
 from autoclusters.core.fault_evidence import FaultEvidence
 from autoclusters.core.guard import GuardState, GuardStatus
@@ -182,7 +182,7 @@ async def no_temporal() -> Client:
 
 
 def app_for(s: ApiSettings) -> tuple[FastAPI, FakeSource]:
-    app = create_app(s, client_factory=no_temporal, inventory=StaticInventory(s.api_nodes))
+    app = create_server(s, client_factory=no_temporal, inventory=StaticInventory(s.api_nodes))
     source = FakeSource()
     console: Console = app.state.console
     console.source = source

@@ -15,9 +15,9 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from autoclusters.clients.api.app import create_app
-from autoclusters.clients.api.settings import ApiSettings
 from autoclusters.clients.cli.app import app
+from autoclusters.clients.server import create_server
+from autoclusters.clients.web.settings import ApiSettings
 from autoclusters.integrations.temporal import SEARCH_ATTRIBUTES
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -159,7 +159,7 @@ def test_alertmanager_reaches_the_api_webhook_with_its_token() -> None:
     assert f"{port}:{port}" in api["ports"]
     routes = {
         (getattr(r, "path", ""), m)
-        for r in create_app(ApiSettings(api_inventory="static")).routes
+        for r in create_server(ApiSettings(api_inventory="static")).routes
         for m in getattr(r, "methods", ())
     }
     config = yaml.safe_load((ROOT / "deploy/alertmanager/alertmanager.yml").read_text())

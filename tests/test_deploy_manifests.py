@@ -19,8 +19,8 @@ import yaml
 from typer.testing import CliRunner
 
 from autoclusters.clients.agent.settings import AgentSettings
-from autoclusters.clients.api.settings import ApiSettings
 from autoclusters.clients.cli.app import app
+from autoclusters.clients.web.settings import ApiSettings
 from autoclusters.integrations import slinky_crs
 from autoclusters.integrations.temporal import SEARCH_ATTRIBUTES
 

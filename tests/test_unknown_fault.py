@@ -18,14 +18,14 @@ from temporalio.service import RPCError
 from typer.testing import CliRunner
 
 from autoclusters.clients.agent.classify import EXTRA_KINDS, POLICY_KINDS
-from autoclusters.clients.agent.report import NodeReport
 from autoclusters.clients.api.app import create_app
-from autoclusters.clients.api.settings import DEFAULT_ALERT_FAULTS
 from autoclusters.clients.cli import app as cli
 from autoclusters.clients.cli import connect
 from autoclusters.clients.inventory import StaticInventory
+from autoclusters.clients.web.settings import DEFAULT_ALERT_FAULTS
 from autoclusters.core.faults import NAMED_FAULTS, UnknownFaultError, check_known_fault
 from autoclusters.core.models import workflow_id
+from autoclusters.core.node_report import NodeReport
 from autoclusters.core.policy import default_policy
 from autoclusters.sandbox.config import SandboxConfig
 from tests.helpers import HermeticSettings

@@ -33,9 +33,9 @@ from autoclusters.clients.agent.classify import (
 from autoclusters.clients.agent.debounce import DebounceMemory, Debouncer
 from autoclusters.clients.agent.metrics import AgentMetrics
 from autoclusters.clients.agent.readings import GpuReadings, IbReadings, state_number
-from autoclusters.clients.agent.report import ActiveFault, HealthSnapshot, IbPortState, NodeReport
 from autoclusters.clients.agent.reporter import Answer, Outcome, ReportSink, write_atomic
 from autoclusters.clients.agent.settings import AgentSettings
+from autoclusters.core.node_report import ActiveFault, HealthSnapshot, IbPortState, NodeReport
 from autoclusters.integrations.metrics_http import MetricsServer
 
 log = logging.getLogger(__name__)

@@ -25,7 +25,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from autoclusters.clients.agent.classify import Finding
-from autoclusters.clients.agent.report import ReportState
+from autoclusters.core.node_report import ReportState
 
 
 class Track(BaseModel):

@@ -30,7 +30,7 @@ from typing import IO, Protocol
 
 import httpx
 
-from autoclusters.clients.agent.report import (
+from autoclusters.core.node_report import (
     REPORTS_PATH,
     SNAPSHOTS_PATH,
     HealthSnapshot,

@@ -12,7 +12,8 @@ Always open:
   GET  /healthz, /readyz
 A token, except to a loopback caller while the API binds loopback:
   GET  /metrics
-The console (clients/console): /ui pages and their JSON, a login cookie or the token.
+The console (clients/console, /ui) is not the API's: clients/server.py serves it beside
+these, in the app that `autoclusters api run` serves.
 Slack's Approve / Reject clicks (signed by Slack): POST /slack/interactions
 GPU sharing's Alertmanager webhook: POST /v1/alerts/sharing
 
@@ -43,7 +44,6 @@ from __future__ import annotations
 
 from fastapi import FastAPI
 
-from autoclusters.clients import console
 from autoclusters.clients.api.errors import ApiError, answer_refusal
 from autoclusters.clients.api.plain_routes import serve_plainly
 from autoclusters.clients.api.routes import (
@@ -55,11 +55,11 @@ from autoclusters.clients.api.routes import (
     sharing,
     slack,
 )
-from autoclusters.clients.api.settings import ApiSettings
 from autoclusters.clients.api.state import ApiState, inventory_for
 from autoclusters.clients.api.temporal_gate import ClientFactory
 from autoclusters.clients.api.timing import RequestTimer
 from autoclusters.clients.inventory import NodeInventory
+from autoclusters.clients.web.settings import ApiSettings
 from autoclusters.integrations import temporal
 
 
@@ -94,15 +94,6 @@ def create_app(
     app.include_router(metrics.router(api))
     if settings.slack is not None and settings.slack.signing_secret is not None:
         app.include_router(slack.router(api, settings.slack))
-    console.mount(
-        app, settings=settings, auth=api.auth, client=api.gate.client, policy=api.policies.current
-    )
     # The alert webhooks skip FastAPI's per-request machinery (plain_routes.py says why).
     serve_plainly(app, webhooks, {alerts.PATH, agent.PATH})
     return app
-
-
-def app_from_env() -> FastAPI:
-    """For `uvicorn --factory clients.api.app:app_from_env`: settings from the environment
-    and autoclusters.toml, as every entry point reads them."""
-    return create_app(ApiSettings())

@@ -10,11 +10,11 @@ from typing import Any, TypeVar
 from fastapi import Request
 from pydantic import BaseModel, ValidationError
 
-from autoclusters.clients.api.auth import BearerAuth, Unauthorized
 from autoclusters.clients.api.errors import ApiError, Refusals
 from autoclusters.clients.api.policy_cache import PolicyCache
-from autoclusters.clients.api.settings import ApiSettings
 from autoclusters.clients.inventory import NodeInventory
+from autoclusters.clients.web.auth import BearerAuth, Unauthorized
+from autoclusters.clients.web.settings import ApiSettings
 from autoclusters.core.faults import CATALOGUE_HINT, UnknownFaultError, check_known_fault
 from autoclusters.integrations.slurm import SlurmError
 

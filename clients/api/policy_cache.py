@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from autoclusters.clients.api.settings import ApiSettings
+from autoclusters.clients.web.settings import ApiSettings
 from autoclusters.core.policy import Policy, PolicyError
 from autoclusters.core.settings import policy_for
 

@@ -21,7 +21,6 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from autoclusters.clients import incidents
 from autoclusters.clients.api.alertmanager import FaultMap
-from autoclusters.clients.api.auth import BearerAuth
 from autoclusters.clients.api.checks import RequestChecks
 from autoclusters.clients.api.dedupe import DedupeStore
 from autoclusters.clients.api.errors import Refusals
@@ -30,9 +29,10 @@ from autoclusters.clients.api.metrics import ApiMetrics
 from autoclusters.clients.api.open_incidents import OpenIncidents
 from autoclusters.clients.api.policy_cache import PolicyCache
 from autoclusters.clients.api.resolutions import ResolutionLog
-from autoclusters.clients.api.settings import ApiSettings
 from autoclusters.clients.api.temporal_gate import RETRYABLE, ClientFactory, TemporalGate
 from autoclusters.clients.inventory import NodeInventory, SlurmInventory, StaticInventory
+from autoclusters.clients.web.auth import BearerAuth
+from autoclusters.clients.web.settings import ApiSettings
 from autoclusters.core.fault_evidence import FaultCleared, FaultEvidence
 from autoclusters.integrations.slurm import SlurmError, UnknownNodeError
 

@@ -1,5 +1,5 @@
 """`autoclusters api run|token`: serve the HTTP API (Alertmanager webhook, agent reports,
-incident reads), and make a bearer token for it."""
+incident reads) with the web console (clients/server.py), and make a bearer token for it."""
 
 from __future__ import annotations
 
@@ -30,13 +30,13 @@ def run(
     """
     import uvicorn
 
-    from autoclusters.clients.api.app import create_app
-    from autoclusters.clients.api.settings import ApiSettings
+    from autoclusters.clients.server import create_server
+    from autoclusters.clients.web.settings import ApiSettings
     from autoclusters.core.policy import PolicyError
 
     try:
         s = ApiSettings()
-        app = create_app(s)
+        app = create_server(s)
     except (ValidationError, PolicyError) as e:
         err.print(f"[red]bad settings:[/red] {e}")
         raise typer.Exit(2) from None

@@ -33,7 +33,7 @@ def console(
     ] = False,
 ) -> None:
     """Print the console's URL (the API's /ui) for the running sandbox or configured API."""
-    from autoclusters.clients.api.settings import ApiSettings
+    from autoclusters.clients.web.settings import ApiSettings
     from autoclusters.core.settings import config_file
 
     try:

@@ -1,4 +1,5 @@
-"""The Command Center: a read-only web console served by the API under /ui.
+"""The Command Center: a read-only web console served beside the API under /ui (`mount`,
+called by clients/server.py; the console imports nothing of the API).
 
 Topology (nodes by IB pod, leaf and node set, coloured by state, with the fleet guard and
 its breaker), a node's Slurm/Kubernetes state, incidents and GPU charts, every incident's
@@ -15,11 +16,11 @@ from collections.abc import Callable
 
 from fastapi import FastAPI
 
-from autoclusters.clients.api.auth import BearerAuth
-from autoclusters.clients.api.settings import ApiSettings
 from autoclusters.clients.console.routes import Console, install
 from autoclusters.clients.console.session import Sessions
 from autoclusters.clients.console.sources import ClientGetter, ConsoleSource, LiveSource
+from autoclusters.clients.web.auth import BearerAuth
+from autoclusters.clients.web.settings import ApiSettings
 from autoclusters.core.policy import Policy
 from autoclusters.integrations.slurm import SlurmCli
 

@@ -23,13 +23,13 @@ from starlette.datastructures import MutableHeaders
 from starlette.templating import Jinja2Templates
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from autoclusters.clients.api.auth import Unauthorized
-from autoclusters.clients.api.settings import ApiSettings
 from autoclusters.clients.clusters import ui_link
 from autoclusters.clients.console import prometheus, topology, views
 from autoclusters.clients.console.session import COOKIE, COOKIE_PATH, NotLoggedIn, Sessions
 from autoclusters.clients.console.sources import ConsoleSource
 from autoclusters.clients.incidents import IncidentNotFound
+from autoclusters.clients.web.auth import Unauthorized
+from autoclusters.clients.web.settings import ApiSettings
 from autoclusters.core.policy import Policy
 from autoclusters.core.slack_config import SLACK_API_URL
 

@@ -19,8 +19,8 @@ import time
 
 from fastapi import Request
 
-from autoclusters.clients.api.auth import BearerAuth, Unauthorized
-from autoclusters.clients.api.settings import ApiSettings
+from autoclusters.clients.web.auth import BearerAuth, Unauthorized
+from autoclusters.clients.web.settings import ApiSettings
 from autoclusters.core.net import is_loopback
 
 COOKIE = "autoclusters_console"

@@ -10,12 +10,6 @@ from datetime import UTC, datetime
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 
-from autoclusters.clients.agent.report import (
-    SNAPSHOTS_PATH,
-    HealthSnapshot,
-    NodeReport,
-    ReportState,
-)
 from autoclusters.clients.api.checks import body_schema, not_in_cluster
 from autoclusters.clients.api.evidence import SnapshotAnswer, forward
 from autoclusters.clients.api.ingest_answer import IngestAnswer, Skipped, answer
@@ -24,6 +18,12 @@ from autoclusters.clients.api.resolutions import Resolution
 from autoclusters.clients.api.state import ApiState
 from autoclusters.core.fault_evidence import FaultCleared, FaultEvidence
 from autoclusters.core.models import workflow_id
+from autoclusters.core.node_report import (
+    SNAPSHOTS_PATH,
+    HealthSnapshot,
+    NodeReport,
+    ReportState,
+)
 
 PATH = "/v1/reports"
 

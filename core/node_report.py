@@ -1,7 +1,8 @@
 """The report a node agent sends: `POST {api}/v1/reports` with a `NodeReport` JSON body.
 
 Shared by the agent (which builds and sends it) and the API (which accepts exactly this
-model), so this module imports only pydantic and the standard library.
+model): in core, below both, so neither imports the other; it imports only pydantic, the
+standard library and core, which keeps the agent light.
 
 One report says that one fault kind on one node started (`firing`) or stopped
 (`resolved`) holding. A fault that keeps holding is re-sent as `firing` every re-report

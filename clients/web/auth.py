@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import hmac
 
-from autoclusters.clients.api.settings import ApiSettings
+from autoclusters.clients.web.settings import ApiSettings
 
 
 class Unauthorized(Exception):

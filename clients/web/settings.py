@@ -1,7 +1,8 @@
 """The API's settings: the shared ones plus what only the HTTP API needs (AUTOCLUSTERS_API_*).
 
 Kept in a subclass so the worker and the CLI never see them; `autoclusters.toml` and the
-environment fill them as they fill the rest.
+environment fill them as they fill the rest. Here, below the API and the console, because
+the console served beside the API reads them too (its address, tokens, Temporal timeout).
 """
 
 from __future__ import annotations
