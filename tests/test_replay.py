@@ -7,11 +7,15 @@ of that release can be open. Aspects covered:
 - every history replays on the current workflows;
 - the baseline release (0.1) has a history of every workflow type and of each rung and
   mode of the runbook, and each history shows the path its case names (so a recording
-  that went another way is caught, not replayed for nothing).
+  that went another way is caught, not replayed for nothing);
+- every activity in every history carries a summary in the operator's words (what the
+  Temporal UI shows for it), and only the step kernel (workflows/steps.py) starts activities,
+  so no workflow can schedule one without a summary.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 from pathlib import Path
 from typing import Any
@@ -27,6 +31,7 @@ from autoclusters.workers.remediation import WORKFLOWS
 pytestmark = pytest.mark.workflow
 
 HERE = Path(__file__).parent / "histories"
+WORKFLOWS_DIR = Path(__file__).resolve().parent.parent / "workflows"
 HISTORIES = sorted(HERE.glob("*.json"))
 BASELINE = "0.1"
 WORKFLOW_TYPES = {
@@ -79,6 +84,12 @@ def _activities(path: Path) -> set[str]:
     return {e[scheduled]["activityType"]["name"] for e in _events(path) if scheduled in e}
 
 
+def _summary(event: dict[str, Any]) -> str:
+    """The activity's summary (a JSON string payload), "" when it has none."""
+    data = event.get("userMetadata", {}).get("summary", {}).get("data")
+    return str(json.loads(base64.b64decode(data))) if data else ""
+
+
 def _workflow_type(path: Path) -> str:
     return str(_events(path)[0]["workflowExecutionStartedEventAttributes"]["workflowType"]["name"])
 
@@ -95,6 +106,31 @@ def test_the_baseline_has_every_workflow_type_and_case() -> None:
 def test_each_baseline_history_shows_its_case(case: tuple[str, str]) -> None:
     ran = _activities(_path(*case))
     assert BASELINE_CASES[case] <= ran, sorted(ran)
+
+
+@pytest.mark.parametrize("path", HISTORIES, ids=[p.stem for p in HISTORIES])
+def test_every_activity_has_a_summary(path: Path) -> None:
+    """Each ActivityTaskScheduled names what it acts on in the operator's words
+    (`drain gpu-04 (SCALE_DOWN)`), never nothing or the bare activity type."""
+    scheduled = "activityTaskScheduledEventAttributes"
+    events = [e for e in _events(path) if scheduled in e]
+    bare = [
+        f"event {e['eventId']} {e[scheduled]['activityType']['name']}: {_summary(e)!r}"
+        for e in events
+        if _summary(e).strip() in ("", e[scheduled]["activityType"]["name"])
+    ]
+    assert not bare, bare
+
+
+def test_only_the_step_kernel_starts_activities() -> None:
+    """Every activity runs through `Steps.call` (workflows/steps.py): the workflow's standard
+    timeout, heartbeat and retry, and a summary, which the histories above show."""
+    callers = [
+        p.name
+        for p in sorted(WORKFLOWS_DIR.glob("*.py"))
+        if "workflow.execute_activity(" in p.read_text() or "start_activity(" in p.read_text()
+    ]
+    assert callers == ["steps.py"], callers
 
 
 @pytest.mark.parametrize("path", HISTORIES, ids=[p.stem for p in HISTORIES])

@@ -74,7 +74,7 @@ from autoclusters.workflows.provider_calls import (
     SLURM_TIMEOUT,
     fatal_refusal,
 )
-from autoclusters.workflows.steps import HEARTBEAT, RETRY, Defaults, OnState, Steps, cause_of
+from autoclusters.workflows.steps import RETRY, Defaults, OnState, Steps, cause_of
 
 T = TypeVar("T")
 
@@ -93,16 +93,13 @@ class _Ops:
     async def _not_provisioning(self) -> None:
         """A cluster still being provisioned belongs to its provisioning: refused."""
         wf_id = provisioning_workflow_id(self._ref.name)
-        running: bool = await self._steps.step(
+        running: bool = await self._steps.activity(
             "check_provisioning",
-            lambda: workflow.execute_activity(
-                contracts.cluster_workflow_running,
-                WorkflowProbe(workflow_id=wf_id),
-                start_to_close_timeout=SLURM_STEP,
-                retry_policy=RETRY,
-                summary=f"is {wf_id} still running",
-            ),
+            contracts.cluster_workflow_running,
+            WorkflowProbe(workflow_id=wf_id),
+            f"is {wf_id} still provisioning cluster {self._ref.name}",
             lambda r: f"{wf_id} running" if r else "",
+            heartbeat=None,
         )
         if running:
             raise ApplicationError(
@@ -113,61 +110,50 @@ class _Ops:
             )
 
     async def _inventory(self) -> Inventory:
-        return await self._steps.step(
+        return await self._steps.activity(
             "inventory",
-            lambda: workflow.execute_activity(
-                contracts.cluster_inventory,
-                self._ref,
-                start_to_close_timeout=SLURM_TIMEOUT,
-                heartbeat_timeout=HEARTBEAT,
-                retry_policy=PROVIDER_RETRY,
-                summary=f"list what cluster {self._ref.name} has",
-            ),
+            contracts.cluster_inventory,
+            self._ref,
+            f"list what cluster {self._ref.name} has",
             lambda inv: f"{len(inv.resources)} resources, {len(inv.machines)} machines",
+            timeout=SLURM_TIMEOUT,
+            retry=PROVIDER_RETRY,
         )
 
     async def _loads(self, nodes: list[str]) -> dict[str, NodeLoad]:
-        loads: list[NodeLoad] = await workflow.execute_activity(
+        loads: list[NodeLoad] = await self._steps.call(
             contracts.cluster_node_load,
             NodeLoadCall(cluster=self._ref, nodes=nodes),
-            start_to_close_timeout=SLURM_STEP,
-            heartbeat_timeout=HEARTBEAT,
-            retry_policy=RETRY,
-            summary=f"read the jobs on {', '.join(nodes)}",
+            f"read the jobs on {', '.join(nodes)} in cluster {self._ref.name}",
         )
         return {ld.node: ld for ld in loads}
 
     async def _incident_open(self, node: str) -> bool:
-        open_: bool = await workflow.execute_activity(
+        open_: bool = await self._steps.call(
             contracts.cluster_incident_open,
             IncidentProbe(cluster=self._ref.name, node=node),
-            start_to_close_timeout=SLURM_STEP,
-            retry_policy=RETRY,
-            summary=f"is an incident open on {node}",
+            f"is a remediation incident open on {node} in cluster {self._ref.name}",
+            heartbeat=None,
         )
         return open_
 
     async def _drain(self, node: str, why: str) -> None:
-        await workflow.execute_activity(
+        await self._steps.call(
             contracts.drain_node,
             DrainInput(node=node, reason=drain_reason(self._state.key, why)),
-            start_to_close_timeout=SLURM_STEP,
-            heartbeat_timeout=HEARTBEAT,
-            retry_policy=RETRY,
-            summary=f"drain {node} ({why})",
+            f"drain {node} ({why})",
         )
 
     async def _wait_idle(self, node: str, timeout_s: float, *, force: bool) -> WaitIdleResult:
         """Until the node runs no job; without force, wait again after each timeout."""
         while True:
             try:
-                done: WaitIdleResult = await workflow.execute_activity(
+                done: WaitIdleResult = await self._steps.call(
                     contracts.wait_node_idle,
                     WaitIdleInput(node=node, timeout_s=timeout_s, force=force),
-                    start_to_close_timeout=timedelta(seconds=timeout_s) + SLURM_STEP,
-                    heartbeat_timeout=HEARTBEAT,
-                    retry_policy=RETRY,
-                    summary=f"wait until {node} is idle",
+                    f"wait until {node} is idle"
+                    + (f" (its jobs cancelled after {timeout_s:.0f} s)" if force else ""),
+                    timeout=timedelta(seconds=timeout_s) + SLURM_STEP,
                 )
             except ActivityError as e:
                 cause = cause_of(e)
@@ -177,13 +163,12 @@ class _Ops:
             return done
 
     async def _delete(self, res: Resource) -> None:
-        await workflow.execute_activity(
+        await self._steps.call(
             contracts.cluster_delete,
             DeleteCall(cluster=self._ref, resource=res),
-            start_to_close_timeout=CREATE_TIMEOUT,
-            heartbeat_timeout=HEARTBEAT,
-            retry_policy=PROVIDER_RETRY,
-            summary=f"delete {res.kind} {res.name} ({res.id})",
+            f"delete {res.kind} {res.name} ({res.id}) of cluster {self._ref.name}",
+            timeout=CREATE_TIMEOUT,
+            retry=PROVIDER_RETRY,
         )
         self._state.deleted.append(res)
 
@@ -207,7 +192,7 @@ class ScaleNodeSet(_Ops, MachineBringUp):
         self._state = OpsState(cluster=spec.name)
         self._steps = Steps(OnState(self._state), Defaults(SLURM_STEP, RETRY), keep_last=True)
         self._growing: NodeSetSpec | None = None  # a scale up's node set, at its new count
-        self._init_bring_up(inp, inp.agent_report_timeout_s)
+        self._init_bring_up(inp, inp.agent_report_timeout_s, self._steps)
 
     @workflow.query
     def status(self) -> OpsState:
@@ -256,16 +241,11 @@ class ScaleNodeSet(_Ops, MachineBringUp):
             "register_and_gate", lambda: self._register_and_gate(new, {n: why for n in new})
         )
         for node in new:
-            back: ReturnResult = await self._steps.step(
+            back: ReturnResult = await self._steps.activity(
                 f"return_to_service {node}",
-                lambda node=node: workflow.execute_activity(  # type: ignore[misc]
-                    contracts.return_to_service,
-                    ReturnInput(node=node, incident_id=self._state.key),
-                    start_to_close_timeout=SLURM_STEP,
-                    heartbeat_timeout=HEARTBEAT,
-                    retry_policy=RETRY,
-                    summary=f"return {node} to service",
-                ),
+                contracts.return_to_service,
+                ReturnInput(node=node, incident_id=self._state.key),
+                f"return {node} to service",
                 lambda r: r.state_after,
             )
             if not back.returned:
@@ -337,13 +317,10 @@ class ScaleNodeSet(_Ops, MachineBringUp):
         s = self._state
         await self._drain(node, "SCALE_DOWN")
         if self._inp.jobs == "requeue":
-            done: RequeueResult = await workflow.execute_activity(
+            done: RequeueResult = await self._steps.call(
                 contracts.requeue_jobs,
                 RequeueInput(node=node, incident_id=s.key),
-                start_to_close_timeout=SLURM_STEP,
-                heartbeat_timeout=HEARTBEAT,
-                retry_policy=RETRY,
-                summary=f"requeue the jobs of {node}",
+                f"requeue the jobs on {node} (scale down)",
             )
             s.requeued += [j for j in done.requeued if j not in s.requeued]
         while True:

@@ -64,7 +64,7 @@ from autoclusters.workflows.provider_calls import (
     SLURM_TIMEOUT,
     fatal_refusal,
 )
-from autoclusters.workflows.steps import HEARTBEAT, Defaults, OnState, Steps, cause_of
+from autoclusters.workflows.steps import Defaults, OnState, Steps, cause_of
 
 T = TypeVar("T")
 
@@ -98,7 +98,7 @@ class ClusterProvisioning(MachineBringUp):
             show=lambda _: self._show(),
             keep_last=True,
         )
-        self._init_bring_up(inp, inp.policy.agent_report_timeout_s)
+        self._init_bring_up(inp, inp.policy.agent_report_timeout_s, self._steps)
 
     @workflow.query
     def status(self) -> ClusterState:
@@ -155,16 +155,11 @@ class ClusterProvisioning(MachineBringUp):
                 "AcceptanceFailed",
             )
         if spec.users:
-            added: UsersResult = await self._steps.step(
+            added: UsersResult = await self._steps.activity(
                 "add_users",
-                lambda: workflow.execute_activity(
-                    contracts.cluster_add_users,
-                    UsersCall(cluster=self._ref, users=spec.users, accounting=spec.accounting),
-                    start_to_close_timeout=SLURM_TIMEOUT,
-                    heartbeat_timeout=HEARTBEAT,
-                    retry_policy=PROVIDER_RETRY,
-                    summary=f"add users {', '.join(u.name for u in spec.users)}",
-                ),
+                contracts.cluster_add_users,
+                UsersCall(cluster=self._ref, users=spec.users, accounting=spec.accounting),
+                f"add users {', '.join(u.name for u in spec.users)} to cluster {self._ref.name}",
                 lambda r: ", ".join(r.added),
             )
             self._state.users = added.added
@@ -172,17 +167,13 @@ class ClusterProvisioning(MachineBringUp):
         self._state.guard_workflow_id = guard_workflow_id(status.cluster)
 
     async def _create(self, step: str, activity: Any, call: ProviderCall) -> Resource:
-        res: Resource = await self._steps.step(
+        res: Resource = await self._steps.activity(
             step,
-            lambda: workflow.execute_activity(
-                activity,
-                call,
-                start_to_close_timeout=CREATE_TIMEOUT,
-                heartbeat_timeout=HEARTBEAT,
-                retry_policy=PROVIDER_RETRY,
-                summary=f"{step.replace('_', ' ')} of cluster {self._ref.name}",
-            ),
+            activity,
+            call,
+            f"{step.replace('_', ' ')} of cluster {self._ref.name}",
             lambda r: f"{r.kind} {r.name} ({r.id})",
+            timeout=CREATE_TIMEOUT,
         )
         self._state.resources.append(res)
         return res
@@ -255,13 +246,11 @@ class ClusterProvisioning(MachineBringUp):
         results: list[AcceptanceResult] = list(
             await asyncio.gather(
                 *(
-                    workflow.execute_activity(
+                    self._steps.call(
                         contracts.cluster_acceptance_job,
                         c,
-                        start_to_close_timeout=ACCEPTANCE_TIMEOUT,
-                        heartbeat_timeout=HEARTBEAT,
-                        retry_policy=PROVIDER_RETRY,
-                        summary=f"acceptance job on {c.node_set.name}",
+                        f"acceptance job on node set {c.node_set.name} of cluster {self._ref.name}",
+                        timeout=ACCEPTANCE_TIMEOUT,
                     )
                     for c in calls
                 )
@@ -277,7 +266,7 @@ class ClusterProvisioning(MachineBringUp):
             for n, p in sorted(self._placements.items())
             if p.leaf or p.pod
         }
-        status: GuardStatus = await workflow.execute_activity(
+        status: GuardStatus = await self._steps.call(
             contracts.guard_attach_policy,
             GuardContext(
                 cluster=self._ref.name,
@@ -285,10 +274,8 @@ class ClusterProvisioning(MachineBringUp):
                 topology=topology,
                 approvers=policy.approvers,
             ),
-            start_to_close_timeout=timedelta(minutes=2),
-            heartbeat_timeout=HEARTBEAT,
-            retry_policy=PROVIDER_RETRY,
-            summary=f"attach the remediation policy to the fleet guard of {self._ref.name}",
+            f"attach the remediation policy to the fleet guard of cluster {self._ref.name}",
+            timeout=timedelta(minutes=2),
         )
         return status
 
@@ -314,13 +301,11 @@ class ClusterProvisioning(MachineBringUp):
 
     async def _delete(self, res: Resource, *, cleaning: bool = False) -> None:
         try:
-            await workflow.execute_activity(
+            await self._steps.call(
                 contracts.cluster_delete,
                 DeleteCall(cluster=self._ref, resource=res),
-                start_to_close_timeout=CREATE_TIMEOUT,
-                heartbeat_timeout=HEARTBEAT,
-                retry_policy=PROVIDER_RETRY,
-                summary=f"delete {res.kind} {res.name} ({res.id})",
+                f"delete {res.kind} {res.name} ({res.id}) of cluster {self._ref.name}",
+                timeout=CREATE_TIMEOUT,
             )
         except ActivityError as e:
             if not cleaning:

@@ -64,6 +64,8 @@ with workflow.unsafe.imports_passed_through():
     )
     from autoclusters.core.guard_batch import GuardAnswer, GuardBatch, GuardCall
 
+from autoclusters.workflows.steps import Defaults, Steps, Unrecorded
+
 SLURM_VIEW_RETRY = RetryPolicy(maximum_attempts=3, maximum_interval=timedelta(seconds=10))
 
 
@@ -80,6 +82,8 @@ class FleetGuard:
         # Built from the input (and the state carried over) so handlers see it at once.
         self._input = inp
         self._state = inp.state.model_copy(deep=True) if inp.state else GuardState()
+        # Its one activity, the reconcile's read of Slurm (a guard keeps no step timeline).
+        self._steps = Steps(Unrecorded(), Defaults(timedelta(seconds=60), SLURM_VIEW_RETRY))
 
     @workflow.run
     async def run(self, inp: GuardInput) -> None:
@@ -144,12 +148,10 @@ class FleetGuard:
 
     async def _reconcile_from_slurm(self) -> None:
         try:
-            view = await workflow.execute_activity(
+            view = await self._steps.call(
                 contracts.guard_slurm_view,
                 SlurmViewCall(cluster=self._input.cluster),
-                start_to_close_timeout=timedelta(seconds=60),
-                heartbeat_timeout=timedelta(seconds=10),
-                retry_policy=SLURM_VIEW_RETRY,
+                f"read which nodes of cluster {self._input.cluster} Slurm has out of service",
             )
         except ActivityError as e:
             workflow.logger.warning("fleet guard could not read Slurm: %s", e.cause or e)

@@ -59,7 +59,13 @@ with workflow.unsafe.imports_passed_through():
 
 from autoclusters.workflows.agent_gate import AgentGate
 from autoclusters.workflows.outage import outage_of
-from autoclusters.workflows.steps import HEARTBEAT, NOTIFY_RETRY, Defaults, Steps, cause_of
+from autoclusters.workflows.steps import (
+    NOTIFY_RETRY,
+    Defaults,
+    Steps,
+    Unrecorded,
+    cause_of,
+)
 
 T = TypeVar("T")
 
@@ -72,6 +78,20 @@ RETRY = RetryPolicy(
 )
 STEP_TIMEOUT = timedelta(minutes=5)
 KEEP_MOVES = 50
+# What each step of a move does to its node, as the Temporal UI shows it.
+MOVE_SUMMARIES = {
+    "drain": "drain {node} in Slurm to lend it to inference",
+    "checkpoint_and_requeue": "checkpoint and requeue the jobs on {node}",
+    "k8s_lend": "hand {node} to Kubernetes inference (label, lift the pool taint)",
+    "scale_up_inference": "scale inference up onto {node}",
+    "wait_serving": "wait until the inference replica on {node} serves",
+    "mark_lent": "mark {node} lent in Slurm",
+    "scale_down_inference": "scale inference down off {node}",
+    "k8s_reclaim": "give {node} back to the training pool in Kubernetes",
+    "health_gate": "health-gate {node} before it returns to training",
+    "resume_in_slurm": "resume {node} in Slurm",
+    "regrow_jobs": "requeue the narrowed training jobs so they regrow onto {node}",
+}
 # Continue as new well before the history grows large (each evaluation is ~6 events).
 EVALUATIONS_PER_RUN = 500
 
@@ -121,6 +141,8 @@ class GpuRebalance(AgentGate):
         self._current: MoveRecord | None = None
         self._running_step: str | None = None
         self._evaluations_this_run = 0
+        # The rebalancer's activities outside a move; a move's steps are on its record.
+        self._steps = Steps(Unrecorded(), Defaults(STEP_TIMEOUT, RETRY))
         self._init_agent_gate()
 
     @workflow.run
@@ -287,13 +309,11 @@ class GpuRebalance(AgentGate):
 
     async def _evaluate(self) -> None:
         try:
-            demand = await workflow.execute_activity(
+            demand = await self._steps.call(
                 contracts.share_read_demand,
                 DemandCall(cluster=self._cluster, policy=self._policy, pools=dict(self._s.pools)),
-                start_to_close_timeout=timedelta(minutes=1),
-                heartbeat_timeout=HEARTBEAT,
-                retry_policy=RETRY,
-                summary=f"read inference and training demand on {self._cluster}",
+                f"read inference and training demand on cluster {self._cluster}",
+                timeout=timedelta(minutes=1),
             )
         except ActivityError as err:
             if outage_of(err) is None:
@@ -521,16 +541,14 @@ class GpuRebalance(AgentGate):
                 replicas=self._inference_count(),
             )
             try:
-                await self._activity(
+                await self._steps.call(
                     contracts.share_scale_inference,
                     call,
-                    STEP_TIMEOUT,
                     f"scale inference to {call.replicas} without {node} (incident {incident})",
                 )
-                await self._activity(
+                await self._steps.call(
                     contracts.share_k8s_reclaim,
                     call,
-                    STEP_TIMEOUT,
                     f"give {node} back to the training pool (incident {incident})",
                 )
             except ActivityError as e:
@@ -552,18 +570,6 @@ class GpuRebalance(AgentGate):
             cluster=self._cluster, node=move.node, move_id=move.move_id, policy=self._policy
         )
 
-    async def _activity(
-        self, fn: Callable[..., Awaitable[T]], arg: object, timeout: timedelta, summary: str
-    ) -> T:
-        return await workflow.execute_activity(
-            fn,
-            arg,
-            start_to_close_timeout=timeout,
-            heartbeat_timeout=HEARTBEAT,
-            retry_policy=RETRY,
-            summary=summary,
-        )
-
     async def _move_step(
         self,
         rec: MoveRecord,
@@ -577,8 +583,9 @@ class GpuRebalance(AgentGate):
         node meanwhile stops the move before the next step starts."""
         if rec.move.node in self._s.yielded:
             raise MoveStopped(f"incident {self._s.yielded[rec.move.node]} took the node")
-        steps = Steps(_MoveLog(self, rec), Defaults(STEP_TIMEOUT, RETRY))
-        summary = f"{name.replace('_', ' ')}: {rec.move.node} ({rec.move.move_id})"
+        steps = Steps(_MoveLog(self, rec), self._steps.defaults)
+        what = MOVE_SUMMARIES.get(name, name.replace("_", " ") + " {node}")
+        summary = f"{what.format(node=rec.move.node)} (move {rec.move.move_id})"
         return await steps.activity(
             name,
             fn,
@@ -590,7 +597,7 @@ class GpuRebalance(AgentGate):
 
     async def _notify(self, move: Move, event: str, text: str, severity: str) -> None:
         try:
-            await workflow.execute_activity(
+            await self._steps.call(
                 contracts.notify,
                 Notification(
                     incident_id=move.move_id,
@@ -601,9 +608,10 @@ class GpuRebalance(AgentGate):
                     text=text,
                     severity=severity,
                 ),
-                start_to_close_timeout=timedelta(seconds=30),
-                retry_policy=NOTIFY_RETRY,
-                summary=f"notify {event.replace('_', ' ')}: {move.node} ({move.move_id})",
+                f"notify {event.replace('_', ' ')}: {move.node} ({move.move_id})",
+                timeout=timedelta(seconds=30),
+                heartbeat=None,
+                retry=NOTIFY_RETRY,
             )
         except ActivityError as e:  # a notification never blocks a move
             workflow.logger.warning("notify failed: %s", e)

@@ -55,7 +55,7 @@ from autoclusters.workflows.provider_calls import (
     SLURM_TIMEOUT,
     fatal_refusal,
 )
-from autoclusters.workflows.steps import HEARTBEAT, cause_of
+from autoclusters.workflows.steps import HEARTBEAT, Steps, cause_of
 
 
 class NewMachinesInput(Protocol):
@@ -84,16 +84,22 @@ class BringUpSettings:
 
 
 class MachineBringUp(AgentGate):
-    """Mixed into a workflow whose `__init__` calls `_init_bring_up` and sets `_ref`; it
-    implements the hooks below that raise NotImplementedError."""
+    """Mixed into a workflow whose `__init__` calls `_init_bring_up` (with the workflow's
+    step kernel, which runs every activity here) and sets `_ref`; it implements the hooks
+    below that raise NotImplementedError."""
 
     _ref: ClusterRef
     _bring_up_settings: BringUpSettings
+    _bring_up_steps: Steps
     _machines: dict[str, Machine]  # node -> its current machine
     _attempts: dict[str, int]  # node -> machines tried for its slot
     _booted_at: dict[str, datetime]  # node -> when its machine booted (the agent gate's start)
 
-    def _init_bring_up(self, inp: NewMachinesInput, agent_report_timeout_s: float) -> None:
+    def _init_bring_up(
+        self, inp: NewMachinesInput, agent_report_timeout_s: float, steps: Steps
+    ) -> None:
+        # The activities here run with these options whatever the workflow's defaults.
+        self._bring_up_steps = steps
         self._bring_up_settings = BringUpSettings(
             machine_attempts=inp.machine_attempts,
             boot_timeout_s=inp.boot_timeout_s,
@@ -163,7 +169,9 @@ class MachineBringUp(AgentGate):
         """Create the slot's machine and wait until it boots; replace it until it does."""
         while True:
             machine = await self._create_machine(node)
-            boot = await wait_booted(machine, self._bring_up_settings.boot_timeout_s)
+            boot = await wait_booted(
+                self._bring_up_steps, machine, self._bring_up_settings.boot_timeout_s
+            )
             if boot.booted:
                 self._booted_at[node] = workflow.now()
                 self._on_booted(node)
@@ -173,15 +181,15 @@ class MachineBringUp(AgentGate):
     async def _create_machine(self, node: str) -> Machine:
         attempt = self._attempts.get(node, 0) + 1
         self._attempts[node] = attempt
-        machine: Machine = await workflow.execute_activity(
+        machine: Machine = await self._bring_up_steps.call(
             contracts.cluster_create_machine,
             MachineCall(
                 cluster=self._ref, node_set=self._spec_of(node), node=node, attempt=attempt
             ),
-            start_to_close_timeout=CREATE_TIMEOUT,
-            heartbeat_timeout=HEARTBEAT,
-            retry_policy=PROVIDER_RETRY,
-            summary=f"create {node} (attempt {attempt})",
+            f"create the machine for {node} in cluster {self._ref.name} (attempt {attempt})",
+            timeout=CREATE_TIMEOUT,
+            heartbeat=HEARTBEAT,
+            retry=PROVIDER_RETRY,
         )
         self._machines[node] = machine
         self._on_created(node, machine)
@@ -227,19 +235,20 @@ class MachineBringUp(AgentGate):
         """Discover every machine's placement, write it as Slurm's topology and configure
         Slurm with every machine; the nodes that registered."""
         machines = [self._machines[n] for n in sorted(self._machines)]
-        found: list[Placement] = await workflow.execute_activity(
+        found: list[Placement] = await self._bring_up_steps.call(
             contracts.cluster_discover_topology,
             TopologyCall(cluster=self._ref, machines=machines),
-            start_to_close_timeout=SLURM_TIMEOUT,
-            heartbeat_timeout=HEARTBEAT,
-            retry_policy=PROVIDER_RETRY,
-            summary=f"discover the InfiniBand placement of {len(machines)} machines",
+            f"discover the InfiniBand placement of {len(machines)} machines in cluster "
+            f"{self._ref.name}",
+            timeout=SLURM_TIMEOUT,
+            heartbeat=HEARTBEAT,
+            retry=PROVIDER_RETRY,
         )
         by_node = {p.node: p for p in found}
         placements = [by_node.get(m.node, Placement(node=m.node)) for m in machines]
         topology_conf = render_topology(placements)
         self._on_topology(placements, topology_conf)
-        result: SlurmConfigResult = await workflow.execute_activity(
+        result: SlurmConfigResult = await self._bring_up_steps.call(
             contracts.cluster_configure_slurm,
             SlurmConfigCall(
                 cluster=self._ref,
@@ -249,10 +258,10 @@ class MachineBringUp(AgentGate):
                 accounting=self._bring_up_settings.accounting,
                 drained=drained or {},
             ),
-            start_to_close_timeout=SLURM_TIMEOUT,
-            heartbeat_timeout=HEARTBEAT,
-            retry_policy=PROVIDER_RETRY,
-            summary=f"configure Slurm with {len(machines)} machines",
+            f"configure Slurm of cluster {self._ref.name} with {len(machines)} machines",
+            timeout=SLURM_TIMEOUT,
+            heartbeat=HEARTBEAT,
+            retry=PROVIDER_RETRY,
         )
         return set(result.registered)
 
@@ -261,13 +270,13 @@ class MachineBringUp(AgentGate):
         machine = self._machines[node]
         gpus = self._spec_of(node).gpus_per_node
         try:
-            report: HealthReport = await workflow.execute_activity(
+            report: HealthReport = await self._bring_up_steps.call(
                 contracts.cluster_health_gate,
                 NodeGateCall(cluster=self._ref, machine=machine, expected_gpus=gpus),
-                start_to_close_timeout=GATE_TIMEOUT,
-                heartbeat_timeout=HEARTBEAT,
-                retry_policy=PROVIDER_RETRY,
-                summary=f"health gate {node}",
+                f"health-gate {node} ({machine.machine_id}) in cluster {self._ref.name}",
+                timeout=GATE_TIMEOUT,
+                heartbeat=HEARTBEAT,
+                retry=PROVIDER_RETRY,
             )
         except ActivityError as e:
             if fatal_refusal(e) is not None:
@@ -293,17 +302,18 @@ def _check(name: str, detail: str) -> HealthCheck:
     return HealthCheck(name=name, passed=False, detail=detail)
 
 
-async def wait_booted(machine: Machine, boot_timeout_s: float) -> BootResult:
+async def wait_booted(steps: Steps, machine: Machine, boot_timeout_s: float) -> BootResult:
     """Until `machine` boots; a hang past the timeout or a provider's failure is an answer
     (booted=False: replace it), only a fatal error (quota, capacity) raises."""
     try:
-        result: BootResult = await workflow.execute_activity(
+        result: BootResult = await steps.call(
             contracts.cluster_wait_booted,
             machine,
-            start_to_close_timeout=timedelta(seconds=boot_timeout_s),
-            heartbeat_timeout=HEARTBEAT,
-            retry_policy=PROVIDER_RETRY,
-            summary=f"wait for {machine.node} ({machine.machine_id}) to boot",
+            f"wait for {machine.node} ({machine.machine_id}) in cluster "
+            f"{machine.cluster.name} to boot",
+            timeout=timedelta(seconds=boot_timeout_s),
+            heartbeat=HEARTBEAT,
+            retry=PROVIDER_RETRY,
         )
     except ActivityError as e:
         if fatal_refusal(e) is not None:

@@ -6,7 +6,8 @@ the Temporal UI's current details), and an outage of what it reads waited out
 `Steps.activity` is the usual step: one activity with the workflow's standard timeouts and
 retry policy, and a summary in the operator's words that the Temporal UI shows for the
 activity (`drain gpu-02 (XID_79)`). `Steps.call` runs an activity the same way outside a
-step (a read inside a larger step).
+step (a read inside a larger step). Every workflow runs every activity through one of the
+two: this module is the only caller of `workflow.execute_activity`.
 """
 
 from __future__ import annotations
@@ -93,6 +94,20 @@ class OnState:
         rec = StepRecord(name=name, started_at=workflow.now())
         self._state.steps.append(rec)
         return rec
+
+    def end(self, rec: StepRecord) -> None:
+        pass
+
+
+class Unrecorded:
+    """The StepLog of a workflow that keeps no timeline (FleetGuard; GpuRebalance outside a
+    move): its activities run as `Steps.call`, and a step it ran would be kept nowhere."""
+
+    def __init__(self) -> None:
+        self.current_step: str | None = None
+
+    def begin(self, name: str) -> StepRecord:
+        return StepRecord(name=name, started_at=workflow.now())
 
     def end(self, rec: StepRecord) -> None:
         pass
@@ -209,9 +224,9 @@ class Steps:
         return await workflow.execute_activity(
             fn,
             arg,
-            start_to_close_timeout=timeout or d.timeout,
+            start_to_close_timeout=d.timeout if timeout is None else timeout,
             heartbeat_timeout=d.heartbeat if heartbeat is True else heartbeat or None,
-            retry_policy=retry or d.retry,
+            retry_policy=d.retry if retry is None else retry,
             summary=summary,
         )
 
