@@ -39,6 +39,7 @@ from autoclusters.sandbox import (
     slinky,
     slurm_controller,
 )
+from autoclusters.sandbox.boot_slots import boot_slot
 from autoclusters.sandbox.config import GPUS_PER_NODE, SandboxConfig
 from autoclusters.sandbox.daemons import SandboxError
 from autoclusters.sandbox.processes import ProcessTable, kill_sessions, sessions_holding, wait_until
@@ -210,6 +211,12 @@ def up(cfg: SandboxConfig, timeout_s: float = 60) -> UpResult:
                 f"a sandbox in {cfg.state_dir} is partly running; "
                 "run `autoclusters sandbox down` first"
             )
+    # Boots take turns with other sandboxes booting on this machine (sandbox/boot_slots.py).
+    with boot_slot():
+        return _boot(cfg, table, timeout_s)
+
+
+def _boot(cfg: SandboxConfig, table: ProcessTable, timeout_s: float) -> UpResult:
     _prepare(cfg)
     result = UpResult(already_running=False)
     VmRegistry(cfg.state_dir).reset([])  # the machines are created by the provisioning

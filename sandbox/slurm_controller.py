@@ -200,14 +200,17 @@ class ManagedSlurm:
 
     def _start_mariadb(self) -> None:
         data = self.db_dir / "data"
+        # Its own temporary directory: sandboxes installing side by side (parallel tests)
+        # shared /tmp, and one bootstrap failed on a temporary table another had removed.
+        tmp = self.db_dir / "tmp"
+        tmp.mkdir(parents=True, exist_ok=True)
         if not data.exists():
-            self.db_dir.mkdir(parents=True, exist_ok=True)
             _run([
                 daemons.require("mariadb-install-db"), "--no-defaults", f"--datadir={data}",
-                "--auth-root-authentication-method=normal", "--user=root",
+                "--auth-root-authentication-method=normal", "--user=root", f"--tmpdir={tmp}",
             ])  # fmt: skip
         argv = [
-            daemons.require("mariadbd"), "--no-defaults", f"--datadir={data}",
+            daemons.require("mariadbd"), "--no-defaults", f"--datadir={data}", f"--tmpdir={tmp}",
             f"--socket={self._db_socket}", f"--port={self.cfg.mariadb_port}",
             "--bind-address=127.0.0.1", "--skip-name-resolve",
             f"--pid-file={self.db_dir / 'mariadbd.pid'}",

@@ -92,6 +92,9 @@ LONGEST_FIRST = (
 )
 
 
+# tryfirst: xdist's worker turns xdist_group marks into the node ids it schedules by in
+# its own hook, which must see ours.
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """A test on the session's real sandbox is an integration test, marked or not; a test
     that uses a Temporal server (the `env` fixture: the time-skipping server here, or a

@@ -590,7 +590,9 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+@pytest.mark.integration
 async def test_the_emulator_runs_from_its_command_line() -> None:
+    """Integration lane: it starts the emulator as a server process (make unit starts none)."""
     port = _free_port()
     argv = [sys.executable, "-m", "autoclusters.sandbox.crusoe_emulator", "--port", str(port)]
     argv += ["--access-key-id", KEY_ID, "--project", PROJECT, "--operation-s", "0.05"]

@@ -595,7 +595,9 @@ def test_state_file_survives_a_restart(tmp_path: Path) -> None:
         assert emu.store.get(NODES, None, NODE)["metadata"]["uid"] == uid
 
 
+@pytest.mark.integration
 def test_the_emulator_runs_as_a_module() -> None:
+    """Integration lane: it starts the emulator as a server process (make unit starts none)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
