@@ -26,3 +26,17 @@ def test_the_rule_marks_what_a_module_would_miss(request: pytest.FixtureRequest)
     if not ours:
         pytest.skip("test_remediation_workflow not selected in this session")
     assert all(i.get_closest_marker("workflow") for i in ours if "env" in i.fixturenames)
+
+
+def test_groups_reach_xdist(request: pytest.FixtureRequest) -> None:
+    """Under `--dist loadgroup` every grouped test's node id carries its group: that is
+    what xdist schedules by. (pytest 9.2 stopped reading the attribute xdist sets, and
+    every group silently fell apart: pyproject.toml pins below it.)"""
+    if not getattr(request.config.option, "loadgroup", False):
+        pytest.skip("not an xdist worker with --dist loadgroup")
+    lost = []
+    for item in request.session.items:
+        mark = item.get_closest_marker("xdist_group")
+        if mark and not item.nodeid.endswith(f"@{mark.args[0]}"):
+            lost.append(item.nodeid)
+    assert lost == []
