@@ -146,7 +146,9 @@ async def _demo(
             return job
         return None
 
-    job = await wait_for("the job to run", running_with_progress, 60)
+    # torchrun on two nodes: its first step comes after torch loads on four processes and
+    # they meet; on a busy 2-core machine (the test suite beside it) that took over 60 s.
+    job = await wait_for("the job to run", running_with_progress, 180)
     before = hostlist.expand(job.nodes)
     console.print(f"   job {job_id} running on {', '.join(before)}; log {log}")
 

@@ -50,8 +50,8 @@ pytestmark = pytest.mark.integration  # a real sandbox of its own
 # Long enough to outlast a step's first retries (1 s, 2 s, 4 s, ...) and a heartbeat
 # timeout (10 s): the runbook must ride the outage out, not be lucky.
 OUTAGE_S = 15
-# Four sandboxes side by side (xdist groups, one worker each), the waves dealt out in turn.
-SANDBOXES = 4
+# Three sandboxes side by side (xdist groups, one worker each), the waves dealt out in turn.
+SANDBOXES = 3
 WAVES = [
     pytest.param(
         w, id="+".join(c.id for c in w), marks=pytest.mark.xdist_group(f"outages-{i % SANDBOXES}")
