@@ -2,7 +2,7 @@
 of notifications sent.
 
 Notifications are recorded where the runbook records everything: each one is a
-`notify_<event>` step on the incident's timeline (workflows/timeline.py `_notify`), with
+`notify_<event>` step on the incident's timeline (workflows/incident.py `Incident.notify`), with
 its outcome (sent, or failed after retries) and time.
 """
 
