@@ -34,9 +34,11 @@ lint: install
 XDIST := --dist loadgroup --no-loadscope-reorder
 
 # Everything: lint, then all three lanes in one run, so the unit and workflow tests fill
-# the time the integration tests spend waiting.
+# the time the integration tests spend waiting; then the `alone` tests (the demos, the alert
+# storm), one at a time with nothing beside them: their checks are timed.
 test: system-deps install lint
-	$(BIN)/pytest -n 8 $(XDIST)
+	$(BIN)/pytest -n 5 $(XDIST) -m "not alone"
+	$(BIN)/pytest -m alone
 
 unit: install
 	HYPOTHESIS_PROFILE=quick $(BIN)/pytest -m "not integration and not workflow" -n 4 $(XDIST)
@@ -45,7 +47,8 @@ workflow: install
 	$(BIN)/pytest -m "workflow and not integration" -n 4 $(XDIST)
 
 integration: system-deps install
-	$(BIN)/pytest -m integration -n 8 $(XDIST)
+	$(BIN)/pytest -m "integration and not alone" -n 5 $(XDIST)
+	$(BIN)/pytest -m "integration and alone"
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info

@@ -118,6 +118,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=_start_order)
 
 
+# Modules whose tests are CPU-bound (torch on every rank, an inference load): each runs its
+# tests one at a time in one worker, so that no more than one of each competes for the two
+# cores at once (side by side, two demos and five torchrun jobs starved each other past
+# their waits).
+CPU_BOUND_MODULES = ("test_share_demo", "test_demo", "test_training")
+
+
 def xdist_group(item: pytest.Item) -> str | None:
     """Tests that share a server must run in one xdist worker, one at a time: those on the
     session's sandbox (in SHARED_SANDBOX_GROUPS groups), and a module's tests that share one
@@ -131,6 +138,8 @@ def xdist_group(item: pytest.Item) -> str | None:
         if turn is None:
             turn = zlib.crc32(module.encode()) % SHARED_SANDBOX_GROUPS
         return f"shared-sandbox-{turn}"
+    if Path(module).stem in CPU_BOUND_MODULES:
+        return module
     info = getattr(item, "_fixtureinfo", None)
     defs = info.name2fixturedefs if info is not None else {}
     if any(defs[name][-1].scope in ("module", "package", "class") for name in used & defs.keys()):

@@ -13,7 +13,8 @@ import pytest
 
 from tests.conftest import free_port_base
 
-pytestmark = pytest.mark.integration  # the whole demo on its own sandbox
+# The whole demo on its own sandbox; `alone`: its summary's times are part of what it checks.
+pytestmark = [pytest.mark.integration, pytest.mark.alone]
 
 
 def test_demo_json_summary(tmp_path: Path) -> None:
@@ -56,6 +57,8 @@ def test_demo_json_summary(tmp_path: Path) -> None:
     assert all(s["finished_at"] >= s["started_at"] for s in summary["steps"])
 
 
+# Two demos one after the other, each bounded by its own 240 s: more than pytest's 300 s.
+@pytest.mark.timeout(600)
 def test_demo_observe_and_approve_modes(tmp_path: Path) -> None:
     state = tmp_path / "modes"
     base = [sys.executable, "-m", "autoclusters.clients.cli"]

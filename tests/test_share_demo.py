@@ -15,7 +15,8 @@ import pytest
 
 from tests.conftest import free_port_base
 
-pytestmark = pytest.mark.integration
+# `alone`: its inference load is CPU-bound and its waits are timed.
+pytestmark = [pytest.mark.integration, pytest.mark.alone]
 
 
 # ~130 s alone; its inference load is CPU-bound, and beside the rest of the suite it took
