@@ -35,6 +35,7 @@ from autoclusters.sandbox import (
     daemons,
     inference_sandbox,
     monitoring,
+    previous_runs,
     provision,
     slinky,
     slurm_controller,
@@ -224,6 +225,7 @@ def _boot(cfg: SandboxConfig, table: ProcessTable, timeout_s: float) -> UpResult
         _start(table, "munged", daemons.munged_argv(cfg), {}, lambda: daemons.munge_ready(cfg),
                timeout_s, result)  # fmt: skip
         start_temporal(cfg, table, timeout_s, result)
+        asyncio.run(_close_previous_runs(cfg))
         if cfg.k8s:
             _start(
                 table,
@@ -348,6 +350,13 @@ def start_monitoring(
         timeout_s,
         result,
     )
+
+
+async def _close_previous_runs(cfg: SandboxConfig) -> None:
+    from temporalio.client import Client
+
+    client = await Client.connect(cfg.temporal_address)
+    await previous_runs.close_previous_runs(client)
 
 
 def start_temporal(
