@@ -40,8 +40,10 @@ test: system-deps install lint
 	$(BIN)/pytest -n 5 $(XDIST) -m "not alone"
 	$(BIN)/pytest -m alone
 
+# No server to share in this lane: any test anywhere (a module fixture is built once per
+# worker instead of serialising the module, as a group would).
 unit: install
-	HYPOTHESIS_PROFILE=quick $(BIN)/pytest -m "not integration and not workflow" -n 4 $(XDIST)
+	HYPOTHESIS_PROFILE=quick $(BIN)/pytest -m "not integration and not workflow" -n 4 --dist load
 
 workflow: install
 	$(BIN)/pytest -m "workflow and not integration" -n 4 $(XDIST)
