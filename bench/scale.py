@@ -46,7 +46,7 @@ from temporalio.client import Client  # noqa: E402
 from temporalio.testing import WorkflowEnvironment  # noqa: E402
 
 from autoclusters.clients import incidents  # noqa: E402
-from autoclusters.clients.api.inventory import StaticInventory  # noqa: E402
+from autoclusters.clients.inventory import StaticInventory  # noqa: E402
 from autoclusters.core import binpaths  # noqa: E402
 from autoclusters.core.guard import guard_workflow_id  # noqa: E402
 from autoclusters.core.models import IncidentState, workflow_id  # noqa: E402
