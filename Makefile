@@ -5,7 +5,7 @@ VENV ?= .venv
 PYTHON ?= python3
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint unit workflow integration system-deps install clean
+.PHONY: demo test test-parallel lint unit workflow integration system-deps install clean
 
 $(BIN)/autoclusters: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -33,10 +33,16 @@ lint: install
 # subprocesses, not the CPU, so more workers than cores.
 XDIST := --dist loadgroup --no-loadscope-reorder
 
-# Everything: lint, then all three lanes in one run, so the unit and workflow tests fill
-# the time the integration tests spend waiting; then the `alone` tests (the demos, the alert
-# storm), one at a time with nothing beside them: their checks are timed.
+# Everything: lint, then every lane, one test at a time (~35 min here). On this 2-core
+# machine the parallel run (test-parallel, 13-15 min) still fails a few timed waits under
+# load (docs/testing.md), so it is not yet what CI runs.
 test: system-deps install lint
+	$(BIN)/pytest
+
+# All three lanes in one parallel run, so the unit and workflow tests fill the time the
+# integration tests spend waiting; then the `alone` tests (the demos, the alert storm), one
+# at a time with nothing beside them: their checks are timed.
+test-parallel: system-deps install lint
 	$(BIN)/pytest -n 5 $(XDIST) -m "not alone"
 	$(BIN)/pytest -m alone
 

@@ -224,8 +224,11 @@ def _boot(cfg: SandboxConfig, table: ProcessTable, timeout_s: float) -> UpResult
     try:
         _start(table, "munged", daemons.munged_argv(cfg), {}, lambda: daemons.munge_ready(cfg),
                timeout_s, result)  # fmt: skip
+        # A previous life's history is there only if its database was (a first boot has none).
+        had_history = (cfg.state_dir / "temporal" / "temporal.db").exists()
         start_temporal(cfg, table, timeout_s, result)
-        asyncio.run(_close_previous_runs(cfg))
+        if had_history:
+            asyncio.run(_close_previous_runs(cfg, timeout_s))
         if cfg.k8s:
             _start(
                 table,
@@ -352,10 +355,20 @@ def start_monitoring(
     )
 
 
-async def _close_previous_runs(cfg: SandboxConfig) -> None:
+async def _close_previous_runs(cfg: SandboxConfig, timeout_s: float) -> None:
     from temporalio.client import Client
 
-    client = await Client.connect(cfg.temporal_address)
+    # The dev server takes its port before its frontend is healthy ("Frontend is not healthy
+    # yet"): connect until it answers, within the start's own timeout.
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while True:
+        try:
+            client = await Client.connect(cfg.temporal_address)
+            break
+        except RuntimeError:
+            if asyncio.get_running_loop().time() > deadline:
+                raise
+            await asyncio.sleep(0.5)
     await previous_runs.close_previous_runs(client)
 
 
