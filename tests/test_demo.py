@@ -18,11 +18,17 @@ pytestmark = [pytest.mark.integration, pytest.mark.alone]
 
 
 def test_demo_json_summary(tmp_path: Path) -> None:
-    r = subprocess.run(
-        [sys.executable, "-m", "autoclusters.clients.cli", "demo", "--json", "--boot-delay", "10",
-         "--state-dir", str(tmp_path / "demo"), "--port-base", str(free_port_base())],
-        capture_output=True, text=True, timeout=240,
-    )  # fmt: skip
+    try:
+        r = subprocess.run(
+            [sys.executable, "-m", "autoclusters.clients.cli", "demo", "--json",
+             "--boot-delay", "10", "--state-dir", str(tmp_path / "demo"),
+             "--port-base", str(free_port_base())],
+            capture_output=True, text=True, timeout=240,
+        )  # fmt: skip
+    finally:
+        # A demo its timeout killed leaves its sandbox up: stop it by its recorded PIDs.
+        down = [sys.executable, "-m", "autoclusters.clients.cli", "sandbox", "down"]
+        subprocess.run([*down, "--state-dir", str(tmp_path / "demo")], timeout=120)
     assert r.returncode == 0, r.stderr[-3000:]
     summary = json.loads(r.stdout.strip().splitlines()[-1])
     assert summary["status"] == "resolved"

@@ -23,12 +23,17 @@ pytestmark = [pytest.mark.integration, pytest.mark.alone]
 # over the default 300 s. The demo's own subprocess timeout (600 s) is the bound.
 @pytest.mark.timeout(660)
 def test_share_scenario_lends_and_returns_a_node(tmp_path: Path) -> None:
-    r = subprocess.run(
-        [sys.executable, "-m", "autoclusters.clients.cli", "demo", "--scenario", "share",
-         "--json", "--boot-delay", "2", "--state-dir", str(tmp_path / "share"),
-         "--port-base", str(free_port_base())],
-        capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+    try:
+        r = subprocess.run(
+            [sys.executable, "-m", "autoclusters.clients.cli", "demo", "--scenario", "share",
+             "--json", "--boot-delay", "2", "--state-dir", str(tmp_path / "share"),
+             "--port-base", str(free_port_base())],
+            capture_output=True, text=True, timeout=600,
+        )  # fmt: skip
+    finally:
+        # A demo its timeout killed leaves its sandbox up: stop it by its recorded PIDs.
+        down = [sys.executable, "-m", "autoclusters.clients.cli", "sandbox", "down"]
+        subprocess.run([*down, "--state-dir", str(tmp_path / "share")], timeout=120)
     assert r.returncode == 0, r.stderr[-3000:]
     s = json.loads(r.stdout.strip().splitlines()[-1])
     own = [m for m in s["moves"] if m["by"] == "rebalancer"]
