@@ -4,9 +4,15 @@ Checked over whatever this session collected and selected, so `make unit` checks
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from tests.conftest import SERVER_FIXTURES
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_every_selected_test_that_starts_a_server_is_marked(request: pytest.FixtureRequest) -> None:
@@ -40,3 +46,18 @@ def test_groups_reach_xdist(request: pytest.FixtureRequest) -> None:
         if mark and not item.nodeid.endswith(f"@{mark.args[0]}"):
             lost.append(item.nodeid)
     assert lost == []
+
+
+@pytest.mark.integration
+def test_groups_reach_xdist_in_a_parallel_run(tmp_path: Path) -> None:
+    """Integration lane: it runs pytest with two xdist workers. `make test` runs one test at
+    a time, where the check above skips; this runs it where it means something, over a
+    module whose tests share a module fixture (one group)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-n", "2", "--dist", "loadgroup", "-q", "-rs",
+         "-p", "no:cacheprovider", f"--basetemp={tmp_path}",
+         "tests/test_lanes.py::test_groups_reach_xdist", "tests/test_policy.py"],
+        cwd=ROOT, capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:]
+    assert "SKIPPED" not in done.stdout  # the check ran under xdist, not skipped
