@@ -136,7 +136,13 @@ async def api_server(
         assert thread.is_alive() and time.monotonic() < deadline, "the API did not start"
         await asyncio.sleep(0.02)
     port = server.servers[0].sockets[0].getsockname()[1]
-    limits = httpx.Limits(max_connections=100, max_keepalive_connections=100)
+    # Idle connections are dropped here before uvicorn closes them (its keep-alive is 5 s,
+    # as httpx's default): reusing one the server is closing that moment is a ReadError.
+    limits = httpx.Limits(
+        max_connections=100,
+        max_keepalive_connections=100,
+        keepalive_expiry=config.timeout_keep_alive / 2,
+    )
     try:
         async with httpx.AsyncClient(
             base_url=f"http://127.0.0.1:{port}", timeout=60, limits=limits, trust_env=False
