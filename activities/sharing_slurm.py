@@ -44,6 +44,10 @@ def _width(job: SlurmJob) -> int:
     return job.node_count or len(hostlist.expand(job.nodes))
 
 
+# A job requeued by a lend passes through these before it runs again (its width unknown).
+NOT_STARTED = frozenset({"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED"})
+
+
 def regrow_marker(move_id: str, restart_cnt: int) -> str:
     return f"{REASON_PREFIX}regrow:{move_id}:{restart_cnt}"
 
@@ -187,13 +191,17 @@ class ShareSlurmActivities:
     async def regrow_jobs(self, call: MoveCall) -> RegrowResult:
         """Jobs a lend narrowed (`call.regrow`: job -> its width before) that still run
         narrower are asked to checkpoint and requeue once, so they start again at full
-        width now that the node is back; ended or pending ones need nothing."""
+        width now that the node is back; ended ones need nothing, pending ones are named so
+        the rebalancer asks again at its next return (a lend in between narrows them)."""
         async with heartbeating(f"share_regrow_jobs {call.node}"):
             result = RegrowResult()
             prefix = f"{REASON_PREFIX}regrow:{call.move_id}:"
             jobs = {j.job_id: j for j in await self._slurm.jobs()}
             for job_id, before in sorted(call.regrow.items()):
                 job = jobs.get(job_id)
+                if job is not None and job.job_state in NOT_STARTED:
+                    result.pending.append(job_id)
+                    continue
                 if job is None or job.job_state != "RUNNING" or _width(job) >= before:
                     result.settled.append(job_id)
                     continue

@@ -330,7 +330,10 @@ class StepOutcome(BaseModel):
 
 class RegrowResult(BaseModel):
     requeued: list[int] = Field(default_factory=list)  # asked to checkpoint and requeue
-    settled: list[int] = Field(default_factory=list)  # ended, pending, or at full width
+    settled: list[int] = Field(default_factory=list)  # ended, or at full width
+    # Not started again yet: it may start at full width, or narrower if a node is lent
+    # again first, so the rebalancer keeps it to regrow at a later return.
+    pending: list[int] = Field(default_factory=list)
 
 
 class YieldCall(BaseModel):

@@ -119,8 +119,10 @@ def api_argv(cfg: SandboxConfig) -> list[str]:
 
 
 def agent_argv(cfg: SandboxConfig, node: str) -> list[str]:
+    # The agent's own entry point, as on a GPU machine: it loads the agent's commands alone,
+    # not the whole CLI with the Temporal SDK (half the CPU of each agent start).
     return [
-        sys.executable, "-m", "autoclusters.clients.cli", "agent", "run",
+        sys.executable, "-m", "autoclusters.clients.cli.agent", "agent", "run",
         "--node", node, "--backend", "fake", "--fake-file", str(cfg.agent_file(node)),
         "--api", cfg.api_url, "--spool-dir", str(cfg.state_dir / "agent" / f"{node}.spool"),
         "--interval", "1", "--hold-checks", "2", "--expected-gpus", str(GPUS_PER_NODE),

@@ -108,6 +108,7 @@ class ShareWorld:
         self.requeued: Counter[int] = Counter()
         self.regrown: list[dict[int, int]] = []  # what each regrow step was asked to regrow
         self.pending: list[int] = []
+        self.not_started: set[int] = set()  # requeued jobs a regrow finds still pending
         self.notes: list[Notification] = []
         self.violations: list[str] = []  # a node with a job and a pod at once
         # (training nodes, non-training nodes) after every call.
@@ -301,7 +302,10 @@ class ShareWorld:
     async def regrow_jobs(self, call: MoveCall) -> RegrowResult:
         self._log("share_regrow_jobs", call.node, call)
         self.regrown.append(dict(call.regrow))
-        return RegrowResult(settled=sorted(call.regrow))
+        waiting = sorted(j for j in call.regrow if j in self.not_started)
+        return RegrowResult(
+            settled=sorted(j for j in call.regrow if j not in self.not_started), pending=waiting
+        )
 
     @activity.defn(name="notify")
     async def notify(self, note: Notification) -> None:

@@ -239,6 +239,29 @@ async def test_a_return_regrows_the_jobs_its_lend_narrowed(env: WorkflowEnvironm
     assert world.regrown == [{101: 2}]
 
 
+async def test_a_job_not_started_again_at_a_return_is_regrown_at_the_next(
+    env: WorkflowEnvironment,
+) -> None:
+    # Lend, return while job 101 still waits to start (a second lend may narrow it again),
+    # lend and return again: the second return still regrows it.
+    world = ShareWorld(
+        nodes(3, gpu_01=[101], gpu_02=[102], gpu_03=[103]),
+        [HIGH, HIGH, LOW, LOW, HIGH, HIGH, LOW],
+        agent=False,
+    )
+    world.not_started = {101}
+    async with rebalancer(env, world, policy()) as r:
+        await r.evaluate(2)
+        await r.evaluate(2)
+        assert world.regrown == [{101: 2}]
+        world.not_started.clear()
+        s = await r.evaluate(4)
+    assert [m.move.to for m in s.moves] == [
+        "inference", "training", "inference", "training"
+    ]  # fmt: skip
+    assert world.regrown[1].get(101) == 2, world.regrown
+
+
 # --- return ------------------------------------------------------------------------------
 
 

@@ -77,11 +77,14 @@ def test_second_sandbox_beside_the_first_via_cli(sandbox: SandboxConfig, tmp_pat
 
 def test_incident_history_survives_a_restart(tmp_path: Path) -> None:
     state = tmp_path / "restart"
-    args = ["--nodes", "2", "--state-dir", str(state), "--port-base", str(free_port_base())]
+    args = [
+        "--nodes", "2", "--state-dir", str(state), "--port-base", str(free_port_base()),
+        "--boot-delay", "1",
+    ]  # fmt: skip
     env = {**os.environ, "AUTOCLUSTERS_CONFIG": str(state / "autoclusters.toml")}
     incident = [sys.executable, "-m", "autoclusters.clients.cli", "incident"]
     try:
-        assert subprocess.run([*CLI, "up", *args, "--boot-delay", "1"], timeout=120).returncode == 0
+        assert subprocess.run([*CLI, "up", *args], timeout=120).returncode == 0
         opened = subprocess.run(
             [*incident, "open", "--node", "gpu-01", "--fault", "XID_48", "--wait"],
             env=env, capture_output=True, text=True, timeout=120,

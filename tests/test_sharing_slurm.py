@@ -146,6 +146,14 @@ def test_regrow_requeues_only_jobs_still_narrower_than_before_once(slurm: FakeSl
     assert slurm.release_count[10] == 1
 
 
+def test_regrow_names_a_job_not_started_again_and_leaves_it_be(slurm: FakeSlurm) -> None:
+    slurm.add_job(10, nodes="", job_state="PENDING")  # requeued by the lend, not running yet
+    back = call().model_copy(update={"regrow": {10: 3}})
+    out = run(acts(slurm).regrow_jobs(back))
+    assert out.pending == [10] and out.requeued == [] and out.settled == []
+    assert slurm.signals == {}
+
+
 def test_checkpoint_records_each_jobs_width_even_across_a_retry(slurm: FakeSlurm) -> None:
     slurm.add_job(7, nodes="gpu-[1-3]")
     slurm.checkpointing.add(7)
