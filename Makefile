@@ -4,6 +4,10 @@
 VENV ?= .venv
 PYTHON ?= python3
 BIN := $(VENV)/bin
+# Bytecode is cached: a shell that sets PYTHONDONTWRITEBYTECODE would have every process the
+# demo and the tests start (dozens of sandbox daemons, each xdist worker's collection)
+# compile the project from source again.
+unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: demo test test-parallel lint unit workflow integration system-deps install clean
 
@@ -47,9 +51,10 @@ test-parallel: system-deps install lint
 	$(BIN)/pytest -m alone
 
 # No server to share in this lane: any test anywhere (a module fixture is built once per
-# worker instead of serialising the module, as a group would).
+# worker instead of serialising the module, as a group would); an idle worker takes tests
+# from a busy one's queue (worksteal: the lane's tests range from milliseconds to seconds).
 unit: install
-	HYPOTHESIS_PROFILE=quick $(BIN)/pytest -m "not integration and not workflow" -n 4 --dist load
+	HYPOTHESIS_PROFILE=quick $(BIN)/pytest -m "not integration and not workflow" -n 4 --dist worksteal
 
 workflow: install
 	$(BIN)/pytest -m "workflow and not integration" -n 4 $(XDIST)

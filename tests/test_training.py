@@ -23,7 +23,10 @@ from typing import Any, TypeVar
 
 import pytest
 
-pytest.importorskip("torch")
+# Skipped without torch (an optional extra), found without importing it: torch's import
+# costs every xdist worker seconds at collection, and these tests only run it in subprocesses.
+if importlib.util.find_spec("torch") is None:
+    pytest.skip("torch is not installed (the training extra)", allow_module_level=True)
 
 from autoclusters.activities.sharing_demand import checkpointed_at  # noqa: E402
 from autoclusters.integrations.slurm import SlurmCli  # noqa: E402
