@@ -228,7 +228,7 @@ def _boot(cfg: SandboxConfig, table: ProcessTable, timeout_s: float) -> UpResult
         had_history = (cfg.state_dir / "temporal" / "temporal.db").exists()
         start_temporal(cfg, table, timeout_s, result)
         if had_history:
-            asyncio.run(_close_previous_runs(cfg, timeout_s))
+            asyncio.run(_close_previous_runs(cfg))
         if cfg.k8s:
             _start(
                 table,
@@ -355,20 +355,11 @@ def start_monitoring(
     )
 
 
-async def _close_previous_runs(cfg: SandboxConfig, timeout_s: float) -> None:
+async def _close_previous_runs(cfg: SandboxConfig) -> None:
     from temporalio.client import Client
 
-    # The dev server takes its port before its frontend is healthy ("Frontend is not healthy
-    # yet"): connect until it answers, within the start's own timeout.
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while True:
-        try:
-            client = await Client.connect(cfg.temporal_address)
-            break
-        except RuntimeError:
-            if asyncio.get_running_loop().time() > deadline:
-                raise
-            await asyncio.sleep(0.5)
+    # Temporal is started and healthy (daemons.temporal_ready): one connect.
+    client = await Client.connect(cfg.temporal_address)
     await previous_runs.close_previous_runs(client)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import socket
 import subprocess
@@ -82,7 +83,25 @@ def port_open(port: int) -> bool:
 
 
 def temporal_ready(cfg: SandboxConfig) -> bool:
-    return port_open(cfg.temporal_port) and port_open(cfg.temporal_ui_port)
+    """Both ports answer and the frontend says it is healthy: the dev server takes its port
+    before its frontend is ("Frontend is not healthy yet" to a client that came too soon).
+    Called from a thread without an event loop (`sandbox up`, restarts)."""
+    if not (port_open(cfg.temporal_port) and port_open(cfg.temporal_ui_port)):
+        return False
+    return asyncio.run(_frontend_healthy(cfg.temporal_address))
+
+
+async def _frontend_healthy(address: str) -> bool:
+    from datetime import timedelta
+
+    from temporalio.client import Client  # the SDK only where a daemon is checked
+    from temporalio.service import RPCError
+
+    try:
+        client = await Client.connect(address)
+        return await client.service_client.check_health(timeout=timedelta(seconds=2))
+    except (RuntimeError, RPCError):  # connect refused or "not healthy yet"; the health RPC
+        return False
 
 
 def slurmctld_argv(cfg: SandboxConfig) -> list[str]:
