@@ -32,6 +32,7 @@ from autoclusters.sandbox import cluster
 from autoclusters.sandbox.config import PORT_SPAN, SandboxConfig
 from autoclusters.sandbox.processes import ProcessTable
 from tests.helpers import time_skipping_env
+from tests.leftover_sandboxes import stop_left_running
 
 # Fuzz tests: 300 examples each in `make test`; `make unit` asks for the quick profile.
 hypothesis_settings.register_profile("full", max_examples=300)
@@ -97,6 +98,17 @@ LONGEST_FIRST = (
     "test_chaos",
     "test_remediation_workflow",
 )
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """An interrupted run (Ctrl-C, a fixture that timed out) skips the teardowns that stop
+    sandboxes: any sandbox under this run's temporary directory still running goes down,
+    by its recorded PIDs (tests/leftover_sandboxes.py)."""
+    factory = getattr(session.config, "_tmp_path_factory", None)
+    if factory is None:
+        return
+    for state in stop_left_running(factory.getbasetemp()):
+        print(f"\nstopped a sandbox this run left running: {state}")
 
 
 # tryfirst: xdist's worker turns xdist_group marks into the node ids it schedules by in

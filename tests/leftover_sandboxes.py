@@ -1,0 +1,31 @@
+"""Sandboxes a test run left running, stopped at the end of the run by their recorded PIDs.
+
+A fixture's teardown stops its sandbox; an interrupted run (Ctrl-C, a fixture that timed
+out) skips teardowns, and a sandbox left up holds ports, CPU and its Slurm daemons until
+someone finds it. `pytest_sessionfinish` (conftest) calls this over the run's temporary
+directory: whatever sandbox there still has a live recorded process goes down.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from autoclusters.sandbox import cluster
+from autoclusters.sandbox.config import SandboxConfig
+from autoclusters.sandbox.processes import ProcessTable
+
+
+def stop_left_running(base: Path) -> list[Path]:
+    """Stop every sandbox under `base` with a recorded process still alive; their dirs."""
+    stopped = []
+    for pids in sorted(base.glob("**/pids")):
+        state = pids.parent
+        table = ProcessTable(state)
+        if not any(table.alive(r.name) for r in table.records()):
+            continue
+        # A boot interrupted before it saved its record: the state dir is enough to stop it.
+        record = SandboxConfig(state_dir=state).record_file
+        cfg = SandboxConfig.load(state) if record.exists() else SandboxConfig(state_dir=state)
+        cluster.down(cfg)
+        stopped.append(state)
+    return stopped

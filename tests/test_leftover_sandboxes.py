@@ -1,0 +1,37 @@
+"""A sandbox a run left running is stopped at the end of the run, by its recorded PIDs
+(tests/leftover_sandboxes.py); a stopped one, and anything not recorded, is left alone."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+from autoclusters.sandbox.processes import ProcessTable
+from tests.leftover_sandboxes import stop_left_running
+
+
+def running(pid: int) -> bool:
+    """Alive and not a zombie (a stopped child of this process may wait to be reaped)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"
+
+
+def test_a_sandbox_left_running_is_stopped_and_nothing_else(tmp_path: Path) -> None:
+    left = ProcessTable(tmp_path / "a" / "left")
+    stopped_before = ProcessTable(tmp_path / "b" / "stopped")
+    rec = left.spawn("worker", ["sleep", "300"])
+    stopped_before.spawn("worker", ["sleep", "300"])
+    stopped_before.stop("worker")  # its teardown ran: no record left
+    unrecorded = subprocess.Popen(["sleep", "300"], start_new_session=True)
+    try:
+        assert left.alive("worker") and running(rec.pid)
+        assert stop_left_running(tmp_path) == [tmp_path / "a" / "left"]
+        assert not running(rec.pid) and left.records() == []
+        assert running(unrecorded.pid)  # not the sandbox's: not ours to stop
+        assert stop_left_running(tmp_path) == []  # nothing left the second time
+    finally:
+        unrecorded.kill()
+        unrecorded.wait()
