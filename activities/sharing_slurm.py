@@ -46,6 +46,10 @@ def _width(job: SlurmJob) -> int:
 
 # A job requeued by a lend passes through these before it runs again (its width unknown).
 NOT_STARTED = frozenset({"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED"})
+# On its way from a requeue to PENDING: its nodes are still finishing the old run.
+REQUEUING = frozenset({"COMPLETING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD"})
+# How long the lend waits for a requeued job to be PENDING, to release its 2-minute hold.
+RELEASE_WAIT_S = 30.0
 
 
 def regrow_marker(move_id: str, restart_cnt: int) -> str:
@@ -141,14 +145,25 @@ class ShareSlurmActivities:
             while await self._busy_on(call.node):
                 await asyncio.sleep(self._poll_s)
         # A job that requeued itself (scontrol requeue) waits ~2 min before it may start
-        # again; the runbook's rule is that it restarts at once on healthy capacity.
-        for job in await self._slurm.jobs():
-            if job.job_id in result.signalled + result.requeued and job.job_state == "PENDING":
-                await self._slurm.release_hold(job.job_id)
-                result.holds_released.append(job.job_id)
-            width = _marked_width(job, prefix)
-            if width is not None:
-                result.widths[job.job_id] = width
+        # again; the runbook's rule is that it restarts at once on healthy capacity. It is
+        # PENDING only once its other nodes are done with it (COMPLETING until then): a
+        # look too early missed it and the job sat out the 2 minutes (the share demo).
+        waiting = set(result.signalled + result.requeued)
+        release_by = time.monotonic() + RELEASE_WAIT_S
+        while True:
+            jobs = await self._slurm.jobs()
+            for job in jobs:
+                if job.job_id in waiting and job.job_state == "PENDING":
+                    await self._slurm.release_hold(job.job_id)
+                    result.holds_released.append(job.job_id)
+                    waiting.discard(job.job_id)
+                width = _marked_width(job, prefix)
+                if width is not None:
+                    result.widths[job.job_id] = width
+            on_the_way = [j for j in jobs if j.job_id in waiting and j.job_state in REQUEUING]
+            if not on_the_way or time.monotonic() > release_by:
+                break
+            await asyncio.sleep(self._poll_s)
         result.waited_s = time.monotonic() - started
         return result
 

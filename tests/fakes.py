@@ -58,6 +58,9 @@ class FakeSlurm:
         # Jobs that act on their checkpoint signal (train.sbatch's USR1 trap): they
         # checkpoint and requeue themselves; others ignore it.
         self.checkpointing: set[int] = set()
+        # Reads of `jobs()` for which a job that requeued itself still shows COMPLETING
+        # (its other nodes not done with it yet), before it is PENDING.
+        self.completing_reads: Counter[int] = Counter()
         self.signals: Counter[int] = Counter()
         # slurmctld away (restarting, failing over): every call raises SlurmUnavailable, as
         # SlurmCli does on 22.05's errors document; `calls_while_down` counts the attempts.
@@ -218,7 +221,14 @@ class FakeSlurm:
     async def jobs(self) -> list[SlurmJob]:
         self._reachable("jobs")
         self.calls["jobs"] += 1
-        return [j.model_copy(deep=True) for j in self._jobs.values()]
+        out = []
+        for j in self._jobs.values():
+            seen = j.model_copy(deep=True)
+            if self.completing_reads[j.job_id] > 0 and j.job_state == "PENDING":
+                self.completing_reads[j.job_id] -= 1
+                seen.job_state = "COMPLETING"
+            out.append(seen)
+        return out
 
     async def jobs_on_node(self, name: str) -> list[SlurmJob]:
         self._reachable("jobs_on_node")

@@ -154,6 +154,17 @@ def test_regrow_names_a_job_not_started_again_and_leaves_it_be(slurm: FakeSlurm)
     assert slurm.signals == {}
 
 
+def test_a_job_still_completing_its_requeue_has_its_hold_released_once_pending(
+    slurm: FakeSlurm,
+) -> None:
+    slurm.add_job(7, nodes="gpu-[1-3]")
+    slurm.checkpointing.add(7)
+    slurm.completing_reads[7] = 3  # its other nodes take a moment to finish the old run
+    run(acts(slurm).drain_for_move(call()))
+    out = run(acts(slurm).checkpoint_jobs(call()))
+    assert out.holds_released == [7] and slurm.release_count[7] == 1
+
+
 def test_checkpoint_records_each_jobs_width_even_across_a_retry(slurm: FakeSlurm) -> None:
     slurm.add_job(7, nodes="gpu-[1-3]")
     slurm.checkpointing.add(7)
