@@ -38,9 +38,11 @@ Run: `python -m sandbox.k8s_emulator --port P --token T [--state FILE]`.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import hmac
 import json
 import socket
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -51,9 +53,10 @@ from typing import Any
 
 import uvicorn
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, Field
 
+from autoclusters.sandbox.k8s_discovery import CRD_RESOURCE, discover
 from autoclusters.sandbox.k8s_objects import (
     BY_PATH,
     DEPLOYMENTS,
@@ -63,6 +66,9 @@ from autoclusters.sandbox.k8s_objects import (
     bad_request,
 )
 from autoclusters.sandbox.k8s_store import Store
+from autoclusters.sandbox.k8s_table import table, wanted_table
+from autoclusters.sandbox.k8s_tls import kubeconfig, self_signed
+from autoclusters.sandbox.k8s_watch_stream import watch_response
 
 VERSION = {
     "major": "1",
@@ -76,6 +82,8 @@ VERSION = {
     "platform": "linux/amd64",
 }
 THREAD_NAME = "k8s-emulator"
+# Open watches never finish by themselves: a stop waits this long for them, then cuts them.
+_SHUTDOWN_S = 2
 _METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE"]
 
 
@@ -118,7 +126,15 @@ def create_app(
     `external_kubelet` label selector are run by a kubelet outside (see `Store`)."""
     store = Store(state_file, kubelet=kubelet, external_kubelet=external_kubelet)
     faults: list[FaultSpec] = []
-    app = FastAPI(title="kubernetes emulator", docs_url=None, redoc_url=None, openapi_url=None)
+    # No trailing-slash redirects: the API server answers `/api` and `/api/` alike (a 307 to
+    # `/api/` made kubectl drop its token and fail with a 401).
+    app = FastAPI(
+        title="kubernetes emulator",
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+        redirect_slashes=False,
+    )
     app.state.store = store
 
     @app.exception_handler(ApiError)
@@ -131,21 +147,41 @@ def create_app(
             raise ApiError(401, "Unauthorized", "Unauthorized")
 
     @app.get("/version")
+    @app.get("/version/")
     async def version(request: Request) -> JSONResponse:
         authenticate(request)
         return JSONResponse(VERSION)
 
+    # No OpenAPI documents: kubectl then validates nothing client-side and asks the server
+    # (fieldValidation) instead; a 404 is what a server without them answers.
+    @app.get("/openapi/{path:path}")
+    async def openapi(request: Request) -> JSONResponse:
+        authenticate(request)
+        raise _no_route()
+
+    @app.api_route("/api", methods=_METHODS)
+    @app.api_route("/apis", methods=_METHODS)
     @app.api_route("/api/{path:path}", methods=_METHODS)
     @app.api_route("/apis/{path:path}", methods=_METHODS)
-    async def resources(request: Request) -> JSONResponse:
+    async def resources(request: Request) -> Response:
         authenticate(request)
         for fault in faults:
             if fault.times > 0 and (fault.method, fault.path) == (request.method, request.url.path):
                 fault.times -= 1
                 reason = _FAULT_REASONS.get(fault.code, "InternalError")
                 raise ApiError(fault.code, reason, f"{reason} (injected by the emulator)")
-        code, body = await _dispatch(store, request)
-        return JSONResponse(body, status_code=code)
+        path = request.url.path
+        found = discover(path, request.url.netloc)
+        if found is not None:
+            if request.method != "GET":
+                raise _not_allowed()
+            return _answer(request, CRD_RESOURCE, 200, found)
+        r = _route(path)
+        q = request.query_params
+        if request.method == "GET" and r.name is None and q.get("watch") in ("true", "1"):
+            return watch_response(store, request, r.kind, r.ns)
+        code, body = await _dispatch(store, r, request)
+        return _answer(request, r.kind.resource, code, body)
 
     @app.post("/_emulator/nodes")
     async def put_machine(spec: MachineSpec) -> JSONResponse:
@@ -235,11 +271,20 @@ async def _body(request: Request, *, required: bool = True) -> Any:
         raise bad_request(f"the object provided is unrecognized (not JSON: {e})") from None
 
 
-async def _dispatch(store: Store, request: Request) -> tuple[int, Any]:
-    r = _route(request.url.path)
+def _answer(request: Request, resource: str, code: int, body: Any) -> JSONResponse:
+    """`body` as a Table when the client asks for one (`kubectl get`); Status objects and
+    everything else as they are."""
+    version = wanted_table(request.headers.get("accept", ""))
+    if request.method == "GET" and version and body.get("kind") != "Status":
+        include = request.query_params.get("includeObject", "Metadata")
+        body = table(resource, body, version, include)
+    return JSONResponse(body, status_code=code)
+
+
+async def _dispatch(store: Store, r: _Route, request: Request) -> tuple[int, Any]:
     q = request.query_params
     if q.get("watch") in ("true", "1"):
-        raise bad_request("watch is not supported by the emulator")
+        raise _not_allowed()  # a watch of one object by its path: only lists are watched
     if q.get("dryRun"):
         raise bad_request("dryRun is not supported by the emulator")
     method = request.method
@@ -287,39 +332,91 @@ async def _dispatch(store: Store, request: Request) -> tuple[int, Any]:
 
 @dataclass
 class Running:
-    """A started emulator: where it listens, its token, and its state for direct inspection."""
+    """A started emulator: where it listens, its token, and its state for direct inspection.
+    With TLS, also its HTTPS address and the certificate that address presents."""
 
     url: str
     token: str
     store: Store
+    tls_url: str = ""
+    ca_pem: str = ""
+
+
+def _servers(
+    app: FastAPI, listeners: list[tuple[socket.socket, tuple[Path, Path] | None]]
+) -> list[tuple[uvicorn.Server, socket.socket]]:
+    """One uvicorn server per socket (plain or TLS), all serving the same app and store."""
+    out = []
+    for sock, tls in listeners:
+        cert, key = tls if tls else (None, None)
+        config = uvicorn.Config(
+            app,
+            log_level="warning",
+            lifespan="off",
+            timeout_graceful_shutdown=_SHUTDOWN_S,
+            ssl_certfile=cert,
+            ssl_keyfile=key,
+        )
+        out.append((uvicorn.Server(config), sock))
+    return out
+
+
+async def _serve(servers: list[tuple[uvicorn.Server, socket.socket]]) -> None:
+    await asyncio.gather(*(server.serve(sockets=[sock]) for server, sock in servers))
+
+
+def _bind(host: str, port: int = 0) -> socket.socket:
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    return sock
 
 
 @contextmanager
 def running(
-    token: str, *, state_file: Path | None = None, kubelet: bool = True, external_kubelet: str = ""
+    token: str,
+    *,
+    state_file: Path | None = None,
+    kubelet: bool = True,
+    external_kubelet: str = "",
+    tls: bool = False,
 ) -> Iterator[Running]:
-    """Serve the emulator on a free loopback port in a background thread; stop it on exit."""
+    """Serve the emulator on a free loopback port in a background thread (and, with `tls`,
+    on a second one over HTTPS, for kubectl); stop it on exit."""
     app = create_app(
         token, state_file=state_file, kubelet=kubelet, external_kubelet=external_kubelet
     )
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
-    thread = threading.Thread(
-        target=server.run, kwargs={"sockets": [sock]}, name=THREAD_NAME, daemon=True
-    )
-    thread.start()
-    try:
-        while not server.started:
-            if not thread.is_alive():
-                raise RuntimeError("the kubernetes emulator did not start")
-            time.sleep(0.02)
-        yield Running(url=f"http://127.0.0.1:{port}", token=token, store=app.state.store)
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
-        sock.close()
+    with tempfile.TemporaryDirectory(prefix="k8s-emulator-tls-") as tmp:
+        plain = _bind("127.0.0.1")
+        listeners: list[tuple[socket.socket, tuple[Path, Path] | None]] = [(plain, None)]
+        cert: Path | None = None
+        if tls:
+            cert, key = self_signed(Path(tmp))
+            listeners.append((_bind("127.0.0.1"), (cert, key)))
+        servers = _servers(app, listeners)
+        thread = threading.Thread(
+            target=asyncio.run, args=(_serve(servers),), name=THREAD_NAME, daemon=True
+        )
+        thread.start()
+        try:
+            while not all(server.started for server, _ in servers):
+                if not thread.is_alive():
+                    raise RuntimeError("the kubernetes emulator did not start")
+                time.sleep(0.02)
+            ports = [sock.getsockname()[1] for _, sock in servers]
+            yield Running(
+                url=f"http://127.0.0.1:{ports[0]}",
+                token=token,
+                store=app.state.store,
+                tls_url=f"https://127.0.0.1:{ports[1]}" if tls else "",
+                ca_pem=cert.read_text() if cert else "",
+            )
+        finally:
+            for server, _ in servers:
+                server.should_exit = True
+            thread.join(timeout=10)
+            for _, sock in servers:
+                sock.close()
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -335,14 +432,37 @@ def main(argv: list[str] | None = None) -> None:
         metavar="SELECTOR",
         help="pods matching this label selector are run by a kubelet outside the emulator",
     )
+    parser.add_argument(
+        "--tls-port",
+        type=int,
+        help="also serve the API over HTTPS on this port (kubectl sends its token only over TLS)",
+    )
+    parser.add_argument(
+        "--kubeconfig",
+        type=Path,
+        help="with --tls-port: write a kubeconfig for kubectl (HTTPS, the CA, the token) here",
+    )
     args = parser.parse_args(argv)
+    if args.kubeconfig and not args.tls_port:
+        parser.error("--kubeconfig needs --tls-port")
     app = create_app(
         args.token,
         state_file=args.state,
         kubelet=not args.no_kubelet,
         external_kubelet=args.external_kubelet,
     )
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    with tempfile.TemporaryDirectory(prefix="k8s-emulator-tls-") as tmp:
+        listeners: list[tuple[socket.socket, tuple[Path, Path] | None]] = [
+            (_bind(args.host, args.port), None)
+        ]
+        if args.tls_port:
+            cert, key = self_signed(Path(tmp))
+            listeners.append((_bind(args.host, args.tls_port), (cert, key)))
+            if args.kubeconfig:
+                server = f"https://{args.host}:{args.tls_port}"
+                args.kubeconfig.write_text(kubeconfig(server, args.token, cert.read_text()))
+                args.kubeconfig.chmod(0o600)
+        asyncio.run(_serve(_servers(app, listeners)))
 
 
 if __name__ == "__main__":

@@ -53,6 +53,8 @@ NODESETS = Kind(
 CONFIGMAPS = Kind("configmaps", "ConfigMap", "v1", namespaced=True, status_subresource=False)
 PVCS = Kind("persistentvolumeclaims", "PersistentVolumeClaim", "v1", namespaced=True)
 DEPLOYMENTS = Kind("deployments", "Deployment", "apps/v1", namespaced=True)
+# Core events: `kubectl describe` lists them (nothing in the emulator records any yet).
+EVENTS = Kind("events", "Event", "v1", namespaced=True, status_subresource=False)
 
 
 def _custom(resource: str, kind: str, api_version: str) -> Kind:
@@ -77,6 +79,7 @@ KINDS = {
         CONFIGMAPS,
         PVCS,
         DEPLOYMENTS,
+        EVENTS,
         SLINKY_CONTROLLERS,
         SLINKY_ACCOUNTINGS,
         SLINKY_LOGINSETS,
@@ -229,6 +232,19 @@ _FIELDS: dict[str, set[str]] = {
         "status.nominatedNodeName",
     },
     "nodes": {"spec.unschedulable"},
+    "events": {
+        "involvedObject.kind",
+        "involvedObject.namespace",
+        "involvedObject.name",
+        "involvedObject.uid",
+        "involvedObject.apiVersion",
+        "involvedObject.resourceVersion",
+        "involvedObject.fieldPath",
+        "reason",
+        "reportingComponent",
+        "source",
+        "type",
+    },
 }
 
 

@@ -27,11 +27,13 @@ race them (`sandbox.k8s_controllers` holds what they do):
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import json
 import os
 import random
 import threading
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -68,6 +70,7 @@ from autoclusters.sandbox.k8s_objects import (
     validate_pdb,
     validate_pod,
 )
+from autoclusters.sandbox.k8s_watch import Event, Hub, Subscription
 
 _SMP = "application/strategic-merge-patch+json"
 _MERGE = "application/merge-patch+json"
@@ -92,6 +95,7 @@ class Store:
         self._objs: dict[str, dict[Key, Obj]] = {r: {} for r in KINDS}
         # Pods whose readiness probe fails: the kubelet runs them but never reports them Ready.
         self._unready: set[Key] = set()
+        self._hub = Hub()
         if state_file is not None and state_file.exists():
             saved = json.loads(state_file.read_text())
             self._rv = saved["rv"]
@@ -127,6 +131,45 @@ class Store:
                 "metadata": {"resourceVersion": str(self._rv)},
                 "items": items,
             }
+
+    def matcher(
+        self, kind: Kind, ns: str | None, label_selector: str, field_selector: str
+    ) -> Callable[[Obj], bool]:
+        """What a list or watch with these selectors keeps (a 400 for a bad selector)."""
+        lreqs = parse_label_selector(label_selector)
+        freqs = parse_field_selector(kind, field_selector)
+
+        def keep(o: Obj) -> bool:
+            meta = o["metadata"]
+            return (
+                (ns is None or (meta.get("namespace") or "") == ns)
+                and labels_match(meta.get("labels") or {}, lreqs)
+                and fields_match(o, freqs)
+            )
+
+        return keep
+
+    def watch(
+        self, kind: Kind, resource_version: str, loop: asyncio.AbstractEventLoop
+    ) -> tuple[list[Event], Subscription]:
+        """A watch from `resource_version`: with none (or "0"), every current object as
+        ADDED first, as the API server sends; then each change (`k8s_watch`)."""
+        with self._lock:
+            if resource_version in ("", "0"):
+                initial = [
+                    Event(self._rv, "ADDED", kind, self._out(kind, o))
+                    for _, o in sorted(self._objs[kind.resource].items())
+                ]
+                return initial, self._hub.subscribe(kind, self._rv, loop)
+            try:
+                since = int(resource_version)
+            except ValueError:
+                raise bad_request(f"invalid resource version: {resource_version!r}") from None
+            return [], self._hub.subscribe(kind, since, loop)
+
+    def unwatch(self, sub: Subscription) -> None:
+        with self._lock:
+            self._hub.unsubscribe(sub)
 
     def dump(self) -> Obj:
         with self._lock:
@@ -545,13 +588,21 @@ class Store:
         self._rv += 1
         obj["metadata"]["resourceVersion"] = str(self._rv)
         self._objs[kind.resource][self._key(kind, obj)] = obj
+        self._hub.publish(
+            Event(self._rv, "ADDED" if old is None else "MODIFIED", kind, self._out(kind, obj))
+        )
         self._save()
 
     def _remove(self, kind: Kind, key: Key) -> None:
-        self._objs[kind.resource].pop(key, None)
+        gone = self._objs[kind.resource].pop(key, None)
         if kind is PODS:
             self._unready.discard(key)
         self._rv += 1
+        if gone is not None:
+            # The API server's DELETED event carries the object at the deletion's version.
+            last = self._out(kind, gone)
+            last["metadata"]["resourceVersion"] = str(self._rv)
+            self._hub.publish(Event(self._rv, "DELETED", kind, last))
         self._save()
 
     def _save(self) -> None:
