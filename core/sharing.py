@@ -221,6 +221,7 @@ def decide(
     breach_streak: int,
     calm_streak: int,
     seconds_since_last_move: float | None,
+    lend_rps: float | None = None,
 ) -> Verdict:
     """Lend, return, or hold, from one evaluation's figures and the streaks before it.
 
@@ -228,6 +229,11 @@ def decide(
     `slo * return_below` towards returning; `sustain` in a row are needed, and no move
     starts within `cooldown_s` of the last. The minimum training nodes and the maximum
     inference nodes are never crossed, whatever the demand.
+
+    A return also waits for the request rate to fall below `return_below` times
+    `lend_rps`, the rate that needed the last lend: with the lent node serving, the latency
+    looks calm while that load is still there, and giving the node back breaches again (a
+    lend, a return and a lend within a minute in the share demo).
     """
     value = demand.inference_value
     if value is None:
@@ -273,6 +279,12 @@ def decide(
         )
     if calm_n < policy.sustain:
         return hold(f"demand calm {calm_n}/{policy.sustain} evaluations")
+    rps = demand.inference_rps
+    if lend_rps is not None and rps is not None and rps > lend_rps * policy.return_below:
+        return hold(
+            f"request rate {rps:.3g}/s still above {policy.return_below:g} x the "
+            f"{lend_rps:.3g}/s that needed the last lend"
+        )
     if len(inference) <= policy.min_inference_nodes:
         return hold(f"at the minimum of {policy.min_inference_nodes} inference nodes")
     node = pick_to_return(inference)

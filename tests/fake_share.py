@@ -109,6 +109,7 @@ class ShareWorld:
         self.regrown: list[dict[int, int]] = []  # what each regrow step was asked to regrow
         self.pending: list[int] = []
         self.not_started: set[int] = set()  # requeued jobs a regrow finds still pending
+        self.rates: list[float] = []  # requests/s, read by read, as demand (none: no figure)
         self.notes: list[Notification] = []
         self.violations: list[str] = []  # a node with a job and a pod at once
         # (training nodes, non-training nodes) after every call.
@@ -178,10 +179,12 @@ class ShareWorld:
     async def read_demand(self, call: DemandCall) -> Demand:
         c = self._log("share_read_demand", "")
         value = self.value(self.reads)
+        rps = self.rates[min(self.reads, len(self.rates) - 1)] if self.rates else None
         self.reads += 1
         return Demand(
             at=c.at,
             inference_value=value,
+            inference_rps=rps,
             slo=call.policy.inference.slo,
             ready_replicas=self.replicas,
             nodes=[

@@ -43,16 +43,19 @@ from autoclusters.core.evidence import HealthSnapshot
 from autoclusters.core.sharing import (
     LENT_REASON,
     ClearUnhealthy,
+    Demand,
     InferenceTarget,
     MoveDecision,
     MoveRecord,
     MoveRequest,
+    NodeShare,
     Pool,
     RebalanceInput,
     SharePolicy,
     ShareStatus,
     YieldCall,
     YieldResult,
+    decide,
     rebalance_workflow_id,
 )
 from autoclusters.workflows import gpu_rebalance
@@ -237,6 +240,35 @@ async def test_a_return_regrows_the_jobs_its_lend_narrowed(env: WorkflowEnvironm
     assert back.move.to == "training" and back.status == "done"
     # Job 101 left gpu-01 for the lend, two nodes wide before: the return regrows it, once.
     assert world.regrown == [{101: 2}]
+
+
+async def test_a_return_waits_for_the_load_that_needed_the_lend_to_fall(
+    env: WorkflowEnvironment,
+) -> None:
+    # With the lent node serving, latency is calm at once; the request rate is not.
+    world = ShareWorld(nodes(3), [HIGH, HIGH, LOW, LOW, LOW, LOW], agent=False)
+    world.rates = [40, 40, 40, 40, 5, 5]
+    async with rebalancer(env, world, policy()) as r:
+        s = await r.evaluate(2)
+        assert [m.move.to for m in s.moves] == ["inference"]
+        s = await r.evaluate(2)
+        assert [m.move.to for m in s.moves] == ["inference"]  # the load is still there
+        assert s.last_verdict is not None and "request rate 40/s" in s.last_verdict.why
+        s = await r.evaluate(2)
+    assert [m.move.to for m in s.moves] == ["inference", "training"]
+
+
+def test_a_calm_latency_returns_at_once_without_a_rate_or_once_the_rate_fell() -> None:
+    pol = policy()
+    serving = NodeShare(name="gpu-01", pool=Pool.INFERENCE, pods=1)
+    calm = Demand(at=0, inference_value=LOW, slo=SLO, inference_rps=30, nodes=[serving])
+    args: dict[str, Any] = {"breach_streak": 0, "calm_streak": 5, "seconds_since_last_move": 60}
+    assert decide(calm, pol, **args, lend_rps=40).to is None  # 30 > 0.5 x 40
+    assert decide(calm, pol, **args, lend_rps=None).to == "training"  # no lend on record
+    fell = calm.model_copy(update={"inference_rps": 19.0})
+    assert decide(fell, pol, **args, lend_rps=40).to == "training"
+    unknown = calm.model_copy(update={"inference_rps": None})
+    assert decide(unknown, pol, **args, lend_rps=40).to == "training"  # latency decides
 
 
 async def test_a_job_not_started_again_at_a_return_is_regrown_at_the_next(

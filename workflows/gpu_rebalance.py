@@ -78,6 +78,8 @@ RETRY = RetryPolicy(
 )
 STEP_TIMEOUT = timedelta(minutes=5)
 KEEP_MOVES = 50
+# docs/versioning.md: a return also waits for the request rate to fall (core/sharing.py decide).
+RETURN_WAITS_FOR_THE_RATE = "gpu_rebalance-0.2-return-waits-for-the-rate"
 # What each step of a move does to its node, as the Temporal UI shows it.
 MOVE_SUMMARIES = {
     "drain": "drain {node} in Slurm to lend it to inference",
@@ -345,12 +347,15 @@ class GpuRebalance(AgentGate):
             if self._s.last_move_end is None
             else workflow.now().timestamp() - self._s.last_move_end
         )
+        # 0.1 returned on a calm latency alone, whatever the request rate.
+        rate_guard = workflow.patched(RETURN_WAITS_FOR_THE_RATE)
         verdict = decide(
             demand,
             self._policy,
             breach_streak=self._s.breach_streak,
             calm_streak=self._s.calm_streak,
             seconds_since_last_move=since,
+            lend_rps=self._last_lend_rps() if rate_guard else None,
         )
         self._s.breach_streak, self._s.calm_streak = verdict.breach_streak, verdict.calm_streak
         self._s.last_demand, self._s.last_verdict = demand, verdict
@@ -365,6 +370,13 @@ class GpuRebalance(AgentGate):
                 demand=demand,
             )
         )
+
+    def _last_lend_rps(self) -> float | None:
+        """The request rate that needed the latest lend the rebalancer made."""
+        for rec in reversed(self._s.moves):
+            if rec.move.to == "inference" and rec.status == "done":
+                return rec.move.demand.inference_rps if rec.move.demand else None
+        return None
 
     async def _run_move(self, move: Move) -> None:
         rec = MoveRecord(move=move, started_at=workflow.now().timestamp())
