@@ -56,6 +56,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, Field
 
+from autoclusters.sandbox import k8s_protobuf
 from autoclusters.sandbox.k8s_discovery import CRD_RESOURCE, discover
 from autoclusters.sandbox.k8s_objects import (
     BY_PATH,
@@ -65,6 +66,7 @@ from autoclusters.sandbox.k8s_objects import (
     Kind,
     bad_request,
 )
+from autoclusters.sandbox.k8s_openapi import document as openapi_document
 from autoclusters.sandbox.k8s_store import Store
 from autoclusters.sandbox.k8s_table import table, wanted_table
 from autoclusters.sandbox.k8s_tls import kubeconfig, self_signed
@@ -152,12 +154,10 @@ def create_app(
         authenticate(request)
         return JSONResponse(VERSION)
 
-    # No OpenAPI documents: kubectl then validates nothing client-side and asks the server
-    # (fieldValidation) instead; a 404 is what a server without them answers.
     @app.get("/openapi/{path:path}")
-    async def openapi(request: Request) -> JSONResponse:
+    async def openapi(request: Request, path: str) -> JSONResponse:
         authenticate(request)
-        raise _no_route()
+        return JSONResponse(openapi_document(path))
 
     @app.api_route("/api", methods=_METHODS)
     @app.api_route("/apis", methods=_METHODS)
@@ -265,6 +265,9 @@ async def _body(request: Request, *, required: bool = True) -> Any:
         if required:
             raise bad_request("the request body is empty")
         return {}
+    ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if ctype == k8s_protobuf.PROTOBUF:  # kubectl's typed clients: namespaces, evictions
+        return k8s_protobuf.decode(raw)
     try:
         return json.loads(raw)
     except ValueError as e:
