@@ -20,7 +20,13 @@ and gets what a real API server would answer for what AutoClusters uses:
   PodDisruptionBudget);
 - errors as `Status` objects (401, 404, 405, 409, 415, 422, 429).
 
-Watches, server-side apply and dryRun are refused explicitly rather than half-done.
+- discovery, Tables, watches (`?watch=true`), OpenAPI v3 stubs and protobuf request bodies
+  for the kinds kubectl's typed clients send, so that a real `kubectl` works too
+  (`k8s_discovery`, `k8s_table`, `k8s_watch_stream`, `k8s_openapi`, `k8s_protobuf`); with
+  `--tls-port` the same API over HTTPS, since kubectl sends its token only over TLS
+  (`k8s_tls`; `--kubeconfig FILE` writes a kubeconfig for it).
+
+Server-side apply and dryRun are refused explicitly rather than half-done.
 
 An unauthenticated admin API under `/_emulator/` plays the machines and the kubelet's probes:
 `POST /_emulator/nodes` registers a machine as a node (a new providerID under an existing
@@ -32,7 +38,8 @@ external kubelet runs: `--external-kubelet SELECTOR`), `POST
 `POST /_emulator/faults`
 makes the next requests to a path fail (409, 429, 5xx), `GET /_emulator/state` dumps all.
 
-Run: `python -m sandbox.k8s_emulator --port P --token T [--state FILE]`.
+Run: `python -m sandbox.k8s_emulator --port P --token T [--state FILE] [--tls-port Q
+--kubeconfig FILE]`.
 """
 
 from __future__ import annotations

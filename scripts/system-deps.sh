@@ -14,11 +14,18 @@ done
 command -v prometheus-alertmanager >/dev/null 2>&1 || command -v alertmanager >/dev/null 2>&1 \
   || missing+=(prometheus-alertmanager)
 command -v chromedriver >/dev/null 2>&1 || missing+=(chromedriver)  # tests/test_console_browser.py
+# tests/test_kubectl.py: a real kubectl against the Kubernetes emulator's HTTPS port, whose
+# certificate openssl makes at start-up.
+command -v kubectl >/dev/null 2>&1 || missing+=(kubectl)
+command -v openssl >/dev/null 2>&1 || missing+=(openssl)
 [ ${#missing[@]} -eq 0 ] && exit 0
 
 pkgs="slurm-wlm slurmrestd munge slurm-wlm-jwt-plugin slurmdbd mariadb-server openssh-server"
 pkgs+=" chromium chromium-driver"  # headless Chromium + driver for the console browser test
 pkgs+=" prometheus prometheus-alertmanager"
+pkgs+=" openssl"
+# Debian's kubectl, only when there is none (one installed another way is kept).
+command -v kubectl >/dev/null 2>&1 || pkgs+=" kubernetes-client"
 if [ "$(id -u)" -ne 0 ]; then
   echo "missing: ${missing[*]}" >&2
   echo "install them as root:  apt-get update && apt-get install -y $pkgs" >&2
