@@ -371,8 +371,21 @@ def _servers(
     return out
 
 
-async def _serve(servers: list[tuple[uvicorn.Server, socket.socket]]) -> None:
-    await asyncio.gather(*(server.serve(sockets=[sock]) for server, sock in servers))
+async def _serve(servers: list[tuple[uvicorn.Server, socket.socket]], store: Store) -> None:
+    async def stop_together() -> None:
+        # A stop (a signal reaches one server, or `running` exits) stops every listener and
+        # ends the open watches, which would otherwise hold the graceful shutdown up.
+        while not any(server.should_exit for server, _ in servers):
+            await asyncio.sleep(0.1)
+        for server, _ in servers:
+            server.should_exit = True
+        store.close_watches()
+
+    stopper = asyncio.create_task(stop_together())
+    try:
+        await asyncio.gather(*(server.serve(sockets=[sock]) for server, sock in servers))
+    finally:
+        stopper.cancel()
 
 
 def _bind(host: str, port: int = 0) -> socket.socket:
@@ -405,7 +418,10 @@ def running(
             listeners.append((_bind("127.0.0.1"), (cert, key)))
         servers = _servers(app, listeners)
         thread = threading.Thread(
-            target=asyncio.run, args=(_serve(servers),), name=THREAD_NAME, daemon=True
+            target=asyncio.run,
+            args=(_serve(servers, app.state.store),),
+            name=THREAD_NAME,
+            daemon=True,
         )
         thread.start()
         try:
@@ -461,18 +477,27 @@ def main(argv: list[str] | None = None) -> None:
         kubelet=not args.no_kubelet,
         external_kubelet=args.external_kubelet,
     )
+    if not args.tls_port:
+        # Open watches are cut after _SHUTDOWN_S on a stop.
+        uvicorn.run(
+            app,
+            host=args.host,
+            port=args.port,
+            log_level="warning",
+            timeout_graceful_shutdown=_SHUTDOWN_S,
+        )
+        return
     with tempfile.TemporaryDirectory(prefix="k8s-emulator-tls-") as tmp:
+        cert, key = self_signed(Path(tmp))
         listeners: list[tuple[socket.socket, tuple[Path, Path] | None]] = [
-            (_bind(args.host, args.port), None)
+            (_bind(args.host, args.port), None),
+            (_bind(args.host, args.tls_port), (cert, key)),
         ]
-        if args.tls_port:
-            cert, key = self_signed(Path(tmp))
-            listeners.append((_bind(args.host, args.tls_port), (cert, key)))
-            if args.kubeconfig:
-                server = f"https://{args.host}:{args.tls_port}"
-                args.kubeconfig.write_text(kubeconfig(server, args.token, cert.read_text()))
-                args.kubeconfig.chmod(0o600)
-        asyncio.run(_serve(_servers(app, listeners)))
+        if args.kubeconfig:
+            server = f"https://{args.host}:{args.tls_port}"
+            args.kubeconfig.write_text(kubeconfig(server, args.token, cert.read_text()))
+            args.kubeconfig.chmod(0o600)
+        asyncio.run(_serve(_servers(app, listeners), app.state.store))
 
 
 if __name__ == "__main__":

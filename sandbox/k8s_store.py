@@ -167,6 +167,10 @@ class Store:
                 raise bad_request(f"invalid resource version: {resource_version!r}") from None
             return [], self._hub.subscribe(kind, since, loop)
 
+    def close_watches(self) -> None:
+        with self._lock:
+            self._hub.close_all()
+
     def unwatch(self, sub: Subscription) -> None:
         with self._lock:
             self._hub.unsubscribe(sub)

@@ -34,7 +34,8 @@ class Event:
 class Subscription:
     kind: Kind
     loop: asyncio.AbstractEventLoop
-    queue: asyncio.Queue[Event] = field(default_factory=asyncio.Queue)
+    # None: the server is stopping and the watch ends (clients then list and watch again).
+    queue: asyncio.Queue[Event | None] = field(default_factory=asyncio.Queue)
     closed: bool = False
 
     def offer(self, event: Event) -> None:
@@ -70,6 +71,12 @@ class Hub:
                 sub.offer(event)
         self._subs.add(sub)
         return sub
+
+    def close_all(self) -> None:
+        """The server stops: every open watch ends now rather than holding the stop up."""
+        for sub in list(self._subs):
+            sub.loop.call_soon_threadsafe(sub.queue.put_nowait, None)
+            self.unsubscribe(sub)
 
     def unsubscribe(self, sub: Subscription) -> None:
         sub.closed = True

@@ -54,9 +54,9 @@ def watch_response(store: Store, request: Request, kind: Kind, ns: str | None) -
     async def events() -> AsyncIterator[bytes]:
         try:
             deadline = loop.time() + timeout_s
-            for event in initial:
-                if keep(event.obj):
-                    yield as_sent(event)
+            for first in initial:
+                if keep(first.obj):
+                    yield as_sent(first)
             while (left := deadline - loop.time()) > 0:
                 try:
                     event = await asyncio.wait_for(sub.queue.get(), min(left, _IDLE_CHECK_S))
@@ -64,6 +64,8 @@ def watch_response(store: Store, request: Request, kind: Kind, ns: str | None) -
                     if await request.is_disconnected():
                         return
                     continue
+                if event is None:
+                    return
                 if keep(event.obj):
                     yield as_sent(event)
         finally:

@@ -13,7 +13,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -309,3 +311,36 @@ def test_discovery_lists_what_drain_needs(emu: Running) -> None:
     groups = httpx.get(f"{emu.url}/apis", headers=headers).json()["groups"]
     names = {g["name"] for g in groups}
     assert {"apps", "policy", "slinky.slurm.net", "apiextensions.k8s.io"} <= names
+
+
+def test_the_module_writes_a_kubeconfig_kubectl_uses(tmp_path: Path) -> None:
+    """`--tls-port` and `--kubeconfig`: the emulator as a process, as the sandbox runs it."""
+    ports = []
+    for _ in range(2):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            ports.append(s.getsockname()[1])
+    config = tmp_path / "kubectl.kubeconfig"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "autoclusters.sandbox.k8s_emulator", "--port", str(ports[0]),
+         f"--token={TOKEN}", "--tls-port", str(ports[1]), "--kubeconfig", str(config)],
+        cwd=ROOT,
+    )  # fmt: skip
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "KUBECONFIG": str(config)}
+
+    def namespaces() -> str:
+        if proc.poll() is not None:
+            raise AssertionError(f"the emulator exited with {proc.returncode}")
+        done = subprocess.run(
+            ["kubectl", "get", "ns", "-o", "name"], env=env, capture_output=True, text=True,
+            timeout=60,
+        )  # fmt: skip
+        return done.stdout if done.returncode == 0 else ""
+
+    try:
+        until(lambda: config.exists() and namespaces(), what="kubectl through the kubeconfig")
+        assert "namespace/kube-system" in namespaces().split()
+        assert oct(config.stat().st_mode & 0o777) == "0o600"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
