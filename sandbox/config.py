@@ -82,6 +82,16 @@ class SandboxConfig(BaseModel):
         return self.port_base + 5
 
     @property
+    def k8s_tls_port(self) -> int:
+        """The same Kubernetes API over HTTPS, for kubectl (it sends a token only over TLS)."""
+        return self.port_base + 96
+
+    @property
+    def kubectl_kubeconfig(self) -> Path:
+        """What `KUBECONFIG=... kubectl get nodes` points at (the emulator writes it)."""
+        return self.state_dir / "k8s" / "kubectl.kubeconfig"
+
+    @property
     def crusoe_port(self) -> int:
         return self.port_base + 6
 

@@ -59,6 +59,8 @@ def k8s_emulator_argv(cfg: SandboxConfig) -> list[str]:
         # One argument, `--token=...`: a urlsafe token may begin with "-", which argparse
         # reads as the next option when the value stands alone (a 1-in-64 failed start).
         "--port", str(cfg.k8s_port), f"--token={cfg.k8s_token()}",
+        # kubectl's door: the same API over HTTPS, and a kubeconfig for it.
+        "--tls-port", str(cfg.k8s_tls_port), "--kubeconfig", str(cfg.kubectl_kubeconfig),
     ]  # fmt: skip
 
 

@@ -190,3 +190,23 @@ async def test_chaos_kill_worker_at_repair_counts_one_cloud_operation(
     assert all(f"'{w}'" in r.stderr for w in ("worker", "temporal", "api", "slurmctld"))
     with pytest.raises(ChaosError, match="go together"):
         await run_chaos(k8s_sandbox, "XID_48", node="gpu-02", kill="worker")
+
+
+async def test_kubectl_reads_the_sandbox_through_the_kubeconfig_up_prints(
+    k8s_sandbox: SandboxConfig,
+) -> None:
+    """`sandbox up` prints `KUBECONFIG=<state>/k8s/kubectl.kubeconfig kubectl get nodes`: a
+    real kubectl sees the sandbox's Nodes and slurmd pods through it (over the emulator's
+    HTTPS port: kubectl sends its token only over TLS), after the restarts above too."""
+    env = {**os.environ, "KUBECONFIG": str(k8s_sandbox.kubectl_kubeconfig)}
+
+    def kubectl(*args: str) -> list[str]:
+        done = subprocess.run(
+            ["kubectl", *args, "-o", "name"], env=env, capture_output=True, text=True, timeout=60
+        )
+        assert done.returncode == 0, done.stderr
+        return sorted(done.stdout.split())
+
+    names = k8s_sandbox.node_names()
+    assert kubectl("get", "nodes") == [f"node/{n}" for n in names]
+    assert kubectl("get", "pods", "-n", "slurm") == [f"pod/slurmd-{n}" for n in names]
