@@ -6,6 +6,7 @@ matrix showed."""
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -23,10 +24,24 @@ def test_a_token_that_begins_with_a_dash_reaches_the_emulator(
 
     def create_app(token: str, **_: object) -> object:
         seen["token"] = token
-        return object()
+        return SimpleNamespace(state=SimpleNamespace(store=None))
 
+    def self_signed(d: Path) -> tuple[Path, Path]:
+        (d / "cert.pem").write_text("CERT")
+        (d / "key.pem").write_text("KEY")
+        return d / "cert.pem", d / "key.pem"
+
+    async def serve(*_: object) -> None:
+        seen["served"] = True
+
+    # Everything but the argument parsing (and the kubeconfig it writes) is stubbed out.
     monkeypatch.setattr(k8s_emulator, "create_app", create_app)
+    monkeypatch.setattr(k8s_emulator, "self_signed", self_signed)
+    monkeypatch.setattr(k8s_emulator, "_bind", lambda host, port: None)
+    monkeypatch.setattr(k8s_emulator, "_servers", lambda app, listeners: [])
+    monkeypatch.setattr(k8s_emulator, "_serve", serve)
     monkeypatch.setattr(k8s_emulator.uvicorn, "run", lambda *a, **k: None)
     argv = slinky.k8s_emulator_argv(cfg)
     k8s_emulator.main(argv[argv.index("autoclusters.sandbox.k8s_emulator") + 1 :])
-    assert seen["token"] == "-Xy_z-token"
+    assert seen["token"] == "-Xy_z-token" and seen["served"]
+    assert "-Xy_z-token" in cfg.kubectl_kubeconfig.read_text()  # kubectl's, over HTTPS
