@@ -129,6 +129,8 @@ async def run_demo(
         if not keep and not was_running:
             console.print("[bold]sandbox down[/bold]")
             await asyncio.to_thread(cluster.down, cfg)
+        elif cfg.k8s:
+            console.print(f"sandbox kept: KUBECONFIG={cfg.kubectl_kubeconfig} kubectl get nodes")
 
 
 async def _demo(
