@@ -27,6 +27,7 @@ from autoclusters.core.models import (
     ReplaceInput,
     ReplaceResult,
 )
+from autoclusters.core.policy import Rung
 from autoclusters.core.unavailable import UNAVAILABLE, Unavailable, is_unavailable_type
 from autoclusters.integrations.cloud import CloudError, CloudProvider
 
@@ -43,9 +44,12 @@ class CloudActivities:
         try:
             async with heartbeating(f"finding the machine of {inp.node}"):
                 vm_id = await self._provider.vm_id(inp.node)
+                spec = {}
+                if inp.rung == Rung.REPLACE:
+                    spec = await self._provider.machine_spec(inp.node)
         except CloudError as e:
             raise cloud_failure(e) from e
-        return RepairPlan(node=inp.node, vm_id=vm_id, planned_at=planned_at)
+        return RepairPlan(node=inp.node, vm_id=vm_id, planned_at=planned_at, machine_spec=spec)
 
     @activity.defn(name="repair_node")
     async def repair_node(self, inp: RepairInput) -> RepairResult:
@@ -58,6 +62,7 @@ class CloudActivities:
                 idempotency_key=inp.key,
                 vm_id=inp.vm_id,
                 planned_at=inp.planned_at,
+                machine_spec=inp.machine_spec or None,
                 progress=progress,
                 on_progress=record,
             )

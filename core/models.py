@@ -7,7 +7,7 @@ added later with defaults without breaking running incidents.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field, field_validator
 
@@ -361,6 +361,8 @@ class RepairInput(BaseModel):
     # started since then are this repair's). None: an older runbook, the VM named now.
     vm_id: str | None = None
     planned_at: float | None = None
+    # A replace's: what recreating the machine needs, recorded with the VM (below).
+    machine_spec: dict[str, Any] = Field(default_factory=dict)
 
 
 class PlanRepairInput(BaseModel):
@@ -375,6 +377,10 @@ class RepairPlan(BaseModel):
     node: str
     vm_id: str
     planned_at: float  # epoch seconds, taken before the VM was looked up
+    # For a replace: what recreating the machine needs (the cloud's words; {}: the cloud
+    # replaces it itself). In the history, so a retry that finds the VM already deleted,
+    # its own progress lost with a crashed worker, can still create the successor.
+    machine_spec: dict[str, Any] = Field(default_factory=dict)
 
 
 class RepairResult(BaseModel):

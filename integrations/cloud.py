@@ -27,6 +27,11 @@ class CloudProvider(Protocol):
         """The id of the machine currently behind `node`."""
         ...
 
+    async def machine_spec(self, node: str) -> dict[str, Any]:
+        """What recreating `node`'s machine needs, read before a replace deletes it ({}: the
+        cloud replaces machines itself)."""
+        ...
+
     async def repair(
         self,
         node: str,
@@ -35,6 +40,7 @@ class CloudProvider(Protocol):
         *,
         vm_id: str | None = None,
         planned_at: float | None = None,
+        machine_spec: Mapping[str, Any] | None = None,
         progress: Mapping[str, Any] | None = None,
         on_progress: Callable[[dict[str, Any]], None] | None = None,
     ) -> RepairResult:

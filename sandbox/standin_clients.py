@@ -128,6 +128,9 @@ class StandInCloud:
     async def vm_id(self, node: str) -> str:
         return str((await self._ok("GET", f"/cloud/vms/{node}"))["vm_id"])
 
+    async def machine_spec(self, node: str) -> dict[str, Any]:
+        return {}  # the stand-in replaces machines itself
+
     async def repair(
         self,
         node: str,
@@ -136,6 +139,7 @@ class StandInCloud:
         *,
         vm_id: str | None = None,
         planned_at: float | None = None,
+        machine_spec: Mapping[str, Any] | None = None,
         progress: Mapping[str, Any] | None = None,
         on_progress: Callable[[dict[str, Any]], None] | None = None,
     ) -> RepairResult:

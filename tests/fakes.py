@@ -16,6 +16,7 @@ import math
 import time
 from collections import Counter
 from datetime import UTC, datetime
+from typing import Any
 
 from temporalio import activity
 from temporalio.client import Client
@@ -362,6 +363,9 @@ class FakeCloud:
         if node not in self._vms:
             self._vms[node] = self._new_vm()
         return self._vms[node]
+
+    async def machine_spec(self, node: str) -> dict[str, Any]:
+        return {"name": node}  # recorded in the plan; this fake needs none to replace
 
     async def repair(
         self,

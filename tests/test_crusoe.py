@@ -377,6 +377,37 @@ async def test_replace_recreates_a_vm_in_no_pool(emulator: Emulator, client: Cru
     assert [e[0] for e in emulator.backend.events] == ["delete", "create"]
 
 
+async def test_a_retry_that_finds_its_vm_deleted_and_its_progress_lost_recreates_it(
+    emulator: Emulator, client: CrusoeClient
+) -> None:
+    # The first attempt deleted the VM; its worker died before the create and before its
+    # progress reached the server. The spec recorded with the plan makes the successor.
+    old = emulator.vms()["gpu-03"]
+    cloud = _cloud(
+        client, node_pool_ids=[POOL], create_defaults={"ssh_public_key": "ssh-ed25519 A"}
+    )
+    recorded, planned_at = await _plan(client, "gpu-03")
+    spec = await cloud.machine_spec("gpu-03")
+    assert spec["name"] == "gpu-03" and "ssh_public_key" not in spec  # not in the history
+    await client.wait_operation(await client.delete_vm(recorded), "vm")
+
+    done = await _cloud(
+        client, node_pool_ids=[POOL], create_defaults={"ssh_public_key": "ssh-ed25519 A"}
+    ).repair(
+        "gpu-03", Rung.REPLACE, "inc-9:1:replace", vm_id=recorded, planned_at=planned_at,
+        machine_spec=spec,
+    )  # fmt: skip
+    new = emulator.vms()["gpu-03"]
+    assert done.old_vm_id == recorded == old["id"] and done.new_vm_id == new["id"] != old["id"]
+    assert (new["type"], new["image"], new["ssh_public_key"]) == (
+        old["type"], "ubuntu22.04-nvidia", "ssh-ed25519 A",
+    )  # fmt: skip
+    assert [e[0] for e in emulator.backend.events] == ["delete", "create"]  # one of each
+    # A VM in a managed pool, or under AutoClusters, is replaced by Crusoe: nothing recorded.
+    assert await cloud.machine_spec("gpu-01") == {}
+    assert await _cloud(client, cluster_id=CLUSTER).machine_spec("gpu-03") == {}
+
+
 async def test_a_wrong_cluster_id_fails_at_once_with_the_api_message(
     emulator: Emulator, client: CrusoeClient
 ) -> None:

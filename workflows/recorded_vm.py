@@ -26,4 +26,10 @@ async def with_recorded_vm(steps: Steps, inp: RepairInput) -> RepairInput:
         f"record the VM of {inp.node} before its {inp.rung.value}",
         timeout=timedelta(seconds=60),
     )
-    return inp.model_copy(update={"vm_id": plan.vm_id, "planned_at": plan.planned_at})
+    return inp.model_copy(
+        update={
+            "vm_id": plan.vm_id,
+            "planned_at": plan.planned_at,
+            "machine_spec": plan.machine_spec,
+        }
+    )

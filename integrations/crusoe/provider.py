@@ -163,6 +163,7 @@ class CrusoeCloud:
         *,
         vm_id: str | None = None,
         planned_at: float | None = None,
+        machine_spec: Mapping[str, Any] | None = None,
         progress: Mapping[str, Any] | None = None,
         on_progress: Callable[[dict[str, Any]], None] | None = None,
     ) -> RepairResult:
@@ -183,7 +184,9 @@ class CrusoeCloud:
             if progress and progress.get("key") == idempotency_key:
                 att = RepairAttempt.model_validate(dict(progress))
             if att is None:
-                att = await self._plan(node, rung, idempotency_key, vm_id, planned_at)
+                att = await self._plan(
+                    node, rung, idempotency_key, vm_id, planned_at, machine_spec or {}
+                )
                 emit(att)
             if not att.done:
                 if att.route == "reset":
@@ -216,12 +219,27 @@ class CrusoeCloud:
             return None
 
     async def _plan(
-        self, node: str, rung: Rung, key: str, vm_id: str | None, planned_at: float | None
+        self,
+        node: str,
+        rung: Rung,
+        key: str,
+        vm_id: str | None,
+        planned_at: float | None,
+        machine_spec: Mapping[str, Any],
     ) -> RepairAttempt:
         if vm_id is None:  # an older runbook recorded no VM: the one named so now
             vm = await self._current_vm(node)
         else:
             found = await self._recorded_vm(vm_id)
+            if found is None and self._recreates(rung, machine_spec):
+                # Deleted by this repair's first attempt, whose worker died before the
+                # create (and before its progress reached the server): nobody else makes
+                # the successor. Create it from the spec recorded with the VM.
+                log.info("crusoe VM %s of %s is gone: recreating it as recorded", vm_id, node)
+                return RepairAttempt(
+                    key=key, node=node, rung=rung, route="recreate", old_vm_id=vm_id,
+                    planned_at=planned_at, spec=dict(machine_spec) | self._create_defaults,
+                )  # fmt: skip
             if found is None:
                 log.info("crusoe VM %s of %s is gone: it was replaced already", vm_id, node)
                 return RepairAttempt(
@@ -251,6 +269,22 @@ class CrusoeCloud:
         log.info("crusoe %s of %s (VM %s) planned as %s, key %s", rung, node, vm.id, route, key)
         return att
 
+    def _recreates(self, rung: Rung, machine_spec: Mapping[str, Any]) -> bool:
+        """A replace here deletes and creates the VM itself: no AutoClusters remediation and
+        no managed node pool refills it (a recorded spec means the VM was in none)."""
+        return rung == Rung.REPLACE and bool(machine_spec) and not self._cluster_id
+
+    async def machine_spec(self, node: str) -> dict[str, Any]:
+        """The VM's own fields a recreate needs ({} where Crusoe replaces it itself: an
+        AutoClusters cluster or a managed node pool). The create defaults (keys, startup
+        script) stay in the worker's settings, out of the workflow's history."""
+        if self._cluster_id:
+            return {}
+        vm = await self._current_vm(node)
+        if await self._pool_of(vm):
+            return {}
+        return self._own_spec(vm)
+
     async def _pool_of(self, vm: Vm) -> str | None:
         for pool_id in self._node_pool_ids:
             if vm.id in (await self._client.get_node_pool(pool_id)).instance_ids:
@@ -258,6 +292,9 @@ class CrusoeCloud:
         return None
 
     def _spec_of(self, vm: Vm) -> dict[str, Any]:
+        return self._own_spec(vm) | self._create_defaults
+
+    def _own_spec(self, vm: Vm) -> dict[str, Any]:
         extra = vm.model_extra or {}
         spec: dict[str, Any] = {"name": vm.name, "type": vm.type, "location": vm.location}
         spec |= {f: extra[f] for f in _SPEC_FIELDS if extra.get(f)}
@@ -266,7 +303,7 @@ class CrusoeCloud:
             spec["host_channel_adapters"] = [
                 {"ib_partition_id": h["ib_partition_id"]} for h in hcas if h.get("ib_partition_id")
             ]
-        return spec | self._create_defaults
+        return spec
 
     # --- the rungs ------------------------------------------------------------------------
 
