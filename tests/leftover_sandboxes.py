@@ -8,6 +8,7 @@ directory: whatever sandbox there still has a live recorded process goes down.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from autoclusters.sandbox import cluster
@@ -15,13 +16,28 @@ from autoclusters.sandbox.config import SandboxConfig
 from autoclusters.sandbox.processes import ProcessTable
 
 
+def _self_and_ancestors() -> set[int]:
+    pids, pid = set(), os.getpid()
+    while pid > 1:
+        pids.add(pid)
+        try:
+            pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (FileNotFoundError, IndexError, ValueError):
+            break
+    return pids
+
+
 def stop_left_running(base: Path) -> list[Path]:
-    """Stop every sandbox under `base` with a recorded process still alive; their dirs."""
+    """Stop every sandbox under `base` with a recorded process still alive; their dirs.
+    A "sandbox" whose record names this process or one above it is a test's fake (the
+    hermetic-settings tests record pytest itself as a running Temporal): never signalled."""
     stopped = []
+    ours = _self_and_ancestors()
     for pids in sorted(base.glob("**/pids")):
         state = pids.parent
         table = ProcessTable(state)
-        if not any(table.alive(r.name) for r in table.records()):
+        alive = [r for r in table.records() if table.alive(r.name)]
+        if not alive or any(r.pid in ours for r in alive):
             continue
         # A boot interrupted before it saved its record: the state dir is enough to stop it.
         record = SandboxConfig(state_dir=state).record_file

@@ -3,9 +3,12 @@
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 from pathlib import Path
 
+from autoclusters.core.process_start import start_ticks
 from autoclusters.sandbox.processes import ProcessTable
 from tests.leftover_sandboxes import stop_left_running
 
@@ -35,3 +38,15 @@ def test_a_sandbox_left_running_is_stopped_and_nothing_else(tmp_path: Path) -> N
     finally:
         unrecorded.kill()
         unrecorded.wait()
+
+
+def test_a_record_of_this_very_process_is_never_signalled(tmp_path: Path) -> None:
+    # What the hermetic-settings tests leave: a "running" sandbox whose Temporal is pytest.
+    table = ProcessTable(tmp_path / "fake")
+    table.dir.mkdir(parents=True)
+    ticks = start_ticks(os.getpid())
+    record = {"name": "temporal", "pid": os.getpid(), "start_ticks": ticks, "argv": [], "log": ""}
+    (table.dir / "temporal.json").write_text(json.dumps(record))
+    assert table.alive("temporal")
+    assert stop_left_running(tmp_path) == []
+    assert table.alive("temporal")  # still here: this test is still running
