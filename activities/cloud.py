@@ -46,7 +46,7 @@ class CloudActivities:
                 vm_id = await self._provider.vm_id(inp.node)
                 spec = {}
                 if inp.rung == Rung.REPLACE:
-                    spec = await self._provider.machine_spec(inp.node)
+                    spec = await self._provider.machine_spec(inp.node, vm_id)
         except CloudError as e:
             raise cloud_failure(e) from e
         return RepairPlan(node=inp.node, vm_id=vm_id, planned_at=planned_at, machine_spec=spec)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Set as AbstractSet
 
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
@@ -144,26 +145,15 @@ class ShareSlurmActivities:
                     result.requeued.append(job.job_id)
             while await self._busy_on(call.node):
                 await asyncio.sleep(self._poll_s)
-        # A job that requeued itself (scontrol requeue) waits ~2 min before it may start
-        # again; the runbook's rule is that it restarts at once on healthy capacity. It is
-        # PENDING only once its other nodes are done with it (COMPLETING until then): a
-        # look too early missed it and the job sat out the 2 minutes (the share demo).
-        waiting = set(result.signalled + result.requeued)
-        release_by = time.monotonic() + RELEASE_WAIT_S
-        while True:
-            jobs = await self._slurm.jobs()
-            for job in jobs:
-                if job.job_id in waiting and job.job_state == "PENDING":
-                    await self._slurm.release_hold(job.job_id)
-                    result.holds_released.append(job.job_id)
-                    waiting.discard(job.job_id)
-                width = _marked_width(job, prefix)
-                if width is not None:
-                    result.widths[job.job_id] = width
-            on_the_way = [j for j in jobs if j.job_id in waiting and j.job_state in REQUEUING]
-            if not on_the_way or time.monotonic() > release_by:
-                break
-            await asyncio.sleep(self._poll_s)
+        # The node is free: each job has left it, PENDING once its other nodes are done
+        # with it too (COMPLETING until then).
+        result.holds_released, jobs = await self._release_holds(
+            set(result.signalled + result.requeued), REQUEUING, RELEASE_WAIT_S
+        )
+        for job in jobs:
+            width = _marked_width(job, prefix)
+            if width is not None:
+                result.widths[job.job_id] = width
         result.waited_s = time.monotonic() - started
         return result
 
@@ -226,14 +216,31 @@ class ShareSlurmActivities:
                     )
                     await self._slurm.signal_job(job.job_id, call.policy.checkpoint_signal)
                 result.requeued.append(job.job_id)
-            # Each requeues itself after its checkpoint; start it again at once.
-            waiting = set(result.requeued)
-            deadline = time.monotonic() + call.policy.checkpoint_grace_s
-            while waiting and time.monotonic() < deadline:
-                for job in await self._slurm.jobs():
-                    if job.job_id in waiting and job.job_state == "PENDING":
-                        await self._slurm.release_hold(job.job_id)
-                        waiting.discard(job.job_id)
-                if waiting:
-                    await asyncio.sleep(self._poll_s)
+            # Each requeues itself after its checkpoint (still running until then).
+            await self._release_holds(
+                set(result.requeued), ACTIVE | REQUEUING, call.policy.checkpoint_grace_s
+            )
             return result
+
+    async def _release_holds(
+        self, job_ids: set[int], on_the_way: AbstractSet[str], within_s: float
+    ) -> tuple[list[int], list[SlurmJob]]:
+        """Release the requeue hold of each job once it is PENDING: a requeued batch job
+        waits ~2 min before it may start again, and the rule is that it restarts at once on
+        healthy capacity. A single early look missed jobs still COMPLETING (the share demo's
+        narrowed job sat out the 2 minutes). Waits while one of them is in an `on_the_way`
+        state, at most `within_s`; returns the jobs released and the last read of all jobs."""
+        released: list[int] = []
+        waiting = set(job_ids)
+        deadline = time.monotonic() + within_s
+        while True:
+            jobs = await self._slurm.jobs()
+            for job in jobs:
+                if job.job_id in waiting and job.job_state == "PENDING":
+                    await self._slurm.release_hold(job.job_id)
+                    released.append(job.job_id)
+                    waiting.discard(job.job_id)
+            coming = [j for j in jobs if j.job_id in waiting and j.job_state in on_the_way]
+            if not coming or time.monotonic() >= deadline:
+                return released, jobs
+            await asyncio.sleep(self._poll_s)

@@ -27,9 +27,9 @@ class CloudProvider(Protocol):
         """The id of the machine currently behind `node`."""
         ...
 
-    async def machine_spec(self, node: str) -> dict[str, Any]:
-        """What recreating `node`'s machine needs, read before a replace deletes it ({}: the
-        cloud replaces machines itself)."""
+    async def machine_spec(self, node: str, vm_id: str) -> dict[str, Any]:
+        """What recreating `node`'s machine `vm_id` (the one `vm_id()` gave) needs, read
+        before a replace deletes it ({}: the cloud replaces machines itself)."""
         ...
 
     async def repair(

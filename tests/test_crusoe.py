@@ -387,7 +387,7 @@ async def test_a_retry_that_finds_its_vm_deleted_and_its_progress_lost_recreates
         client, node_pool_ids=[POOL], create_defaults={"ssh_public_key": "ssh-ed25519 A"}
     )
     recorded, planned_at = await _plan(client, "gpu-03")
-    spec = await cloud.machine_spec("gpu-03")
+    spec = await cloud.machine_spec("gpu-03", recorded)
     assert spec["name"] == "gpu-03" and "ssh_public_key" not in spec  # not in the history
     await client.wait_operation(await client.delete_vm(recorded), "vm")
 
@@ -404,8 +404,9 @@ async def test_a_retry_that_finds_its_vm_deleted_and_its_progress_lost_recreates
     )  # fmt: skip
     assert [e[0] for e in emulator.backend.events] == ["delete", "create"]  # one of each
     # A VM in a managed pool, or under AutoClusters, is replaced by Crusoe: nothing recorded.
-    assert await cloud.machine_spec("gpu-01") == {}
-    assert await _cloud(client, cluster_id=CLUSTER).machine_spec("gpu-03") == {}
+    assert await cloud.machine_spec("gpu-01", emulator.vm_id("gpu-01")) == {}
+    assert await _cloud(client, cluster_id=CLUSTER).machine_spec("gpu-03", new["id"]) == {}
+    assert await cloud.machine_spec("gpu-03", recorded) == {}  # deleted: nothing to read
 
 
 async def test_a_wrong_cluster_id_fails_at_once_with_the_api_message(

@@ -6,29 +6,19 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import free_port_base
+from tests.helpers import CLI, run_demo
 
 # The whole demo on its own sandbox; `alone`: its summary's times are part of what it checks.
 pytestmark = [pytest.mark.integration, pytest.mark.alone]
 
 
 def test_demo_json_summary(tmp_path: Path) -> None:
-    try:
-        r = subprocess.run(
-            [sys.executable, "-m", "autoclusters.clients.cli", "demo", "--json",
-             "--boot-delay", "10", "--state-dir", str(tmp_path / "demo"),
-             "--port-base", str(free_port_base())],
-            capture_output=True, text=True, timeout=240,
-        )  # fmt: skip
-    finally:
-        # A demo its timeout killed leaves its sandbox up: stop it by its recorded PIDs.
-        down = [sys.executable, "-m", "autoclusters.clients.cli", "sandbox", "down"]
-        subprocess.run([*down, "--state-dir", str(tmp_path / "demo")], timeout=120)
+    r = run_demo(tmp_path / "demo", free_port_base(), "--boot-delay", "10", timeout_s=240)
     assert r.returncode == 0, r.stderr[-3000:]
     summary = json.loads(r.stdout.strip().splitlines()[-1])
     assert summary["status"] == "resolved"
@@ -67,15 +57,13 @@ def test_demo_json_summary(tmp_path: Path) -> None:
 @pytest.mark.timeout(600)
 def test_demo_observe_and_approve_modes(tmp_path: Path) -> None:
     state = tmp_path / "modes"
-    base = [sys.executable, "-m", "autoclusters.clients.cli"]
     common = ["--json", "--boot-delay", "2", "--state-dir", str(state),
               "--port-base", str(free_port_base()), "--keep"]  # fmt: skip
     try:
         # Its own sandbox (stopped at the end): the observed fault stays on the machine.
-        observed = subprocess.run(
-            [*base, "demo", "--mode", "observe", "--json", "--boot-delay", "2",
-             "--state-dir", str(tmp_path / "observe"), "--port-base", str(free_port_base())],
-            capture_output=True, text=True, timeout=240,
+        observed = run_demo(
+            tmp_path / "observe", free_port_base(), "--mode", "observe", "--boot-delay", "2",
+            timeout_s=240,
         )  # fmt: skip
         assert observed.returncode == 0, observed.stderr[-3000:]
         summary = json.loads(observed.stdout.strip().splitlines()[-1])
@@ -85,7 +73,7 @@ def test_demo_observe_and_approve_modes(tmp_path: Path) -> None:
 
         # Approve mode: the demo waits until someone clicks Approve in (the sandbox's) Slack.
         demo = subprocess.Popen(
-            [*base, "demo", "--mode", "approve", "--broken-until", "reboot", *common],
+            [*CLI, "demo", "--mode", "approve", "--broken-until", "reboot", *common],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
         try:
@@ -98,7 +86,7 @@ def test_demo_observe_and_approve_modes(tmp_path: Path) -> None:
             assert command, "the demo never asked for an approval"
             incident_id = command.split("--incident ")[1].split()[0]
             env = {**os.environ, "AUTOCLUSTERS_CONFIG": str(state / "autoclusters.toml")}
-            click = [*base, "sandbox", "slack", "click", "--incident", incident_id]
+            click = [*CLI, "sandbox", "slack", "click", "--incident", incident_id]
             refused = subprocess.run(
                 [*click, "--action", "approve", "--as", "U_MALLORY"],
                 env=env, capture_output=True, text=True, timeout=60,
@@ -129,10 +117,10 @@ def test_demo_observe_and_approve_modes(tmp_path: Path) -> None:
         assert "Approved by <@U_ALICE> (alice)" in err
         assert "You are not allowed" in err  # the refused click's ephemeral answer
         shown = subprocess.run(
-            [*base, "incident", "show", summary["incident_id"], "--json"],
+            [*CLI, "incident", "show", summary["incident_id"], "--json"],
             env=env, capture_output=True, text=True, timeout=60,
         )  # fmt: skip
         approvals = json.loads(shown.stdout)["approvals"]
         assert [(a["approver"], a["approved"]) for a in approvals] == [("alice", True)]
     finally:
-        subprocess.run([*base, "sandbox", "down", "--state-dir", str(state)], timeout=120)
+        subprocess.run([*CLI, "sandbox", "down", "--state-dir", str(state)], timeout=120)

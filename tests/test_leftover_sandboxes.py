@@ -15,11 +15,7 @@ from tests.leftover_sandboxes import stop_left_running
 
 def running(pid: int) -> bool:
     """Alive and not a zombie (a stopped child of this process may wait to be reaped)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except FileNotFoundError:
-        return False
-    return state != "Z"
+    return start_ticks(pid) is not None
 
 
 def test_a_sandbox_left_running_is_stopped_and_nothing_else(tmp_path: Path) -> None:

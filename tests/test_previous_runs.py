@@ -12,7 +12,7 @@ from temporalio.client import WorkflowExecutionStatus
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
 from autoclusters.sandbox.previous_runs import REASON, close_previous_runs
-from tests.test_api import start_temporal
+from tests.helpers import start_temporal
 
 pytestmark = pytest.mark.integration  # a Temporal dev server of its own
 

@@ -9,7 +9,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from autoclusters.core.process_start import start_ticks
+from autoclusters.core.process_start import parent_pid, start_ticks
 
 
 def test_a_running_process_has_a_stable_start_time() -> None:
@@ -40,6 +40,14 @@ def test_a_command_name_with_spaces_and_parentheses_is_read_past(tmp_path: Path)
         ticks = start_ticks(child.pid)
         mine = start_ticks(os.getpid())
         assert ticks is not None and mine is not None and ticks >= mine
+        assert parent_pid(child.pid) == os.getpid()  # field 4, past the odd name too
     finally:
         child.kill()
         child.wait()
+
+
+def test_the_parent_of_a_process_and_of_none() -> None:
+    assert parent_pid(os.getpid()) == os.getppid()
+    child = subprocess.Popen(["true"])
+    child.wait()
+    assert parent_pid(child.pid) is None  # reaped: gone

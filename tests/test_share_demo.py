@@ -7,13 +7,12 @@ saw a Slurm job and an inference pod on one node at once."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import free_port_base
+from tests.helpers import run_demo
 
 # `alone`: its inference load is CPU-bound and its waits are timed.
 pytestmark = [pytest.mark.integration, pytest.mark.alone]
@@ -23,17 +22,10 @@ pytestmark = [pytest.mark.integration, pytest.mark.alone]
 # over the default 300 s. The demo's own subprocess timeout (600 s) is the bound.
 @pytest.mark.timeout(660)
 def test_share_scenario_lends_and_returns_a_node(tmp_path: Path) -> None:
-    try:
-        r = subprocess.run(
-            [sys.executable, "-m", "autoclusters.clients.cli", "demo", "--scenario", "share",
-             "--json", "--boot-delay", "2", "--state-dir", str(tmp_path / "share"),
-             "--port-base", str(free_port_base())],
-            capture_output=True, text=True, timeout=600,
-        )  # fmt: skip
-    finally:
-        # A demo its timeout killed leaves its sandbox up: stop it by its recorded PIDs.
-        down = [sys.executable, "-m", "autoclusters.clients.cli", "sandbox", "down"]
-        subprocess.run([*down, "--state-dir", str(tmp_path / "share")], timeout=120)
+    r = run_demo(
+        tmp_path / "share", free_port_base(), "--scenario", "share", "--boot-delay", "2",
+        timeout_s=600,
+    )  # fmt: skip
     assert r.returncode == 0, r.stderr[-3000:]
     s = json.loads(r.stdout.strip().splitlines()[-1])
     own = [m for m in s["moves"] if m["by"] == "rebalancer"]

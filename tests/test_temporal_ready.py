@@ -16,7 +16,7 @@ import pytest
 from autoclusters.sandbox import daemons
 from autoclusters.sandbox.config import SandboxConfig
 from tests.conftest import free_port_base
-from tests.test_api import start_temporal
+from tests.helpers import start_temporal
 
 
 class Squatter:

@@ -274,14 +274,15 @@ class CrusoeCloud:
         no managed node pool refills it (a recorded spec means the VM was in none)."""
         return rung == Rung.REPLACE and bool(machine_spec) and not self._cluster_id
 
-    async def machine_spec(self, node: str) -> dict[str, Any]:
-        """The VM's own fields a recreate needs ({} where Crusoe replaces it itself: an
-        AutoClusters cluster or a managed node pool). The create defaults (keys, startup
-        script) stay in the worker's settings, out of the workflow's history."""
+    async def machine_spec(self, node: str, vm_id: str) -> dict[str, Any]:
+        """The recorded VM's own fields a recreate needs ({} where Crusoe replaces it
+        itself: an AutoClusters cluster or a managed node pool; or the VM is gone already).
+        Read by id: the VM the plan recorded, even if the name has moved since. The create
+        defaults (keys, startup script) stay in the worker's settings, out of the history."""
         if self._cluster_id:
             return {}
-        vm = await self._current_vm(node)
-        if await self._pool_of(vm):
+        vm = await self._recorded_vm(vm_id)
+        if vm is None or await self._pool_of(vm):
             return {}
         return self._own_spec(vm)
 
