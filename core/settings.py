@@ -116,6 +116,9 @@ class Settings(BaseSettings):
     repair_timeout_s: float = 900
     policy_file: Path | None = Field(default=None, description="remediation policy (YAML)")
     admission_poll_s: float = 30
+    # How often the worker looks for runs whose history its code cannot replay and resets
+    # them (workers/stuck_runs.py); 0: never.
+    stuck_run_check_s: float = Field(default=30, ge=0, description="stuck-run check interval")
     log_level: str = "INFO"
     # The worker's Prometheus metrics (workers/metrics.py) on this port; None: not served.
     # 0: a free port (tests).

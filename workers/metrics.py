@@ -10,13 +10,16 @@ comes from the worker's side:
   incident's timeline with the `status` query;
 - incidents open now by status, fault and rung, and each fleet guard's breaker, queue
   and counts: a collector that reads Temporal at scrape time (`workers/metrics_collector.py`);
-- Slack deliveries: the Slack notifier's outcome callback (`slack_delivery`).
+- Slack deliveries: the Slack notifier's outcome callback (`slack_delivery`);
+- stuck runs and what was done about them: the stuck-run doctor (`workers/stuck_runs.py`).
 
 Names follow `autoclusters_<stage>_<noun>_<unit|total>`; the Grafana dashboard's queries
 name only series these registries export (tests/test_grafana_dashboard.py).
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -25,6 +28,9 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
+
+if TYPE_CHECKING:
+    from autoclusters.workers.stuck_runs import ResetOutcome
 
 # Steps run from milliseconds (a Slurm call) to the better part of an hour (a replacement,
 # waiting for a node to go idle).
@@ -85,9 +91,22 @@ class WorkerMetrics:
             registry=r,
         )
 
+        self.stuck_runs = Counter(
+            "autoclusters_worker_stuck_runs",
+            "Runs found failing their workflow task, by what the stuck-run doctor did: "
+            "reset (history not replayable: reset to the last point that replays), "
+            "not_replay (left alone), no_reset_point or limit (left to a human).",
+            ["workflow_type", "outcome"],
+            registry=r,
+        )
+
     def slack_delivery(self, event: str, outcome: str) -> None:
         """The Slack notifier's outcome callback."""
         self.slack_deliveries.labels(event, outcome).inc()
+
+    def stuck_run(self, outcome: ResetOutcome) -> None:
+        """The stuck-run doctor's outcome callback."""
+        self.stuck_runs.labels(outcome.run.workflow_type, outcome.outcome).inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

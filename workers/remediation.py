@@ -43,6 +43,7 @@ from autoclusters.integrations.slurm import (
 from autoclusters.workers.metrics import WorkerMetrics
 from autoclusters.workers.metrics_collector import TemporalCollector
 from autoclusters.workers.metrics_interceptor import MetricsInterceptor
+from autoclusters.workers.stuck_runs import StuckRunDoctor
 from autoclusters.workflows.cluster_ops import ClusterTeardown, ScaleNodeSet
 from autoclusters.workflows.cluster_provisioning import ClusterProvisioning
 from autoclusters.workflows.fleet_guard import FleetGuard
@@ -296,11 +297,24 @@ async def run(
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    doctor = StuckRunDoctor(
+        client,
+        settings.task_queue,
+        WORKFLOWS,
+        on_outcome=metrics.stuck_run if metrics is not None else None,
+    )
     log.info("worker polling %s on %s", settings.task_queue, settings.temporal_address)
+    watch = (
+        asyncio.create_task(doctor.watch(settings.stuck_run_check_s, stop))
+        if settings.stuck_run_check_s > 0
+        else None
+    )
     try:
         async with worker:
             await stop.wait()
     finally:
+        if watch is not None:
+            watch.cancel()
         if server is not None:
             server.stop()
     log.info("worker stopped")
