@@ -77,6 +77,11 @@ class SandboxConfig(BaseModel):
     def agent_file(self, node: str) -> Path:
         return self.state_dir / "agent" / f"{node}.json"
 
+    def agent_spool(self, node: str) -> Path:
+        """The node's agent's spool and memory (its disk: a reboot keeps it, a new machine
+        starts without it)."""
+        return self.state_dir / "agent" / f"{node}.spool"
+
     @property
     def k8s_port(self) -> int:
         return self.port_base + 5

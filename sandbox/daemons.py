@@ -143,7 +143,7 @@ def agent_argv(cfg: SandboxConfig, node: str) -> list[str]:
     return [
         sys.executable, "-m", "autoclusters.clients.cli.agent", "agent", "run",
         "--node", node, "--backend", "fake", "--fake-file", str(cfg.agent_file(node)),
-        "--api", cfg.api_url, "--spool-dir", str(cfg.state_dir / "agent" / f"{node}.spool"),
+        "--api", cfg.api_url, "--spool-dir", str(cfg.agent_spool(node)),
         "--interval", "1", "--hold-checks", "2", "--expected-gpus", str(GPUS_PER_NODE),
         "--snapshot-interval", "2", "--metrics-port", str(cfg.agent_metrics_port(node)),
     ]  # fmt: skip

@@ -12,6 +12,7 @@ too, through `sandbox/slurm_controller.py`).
 from __future__ import annotations
 
 import asyncio
+import shutil
 import time
 import uuid
 from pathlib import Path
@@ -47,18 +48,33 @@ def power_on(cfg: SandboxConfig, node: str) -> None:
         table.spawn(f"slurmd-{node}", daemons.slurmd_argv(cfg, node), daemons.slurm_env(cfg))
 
 
-def start_agent(cfg: SandboxConfig, node: str) -> None:
+def start_agent(cfg: SandboxConfig, node: str, *, new_machine: bool = False) -> None:
     """The machine's health agent (a DaemonSet pod on a real node) starts with it: it
-    reports to the API from the first boot, which the provisioning's health gate needs."""
+    reports to the API from the first boot, which the provisioning's health gate needs.
+
+    `new_machine`: a machine created for the node (a replacement, a scale up) has a disk
+    of its own: its agent starts without the memory of the machine it replaces (which
+    would take the old machine's fault as still firing and never report it)."""
     if not (cfg.state_dir / "api" / "token").exists():
         return  # no API to report to: the emulator runs without the sandbox (its own tests)
     table = ProcessTable(cfg.state_dir)
+    if new_machine:
+        forget_old_machine(cfg, node)
     if not cfg.agent_file(node).exists():  # a node beyond the sandbox's own (a scale up)
         cfg.agent_file(node).parent.mkdir(parents=True, exist_ok=True)
         fake_backend.write_node(cfg.agent_file(node), fake_backend.healthy_node())
     if not table.alive(f"agent-{node}"):
         table.spawn(f"agent-{node}", daemons.agent_argv(cfg, node), daemons.agent_env(cfg))
     agent_targets.add(cfg, node)  # Prometheus scrapes it from now on
+
+
+def forget_old_machine(cfg: SandboxConfig, node: str) -> bool:
+    """Drop the agent memory a deleted machine left under the node's name; False (nothing
+    dropped) while an agent still runs on it: its files are in use."""
+    if ProcessTable(cfg.state_dir).alive(f"agent-{node}"):
+        return False
+    shutil.rmtree(cfg.agent_spool(node), ignore_errors=True)
+    return True
 
 
 def stop_agent(cfg: SandboxConfig, node: str) -> None:
@@ -130,7 +146,7 @@ class SandboxMachines:
         self._vms.save(rec)
         self._hardware.repaired(vm.name, vm.id, Rung.REPLACE)  # a new machine: no faults
         await asyncio.to_thread(power_on, self._cfg, vm.name)
-        await asyncio.to_thread(start_agent, self._cfg, vm.name)
+        await asyncio.to_thread(start_agent, self._cfg, vm.name, new_machine=True)
         await self._register_node(vm)
 
     async def on_reset(self, vm: EmulatedVm) -> None:
