@@ -241,7 +241,13 @@ async def run_chaos(
     final: IncidentState | None = None
     while final is None:
         if time.monotonic() > deadline:
-            raise ChaosError(f"incident {opened.incident_id} still open after {timeout_s:.0f}s")
+            # Stalled: cancel it, so it does not hold the node (and a repair slot) for the
+            # tests that share the sandbox after this one.
+            with contextlib.suppress(Exception):
+                await handle.cancel()
+            raise ChaosError(
+                f"incident {opened.incident_id} still open after {timeout_s:.0f}s (now cancelled)"
+            )
         try:
             state = await handle.query(NodeRemediation.status)
         except Exception:  # the server is restarting, or no worker answers queries yet
