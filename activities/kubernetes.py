@@ -379,6 +379,7 @@ class KubernetesActivities:
         A missing node is expected mid-replacement, and a passing API outage only delays the
         answer; the activity's start-to-close timeout bounds the wait.
         """
+        cordoned = False
         while True:
             ident: NodeIdentity | None = None
             seen = "not registered"
@@ -392,6 +393,8 @@ class KubernetesActivities:
                     seen = str(outage)
             except KubernetesUnavailable as e:
                 seen = str(e)
+            if ident is not None and _is_new(ident, inp) and inp.cordon and not cordoned:
+                cordoned = await self._cordon_on_sight(inp.cordon)
             if ident is not None and ident.ready and _is_new(ident, inp):
                 return ident
             activity.heartbeat(
@@ -400,6 +403,16 @@ class KubernetesActivities:
                 else f"provider_id={ident.provider_id} boot_id={ident.boot_id} ready={ident.ready}"
             )
             await asyncio.sleep(inp.poll_s)
+
+    async def _cordon_on_sight(self, inp: CordonNodeInput) -> bool:
+        """Cordon the new Node now; False (the next poll tries again, and the workflow's own
+        cordon step follows) when the API refuses or is away."""
+        try:
+            await self._cordon_node(inp)
+        except (ApiException, KubernetesUnavailable, ApplicationError) as e:
+            activity.logger.warning("cordoning the new Node %s: %s", inp.node, e)
+            return False
+        return True
 
     @activity.defn(name="k8s_set_condition")
     async def set_node_condition(self, inp: SetNodeConditionInput) -> SetNodeConditionResult:

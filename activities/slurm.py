@@ -10,6 +10,7 @@ from temporalio.exceptions import ApplicationError
 
 from autoclusters.activities.heartbeat import heartbeating
 from autoclusters.core.cluster_ops import is_ops_reason
+from autoclusters.core.kubernetes import SLINKY_REASON_PREFIX
 from autoclusters.core.models import (
     REASON_PREFIX,
     SPARE_REASON,
@@ -178,11 +179,31 @@ class SlurmActivities:
                 now = time.monotonic()
                 answering_since = answering_since or now
                 if now - answering_since >= inp.settle_s:
-                    return node
+                    return await self._keep_drained(node, inp)
             else:
                 answering_since = None
             activity.heartbeat(node.display_state)
             await asyncio.sleep(inp.poll_s)
+
+    async def _keep_drained(self, node: SlurmNode, inp: WaitRegisteredInput) -> SlurmNode:
+        """The node back, before its health gate: still drained as the incident's.
+
+        On Slurm in Kubernetes (Slinky), replacing the machine deletes its Node: the slurmd
+        pod's preStop hook marks the Slurm node DOWN with the operator's own reason, which
+        overwrites ours, and the operator undrains a node whose reason is its own as soon
+        as the new Node is not cordoned. Either way the node could take jobs before its
+        health gate. A reason of the operator's, or no drain at all, is taken back; anyone
+        else's drain (an admin's) stands, as everywhere.
+        """
+        if not inp.drain_reason:
+            return node
+        ours = node.reason.startswith(f"{REASON_PREFIX} {inp.incident_id} ")
+        if node.drained and (ours or not node.reason.startswith(SLINKY_REASON_PREFIX)):
+            return node
+        was = f"drained by the Slinky operator ({node.reason!r})" if node.drained else "undrained"
+        activity.logger.warning("%s was %s after its repair: drained again", inp.node, was)
+        await self._slurm.drain(inp.node, inp.drain_reason)
+        return await self._drain_read_back(inp.node, inp.drain_reason)
 
     @activity.defn(name="wait_node_idle")
     async def wait_node_idle(self, inp: WaitIdleInput) -> WaitIdleResult:

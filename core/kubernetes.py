@@ -26,6 +26,13 @@ TAINT_KEY = "autoclusters.io/remediation"
 PHASE_LABEL = "autoclusters.io/phase"
 INCIDENT_ANNOTATION = "autoclusters.io/incident"
 CORDON_REASON_ANNOTATION = "nodeset.slinky.slurm.net/node-cordon-reason"
+# What SchedMD's Slinky operator puts before every Slurm reason it writes, and so the mark of
+# a reason it may change: its slurmd pod's preStop hook marks the node DOWN with
+# "slurm-operator: Pod is terminating" (overwriting any drain reason), and it undrains a node
+# whose reason is its own once the Node is not cordoned (slurm-operator
+# `internal/controller/nodeset/slurmcontrol/slurmcontrol.go` `nodeReasonPrefix`,
+# `internal/builder/workerbuilder/worker_app.go`).
+SLINKY_REASON_PREFIX = "slurm-operator: "
 GPU_UNHEALTHY = "GpuUnhealthy"
 INSTANCE_ID_LABEL = "crusoe.ai/instance.id"
 MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
@@ -96,7 +103,10 @@ class WaitNewNodeInput(BaseModel):
     node: str
     old_provider_id: str  # "" when unknown
     old_boot_id: str  # "" when unknown
-    poll_s: float = 2.0
+    # Cordoned the moment the new machine's Node appears, Ready or not: a Node that joins
+    # uncordoned invites pods, and on Slinky the operator undrains its Slurm node.
+    cordon: CordonNodeInput | None = None
+    poll_s: float = 0.5
 
 
 class NodeIdentityInput(BaseModel):

@@ -338,6 +338,10 @@ class WaitRegisteredInput(BaseModel):
     since: float  # epoch seconds; the node's slurmd must have started at or after this
     poll_s: float = 0.5
     settle_s: float = 2.0
+    # The incident's drain (`drain_reason`), kept on the node until its health gate: a
+    # Slinky operator's DOWN or undrain of a replaced node is taken back. "": not checked.
+    incident_id: str = ""
+    drain_reason: str = ""
 
 
 class ReturnInput(BaseModel):

@@ -211,6 +211,40 @@ async def _beat_says(beats: list[Any], text: str) -> bool:
     return any(text in str(d[0]) for d in beats)
 
 
+async def test_the_new_node_is_cordoned_on_sight_before_it_is_ready(
+    core: client.CoreV1Api, acts: KubernetesActivities, admin: httpx.Client
+) -> None:
+    """A Node that joins uncordoned invites pods (and, on Slinky, the operator undrains its
+    Slurm node): the wait cordons it the moment it appears, Ready or not."""
+    machine(admin, NODE, "vm-1", "boot-1")
+    waiting = asyncio.create_task(
+        ActivityEnvironment().run(
+            acts.wait_new_node_ready,
+            WaitNewNodeInput(
+                node=NODE,
+                old_provider_id="crusoe://vm-1",
+                old_boot_id="boot-1",
+                cordon=cordon("health-gate"),
+                poll_s=0.05,
+            ),
+        )
+    )
+    admin.delete(f"/_emulator/nodes/{NODE}").raise_for_status()  # the old VM is gone
+    machine(admin, NODE, "vm-2", "boot-2", ready=False)
+
+    async def cordoned() -> bool:
+        return bool(core.read_node(NODE).spec.unschedulable)
+
+    await eventually(cordoned, what="the new Node cordoned")
+    assert not waiting.done()  # still waiting for Ready
+    node = core.read_node(NODE)
+    assert node.metadata.labels[PHASE_LABEL] == "health-gate"
+    assert node.metadata.annotations[CORDON_REASON_ANNOTATION] == REASON
+    admin.post(f"/_emulator/nodes/{NODE}/ready", json={"ready": True}).raise_for_status()
+    after = await waiting
+    assert after.provider_id == "crusoe://vm-2" and after.unschedulable
+
+
 async def test_reboot_keeps_the_cordon_until_uncordon(
     core: client.CoreV1Api, acts: KubernetesActivities, admin: httpx.Client
 ) -> None:

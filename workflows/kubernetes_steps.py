@@ -44,18 +44,22 @@ class KubernetesNode:
     def __init__(self, incident: Incident) -> None:
         self.incident = incident
 
+    def _cordon_input(self, phase: str) -> CordonNodeInput:
+        r = self.incident.request
+        return CordonNodeInput(
+            node=r.node,
+            incident_id=r.incident_id,
+            phase=phase,
+            reason=drain_reason(r.incident_id, r.fault),
+        )
+
     async def cordon(self, phase: str) -> None:
         inc = self.incident
         r = inc.request
         await inc.steps.activity(
             "k8s_cordon",
             contracts.k8s_cordon,
-            CordonNodeInput(
-                node=r.node,
-                incident_id=r.incident_id,
-                phase=phase,
-                reason=drain_reason(r.incident_id, r.fault),
-            ),
+            self._cordon_input(phase),
             f"cordon Kubernetes Node {r.node} ({phase})",
             lambda c: c.detail or ("cordoned" if c.cordoned else ""),
             timeout=K8S_CALL,
@@ -113,7 +117,10 @@ class KubernetesNode:
             "k8s_wait_ready",
             contracts.k8s_wait_new_node_ready,
             WaitNewNodeInput(
-                node=r.node, old_provider_id=before.provider_id, old_boot_id=before.boot_id
+                node=r.node,
+                old_provider_id=before.provider_id,
+                old_boot_id=before.boot_id,
+                cordon=self._cordon_input("health-gate"),
             ),
             f"wait for {r.node} to come back Ready as a new machine",
             lambda n: f"Ready as {n.provider_id}",

@@ -356,7 +356,12 @@ class NodeRemediation:
         await self._inc.steps.activity(
             "wait_registered",
             contracts.wait_node_registered,
-            WaitRegisteredInput(node=req.node, since=done.stopped_at),
+            WaitRegisteredInput(
+                node=req.node,
+                since=done.stopped_at,
+                incident_id=req.incident_id,
+                drain_reason=drain_reason(req.incident_id, req.fault),
+            ),
             f"wait for {req.node} to register with slurmctld again",
             lambda n: n.display_state,
             timeout=timedelta(seconds=req.timeouts.wait_registered_s),
