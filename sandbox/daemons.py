@@ -139,12 +139,14 @@ def api_argv(cfg: SandboxConfig) -> list[str]:
 
 def agent_argv(cfg: SandboxConfig, node: str) -> list[str]:
     # The agent's own entry point, as on a GPU machine: it loads the agent's commands alone,
-    # not the whole CLI with the Temporal SDK (half the CPU of each agent start).
+    # not the whole CLI with the Temporal SDK (half the CPU of each agent start). Its check
+    # interval is the shipped default, as in deploy/kubernetes/agent.yaml: an injected Xid
+    # or lost GPU wakes the agent at once (the fake file's watcher), as NVML's event does.
     return [
         sys.executable, "-m", "autoclusters.clients.cli.agent", "agent", "run",
         "--node", node, "--backend", "fake", "--fake-file", str(cfg.agent_file(node)),
         "--api", cfg.api_url, "--spool-dir", str(cfg.agent_spool(node)),
-        "--interval", "1", "--hold-checks", "2", "--expected-gpus", str(GPUS_PER_NODE),
+        "--hold-checks", "2", "--expected-gpus", str(GPUS_PER_NODE),
         "--snapshot-interval", "2", "--metrics-port", str(cfg.agent_metrics_port(node)),
     ]  # fmt: skip
 

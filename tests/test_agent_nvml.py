@@ -347,3 +347,64 @@ def test_a_hung_init_is_unavailable() -> None:
     with pytest.raises(BackendUnavailable, match="nvmlInit did not return within 0.1 s"):
         NvmlBackend(nvml=nvml, timeout_s=0.1).open()
     gate.set()
+
+
+def test_the_event_thread_wakes_the_agent_with_the_event_queued(
+    backend: NvmlBackend, nvml: FakeNvml
+) -> None:
+    woke: queue.Queue[list[Any]] = queue.Queue()
+    backend.set_wake(lambda: woke.put(backend.events()))  # what the wake-up's check reads
+    nvml.events.put(SimpleNamespace(device=nvml.handles[1], eventType=0x8, eventData=79))
+    [xid] = woke.get(timeout=5)
+    assert (xid.kind, xid.code, xid.gpu) == ("xid", 79, 1)
+    nvml.events.put(SimpleNamespace(device=nvml.handles[0], eventType=0x8000, eventData=2))
+    [action] = woke.get(timeout=5)
+    assert (action.kind, action.code, action.gpu) == ("recovery_action", 2, 0)
+    nvml.events.put(15)  # the wait itself: GPU is lost
+    [lost] = woke.get(timeout=5)
+    assert lost.kind == "gpu_lost"
+    backend.set_wake(None)  # the agent's loop ended: events queue for a later check only
+    nvml.events.put(SimpleNamespace(device=nvml.handles[0], eventType=0x8, eventData=48))
+    [late] = eventually(backend.events, "the Xid queued")
+    assert late.code == 48 and woke.empty()
+
+
+def test_an_xid_through_nvml_is_reported_without_waiting_for_the_interval(
+    backend: NvmlBackend, nvml: FakeNvml
+) -> None:
+    class Sink:
+        def __init__(self) -> None:
+            self.cv = threading.Condition()
+            self.reports: list[tuple[float, NodeReport]] = []
+            self.flushes = 0
+
+        def submit(self, reports: list[NodeReport]) -> None:
+            with self.cv:
+                self.reports += [(time.monotonic(), r) for r in reports]
+
+        def flush(self) -> None:
+            with self.cv:
+                self.flushes += 1
+                self.cv.notify_all()
+
+    sink = Sink()
+    settings = AgentSettings(interval_s=60, hold_checks=3, hold_checks_by_fault={})
+    a = Agent(node="gpu-09", settings=settings, backend=backend, infiniband=None, sink=sink)
+    stop = threading.Event()
+    loop = threading.Thread(target=a.run, args=(stop,))
+    loop.start()
+    try:
+        with sink.cv:
+            assert sink.cv.wait_for(lambda: sink.flushes >= 1, 5)  # the first check ran
+        put = time.monotonic()
+        nvml.events.put(SimpleNamespace(device=nvml.handles[0], eventType=0x8, eventData=79))
+        with sink.cv:
+            assert sink.cv.wait_for(lambda: sink.reports, 5)
+    finally:
+        stop.set()
+        a.wake()
+        loop.join(timeout=5)
+    assert not loop.is_alive()
+    [(at, report)] = sink.reports
+    assert (report.fault, report.state.value) == ("XID_79", "firing")
+    assert at - put < 2.0  # a few ms here; the interval is 60 s

@@ -325,6 +325,24 @@ def test_the_agent_reaches_nvml_sysfs_and_its_node(objects: list[dict[str, Any]]
     assert env["AUTOCLUSTERS_AGENT_METRICS_HOST"]["value"] == "0.0.0.0"
 
 
+def test_the_agent_checks_at_its_own_default_interval_everywhere(
+    objects: list[dict[str, Any]], tmp_path: Path
+) -> None:
+    """One check interval for the shipped agent and the sandbox's: the agent's default
+    (fatal GPU events wake the agent at once, so the sandbox needs no shorter one)."""
+    from autoclusters.sandbox.config import SandboxConfig
+    from autoclusters.sandbox.daemons import agent_argv
+
+    [agent] = _one(objects, "DaemonSet", "autoclusters-agent")["spec"]["template"]["spec"][
+        "containers"
+    ]
+    assert not [a for a in agent["args"] if a.startswith("--interval")]
+    assert "AUTOCLUSTERS_AGENT_INTERVAL_S" not in {e["name"] for e in agent.get("env", [])}
+    assert "envFrom" not in agent
+    argv = agent_argv(SandboxConfig(state_dir=tmp_path), "gpu-01")
+    assert not [a for a in argv if a.startswith("--interval")]
+
+
 def test_services_ports_match_the_listen_ports(objects: list[dict[str, Any]]) -> None:
     data = _one(objects, "ConfigMap", "autoclusters-config")["data"]
     api = _one(objects, "Deployment", "autoclusters-api")["spec"]["template"]["spec"]

@@ -1,10 +1,21 @@
-"""The agent's loop: read, classify, debounce, report; every `interval_s`, until stopped.
+"""The agent's loop: read, classify, debounce, report; every `interval_s`, and at once on
+an event, until stopped.
 
 One `check()` reads the GPU backend (and its events) and the InfiniBand source, turns
 the readings into findings, feeds them to the debouncer, and hands the resulting reports
 to the sink (the spooling reporter, or `--print`). The classifier's baselines and the
 debouncer's state are saved after every check (`<spool>/state.json`, atomically), so a
 restarted agent neither re-reports what it reported nor forgets to resolve it.
+
+Fatal events do not wait for the interval. While `run` runs, the backend holds the agent's
+`wake` and calls it from the thread that receives an event (NVML's event thread, the fake
+file's watcher); the loop then runs an event check, `check(event=True)`: the events and a
+lost GPU, classified and debounced alone (they fire on their first check), reported and
+flushed through the same spool. The conditions' streaks, the counters and the snapshot
+are left to the periodic checks, so `hold_checks` still counts intervals. A burst of
+events makes one check per `event_check_gap_s`; a fault already firing is not reported
+again. An event check that finds a new boot id runs as a full check (a real machine's
+agent starts again with it, and checks at once).
 
 A check never raises out of `run`: a failed check is logged and the next one runs.
 """
@@ -32,7 +43,7 @@ from autoclusters.clients.agent.classify import (
 )
 from autoclusters.clients.agent.debounce import DebounceMemory, Debouncer
 from autoclusters.clients.agent.metrics import AgentMetrics
-from autoclusters.clients.agent.readings import GpuReadings, IbReadings, state_number
+from autoclusters.clients.agent.readings import GpuEvent, GpuReadings, IbReadings, state_number
 from autoclusters.clients.agent.reporter import Answer, Outcome, ReportSink, write_atomic
 from autoclusters.clients.agent.settings import AgentSettings
 from autoclusters.core.node_report import ActiveFault, HealthSnapshot, IbPortState, NodeReport
@@ -40,6 +51,8 @@ from autoclusters.integrations.metrics_http import MetricsServer
 
 log = logging.getLogger(__name__)
 STATE_FILE = "state.json"
+# A `stop` set by another thread ends the loop's wait within this (`wake()` ends it at once).
+STOP_POLL_S = 0.25
 
 
 class ConditionSink(Protocol):
@@ -92,6 +105,7 @@ class CheckResult:
     reports: list[NodeReport]
     firing: dict[str, str] = field(default_factory=dict)  # fault -> message
     snapshot: HealthSnapshot | None = None
+    event: bool = False  # an event check: events and lost GPUs only, no InfiniBand, no snapshot
 
 
 class Agent:
@@ -123,6 +137,9 @@ class Agent:
             metrics = AgentMetrics(node, xid_window_s=settings.xid_count_window_s)
         self.metrics = metrics  # fed every check; served by `run` when metrics_port is set
         self.metrics_server: MetricsServer | None = None  # while `run` serves it
+        self._wakeup = threading.Event()  # set by `wake`: an event is waiting for a check
+        self._last_boot: str | None = None  # the boot id the last check saw
+        self._last_ib: IbReadings | None = None  # the last full check's, for /metrics
         state = self._load_state()
         self.classifier = Classifier(settings, state.classifier if state else None)
         self.debouncer = Debouncer(
@@ -134,20 +151,54 @@ class Agent:
             memory=state.debounce if state else None,
         )
 
-    def check(self) -> CheckResult:
+    def wake(self) -> None:
+        """Check at once: the backend calls this, from its own thread, when an event arrives."""
+        self._wakeup.set()
+
+    def check(self, *, event: bool = False) -> CheckResult:
+        """One check. `event`: the backend woke the agent; only the events and a lost GPU
+        are classified and debounced (module docstring), unless the machine booted since."""
         now = self.clock()
         gpus = self.backend.read() if self.backend is not None else None
         events = self.backend.events() if self.backend is not None else []
-        ib = self.infiniband.read() if self.infiniband is not None else None
         boot_id = self._boot_id()
+        if event and boot_id == self._last_boot:
+            return self._event_check(now, gpus, events, boot_id)
+        self._last_boot = boot_id
+        ib = self.infiniband.read() if self.infiniband is not None else None
+        self._last_ib = ib
         if self.metrics is not None:
             self.metrics.observe(now, gpus, events, ib, boot_id)
         findings = self.classifier.classify(
             now=now, gpus=gpus, events=events, ib=ib, check_ib=self.infiniband is not None
         )
         observed = datetime.fromtimestamp(now, UTC)
+        reports, firing = self._report(now, gpus, findings, immediate_only=False)
+        snapshot = self._snapshot(observed, gpus, ib, findings, firing, boot_id)
+        self._send_snapshot(now, snapshot)
+        return CheckResult(now, gpus, ib, findings, reports, firing, snapshot)
+
+    def _event_check(
+        self, now: float, gpus: GpuReadings | None, events: list[GpuEvent], boot_id: str
+    ) -> CheckResult:
+        if self.metrics is not None:  # the Xid series at once; InfiniBand as last read
+            self.metrics.observe(now, gpus, events, self._last_ib, boot_id)
+        findings = self.classifier.classify_events(now=now, gpus=gpus, events=events)
+        reports, firing = self._report(now, gpus, findings, immediate_only=True)
+        return CheckResult(now, gpus, None, findings, reports, firing, event=True)
+
+    def _report(
+        self,
+        now: float,
+        gpus: GpuReadings | None,
+        findings: dict[str, Finding],
+        *,
+        immediate_only: bool,
+    ) -> tuple[list[NodeReport], dict[str, str]]:
+        """Debounce, spool and send; returns the reports and what is firing now."""
+        observed = datetime.fromtimestamp(now, UTC)
         reports: list[NodeReport] = []
-        for t in self.debouncer.update(now, findings):
+        for t in self.debouncer.update(now, findings, immediate_only=immediate_only):
             evidence = {**t.evidence, "backend": gpus.backend if gpus else "none"}
             reports.append(
                 NodeReport.build(
@@ -168,9 +219,7 @@ class Agent:
         firing = {f: t.message for f, t in self.debouncer.firing.items()}
         if self.condition is not None:
             self.condition.update(firing)
-        snapshot = self._snapshot(observed, gpus, ib, findings, firing, boot_id)
-        self._send_snapshot(now, snapshot)
-        return CheckResult(now, gpus, ib, findings, reports, firing, snapshot)
+        return reports, firing
 
     def _snapshot(
         self,
@@ -223,7 +272,8 @@ class Agent:
         self._snapshot_sent = (now, seen)
 
     def run(self, stop: threading.Event) -> None:
-        """Check every interval until `stop` is set."""
+        """Check every interval, and at once when the backend wakes the agent, until `stop`
+        is set (then `wake()` ends the wait at once; else within STOP_POLL_S)."""
         port = self.settings.metrics_port
         if self.metrics is not None and port is not None:
             self.metrics_server = MetricsServer(
@@ -231,25 +281,49 @@ class Agent:
             )
             log.info("metrics on %s", self.metrics_server.url)
         try:
+            if self.backend is not None:
+                self.backend.set_wake(self.wake)
             self._loop(stop)
         finally:
+            if self.backend is not None:
+                self.backend.set_wake(None)
             if self.metrics_server is not None:
                 self.metrics_server.stop()
                 self.metrics_server = None
 
     def _loop(self, stop: threading.Event) -> None:
-        interval = self.settings.interval_s
-        next_at = time.monotonic()
+        interval, gap = self.settings.interval_s, self.settings.event_check_gap_s
+        next_at = time.monotonic()  # the next periodic check
+        event_after = 0.0  # the next event check not before this
         while not stop.is_set():
-            try:
-                self.check()
-            except Exception:
-                log.exception("check failed; the next one runs in %.0f s", interval)
-            next_at += interval
-            delay = next_at - time.monotonic()
-            if delay < 0:  # a slow check: start the next at once, do not try to catch up
-                next_at, delay = time.monotonic(), 0.0
-            stop.wait(delay)
+            now = time.monotonic()
+            if now >= next_at:
+                self._wakeup.clear()  # this check reads the events too
+                self._check(event=False)
+                next_at += interval
+                if next_at < time.monotonic():  # a slow check: the next at once, no catch-up
+                    next_at = time.monotonic()
+                continue
+            if self._wakeup.is_set() and now >= event_after:
+                self._wakeup.clear()  # an event during the check wakes the loop again
+                result = self._check(event=True)
+                if result is not None and not result.event:  # a new boot: the interval anew
+                    next_at = time.monotonic() + interval
+                event_after = time.monotonic() + gap
+                continue
+            if self._wakeup.is_set():  # woken within the gap: the burst's next check is due then
+                stop.wait(min(event_after, next_at) - now)
+            else:
+                self._wakeup.wait(min(next_at - now, STOP_POLL_S))
+
+    def _check(self, *, event: bool) -> CheckResult | None:
+        """One check that never raises: None when it failed (logged)."""
+        try:
+            return self.check(event=event)
+        except Exception:
+            what = "event check" if event else "check"
+            log.exception("%s failed; the next runs within %.0f s", what, self.settings.interval_s)
+            return None
 
     def _load_state(self) -> AgentState | None:
         if self.state_file is None or not self.state_file.exists():

@@ -5,12 +5,17 @@ arrived since the last call (`events`: Xids, recovery-action changes, GPU lost).
 implement it: `nvml_backend.NvmlBackend` (real NVML through pynvml) and
 `fake_backend.FakeBackend` (a JSON file that `autoclusters inject` writes).
 
+An event must not wait for the agent's next periodic check: the agent hands the backend a
+wake-up (`set_wake`), which the backend calls, from whatever thread receives the event, the
+moment one arrives; the agent then checks at once (agent.py).
+
 An InfiniBand source gives the adapters and ports (`infiniband.SysfsInfiniband`, or the
 fake file's `infiniband` section); None means the node has no InfiniBand to check.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
@@ -45,6 +50,11 @@ class GpuBackend(Protocol):
 
     def events(self) -> list[GpuEvent]:
         """The events that arrived since the last call, oldest first."""
+        ...
+
+    def set_wake(self, wake: Callable[[], None] | None) -> None:
+        """Call `wake` (from any thread; it must not block) as soon as an event arrives
+        (an Xid, a recovery action, a GPU lost); None: stop calling it."""
         ...
 
     def close(self) -> None: ...

@@ -119,6 +119,18 @@ class Classifier:
             self._infiniband(now, ib)
         return self._found
 
+    def classify_events(
+        self, *, now: float, gpus: GpuReadings | None, events: list[GpuEvent]
+    ) -> dict[str, Finding]:
+        """Only what is reported at once: the events (latched, as in `classify`) and a lost
+        GPU. For a check the backend's event asked for: counters get no extra sample and the
+        learnt baselines do not move, so the periodic checks keep their meaning."""
+        self._found = {}
+        self._events(now, events)
+        if gpus is not None:
+            self._lost(gpus)
+        return self._found
+
     def _add(self, fault: str, subject: dict[str, Any], message: str, *, now: bool = False) -> None:
         f = self._found.setdefault(fault, Finding(fault))
         f.immediate = f.immediate or now
@@ -166,9 +178,7 @@ class Classifier:
                 {"hung_calls": r.hung_calls, "timeout_s": s.nvml_timeout_s},
                 f"NVML did not answer within {s.nvml_timeout_s:g} s: {calls}",
             )
-        if r.lost:
-            subject = {"source": "nvmlDeviceGetCount"}
-            self._add("GPU_FELL_OFF_BUS", subject, "NVML: GPU is lost", now=True)
+        self._lost(r)
         if r.device_count is not None:
             m = self.memory
             m.max_gpu_count = max(m.max_gpu_count, r.device_count)
@@ -180,15 +190,24 @@ class Classifier:
                     f"{r.device_count} of {expected} GPUs visible to NVML",
                 )
         for g in r.gpus:
-            self._gpu(now, g)
+            if not g.lost:
+                self._gpu(now, g)
+
+    def _lost(self, r: GpuReadings) -> None:
+        """GPU_FELL_OFF_BUS at once: the node's device count, or a GPU, answered GPU_IS_LOST."""
+        if r.lost:
+            subject = {"source": "nvmlDeviceGetCount"}
+            self._add("GPU_FELL_OFF_BUS", subject, "NVML: GPU is lost", now=True)
+        for g in r.gpus:
+            if g.lost:
+                base = {"gpu": g.index, "uuid": g.uuid, "pci_bus_id": g.pci_bus_id}
+                who = f"GPU {g.index}" + (f" ({g.uuid})" if g.uuid else "")
+                self._add("GPU_FELL_OFF_BUS", base, f"{who}: NVML says the GPU is lost", now=True)
 
     def _gpu(self, now: float, g: GpuReading) -> None:
         s, key = self.settings, g.uuid or str(g.index)
         base: dict[str, Any] = {"gpu": g.index, "uuid": g.uuid, "pci_bus_id": g.pci_bus_id}
         who = f"GPU {g.index}" + (f" ({g.uuid})" if g.uuid else "")
-        if g.lost:
-            self._add("GPU_FELL_OFF_BUS", base, f"{who}: NVML says the GPU is lost", now=True)
-            return
         if g.reset_required:
             subject = base | {"action": "GPU_RESET", "source": "NVML_ERROR_RESET_REQUIRED"}
             self._add("GPU_RECOVERY_ACTION", subject, f"{who}: NVML says reset required")

@@ -4,6 +4,9 @@ Per fault kind:
 
 - A finding fires after it has held for `hold_for(fault)` consecutive checks; an immediate
   finding (an event, a lost GPU) fires on the first check that sees it.
+- A check the backend's event asked for (`immediate_only`) fires and re-reports immediate
+  findings only, and leaves every other track alone: no streak moves, nothing resolves, so
+  holding and clearing still count the periodic checks (`hold_checks` x the interval).
 - While it fires it is not reported again, except once every `rereport_s` (a reminder,
   with the next `sequence`), so a lost report or a closed incident gets another chance.
 - It resolves after `clear_checks` consecutive clean checks: one "resolved" report.
@@ -79,10 +82,19 @@ class Debouncer:
     def firing(self) -> dict[str, Track]:
         return {k: t for k, t in self.memory.tracks.items() if t.firing}
 
-    def update(self, now: float, findings: dict[str, Finding]) -> list[Transition]:
-        """Feed one check's findings; returns what to report, in a stable order."""
+    def update(
+        self, now: float, findings: dict[str, Finding], *, immediate_only: bool = False
+    ) -> list[Transition]:
+        """Feed one check's findings; returns what to report, in a stable order.
+        `immediate_only`: an event's check; only its immediate findings count."""
         out: list[Transition] = []
         tracks = self.memory.tracks
+        if immediate_only:
+            for fault in sorted(f for f, x in findings.items() if x.immediate):
+                t = tracks.setdefault(fault, Track())
+                t.fired_at = [x for x in t.fired_at if now - x < self._window]
+                out += self._present(now, fault, t, findings[fault])
+            return out
         for fault in sorted(set(tracks) | set(findings)):
             t = tracks.setdefault(fault, Track())
             t.fired_at = [x for x in t.fired_at if now - x < self._window]

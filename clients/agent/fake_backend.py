@@ -10,16 +10,27 @@ Writes are atomic (temporary file, fsync, rename) and serialised by an flock on
 one, and two injections never lose each other. Events are numbered (`seq`); the backend
 delivers each once per process. An agent restarted within `event_latch_s` sees recent
 events again and keeps their faults firing, which its persisted state does not re-report.
+
+Like NVML's event thread, the backend wakes the agent the moment an event lands: while the
+agent's loop runs (`set_wake`), a watcher thread looks at the file's stat every `watch_s`
+(0.05 s) and, when it changed, wakes the agent if the file brings what NVML would deliver
+as an event: a new event (an Xid, a recovery action, a GPU lost), a GPU or the node newly
+lost. It also wakes it for a new boot id: a real machine's agent starts again with the
+machine and checks at once, where the sandbox's agent process lives through the "boot".
 """
 
 from __future__ import annotations
 
 import fcntl
+import logging
+import os
 import re
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -46,6 +57,9 @@ IB_RATE = "400 Gb/sec (4X NDR)"
 IB_COUNTERS = ("link_downed", "symbol_error", "link_error_recovery", "port_rcv_errors")
 NVLINK_COUNTERS = ("replay", "recovery", "crc_flit", "crc_data")  # NVML_NVLINK_ERROR_DL_*
 XID_FAULT = re.compile(r"^XID_(\d{1,3})$")
+WATCH_S = 0.05  # the watcher's look at the file: one stat call; the file is read on a change
+
+log = logging.getLogger(__name__)
 
 
 class FakeNode(BaseModel):
@@ -316,13 +330,56 @@ _INJECTORS: dict[str, Callable[[FakeNode, int, str | None, datetime], None]] = {
 }
 
 
+@dataclass(frozen=True)
+class _Marks:
+    """What the watcher compares between two versions of the file."""
+
+    stat: tuple[int, int, int] | None  # inode, mtime, size: a write replaces the file
+    seq: int = 0  # the newest event's number
+    lost: frozenset[int] = frozenset()  # GPUs NVML would answer GPU_IS_LOST for
+    node_lost: bool = False
+    boot_id: str | None = None
+
+    @classmethod
+    def of(cls, stat: tuple[int, int, int] | None, node: FakeNode) -> _Marks:
+        return cls(
+            stat=stat,
+            seq=max((e.seq for e in node.events), default=0),
+            lost=frozenset(g.index for g in node.gpus.gpus if g.lost),
+            node_lost=node.gpus.lost,
+            boot_id=node.boot_id,
+        )
+
+    def wakes(self, before: _Marks) -> bool:
+        """What NVML would deliver as an event (or a restarted agent check at once)."""
+        return (
+            self.seq > before.seq
+            or bool(self.lost - before.lost)
+            or (self.node_lost and not before.node_lost)
+            or self.boot_id != before.boot_id
+        )
+
+
+def _stat(path: Path) -> tuple[int, int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_ino, st.st_mtime_ns, st.st_size
+
+
 class FakeBackend:
     """Reads the fake file; a missing file is written healthy first, so inject has a base."""
 
     name = "fake"
 
     def __init__(
-        self, path: Path, *, gpus: int = GPUS_PER_NODE, clock: Callable[[], float] = time.time
+        self,
+        path: Path,
+        *,
+        gpus: int = GPUS_PER_NODE,
+        clock: Callable[[], float] = time.time,
+        watch_s: float = WATCH_S,
     ) -> None:
         self.path = Path(path)
         self._gpus = gpus  # for a file this backend has to create
@@ -331,6 +388,10 @@ class FakeBackend:
         self._delivered = 0  # the highest event seq handed out
         self._node: FakeNode | None = None
         self._boot_id: str | None = None
+        self._watch_s = watch_s
+        self._wake: Callable[[], None] | None = None
+        self._watcher: threading.Thread | None = None
+        self._watch_stop = threading.Event()
 
     def open(self) -> None:
         if not self.path.exists():
@@ -358,8 +419,51 @@ class FakeBackend:
         self._delivered = max([self._delivered, *(e.seq for e in new)])
         return new
 
+    def set_wake(self, wake: Callable[[], None] | None) -> None:
+        """Start the watcher (what is in the file now wakes nothing: the agent's own check
+        reads it), or stop it (None)."""
+        self._wake = wake
+        if wake is None:
+            self._stop_watching()
+            return
+        if self._watcher is not None:
+            return
+        stat = _stat(self.path)
+        try:
+            seen = _Marks.of(stat, read_node(self.path))
+        except (OSError, ValueError):
+            seen = _Marks(stat=None)  # no file yet: the first one is compared with nothing
+        self._watch_stop = threading.Event()
+        self._watcher = threading.Thread(
+            target=self._watch, args=(self._watch_stop, seen), name="fake-events", daemon=True
+        )
+        self._watcher.start()
+
     def close(self) -> None:
-        pass
+        self._stop_watching()
+
+    def _stop_watching(self) -> None:
+        self._watch_stop.set()
+        if self._watcher is not None and self._watcher is not threading.current_thread():
+            self._watcher.join(timeout=self._watch_s + 5)
+        self._watcher = None
+
+    def _watch(self, stop: threading.Event, seen: _Marks) -> None:
+        while not stop.wait(self._watch_s):
+            stat = _stat(self.path)
+            if stat is None or stat == seen.stat:
+                continue
+            try:
+                now = _Marks.of(stat, read_node(self.path))
+            except (OSError, ValueError):
+                continue  # unreadable: the agent's next check says so
+            news, seen = now.wakes(seen), now
+            wake = self._wake
+            if news and wake is not None and not stop.is_set():
+                try:
+                    wake()
+                except Exception:
+                    log.exception("the agent's wake-up failed; the event waits for the next check")
 
 
 class FakeInfiniband:

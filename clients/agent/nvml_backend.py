@@ -7,7 +7,8 @@ leaves a reading None; any other error is kept in `GpuReading.errors`.
 
 Xids arrive on an NVML event set (nvmlEventSetCreate / nvmlDeviceRegisterEvents /
 nvmlEventSetWait_v2) waited on by a daemon thread; its heartbeat going stale is reported
-as a hung nvmlEventSetWait_v2.
+as a hung nvmlEventSetWait_v2. The thread queues each event for `events()` and calls the
+agent's wake-up (`set_wake`) at once, so the agent checks now, not at its next interval.
 
 pynvml versions differ (12.x vs 13.x): functions and constants that may be missing are
 looked up with getattr and their checks skipped when absent.
@@ -101,6 +102,7 @@ class NvmlBackend:
         self._clock = clock
         self._events: list[GpuEvent] = []
         self._lock = threading.Lock()
+        self._wake: Callable[[], None] | None = None  # the agent's, while its loop runs
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._event_set: Any = None
@@ -167,6 +169,9 @@ class NvmlBackend:
         with self._lock:
             got, self._events = self._events, []
         return got
+
+    def set_wake(self, wake: Callable[[], None] | None) -> None:
+        self._wake = wake
 
     def _read_into(self, out: GpuReadings) -> None:
         n = self._nvml
@@ -410,6 +415,12 @@ class NvmlBackend:
     def _push(self, event: GpuEvent) -> None:
         with self._lock:
             self._events.append(event)
+        wake = self._wake
+        if wake is not None:
+            try:
+                wake()  # queued first: the check it causes finds the event
+            except Exception:
+                log.exception("the agent's wake-up failed; the event waits for the next check")
 
     # --- plumbing ----------------------------------------------------------------------
 

@@ -3,7 +3,8 @@
 Every threshold is here with its unit and the reason for its default. Checks run every
 `interval_s`; a condition fault must hold for `hold_checks` consecutive checks before it is
 reported, so the time to detect one is about `hold_checks * interval_s`. Events (Xids,
-recovery-action changes, GPU lost) are reported at the first check after they arrive.
+recovery-action changes, GPU lost) do not wait for a check: the backend wakes the agent,
+which checks and reports at once (at most one such check per `event_check_gap_s`).
 """
 
 from __future__ import annotations
@@ -41,7 +42,15 @@ class AgentSettings(BaseSettings):
     )  # fmt: skip
 
     # --- the loop and the debounce --------------------------------------------------------
-    interval_s: float = Field(default=10.0, gt=0, description="seconds between checks")
+    # Fatal events do not wait for it (the backend wakes the agent): the interval paces the
+    # conditions' debounce (hold_checks x interval), their resolving, snapshots and /metrics.
+    # The sandbox runs the same interval (sandbox/daemons.py passes none).
+    interval_s: float = Field(default=10.0, gt=0, description="seconds between periodic checks")
+    # An Xid storm (thousands a second from a misbehaving job) must not turn into back-to-back
+    # NVML reads: the first event of a burst is checked at once, the rest of it together.
+    event_check_gap_s: float = Field(
+        default=0.5, ge=0, description="at most one event-woken check per this many seconds"
+    )
     snapshot_interval_s: float = Field(
         default=10.0, gt=0, description="a health snapshot goes to the API this often (and at "
         "start, and at once when what the check sees changes)"

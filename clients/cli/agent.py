@@ -87,7 +87,8 @@ def run(
         typer.Option(help="Unsent reports and state (default: ~/.autoclusters/agent/NODE)."),
     ] = None,
     interval: Annotated[
-        float | None, typer.Option(help="Seconds between checks (default: 10).")
+        float | None,
+        typer.Option(help="Seconds between checks (default: 10); GPU events do not wait for one."),
     ] = None,
     snapshot_interval: Annotated[
         float | None,
@@ -121,7 +122,8 @@ def run(
         LogLevel, typer.Option(case_sensitive=False, help="How much to log.")
     ] = "INFO",
 ) -> None:
-    """Check this node's GPUs and InfiniBand every interval; report faults to the API."""
+    """Check this node's GPUs and InfiniBand every interval, and at once on a GPU event
+    (an Xid, a recovery action, a GPU lost); report faults to the API."""
     from pydantic import ValidationError
 
     from autoclusters.clients.agent.settings import AgentSettings
@@ -244,20 +246,26 @@ def _condition(node: str, settings: AgentSettings) -> Any:
 
 def _run_forever(agent: Agent, *, show_readings: bool) -> None:
     stop = threading.Event()
+
+    def stop_now(*_: object) -> None:
+        stop.set()
+        agent.wake()  # ends the loop's wait at once
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
+        signal.signal(sig, stop_now)
     if show_readings:
         check = agent.check
 
-        def check_and_show() -> CheckResult:
-            result = check()
+        def check_and_show(*, event: bool = False) -> CheckResult:
+            result = check(event=event)
             _print_readings(result)
             return result
 
         agent.check = check_and_show  # type: ignore[method-assign]
     logging.getLogger(__name__).info(
-        "agent for %s checking every %.0f s", agent.node, agent.settings.interval_s
-    )
+        "agent for %s checking every %.0f s, and at once on a GPU event",
+        agent.node, agent.settings.interval_s,
+    )  # fmt: skip
     agent.run(stop)
 
 
