@@ -70,7 +70,7 @@ def agent_name(node: str) -> str:
 
 # Started by `sandbox up` itself, before the cluster is provisioned.
 _INFRA = (
-    "munged", "temporal", slinky.K8S_EMULATOR, inference_sandbox.KUBELET,
+    "munged", "temporal", slinky.K8S_EMULATOR, slinky.OPERATOR, inference_sandbox.KUBELET,
     inference_sandbox.GATEWAY, cloud_api.CRUSOE_EMULATOR, SLACK, WORKER, API,
     monitoring.ALERTMANAGER, monitoring.PROMETHEUS,
 )  # fmt: skip
@@ -89,10 +89,13 @@ def _order(cfg: SandboxConfig) -> list[str]:
     accounting = [MARIADB, SLURMDBD] if cfg.accounting else []
     slurmds = list(map(slurmd_name, cfg.node_names()))
     agents = list(map(agent_name, cfg.node_names()))
+    # The Slinky operator last: it is the first to stop, before the Nodes and Slurm nodes it
+    # acts on go.
+    operator = [slinky.OPERATOR] if cfg.k8s else []
     return [
         "munged", "temporal", *emulators, SLACK, WORKER, API,
         monitoring.ALERTMANAGER, monitoring.PROMETHEUS,
-        *accounting, "slurmctld", LOGIN, *slurmds, *agents,
+        *accounting, "slurmctld", LOGIN, *slurmds, *agents, *operator,
     ]  # fmt: skip
 
 
@@ -241,6 +244,15 @@ def _boot(cfg: SandboxConfig, table: ProcessTable, timeout_s: float) -> UpResult
                 result,
             )
             slinky.seed(cfg)
+            _start(
+                table,
+                slinky.OPERATOR,
+                slinky.operator_argv(cfg),
+                daemons.slurm_env(cfg),
+                lambda: True,  # a controller: nothing to wait for, its passes retry
+                timeout_s,
+                result,
+            )
             start_inference(cfg, table, timeout_s, result)
         _start(
             table,

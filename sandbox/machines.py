@@ -138,7 +138,7 @@ class SandboxMachines:
                 },
             )
             r.raise_for_status()
-            await ensure_slurmd_pod(k8s, self._cfg, vm.name)
+            # Its slurmd pod comes from the Slinky operator (the `slinky-operator` process).
 
     async def on_create(self, vm: EmulatedVm) -> None:
         rec = self._vms.get(vm.name) or VmRecord(node=vm.name, vm_id=vm.id)

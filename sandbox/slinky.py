@@ -1,8 +1,10 @@
 """Kubernetes mode of the sandbox: a Slinky-style cluster on the emulated Kubernetes API.
 
 Every Slurm node is also a Kubernetes Node (providerID `crusoe://<vm id>`) running a
-slurmd pod owned by the NodeSet `gpu`. The machines are the Crusoe emulator's VMs, in
-every mode (`sandbox/cloud_api.py`); each registers its Node when it boots.
+slurmd pod owned by the NodeSet `gpu`, which the emulated Slinky operator keeps
+(`sandbox/slinky_operator.py`, the `slinky-operator` process). The machines are the Crusoe
+emulator's VMs, in every mode (`sandbox/cloud_api.py`); each registers its Node when it
+boots.
 """
 
 from __future__ import annotations
@@ -24,6 +26,10 @@ from autoclusters.sandbox.config import SandboxConfig
 from autoclusters.sandbox.machines import NODESET, SLURM_NAMESPACE
 
 K8S_EMULATOR = "k8s-emulator"
+# The emulated Slinky NodeSet controller (sandbox/slinky_operator.py): it keeps one slurmd
+# pod per GPU Node and carries cordons into Slurm, as SchedMD's operator does.
+OPERATOR = "slinky-operator"
+OPERATOR_POLL_S = 1.0
 
 
 def prepare(cfg: SandboxConfig) -> None:
@@ -64,9 +70,18 @@ def k8s_emulator_argv(cfg: SandboxConfig) -> list[str]:
     ]  # fmt: skip
 
 
+def operator_argv(cfg: SandboxConfig) -> list[str]:
+    return [
+        sys.executable, "-m", "autoclusters.sandbox.slinky_operator",
+        "--kubeconfig", str(cfg.kubeconfig), "--slurm-conf", str(cfg.slurm_conf),
+        "--poll-s", str(OPERATOR_POLL_S),
+    ]  # fmt: skip
+
+
 def seed(cfg: SandboxConfig) -> None:
-    """The slurm namespace and the NodeSet `gpu`; its Nodes (and their slurmd pods) register
-    as the provisioning's machines boot (`sandbox.machines.SandboxMachines`)."""
+    """The slurm namespace and the NodeSet `gpu` (DaemonSet mode: no `replicas`, one slurmd
+    pod on every GPU Node); its Nodes register as the provisioning's machines boot
+    (`sandbox.machines.SandboxMachines`) and the operator gives each its pod."""
     headers = {"Authorization": f"Bearer {cfg.k8s_token()}"}
     with httpx.Client(base_url=cfg.k8s_url, timeout=10) as k8s:
         k8s.post(
@@ -78,7 +93,7 @@ def seed(cfg: SandboxConfig) -> None:
                 "apiVersion": "slinky.slurm.net/v1beta1",
                 "kind": "NodeSet",
                 "metadata": {"name": NODESET, "namespace": SLURM_NAMESPACE, "uid": cfg.nodeset_uid},
-                "spec": {"replicas": len(cfg.node_names())},
+                "spec": {},
             },
             headers=headers,
         )

@@ -7,7 +7,9 @@ real Slurm-on-Kubernetes sandbox (Crusoe emulator included) of this module's own
   running job is still running, not requeued;
 - the emulators come back with their worlds (VMs, Nodes);
 - chaos SIGKILLs the worker when the incident reaches `repair`: it resolves with exactly one
-  cloud operation, counted from the Crusoe emulator's own record.
+  cloud operation, counted from the Crusoe emulator's own record;
+- a real kubectl reads the sandbox, and `kubectl cordon` / `uncordon` reach Slurm through
+  the sandbox's Slinky operator.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import httpx
 import pytest
@@ -25,7 +27,7 @@ import pytest_asyncio
 from temporalio.client import Client
 
 from autoclusters.clients import incidents
-from autoclusters.core.models import IncidentState
+from autoclusters.core.models import IncidentState, SlurmNode
 from autoclusters.core.settings import Settings, load_file
 from autoclusters.integrations import temporal
 from autoclusters.integrations.slurm import SlurmCli
@@ -210,3 +212,43 @@ async def test_kubectl_reads_the_sandbox_through_the_kubeconfig_up_prints(
     names = k8s_sandbox.node_names()
     assert kubectl("get", "nodes") == [f"node/{n}" for n in names]
     assert kubectl("get", "pods", "-n", "slurm") == [f"pod/slurmd-{n}" for n in names]
+
+
+async def test_kubectl_cordon_drains_the_slurm_node_and_uncordon_undrains_it(
+    k8s_sandbox: SandboxConfig,
+) -> None:
+    """Slinky's semantics through a real kubectl: the sandbox's Slinky operator drains the
+    Slurm node of a cordoned Node (the operator's reason), and undrains it on uncordon,
+    because the drain was its own."""
+    cfg = k8s_sandbox
+    env = {**os.environ, "KUBECONFIG": str(cfg.kubectl_kubeconfig)}
+    slurm = SlurmCli(cfg.slurm_conf)
+    node = cfg.node_names()[-1]
+
+    def kubectl(*args: str) -> None:
+        done = subprocess.run(
+            ["kubectl", *args], env=env, capture_output=True, text=True, timeout=60
+        )
+        assert done.returncode == 0, done.stderr
+
+    async def slurm_node() -> SlurmNode:
+        n = await slurm.node(node)
+        assert n is not None
+        return n
+
+    assert not (await slurm_node()).drained
+    kubectl("cordon", node)
+    drained = await eventually(
+        lambda: _when(slurm_node(), lambda n: n.drained), 30, "the Slurm node drained"
+    )
+    assert drained.reason.startswith("slurm-operator: "), drained.reason
+    kubectl("uncordon", node)
+    back = await eventually(
+        lambda: _when(slurm_node(), lambda n: not n.drained), 30, "the Slurm node undrained"
+    )
+    assert back.reason == ""
+
+
+async def _when(read: Awaitable[SlurmNode], ok: Callable[[SlurmNode], bool]) -> SlurmNode | None:
+    n = await read
+    return n if ok(n) else None
