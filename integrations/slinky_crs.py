@@ -8,13 +8,25 @@ node set's `NodeSet` `<cluster>-<set>`, the generated Slurm files the ConfigMap
 `<cluster>-slurm-conf`, a user's `SlurmUser` `<cluster>-<user>`. Every object carries the
 label `autoclusters.crusoe.ai/cluster: <cluster>`.
 
-Field names follow Slinky's v1beta1 types (`controllerRef`, `accountingRef`,
-`configFileRefs`, `replicas`, `scalingMode`, `partition {enabled, config}`, the node
-annotations `nodeset.slinky.slurm.net/hostname-override` and `.../node-cordon-reason`) and
-Crusoe's `SlurmUser` (`clusterReference`, `fullName`, `sshPublicKeys`). UNCONFIRMED (not in
-public docs): the shape of `configFileRefs` items (a ConfigMap reference by `name`), the
-LoginSet's `rootSshAuthorizedKeys`, the Accounting's `storageConfig`, and the `autoclusters.*`
-labels and annotations (ours).
+The Slinky bodies match the published v1beta1 CRD schemas (github SlinkyProject/
+slurm-operator f2ed3fc, `config/crd/bases/slinky.slurm.net_*.yaml`; the sandbox's Kubernetes
+emulator checks them: `sandbox/k8s_crd_schema.py`): `controllerRef`, `accountingRef`,
+`configFileRefs` (ConfigMap references by `name`), `replicas`, `scalingMode`,
+`partition {enabled, config}`, the LoginSet's `rootSshAuthorizedKeys` (a string) and its
+required `sssdConfRef`, the Accounting's `storageConfig` with its required `host` and
+`passwordKeyRef`, and the CEL rules of the Controller and the Accounting: with `external`
+false (the default) each needs `slurmKeyRef` and `jwtKeyRef`. The node annotations
+`nodeset.slinky.slurm.net/hostname-override` and `.../node-cordon-reason` are Slinky's
+(`api/v1beta1/well_known.go`); Crusoe's `SlurmUser` (`clusterReference`, `fullName`,
+`sshPublicKeys`) has no published schema here.
+
+The Secrets those references name are SchedMD's `slurm` Helm chart's, with the cluster as
+the release (`helm/slurm/templates/_slurm.tpl`, `cluster/_helpers.tpl`): `<cluster>-auth-slurm`
+(key `slurm.key`), `<cluster>-auth-jwt` (`jwt.key`), `<cluster>-sssd-conf` (`sssd.conf`).
+The accounting database follows the chart's defaults (`values.yaml`: host `mariadb`, user
+`slurm`, password Secret `mariadb-password` key `password`), prefixed with the cluster. These
+objects must exist for the operator to run the pods; the provider does not create them yet
+(UNCONFIRMED who does on CMK), and the `autoclusters.*` labels and annotations are ours.
 
 Reads and writes are the API's own JSON (`_preload_content=False`), run off the event loop.
 """
@@ -78,6 +90,21 @@ def nodeset_name(cluster: str, node_set: str) -> str:
     return f"{cluster}-{node_set}"
 
 
+def slurm_key_ref(cluster: str) -> Obj:
+    """The `auth/slurm` key Slurm's daemons share (the Controller's and the Accounting's)."""
+    return {"name": f"{cluster}-auth-slurm", "key": "slurm.key"}
+
+
+def jwt_key_ref(cluster: str) -> Obj:
+    """The `auth/jwt` key (the Controller's and the Accounting's)."""
+    return {"name": f"{cluster}-auth-jwt", "key": "jwt.key"}
+
+
+def sssd_conf_ref(cluster: str) -> Obj:
+    """The login nodes' `sssd.conf`."""
+    return {"name": f"{cluster}-sssd-conf", "key": "sssd.conf"}
+
+
 def controller_body(spec: ClusterSpec) -> Obj:
     return {
         "apiVersion": CONTROLLER.api_version,
@@ -85,6 +112,8 @@ def controller_body(spec: ClusterSpec) -> Obj:
         "metadata": _meta(spec.name, spec.name),
         "spec": {
             "clusterName": spec.name,
+            "slurmKeyRef": slurm_key_ref(spec.name),
+            "jwtKeyRef": jwt_key_ref(spec.name),
             # topology.conf (and any other generated file) lands in this ConfigMap.
             "configFileRefs": [{"name": config_map_name(spec.name)}],
             "extraConf": "TopologyPlugin=topology/tree",
@@ -97,7 +126,16 @@ def accounting_body(spec: ClusterSpec) -> Obj:
         "apiVersion": ACCOUNTING.api_version,
         "kind": ACCOUNTING.kind,
         "metadata": _meta(f"{spec.name}-accounting", spec.name),
-        "spec": {"storageConfig": {"database": f"{spec.name.replace('-', '_')}_acct"}},
+        "spec": {
+            "slurmKeyRef": slurm_key_ref(spec.name),
+            "jwtKeyRef": jwt_key_ref(spec.name),
+            "storageConfig": {
+                "host": f"{spec.name}-mariadb",
+                "database": f"{spec.name.replace('-', '_')}_acct",
+                "username": "slurm",
+                "passwordKeyRef": {"name": f"{spec.name}-mariadb-password", "key": "password"},
+            },
+        },
     }
 
 
@@ -110,6 +148,7 @@ def loginset_body(spec: ClusterSpec) -> Obj:
             "controllerRef": {"name": spec.name},
             "replicas": spec.login.count,
             "rootSshAuthorizedKeys": "\n".join(spec.login.ssh_public_keys),
+            "sssdConfRef": sssd_conf_ref(spec.name),
         },
     }
     if spec.login.instance_type:

@@ -4,7 +4,9 @@
 `/api/v1`, `/apis/{group}/{version}` (APIResourceList) are built from the kinds the store
 keeps (`k8s_objects.KINDS`), so a kind added there is discoverable at once. The custom kinds
 are also served as read-only `CustomResourceDefinition` objects under
-`apiextensions.k8s.io/v1`, as the CRDs installed by their operators would be.
+`apiextensions.k8s.io/v1`, as the CRDs installed by their operators would be: Slinky's with
+the published schema the emulator checks them against (`k8s_crd_schema`), the others with
+an open one.
 
 Only the plain (non-aggregated) discovery documents are served: kubectl asks for the
 aggregated `apidiscovery.k8s.io/v2` form first and falls back when the answer's
@@ -13,9 +15,11 @@ Content-Type is plain `application/json`.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 from dataclasses import dataclass
 
+from autoclusters.sandbox.k8s_crd_schema import schema_for
 from autoclusters.sandbox.k8s_objects import KINDS, ApiError, Kind, Obj, not_found
 
 # What the store does with every kind (no deletecollection: the emulator refuses it).
@@ -188,6 +192,13 @@ def _crd(kind: Kind) -> Obj:
         "kind": kind.kind,
         "listKind": f"{kind.kind}List",
     }
+    published = schema_for(kind)
+    # Stored as given (no published schema: Crusoe's kinds), or the published one, trimmed.
+    schema: Obj = (
+        copy.deepcopy(published.root)
+        if published is not None
+        else {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+    )
     return {
         "apiVersion": CRD_GROUP_VERSION,
         "kind": "CustomResourceDefinition",
@@ -207,13 +218,7 @@ def _crd(kind: Kind) -> Obj:
                     "name": version,
                     "served": True,
                     "storage": True,
-                    # Stored as given: the emulator runs no operator that would validate them.
-                    "schema": {
-                        "openAPIV3Schema": {
-                            "type": "object",
-                            "x-kubernetes-preserve-unknown-fields": True,
-                        }
-                    },
+                    "schema": {"openAPIV3Schema": schema},
                 }
             ],
         },

@@ -11,8 +11,10 @@ and gets what a real API server would answer for what AutoClusters uses:
   controller keeps its pods at `spec.replicas`; a scheduler binds pods with no nodeName:
   `sandbox.k8s_deployments`, `sandbox.k8s_scheduler`),
   `/apis/slinky.slurm.net/v1beta1[/namespaces/{ns}]/nodesets|controllers|accountings|
-  loginsets[/{name}]`, `/apis/slurm.crusoe.ai/v1alpha1[/namespaces/{ns}]/slurmclusters|
-  slurmusers[/{name}]` (custom resources stored as given: no operator acts on them),
+  loginsets[/{name}]` (checked against Slinky's published CRD schemas on every create,
+  update and patch, unknown fields pruned: `k8s_crd_schema`),
+  `/apis/slurm.crusoe.ai/v1alpha1[/namespaces/{ns}]/slurmclusters|slurmusers[/{name}]`
+  (stored as given); no operator acts on any of them here;
   `/version`;
 - list with `labelSelector` / `fieldSelector`; create, get, PUT (409 on a stale
   resourceVersion), PATCH (strategic merge, merge and JSON patch; 415 for a strategic merge
@@ -64,6 +66,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, Field
 
 from autoclusters.sandbox import k8s_protobuf
+from autoclusters.sandbox.k8s_crd_schema import FieldValidation
 from autoclusters.sandbox.k8s_discovery import CRD_RESOURCE, discover
 from autoclusters.sandbox.k8s_objects import (
     BY_PATH,
@@ -187,8 +190,13 @@ def create_app(
         q = request.query_params
         if request.method == "GET" and r.name is None and q.get("watch") in ("true", "1"):
             return watch_response(store, request, r.kind, r.ns)
-        code, body = await _dispatch(store, r, request)
-        return _answer(request, r.kind.resource, code, body)
+        fields = FieldValidation(q.get("fieldValidation", ""))
+        code, body = await _dispatch(store, r, request, fields)
+        response = _answer(request, r.kind.resource, code, body)
+        for text in fields.warnings:  # an unknown field pruned (fieldValidation=Warn)
+            quoted = text.replace("\\", "\\\\").replace('"', '\\"')
+            response.headers.append("Warning", f'299 - "{quoted}"')
+        return response
 
     @app.post("/_emulator/nodes")
     async def put_machine(spec: MachineSpec) -> JSONResponse:
@@ -291,7 +299,9 @@ def _answer(request: Request, resource: str, code: int, body: Any) -> JSONRespon
     return JSONResponse(body, status_code=code)
 
 
-async def _dispatch(store: Store, r: _Route, request: Request) -> tuple[int, Any]:
+async def _dispatch(
+    store: Store, r: _Route, request: Request, fields: FieldValidation
+) -> tuple[int, Any]:
     q = request.query_params
     if q.get("watch") in ("true", "1"):
         raise _not_allowed()  # a watch of one object by its path: only lists are watched
@@ -304,16 +314,17 @@ async def _dispatch(store: Store, r: _Route, request: Request) -> tuple[int, Any
                 r.kind, r.ns, q.get("labelSelector", ""), q.get("fieldSelector", "")
             )
         if method == "POST" and (r.ns is not None or not r.kind.namespaced):
-            return 201, store.create(r.kind, r.ns, await _body(request))
+            return 201, store.create(r.kind, r.ns, await _body(request), fields)
         raise _not_allowed()
     if r.sub is None or (r.sub == "status" and r.kind.status_subresource):
         if method == "GET":
             return 200, store.get(r.kind, r.ns, r.name)
         if method == "PUT":
-            return 200, store.replace(r.kind, r.ns, r.name, await _body(request), r.sub)
+            return 200, store.replace(r.kind, r.ns, r.name, await _body(request), r.sub, fields)
         if method == "PATCH":
             ctype = request.headers.get("content-type", "")
-            return 200, store.patch(r.kind, r.ns, r.name, ctype, await _body(request), r.sub)
+            body = await _body(request)
+            return 200, store.patch(r.kind, r.ns, r.name, ctype, body, r.sub, fields)
         if method == "DELETE" and r.sub is None:
             options = await _body(request, required=False)
             grace = q.get("gracePeriodSeconds")

@@ -3,8 +3,10 @@
 Objects get a uid, a creationTimestamp and a resourceVersion from one cluster-wide counter,
 bumped on every write. A stale resourceVersion on an update or patch is a 409 Conflict; status
 changes only through the status subresource; a pod is created Pending; deleting a bound pod
-is graceful. The other components of a cluster act inside the same write, so tests never
-race them (`sandbox.k8s_controllers` holds what they do):
+is graceful; Slinky's custom resources are pruned and validated against their published CRD
+schemas on every create, update and patch (`sandbox.k8s_crd_schema`). The other components
+of a cluster act inside the same write, so tests never race them (`sandbox.k8s_controllers`
+holds what they do):
 
 - a kubelet on every Ready node starts bound pods at once and finishes their graceful
   deletion at once; a NotReady node's kubelet does nothing, so its pods stay Terminating
@@ -39,9 +41,11 @@ from pathlib import Path
 from typing import Any
 
 from autoclusters.sandbox import k8s_controllers as controllers
+from autoclusters.sandbox import k8s_crd_schema as crd_schema
 from autoclusters.sandbox import k8s_deployments as deployments
 from autoclusters.sandbox import k8s_patch, k8s_scheduler
 from autoclusters.sandbox.k8s_controllers import TERMINAL, is_ready
+from autoclusters.sandbox.k8s_crd_schema import FieldValidation
 from autoclusters.sandbox.k8s_objects import (
     DEPLOYMENTS,
     KINDS,
@@ -183,17 +187,25 @@ class Store:
 
     # -- writes ---------------------------------------------------------------------------
 
-    def create(self, kind: Kind, ns: str | None, body: Any) -> Obj:
+    def create(
+        self, kind: Kind, ns: str | None, body: Any, fields: FieldValidation | None = None
+    ) -> Obj:
+        """`fields`: the request's `?fieldValidation=` (custom resources with a published
+        schema: `k8s_crd_schema`), and where its warnings go."""
         with self._lock:
-            out = self._create(kind, ns, body)
+            out = self._create(kind, ns, body, fields)
             self._settle()
             return out
 
-    def _create(self, kind: Kind, ns: str | None, body: Any) -> Obj:
+    def _create(
+        self, kind: Kind, ns: str | None, body: Any, fields: FieldValidation | None = None
+    ) -> Obj:
         if not isinstance(body, dict):
             raise bad_request(f"the body of a {kind.kind} create must be a JSON object")
         self._check_type(kind, body)
         obj = copy.deepcopy(body)
+        # As the API server's decoder: unknown fields pruned (or refused: Strict).
+        crd_schema.decode(kind, obj, "create", fields)
         meta = obj.setdefault("metadata", {})
         if not isinstance(meta, dict):
             raise bad_request("metadata must be an object")
@@ -211,6 +223,7 @@ class Store:
             validate_meta(kind, obj)
             if kind.namespaced and ("", ns) not in self._objs["namespaces"]:
                 raise not_found(NAMESPACES, ns or "")
+            crd_schema.validate(kind, obj)
             if self._key(kind, obj) in self._objs[kind.resource]:
                 raise already_exists(kind, meta["name"])
             for k in ("resourceVersion", "deletionTimestamp", "deletionGracePeriodSeconds"):
@@ -224,15 +237,30 @@ class Store:
                 self._kubelet(obj["spec"]["nodeName"])
             return out
 
-    def replace(self, kind: Kind, ns: str | None, name: str, body: Any, sub: str | None) -> Obj:
+    def replace(
+        self,
+        kind: Kind,
+        ns: str | None,
+        name: str,
+        body: Any,
+        sub: str | None,
+        fields: FieldValidation | None = None,
+    ) -> Obj:
         with self._lock:
             old = self._find(kind, ns, name)
-            out = self._update(kind, old, body, sub)
+            out = self._update(kind, old, body, sub, "update", fields)
             self._settle()
             return out
 
     def patch(
-        self, kind: Kind, ns: str | None, name: str, content_type: str, body: Any, sub: str | None
+        self,
+        kind: Kind,
+        ns: str | None,
+        name: str,
+        content_type: str,
+        body: Any,
+        sub: str | None,
+        fields: FieldValidation | None = None,
     ) -> Obj:
         ctype = content_type.split(";")[0].strip().lower()
         accepted = [_JSON_PATCH, _MERGE] if kind.custom else [_JSON_PATCH, _MERGE, _SMP]
@@ -261,7 +289,7 @@ class Store:
                 if e.status == 400:
                     raise bad_request(str(e)) from None
                 raise ApiError(422, "Invalid", str(e)) from None
-            out = self._update(kind, old, new, sub)
+            out = self._update(kind, old, new, sub, "patch", fields)
             self._settle()
             return out
 
@@ -530,10 +558,20 @@ class Store:
             deployments.defaults(obj)
             obj["status"] = {}
 
-    def _update(self, kind: Kind, old: Obj, body: Any, sub: str | None) -> Obj:
+    def _update(
+        self,
+        kind: Kind,
+        old: Obj,
+        body: Any,
+        sub: str | None,
+        verb: str = "update",
+        fields: FieldValidation | None = None,
+    ) -> Obj:
+        """`body` is the new object (a PUT's, or a patch's result: `verb`)."""
         if not isinstance(body, dict):
             raise bad_request(f"the body of a {kind.kind} update must be a JSON object")
         self._check_type(kind, body)
+        crd_schema.decode(kind, body, verb, fields)
         ometa, name = old["metadata"], old["metadata"]["name"]
         meta = body.get("metadata") or {}
         if meta.get("name") not in (None, "", name):
@@ -572,6 +610,7 @@ class Store:
         if new.get("status") is None:
             new.pop("status", None)
         validate_meta(kind, new)
+        crd_schema.validate(kind, new)
         self._commit(kind, new, old)
         return self._out(kind, new)
 

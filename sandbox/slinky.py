@@ -81,7 +81,11 @@ def operator_argv(cfg: SandboxConfig) -> list[str]:
 def seed(cfg: SandboxConfig) -> None:
     """The slurm namespace and the NodeSet `gpu` (DaemonSet mode: no `replicas`, one slurmd
     pod on every GPU Node); its Nodes register as the provisioning's machines boot
-    (`sandbox.machines.SandboxMachines`) and the operator gives each its pod."""
+    (`sandbox.machines.SandboxMachines`) and the operator gives each its pod.
+
+    The published schema requires `controllerRef` (the emulator refuses a NodeSet without
+    one, as a real API server does); no Controller object is seeded, since nothing here
+    reads it. `scalingMode` is said, since it defaults to StatefulSet on a real cluster."""
     headers = {"Authorization": f"Bearer {cfg.k8s_token()}"}
     with httpx.Client(base_url=cfg.k8s_url, timeout=10) as k8s:
         k8s.post(
@@ -93,7 +97,7 @@ def seed(cfg: SandboxConfig) -> None:
                 "apiVersion": "slinky.slurm.net/v1beta1",
                 "kind": "NodeSet",
                 "metadata": {"name": NODESET, "namespace": SLURM_NAMESPACE, "uid": cfg.nodeset_uid},
-                "spec": {},
+                "spec": {"controllerRef": {"name": cfg.cluster}, "scalingMode": "DaemonSet"},
             },
             headers=headers,
         )

@@ -230,6 +230,31 @@ def test_apply_the_products_custom_resources(kubectl: Kubectl, core: Core, tmp_p
     assert "nodesets.slinky.slurm.net" in kubectl("get", "crd").stdout
 
 
+def test_apply_checks_custom_resources_against_the_published_schema(
+    kubectl: Kubectl, core: Core, tmp_path: Path
+) -> None:
+    """kubectl sends fieldValidation=Strict: an unknown field is refused, not pruned; a
+    missing required field is the API server's 422 (sandbox/k8s_crd_schema.py)."""
+    core.create_namespace({"metadata": {"name": SLURM_NS}})
+    manifest = tmp_path / "nodeset.yaml"
+    nodeset: dict[str, Any] = {
+        "apiVersion": "slinky.slurm.net/v1beta1",
+        "kind": "NodeSet",
+        "metadata": {"name": "gpu"},
+        "spec": {"controllerRef": {"name": "alpha"}, "replicaz": 2},
+    }
+    manifest.write_text(yaml.safe_dump(nodeset))
+    done = kubectl("apply", "-n", SLURM_NS, "-f", str(manifest), check=False)
+    assert done.returncode != 0 and 'strict decoding error: unknown field "spec.replicaz"' in (
+        done.stderr
+    )
+    del nodeset["spec"]["controllerRef"], nodeset["spec"]["replicaz"]
+    manifest.write_text(yaml.safe_dump(nodeset))
+    done = kubectl("apply", "-n", SLURM_NS, "-f", str(manifest), check=False)
+    assert done.returncode != 0 and "spec.controllerRef: Required value" in done.stderr
+    assert "No resources found" in kubectl("get", "nodesets", "-n", SLURM_NS).stderr
+
+
 def test_patch_flavours(kubectl: Kubectl, core: Core) -> None:
     kubectl("patch", "node", "gpu-01", "-p", '{"metadata":{"labels":{"a":"1"}}}')
     kubectl("patch", "node", "gpu-01", "--type=merge", "-p", '{"metadata":{"labels":{"b":"2"}}}')

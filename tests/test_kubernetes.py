@@ -345,7 +345,8 @@ async def test_daemonset_mirror_and_slurmd_pods_are_skipped(
     nodeset = client.CustomObjectsApi(api).create_namespaced_custom_object(
         "slinky.slurm.net", "v1beta1", "slurm", "nodesets",
         {"apiVersion": "slinky.slurm.net/v1beta1", "kind": "NodeSet",
-         "metadata": {"name": "gpu"}, "spec": {"replicas": 1}},
+         "metadata": {"name": "gpu"},
+         "spec": {"controllerRef": {"name": "slurm"}, "replicas": 1}},
     )  # fmt: skip
     owner = {"apiVersion": "slinky.slurm.net/v1beta1", "kind": "NodeSet", "name": "gpu",
              "uid": nodeset["metadata"]["uid"], "controller": True}  # fmt: skip
@@ -604,6 +605,7 @@ def test_patch_flavours(core: client.CoreV1Api, admin: httpx.Client, api: client
         "apiVersion": "slinky.slurm.net/v1beta1",
         "kind": "NodeSet",
         "metadata": {"name": "gpu"},
+        "spec": {"controllerRef": {"name": "slurm"}},  # required by the published schema
     }
     crs.create_namespaced_custom_object(*args, nodeset)
     crs.patch_namespaced_custom_object(*args, "gpu", {"spec": {"replicas": 4}})

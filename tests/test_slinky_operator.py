@@ -91,6 +91,8 @@ def nodeset(api: client.ApiClient, core: client.CoreV1Api) -> dict[str, Any]:
         "apiVersion": "slinky.slurm.net/v1beta1",
         "kind": "NodeSet",
         "metadata": {"name": "gpu"},
+        # controllerRef: required by the published schema, which the emulator checks.
+        "spec": {"controllerRef": {"name": "slurm"}, "scalingMode": "DaemonSet"},
     }
     created = client.CustomObjectsApi(api).create_namespaced_custom_object(*NODESET, body)
     assert isinstance(created, dict)
