@@ -393,9 +393,10 @@ class KubernetesActivities:
                     seen = str(outage)
             except KubernetesUnavailable as e:
                 seen = str(e)
-            if ident is not None and _is_new(ident, inp) and inp.cordon and not cordoned:
+            new = ident is not None and _is_new(ident, inp)
+            if new and inp.cordon and not cordoned:
                 cordoned = await self._cordon_on_sight(inp.cordon)
-            if ident is not None and ident.ready and _is_new(ident, inp):
+            if new and ident is not None and ident.ready:
                 return ident
             activity.heartbeat(
                 seen
@@ -409,7 +410,7 @@ class KubernetesActivities:
         cordon step follows) when the API refuses or is away."""
         try:
             await self._cordon_node(inp)
-        except (ApiException, KubernetesUnavailable, ApplicationError) as e:
+        except ApplicationError as e:  # api_errors: whatever the API answered, translated
             activity.logger.warning("cordoning the new Node %s: %s", inp.node, e)
             return False
         return True

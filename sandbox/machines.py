@@ -192,44 +192,5 @@ class SandboxMachines:
         await asyncio.to_thread(self._slurm.delete)
 
 
-async def ensure_slurmd_pod(k8s: httpx.AsyncClient, cfg: SandboxConfig, node: str) -> None:
-    """The NodeSet's slurmd pod for `node` (as the Slinky operator would (re)create it)."""
-    ns, name = SLURM_NAMESPACE, f"slurmd-{node}"
-    headers = {"Authorization": f"Bearer {cfg.k8s_token()}"}
-    got = await k8s.get(f"/api/v1/namespaces/{ns}/pods/{name}", headers=headers)
-    if got.status_code == 200:
-        return
-    pod = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            "name": name,
-            "namespace": ns,
-            "labels": {
-                "app.kubernetes.io/name": "slurmd",
-                "app.kubernetes.io/instance": NODESET,
-                "nodeset.slinky.slurm.net/pod-hostname": node,
-            },
-            "ownerReferences": [
-                {
-                    "apiVersion": "slinky.slurm.net/v1beta1",
-                    "kind": "NodeSet",
-                    "name": NODESET,
-                    "uid": cfg.nodeset_uid,
-                    "controller": True,
-                }
-            ],
-        },
-        "spec": {
-            "nodeName": node,
-            "hostname": node,
-            "containers": [{"name": "slurmd", "image": "ghcr.io/slinkyproject/slurmd:25.05"}],
-        },
-    }
-    r = await k8s.post(f"/api/v1/namespaces/{ns}/pods", json=pod, headers=headers)
-    r.raise_for_status()
-    await k8s.post(f"/_emulator/pods/{ns}/{name}/ready", json={"ready": True})
-
-
 SLURM_NAMESPACE = "slurm"
 NODESET = "gpu"

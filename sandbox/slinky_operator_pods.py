@@ -8,9 +8,8 @@ Sources (github SlinkyProject/slurm-operator, HEAD f2ed3fc, 2026-08-20):
 - the annotations `nodeset.slinky.slurm.net/pod-cordon` and `.../node-cordon-reason` and
   the label `.../pod-hostname` (the Slurm node's name): `api/v1beta1/well_known.go`.
 
-The pod's name, labels and ownerReference are those `sandbox/machines.py`
-`ensure_slurmd_pod` gives it (`slurmd-<node>`), so the product's code that finds a node's
-slurmd pod reads the operator's pods the same way.
+The pod is `slurmd-<node>` with Slinky's labels and an ownerReference to its NodeSet:
+what the product's code that finds a node's slurmd pod reads.
 """
 
 from __future__ import annotations
@@ -82,7 +81,7 @@ def node_of(pod: Obj) -> str:
 
 
 def slurmd_pod(nodeset: Obj, node: str) -> Obj:
-    """The NodeSet's slurmd pod for `node`, as `sandbox/machines.py` writes it."""
+    """The NodeSet's slurmd pod for `node`."""
     meta = nodeset["metadata"]
     return {
         "apiVersion": "v1",

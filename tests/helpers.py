@@ -7,10 +7,11 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import TypeVar
 
+import pytest_asyncio
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
 from temporalio.api.enums.v1 import IndexedValueType
 from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest
@@ -91,6 +92,17 @@ async def start_temporal(port: int | None = None) -> WorkflowEnvironment:
         dev_server_log_level="error",
         ui=False,
     )
+
+
+@pytest_asyncio.fixture(scope="module", name="env")
+async def dev_server_env() -> AsyncIterator[WorkflowEnvironment]:
+    """`env` as a Temporal dev server, one per module, for a module that imports this (in
+    place of the conftest's time-skipping `env`)."""
+    environment = await start_temporal()
+    try:
+        yield environment
+    finally:
+        await environment.shutdown()
 
 
 async def time_skipping_env() -> WorkflowEnvironment:

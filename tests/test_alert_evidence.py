@@ -30,7 +30,7 @@ from tests.test_api import (  # noqa: F401  (fixtures)
     STARTS,
     alert,
     api_server,
-    env,
+    dev_server_env,
     http,
     payload,
     pytestmark,

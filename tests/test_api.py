@@ -52,7 +52,11 @@ from autoclusters.clients.web.settings import ApiSettings
 from autoclusters.core.models import IncidentState, workflow_id
 from autoclusters.core.node_report import NodeReport
 from autoclusters.workflows.remediation import NodeRemediation
-from tests.helpers import HermeticSettings, start_temporal
+from tests.helpers import (
+    HermeticSettings,
+    dev_server_env,  # noqa: F401  (this module's `env`: a dev server)
+    start_temporal,
+)
 
 pytestmark = pytest.mark.integration  # a Temporal dev server
 
@@ -67,15 +71,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-@pytest_asyncio.fixture(scope="module")
-async def env() -> AsyncIterator[WorkflowEnvironment]:
-    environment = await start_temporal()
-    try:
-        yield environment
-    finally:
-        await environment.shutdown()
 
 
 @pytest_asyncio.fixture(scope="module")

@@ -26,7 +26,7 @@ from autoclusters.core.node_report import SNAPSHOTS_PATH, HealthSnapshot, NodeRe
 from autoclusters.workflows.agent_gate import AgentGate
 from tests.test_api import (  # noqa: F401  (fixtures)
     AUTH,
-    env,
+    dev_server_env,
     http,
     pytestmark,
     settings,

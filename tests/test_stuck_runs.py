@@ -10,13 +10,11 @@ under one version of the code, and a worker with another second step picks it up
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
-import pytest_asyncio
 from temporalio import activity, workflow
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowHandle, WorkflowHistory
@@ -33,7 +31,10 @@ from autoclusters.workers.stuck_runs import (
     replay_failure,
     reset_point,
 )
-from tests.helpers import eventually, start_temporal
+from tests.helpers import (
+    dev_server_env,  # noqa: F401  (this module's `env`: a dev server)
+    eventually,
+)
 
 pytestmark = pytest.mark.integration  # a Temporal dev server of its own
 
@@ -99,15 +100,6 @@ class Broken(_Probe):
     async def run(self) -> None:
         await workflow.wait_condition(lambda: self.go)
         raise RuntimeError("a bug in a step, not a replay problem")
-
-
-@pytest_asyncio.fixture(scope="module")
-async def env() -> AsyncIterator[WorkflowEnvironment]:
-    env = await start_temporal()
-    try:
-        yield env
-    finally:
-        await env.shutdown()
 
 
 async def _waiting_for_signal(handle: WorkflowHandle[Any, Any]) -> bool:
@@ -181,8 +173,9 @@ async def test_a_run_failing_for_another_reason_is_left_alone(env: WorkflowEnvir
         assert await _failing(client, queue)
 
 
-async def test_resets_stop_at_the_limit(env: WorkflowEnvironment) -> None:
-    """Code that cannot replay even after a reset is left to a human once the limit is met."""
+async def test_a_run_past_the_reset_limit_is_left_to_a_human(env: WorkflowEnvironment) -> None:
+    """The limit is checked before a reset point is even looked for: at the limit (0 here),
+    an unreplayable run is reported `limit` and not reset."""
     client, queue = env.client, f"stuck-{uuid.uuid4()}"
     handle = await _two_steps_taken(client, queue)
     async with Worker(client, task_queue=queue, workflows=[ProbeAfter], activities=STEPS):

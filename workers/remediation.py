@@ -297,18 +297,16 @@ async def run(
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    doctor = StuckRunDoctor(
-        client,
-        settings.task_queue,
-        WORKFLOWS,
-        on_outcome=metrics.stuck_run if metrics is not None else None,
-    )
     log.info("worker polling %s on %s", settings.task_queue, settings.temporal_address)
-    watch = (
-        asyncio.create_task(doctor.watch(settings.stuck_run_check_s, stop))
-        if settings.stuck_run_check_s > 0
-        else None
-    )
+    watch: asyncio.Task[None] | None = None
+    if settings.stuck_run_check_s > 0:
+        doctor = StuckRunDoctor(
+            client,
+            settings.task_queue,
+            WORKFLOWS,
+            on_outcome=metrics.stuck_run if metrics is not None else None,
+        )
+        watch = asyncio.create_task(doctor.watch(settings.stuck_run_check_s, stop))
     try:
         async with worker:
             await stop.wait()
