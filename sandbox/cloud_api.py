@@ -41,7 +41,7 @@ def prepare(cfg: SandboxConfig) -> None:
 
 
 def crusoe_emulator_argv(cfg: SandboxConfig) -> list[str]:
-    return [
+    argv = [
         sys.executable, "-m", "autoclusters.sandbox.crusoe_emulator",
         "--port", str(cfg.crusoe_port),
         "--access-key-id", cfg.crusoe_access_key_id,
@@ -51,6 +51,11 @@ def crusoe_emulator_argv(cfg: SandboxConfig) -> list[str]:
         "--backend", "autoclusters.sandbox.machines:SandboxMachines",
         "--backend-arg", str(cfg.state_dir),
     ]  # fmt: skip
+    if cfg.k8s:
+        # A CMK cluster's get-credentials hands out kubectl's kubeconfig (HTTPS, its CA),
+        # as Crusoe's does; the Kubernetes emulator writes it when it starts.
+        argv += ["--kubeconfig", str(cfg.kubectl_kubeconfig)]
+    return argv
 
 
 def crusoe_emulator_env(cfg: SandboxConfig) -> dict[str, str]:

@@ -260,7 +260,7 @@ def admin_router(engine: Engine, gate: Gate) -> APIRouter:
     async def seed(seed: Seed) -> dict[str, Any]:
         pid = engine.config.project_id
         for cluster in seed.clusters:
-            world.clusters[cluster.id] = cluster
+            world.clusters[cluster.id] = cluster.model_copy(update={"project_id": pid})
         for pool in seed.node_pools:
             world.pools[pool.id] = pool.model_copy(update={"project_id": pid})
         vms = []

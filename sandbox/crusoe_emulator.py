@@ -2,8 +2,10 @@
 
 It speaks the endpoints AutoClusters uses (VMs, VM operations, node pools (list, create,
 get, PATCH count, delete; a pool refills to its count), AutoClusters
-remediation, Managed Slurm clusters: `sandbox/crusoe_slurm_api.py`) and verifies each `/v1`
-request's signature and timestamp as Crusoe does:
+remediation, Managed Slurm clusters: `sandbox/crusoe_slurm_api.py`, CMK clusters (create
+with add-ons, list, get, PATCH, delete, get-credentials, their operations):
+`sandbox/crusoe_cmk_api.py`) and verifies each `/v1` request's signature and timestamp as
+Crusoe does:
 a request that fails gets 401 and changes nothing. Its "VMs" are whatever the `VmBackend`
 makes of them (`sandbox/crusoe_world.py`). The real API's habits are kept: mutations answer
 with an async operation, 409 while another operation runs on the VM, 404 for unknown ids,
@@ -16,6 +18,8 @@ Test controls live beside the API under `/_emulator` (no auth; the server binds 
   POST /_emulator/operation-failures {"count", "message"}: the next operations end FAILED
   POST /_emulator/timings {"operation_s", "boot_delay_s"}: change how long operations take
   POST /_emulator/vms {"clusters": [...], "node_pools": [...], "vms": [...]}: seed the world
+    (a CMK cluster: {"id", "name", "add_ons", "state", ...}; it runs, with AutoClusters on,
+    unless told otherwise)
   POST /_emulator/boot-faults {"name", "mode": "fail"|"hang", "count"}: the next boots of a
     VM name ("*": any) fail (VM FAILED) or hang (PROVISIONING until deleted)
   POST /_emulator/quota {"max_vms": N|null}: a VM create (or a node pool's create or
@@ -26,6 +30,7 @@ Test controls live beside the API under `/_emulator` (no auth; the server binds 
     performed (kept in its world, so across restarts with --state), oldest first
 
     python -m sandbox.crusoe_emulator --port 8787 --access-key-id K --secret-key S --project P
+        [--kubeconfig PATH]  (what a CMK cluster's get-credentials hands out)
 """
 
 from __future__ import annotations
@@ -47,6 +52,7 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import SecretStr
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from autoclusters.sandbox.crusoe_cmk_api import cmk_router
 from autoclusters.sandbox.crusoe_controls import (
     ApiError,
     Gate,
@@ -424,6 +430,7 @@ def create_app(config: EmulatorConfig, backend: VmBackend | None = None) -> Fast
     app.state.engine, app.state.gate = engine, gate
     app.middleware("http")(gate)
     app.include_router(slurm_router(engine), prefix="/v1")  # before `_api`'s `{vm_id}` paths
+    app.include_router(cmk_router(engine), prefix="/v1")
     app.include_router(_api(engine), prefix="/v1")
     app.include_router(admin_router(engine, gate), prefix="/_emulator")
 
@@ -533,6 +540,13 @@ def main(argv: list[str] | None = None) -> None:
         help="MODULE:CALLABLE making the VmBackend (default: in memory, no machines)",
     )
     ap.add_argument("--backend-arg", default=None, help="one string passed to --backend")
+    ap.add_argument(
+        "--kubeconfig",
+        type=Path,
+        default=None,
+        help="the kubeconfig a CMK cluster's get-credentials hands out (default: none; "
+        "get-credentials answers 404)",
+    )
     args = ap.parse_args(argv)
     if not args.secret_key:
         ap.error("--secret-key or CRUSOE_SECRET_KEY is required")
@@ -544,6 +558,7 @@ def main(argv: list[str] | None = None) -> None:
         operation_s=args.operation_s,
         boot_delay_s=args.boot_delay_s,
         state_file=args.state,
+        kubeconfig=args.kubeconfig,
     )
     backend = _load_backend(args.backend, args.backend_arg) if args.backend else None
     app = create_app(config, backend)

@@ -22,6 +22,7 @@ from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
+from autoclusters.sandbox.crusoe_cmk_models import AUTOCLUSTERS_ADD_ON, CMK_VERSION
 from autoclusters.sandbox.crusoe_slurm_models import (
     BootFault,
     ClusterStarted,
@@ -44,7 +45,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-OperationKind = Literal["vm", "node_pool", "autocluster", "slurm_cluster"]
+OperationKind = Literal["vm", "node_pool", "autocluster", "slurm_cluster", "kubernetes_cluster"]
 
 
 def now_rfc3339() -> str:
@@ -64,6 +65,9 @@ class EmulatorConfig(BaseModel):
     operation_s: float = 0.5  # how long an async operation takes
     boot_delay_s: float = 2.0  # how long a new VM takes to be RUNNING
     state_file: Path | None = None
+    # What a CMK cluster's get-credentials hands out (the sandbox's Kubernetes emulator's
+    # kubeconfig); None: the emulator has no Kubernetes API to give credentials for.
+    kubeconfig: Path | None = None
 
 
 class EmulatedVm(BaseModel):
@@ -114,9 +118,44 @@ class NodePool(BaseModel):
 
 
 class Cluster(BaseModel):
+    """A CMK cluster (`/kubernetes/clusters`, `sandbox/crusoe_cmk_api.py`).
+
+    Every field has a default, so a seed may give only `id` and `name`, and a state file
+    written when clusters had nothing more still loads. A seeded cluster runs at once."""
+
     id: str = Field(default_factory=new_id)
     name: str = ""
-    autoclusters: bool = True  # the AutoClusters add-on
+    # The AutoClusters add-on (what `remediate` needs), kept in step with `add_ons`.
+    autoclusters: bool = True
+    project_id: str = ""
+    location: str = ""
+    version: str = CMK_VERSION
+    # STATE_PROVISIONING | STATE_RUNNING | STATE_DELETING | STATE_FAILED: the node pools'
+    # words (crusoe.md §2.4); the API's own list of cluster states is not published.
+    state: str = "STATE_RUNNING"
+    add_ons: list[str] = Field(default_factory=list)
+    subnet_id: str = ""
+    private: bool = False
+    cluster_cidr: str = ""
+    service_cluster_ip_range: str = ""
+    apiserver_extra_args: dict[str, str] = Field(default_factory=dict)
+    controller_manager_extra_args: dict[str, str] = Field(default_factory=dict)
+    scheduler_extra_args: dict[str, str] = Field(default_factory=dict)
+    kubelogin_args: dict[str, str] = Field(default_factory=dict)
+    created_at: str = Field(default_factory=now_rfc3339)
+    updated_at: str = ""
+
+    @model_validator(mode="after")
+    def _autoclusters_is_an_add_on(self) -> Cluster:
+        if AUTOCLUSTERS_ADD_ON in self.add_ons:
+            self.autoclusters = True
+        elif self.autoclusters:
+            self.add_ons = [*self.add_ons, AUTOCLUSTERS_ADD_ON]
+        return self
+
+    def public(self, node_pools: list[str]) -> dict[str, Any]:
+        """The API's KubernetesCluster; `node_pools` are the ids of the cluster's pools."""
+        return {**self.model_dump(exclude={"autoclusters"}), "node_pools": node_pools}
 
 
 class Operation(BaseModel):
@@ -303,8 +342,11 @@ class Engine:
         *,
         resource_name: str | None = None,
         exclusive: bool = True,
+        on_failed: Callable[[Operation], None] | None = None,
     ) -> Operation:
-        """`exclusive`: other mutations of the resource get 409 while this one runs."""
+        """`exclusive`: other mutations of the resource get 409 while this one runs.
+        `on_failed` sees the operation when it ends FAILED, its work done or not (an
+        injected failure ends it before the work), so the resource can show it."""
         vm = self.world.vms.get(vm_id)
         op = Operation(
             kind=kind,
@@ -316,10 +358,15 @@ class Engine:
         if vm_id and exclusive:
             self.busy[vm_id] = op.operation_id
         self.save()
-        self._spawn(self._run(op, work))
+        self._spawn(self._run(op, work, on_failed))
         return op
 
-    async def _run(self, op: Operation, work: Callable[[Operation], Awaitable[None]]) -> None:
+    async def _run(
+        self,
+        op: Operation,
+        work: Callable[[Operation], Awaitable[None]],
+        on_failed: Callable[[Operation], None] | None = None,
+    ) -> None:
         try:
             await asyncio.sleep(self.config.operation_s)
             if self.failures:
@@ -333,6 +380,8 @@ class Engine:
             log.warning("emulated operation %s failed: %s", op.operation_id, e)
             op.state, op.result = "FAILED", {"code": "operation_failed", "message": str(e)}
         finally:
+            if op.state == "FAILED" and on_failed is not None:
+                on_failed(op)
             op.completed_at = now_rfc3339()
             if self.busy.get(op.resource_id) == op.operation_id:
                 del self.busy[op.resource_id]

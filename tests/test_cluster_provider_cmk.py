@@ -13,7 +13,10 @@ VMs it cut short; configure_slurm writes topology.conf into the ConfigMap, the N
 partition and the nodes' Slurm names, and cordons a drained slot with Slinky's reason;
 users are SlurmUsers; deletes are idempotent and the controller's takes the pools and
 objects with it; inventory lists the parts and the slots' machines; without a CMK
-configuration crusoe-cmk is refused.
+configuration crusoe-cmk is refused. Before the Controller, the CMK cluster is read: one
+that does not exist, is not running or lacks the Slurm operator's add-on is refused
+(non-retryable, naming it) with nothing made, and the API not answering stays a retryable
+outage.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
 from autoclusters.activities.cluster_provider import ClusterProviderActivities
-from autoclusters.activities.cluster_providers.cmk import CmkProvider
+from autoclusters.activities.cluster_providers.cmk import CMK_CLUSTER_UNUSABLE, CmkProvider
 from autoclusters.activities.cluster_providers.registry import PROVIDER_UNAVAILABLE
 from autoclusters.core.cluster import (
     QUOTA_EXCEEDED,
@@ -68,6 +71,8 @@ from tests.test_crusoe import PROJECT, Emulator, _client, _config
 from tests.test_kubernetes import write_kubeconfig
 
 CMK = "cmk-cluster-1"
+# The CMK cluster the provider runs on: the Slurm operator's add-on installed.
+CMK_SEED = {"id": CMK, "name": "training", "add_ons": ["slurm_operator"]}
 NS = "slurm"
 TOKEN = "cmk-test-token"
 SLINKY = ("slinky.slurm.net", "v1beta1", NS)
@@ -104,7 +109,7 @@ def emulator() -> Iterator[Emulator]:
     server = EmulatorServer(create_app(_config(), backend)).start()
     emu = Emulator(server, backend)
     try:
-        emu.admin("POST", "/vms", {"clusters": [{"id": CMK, "name": "training"}]})
+        emu.admin("POST", "/vms", {"clusters": [CMK_SEED]})
         yield emu
     finally:
         server.stop()
@@ -139,21 +144,28 @@ def slurm() -> BatchSlurm:
     return BatchSlurm()
 
 
-@pytest.fixture
-def provider(
-    crusoe: CrusoeClient, api: client.ApiClient, slurm: BatchSlurm
+def _on(
+    cmk_cluster_id: str, crusoe: CrusoeClient, api: client.ApiClient, slurm: BatchSlurm
 ) -> ClusterProviderActivities:
+    """The provider's activities on the CMK cluster `cmk_cluster_id`."""
     cmk = CmkProvider(
         crusoe,
         KubeObjects(api, NS, timeout_s=10),
         slurm,
-        cmk_cluster_id=CMK,
+        cmk_cluster_id=cmk_cluster_id,
         poll_s=0.02,
         register_timeout_s=0.5,
         acceptance_timeout_s=2,
         lock_ttl_s=10,
     )
     return ClusterProviderActivities(crusoe, slurm, poll_s=0.02, cmk=cmk)
+
+
+@pytest.fixture
+def provider(
+    crusoe: CrusoeClient, api: client.ApiClient, slurm: BatchSlurm
+) -> ClusterProviderActivities:
+    return _on(CMK, crusoe, api, slurm)
 
 
 _activity_ids = iter(range(1, 1_000_000))
@@ -233,6 +245,69 @@ async def test_the_controller_is_created_once_and_the_parts_are_its_objects(
         "alpha-home", NS
     )
     assert claim.spec.resources.requests == {"storage": "10240Gi"}
+
+
+# --- the CMK cluster, before anything is made ------------------------------------------------
+
+
+def _no_controller(custom: client.CustomObjectsApi, name: str) -> bool:
+    try:
+        _obj(custom, "controllers", name)
+    except client.ApiException as e:
+        return e.status == 404
+    return False
+
+
+@pytest.mark.parametrize(
+    ("seed", "why"),
+    [
+        (None, "does not exist in project proj-1"),
+        (
+            {"state": "STATE_PROVISIONING", "add_ons": ["slurm_operator"]},
+            "is STATE_PROVISIONING, not STATE_RUNNING",
+        ),
+        (
+            {"add_ons": ["crusoe_csi", "nvidia_gpu_operator"]},
+            "lacks the slurm_operator add-on",
+        ),
+    ],
+    ids=["missing", "not-running", "no-slurm-operator"],
+)
+async def test_an_unusable_cmk_cluster_is_refused_before_anything_is_made(
+    emulator: Emulator,
+    crusoe: CrusoeClient,
+    api: client.ApiClient,
+    slurm: BatchSlurm,
+    custom: client.CustomObjectsApi,
+    seed: dict[str, Any] | None,
+    why: str,
+) -> None:
+    if seed is not None:
+        emulator.admin("POST", "/vms", {"clusters": [{"id": "cmk-other", "name": "other", **seed}]})
+    spec = _spec()
+    with pytest.raises(ApplicationError) as err:
+        await _controller(_on("cmk-other", crusoe, api, slurm), spec)
+    assert err.value.type == CMK_CLUSTER_UNUSABLE and err.value.non_retryable
+    assert "CMK cluster cmk-other" in str(err.value) and why in str(err.value)
+    assert _no_controller(custom, spec.name) and _pools(emulator) == []
+
+
+async def test_an_outage_reading_the_cmk_cluster_stays_retryable(
+    emulator: Emulator, provider: ClusterProviderActivities, custom: client.CustomObjectsApi
+) -> None:
+    # More 503s than the client's attempts (4): the read never gets an answer.
+    cluster_path = f"/v1/projects/{PROJECT}/kubernetes/clusters/{CMK}"
+    emulator.inject(status=503, count=10, method="GET", path_prefix=cluster_path)
+    spec = _spec()
+    with pytest.raises(ApplicationError) as err:
+        await _controller(provider, spec)
+    assert err.value.type == "CrusoeUnavailable" and not err.value.non_retryable
+    assert _no_controller(custom, spec.name)
+
+    emulator.admin("DELETE", "/inject")  # the API is back: the retry goes through
+    assert await _controller(provider, spec) == Resource(
+        kind="controller", id="alpha", name="alpha"
+    )
 
 
 # --- machines ------------------------------------------------------------------------------
@@ -358,7 +433,7 @@ async def test_a_restarted_emulator_boots_the_pool_vms_it_cut_short(tmp_path: Pa
     slow = EmulatorServer(create_app(_config(state_file=state, boot_delay_s=60))).start()
     try:
         slow_emu = Emulator(slow, InMemoryBackend())
-        slow_emu.admin("POST", "/vms", {"clusters": [{"id": CMK, "name": "training"}]})
+        slow_emu.admin("POST", "/vms", {"clusters": [CMK_SEED]})
         async with _client(slow_emu) as c:
             op = await c.create_node_pool(
                 {"cluster_id": CMK, "name": "p", "product_name": "c1a.4x", "count": 1}

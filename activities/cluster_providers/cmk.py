@@ -5,6 +5,12 @@ Kubernetes objects applied with the official `kubernetes` client
 
 The mapping (crusoe.md §1.5, §2.4, §3; UNCONFIRMED where marked):
 
+- preflight: before the Controller (the first thing made for a cluster), the CMK cluster
+  `cmk_cluster_id` is read through the Crusoe API. One that does not exist, is not
+  STATE_RUNNING, or lacks the Slurm operator's add-on (`slurm_operator`, UNCONFIRMED) is
+  refused as `CmkClusterUnusable`, non-retryable, naming the cluster: no retry makes it
+  usable, and nothing of the cluster is made. The API not answering stays an outage
+  (`CrusoeUnavailable`, retried), not a refusal.
 - controller: Slinky `Controller` `<cluster>` (its `configFileRefs` name the ConfigMap
   `<cluster>-slurm-conf` that configure_slurm writes topology.conf into). Slinky's CRs are
   used directly rather than Crusoe's `SlurmCluster`, whose expansion into them is Crusoe's
@@ -92,7 +98,13 @@ from autoclusters.core.cluster_spec import NodeSetSpec
 from autoclusters.core.models import HealthReport
 from autoclusters.integrations.crusoe.client import CrusoeClient
 from autoclusters.integrations.crusoe.errors import CrusoeNotFound
-from autoclusters.integrations.crusoe.resources import NodePool, Operation, OperationKind, Vm
+from autoclusters.integrations.crusoe.resources import (
+    SLURM_OPERATOR_ADD_ON,
+    NodePool,
+    Operation,
+    OperationKind,
+    Vm,
+)
 from autoclusters.integrations.slinky_crs import (
     ACCOUNTING,
     CONTROLLER,
@@ -120,6 +132,9 @@ from autoclusters.integrations.slinky_crs import (
     slurm_user_body,
 )
 from autoclusters.integrations.slurm import SlurmBatchClient
+
+CMK_CLUSTER_UNUSABLE = "CmkClusterUnusable"
+CMK_RUNNING = "STATE_RUNNING"
 
 
 class CmkProvider:
@@ -161,10 +176,36 @@ class CmkProvider:
 
     async def create_controller(self, call: ProviderCall) -> Resource:
         spec = call.spec
+        async with kube_step(f"checking CMK cluster {self._cmk}"):
+            await self._preflight(spec.name)
         async with kube_step(f"applying Slinky Controller {spec.name}"):
             await self._kube.ensure_namespace()
             await self._kube.create(CONTROLLER, controller_body(spec))
         return Resource(kind="controller", id=spec.name, name=spec.name)
+
+    async def _preflight(self, cluster: str) -> None:
+        """Refuse (non-retryable) a CMK cluster that cannot take `cluster`'s Slurm. A
+        CrusoeUnavailable passes through: the step keeps it an outage, which is retried."""
+
+        def unusable(why: str) -> ApplicationError:
+            return ApplicationError(
+                f"CMK cluster {self._cmk} {why}: cluster {cluster} cannot be provisioned on it",
+                type=CMK_CLUSTER_UNUSABLE,
+                non_retryable=True,
+            )
+
+        try:
+            cmk = await self._crusoe.get_kubernetes_cluster(self._cmk)
+        except CrusoeNotFound as e:
+            where = f"in project {self._crusoe.project_id}"
+            raise unusable(f"does not exist {where} ({e.message})") from e
+        if cmk.state != CMK_RUNNING:
+            raise unusable(f"is {cmk.state or 'in no state'}, not {CMK_RUNNING}")
+        if SLURM_OPERATOR_ADD_ON not in cmk.add_ons:
+            have = ", ".join(cmk.add_ons) or "none"
+            raise unusable(
+                f"lacks the {SLURM_OPERATOR_ADD_ON} add-on (the Slurm operator; it has: {have})"
+            )
 
     async def create_accounting(self, call: ProviderCall) -> Resource:
         spec = call.spec

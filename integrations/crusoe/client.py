@@ -1,5 +1,5 @@
 """A small async client for the Crusoe API v1: VMs, node pools, AutoClusters remediation,
-Managed Slurm clusters.
+CMK (Kubernetes) clusters, Managed Slurm clusters.
 
 Every request is signed (`CrusoeAuth`). 409 (another operation runs on the resource), 429
 and 5xx are retried with exponential backoff, honouring `Retry-After`; a POST that creates
@@ -7,9 +7,9 @@ something is retried only where the API cannot have acted on it (409, 429, 503),
 Crusoe takes no idempotency key and a second create would make a second VM. Any other 4xx
 raises `CrusoeRequestError` (non-retryable) carrying the API's own message.
 
-Creating a Managed Slurm cluster is refused with 409 `already_exists` when one of that name
-exists: that 409 is an answer (not "busy"), so it is not retried; the caller adopts the
-cluster by name.
+Creating a Managed Slurm or a CMK cluster is refused with 409 `already_exists` when one of
+that name exists: that 409 is an answer (not "busy"), so it is not retried; the caller adopts
+the cluster by name.
 
 Mutations answer with an async operation; `wait_operation` polls it on the endpoint of its
 API family until it leaves IN_PROGRESS, and raises `CrusoeOperationFailed` with the
@@ -46,6 +46,8 @@ from autoclusters.integrations.crusoe.errors import (
     CrusoeUnavailable,
 )
 from autoclusters.integrations.crusoe.resources import (
+    KubernetesCluster,
+    KubernetesCredentials,
     NodePool,
     Operation,
     OperationKind,
@@ -63,7 +65,7 @@ VmAction = Literal["RESET", "STOP", "START"]
 RETRY_STATUSES = frozenset({409, 429, 500, 502, 503, 504})
 # What a non-idempotent POST may retry: the API refused it before acting.
 UNSAFE_RETRY_STATUSES = frozenset({409, 429, 503})
-# A Slurm cluster create: 409 means "that name exists", which no retry changes.
+# A Slurm or CMK cluster create: 409 means "that name exists", which no retry changes.
 CREATE_CLUSTER_RETRY_STATUSES = frozenset({429, 503})
 # Where a list answer keeps its items.
 _LIST_FIELDS = ("items", "vms", "instances")
@@ -272,6 +274,40 @@ class CrusoeClient:
         )
         return _operation(await self._request("POST", path, idempotent=False))
 
+    # --- CMK (Kubernetes) clusters -------------------------------------------------------
+
+    def _kube_clusters(self, suffix: str = "") -> str:
+        return f"/projects/{_seg(self.project_id)}/kubernetes/clusters{suffix}"
+
+    async def get_kubernetes_cluster(self, cluster_id: str) -> KubernetesCluster:
+        body = await self._request("GET", self._kube_clusters(f"/{_seg(cluster_id)}"))
+        return _parse(KubernetesCluster, body)
+
+    async def list_kubernetes_clusters(self) -> list[KubernetesCluster]:
+        body = await self._request("GET", self._kube_clusters())
+        return [_parse(KubernetesCluster, c) for c in _items(body)]
+
+    async def create_kubernetes_cluster(self, spec: Mapping[str, Any]) -> Operation:
+        """`POST .../kubernetes/clusters` (`name`, `location`, `version`, `add_ons`, ...); a
+        name taken raises CrusoeUnavailable(status=409), as for a Slurm cluster."""
+        body = await self._request(
+            "POST",
+            self._kube_clusters(),
+            json=dict(spec),
+            idempotent=False,
+            retry_on=CREATE_CLUSTER_RETRY_STATUSES,
+        )
+        return _operation(body)
+
+    async def delete_kubernetes_cluster(self, cluster_id: str) -> Operation:
+        path = self._kube_clusters(f"/{_seg(cluster_id)}")
+        return _operation(await self._request("DELETE", path))
+
+    async def get_kubernetes_credentials(self, cluster_id: str) -> KubernetesCredentials:
+        """`POST .../{id}/get-credentials`: reads, changes nothing, so it retries as a GET."""
+        path = self._kube_clusters(f"/{_seg(cluster_id)}/get-credentials")
+        return _parse(KubernetesCredentials, await self._request("POST", path))
+
     # --- Managed Slurm clusters -----------------------------------------------------------
 
     def _slurm(self, suffix: str = "") -> str:
@@ -326,6 +362,8 @@ class CrusoeClient:
             return self._pools(f"/operations/{oid}")
         if kind == "slurm_cluster":
             return self._slurm(f"/operations/{oid}")
+        if kind == "kubernetes_cluster":
+            return self._kube_clusters(f"/operations/{oid}")
         return f"/projects/{pid}/kubernetes/autocluster-operations/{oid}"
 
     async def get_operation(self, operation_id: str, kind: OperationKind) -> Operation:

@@ -1,5 +1,5 @@
-"""The Crusoe API v1 resources AutoClusters reads: VMs, node pools, Managed Slurm clusters and
-async operations.
+"""The Crusoe API v1 resources AutoClusters reads: VMs, node pools, CMK (Kubernetes) clusters,
+Managed Slurm clusters and async operations.
 
 Only the fields we use are typed; the rest are kept (`extra="allow"`), so a VM's spec can be
 copied into a create request and newer API fields do not break parsing.
@@ -12,6 +12,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = [
+    "SLURM_OPERATOR_ADD_ON",
+    "KubernetesCluster",
+    "KubernetesCredentials",
     "NodePool",
     "Operation",
     "OperationKind",
@@ -23,7 +26,11 @@ __all__ = [
 
 OperationState = Literal["IN_PROGRESS", "SUCCEEDED", "FAILED"]
 # Which `.../operations/{id}` endpoint polls an operation: each API family has its own.
-OperationKind = Literal["vm", "node_pool", "autocluster", "slurm_cluster"]
+OperationKind = Literal["vm", "node_pool", "autocluster", "slurm_cluster", "kubernetes_cluster"]
+
+# The CMK add-on that runs the Slurm operator (Slinky). UNCONFIRMED: Crusoe's docs do not
+# give the add-on's name; this is the Crusoe emulator's.
+SLURM_OPERATOR_ADD_ON = "slurm_operator"
 
 
 class Vm(BaseModel):
@@ -67,6 +74,35 @@ class SlurmCluster(BaseModel):
 
     def issues_text(self) -> str:
         return "; ".join(i.message or i.code for i in self.issues) or "no issue reported"
+
+
+class KubernetesCluster(BaseModel):
+    """A CMK cluster (`GET /projects/{pid}/kubernetes/clusters/{id}`, client-go's
+    KubernetesCluster)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    id: str
+    name: str = ""
+    location: str = ""
+    state: str = ""  # STATE_RUNNING when usable
+    version: str = ""
+    add_ons: list[str] = Field(default_factory=list)
+    node_pools: list[str] = Field(default_factory=list)  # the ids of its node pools
+    created_at: str = ""
+
+
+class KubernetesCredentials(BaseModel):
+    """What `POST .../kubernetes/clusters/{id}/get-credentials` answers (client-go's
+    KubernetesAuthenticationDetails); `kube_config` is a whole kubeconfig."""
+
+    model_config = ConfigDict(extra="allow")
+
+    cluster_name: str = ""
+    cluster_address: str = ""
+    cluster_ca_certificate: str = ""
+    user_name: str = ""
+    kube_config: str = ""
 
 
 class NodePool(BaseModel):
