@@ -64,6 +64,8 @@ from autoclusters.core.kubernetes import (
 from autoclusters.core.models import (
     CancelJobsInput,
     CancelJobsResult,
+    CheckpointInput,
+    CheckpointJobsResult,
     DrainInput,
     DrainResult,
     HealthGateInput,
@@ -112,6 +114,11 @@ async def drain_node(inp: DrainInput) -> DrainResult:
 
 @activity.defn(name="requeue_jobs")
 async def requeue_jobs(inp: RequeueInput) -> RequeueResult:
+    raise _stub()
+
+
+@activity.defn(name="checkpoint_jobs")
+async def checkpoint_jobs(inp: CheckpointInput) -> CheckpointJobsResult:
     raise _stub()
 
 

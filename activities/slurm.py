@@ -47,7 +47,7 @@ def requeue_marker(incident_id: str, restart_cnt: int) -> str:
     return f"{REASON_PREFIX}requeue:{incident_id}:{restart_cnt}"
 
 
-def _marked_for(job: SlurmJob, incident_id: str) -> int | None:
+def marked_for(job: SlurmJob, incident_id: str) -> int | None:
     prefix = f"{REASON_PREFIX}requeue:{incident_id}:"
     if job.admin_comment.startswith(prefix):
         return int(job.admin_comment[len(prefix) :])
@@ -120,7 +120,7 @@ class SlurmActivities:
             if not (job.requeue and job.batch_flag):
                 result.not_requeueable.append(job.job_id)
                 continue
-            before = _marked_for(job, inp.incident_id)
+            before = marked_for(job, inp.incident_id)
             if before is not None and job.restart_cnt > before:
                 # Requeued once for this incident, and Slurm placed it on this node again
                 # (the drain was lost meanwhile). Never a second requeue for one fault
@@ -144,7 +144,7 @@ class SlurmActivities:
         quiet, deadline = 0, time.monotonic() + inp.hold_watch_s
         while True:
             mine = [
-                j for j in await self._slurm.jobs() if _marked_for(j, inp.incident_id) is not None
+                j for j in await self._slurm.jobs() if marked_for(j, inp.incident_id) is not None
             ]
             held = [j for j in mine if j.job_state == "PENDING" and j.state_reason == "BeginTime"]
             for job in held:

@@ -167,7 +167,7 @@ class RefusedApproval(BaseModel):
 
 
 class Waiting(BaseModel):
-    kind: Literal["approval", "admission", "idle", "agent_report"]
+    kind: Literal["approval", "admission", "idle", "agent_report", "checkpoint"]
     step: str | None = None
     detail: str = ""
     since: datetime
@@ -191,6 +191,8 @@ class IncidentState(BaseModel):
     spare_node: str | None = None  # the hot spare put into service in this node's place
     steps: list[StepRecord] = Field(default_factory=list)
     requeued_jobs: list[int] = Field(default_factory=list)
+    # Degraded faults: the jobs that checkpointed when asked, before their requeue.
+    checkpointed_jobs: list[int] = Field(default_factory=list)
     old_vm_id: str | None = None
     new_vm_id: str | None = None
     error: str | None = None
@@ -318,6 +320,43 @@ class RequeueResult(BaseModel):
             parts.append(f"back on the node after their requeue, left running {self.came_back}")
         if self.not_requeueable:
             parts.append(f"cannot requeue {self.not_requeueable}")
+        return "; ".join(parts)
+
+
+class CheckpointInput(BaseModel):
+    node: str
+    incident_id: str
+    signal: str = "USR1"
+    budget_s: float = 120.0
+    poll_s: float = 0.5
+
+
+class CheckpointJobsResult(BaseModel):
+    """What the jobs on a degraded node did when asked to checkpoint."""
+
+    signalled: list[int] = Field(default_factory=list)  # asked (by this call or an earlier try)
+    # Recorded a checkpoint after the signal (`ckpt_at=` in their comment).
+    checkpointed: list[int] = Field(default_factory=list)
+    left: list[int] = Field(default_factory=list)  # requeued themselves, off the node
+    # Still on the node at the end of the budget: the requeue step takes them.
+    stayed: list[int] = Field(default_factory=list)
+    not_asked: list[int] = Field(default_factory=list)  # not requeueable: left running
+    waited_s: float = 0.0
+
+    def describe(self) -> str:
+        if not self.signalled:
+            return "no job to ask" + (
+                f"; cannot requeue {self.not_asked}, left running" if self.not_asked else ""
+            )
+        parts = [f"asked {self.signalled} to checkpoint"]
+        if self.checkpointed:
+            parts.append(f"checkpointed {self.checkpointed}")
+        if self.left:
+            parts.append(f"requeued themselves {self.left} after {self.waited_s:.1f}s")
+        if self.stayed:
+            parts.append(f"still running after the budget {self.stayed}: requeued next")
+        if self.not_asked:
+            parts.append(f"cannot requeue {self.not_asked}, left running")
         return "; ".join(parts)
 
 

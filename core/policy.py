@@ -110,6 +110,11 @@ class _Strict(BaseModel):
 class FaultRule(_Strict):
     severity: Severity
     first_rung: Rung
+    # A fault that degrades the node without killing its jobs yet (a pending row remap, a
+    # retirement that takes effect at the next reset): ask the node's jobs to checkpoint
+    # first and requeue them only once they have (or the budget is spent), so they lose no
+    # steps; `drain` requeues them at once, as for a fatal fault.
+    on_degraded: Literal["checkpoint_then_drain", "drain"] = "drain"
 
 
 class StepPolicy(_Strict):
@@ -179,6 +184,11 @@ class Policy(_Strict):
     # "Never requeue a job twice for one fault" holds unless the policy says `requeue`.
     returned_jobs: Literal["ask", "requeue"] = "ask"
     returned_jobs_timeout_s: float = Duration(1800)
+    # For faults whose rule says `on_degraded: checkpoint_then_drain`: the signal the jobs'
+    # batch shells take as "checkpoint now and requeue yourself" (train.sbatch traps USR1),
+    # and how long the runbook waits for them to leave the node before it requeues them.
+    checkpoint_signal: str = Field(default="USR1", pattern=r"^[A-Z0-9]{2,8}$")
+    checkpoint_budget_s: float = Field(default=120, gt=0, le=3600, allow_inf_nan=False)
     faults: dict[FaultKind, FaultRule] = Field(default_factory=dict)
     default_rule: FaultRule = FaultRule(severity="warning", first_rung=Rung.REBOOT)
     steps: dict[Rung, StepPolicy] = Field(default_factory=dict)

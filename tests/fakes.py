@@ -268,6 +268,8 @@ class FakeSlurm:
         self.signals[job_id] += 1
         self.record(f"signal {signal}", str(job_id))
         if job_id in self.checkpointing and job.job_state in _REQUEUEABLE_STATES:
+            # It saves, records when (train.py's `ckpt_at=` comment), and requeues itself.
+            job.comment = f"ckpt_at={time.time():.0f}"
             was_on = hostlist.expand(job.nodes)
             job.job_state, job.state_reason, job.nodes = "PENDING", "BeginTime", ""
             job.restart_cnt += 1

@@ -64,7 +64,20 @@ def default() -> Policy:
     ],
 )
 def test_default_maps_fault(default: Policy, fault: str, severity: str, rung: Rung) -> None:
-    assert default.rule_for(fault) == FaultRule(severity=severity, first_rung=rung)  # type: ignore[arg-type]
+    rule = default.rule_for(fault)
+    assert (rule.severity, rule.first_rung) == (severity, rung)
+
+
+# Degraded, not fatal: the GPU works until its next reset, so the jobs checkpoint first.
+CHECKPOINT_FIRST = {"ROW_REMAP_PENDING", "XID_156"}
+
+
+def test_only_degraded_faults_checkpoint_before_the_requeue(default: Policy) -> None:
+    first = {f for f, r in default.faults.items() if r.on_degraded == "checkpoint_then_drain"}
+    assert first == CHECKPOINT_FIRST
+    assert all(default.rule_for(f).first_rung != Rung.MONITOR for f in first)
+    assert default.default_rule.on_degraded == "drain"
+    assert (default.checkpoint_signal, default.checkpoint_budget_s) == ("USR1", 120)
 
 
 @pytest.mark.parametrize("xid", [32, 48, 64, 74, 79, 95])

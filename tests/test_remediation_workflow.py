@@ -389,6 +389,38 @@ async def test_incident_resolves_in_runbook_order(env: WorkflowEnvironment) -> N
     assert [o.incident_id for o in guard.opens] == [req.incident_id]
 
 
+async def test_a_degraded_fault_has_the_jobs_checkpoint_before_their_requeue(
+    env: WorkflowEnvironment,
+) -> None:
+    """on_degraded: checkpoint_then_drain: drain, then the job is asked to checkpoint and
+    requeues itself (its one requeue for the fault), and the requeue step only releases its
+    hold; a fatal fault's incident has no such step (test_incident_resolves_in_runbook_order)."""
+    degraded = {"ROW_REMAP_PENDING": FaultRule(
+        severity="warning", first_rung=Rung.RESET_GPU, on_degraded="checkpoint_then_drain"
+    )}  # fmt: skip
+    async with _fleet(env) as f:
+        f.slurm.checkpointing.add(101)
+        req = f.request(fault="ROW_REMAP_PENDING", policy=_policy(faults={**FAULTS, **degraded}))
+        result = await (await f.start(req)).result()
+
+    assert result.status == "resolved", result.error
+    names = [s.name for s in result.steps]
+    assert names[names.index("drain") : names.index("wait_idle")] == [
+        "drain", "checkpoint", "requeue"
+    ]  # fmt: skip
+    checkpoint = result.step("checkpoint")
+    assert checkpoint is not None and checkpoint.outcome == "ok"
+    assert "checkpointed [101]" in checkpoint.detail
+    assert result.checkpointed_jobs == [101] and result.requeued_jobs == [101]
+    # One signal, no requeue by us, one restart: the job's own requeue was the fault's one.
+    assert f.slurm.signals == {101: 1}
+    assert f.slurm.requeue_count[101] == 0
+    job = f.slurm.job_now(101)
+    assert (job.job_state, job.state_reason, job.restart_cnt) == ("PENDING", "None", 1)
+    assert f.slurm.release_count == {101: 1}
+    assert f.slurm.log[:3] == [("drain", "gpu-01"), ("signal USR1", "101"), ("release_hold", "101")]
+
+
 async def test_observe_mode_changes_nothing(env: WorkflowEnvironment) -> None:
     async with _fleet(env) as f:
         req = f.request(policy=_policy(mode="observe"))

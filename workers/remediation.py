@@ -15,6 +15,7 @@ from pydantic import SecretStr
 from temporalio.client import Client
 from temporalio.worker import Worker
 
+from autoclusters.activities.checkpoint import CheckpointActivities
 from autoclusters.activities.cloud import CloudActivities
 from autoclusters.activities.cluster_ops import ClusterOpsActivities
 from autoclusters.activities.cluster_provider import ClusterProviderActivities
@@ -168,8 +169,16 @@ def activities_for(
         if kubernetes is not None
         else []
     )
+    # Checkpoint-aware quarantine signals jobs: served with a client that can (the real one
+    # can; the scale benchmark's stand-in cannot, and its incidents use no such policy).
+    checkpoint = (
+        [CheckpointActivities(slurm).checkpoint_jobs]
+        if isinstance(slurm, SlurmSignalClient)
+        else []
+    )
     return [
         *k8s,
+        *checkpoint,
         s.drain_node,
         s.requeue_jobs,
         s.wait_node_idle,

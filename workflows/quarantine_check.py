@@ -24,6 +24,7 @@ with workflow.unsafe.imports_passed_through():
     from autoclusters.core.cluster_ops import is_ops_reason
     from autoclusters.core.models import (
         CancelJobsInput,
+        CheckpointInput,
         DrainInput,
         DrainResult,
         RequeueInput,
@@ -99,6 +100,8 @@ class Quarantine:
                 ),
                 timeout=timedelta(minutes=15),
             )
+        if inc.policy.rule_for(req.fault).on_degraded == "checkpoint_then_drain":
+            await self._checkpoint()
         requeued = await inc.steps.activity(
             "requeue",
             contracts.requeue_jobs,
@@ -133,6 +136,31 @@ class Quarantine:
         s.waiting_for = None
         if self.k8s is not None:
             await self.k8s.quarantine(first)
+
+    async def _checkpoint(self) -> None:
+        """A degraded node still runs its jobs: ask them to checkpoint and requeue
+        themselves before the requeue (activities/checkpoint.py), so they lose no steps."""
+        inc = self.incident
+        req, p = inc.request, inc.policy
+        s = inc.state
+        s.waiting_for = Waiting(
+            kind="checkpoint", detail="jobs checkpointing before the requeue", since=workflow.now()
+        )
+        done = await inc.steps.activity(
+            "checkpoint",
+            contracts.checkpoint_jobs,
+            CheckpointInput(
+                node=req.node,
+                incident_id=req.incident_id,
+                signal=p.checkpoint_signal,
+                budget_s=p.checkpoint_budget_s,
+            ),
+            f"ask the jobs on {req.node} to checkpoint ({req.fault} is degraded, not fatal)",
+            lambda r: r.describe(),
+            timeout=timedelta(seconds=p.checkpoint_budget_s + 120),
+        )
+        s.waiting_for = None
+        s.checkpointed_jobs = done.checkpointed
 
     async def drain(self) -> DrainResult:
         """Drain the node under this incident's reason (the activity reads it back)."""

@@ -433,6 +433,14 @@ class NodeRemediation:
         plan = [
             f"drain {r.node} with reason '{drain_reason(r.incident_id, r.fault)}' "
             "(when the fleet guard admits)",
+            *(
+                [
+                    f"ask the node's jobs to checkpoint and requeue themselves "
+                    f"(signal {p.checkpoint_signal}, up to {p.checkpoint_budget_s:.0f}s)"
+                ]
+                if p.rule_for(r.fault).on_degraded == "checkpoint_then_drain"
+                else []
+            ),
             "requeue the node's requeueable jobs and release their requeue hold",
             f"wait until {r.node} is idle "
             f"(up to {step.idle_timeout_s:.0f}s, then {step.on_idle_timeout})"
