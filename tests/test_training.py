@@ -28,9 +28,16 @@ import pytest
 if importlib.util.find_spec("torch") is None:
     pytest.skip("torch is not installed (the training extra)", allow_module_level=True)
 
+from temporalio.client import Client  # noqa: E402
+
 from autoclusters.activities.sharing_demand import checkpointed_at  # noqa: E402
+from autoclusters.clients import incidents  # noqa: E402
+from autoclusters.core.policy import parse_policy  # noqa: E402
+from autoclusters.core.settings import Settings  # noqa: E402
 from autoclusters.integrations.slurm import SlurmCli  # noqa: E402
+from autoclusters.sandbox.cluster import sandbox_policy  # noqa: E402
 from autoclusters.sandbox.config import SandboxConfig  # noqa: E402
+from autoclusters.workflows.remediation import NodeRemediation  # noqa: E402
 
 pytestmark = pytest.mark.integration  # torchrun runs and the session's real sandbox
 
@@ -296,12 +303,18 @@ def test_two_agents_rendezvous_on_one_host(tmp_path: Path, runs: list[Torchrun])
     assert marker(ckpt) == 6
 
 
+def sbatch_env(sandbox: SandboxConfig, tmp_path: Path, *, ckpt_every: int) -> dict[str, str]:
+    """train.sbatch's environment on the sandbox's Slurm: a step every 0.5 s."""
+    return {**os.environ, "SLURM_CONF": str(sandbox.slurm_conf),
+            "TORCHRUN": str(Path(sys.executable).parent / "torchrun"), "TRAIN_PY": str(TRAIN),
+            "CKPT_ROOT": str(tmp_path / "ckpt"), "STEP_SLEEP": "0.5",
+            "CKPT_EVERY": str(ckpt_every)}  # fmt: skip
+
+
 @pytest.mark.timeout(180)
 def test_sbatch_requeue_resumes_on_sandbox(sandbox: SandboxConfig, tmp_path: Path) -> None:
     """train.sbatch on the sandbox's Slurm: 2 nodes, requeued, resumes from its checkpoint."""
-    env = {**os.environ, "SLURM_CONF": str(sandbox.slurm_conf),
-           "TORCHRUN": str(Path(sys.executable).parent / "torchrun"), "TRAIN_PY": str(TRAIN),
-           "CKPT_ROOT": str(tmp_path / "ckpt"), "STEP_SLEEP": "0.5", "CKPT_EVERY": "3"}  # fmt: skip
+    env = sbatch_env(sandbox, tmp_path, ckpt_every=3)
 
     def slurm(*argv: str) -> str:
         return subprocess.run(argv, env=env, capture_output=True, text=True, check=True).stdout
@@ -354,3 +367,62 @@ def test_sbatch_requeue_resumes_on_sandbox(sandbox: SandboxConfig, tmp_path: Pat
 def _checkpointed_at(slurm: SlurmCli, job_id: int) -> float | None:
     jobs = asyncio.run(slurm.jobs())
     return next((checkpointed_at(j) for j in jobs if j.job_id == job_id), None)
+
+
+@pytest.mark.timeout(300)
+async def test_a_degraded_fault_loses_no_step(
+    sandbox: SandboxConfig, sandbox_settings: Settings, sandbox_client: Client, tmp_path: Path
+) -> None:
+    """Checkpoint-aware quarantine end to end (docs/runbook.md): a ROW_REMAP_PENDING incident
+    (the shipped policy: on_degraded checkpoint_then_drain) on a node of a running
+    train.sbatch job with no periodic checkpoint. The runbook asks the job to checkpoint;
+    it saves the step it is at and requeues itself, once; it resumes at the next step: no
+    step is computed twice."""
+    env = sbatch_env(sandbox, tmp_path, ckpt_every=100_000)
+    log = tmp_path / "train.log"
+    out = subprocess.run(["sbatch", "--parsable", f"--output={log}", str(SBATCH)], env=env,
+                         capture_output=True, text=True, check=True).stdout  # fmt: skip
+    job = int(out.split(";")[0])
+    slurm = SlurmCli(sandbox.slurm_conf)
+    try:
+        await asyncio.to_thread(
+            until, lambda: len({d["node"] for d in step_lines(log) if d["step"] >= 3}) == 2, 120,
+            "steps on both nodes",
+        )  # fmt: skip
+        node = step_lines(log)[0]["node"]
+        policy = parse_policy(sandbox_policy(SandboxConfig(breaker_threshold=100)))
+        opened = await incidents.open_incident(
+            sandbox_client, sandbox_settings, node, "ROW_REMAP_PENDING",
+            policy=policy.model_copy(update={"recurrence_window_s": 0.001}),
+        )  # fmt: skip
+        state = await sandbox_client.get_workflow_handle_for(
+            NodeRemediation.run, opened.workflow_id, run_id=opened.run_id
+        ).result()
+        assert state.status == "resolved", state.error
+        names = [s.name for s in state.steps]
+        assert names[names.index("drain") : names.index("requeue") + 1] == [
+            "drain", "checkpoint", "requeue"
+        ]  # fmt: skip
+        assert state.checkpointed_jobs == [job] and state.requeued_jobs == [job]
+
+        after = await asyncio.to_thread(
+            until, lambda: [d for d in step_lines(log) if d["restart"] == 1], 180,
+            "the job to step again after its own requeue",
+        )  # fmt: skip
+        before = [d for d in step_lines(log) if d["restart"] == 0]
+        # The save was the step the job was at when asked, and it goes on from the next.
+        assert after[0]["resumed_from"] == max(d["step"] for d in before) > 0
+        assert after[0]["step"] == after[0]["resumed_from"] + 1
+        found = [j for j in await slurm.jobs() if j.job_id == job]
+        assert found and found[0].restart_cnt == 1  # its own requeue, the fault's one
+    finally:
+        subprocess.run(["scancel", str(job)], env=env, capture_output=True)
+        await asyncio.to_thread(
+            until,
+            lambda: not subprocess.run(
+                ["squeue", "-h", "-j", str(job), "-t", "PD,R,CG"],
+                env=env, capture_output=True, text=True,
+            ).stdout.strip(),
+            60,
+            "the job to leave the queue",
+        )  # fmt: skip
