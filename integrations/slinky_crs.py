@@ -25,8 +25,10 @@ the release (`helm/slurm/templates/_slurm.tpl`, `cluster/_helpers.tpl`): `<clust
 (key `slurm.key`), `<cluster>-auth-jwt` (`jwt.key`), `<cluster>-sssd-conf` (`sssd.conf`).
 The accounting database follows the chart's defaults (`values.yaml`: host `mariadb`, user
 `slurm`, password Secret `mariadb-password` key `password`), prefixed with the cluster. These
-objects must exist for the operator to run the pods; the provider does not create them yet
-(UNCONFIRMED who does on CMK), and the `autoclusters.*` labels and annotations are ours.
+objects must exist for the operator to run the pods: the provider creates each with the
+object that references it, with keys generated then and never replaced (`secret_body`; on
+CMK nobody else is known to make them, UNCONFIRMED), and the `autoclusters.*` labels and
+annotations are ours.
 
 Reads and writes are the API's own JSON (`_preload_content=False`), run off the event loop.
 """
@@ -34,7 +36,9 @@ Reads and writes are the API's own JSON (`_preload_content=False`), run off the 
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
+import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -105,6 +109,50 @@ def sssd_conf_ref(cluster: str) -> Obj:
     return {"name": f"{cluster}-sssd-conf", "key": "sssd.conf"}
 
 
+# The login pods' sssd.conf: local users only (the accounts are the SlurmUsers'); the
+# chart's default is the same shape (helm/slurm/values.yaml `loginsets.*.sssdConf`).
+SSSD_CONF = """\
+[sssd]
+config_file_version = 2
+services = nss, pam
+domains = DEFAULT
+
+[nss]
+filter_groups = root,slurm
+filter_users = root,slurm
+
+[pam]
+
+[domain/DEFAULT]
+auth_provider = none
+id_provider = files
+"""
+
+
+def secret_body(cluster: str, ref: Obj) -> Obj:
+    """The Secret a reference (`{name, key}`) names, its value generated now: Slurm's
+    `auth/slurm` key and the JWT key are 1024 random bytes (as `slurm.key` is made), the
+    database password 24 random characters, sssd.conf the one above."""
+    key = ref["key"]
+    if key == "sssd.conf":
+        value = SSSD_CONF.encode()
+    elif key == "password":
+        value = secrets.token_urlsafe(18).encode()
+    else:
+        value = secrets.token_bytes(1024)
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": _meta(ref["name"], cluster),
+        "type": "Opaque",
+        "data": {key: base64.b64encode(value).decode()},
+    }
+
+
+def mariadb_password_ref(cluster: str) -> Obj:
+    return {"name": f"{cluster}-mariadb-password", "key": "password"}
+
+
 def controller_body(spec: ClusterSpec) -> Obj:
     return {
         "apiVersion": CONTROLLER.api_version,
@@ -133,7 +181,7 @@ def accounting_body(spec: ClusterSpec) -> Obj:
                 "host": f"{spec.name}-mariadb",
                 "database": f"{spec.name.replace('-', '_')}_acct",
                 "username": "slurm",
-                "passwordKeyRef": {"name": f"{spec.name}-mariadb-password", "key": "password"},
+                "passwordKeyRef": mariadb_password_ref(spec.name),
             },
         },
     }
@@ -339,6 +387,21 @@ class KubeObjects:
             await self._call(
                 self._core.patch_namespaced_config_map, name, self.namespace, {"data": body["data"]}
             )
+
+    async def ensure_secret(self, body: Obj) -> bool:
+        """Create the Secret unless one of that name is there (a key already handed out is
+        never replaced: the daemons hold it). True: created now."""
+        try:
+            await self._call(self._core.create_namespaced_secret, self.namespace, body)
+        except ApiException as e:
+            if e.status != 409:
+                raise
+            return False
+        return True
+
+    async def delete_secret(self, name: str) -> bool:
+        gone = await self._maybe(self._core.delete_namespaced_secret, name, self.namespace)
+        return gone is not None
 
     async def get_config_map(self, name: str) -> Obj | None:
         return await self._maybe(self._core.read_namespaced_config_map, name, self.namespace)

@@ -51,6 +51,8 @@ NODESETS = Kind(
     custom=True,
 )
 CONFIGMAPS = Kind("configmaps", "ConfigMap", "v1", namespaced=True, status_subresource=False)
+# The keys Slinky's CRs reference (`slurmKeyRef`, `jwtKeyRef`, ...): provider crusoe-cmk makes them.
+SECRETS = Kind("secrets", "Secret", "v1", namespaced=True, status_subresource=False)
 PVCS = Kind("persistentvolumeclaims", "PersistentVolumeClaim", "v1", namespaced=True)
 DEPLOYMENTS = Kind("deployments", "Deployment", "apps/v1", namespaced=True)
 # Core events: `kubectl describe` lists them (nothing in the emulator records any yet).
@@ -77,6 +79,7 @@ KINDS = {
         PDBS,
         NODESETS,
         CONFIGMAPS,
+        SECRETS,
         PVCS,
         DEPLOYMENTS,
         EVENTS,

@@ -19,8 +19,10 @@ The mapping (crusoe.md §1.5, §2.4, §3; UNCONFIRMED where marked):
 - accounting: Slinky `Accounting` `<cluster>-accounting`, and the Controller's
   `spec.accountingRef` patched to it. shared home: a `PersistentVolumeClaim` `<cluster>-home`
   (ReadWriteMany, the spec's size). login: Slinky `LoginSet` `<cluster>-login`.
-  No operator runs in the emulator, so these are applied, not waited on: slurmctld's
-  readiness shows at configure_slurm (nodes register through it).
+  These are applied, not waited on: slurmctld's readiness shows at configure_slurm (nodes
+  register through it). The Secrets each references (Slurm's and the JWT key, the
+  database password, sssd.conf) are created with it, generated once (a retry keeps them),
+  and deleted with it.
 - machines: one CMK node pool per node set, named `<cluster>-<set>` (as its NodeSet),
   `product_name` the instance type, `transport_partition_id` the IB partition,
   `node_labels` {autoclusters.crusoe.ai/cluster, .../node-set} that the set's NodeSet selects
@@ -42,10 +44,11 @@ The mapping (crusoe.md §1.5, §2.4, §3; UNCONFIRMED where marked):
   (named as the VM: UNCONFIRMED) has joined, that node Ready. A node that is not there does
   not hold the boot up: configure_slurm skips it, and registration is what counts.
 - topology: the VMs' `topology` (EXT), as the managed provider reads it.
-- configure_slurm: topology.conf into the ConfigMap; each NodeSet's `replicas` and
-  `partition.config`; each machine's node (named as its VM: UNCONFIRMED) annotated with
-  Slinky's `hostname-override` = the slot's name, and a drained slot cordoned with
-  `node-cordon-reason` (Slinky drains it in Slurm, §3); then the same bounded wait for
+- configure_slurm: topology.conf into the ConfigMap; each machine's node (named as its VM:
+  UNCONFIRMED) annotated with Slinky's `hostname-override` = the slot's name, and a drained
+  slot cordoned with `node-cordon-reason` (Slinky drains it in Slurm, §3); then each
+  NodeSet's `replicas` and `partition.config` (after the names, so a slurmd pod is made
+  under its slot's name); then the same bounded wait for
   registration through Slurm as the managed provider.
 - users: Crusoe `SlurmUser` `<cluster>-<user>` (OS identity and keys). Slurm accounts and
   associations are not created on this provider (no sacctmgr client yet; documented gap).
@@ -123,13 +126,18 @@ from autoclusters.integrations.slinky_crs import (
     config_map_name,
     controller_body,
     home_claim_body,
+    jwt_key_ref,
     loginset_body,
+    mariadb_password_ref,
     nodeset_body,
     nodeset_name,
     partition_config,
     pool_node_labels,
+    secret_body,
     slots_of,
+    slurm_key_ref,
     slurm_user_body,
+    sssd_conf_ref,
 )
 from autoclusters.integrations.slurm import SlurmBatchClient
 
@@ -180,6 +188,7 @@ class CmkProvider:
             await self._preflight(spec.name)
         async with kube_step(f"applying Slinky Controller {spec.name}"):
             await self._kube.ensure_namespace()
+            await self._ensure_secrets(spec.name, slurm_key_ref(spec.name), jwt_key_ref(spec.name))
             await self._kube.create(CONTROLLER, controller_body(spec))
         return Resource(kind="controller", id=spec.name, name=spec.name)
 
@@ -212,6 +221,7 @@ class CmkProvider:
         body = accounting_body(spec)
         name = body["metadata"]["name"]
         async with kube_step(f"applying Slinky Accounting {name}"):
+            await self._ensure_secrets(spec.name, mariadb_password_ref(spec.name))
             await self._kube.create(ACCOUNTING, body)
             await self._kube.patch(
                 CONTROLLER, spec.name, {"spec": {"accountingRef": {"name": name}}}
@@ -229,8 +239,14 @@ class CmkProvider:
         body = loginset_body(call.spec)
         name = body["metadata"]["name"]
         async with kube_step(f"applying Slinky LoginSet {name}"):
+            await self._ensure_secrets(call.spec.name, sssd_conf_ref(call.spec.name))
             await self._kube.create(LOGINSET, body)
         return Resource(kind="login", id=name, name=name)
+
+    async def _ensure_secrets(self, cluster: str, *refs: Obj) -> None:
+        """The Secrets the CRs reference, each made once (a retry keeps the first's keys)."""
+        for ref in refs:
+            await self._kube.ensure_secret(secret_body(cluster, ref))
 
     # --- machines ---------------------------------------------------------------------------
 
@@ -373,6 +389,17 @@ class CmkProvider:
             await self._kube.put_config_map(
                 config_map_body(cluster, {TOPOLOGY_KEY: call.topology_conf})
             )
+            # The nodes' Slurm names first, then the NodeSets' replicas: the operator makes a
+            # slurmd pod once the replicas allow it, under the name the Node carries then.
+            vms = await self._crusoe.list_vms(ids=[m.machine_id for m in call.machines])
+            by_id = {vm.id: vm for vm in vms}
+            created: dict[str, float] = {}
+            for m in call.machines:
+                vm = by_id.get(m.machine_id)
+                if vm is None:
+                    continue
+                created[m.node] = created_epoch(vm.created_at)
+                await self._label_node(vm, m.node, call.drained.get(m.node))
             for s in call.node_sets:
                 await self._kube.patch(
                     NODESET,
@@ -384,15 +411,6 @@ class CmkProvider:
                         }
                     },
                 )
-            vms = await self._crusoe.list_vms(ids=[m.machine_id for m in call.machines])
-            by_id = {vm.id: vm for vm in vms}
-            created: dict[str, float] = {}
-            for m in call.machines:
-                vm = by_id.get(m.machine_id)
-                if vm is None:
-                    continue
-                created[m.node] = created_epoch(vm.created_at)
-                await self._label_node(vm, m.node, call.drained.get(m.node))
             registered = await self._slurm_side.registered(wanted, created)
         return SlurmConfigResult(registered=registered)
 
@@ -439,12 +457,14 @@ class CmkProvider:
                 await self._delete_cluster(cluster, res.id)
             elif res.kind == "accounting":
                 await self._kube.delete(ACCOUNTING, res.id)
+                await self._kube.delete_secret(mariadb_password_ref(cluster)["name"])
                 if await self._kube.get(CONTROLLER, cluster) is not None:
                     await self._kube.patch(CONTROLLER, cluster, {"spec": {"accountingRef": None}})
             elif res.kind == "shared_home":
                 await self._kube.delete_claim(res.id)
             elif res.kind == "login":
                 await self._kube.delete(LOGINSET, res.id)
+                await self._kube.delete_secret(sssd_conf_ref(cluster)["name"])
 
     async def _delete_machine(self, cluster: str, res: Resource) -> None:
         """Shrink the VM's pool by one, then delete the VM; the ledger forgets it."""
@@ -512,6 +532,8 @@ class CmkProvider:
                 await self._kube.delete(kind, obj["metadata"]["name"])
         await self._kube.delete_config_map(config_map_name(cluster))
         await self._kube.delete(CONTROLLER, controller)
+        for ref in (slurm_key_ref(cluster), jwt_key_ref(cluster)):
+            await self._kube.delete_secret(ref["name"])
 
     async def _delete_vm(self, vm_id: str) -> None:
         await self._gone(
