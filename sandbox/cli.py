@@ -33,6 +33,11 @@ RepairRung = Literal["reset_gpu", "reboot", "replace"]
 BrokenUntil = Literal["reboot", "replace"]
 DemoMode = Literal["observe", "approve", "auto"]
 Scenario = Literal["remediate", "share"]
+Platform = Literal["managed-slurm", "cmk"]
+PLATFORM_HELP = (
+    "Where Slurm runs: managed-slurm (Crusoe Managed Slurm) or cmk (Slinky on a CMK cluster, "
+    "provider crusoe-cmk; Kubernetes mode)."
+)
 Killable = Literal["worker", "temporal", "api", "slurmctld"]
 ChaosAt = Literal[
     "drain", "requeue", "wait_idle", "repair", "wait_registered", "health_gate",
@@ -61,6 +66,7 @@ def sandbox_up(
         bool, typer.Option("--k8s/--no-k8s", help="Slinky-style: Kubernetes + Crusoe emulators.")
     ] = False,
     spares: Annotated[int, typer.Option(help="Hot spare nodes, kept drained until needed.")] = 0,
+    platform: Annotated[Platform, typer.Option(help=PLATFORM_HELP)] = "managed-slurm",
 ) -> None:
     """Start Temporal, munge, Slurm (slurmctld + one slurmd per node) and a worker."""
     from autoclusters.sandbox import cluster as sb
@@ -71,6 +77,7 @@ def sandbox_up(
         cfg = SandboxConfig(
             state_dir=state_dir.absolute(), cluster=cluster, nodes=nodes,
             port_base=port_base, boot_delay_s=boot_delay, k8s=k8s, spares=spares,
+            platform=platform,
         )  # fmt: skip
         res = sb.up(cfg)
     except (SandboxError, ValidationError) as e:
@@ -407,6 +414,7 @@ def demo(
             "inference as its load rises and returned when it falls."
         ),
     ] = "remediate",
+    platform: Annotated[Platform, typer.Option(help=PLATFORM_HELP)] = "managed-slurm",
 ) -> None:
     """Sandbox up, a 2-node job, a fault on one of its nodes, the remediation, a summary
     (`--scenario share`: training and inference sharing the GPU nodes)."""
@@ -432,6 +440,7 @@ def demo(
         boot_delay_s=boot_delay,
         k8s=k8s,
         spares=spares,
+        platform=platform,
     )
     out = err if as_json else console
     try:

@@ -32,6 +32,7 @@ from autoclusters.core.policy import default_policy, load_policy
 from autoclusters.integrations.slurm import parse_jobs, parse_nodes
 from autoclusters.sandbox import (
     cloud_api,
+    cmk_platform,
     daemons,
     inference_sandbox,
     monitoring,
@@ -233,21 +234,29 @@ def _boot(cfg: SandboxConfig, table: ProcessTable, timeout_s: float) -> UpResult
         if had_history:
             asyncio.run(_close_previous_runs(cfg))
         if cfg.k8s:
+            # The inference pods are run by the sandbox's inference kubelet (and on CMK, the
+            # Slurm pods by the Slinky operator's).
+            external = (
+                cmk_platform.emulator_args() if cfg.cmk else inference_sandbox.emulator_args()
+            )
             _start(
                 table,
                 slinky.K8S_EMULATOR,
-                # The inference pods are run by the sandbox's inference kubelet.
-                slinky.k8s_emulator_argv(cfg) + inference_sandbox.emulator_args(),
+                slinky.k8s_emulator_argv(cfg) + external,
                 {},
                 lambda: slinky.answers(cfg.k8s_port, "/_emulator/state"),
                 timeout_s,
                 result,
             )
-            slinky.seed(cfg)
+            if cfg.cmk:
+                # The provider makes the NodeSets; the control pods need the system node.
+                cmk_platform.register_system_node(cfg)
+            else:
+                slinky.seed(cfg)
             _start(
                 table,
                 slinky.OPERATOR,
-                slinky.operator_argv(cfg),
+                slinky.operator_argv(cfg) + (cmk_platform.operator_args(cfg) if cfg.cmk else []),
                 daemons.slurm_env(cfg),
                 lambda: True,  # a controller: nothing to wait for, its passes retry
                 timeout_s,
@@ -263,6 +272,11 @@ def _boot(cfg: SandboxConfig, table: ProcessTable, timeout_s: float) -> UpResult
             timeout_s,
             result,
         )
+        if cfg.cmk:
+            # The customer's CMK cluster, before the worker starts: its settings name it.
+            cfg.cmk_cluster_id = asyncio.run(cmk_platform.create_cluster(cfg))
+            cfg.settings_file.write_text(cfg.settings_toml())
+            cfg.save()
         _start(
             table,
             SLACK,

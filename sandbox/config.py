@@ -6,8 +6,9 @@ import hashlib
 import json
 import tempfile
 from pathlib import Path
+from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 from autoclusters.core.settings import CONFIG_FILE_NAME, DEFAULT_SANDBOX_DIR
 
@@ -29,6 +30,12 @@ class SandboxConfig(BaseModel):
     # Slurm on Kubernetes (Slinky-style), emulated on loopback; the Crusoe Cloud API emulator
     # fronts the machines in both modes.
     k8s: bool = False
+    # Where the cluster's Slurm runs: Crusoe Managed Slurm (the emulator's daemons), or Slinky
+    # on a CMK cluster (provider crusoe-cmk: the emulated operator's pods run the daemons).
+    # cmk implies Kubernetes mode.
+    platform: Literal["managed-slurm", "cmk"] = "managed-slurm"
+    # The CMK cluster `sandbox up` created through the Crusoe emulator (platform cmk).
+    cmk_cluster_id: str = ""
     # The fleet guard's circuit breaker (more than this many incidents within its window).
     breaker_threshold: int = Field(default=5, ge=1)
     # Who may approve in the sandbox (the shipped default trusts nobody).
@@ -38,6 +45,16 @@ class SandboxConfig(BaseModel):
     # The node agents POST their fault reports to the API; off: faults reach it only through
     # Prometheus -> Alertmanager -> the API's webhook (sandbox/monitoring.py).
     agent_reports: bool = True
+
+    @model_validator(mode="after")
+    def _cmk_is_kubernetes(self) -> SandboxConfig:
+        if self.platform == "cmk":
+            self.k8s = True
+        return self
+
+    @property
+    def cmk(self) -> bool:
+        return self.platform == "cmk"
 
     # Ports, all derived from port_base so one number moves a whole sandbox.
     @property
@@ -262,6 +279,9 @@ class SandboxConfig(BaseModel):
         }
         if self.k8s:
             lines["kubeconfig"] = str(self.kubeconfig)
+        if self.cmk_cluster_id:
+            # With the kubeconfig, the worker serves provider crusoe-cmk on this CMK cluster.
+            lines["crusoe_cluster_id"] = self.cmk_cluster_id
         token_file = self.state_dir / "api" / "token"
         if token_file.exists():
             lines["api_tokens"] = {"agents": token_file.read_text().strip()}

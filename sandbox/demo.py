@@ -76,6 +76,7 @@ class DemoSummary(BaseModel):
     node_state_before: str
     node_state_after: str
     kubernetes: bool
+    platform: str = "managed-slurm"  # managed-slurm | cmk (sandbox up --platform)
     old_vm_id: str | None
     new_vm_id: str | None
     health_gates: list[bool]
@@ -260,6 +261,7 @@ async def _demo(
         node_state_before=node_before.display_state if node_before else "UNKNOWN",
         node_state_after=node_after.display_state if node_after else "UNKNOWN",
         kubernetes=cfg.k8s,
+        platform=cfg.platform,
         old_vm_id=final.old_vm_id or (vm.vm_id if vm else None),
         new_vm_id=final.new_vm_id or (vm.vm_id if vm else None),
         health_gates=[h.passed for h in final.health],

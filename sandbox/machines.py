@@ -82,6 +82,11 @@ def stop_agent(cfg: SandboxConfig, node: str) -> None:
     ProcessTable(cfg.state_dir).stop(f"agent-{node}")
 
 
+def _pool_labels(vm: EmulatedVm) -> dict[str, str]:
+    labels = (vm.model_extra or {}).get("node_labels") or {}
+    return {str(k): str(v) for k, v in labels.items()} if isinstance(labels, dict) else {}
+
+
 def provider_id(vm_id: str) -> str:
     return f"crusoe://{vm_id}"
 
@@ -128,7 +133,13 @@ class SandboxMachines:
                     "name": vm.name,
                     "provider_id": provider_id(vm.id),
                     "boot_id": str(uuid.uuid4()),
-                    "labels": {INSTANCE_ID_LABEL: vm.id, "nvidia.com/gpu.present": "true"},
+                    "labels": {
+                        # A pool VM's Node carries its pool's node_labels (what a NodeSet's
+                        # node selector matches, on CMK).
+                        **_pool_labels(vm),
+                        INSTANCE_ID_LABEL: vm.id,
+                        "nvidia.com/gpu.present": "true",
+                    },
                     "register_labels": {POOL_LABEL: "training"},
                     "register_taints": [
                         {"key": POOL_TAINT_KEY, "value": "training", "effect": "NoSchedule"}
@@ -146,7 +157,10 @@ class SandboxMachines:
         self._vms.save(rec)
         self._hardware.repaired(vm.name, vm.id, Rung.REPLACE)  # a new machine: no faults
         await asyncio.to_thread(power_on, self._cfg, vm.name)
-        await asyncio.to_thread(start_agent, self._cfg, vm.name, new_machine=True)
+        if not self._cfg.cmk:
+            # On CMK the agent runs beside the Node's slurmd pod, under its Slurm node's name
+            # (sandbox/slinky_kubelet.py): the VM's name is not the Slurm node's there.
+            await asyncio.to_thread(start_agent, self._cfg, vm.name, new_machine=True)
         await self._register_node(vm)
 
     async def on_reset(self, vm: EmulatedVm) -> None:

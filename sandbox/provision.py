@@ -31,8 +31,10 @@ from autoclusters.core.policy import Policy
 from autoclusters.sandbox.config import SandboxConfig
 from autoclusters.sandbox.daemons import SandboxError
 
-# The repo's example (autoclusters/sandbox links to <repo>/sandbox).
+# The repo's examples (autoclusters/sandbox links to <repo>/sandbox): the Managed Slurm
+# platform's, and the CMK platform's (provider crusoe-cmk).
 SANDBOX_SPEC = Path(__file__).resolve().parents[1] / "examples" / "clusters" / "sandbox.yaml"
+CMK_SPEC = SANDBOX_SPEC.with_name("cmk.yaml")
 
 
 def ssh_key(cfg: SandboxConfig) -> Path:
@@ -53,16 +55,17 @@ def ensure_ssh_key(cfg: SandboxConfig) -> str:
 
 
 def sandbox_spec(cfg: SandboxConfig, policy: Policy) -> ClusterSpec:
-    """The example spec sized to this sandbox: its name, one `gpu` node set of the nodes and
-    spares, the operator's key on the login endpoint, the sandbox's policy."""
-    raw: dict[str, Any] = yaml.safe_load(SANDBOX_SPEC.read_text(encoding="utf-8"))
+    """The platform's example spec sized to this sandbox: its name, one `gpu` node set of the
+    nodes and spares, the operator's key on the login endpoint, the sandbox's policy."""
+    example = CMK_SPEC if cfg.cmk else SANDBOX_SPEC
+    raw: dict[str, Any] = yaml.safe_load(example.read_text(encoding="utf-8"))
     raw["name"] = cfg.cluster
     raw["accounting"] = cfg.accounting
     (gpu,) = raw["node_sets"]
     gpu["count"] = cfg.nodes + cfg.spares
     raw["login"]["ssh_public_keys"] = [*raw["login"]["ssh_public_keys"], ensure_ssh_key(cfg)]
     raw["policy"] = policy.model_dump(mode="json")
-    spec = parse_cluster_spec(yaml.safe_dump(raw, sort_keys=False), str(SANDBOX_SPEC))
+    spec = parse_cluster_spec(yaml.safe_dump(raw, sort_keys=False), str(example))
     if spec.nodes() != cfg.node_names():
         raise SandboxError(f"the sandbox spec names {spec.nodes()}, not {cfg.node_names()}")
     return spec

@@ -22,6 +22,11 @@ Each pass (`SlinkyOperator.reconcile_once`), for every NodeSet:
   uncordoned Node's pod loses the annotation and its Slurm node is undrained if the drain is
   the operator's. A node whose reason is someone else's, or DOWN / not responding, is skipped.
 
+On the CMK platform (`--state-dir`) it also runs the operator's other controllers
+(`slinky_operator_workloads.py`: Controller, Accounting and LoginSet into pods) and, after
+each pass, the emulated kubelet that runs the pods' containers as the real daemons
+(`slinky_kubelet.py`).
+
 When Slurm cannot be read the pass only creates missing pods (which never asks Slurm):
 nothing is drained, undrained, marked DOWN or deleted, and the report says "unknown".
 
@@ -45,7 +50,10 @@ from kubernetes.client import ApiException
 from autoclusters.integrations.k8s import api_client
 from autoclusters.sandbox import slinky_operator_pods as pods
 from autoclusters.sandbox import slinky_operator_slurm as slurm
+from autoclusters.sandbox.config import SandboxConfig
+from autoclusters.sandbox.slinky_kubelet import SlinkyKubelet
 from autoclusters.sandbox.slinky_operator_slurm import OperatorSlurm, OperatorSlurmCli, SlurmView
+from autoclusters.sandbox.slinky_operator_workloads import WORKLOADS, SlurmWorkloads
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +77,8 @@ class Report:
     downed: list[str] = field(default_factory=list)
     waiting: list[str] = field(default_factory=list)  # scale-ins whose node is still busy
     errors: list[str] = field(default_factory=list)
+    workloads: list[str] = field(default_factory=list)  # Controller/Accounting/LoginSet pods
+    kubelet: list[str] = field(default_factory=list)  # daemons started and stopped
 
 
 def _key(pod: Obj) -> PodKey:
@@ -90,7 +100,15 @@ def _items(fn: Callable[..., Any], *args: Any) -> list[Obj]:
 
 
 class SlinkyOperator:
-    def __init__(self, api: client.ApiClient, slurm_client: OperatorSlurm) -> None:
+    def __init__(
+        self,
+        api: client.ApiClient,
+        slurm_client: OperatorSlurm,
+        workloads: SlurmWorkloads | None = None,
+        kubelet: SlinkyKubelet | None = None,
+    ) -> None:
+        self._workloads = workloads
+        self._kubelet = kubelet
         self._core = client.CoreV1Api(api)
         self._crs = client.CustomObjectsApi(api)
         self._slurm = slurm_client
@@ -107,6 +125,19 @@ class SlinkyOperator:
         )
         nodes = {n["metadata"]["name"]: n for n in _items(self._core.list_node)}
         every_pod = _items(self._core.list_pod_for_all_namespaces)
+        if self._workloads is not None:
+            objects = {
+                w.kind: _items(self._crs.list_cluster_custom_object, pods.GROUP, pods.VERSION,
+                               w.plural)
+                for w in WORKLOADS
+            }  # fmt: skip
+            report.workloads = self._workloads.reconcile(
+                {**objects, "NodeSet": nodesets}, every_pod
+            )
+            every_pod = _items(self._core.list_pod_for_all_namespaces)
+        if self._kubelet is not None:
+            # Before Slurm is read: the kubelet is what starts slurmctld.
+            report.kubelet = await asyncio.to_thread(self._kubelet.sync_once)
         view = await SlurmView.read(self._slurm)
         owned = {_key(p): p for ns in nodesets for p in every_pod if pods.owned_by(p, ns)}
         self._note_vanished(owned, nodes)
@@ -163,9 +194,18 @@ class SlinkyOperator:
         )
         keep = {n["metadata"]["name"] for n in (candidates if cap is None else candidates[:cap])}
         for name in sorted(keep - by_node.keys()):
-            self._create(nodeset, name, report)
+            self._create(nodeset, nodes[name], report)
         for node_name, here in sorted(by_node.items()):
             if node_name not in nodes:
+                continue
+            # A Node whose hostname override changed runs its slurmd under the new name: the
+            # pod of the old name goes (its slurmd with it) and the next pass makes the new.
+            want = pods.hostname_of(nodes[node_name])
+            stale = [p for p in here if pods.slurm_name(p) != want]
+            for p in stale:
+                self._delete(p, report)
+            here = [p for p in here if p not in stale]
+            if not here:
                 continue
             # The pod under the expected name is the one; any other is a duplicate.
             here.sort(key=lambda p: p["metadata"]["name"] != pods.pod_name(node_name))
@@ -236,8 +276,8 @@ class SlinkyOperator:
 
     # -- Kubernetes writes: a refusal is reported, the next pass tries again ----------------
 
-    def _create(self, nodeset: Obj, node: str, report: Report) -> None:
-        body = pods.slurmd_pod(nodeset, node)
+    def _create(self, nodeset: Obj, node: Obj, report: Report) -> None:
+        body = pods.slurmd_pod(nodeset, node["metadata"]["name"], pods.hostname_of(node))
         try:
             ns = nodeset["metadata"]["namespace"]
             self._core.create_namespaced_pod(ns, body)  # type: ignore[arg-type]  # JSON as it is
@@ -280,6 +320,8 @@ class SlinkyOperator:
                     log.warning("Slurm unknown: %s", report.slurm_error)
                 for line in report.errors:
                     log.warning("%s", line)
+                for line in report.workloads + report.kubelet:
+                    log.info("%s", line)
             await asyncio.sleep(poll_s)
 
 
@@ -292,11 +334,24 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--slurm-bin", type=Path, help="where sinfo and scontrol are")
     parser.add_argument("--poll-s", type=float, default=2.0)
     parser.add_argument("--once", action="store_true", help="one pass, print its report")
+    parser.add_argument(
+        "--state-dir", type=Path, help="CMK platform: run the pods' daemons for this sandbox"
+    )
+    parser.add_argument("--system-node", default="", help="where the Slurm control pods run")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    operator = SlinkyOperator(
-        api_client(kubeconfig=args.kubeconfig), OperatorSlurmCli(args.slurm_conf, args.slurm_bin)
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # the kubelet's status reports
+    api = api_client(kubeconfig=args.kubeconfig)
+    workloads = kubelet = None
+    if args.state_dir is not None:
+        workloads = SlurmWorkloads(api, args.system_node)
+        kubelet = SlinkyKubelet(api, SandboxConfig.load(args.state_dir))
+    # A slurmctld that is not up yet holds sinfo until its timeout: on the CMK platform that
+    # would hold the kubelet's next pass too, so the wait is shorter there.
+    slurm_cli = OperatorSlurmCli(
+        args.slurm_conf, args.slurm_bin, timeout_s=30 if kubelet is None else 10
     )
+    operator = SlinkyOperator(api, slurm_cli, workloads, kubelet)
     if args.once:
         print(asyncio.run(operator.reconcile_once()))
         return

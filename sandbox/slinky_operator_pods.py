@@ -20,6 +20,8 @@ GROUP, VERSION, NODESETS = "slinky.slurm.net", "v1beta1", "nodesets"
 PREFIX = "nodeset.slinky.slurm.net/"
 POD_CORDON = PREFIX + "pod-cordon"
 NODE_CORDON_REASON = PREFIX + "node-cordon-reason"
+# DaemonSet mode: the Slurm node name of the slurmd on a Node, when not the Node's name.
+HOSTNAME_OVERRIDE = PREFIX + "hostname-override"
 POD_HOSTNAME = PREFIX + "pod-hostname"
 # Without a node selector, a NodeSet runs on every GPU node: what a sandbox machine's
 # kubelet registers with (sandbox/machines.py `_register_once`).
@@ -80,9 +82,17 @@ def node_of(pod: Obj) -> str:
     return str((pod.get("spec") or {}).get("nodeName") or "")
 
 
-def slurmd_pod(nodeset: Obj, node: str) -> Obj:
-    """The NodeSet's slurmd pod for `node`."""
+def hostname_of(node: Obj) -> str:
+    """The Slurm node a slurmd on `node` registers as: the Node's hostname-override
+    annotation (Slinky's DaemonSet mode), else the Node's name."""
+    notes = node["metadata"].get("annotations") or {}
+    return str(notes.get(HOSTNAME_OVERRIDE) or node["metadata"]["name"])
+
+
+def slurmd_pod(nodeset: Obj, node: str, hostname: str | None = None) -> Obj:
+    """The NodeSet's slurmd pod for `node`, its Slurm node `hostname` (default: `node`)."""
     meta = nodeset["metadata"]
+    hostname = hostname or node
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -92,7 +102,7 @@ def slurmd_pod(nodeset: Obj, node: str) -> Obj:
             "labels": {
                 "app.kubernetes.io/name": "slurmd",
                 "app.kubernetes.io/instance": meta["name"],
-                POD_HOSTNAME: node,
+                POD_HOSTNAME: hostname,
             },
             "ownerReferences": [
                 {
@@ -106,7 +116,7 @@ def slurmd_pod(nodeset: Obj, node: str) -> Obj:
         },
         "spec": {
             "nodeName": node,
-            "hostname": node,
+            "hostname": hostname,
             "containers": [{"name": "slurmd", "image": SLURMD_IMAGE}],
         },
     }

@@ -55,25 +55,17 @@ class ManagedSlurm:
         owner = self._owner()
         if owner and owner.get("id") != cluster_id:
             raise RuntimeError(f"this sandbox already runs Slurm cluster {owner.get('id')}")
-        if not daemons.munge_ready(self.cfg):
-            raise RuntimeError(f"munged is not answering on {self.cfg.munge_socket}")
-        for d in (self.slurm_dir / "ctld", self.cfg.log_dir, self.cfg.state_dir / "dev"):
-            d.mkdir(parents=True, exist_ok=True)
+        self.prepare(accounting)
         self.owner_file.write_text(json.dumps({"id": cluster_id, "accounting": accounting}))
-        if not self.table.alive(SLURMCTLD):
-            # Clients (sacctmgr, sbatch) read slurm.conf even before there are nodes.
-            self._write_conf(Layout(nodes=[], partitions={}, accounting=accounting, header=HEADER))
         if accounting:
-            self._start_mariadb()
-            self._start_slurmdbd()
-            self._sacctmgr("add", "cluster", self.cfg.cluster)
-        self._start_login(root_keys)
+            self.start_accounting()
+        self.start_login(root_keys)
         return self._report(accounting)
 
     def configure(
         self, config: SlurmConfiguration, accounting: bool, running: list[str]
     ) -> ClusterStarted:
-        ports = self._ports(config.nodes())
+        ports = self.ports(config.nodes())
         gpus = {n: s.gpus_per_node for s in config.node_sets for n in s.nodes}
         nodes = [NodeDef(n, ports[n], gpus[n], config.drained.get(n)) for n in config.nodes()]
         partitions: dict[str, list[str]] = {}
@@ -86,34 +78,63 @@ class ManagedSlurm:
             topology=bool(config.topology_conf.strip()),
             header=HEADER,
         )
+        self.apply(layout, config.topology_conf, running)
+        return self._report(accounting)
+
+    # --- the pieces, shared with the emulated Slinky kubelet (sandbox/slinky_kubelet.py) ----
+
+    def prepare(self, accounting: bool, header: str = HEADER) -> None:
+        """munged answers, the directories exist, and clients (sacctmgr, sbatch) find a
+        slurm.conf even before there are nodes."""
+        if not daemons.munge_ready(self.cfg):
+            raise RuntimeError(f"munged is not answering on {self.cfg.munge_socket}")
+        for d in (self.slurm_dir / "ctld", self.cfg.log_dir, self.cfg.state_dir / "dev"):
+            d.mkdir(parents=True, exist_ok=True)
+        if not self.table.alive(SLURMCTLD):
+            self.write_conf(Layout(nodes=[], partitions={}, accounting=accounting, header=header))
+
+    def start_accounting(self) -> None:
+        """MariaDB, slurmdbd on it, and the cluster in its database."""
+        self._start_mariadb()
+        self._start_slurmdbd()
+        self._sacctmgr("add", "cluster", self.cfg.cluster)
+
+    def stop_accounting(self) -> list[str]:
+        return [n for n in (SLURMDBD, MARIADB) if self.table.stop(n)]
+
+    def apply(self, layout: Layout, topology_conf: str, running: list[str]) -> None:
+        """Write the layout's slurm.conf (and gres.conf, topology.conf) and make slurmctld
+        follow it: started the first time, restarted when the node list changed (22.05
+        reads it only at start), else told to reconfigure. Then each node of `running`
+        gets its slurmd (`power_on`)."""
+        nodes = layout.nodes
         for i in range(max([n.gpus for n in nodes] or [0])):
             (self.cfg.state_dir / "dev" / f"nvidia{i}").touch()
-        before = self._declared()
-        self._write_conf(layout, config.topology_conf)
+        before = self.declared()
+        self.write_conf(layout, topology_conf)
         after = {n.name: n.port for n in nodes}
         (self.slurm_dir / "declared.json").write_text(json.dumps(after))
         if not nodes:
             self.table.stop(SLURMCTLD)  # 22.05 cannot run without nodes
-            return self._report(accounting)
+            return
         self.cfg.spool_dir.mkdir(parents=True, exist_ok=True)
         if not self.table.alive(SLURMCTLD):
             # -c (a fresh controller: no jobs of an earlier cluster) only the first time.
             argv = daemons.slurmctld_argv(self.cfg)
             if before:
                 argv = [a for a in argv if a != "-c"]
-            self._start(SLURMCTLD, argv, daemons.slurm_env(self.cfg), self._controller_up)
+            self._start(SLURMCTLD, argv, daemons.slurm_env(self.cfg), self.controller_up)
         elif before != after:
             # New or removed nodes: slurmctld 22.05 reads the node list only at start.
             self.table.stop(SLURMCTLD)
             argv = [a for a in daemons.slurmctld_argv(self.cfg) if a != "-c"]
-            self._start(SLURMCTLD, argv, daemons.slurm_env(self.cfg), self._controller_up)
+            self._start(SLURMCTLD, argv, daemons.slurm_env(self.cfg), self.controller_up)
             self._scontrol("reconfigure")  # running slurmds re-read the node list
         else:
             self._scontrol("reconfigure")
         for node in nodes:
             if node.name in running:
                 self.power_on(self.cfg, node.name)
-        return self._report(accounting)
 
     def add_user(self, user: SlurmUser, accounting: bool) -> None:
         keys = self.login_dir / "keys"
@@ -139,14 +160,15 @@ class ManagedSlurm:
         except FileNotFoundError:
             return {}
 
-    def _declared(self) -> dict[str, int]:
+    def declared(self) -> dict[str, int]:
+        """The nodes slurm.conf declares now, with their slurmd ports."""
         try:
             doc: dict[str, int] = json.loads((self.slurm_dir / "declared.json").read_text())
             return doc
         except FileNotFoundError:
             return {}
 
-    def _ports(self, nodes: list[str]) -> dict[str, int]:
+    def ports(self, nodes: list[str]) -> dict[str, int]:
         """Each node's slurmd port, stable across configurations: the static layout's
         (`cfg.slurmd_port(i)` for gpu-0{i+1}) when free, else the lowest free index."""
         path = self.slurm_dir / "node-ports.json"
@@ -166,14 +188,14 @@ class ManagedSlurm:
         path.write_text(json.dumps(index))
         return {n: self.cfg.slurmd_port(index[n]) for n in nodes}
 
-    def _write_conf(self, layout: Layout, topology_conf: str = "") -> None:
+    def write_conf(self, layout: Layout, topology_conf: str = "") -> None:
         self.slurm_dir.mkdir(parents=True, exist_ok=True)
         _write(self.cfg.slurm_conf, render_slurm_conf(self.cfg, layout))
         _write(self.slurm_dir / "gres.conf", render_gres_conf(self.cfg, layout.nodes))
         _write(self.slurm_dir / "topology.conf", topology_conf)
 
     def _report(self, accounting: bool) -> ClusterStarted:
-        login = f"127.0.0.1:{self.cfg.login_port}" if _ssh_answers(self.cfg.login_port) else ""
+        login = f"127.0.0.1:{self.cfg.login_port}" if ssh_answers(self.cfg.login_port) else ""
         dbd = accounting and self.table.alive(SLURMDBD)
         return ClusterStarted(
             login_node_endpoint=login,
@@ -267,7 +289,7 @@ LogFile={cfg.log_dir}/slurmdbd.log
 DebugLevel=info
 """
 
-    def _start_login(self, root_keys: list[str]) -> None:
+    def start_login(self, root_keys: list[str]) -> None:
         keys = self.login_dir / "keys"
         keys.mkdir(parents=True, exist_ok=True)
         (keys / "root").write_text("".join(k.strip() + "\n" for k in root_keys))
@@ -283,7 +305,7 @@ DebugLevel=info
             "-E", str(self.cfg.log_dir / "sshd-login.log"),
         ]  # fmt: skip
         port = self.cfg.login_port
-        self._start(LOGIN, argv, {}, lambda: _ssh_answers(port))
+        self._start(LOGIN, argv, {}, lambda: ssh_answers(port))
 
     def _sshd_config(self, host_key: Path, keys: Path) -> str:
         return f"""\
@@ -305,7 +327,7 @@ SetEnv SLURM_CONF={self.cfg.slurm_conf}
 
     # --- Slurm clients --------------------------------------------------------------------
 
-    def _controller_up(self) -> bool:
+    def controller_up(self) -> bool:
         r = subprocess.run(
             [daemons.require("scontrol"), "ping"],
             env={**os.environ, **daemons.slurm_env(self.cfg)},
@@ -358,7 +380,7 @@ def _write(path: Path, text: str, mode: int = 0o644) -> None:
     tmp.replace(path)
 
 
-def _ssh_answers(port: int) -> bool:
+def ssh_answers(port: int) -> bool:
     """sshd's banner: the endpoint takes logins (a bound port alone is not enough)."""
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=1) as s:

@@ -1,0 +1,179 @@
+"""Issue 21 items 2-3 on a real sandbox: provider crusoe-cmk provisions Slurm (Slinky) on the
+sandbox's CMK cluster, and the cluster is scaled, deleted and created again from
+examples/clusters/cmk.yaml through the CLI.
+
+The sandbox (`platform="cmk"`) creates the CMK cluster through the Crusoe emulator; its
+`ClusterProvisioning` makes the node pool, whose VMs' Nodes carry the pool's labels, applies
+the Slinky objects and their Secrets, and the emulated operator's pods run the real daemons
+(slurmctld, slurmdbd on MariaDB, sshd, one slurmd per Node), which Debian's kubectl lists.
+
+One sandbox for the module, the tests in order: they tell one story.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import pytest_asyncio
+
+from autoclusters.core.cluster_spec import load_cluster_spec
+from autoclusters.sandbox import cluster
+from autoclusters.sandbox.config import SandboxConfig
+from autoclusters.sandbox.processes import ProcessTable
+from tests.conftest import free_port_base
+from tests.helpers import eventually
+
+pytestmark = pytest.mark.integration
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "clusters" / "cmk.yaml"
+CLI = [sys.executable, "-m", "autoclusters.clients.cli"]
+KUBECTL = "/usr/bin/kubectl"
+SLURM_DAEMONS = ("slurmctld", "slurmdbd", "mariadb", "sshd-login")
+
+
+@pytest_asyncio.fixture(scope="module")
+async def cfg(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[SandboxConfig]:
+    # Named as the example spec, so `cluster create -f examples/clusters/cmk.yaml` makes this
+    # sandbox's cluster again at the end.
+    spec, _ = load_cluster_spec(EXAMPLE)
+    c = SandboxConfig(
+        state_dir=tmp_path_factory.mktemp("cmk"), cluster=spec.name, platform="cmk",
+        nodes=spec.node_sets[0].count, port_base=free_port_base(), boot_delay_s=1,
+        breaker_threshold=100, accounting=True,
+    )  # fmt: skip
+    await asyncio.to_thread(cluster.up, c)
+    try:
+        yield c
+    finally:
+        await asyncio.to_thread(cluster.down, c)
+        table = ProcessTable(c.state_dir)
+        assert [r.name for r in table.records() if table.alive(r.name)] == []
+
+
+def _kubectl(cfg: SandboxConfig, *args: str) -> str:
+    env = {**os.environ, "KUBECONFIG": str(cfg.kubectl_kubeconfig)}
+    r = subprocess.run([KUBECTL, *args], env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return r.stdout
+
+
+def _cli(cfg: SandboxConfig, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "AUTOCLUSTERS_CONFIG": str(cfg.settings_file)}
+    return subprocess.run(
+        [*CLI, "cluster", *args], env=env, capture_output=True, text=True, timeout=400
+    )
+
+
+def _slurm(cfg: SandboxConfig, *argv: str) -> str:
+    env = {**os.environ, "SLURM_CONF": str(cfg.slurm_conf)}
+    r = subprocess.run(list(argv), env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return r.stdout
+
+
+def _world(cfg: SandboxConfig) -> Any:
+    return httpx.get(f"http://127.0.0.1:{cfg.crusoe_port}/_emulator/state", timeout=10).json()
+
+
+def _running_slurmd_pods(cfg: SandboxConfig) -> list[str]:
+    """The slurmd pods kubectl shows Running and Ready, by their Slurm node."""
+    out = _kubectl(
+        cfg, "get", "pods", "-A", "-l", "app.kubernetes.io/name=slurmd", "-o",
+        "jsonpath={range .items[*]}{.metadata.labels.nodeset\\.slinky\\.slurm\\.net/pod-hostname}"
+        " {.status.phase} {.status.conditions[?(@.type=='Ready')].status}{'\\n'}{end}",
+    )  # fmt: skip
+    rows = [line.split() for line in out.splitlines() if line.strip()]
+    return sorted(r[0] for r in rows if r[1:] == ["Running", "True"])
+
+
+def _slurm_nodes(cfg: SandboxConfig) -> list[str]:
+    out = _slurm(cfg, "sinfo", "-h", "-N", "-o", "%N %T")
+    return sorted(line.split()[0] for line in out.splitlines() if "idle" in line)
+
+
+async def test_the_provisioned_cluster_runs_on_the_operators_pods(cfg: SandboxConfig) -> None:
+    nodes = _kubectl(cfg, "get", "nodes")
+    assert "cmk-gpu-1" in nodes and "cmk-gpu-2" in nodes and "Ready" in nodes
+    crs = _kubectl(cfg, "get", "nodesets,controllers", "-A")
+    assert "nodeset.slinky.slurm.net/cmk-gpu" in crs and "controller.slinky.slurm.net/cmk" in crs
+    pods = _kubectl(cfg, "get", "pods", "-A")
+    for pod in ("cmk-controller-0", "cmk-accounting-0", "cmk-login-0"):
+        assert pod in pods
+    assert _running_slurmd_pods(cfg) == ["gpu-01", "gpu-02"]
+    secrets = _kubectl(cfg, "get", "secrets", "-n", "slurm", "-o", "name")
+    for name in ("auth-slurm", "auth-jwt", "sssd-conf", "mariadb-password"):
+        assert f"secret/cmk-{name}" in secrets
+    # Every slurmd registered, and a job runs on both nodes.
+    assert _slurm_nodes(cfg) == ["gpu-01", "gpu-02"]
+    out = _slurm(cfg, "srun", "-N", "2", "-p", "gpu", "hostname")
+    assert len(out.split()) == 2
+    # The pool is the node set's, in the CMK cluster the sandbox made.
+    (pool,) = _world(cfg)["pools"].values()
+    assert pool["name"] == "cmk-gpu" and pool["cluster_id"] == cfg.cmk_cluster_id
+
+
+@pytest.mark.timeout(600)
+async def test_scale_out_and_in(cfg: SandboxConfig) -> None:
+    r = _cli(cfg, "scale", cfg.cluster, "gpu", "3", "--wait")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert _slurm_nodes(cfg) == ["gpu-01", "gpu-02", "gpu-03"]
+    await eventually(
+        lambda: _async(_running_slurmd_pods(cfg) == ["gpu-01", "gpu-02", "gpu-03"]),
+        30,
+        "three running slurmd pods",
+    )
+    r = _cli(cfg, "scale", cfg.cluster, "gpu", "2", "--wait")
+    assert r.returncode == 0, r.stdout + r.stderr
+    await eventually(
+        lambda: _async(_running_slurmd_pods(cfg) == ["gpu-01", "gpu-02"]), 30, "two pods"
+    )
+    assert len(_world(cfg)["vms"]) == 2
+
+
+@pytest.mark.timeout(900)
+async def test_delete_leaves_nothing_then_create_from_the_example(cfg: SandboxConfig) -> None:
+    r = _cli(cfg, "delete", cfg.cluster, "--yes", "--wait")
+    assert r.returncode == 0, r.stdout + r.stderr
+    world = _world(cfg)
+    assert world["pools"] == {} and world["vms"] == {}
+    table = ProcessTable(cfg.state_dir)
+
+    def daemons() -> list[str]:
+        return [
+            r.name
+            for r in table.records()
+            if table.alive(r.name)
+            and (r.name in SLURM_DAEMONS or r.name.startswith(("slurmd-", "agent-")))
+        ]
+
+    await eventually(lambda: _async(daemons() == []), 60, "no Slurm daemon left")
+    await eventually(
+        lambda: _async(_kubectl(cfg, "get", "pods", "-A", "-o", "name") == ""), 30, "no pod"
+    )
+    assert "cmk-gpu" not in _kubectl(cfg, "get", "nodes", "-o", "name")
+
+    # A bad spec is refused with its field named, before anything is made.
+    bad = cfg.state_dir / "bad.yaml"
+    bad.write_text(EXAMPLE.read_text().replace("count: 2", "count: -1"))
+    r = _cli(cfg, "create", "-f", str(bad))
+    assert r.returncode == 2 and "count" in r.stdout + r.stderr, r.stdout + r.stderr
+
+    r = _cli(cfg, "create", "-f", str(EXAMPLE))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "cluster cmk is ready" in r.stdout
+    assert _slurm_nodes(cfg) == ["gpu-01", "gpu-02"]
+    await eventually(
+        lambda: _async(_running_slurmd_pods(cfg) == ["gpu-01", "gpu-02"]), 30, "two pods"
+    )
+
+
+async def _async(value: bool) -> bool:
+    return value
