@@ -55,6 +55,8 @@ K8S_CALLS: dict[str, Rule] = {
     "read_namespaced_config_map": ("", "configmaps", "get"),
     "patch_namespaced_config_map": ("", "configmaps", "patch"),
     "delete_namespaced_config_map": ("", "configmaps", "delete"),
+    "create_namespaced_secret": ("", "secrets", "create"),
+    "delete_namespaced_secret": ("", "secrets", "delete"),
     "create_namespaced_persistent_volume_claim": ("", "persistentvolumeclaims", "create"),
     "read_namespaced_persistent_volume_claim": ("", "persistentvolumeclaims", "get"),
     "delete_namespaced_persistent_volume_claim": ("", "persistentvolumeclaims", "delete"),
