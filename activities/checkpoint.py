@@ -22,8 +22,8 @@ import time
 from temporalio import activity
 
 from autoclusters.activities.heartbeat import heartbeating
+from autoclusters.activities.job_markers import ACTIVE, BUSY, marked_for, requeue_marker
 from autoclusters.activities.sharing_demand import checkpointed_at
-from autoclusters.activities.slurm import ACTIVE, BUSY, marked_for, requeue_marker
 from autoclusters.core.models import CheckpointInput, CheckpointJobsResult
 from autoclusters.integrations.slurm import SlurmSignalClient
 

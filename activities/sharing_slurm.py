@@ -18,7 +18,8 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from autoclusters.activities.heartbeat import heartbeating
-from autoclusters.activities.slurm import ACTIVE, BUSY, known_node
+from autoclusters.activities.job_markers import ACTIVE, BUSY
+from autoclusters.activities.slurm import known_node
 from autoclusters.core import hostlist
 from autoclusters.core.models import REASON_PREFIX, SlurmJob, SlurmNode
 from autoclusters.core.sharing import (

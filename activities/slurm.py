@@ -9,6 +9,8 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from autoclusters.activities.heartbeat import heartbeating
+from autoclusters.activities.in_job import InJobRecovery
+from autoclusters.activities.job_markers import ACTIVE, BUSY, marked_for, requeue_marker
 from autoclusters.core.cluster_ops import is_ops_reason
 from autoclusters.core.kubernetes import SLINKY_REASON_PREFIX
 from autoclusters.core.models import (
@@ -30,28 +32,7 @@ from autoclusters.core.models import (
     WaitRegisteredInput,
 )
 from autoclusters.core.quarantine import QuarantineStatus, VerifyQuarantineInput
-from autoclusters.integrations.slurm import SlurmClient, SlurmUnavailable
-
-# Jobs that hold the node's resources and can be requeued.
-ACTIVE = {"RUNNING", "CONFIGURING", "SUSPENDED"}
-# Jobs with processes on the node: a repair under them would kill them.
-BUSY = ACTIVE | {"COMPLETING"}
-
-
-def requeue_marker(incident_id: str, restart_cnt: int) -> str:
-    """Written on the job *before* the requeue, with the restart count it had then.
-
-    A retried activity sees the marker and compares restart counts: higher means our
-    requeue already happened, so it must not happen again.
-    """
-    return f"{REASON_PREFIX}requeue:{incident_id}:{restart_cnt}"
-
-
-def marked_for(job: SlurmJob, incident_id: str) -> int | None:
-    prefix = f"{REASON_PREFIX}requeue:{incident_id}:"
-    if job.admin_comment.startswith(prefix):
-        return int(job.admin_comment[len(prefix) :])
-    return None
+from autoclusters.integrations.slurm import SlurmClient, SlurmInJobClient, SlurmUnavailable
 
 
 def _settling(job: SlurmJob) -> bool:
@@ -114,6 +95,12 @@ class SlurmActivities:
 
     async def _requeue_jobs(self, inp: RequeueInput) -> RequeueResult:
         result = RequeueResult()
+        if inp.in_job and isinstance(self._slurm, SlurmInJobClient):
+            # Jobs holding a hot spare lose the node and go on; what they could not do is
+            # requeued there, under this incident's marker (seen below as requeued once).
+            result.in_job = await InJobRecovery(
+                self._slurm, inp.node, inp.incident_id, inp.in_job_budget_s, inp.poll_s
+            ).recover()
         for job in await self._slurm.jobs_on_node(inp.node):
             if job.job_state not in ACTIVE:
                 continue

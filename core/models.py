@@ -193,6 +193,8 @@ class IncidentState(BaseModel):
     requeued_jobs: list[int] = Field(default_factory=list)
     # Degraded faults: the jobs that checkpointed when asked, before their requeue.
     checkpointed_jobs: list[int] = Field(default_factory=list)
+    # How each job on the node got going again: "in-job" (its hot spare) or "requeue".
+    recovery_path: dict[int, str] = Field(default_factory=dict)
     old_vm_id: str | None = None
     new_vm_id: str | None = None
     error: str | None = None
@@ -288,6 +290,37 @@ class DrainResult(BaseModel):
     previous_reason: str = ""
 
 
+class InJobResult(BaseModel):
+    """In-job recovery of the jobs on a faulty node (activities/in_job.py)."""
+
+    # Lost the node and stepped again on their spare, no requeue.
+    recovered: list[int] = Field(default_factory=list)
+    # Tried and not done within the budget (or refused by Slurm): requeued once instead.
+    fell_back: dict[int, str] = Field(default_factory=dict)
+    # No hot spare announced (`injob=` in the comment): left to the requeue step.
+    not_capable: list[int] = Field(default_factory=list)
+    waited_s: float = 0.0
+
+    def describe(self) -> str:
+        parts = []
+        if self.recovered:
+            parts.append(f"{self.recovered} went on without the node ({self.waited_s:.1f}s)")
+        parts += [f"{j} requeued instead: {why}" for j, why in self.fell_back.items()]
+        if self.not_capable:
+            parts.append(f"no hot spare in {self.not_capable}: requeue")
+        return "; ".join(parts) or "no job on the node"
+
+
+def job_comment(job: SlurmJob, key: str) -> str | None:
+    """A `key=value` token of the job's Slurm comment (jobs announce what they can do and
+    record what they did there: `ckpt_at=`, `injob=`, `resumed_at=`)."""
+    for part in job.comment.replace(";", " ").split():
+        k, sep, value = part.partition("=")
+        if sep and k == key:
+            return value
+    return None
+
+
 class RequeueInput(BaseModel):
     node: str
     incident_id: str
@@ -296,6 +329,10 @@ class RequeueInput(BaseModel):
     # Jobs this incident requeued once that Slurm placed back on the node (its drain was
     # lost): requeue them a second time (the policy says so), or only report them.
     requeue_again: bool = False
+    # The policy's job_recovery is in-job: a job holding a hot spare loses the node and goes
+    # on instead (activities/in_job.py), or is requeued after in_job_budget_s.
+    in_job: bool = False
+    in_job_budget_s: float = 30.0
 
 
 class RequeueResult(BaseModel):
@@ -307,10 +344,13 @@ class RequeueResult(BaseModel):
     # `requeue_again`): the runbook asks what to do with them.
     came_back: list[int] = Field(default_factory=list)
     requeued_again: list[int] = Field(default_factory=list)
+    in_job: InJobResult | None = None  # None: not tried (policy, or a client that cannot)
 
     def describe(self) -> str:
         """Exactly what was done to which job."""
         parts = [f"requeued {self.requeued_now or 'no jobs'}"]
+        if self.in_job is not None and (self.in_job.recovered or self.in_job.fell_back):
+            parts.insert(0, f"in-job: {self.in_job.describe()}")
         earlier = [j for j in self.requeued if j not in self.requeued_now]
         if earlier:
             parts.append(f"requeued earlier for this incident {earlier}")

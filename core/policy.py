@@ -187,6 +187,13 @@ class Policy(_Strict):
     # For faults whose rule says `on_degraded: checkpoint_then_drain`: the signal the jobs'
     # batch shells take as "checkpoint now and requeue yourself" (train.sbatch traps USR1),
     # and how long the runbook waits for them to leave the node before it requeues them.
+    # A job that holds a hot spare in its own allocation and says so in its Slurm comment
+    # (`injob=<dir>`, examples/training) can lose the faulty node without a requeue: the
+    # runbook stops the job's processes on the node and releases the node from the job;
+    # the job goes on with its spare. `requeue`: always requeue. A job that has not
+    # stepped again (`resumed_at=` in its comment) within in_job_budget_s is requeued.
+    job_recovery: Literal["in-job", "requeue"] = "in-job"
+    in_job_budget_s: float = Field(default=30, gt=0, le=3600, allow_inf_nan=False)
     checkpoint_signal: str = Field(default="USR1", pattern=r"^[A-Z0-9]{2,8}$")
     checkpoint_budget_s: float = Field(default=120, gt=0, le=3600, allow_inf_nan=False)
     faults: dict[FaultKind, FaultRule] = Field(default_factory=dict)

@@ -135,6 +135,15 @@ class SlurmSignalClient(SlurmClient, Protocol):
     async def signal_job(self, job_id: int, signal: str) -> None: ...
 
 
+@runtime_checkable
+class SlurmInJobClient(SlurmClient, Protocol):
+    """What in-job recovery adds: act on one node of a running job, and shrink the job's
+    allocation to the nodes it keeps. Checkable at run time, as SlurmSignalClient."""
+
+    async def run_on_job_node(self, job_id: int, node: str, command: str) -> None: ...
+    async def shrink_job(self, job_id: int, nodes: list[str]) -> None: ...
+
+
 def _flags(raw: Any) -> list[str]:
     return [str(f) for f in raw or []]
 
@@ -292,6 +301,19 @@ class SlurmCli:
         passes it on to its steps: the job's checkpoint signal (train.sbatch traps USR1,
         checkpoints, and requeues itself)."""
         await self._run("scancel", "--batch", f"--signal={signal}", str(job_id))
+
+    async def run_on_job_node(self, job_id: int, node: str, command: str) -> None:
+        """Run `command` (sh) inside the running job's allocation on `node`, beside its
+        steps (`srun --overlap`): how the runbook reaches one node of a job, which neither
+        scancel nor scontrol can single out."""
+        await self._run(
+            "srun", "--overlap", f"--jobid={job_id}", f"--nodelist={node}", "-N1", "-n1",
+            "--quiet", "sh", "-c", command,
+        )  # fmt: skip
+
+    async def shrink_job(self, job_id: int, nodes: list[str]) -> None:
+        """Release every node of the running job but `nodes` (Slurm frees the others)."""
+        await self._run("scontrol", "update", f"JobId={job_id}", f"NodeList={','.join(nodes)}")
 
     async def submit_batch(
         self,

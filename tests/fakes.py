@@ -63,6 +63,12 @@ class FakeSlurm:
         # (its other nodes not done with it yet), before it is PENDING.
         self.completing_reads: Counter[int] = Counter()
         self.signals: Counter[int] = Counter()
+        # In-job recovery (examples/training's hot spare): jobs that step again on their
+        # spare once the runbook took the node from them (they write `resumed_at=`), and
+        # whether Slurm refuses `srun --overlap` into a job.
+        self.in_job_recovering: set[int] = set()
+        self.refuse_overlap = False
+        self.killed_on: Counter[tuple[int, str]] = Counter()
         # slurmctld away (restarting, failing over): every call raises SlurmUnavailable, as
         # SlurmCli does on 22.05's errors document; `calls_while_down` counts the attempts.
         self.down = False
@@ -311,6 +317,31 @@ class FakeSlurm:
         self._reachable("set_admin_comment")
         self.calls["set_admin_comment"] += 1
         self._job(job_id).admin_comment = text
+
+    async def run_on_job_node(self, job_id: int, node: str, command: str) -> None:
+        self._reachable("run_on_job_node")
+        self.calls["run_on_job_node"] += 1
+        job = self._job(job_id)
+        if self.refuse_overlap or node not in hostlist.expand(job.nodes):
+            raise SlurmError(f"srun: error: Unable to create step for job {job_id}")
+        self.killed_on[(job_id, node)] += 1
+        self.record(f"run_on_node {command}", f"{job_id}@{node}")
+
+    async def shrink_job(self, job_id: int, nodes: list[str]) -> None:
+        self._reachable("shrink_job")
+        self.calls["shrink_job"] += 1
+        job = self._job(job_id)
+        had = hostlist.expand(job.nodes)
+        if job.job_state not in _REQUEUEABLE_STATES or not set(nodes) < set(had):
+            raise SlurmError(f"scontrol update JobId={job_id}: Invalid node name specified")
+        job.nodes = ",".join(nodes)
+        self.record("shrink", f"{job_id}:{job.nodes}")
+        for n in had:
+            self._settle(n)
+        if job_id in self.in_job_recovering and any(
+            killed for (j, _), killed in self.killed_on.items() if j == job_id
+        ):
+            job.comment = f"{job.comment} resumed_at={time.time():.3f}".strip()
 
     async def cancel(self, job_id: int) -> None:
         self._reachable("cancel")

@@ -26,7 +26,8 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowFailureError
 from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
 
-from autoclusters.activities.slurm import SlurmActivities, requeue_marker
+from autoclusters.activities.job_markers import requeue_marker
+from autoclusters.activities.slurm import SlurmActivities
 from autoclusters.clients import incidents
 from autoclusters.core.models import ApprovalRequest, DrainInput, IncidentState
 from autoclusters.core.policy import Rung, StepPolicy

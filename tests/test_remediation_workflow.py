@@ -353,7 +353,7 @@ async def test_incident_resolves_in_runbook_order(env: WorkflowEnvironment) -> N
     assert [h.passed for h in result.health] == [True]
     assert result.current_step is None and result.waiting_for is None
     assert result.closed_at is not None and result.error is None
-    assert result.requeued_jobs == [101]
+    assert result.requeued_jobs == [101] and result.recovery_path == {101: "requeue"}
     assert (result.old_vm_id, result.new_vm_id) == ("vm-0001", "vm-0001")  # a reboot
     assert [(x.fault, x.count) for x in result.faults] == [("XID_79", 1)]
     assert after == result
@@ -419,6 +419,33 @@ async def test_a_degraded_fault_has_the_jobs_checkpoint_before_their_requeue(
     assert (job.job_state, job.state_reason, job.restart_cnt) == ("PENDING", "None", 1)
     assert f.slurm.release_count == {101: 1}
     assert f.slurm.log[:3] == [("drain", "gpu-01"), ("signal USR1", "101"), ("release_hold", "101")]
+
+
+@pytest.mark.parametrize("job_recovery", ["in-job", "requeue"])
+async def test_a_job_with_a_hot_spare_goes_on_without_a_requeue(
+    env: WorkflowEnvironment, job_recovery: str
+) -> None:
+    """A job announcing a spare (`injob=`) loses the node inside the requeue step and goes
+    on; the incident records the path each job took. With job_recovery: requeue, it is
+    requeued as any job."""
+    async with _fleet(env) as f:
+        f.slurm._jobs[101].comment = "injob=/dev/shm/job-101"
+        f.slurm.in_job_recovering.add(101)
+        req = f.request(policy=_policy(job_recovery=job_recovery))
+        result = await (await f.start(req)).result()
+
+    assert result.status == "resolved", result.error
+    assert [s.name for s in result.steps] == RUNBOOK  # the same steps either way
+    job = f.slurm.job_now(101)
+    if job_recovery == "in-job":
+        assert result.recovery_path == {101: "in-job"} and result.requeued_jobs == []
+        assert (job.job_state, job.restart_cnt, job.nodes) == ("RUNNING", 0, "gpu-03")
+        assert f.slurm.requeue_count[101] == 0
+        step = result.step("requeue")
+        assert step is not None and "[101] went on without the node" in step.detail
+    else:
+        assert result.recovery_path == {101: "requeue"} and result.requeued_jobs == [101]
+        assert f.slurm.requeue_count[101] == 1 and f.slurm.killed_on == {}
 
 
 async def test_observe_mode_changes_nothing(env: WorkflowEnvironment) -> None:

@@ -12,7 +12,8 @@ from __future__ import annotations
 import pytest
 from temporalio.testing import ActivityEnvironment
 
-from autoclusters.activities.slurm import SlurmActivities, requeue_marker
+from autoclusters.activities.job_markers import requeue_marker
+from autoclusters.activities.slurm import SlurmActivities
 from autoclusters.core.kubernetes import SLINKY_REASON_PREFIX
 from autoclusters.core.models import (
     DrainInput,

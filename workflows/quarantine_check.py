@@ -102,14 +102,26 @@ class Quarantine:
             )
         if inc.policy.rule_for(req.fault).on_degraded == "checkpoint_then_drain":
             await self._checkpoint()
+        p = inc.policy
+        in_job = p.job_recovery == "in-job"
         requeued = await inc.steps.activity(
             "requeue",
             contracts.requeue_jobs,
-            RequeueInput(node=req.node, incident_id=req.incident_id),
+            RequeueInput(
+                node=req.node,
+                incident_id=req.incident_id,
+                in_job=in_job,
+                in_job_budget_s=p.in_job_budget_s,
+            ),
             f"requeue the jobs on {req.node}",
             lambda r: r.describe(),
+            timeout=timedelta(seconds=p.in_job_budget_s + 300) if in_job else None,
         )
         s.requeued_jobs = requeued.requeued
+        s.recovery_path = {
+            **dict.fromkeys(requeued.in_job.recovered if requeued.in_job else [], "in-job"),
+            **dict.fromkeys(requeued.requeued, "requeue"),
+        }
         if requeued.came_back:
             await self._returned_jobs(requeued.came_back)
         first = inc.policy.step(Rung(s.rung or Rung.REBOOT.value))

@@ -441,7 +441,12 @@ class NodeRemediation:
                 if p.rule_for(r.fault).on_degraded == "checkpoint_then_drain"
                 else []
             ),
-            "requeue the node's requeueable jobs and release their requeue hold",
+            "requeue the node's requeueable jobs and release their requeue hold"
+            + (
+                " (a job holding a hot spare goes on without the node instead)"
+                if p.job_recovery == "in-job"
+                else ""
+            ),
             f"wait until {r.node} is idle "
             f"(up to {step.idle_timeout_s:.0f}s, then {step.on_idle_timeout})"
             if step.wait_for_idle
