@@ -41,13 +41,12 @@ from autoclusters.core.policy import Rung
 from autoclusters.core.settings import load_file
 from autoclusters.integrations import temporal
 from autoclusters.integrations.slurm import SlurmCli
-from autoclusters.sandbox import restart
+from autoclusters.sandbox import machine_names, restart
 from autoclusters.sandbox.cloud_api import CRUSOE_EMULATOR
 from autoclusters.sandbox.config import SandboxConfig
 from autoclusters.sandbox.daemons import SandboxError
 from autoclusters.sandbox.hardware import Hardware, HardwareFault
 from autoclusters.sandbox.processes import ProcessTable
-from autoclusters.sandbox.vms import VmRegistry
 from autoclusters.workflows.remediation import NodeRemediation
 
 # What `--kill` may crash, and the steps `--at` may name (the incident's current_step).
@@ -218,7 +217,7 @@ async def run_chaos(
     settings = load_file(cfg.settings_file)
     slurm = SlurmCli(cfg.slurm_conf)
     node = node or await random_job_node(slurm)
-    vm = VmRegistry(cfg.state_dir).get(node)
+    vm = machine_names.vm_of(cfg, node)
     if broken_until is not None and vm is not None:
         Hardware(cfg.state_dir).inject(
             node, vm.vm_id, HardwareFault(fault=fault, fixed_by=broken_until)
@@ -322,7 +321,7 @@ async def run_chaos(
         ops = cloud_operations(cfg, node, since)
         log = [_op_line(o) for o in ops]
     else:  # no Crusoe emulator: what the sandbox's own machines recorded
-        rec = VmRegistry(cfg.state_dir).get(node)
+        rec = machine_names.vm_of(cfg, node)
         keys = [k for k in (rec.operations if rec else {}) if k.startswith(opened.incident_id)]
         ops, log = [{"key": k} for k in keys], keys
     return ChaosReport(

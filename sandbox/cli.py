@@ -229,9 +229,9 @@ def sandbox_hardware_fault(
     """Break a sandbox machine: its health gate fails until a repair at `fixed_by` or above."""
     from autoclusters.core.policy import Rung
     from autoclusters.sandbox import cluster as sb
+    from autoclusters.sandbox import machine_names
     from autoclusters.sandbox.daemons import SandboxError
     from autoclusters.sandbox.hardware import Hardware, HardwareFault
-    from autoclusters.sandbox.vms import VmRegistry
 
     try:
         cfg = sb.load(state_dir.absolute())
@@ -239,7 +239,7 @@ def sandbox_hardware_fault(
     except (SandboxError, ValueError) as e:
         err.print(f"[red]refused:[/red] {e}")
         raise typer.Exit(2) from None
-    vm = VmRegistry(cfg.state_dir).get(node)
+    vm = machine_names.vm_of(cfg, node)
     if vm is None:
         err.print(f"[red]refused:[/red] {node} is not a node of the sandbox in {cfg.state_dir}")
         raise typer.Exit(2)

@@ -27,12 +27,11 @@ from autoclusters.core.policy import Rung
 from autoclusters.core.settings import load_file, policy_for
 from autoclusters.integrations import temporal
 from autoclusters.integrations.slurm import SlurmCli
-from autoclusters.sandbox import cluster, provision, training_job
+from autoclusters.sandbox import cluster, machine_names, provision, training_job
 from autoclusters.sandbox.cluster import sandbox_policy
 from autoclusters.sandbox.config import SandboxConfig
 from autoclusters.sandbox.hardware import Hardware, HardwareFault
 from autoclusters.sandbox.joblog import first_progress_after_restart, progress_lines
-from autoclusters.sandbox.vms import VmRegistry
 from autoclusters.workflows.remediation import NodeRemediation
 
 T = TypeVar("T")
@@ -157,7 +156,7 @@ async def _demo(
 
     node = before[-1]
     node_before = await slurm.node(node)
-    vm = VmRegistry(cfg.state_dir).get(node)
+    vm = machine_names.vm_of(cfg, node)  # on CMK the VM is not named as the node
     # The cluster's mode lives in its policy file, which every new incident reads.
     cfg.policy_file.write_text(sandbox_policy(cfg, mode=mode))
     client = await temporal.connect(settings)

@@ -23,7 +23,7 @@ from autoclusters.clients.agent import fake_backend
 from autoclusters.core.kubernetes import INSTANCE_ID_LABEL
 from autoclusters.core.policy import Rung
 from autoclusters.core.sharing import POOL_LABEL, POOL_TAINT_KEY
-from autoclusters.sandbox import agent_targets, daemons
+from autoclusters.sandbox import agent_targets, daemons, machine_names
 from autoclusters.sandbox.config import GPUS_PER_NODE, SandboxConfig
 from autoclusters.sandbox.crusoe_slurm_models import ClusterStarted, SlurmCluster, SlurmUser
 from autoclusters.sandbox.crusoe_world import EmulatedVm
@@ -151,35 +151,65 @@ class SandboxMachines:
             r.raise_for_status()
             # Its slurmd pod comes from the Slinky operator (the `slinky-operator` process).
 
+    def _node(self, vm: EmulatedVm) -> str:
+        """The VM's Slurm node: what its slurmd, agent and faults go by (on CMK, not the
+        VM's name: sandbox/machine_names.py)."""
+        return machine_names.slurm_node(self._cfg, vm.name)
+
+    async def _boot_slurmd(self, node: str) -> None:
+        """On Managed Slurm the machine starts its slurmd; on CMK the slurmd is a pod, which
+        the emulated kubelet starts once the machine's Node is Ready again."""
+        if not self._cfg.cmk:
+            await asyncio.to_thread(power_on, self._cfg, node)
+
+    async def _node_down(self, vm: EmulatedVm) -> None:
+        """On CMK a machine that goes down takes its Node NotReady: the kubelet runs nothing
+        there (it would restart the slurmd power_off just stopped) until the boot registers
+        it again."""
+        if not self._cfg.cmk:
+            return
+        async with httpx.AsyncClient(base_url=self._cfg.k8s_url, timeout=10) as k8s:
+            r = await k8s.post(
+                f"/_emulator/nodes/{vm.name}/ready",
+                json={"ready": False, "reason": "KubeletNotReady", "message": "machine down"},
+            )
+            if r.status_code != 404:  # no Node yet: nothing to take down
+                r.raise_for_status()
+
     async def on_create(self, vm: EmulatedVm) -> None:
         rec = self._vms.get(vm.name) or VmRecord(node=vm.name, vm_id=vm.id)
         rec.vm_id = vm.id
         self._vms.save(rec)
-        self._hardware.repaired(vm.name, vm.id, Rung.REPLACE)  # a new machine: no faults
-        await asyncio.to_thread(power_on, self._cfg, vm.name)
+        node = self._node(vm)
+        self._hardware.repaired(node, vm.id, Rung.REPLACE)  # a new machine: no faults
+        await self._boot_slurmd(node)
         if not self._cfg.cmk:
             # On CMK the agent runs beside the Node's slurmd pod, under its Slurm node's name
-            # (sandbox/slinky_kubelet.py): the VM's name is not the Slurm node's there.
-            await asyncio.to_thread(start_agent, self._cfg, vm.name, new_machine=True)
+            # (sandbox/slinky_kubelet.py), started afresh on the new Node.
+            await asyncio.to_thread(start_agent, self._cfg, node, new_machine=True)
         await self._register_node(vm)
 
     async def on_reset(self, vm: EmulatedVm) -> None:
-        await asyncio.to_thread(power_off, self._cfg, vm.name)
+        node = self._node(vm)
+        await self._node_down(vm)
+        await asyncio.to_thread(power_off, self._cfg, node)
         await asyncio.sleep(self._cfg.boot_delay_s)
-        self._hardware.repaired(vm.name, vm.id, Rung.REBOOT)
-        await asyncio.to_thread(power_on, self._cfg, vm.name)
+        self._hardware.repaired(node, vm.id, Rung.REBOOT)
+        await self._boot_slurmd(node)
         await self._register_node(vm)
 
     async def on_stop(self, vm: EmulatedVm) -> None:
-        await asyncio.to_thread(power_off, self._cfg, vm.name)
+        await self._node_down(vm)
+        await asyncio.to_thread(power_off, self._cfg, self._node(vm))
 
     async def on_start(self, vm: EmulatedVm) -> None:
-        await asyncio.to_thread(power_on, self._cfg, vm.name)
+        await self._boot_slurmd(self._node(vm))
         await self._register_node(vm)
 
     async def on_delete(self, vm: EmulatedVm) -> None:
-        await asyncio.to_thread(power_off, self._cfg, vm.name)
-        await asyncio.to_thread(stop_agent, self._cfg, vm.name)
+        node = self._node(vm)
+        await asyncio.to_thread(power_off, self._cfg, node)
+        await asyncio.to_thread(stop_agent, self._cfg, node)
         if self._cfg.k8s:
             async with httpx.AsyncClient(base_url=self._cfg.k8s_url, timeout=10) as k8s:
                 await k8s.delete(f"/_emulator/nodes/{vm.name}")

@@ -38,11 +38,18 @@ from autoclusters.core.policy import Rung
 from autoclusters.core.settings import load_file
 from autoclusters.integrations import temporal
 from autoclusters.integrations.slurm import SlurmCli
-from autoclusters.sandbox import cloud_api, cluster, daemons, monitoring, restart, slinky
+from autoclusters.sandbox import (
+    cloud_api,
+    cluster,
+    daemons,
+    machine_names,
+    monitoring,
+    restart,
+    slinky,
+)
 from autoclusters.sandbox.chaos import STEPS, _closed, cloud_operations
 from autoclusters.sandbox.config import SandboxConfig
 from autoclusters.sandbox.hardware import Hardware, HardwareFault
-from autoclusters.sandbox.vms import VmRegistry
 from autoclusters.workflows.remediation import NodeRemediation
 
 # What may be taken away: the short name an operator types -> the process-table name
@@ -272,7 +279,7 @@ async def run_outage_case(
     if at not in STEPS:
         raise OutageError(f"step {at!r}: expected one of {', '.join(STEPS)}")
     settings = load_file(cfg.settings_file)
-    vm = VmRegistry(cfg.state_dir).get(node)
+    vm = machine_names.vm_of(cfg, node)
     if vm is not None:
         Hardware(cfg.state_dir).inject(
             node, vm.vm_id, HardwareFault(fault=fault, fixed_by=Rung.REBOOT)

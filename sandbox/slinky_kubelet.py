@@ -34,7 +34,8 @@ from typing import Any
 import httpx
 from kubernetes import client
 
-from autoclusters.sandbox import daemons, machines
+from autoclusters.core.kubernetes import is_ready
+from autoclusters.sandbox import daemons, machine_names, machines
 from autoclusters.sandbox import slinky_operator_pods as pods
 from autoclusters.sandbox.config import GPUS_PER_NODE, SandboxConfig
 from autoclusters.sandbox.processes import ProcessTable
@@ -159,6 +160,11 @@ class SlinkyKubelet:
                 by_app[_app(p)].append(p)
         ctl, acct, login = by_app["slurmctld"], by_app["slurmdbd"], by_app["login"]
         slurmds = by_app["slurmd"] if ctl else []
+        # Which Slurm node each machine is, for the machines' fault, repair and boot path.
+        machine_names.record(self._cfg, {pods.node_of(p): pods.slurm_name(p) for p in slurmds})
+        # A machine that is down (its Node NotReady: a reset, a stop) runs no container; its
+        # node stays in slurm.conf (slurmctld marks it down, as it would a dead slurmd).
+        up = {pods.slurm_name(p) for p in slurmds if is_ready(nodes[pods.node_of(p)])}
 
         if ctl or acct or login:
             ns = (ctl or acct or login)[0]["metadata"]["namespace"]
@@ -179,13 +185,14 @@ class SlinkyKubelet:
             if ctl:
                 key = (repr(layout), topology)
                 if key != self._applied or (layout.nodes and not self._table.alive(SLURMCTLD)):
-                    running = [d.name for d in layout.nodes]
+                    running = [d.name for d in layout.nodes if d.name in up]
                     self._slurm.apply(layout, topology, running)
                     self._applied = key
                     done.append(f"slurmctld runs {running}")
                 else:
                     for d in layout.nodes:
-                        machines.power_on(self._cfg, d.name)
+                        if d.name in up:
+                            machines.power_on(self._cfg, d.name)
         if not login and self._table.stop(LOGIN):
             done.append("stopped sshd-login")
         if not ctl:
