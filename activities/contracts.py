@@ -70,6 +70,7 @@ from autoclusters.core.models import (
     DrainResult,
     HealthGateInput,
     HealthReport,
+    LiftSilenceInput,
     Notification,
     PlanRepairInput,
     RepairInput,
@@ -81,6 +82,8 @@ from autoclusters.core.models import (
     RequeueResult,
     ReturnInput,
     ReturnResult,
+    SilenceInput,
+    SilenceResult,
     SlurmNode,
     SpareInput,
     WaitIdleInput,
@@ -119,6 +122,16 @@ async def requeue_jobs(inp: RequeueInput) -> RequeueResult:
 
 @activity.defn(name="checkpoint_jobs")
 async def checkpoint_jobs(inp: CheckpointInput) -> CheckpointJobsResult:
+    raise _stub()
+
+
+@activity.defn(name="silence_node_alerts")
+async def silence_node_alerts(inp: SilenceInput) -> SilenceResult:
+    raise _stub()
+
+
+@activity.defn(name="lift_silence")
+async def lift_silence(inp: LiftSilenceInput) -> str:
     raise _stub()
 
 

@@ -193,6 +193,8 @@ class IncidentState(BaseModel):
     requeued_jobs: list[int] = Field(default_factory=list)
     # Degraded faults: the jobs that checkpointed when asked, before their requeue.
     checkpointed_jobs: list[int] = Field(default_factory=list)
+    # The Alertmanager silence of the node's other alerts, held from the drain to the close.
+    silence_id: str | None = None
     # How each job on the node got going again: "in-job" (its hot spare) or "requeue".
     recovery_path: dict[int, str] = Field(default_factory=dict)
     old_vm_id: str | None = None
@@ -361,6 +363,22 @@ class RequeueResult(BaseModel):
         if self.not_requeueable:
             parts.append(f"cannot requeue {self.not_requeueable}")
         return "; ".join(parts)
+
+
+class SilenceInput(BaseModel):
+    node: str
+    incident_id: str
+    fault: str
+
+
+class SilenceResult(BaseModel):
+    silence_id: str | None = None  # None: not silenced (no Alertmanager, or it was away)
+    detail: str = ""
+
+
+class LiftSilenceInput(BaseModel):
+    silence_id: str
+    incident_id: str
 
 
 class CheckpointInput(BaseModel):

@@ -150,6 +150,23 @@ class Settings(BaseSettings):
         description="key that signs console session cookies; None: a random one per API "
         "process (a restart logs everyone out). Set it when several API replicas serve /ui",
     )
+    alertmanager_url: str | None = Field(
+        default=None,
+        description="Alertmanager root (http://host:9093): from drain to close, an incident "
+        "silences its node's other alerts there; None: no silences",
+    )
+    alert_node_label: str = Field(
+        default="Hostname",
+        pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,63}$",
+        description="the alert label that names the node (dcgm-exporter: Hostname; "
+        "relabelled scrapes often use node)",
+    )
+    silence_max_s: int = Field(
+        default=12 * 3600,
+        ge=60,
+        le=7 * 86400,
+        description="a silence's end time from its start: one whose lift is lost still ends",
+    )
     prometheus_url: str | None = Field(
         default=None,
         description="Prometheus root (http://host:9090) whose HTTP API the console's node "

@@ -274,6 +274,10 @@ class SandboxConfig(BaseModel):
             "api_inventory": "slurm",
             "worker_metrics_port": self.worker_metrics_port,
             "prometheus_url": self.prometheus_url,  # the console's GPU charts
+            # Incidents silence their node's other alerts there; the agents' series carry
+            # the node as `node` (sandbox/monitoring.py).
+            "alertmanager_url": self.alertmanager_url,
+            "alert_node_label": "node",
             # The sandbox's console needs no login from this machine (the API binds loopback).
             "console_loopback_open": True,
         }

@@ -71,9 +71,13 @@ async def test_job_on_faulty_node_requeued_once_and_node_returns_idle(
         assert state.status == "resolved"
         assert [s.name for s in state.steps] == [
             "guard_register", "notify_opened", "admit_quarantine", "drain", "requeue",
-            "wait_idle", "admit_repair", "repair", "wait_registered", "health_gate",
-            "return_to_service", "notify_resolved",
+            "silence", "wait_idle", "admit_repair", "repair", "wait_registered",
+            "health_gate", "return_to_service", "lift_silence", "notify_resolved",
         ]  # fmt: skip
+        # The sandbox's real Alertmanager held the node's other alerts silent meanwhile.
+        assert state.silence_id is not None
+        lifted = state.step("lift_silence")
+        assert lifted is not None and lifted.detail == f"silence {state.silence_id} lifted"
         assert state.rung == "replace"
         assert state.requeued_jobs == [job_id]
 

@@ -97,13 +97,13 @@ async def test_undrained_during_approval_is_quarantined_again_before_the_repair(
     assert (
         [s.name for s in result.steps]
         == [
-            *APPROVED_RUNBOOK[:9],  # ... approval, notify_approval_needed, admit_repair
+            *APPROVED_RUNBOOK[:10],  # ... approval, notify_approval_needed, admit_repair
             "notify_quarantine_lost",
             "requarantine",
             "drain",
-            "requeue",
+            "requeue",  # the silence of the first quarantine holds: not asked again
             "wait_idle",
-            *APPROVED_RUNBOOK[9:],  # repair, wait_registered, health_gate, ...
+            *APPROVED_RUNBOOK[10:],  # repair, wait_registered, health_gate, ...
         ]
     )
     again = result.step("requarantine")

@@ -83,6 +83,7 @@ RUNBOOK = [
     "admit_quarantine",
     "drain",
     "requeue",
+    "silence",
     "wait_idle",
     "admit_repair",
     "repair",
@@ -92,7 +93,7 @@ RUNBOOK = [
     "notify_resolved",
 ]
 # Approve mode: the decision comes after the node is quarantined and idle.
-APPROVED_RUNBOOK = [*RUNBOOK[:6], "approval", "notify_approval_needed", *RUNBOOK[6:]]
+APPROVED_RUNBOOK = [*RUNBOOK[:7], "approval", "notify_approval_needed", *RUNBOOK[7:]]
 APPROVAL_TIMEOUT_S = 600
 
 # The policy every test starts from: explicit, so no test depends on the shipped file.
@@ -331,7 +332,7 @@ async def test_incident_resolves_in_runbook_order(env: WorkflowEnvironment) -> N
         during = await handle.query(NodeRemediation.status)
         assert (during.status, during.current_step) == ("open", "repair")
         assert (during.rung, during.mode) == ("reboot", "auto")
-        assert [s.name for s in during.steps] == RUNBOOK[:8]
+        assert [s.name for s in during.steps] == RUNBOOK[:9]
         assert during.requeued_jobs == [101]
         assert during.waiting_for is None
         node = f.slurm.node_now("gpu-01")
@@ -406,7 +407,7 @@ async def test_a_degraded_fault_has_the_jobs_checkpoint_before_their_requeue(
     assert result.status == "resolved", result.error
     names = [s.name for s in result.steps]
     assert names[names.index("drain") : names.index("wait_idle")] == [
-        "drain", "checkpoint", "requeue"
+        "drain", "checkpoint", "requeue", "silence"
     ]  # fmt: skip
     checkpoint = result.step("checkpoint")
     assert checkpoint is not None and checkpoint.outcome == "ok"
@@ -510,7 +511,7 @@ async def _approval_pending(f: Fleet, req: IncidentRequest) -> Incident:
         "the approval request",
     )
     assert state.current_step == "approval"
-    assert [s.name for s in state.steps] == APPROVED_RUNBOOK[:8]
+    assert [s.name for s in state.steps] == APPROVED_RUNBOOK[:9]
     # Quarantined before anyone is asked: the node is drained, nothing repaired yet.
     assert f.slurm.node_now("gpu-01").drained
     assert f.cloud.repair_calls == []
@@ -773,9 +774,9 @@ async def test_failed_health_gate_escalates_one_rung(env: WorkflowEnvironment) -
     ]
     assert [h.passed for h in result.health] == [False, True]
     assert [s.name for s in result.steps] == [
-        *RUNBOOK[:10],
+        *RUNBOOK[:11],
         "notify_escalated",
-        *RUNBOOK[6:],
+        *RUNBOOK[7:],
     ]
     gates = [s for s in result.steps if s.name == "health_gate"]
     assert gates[0].detail.startswith("FAILED: gpu_faults: fault persists until replace")

@@ -27,9 +27,11 @@ from autoclusters.activities.sharing_demand import ShareDemandActivities
 from autoclusters.activities.sharing_k8s import ShareKubernetesActivities
 from autoclusters.activities.sharing_slurm import ShareSlurmActivities
 from autoclusters.activities.sharing_yield import ShareYieldActivities
+from autoclusters.activities.silences import SilenceActivities
 from autoclusters.activities.slurm import SlurmActivities
 from autoclusters.core.settings import Settings
 from autoclusters.integrations import k8s, temporal
+from autoclusters.integrations.alertmanager import AlertmanagerClient
 from autoclusters.integrations.cloud import CloudProvider
 from autoclusters.integrations.health import HealthGate, SlurmHealthGate
 from autoclusters.integrations.metrics_http import MetricsServer
@@ -153,6 +155,7 @@ def activities_for(
     guard: GuardActivities,
     notifiers: list[Notifier] | None = None,
     kubernetes: KubernetesActivities | None = None,
+    silences: SilenceActivities | None = None,
 ) -> list[Any]:
     s, c, h = SlurmActivities(slurm), CloudActivities(cloud), HealthActivities(health)
     n = NotifyActivities(notifiers if notifiers is not None else [LogNotifier()])
@@ -176,9 +179,13 @@ def activities_for(
         if isinstance(slurm, SlurmSignalClient)
         else []
     )
+    # Without an Alertmanager the steps answer "not silenced" (a run may still ask).
+    quiet = silences or SilenceActivities(None, node_label="Hostname", max_s=3600)
     return [
         *k8s,
         *checkpoint,
+        quiet.silence_node_alerts,
+        quiet.lift_silence,
         s.drain_node,
         s.requeue_jobs,
         s.wait_node_idle,
@@ -258,12 +265,19 @@ def build_worker(
     kubernetes = (
         KubernetesActivities(kube_api, request_timeout_s=10) if kube_api is not None else None
     )
+    silences = SilenceActivities(
+        AlertmanagerClient(settings.alertmanager_url) if settings.alertmanager_url else None,
+        node_label=settings.alert_node_label,
+        max_s=settings.silence_max_s,
+    )
     return Worker(
         client,
         task_queue=settings.task_queue,
         workflows=WORKFLOWS,
         activities=[
-            *activities_for(slurm, cloud, health, guard, notifiers, kubernetes=kubernetes),
+            *activities_for(
+                slurm, cloud, health, guard, notifiers, kubernetes=kubernetes, silences=silences
+            ),
             ops.node_load,
             ops.incident_open,
             ops.workflow_running,

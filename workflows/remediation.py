@@ -37,6 +37,7 @@ with workflow.unsafe.imports_passed_through():
         IncidentRequest,
         IncidentState,
         IncidentStatus,
+        LiftSilenceInput,
         RefusedApproval,
         RepairInput,
         RepairResult,
@@ -397,6 +398,16 @@ class NodeRemediation:
         self, status: IncidentStatus, text: str, severity: str = "info"
     ) -> IncidentState:
         s = self._state
+        s.current_step, s.waiting_for = None, None
+        if s.silence_id is not None:
+            lifted = await self._inc.steps.activity(
+                "lift_silence",
+                contracts.lift_silence,
+                LiftSilenceInput(silence_id=s.silence_id, incident_id=s.request.incident_id),
+                f"lift the Alertmanager silence of {s.request.node}",
+                lambda r: r,
+            )
+            text += f"; {lifted}"
         s.status, s.closed_at, s.current_step, s.waiting_for = status, workflow.now(), None, None
         self._inc.publish()
         await self._inc.notify(status, text, severity)
