@@ -47,7 +47,8 @@ TRAIN = ROOT / "examples" / "training" / "train.py"
 SBATCH = ROOT / "examples" / "training" / "train.sbatch"
 STEP_LINE = re.compile(
     r"^ts=(?P<ts>\d+\.\d+) node=(?P<node>\S+) restart=(?P<restart>\d+) step=(?P<step>\d+) "
-    r"rank=(?P<rank>\d+) resumed_from=(?P<resumed_from>\d+) loss=(?P<loss>\d+\.\d+)$"
+    r"rank=(?P<rank>\d+) resumed_from=(?P<resumed_from>\d+) loss=(?P<loss>\d+\.\d+)"
+    r"(?: elastic=(?P<elastic>\d+))?$"  # in-job mode only
 )
 # What sbatch's torchrun line adds: USR1 (Slurm's time-limit warning) reaches the ranks.
 SIGNALS = "--signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
@@ -72,6 +73,7 @@ def step_lines(log: Path) -> list[dict[str, Any]]:
         if m := STEP_LINE.match(line):
             d: dict[str, Any] = m.groupdict()
             d.update({k: int(d[k]) for k in ("restart", "step", "rank", "resumed_from")})
+            d["elastic"] = int(d["elastic"] or 0)
             d["ts"] = float(d["ts"])
             out.append(d)
     return out
@@ -362,6 +364,92 @@ def test_sbatch_requeue_resumes_on_sandbox(sandbox: SandboxConfig, tmp_path: Pat
             60,
             "the job to leave the queue",
         )  # fmt: skip
+
+
+def _left_queue(env: dict[str, str], job: int) -> bool:
+    return not subprocess.run(
+        ["squeue", "-h", "-j", str(job), "-t", "PD,R,CG"],
+        env=env, capture_output=True, text=True,
+    ).stdout.strip()  # fmt: skip
+
+
+def test_comment_tokens_are_kept() -> None:
+    """train.py sets its own token of the Comment; train.sbatch's `injob=` stays."""
+    with_token = load_train().with_token
+    assert with_token("(null)", "ckpt_at", "5") == "ckpt_at=5"
+    assert with_token("injob=/dev/shm/x", "ckpt_at", "5") == "injob=/dev/shm/x ckpt_at=5"
+    assert with_token("injob=/d ckpt_at=5 x=1", "ckpt_at", "9") == "injob=/d ckpt_at=9 x=1"
+    assert with_token("ckpt_at=9", "resumed_at", "7.5") == "ckpt_at=9 resumed_at=7.5"
+
+
+@pytest.mark.timeout(240)
+def test_sbatch_in_job_recovery_on_sandbox(sandbox: SandboxConfig, tmp_path: Path) -> None:
+    """train.sbatch's in-job mode on the sandbox's Slurm: 3 nodes, 2 train, 1 standby. The
+    runbook's two commands (kill one training node's agent through `srun --overlap`, release
+    the node with `scontrol update NodeList=`) and the job steps again on the other two, from
+    the step it was at, with no requeue."""
+    env = {**sbatch_env(sandbox, tmp_path, ckpt_every=5), "SPARES": "1"}
+
+    def slurm(*argv: str) -> str:
+        return subprocess.run(argv, env=env, capture_output=True, text=True, check=True).stdout
+
+    def job_field(fmt: str) -> str:
+        return slurm("squeue", "-h", "-j", str(job), "-o", fmt).strip()
+
+    log = tmp_path / "train.log"
+    job = int(slurm("sbatch", "--parsable", "--nodes=3", "--no-kill", f"--output={log}",
+                    str(SBATCH)).split(";")[0])  # fmt: skip
+    try:
+        # The Comment announces the mode and where the agents' PIDs are, ckpt_at beside it.
+        def announced() -> str | None:
+            comment = job_field("%k")
+            return comment if "injob=" in comment and "ckpt_at=" in comment else None
+
+        comment = until(announced, 120, "injob= and ckpt_at= in the job's comment")
+        folder = Path(next(t for t in comment.split() if t.startswith("injob="))[6:])
+        allocated = slurm("scontrol", "show", "hostnames", job_field("%N")).split()
+        assert len(allocated) == 3
+        until(lambda: all((folder / f"{n}.pid").is_file() for n in allocated), 30, "PID files")
+
+        def training() -> set[str] | None:
+            nodes = {d["node"] for d in step_lines(log) if d["step"] >= 3}
+            return nodes if len(nodes) == 2 else None
+
+        active = until(training, 120, "steps on two nodes")
+        # Any training node will do; one that is not the batch host keeps the shell's store.
+        victim = sorted(active - {job_field("%B")})[0]
+        others = [n for n in allocated if n != victim]
+
+        killed_at = time.time()  # the runbook's two commands, as it runs them
+        slurm("srun", "--overlap", f"--jobid={job}", "-w", victim, "-N1", "-n1",
+              "sh", "-c", f'kill -KILL "$(cat {folder}/{victim}.pid)"')  # fmt: skip
+        slurm("scontrol", "update", f"JobId={job}", f"NodeList={','.join(others)}")
+
+        def restarted() -> list[dict[str, Any]] | None:
+            lines = [d for d in step_lines(log) if d["elastic"] >= 1]
+            return lines[:4] if len(lines) >= 4 else None  # two steps on both nodes
+
+        after = until(restarted, 120, "the job to step again on the standby")
+        print(f"in-job recovery: kill to next step {after[0]['ts'] - killed_at:.2f}s")
+        before = [d for d in step_lines(log) if d["elastic"] == 0]
+        # No step lost: it goes on from the last step any rank completed before the kill.
+        assert after[0]["resumed_from"] == max(d["step"] for d in before)
+        assert after[0]["step"] == after[0]["resumed_from"] + 1
+        assert {d["node"] for d in after} == set(others)
+        assert {d["restart"] for d in after} == {0}
+        assert "Restarts=0" in slurm("scontrol", "show", "job", str(job))  # no Slurm requeue
+        assert slurm("scontrol", "show", "hostnames", job_field("%N")).split() == others
+
+        # The job told Slurm it steps again (the runbook waits for this), injob= kept.
+        def resumed_at() -> float | None:
+            stamps = [float(t[11:]) for t in job_field("%k").split() if t[:11] == "resumed_at="]
+            return next((t for t in stamps if t > killed_at), None)
+
+        resumed = until(resumed_at, 30, "resumed_at= after the kill")
+        assert resumed >= after[0]["ts"] - 1 and f"injob={folder}" in job_field("%k")
+    finally:
+        subprocess.run(["scancel", str(job)], env=env, capture_output=True)
+        until(lambda: _left_queue(env, job), 60, "the job to leave the queue")
 
 
 def _checkpointed_at(slurm: SlurmCli, job_id: int) -> float | None:

@@ -8,8 +8,15 @@ Checkpoints (torch.distributed.checkpoint) go to `<ckpt-dir>/step-<n>/`. Only on
 has completed on every rank does rank 0 move the `latest` marker (write a temp file, fsync,
 os.replace): a run killed mid-save leaves the marker at the previous checkpoint, and the
 half-written directory is ignored (and removed at the next start). Under Slurm, rank 0
-then records the time in the job's Comment (`ckpt_at=<epoch s>`), so a scheduler taking a
-node knows how much work each job would lose.
+then records the time in the job's Comment (`ckpt_at=<epoch s>`, the Comment's other
+`key=value` tokens kept), so a scheduler taking a node knows how much work each job would lose.
+
+In-job recovery (`--snapshot-dir`, train.sbatch's SPARES mode): every step's model and
+optimizer state also goes to node-local memory (`<snapshot-dir>/<node>/step-<n>.pt`). When
+torchrun restarts the worker group without a node (a hot spare takes its place), the ranks
+agree on the newest snapshot any of them holds and its lowest rank broadcasts it: no step is
+lost, and nothing is read from shared storage. Rank 0 then writes `resumed_at=<epoch s>` to
+the Comment, which is how the runbook learns that the job steps again.
 
 SIGTERM (Slurm requeue/cancel, torchrun shutting down) and SIGUSR1 (Slurm's warning before
 the time limit) make every rank stop at the same step boundary, save, and exit 128+signal.
@@ -18,6 +25,9 @@ One line per step, flushed, by the ranks `--log-ranks` picks (default: local ran
 one line per node):
 
     ts=<epoch> node=<node> restart=<n> step=<n> rank=<r> resumed_from=<n> loss=<x>
+
+`restart` is Slurm's restart count (requeues); in-job mode adds ` elastic=<n>` at the end:
+torchrun's restarts of the worker group within this run of the job.
 """
 
 from __future__ import annotations
@@ -85,6 +95,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--timeout", type=float, default=120, help="collective timeout, seconds (a dead peer)"
     )
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads per rank")
+    p.add_argument(
+        "--snapshot-dir",
+        type=Path,
+        help="in-job recovery: node-local directory (tmpfs) for a per-step state snapshot",
+    )
+    p.add_argument(
+        "--term-grace",
+        type=float,
+        default=0,
+        help="seconds after SIGTERM before a rank stuck in a collective exits; 0 = never",
+    )
     args = p.parse_args(argv)
     if args.ckpt_dir is None:
         p.error("--ckpt-dir (or $CKPT_DIR) is required")
@@ -93,16 +114,43 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-class StopRequest:
-    """Remembers the first SIGTERM/SIGUSR1; the training loop acts on it between steps."""
+STOP_SIGNALS = {signal.SIGTERM, signal.SIGUSR1}
 
-    def __init__(self) -> None:
+
+class StopRequest:
+    """Remembers the first SIGTERM/SIGUSR1; the training loop acts on it between steps.
+
+    With `term_grace_s`, the signals are taken by a thread (sigwait), not by a handler: a
+    Python handler runs on the main thread between bytecodes, never while it is blocked in a
+    gloo/NCCL collective on a dead peer. The thread sets the flag (the normal path: save at
+    the step boundary) and, if the process is still there `term_grace_s` after a SIGTERM,
+    exits 143 so that torchrun can restart the group without waiting for the collective's
+    timeout or its own shutdown timeout.
+    """
+
+    def __init__(self, term_grace_s: float = 0) -> None:
         self.signum = 0
-        for sig in (signal.SIGTERM, signal.SIGUSR1):
+        for sig in STOP_SIGNALS:
+            # Kept with the thread too: a thread started before the mask (by an import)
+            # may still receive the signal, and must not die of it.
             signal.signal(sig, self._handle)
+        if term_grace_s > 0:
+            # Threads started later (gloo's) inherit the mask: only sigwait sees the signals.
+            signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+            threading.Thread(
+                target=self._take, args=(term_grace_s,), name="signals", daemon=True
+            ).start()
 
     def _handle(self, signum: int, _frame: object) -> None:
         self.signum = self.signum or signum
+
+    def _take(self, term_grace_s: float) -> None:
+        while True:
+            signum = signal.sigwait(STOP_SIGNALS)
+            self.signum = self.signum or signum
+            if signum == signal.SIGTERM:
+                time.sleep(term_grace_s)
+                os._exit(128 + signum)  # still here: stuck in a collective
 
     def sleep(self, seconds: float) -> None:
         # Short slices so a signal during the idle part of a step is acted on promptly.
@@ -160,25 +208,60 @@ def write_marker(root: Path, step: int) -> float:
     return saved_at
 
 
-def publish_checkpoint(saved_at: float) -> None:
-    """Tell Slurm when this job last checkpointed: `ckpt_at=<epoch s>` in the job's Comment
-    (a field its owner may set). Whoever must take a node from running jobs (AutoClusters'
-    GPU rebalancer lending a node to inference) picks the job that loses least work. Best
-    effort, off the training thread: a slow or absent slurmctld never stalls a step.
-    Outside Slurm (no SLURM_JOB_ID, or no scontrol) nothing is done."""
+def with_token(comment: str, key: str, value: str) -> str:
+    """`comment` with `key=value` set: its own token replaced where it was, the others
+    (train.sbatch's `injob=`, another tool's) kept. Slurm shows no comment as `(null)`."""
+    tokens = [] if comment.strip() in ("", "(null)") else comment.split()
+    mine = f"{key}={value}"
+    out = [mine if t.partition("=")[0] == key else t for t in tokens]
+    return " ".join(out if mine in out else [*out, mine])
+
+
+# One read-modify-write of the Comment at a time within this process (ckpt_at, resumed_at).
+_comment_lock = threading.Lock()
+_publishing: list[threading.Thread] = []
+
+
+def publish(key: str, value: str) -> None:
+    """Set `key=value` in the job's Slurm Comment (a field its owner may set): `ckpt_at`,
+    when it last checkpointed, so whoever must take a node from running jobs (AutoClusters'
+    GPU rebalancer lending a node to inference) picks the job that loses least work;
+    `resumed_at`, when it stepped again after an in-job restart. Best effort, off the
+    training thread: a slow or absent slurmctld never stalls a step. Outside Slurm (no
+    SLURM_JOB_ID, or no scontrol/squeue) nothing is done."""
     job = os.environ.get("SLURM_JOB_ID")
-    scontrol = shutil.which("scontrol")
-    if not job or not scontrol:
+    scontrol, squeue = shutil.which("scontrol"), shutil.which("squeue")
+    if not job or not scontrol or not squeue:
         return
-    argv = [scontrol, "update", f"JobId={job}", f"Comment=ckpt_at={saved_at:.0f}"]
 
     def run() -> None:
         try:
-            subprocess.run(argv, capture_output=True, timeout=30, check=False)
-        except (OSError, subprocess.TimeoutExpired):
-            pass  # the next checkpoint tries again
+            with _comment_lock:
+                now = subprocess.run(
+                    [squeue, "-h", "-j", job, "-o", "%k"],
+                    capture_output=True, text=True, timeout=30, check=True,
+                ).stdout.strip()  # fmt: skip
+                comment = f"Comment={with_token(now, key, value)}"
+                subprocess.run([scontrol, "update", f"JobId={job}", comment],
+                               capture_output=True, timeout=30, check=False)  # fmt: skip
+        except (OSError, subprocess.SubprocessError):
+            pass  # the next one tries again
 
-    threading.Thread(target=run, name="publish-checkpoint", daemon=True).start()
+    thread = threading.Thread(target=run, name=f"publish-{key}", daemon=True)
+    thread.start()
+    _publishing[:] = [t for t in _publishing if t.is_alive()] + [thread]
+
+
+def flush_published(timeout_s: float = 5) -> None:
+    """Before exiting: a daemon thread dies with the process, and the ckpt_at of the save
+    made on a signal is the one the runbook's checkpoint step waits for."""
+    deadline = time.monotonic() + timeout_s
+    for thread in _publishing:
+        thread.join(max(0.0, deadline - time.monotonic()))
+
+
+def publish_checkpoint(saved_at: float) -> None:
+    publish("ckpt_at", f"{saved_at:.0f}")
 
 
 class Checkpointer:
@@ -272,6 +355,70 @@ class Checkpointer:
             emit(f"{_prefix()} event={name} ckpt_step={step} {extra}".rstrip())
 
 
+SNAPSHOT = re.compile(r"^step-(\d+)\.pt$")
+
+
+class Snapshot:
+    """In-job mode: the newest step's state in node-local memory, for a restart in place.
+
+    One file per node (local rank 0 writes it: DDP keeps every rank's state the same), the
+    step in its name so that finding the newest needs no load. Written after the step's
+    all-reduce: a step that some rank completed is one every rank contributed to.
+    """
+
+    def __init__(self, root: Path, node: str, local_rank: int) -> None:
+        self.dir = root / node
+        self.writer = local_rank == 0
+        if self.writer:
+            self.dir.mkdir(parents=True, exist_ok=True)
+
+    def newest(self) -> int:
+        found = [int(m[1]) for f in self._files() if (m := SNAPSHOT.match(f.name))]
+        return max(found, default=0)
+
+    def _files(self) -> list[Path]:
+        return list(self.dir.glob("step-*.pt")) if self.dir.is_dir() else []
+
+    def save(self, step: int, model: nn.Module, optim: torch.optim.Optimizer) -> None:
+        if not self.writer:
+            return
+        tmp = self.dir / f".step-{step}.pt.tmp"
+        torch.save({"step": step, "model": model.state_dict(), "optim": optim.state_dict()}, tmp)
+        os.replace(tmp, self.dir / f"step-{step}.pt")  # tmpfs: nothing to fsync
+        for old in self._files():
+            if old.name != f"step-{step}.pt":
+                old.unlink(missing_ok=True)
+
+    def restore(
+        self, floor: int, model: nn.Module, optim: torch.optim.Optimizer, group: dist.ProcessGroup
+    ) -> tuple[int, int]:
+        """Every rank: agree on the newest snapshot any rank holds; if it is newer than
+        `floor` (the shared checkpoint's step), its lowest rank broadcasts it and all load it.
+        Returns the step restored (0 when none was newer) and the group's restart count: the
+        highest of its agents' (a standby that just joined counts 0, the survivors more)."""
+        rank, world = dist.get_rank(), dist.get_world_size()
+        restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+        mine = torch.tensor([self.newest(), rank, restarts], dtype=torch.int64)
+        every = [torch.zeros(3, dtype=torch.int64) for _ in range(world)]
+        dist.all_gather(every, mine, group=group)
+        restarts = max(int(v[2]) for v in every)
+        best, src = max((int(v[0]), -int(v[1])) for v in every)
+        if best <= floor:
+            return 0, restarts
+        state = [None]
+        if rank == -src:
+            state = [torch.load(self.dir / f"step-{best}.pt", weights_only=True)]
+        dist.broadcast_object_list(state, src=-src, group=group)
+        loaded: dict[str, Any] = state[0]  # type: ignore[assignment]
+        model.load_state_dict(loaded["model"])
+        optim.load_state_dict(loaded["optim"])
+        return best, restarts
+
+    def clear(self) -> None:
+        if self.writer:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+
 def emit(line: str) -> None:
     # One write per line: ranks (and nodes) share one output file, and a single short
     # write to a pipe or an O_APPEND file is not interleaved with another.
@@ -316,7 +463,8 @@ def die_with_agent() -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     die_with_agent()
-    stop = StopRequest()  # before the rendezvous: a signal then must not kill a rank mid-save
+    # Before the rendezvous: a signal then must not kill a rank mid-save.
+    stop = StopRequest(args.term_grace)
     torch.set_num_threads(args.threads)
 
     cuda = torch.cuda.is_available()
@@ -334,9 +482,18 @@ def main(argv: list[str] | None = None) -> int:
     optim = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     ckpt = Checkpointer(args.ckpt_dir, ckpt_group, not args.sync_save, args.keep)
 
-    resumed_from = ckpt.resume_point()
-    if resumed_from:
-        started = time.monotonic()
+    node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+    snap = Snapshot(args.snapshot_dir, node, local_rank) if args.snapshot_dir else None
+
+    resumed_from, peer, elastic = ckpt.resume_point(), 0, ""
+    started = time.monotonic()
+    if snap:
+        peer, restarts = snap.restore(resumed_from, model.module, optim, ckpt_group)
+        elastic = f" elastic={restarts}"
+    if peer:
+        resumed_from = peer
+        ckpt._event("resumed", peer, load_s=time.monotonic() - started, source="snapshot")
+    elif resumed_from:
         ckpt.load(resumed_from, model, optim)
         ckpt._event("resumed", resumed_from, load_s=time.monotonic() - started)
 
@@ -356,14 +513,19 @@ def main(argv: list[str] | None = None) -> int:
         if logs:
             emit(
                 f"{_prefix()} step={step} rank={rank} resumed_from={resumed_from} "
-                f"loss={stats[0].item() / world:.6f}"
+                f"loss={stats[0].item() / world:.6f}{elastic}"
             )
+        if snap:
+            snap.save(step, model.module, optim)
+            if rank == 0 and step == resumed_from + 1:
+                publish("resumed_at", f"{time.time():.3f}")  # the runbook waits for it
         ckpt.poll()
         if stats[1].item() > 0:
             ckpt.save(step, model, optim, block=True)
             ckpt._event("stopped", step, signal=signal.Signals(stop.signum or 15).name)
             ckpt.wait()
             dist.destroy_process_group()
+            flush_published()
             return 128 + (stop.signum or signal.SIGTERM)
         if step % args.ckpt_every == 0:
             ckpt.save(step, model, optim, block=False)
@@ -371,7 +533,13 @@ def main(argv: list[str] | None = None) -> int:
 
     ckpt.save(step, model, optim, block=True)
     ckpt.wait()
+    if snap:
+        snap.clear()  # done: the shared checkpoint has the end; free the node's memory
+        if rank == 0:
+            # train.sbatch requeues an in-job run whose srun failed unless this is here.
+            (args.ckpt_dir / "done").write_text(f"{step}\n")
     dist.destroy_process_group()
+    flush_published()
     return 0
 
 
