@@ -388,7 +388,9 @@ def test_sbatch_in_job_recovery_on_sandbox(sandbox: SandboxConfig, tmp_path: Pat
     runbook's two commands (kill one training node's agent through `srun --overlap`, release
     the node with `scontrol update NodeList=`) and the job steps again on the other two, from
     the step it was at, with no requeue."""
-    env = {**sbatch_env(sandbox, tmp_path, ckpt_every=5), "SPARES": "1"}
+    # The sandbox's nodes share this host: their "node-local" dir is this test's own.
+    env = {**sbatch_env(sandbox, tmp_path, ckpt_every=5), "SPARES": "1",
+           "INJOB_DIR": str(tmp_path / "injob")}  # fmt: skip
 
     def slurm(*argv: str) -> str:
         return subprocess.run(argv, env=env, capture_output=True, text=True, check=True).stdout
