@@ -94,6 +94,21 @@ def test_immediate_findings_fire_on_the_first_check() -> None:
     assert states(got) == [("XID_79", FIRING)]
 
 
+def test_an_immediate_finding_on_a_new_boot_fires_again() -> None:
+    d = debouncer(hold=1, clear=3)
+    xid = {"XID_79": Finding("XID_79", immediate=True, subjects=[{}], messages=["x"])}
+    assert states(d.update(1.0, xid, boot="a")) == [("XID_79", FIRING)]
+    assert d.update(2.0, xid, boot="a") == []  # the same boot: still the same fault
+    again = d.update(3.0, xid, boot="b")  # rebooted, and an Xid again: a new fault
+    assert states(again) == [("XID_79", FIRING)] and again[0].sequence == 1
+    assert again[0].since == 3.0
+    assert d.update(4.0, xid, boot="b") == []
+    # A condition (not immediate) still firing across a boot is not re-reported for it.
+    ecc = {"ECC_DBE": Finding("ECC_DBE", subjects=[{"gpu": 0}], messages=["m"])}
+    assert states(d.update(5.0, ecc, boot="b")) == [("ECC_DBE", FIRING)]
+    assert d.update(6.0, ecc, boot="c") == []
+
+
 def test_re_report_once_per_interval_with_the_next_sequence() -> None:
     d = debouncer(hold=1, rereport=100)
     got = feed(d, "x" * 25, step=10)  # 240 s of holding

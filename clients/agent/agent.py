@@ -162,6 +162,7 @@ class Agent:
         gpus = self.backend.read() if self.backend is not None else None
         events = self.backend.events() if self.backend is not None else []
         boot_id = self._boot_id()
+        self.classifier.on_boot(boot_id)
         if event and boot_id == self._last_boot:
             return self._event_check(now, gpus, events, boot_id)
         self._last_boot = boot_id
@@ -173,7 +174,7 @@ class Agent:
             now=now, gpus=gpus, events=events, ib=ib, check_ib=self.infiniband is not None
         )
         observed = datetime.fromtimestamp(now, UTC)
-        reports, firing = self._report(now, gpus, findings, immediate_only=False)
+        reports, firing = self._report(now, gpus, findings, immediate_only=False, boot=boot_id)
         snapshot = self._snapshot(observed, gpus, ib, findings, firing, boot_id)
         self._send_snapshot(now, snapshot)
         return CheckResult(now, gpus, ib, findings, reports, firing, snapshot)
@@ -184,7 +185,7 @@ class Agent:
         if self.metrics is not None:  # the Xid series at once; InfiniBand as last read
             self.metrics.observe(now, gpus, events, self._last_ib, boot_id)
         findings = self.classifier.classify_events(now=now, gpus=gpus, events=events)
-        reports, firing = self._report(now, gpus, findings, immediate_only=True)
+        reports, firing = self._report(now, gpus, findings, immediate_only=True, boot=boot_id)
         return CheckResult(now, gpus, None, findings, reports, firing, event=True)
 
     def _report(
@@ -194,11 +195,12 @@ class Agent:
         findings: dict[str, Finding],
         *,
         immediate_only: bool,
+        boot: str,
     ) -> tuple[list[NodeReport], dict[str, str]]:
         """Debounce, spool and send; returns the reports and what is firing now."""
         observed = datetime.fromtimestamp(now, UTC)
         reports: list[NodeReport] = []
-        for t in self.debouncer.update(now, findings, immediate_only=immediate_only):
+        for t in self.debouncer.update(now, findings, immediate_only=immediate_only, boot=boot):
             evidence = {**t.evidence, "backend": gpus.backend if gpus else "none"}
             reports.append(
                 NodeReport.build(

@@ -3,7 +3,8 @@
 A finding is one fault kind (the policy's names, see core/policies/default.yaml)
 with the subjects it holds for (a GPU, a link, a port) and what was read for each. Kinds:
 
-- events, reported at once and held for `event_latch_s` after the last one: XID_<n>,
+- events, reported at once and held for `event_latch_s` after the last one (within one
+  boot of the machine: a new boot id forgets them): XID_<n>,
   GPU_RECOVERY_ACTION (the driver's recovery-action event), GPU_FELL_OFF_BUS (GPU lost);
 - GPU conditions: GPU_FELL_OFF_BUS (NVML_ERROR_GPU_IS_LOST, at once), GPU_COUNT_LOW,
   ECC_DBE, ROW_REMAP_PENDING, ROW_REMAP_FAILURE, NVLINK_DOWN, GPU_RECOVERY_ACTION,
@@ -92,6 +93,9 @@ class ClassifierMemory(BaseModel):
     nvlinks_seen: dict[str, list[int]] = Field(default_factory=dict)
     events: dict[str, list[EventMemo]] = Field(default_factory=dict)
     fabric_not_ready_since: dict[str, float] = Field(default_factory=dict)
+    # The machine's boot id the latched events belong to: a new boot forgets them (the
+    # machine was rebooted or replaced; what it still has raises new events).
+    boot: str | None = None
 
 
 class Classifier:
@@ -100,6 +104,12 @@ class Classifier:
         self.memory = memory or ClassifierMemory()
         self.counters = Counters()
         self._found: dict[str, Finding] = {}
+
+    def on_boot(self, boot: str) -> None:
+        """The machine's boot id at this check: the last boot's latched events are over."""
+        if self.memory.boot is not None and self.memory.boot != boot:
+            self.memory.events.clear()
+        self.memory.boot = boot
 
     def classify(
         self,

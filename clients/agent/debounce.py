@@ -9,6 +9,10 @@ Per fault kind:
   holding and clearing still count the periodic checks (`hold_checks` x the interval).
 - While it fires it is not reported again, except once every `rereport_s` (a reminder,
   with the next `sequence`), so a lost report or a closed incident gets another chance.
+- An immediate finding on a new boot (the machine was rebooted or replaced since it fired)
+  is a new fault, not the old one still firing: it is reported at once, with the next
+  `sequence`. Without this, an Xid soon after a repair waited for the last boot's to clear
+  (`clear_checks` periodic checks) and reached the API only through the alert path.
 - It resolves after `clear_checks` consecutive clean checks: one "resolved" report.
 - Up/down/up within the hold never fires; down/up while firing neither resolves nor
   re-fires. A fault that fires for the `max_flaps`-th time within `flap_window_s` is damped:
@@ -42,6 +46,7 @@ class Track(BaseModel):
     last_sent: float | None = None
     fired_at: list[float] = Field(default_factory=list)  # firing starts inside the flap window
     damped: bool = False  # fired max_flaps times in the window: resolves only after a clean one
+    boot: str | None = None  # the machine's boot id when it (last) fired; None: not known
     message: str = ""
     evidence: dict[str, Any] = Field(default_factory=dict)
 
@@ -77,16 +82,24 @@ class Debouncer:
         self._window = flap_window_s
         self._max_flaps = max_flaps
         self.memory = memory or DebounceMemory()
+        self._boot: str | None = None  # the boot id of the check being fed
 
     @property
     def firing(self) -> dict[str, Track]:
         return {k: t for k, t in self.memory.tracks.items() if t.firing}
 
     def update(
-        self, now: float, findings: dict[str, Finding], *, immediate_only: bool = False
+        self,
+        now: float,
+        findings: dict[str, Finding],
+        *,
+        immediate_only: bool = False,
+        boot: str | None = None,
     ) -> list[Transition]:
         """Feed one check's findings; returns what to report, in a stable order.
-        `immediate_only`: an event's check; only its immediate findings count."""
+        `immediate_only`: an event's check; only its immediate findings count. `boot`: the
+        machine's boot id at this check."""
+        self._boot = boot
         out: list[Transition] = []
         tracks = self.memory.tracks
         if immediate_only:
@@ -117,10 +130,14 @@ class Debouncer:
             need = 1 if f.immediate else self._hold_for(fault)
             if t.present_streak < need:
                 return []
-            t.firing, t.sequence, t.last_sent = True, 0, now
+            t.firing, t.sequence, t.last_sent, t.boot = True, 0, now, self._boot
             t.since = t.streak_start if t.streak_start is not None else now
             t.fired_at.append(now)
             t.damped = len(t.fired_at) >= self._max_flaps
+            return [self._transition(fault, t, ReportState.FIRING)]
+        if f.immediate and self._boot is not None and t.boot not in (None, self._boot):
+            # Fired on an earlier boot, seen again on this one: a new fault (module doc).
+            t.sequence, t.last_sent, t.since, t.boot = t.sequence + 1, now, now, self._boot
             return [self._transition(fault, t, ReportState.FIRING)]
         if t.last_sent is not None and now - t.last_sent >= self._rereport:
             t.sequence += 1
