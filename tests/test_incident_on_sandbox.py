@@ -12,12 +12,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 
 import pytest
+import yaml
 from temporalio.client import Client
 from temporalio.service import RPCError
 from temporalio.testing import ActivityEnvironment
@@ -94,6 +97,18 @@ async def test_job_on_faulty_node_requeued_once_and_node_returns_idle(
         assert state.new_vm_id == vm_after.vm_id
     finally:
         cancel(sandbox, job_id)
+
+
+@contextlib.contextmanager
+def policy_file(cfg: SandboxConfig, policy: Policy) -> Iterator[None]:
+    """The sandbox API's policy file says `policy` (what an incident the API opens from an
+    agent's report gets) until the block ends."""
+    before = cfg.policy_file.read_text()
+    cfg.policy_file.write_text(yaml.safe_dump(policy.model_dump(mode="json"), sort_keys=False))
+    try:
+        yield
+    finally:
+        cfg.policy_file.write_text(before)
 
 
 async def _running_elsewhere(slurm: SlurmCli, job_id: int, node: str):  # type: ignore[no-untyped-def]
@@ -276,21 +291,26 @@ async def test_fault_surviving_a_reboot_escalates_to_replace(
     slurm: SlurmCli,
     cli_env: dict[str, str],
 ) -> None:
-    broke = subprocess.run(
-        [*CLI, "sandbox", "hardware-fault", "--node", "gpu-02", "--fault", "XID_79",
-         "--fixed-by", "replace", "--state-dir", str(sandbox.state_dir)],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
-    assert broke.returncode == 0, broke.stderr
-    vm_before = VmRegistry(sandbox.state_dir).get("gpu-02")
-    assert vm_before is not None
-    opened = await incidents.open_incident(
-        sandbox_client, sandbox_settings, "gpu-02", "XID_79", policy=fresh_policy()
-    )
-    handle = sandbox_client.get_workflow_handle_for(
-        NodeRemediation.run, opened.workflow_id, run_id=opened.run_id
-    )
-    state = await handle.result()
+    # The node's agent reports the injected Xid at once and the API opens the incident
+    # under the sandbox's policy file, where an earlier test's incident on gpu-02 would
+    # count as a recurrence (straight to replace): forget it there too while this runs.
+    with policy_file(sandbox, fresh_policy()):
+        broke = subprocess.run(
+            [*CLI, "sandbox", "hardware-fault", "--node", "gpu-02", "--fault", "XID_79",
+             "--fixed-by", "replace", "--state-dir", str(sandbox.state_dir)],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert broke.returncode == 0, broke.stderr
+        vm_before = VmRegistry(sandbox.state_dir).get("gpu-02")
+        assert vm_before is not None
+        # Joins the agent's incident if that came first: one incident either way.
+        opened = await incidents.open_incident(
+            sandbox_client, sandbox_settings, "gpu-02", "XID_79", policy=fresh_policy()
+        )
+        handle = sandbox_client.get_workflow_handle_for(
+            NodeRemediation.run, opened.workflow_id, run_id=opened.run_id
+        )
+        state = await handle.result()
 
     assert state.status == "resolved"
     assert [h.passed for h in state.health] == [False, True]
