@@ -509,6 +509,7 @@ def _print_summary(summary: Any, out: Console) -> None:
     out.print(
         f"job {summary.job_id}             restarts {summary.job_restarts}: "
         f"{', '.join(summary.job_nodes_before)} → {', '.join(summary.job_nodes_after)}"
+        + (f" ({summary.recovery_path})" if summary.recovery_path else "")
     )
     if summary.resumed_from_step is not None:
         out.print(
@@ -519,6 +520,8 @@ def _print_summary(summary: Any, out: Console) -> None:
     out.print(f"machine            {summary.old_vm_id} → {summary.new_vm_id}")
     if summary.spare_node:
         out.print(f"hot spare          {summary.spare_node} serves; {summary.node} is the spare")
+    if summary.silence_id:
+        out.print(f"silence            {summary.silence_id} (the node's other alerts, lifted)")
     for line in summary.planned_steps:
         out.print(f"would              {line}")
     t = Table("step", "outcome", "seconds")

@@ -67,6 +67,9 @@ class DemoSummary(BaseModel):
     job_recovery_s: float | None
     capacity_recovery_s: float | None
     job_restarts: int
+    # How the job got going again: requeue, or in-job (a hot spare in its own allocation);
+    # None: the incident did not reach the requeue step (observe mode, for one).
+    recovery_path: str | None = None
     job: str  # torchrun (examples/training) or stand-in
     resumed_from_step: int | None  # the checkpoint the restarted job resumed from
     last_step: int | None  # the job's last step logged before the summary
@@ -80,6 +83,8 @@ class DemoSummary(BaseModel):
     new_vm_id: str | None
     health_gates: list[bool]
     spare_node: str | None
+    # The Alertmanager silence the incident held on the node's other alerts (docs/runbook.md).
+    silence_id: str | None = None
     planned_steps: list[str]
     boot_delay_s: float
     provision_s: float | None  # cluster spec -> cluster ready (ClusterProvisioning)
@@ -252,6 +257,7 @@ async def _demo(
         job_recovery_s=job_recovery,
         capacity_recovery_s=round(capacity, 3) if capacity is not None else None,
         job_restarts=job_after.restart_cnt,
+        recovery_path=final.recovery_path.get(job_id),
         job=kind,
         resumed_from_step=_resumed_from(log, job_after.restart_cnt),
         last_step=max((p.step for p in progress_lines(log)), default=None),
@@ -265,6 +271,7 @@ async def _demo(
         new_vm_id=final.new_vm_id or (vm.vm_id if vm else None),
         health_gates=[h.passed for h in final.health],
         spare_node=final.spare_node,
+        silence_id=final.silence_id,
         planned_steps=final.planned_steps,
         boot_delay_s=cfg.boot_delay_s,
         provision_s=await provision.provision_seconds(client, cfg.cluster),

@@ -25,7 +25,7 @@ def test_demo_json_summary(tmp_path: Path) -> None:
     # Detected by the node's agent (fake NVML backend), reported to the API, which opened
     # the incident: no one called `incident open`.
     assert 0 <= summary["detect_s"] < 10
-    assert summary["job_restarts"] == 1
+    assert summary["job_restarts"] == 1 and summary["recovery_path"] == "requeue"
     assert summary["node_state_after"] == "IDLE"
     assert summary["node"] not in summary["job_nodes_after"]
     assert summary["capacity_recovery_s"] >= 2 * 10  # a reboot and a replacement booted
@@ -39,6 +39,10 @@ def test_demo_json_summary(tmp_path: Path) -> None:
         assert summary["last_step"] > summary["resumed_from_step"]
     names = [s["name"] for s in summary["steps"]]
     assert names.index("requeue") < names.index("repair") < names.index("return_to_service")
+    # The sandbox's Alertmanager held the node's other alerts silent, lifted at the close.
+    assert summary["silence_id"]
+    assert names.index("requeue") < names.index("silence")
+    assert names.index("return_to_service") < names.index("lift_silence")
     # Kubernetes mode (the default): the Node is cordoned and emptied before the repair and
     # uncordoned after the health gate; the GPU is broken until a replacement, so the
     # reboot fails the health gate and the incident climbs to a new VM.
