@@ -48,7 +48,7 @@ def _resumed_since(job: SlurmJob, since: float) -> bool:
     try:
         return stamp is not None and float(stamp) >= since
     except ValueError:
-        return False
+        return False  # not a time: not a resume
 
 
 def capable(job: SlurmJob, node: str) -> bool:
@@ -70,11 +70,13 @@ class InJobRecovery:
 
     async def recover(self) -> InJobResult:
         started, killed_at = time.monotonic(), time.time()
-        # Jobs this incident already took the node from (a retry): followed, not acted on.
-        acting = {
-            j.job_id: j for j in await self._slurm.jobs() if in_job_marked(j, self.incident_id)
-        }
-        for job in await self._slurm.jobs_on_node(self.node):
+        # One read on the requeue's hot path: the node's jobs, and those this incident
+        # already took the node from (a retry; off the node since), followed, not acted on.
+        everyone = await self._slurm.jobs()
+        acting = {j.job_id: j for j in everyone if in_job_marked(j, self.incident_id)}
+        for job in everyone:
+            if self.node not in hostlist.expand(job.nodes):
+                continue
             if job.job_state not in ACTIVE or job.job_id in acting:
                 continue
             if not capable(job, self.node):

@@ -23,7 +23,7 @@ from autoclusters.activities.heartbeat import heartbeating
 from autoclusters.activities.kubernetes import api_errors, call_json, items_of
 from autoclusters.core import hostlist
 from autoclusters.core.cluster_ops import is_ops_reason
-from autoclusters.core.models import REASON_PREFIX, SPARE_REASON, SlurmJob, SlurmNode
+from autoclusters.core.models import REASON_PREFIX, SPARE_REASON, SlurmJob, SlurmNode, job_comment
 from autoclusters.core.sharing import (
     INFERENCE_APP,
     INFERENCE_APP_LABEL,
@@ -52,14 +52,11 @@ def node_gpus(node: SlurmNode) -> int:
 
 def checkpointed_at(job: SlurmJob) -> float | None:
     """A job may record its last checkpoint in its comment (`ckpt_at=<epoch s>`)."""
-    for part in job.comment.replace(";", " ").split():
-        key, _, value = part.partition("=")
-        if key == "ckpt_at":
-            try:
-                return float(value)
-            except ValueError:
-                return None
-    return None
+    value = job_comment(job, "ckpt_at")
+    try:
+        return float(value) if value is not None else None
+    except ValueError:
+        return None
 
 
 def pool_from_slurm(node: SlurmNode) -> Pool:

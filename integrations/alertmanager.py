@@ -75,11 +75,6 @@ class AlertmanagerClient:
             raise AlertmanagerUnavailable(f"GET /api/v2/silences: not a list: {answer!r}"[:300])
         return [s for s in answer if isinstance(s, dict)]
 
-    async def silence(self, silence_id: str) -> dict[str, Any] | None:
-        """The silence (its `status.state`: active, pending, expired); None: unknown id."""
-        answer = await self._call("GET", f"/api/v2/silence/{silence_id}", missing_ok=True)
-        return answer if isinstance(answer, dict) else None
-
     async def expire_silence(self, silence_id: str) -> None:
         """Lift it now; one that is gone or expired already counts as lifted."""
         await self._call("DELETE", f"/api/v2/silence/{silence_id}", missing_ok=True)

@@ -106,8 +106,10 @@ class FakeSlurm:
         name: str = "train",
         restart_cnt: int = 0,
         admin_comment: str = "",
+        comment: str = "",
     ) -> SlurmJob:
         job = SlurmJob(
+            comment=comment,
             job_id=job_id,
             name=name,
             job_state=job_state,

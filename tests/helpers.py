@@ -15,15 +15,21 @@ import pytest_asyncio
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
 from temporalio.api.enums.v1 import IndexedValueType
 from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest
+from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
+from autoclusters.clients import incidents
 from autoclusters.clients.web.settings import ApiSettings
 from autoclusters.core import binpaths
-from autoclusters.core.models import SlurmJob
+from autoclusters.core.models import IncidentState, SlurmJob
+from autoclusters.core.policy import Policy, parse_policy
+from autoclusters.core.settings import Settings
 from autoclusters.integrations import temporal
 from autoclusters.integrations.slurm import SlurmCli
+from autoclusters.sandbox.cluster import sandbox_policy
 from autoclusters.sandbox.config import SandboxConfig
+from autoclusters.workflows.remediation import NodeRemediation
 
 T = TypeVar("T")
 CLI = [sys.executable, "-m", "autoclusters.clients.cli"]
@@ -156,3 +162,22 @@ def run_demo(
         )  # fmt: skip
     finally:
         subprocess.run([*CLI, "sandbox", "down", "--state-dir", str(state_dir)], timeout=120)
+
+
+def fresh_policy(**changes: object) -> Policy:
+    """The test sandbox's policy, forgetting earlier incidents: tests share the nodes, and
+    a recurrence would otherwise move a later test's incident up the ladder."""
+    policy = parse_policy(sandbox_policy(SandboxConfig(breaker_threshold=100)))
+    return policy.model_copy(update={"recurrence_window_s": 0.001, **changes})
+
+
+async def resolve_incident(
+    client: Client, settings: Settings, node: str, fault: str, policy: Policy | None = None
+) -> IncidentState:
+    """Open an incident on the sandbox (fresh_policy unless given) and await its end."""
+    opened = await incidents.open_incident(
+        client, settings, node, fault, policy=policy or fresh_policy()
+    )
+    return await client.get_workflow_handle_for(
+        NodeRemediation.run, opened.workflow_id, run_id=opened.run_id
+    ).result()

@@ -49,13 +49,8 @@ def slurm() -> FakeSlurm:
     return s
 
 
-def _with_comment(slurm: FakeSlurm, job_id: int, comment: str) -> None:
-    slurm._jobs[job_id].comment = comment  # the job's own `scontrol update Comment=`
-
-
 def test_a_job_with_a_spare_goes_on_without_the_node(slurm: FakeSlurm) -> None:
-    slurm.add_job(7, nodes="gpu-[1-3]")
-    _with_comment(slurm, 7, f"ckpt_at=1 {SPARE}")
+    slurm.add_job(7, nodes="gpu-[1-3]", comment=f"ckpt_at=1 {SPARE}")
     slurm.in_job_recovering.add(7)
     out = requeue(slurm)
     assert out.in_job is not None and out.in_job.recovered == [7]
@@ -75,8 +70,7 @@ def test_a_job_with_a_spare_goes_on_without_the_node(slurm: FakeSlurm) -> None:
 
 
 def test_a_job_that_does_not_step_again_in_time_is_requeued_once(slurm: FakeSlurm) -> None:
-    slurm.add_job(8, nodes="gpu-[1-2]")
-    _with_comment(slurm, 8, SPARE)  # says it has a spare, but never resumes
+    slurm.add_job(8, nodes="gpu-[1-2]", comment=SPARE)  # says it has a spare, but never resumes
     out = requeue(slurm, budget_s=0.05)
     assert out.in_job is not None and out.in_job.recovered == []
     assert "not stepping again within" in out.in_job.fell_back[8]
@@ -87,8 +81,7 @@ def test_a_job_that_does_not_step_again_in_time_is_requeued_once(slurm: FakeSlur
 
 
 def test_a_node_slurm_will_not_reach_falls_back_to_the_requeue(slurm: FakeSlurm) -> None:
-    slurm.add_job(9, nodes="gpu-[1-2]")
-    _with_comment(slurm, 9, SPARE)
+    slurm.add_job(9, nodes="gpu-[1-2]", comment=SPARE)
     slurm.in_job_recovering.add(9)
     slurm.refuse_overlap = True
     out = requeue(slurm)
@@ -100,8 +93,7 @@ def test_a_node_slurm_will_not_reach_falls_back_to_the_requeue(slurm: FakeSlurm)
 @pytest.mark.parametrize("in_job", [True, False])
 def test_without_a_spare_or_by_policy_the_job_is_requeued(slurm: FakeSlurm, in_job: bool) -> None:
     slurm.add_job(10, nodes="gpu-[1-2]")
-    slurm.add_job(11, nodes="gpu-[1-3]")
-    _with_comment(slurm, 11, SPARE)
+    slurm.add_job(11, nodes="gpu-[1-3]", comment=SPARE)
     slurm.in_job_recovering.add(11)
     out = requeue(slurm, in_job=in_job)
     if in_job:
@@ -113,8 +105,7 @@ def test_without_a_spare_or_by_policy_the_job_is_requeued(slurm: FakeSlurm, in_j
 
 
 def test_an_unreachable_controller_is_an_outage_not_no_jobs(slurm: FakeSlurm) -> None:
-    slurm.add_job(12, nodes="gpu-[1-2]")
-    _with_comment(slurm, 12, SPARE)
+    slurm.add_job(12, nodes="gpu-[1-2]", comment=SPARE)
     slurm.down = True
     with pytest.raises(SlurmUnavailable):
         requeue(slurm)

@@ -29,25 +29,24 @@ from autoclusters.activities.slurm import SlurmActivities
 from autoclusters.clients import incidents
 from autoclusters.core import hostlist
 from autoclusters.core.models import IncidentState, RequeueInput, workflow_id
-from autoclusters.core.policy import Policy, parse_policy
+from autoclusters.core.policy import Policy
 from autoclusters.core.settings import Settings
 from autoclusters.integrations.slurm import SlurmCli
-from autoclusters.sandbox.cluster import sandbox_policy
 from autoclusters.sandbox.config import SandboxConfig
 from autoclusters.sandbox.vms import VmRegistry
 from autoclusters.workflows.remediation import NodeRemediation
-from tests.helpers import cancel, eventually, job, running, submit_progress_job
+from tests.helpers import (
+    cancel,
+    eventually,
+    fresh_policy,
+    job,
+    running,
+    submit_progress_job,
+)
 
 pytestmark = pytest.mark.integration  # the session's real sandbox
 
 CLI = [sys.executable, "-m", "autoclusters.clients.cli"]
-
-
-def fresh_policy(**changes: object) -> Policy:
-    """The test sandbox's policy, forgetting earlier incidents: tests share the nodes, and
-    a recurrence would otherwise move a later test's incident up the ladder."""
-    policy = parse_policy(sandbox_policy(SandboxConfig(breaker_threshold=100)))
-    return policy.model_copy(update={"recurrence_window_s": 0.001, **changes})
 
 
 async def test_job_on_faulty_node_requeued_once_and_node_returns_idle(

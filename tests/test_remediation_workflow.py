@@ -430,7 +430,7 @@ async def test_a_job_with_a_hot_spare_goes_on_without_a_requeue(
     on; the incident records the path each job took. With job_recovery: requeue, it is
     requeued as any job."""
     async with _fleet(env) as f:
-        f.slurm._jobs[101].comment = "injob=/dev/shm/job-101"
+        f.slurm.add_job(101, nodes="gpu-[01,03]", comment="injob=/dev/shm/job-101")
         f.slurm.in_job_recovering.add(101)
         req = f.request(policy=_policy(job_recovery=job_recovery))
         result = await (await f.start(req)).result()

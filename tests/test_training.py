@@ -31,13 +31,10 @@ if importlib.util.find_spec("torch") is None:
 from temporalio.client import Client  # noqa: E402
 
 from autoclusters.activities.sharing_demand import checkpointed_at  # noqa: E402
-from autoclusters.clients import incidents  # noqa: E402
-from autoclusters.core.policy import parse_policy  # noqa: E402
 from autoclusters.core.settings import Settings  # noqa: E402
 from autoclusters.integrations.slurm import SlurmCli  # noqa: E402
-from autoclusters.sandbox.cluster import sandbox_policy  # noqa: E402
 from autoclusters.sandbox.config import SandboxConfig  # noqa: E402
-from autoclusters.workflows.remediation import NodeRemediation  # noqa: E402
+from tests.helpers import fresh_policy, resolve_incident  # noqa: E402
 
 pytestmark = pytest.mark.integration  # torchrun runs and the session's real sandbox
 
@@ -425,16 +422,9 @@ async def test_in_job_recovery_by_the_runbook_on_sandbox(
         victim = sorted(active - {job_field("%B")})[0]
         others = [n for n in allocated if n != victim]
 
-        policy = parse_policy(sandbox_policy(SandboxConfig(breaker_threshold=100)))
-        assert policy.job_recovery == "in-job"  # the shipped default
+        assert fresh_policy().job_recovery == "in-job"  # the shipped default
         fault_at = time.time()
-        opened = await incidents.open_incident(
-            sandbox_client, sandbox_settings, victim, "XID_79",
-            policy=policy.model_copy(update={"recurrence_window_s": 0.001}),
-        )  # fmt: skip
-        state = await sandbox_client.get_workflow_handle_for(
-            NodeRemediation.run, opened.workflow_id, run_id=opened.run_id
-        ).result()
+        state = await resolve_incident(sandbox_client, sandbox_settings, victim, "XID_79")
         assert state.status == "resolved", state.error
         assert state.recovery_path == {job: "in-job"} and state.requeued_jobs == []
         requeue = state.step("requeue")
@@ -486,14 +476,7 @@ async def test_a_degraded_fault_loses_no_step(
             "steps on both nodes",
         )  # fmt: skip
         node = step_lines(log)[0]["node"]
-        policy = parse_policy(sandbox_policy(SandboxConfig(breaker_threshold=100)))
-        opened = await incidents.open_incident(
-            sandbox_client, sandbox_settings, node, "ROW_REMAP_PENDING",
-            policy=policy.model_copy(update={"recurrence_window_s": 0.001}),
-        )  # fmt: skip
-        state = await sandbox_client.get_workflow_handle_for(
-            NodeRemediation.run, opened.workflow_id, run_id=opened.run_id
-        ).result()
+        state = await resolve_incident(sandbox_client, sandbox_settings, node, "ROW_REMAP_PENDING")
         assert state.status == "resolved", state.error
         names = [s.name for s in state.steps]
         assert names[names.index("drain") : names.index("requeue") + 1] == [
@@ -513,12 +496,4 @@ async def test_a_degraded_fault_loses_no_step(
         assert found and found[0].restart_cnt == 1  # its own requeue, the fault's one
     finally:
         subprocess.run(["scancel", str(job)], env=env, capture_output=True)
-        await asyncio.to_thread(
-            until,
-            lambda: not subprocess.run(
-                ["squeue", "-h", "-j", str(job), "-t", "PD,R,CG"],
-                env=env, capture_output=True, text=True,
-            ).stdout.strip(),
-            60,
-            "the job to leave the queue",
-        )  # fmt: skip
+        await asyncio.to_thread(until, lambda: _left_queue(env, job), 60, "the job to go")

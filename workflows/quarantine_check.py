@@ -72,7 +72,6 @@ class Quarantine:
         self.incident = incident
         self.approvals = approvals
         self.k8s = k8s
-        self._silence_asked = False  # once per incident, even if Alertmanager was away
 
     async def take(self) -> None:
         """Drain, requeue, wait until idle, cordon."""
@@ -132,7 +131,7 @@ class Quarantine:
             await self._returned_jobs(requeued.came_back)
         # After the jobs are on their way (their restart never waits for it), before the
         # idle wait and the repair that make the node's exporters go away.
-        if s.silence_id is None and not self._silence_asked and workflow.patched(SILENCE_PATCH):
+        if s.step("silence") is None and workflow.patched(SILENCE_PATCH):
             await self._silence()
         first = inc.policy.step(Rung(s.rung or Rung.REBOOT.value))
         # Jobs that could not be requeued still run here: never repair under them, unless
@@ -164,7 +163,6 @@ class Quarantine:
         (activities/silences.py); Alertmanager away: noted, and the runbook goes on."""
         inc = self.incident
         req = inc.request
-        self._silence_asked = True
         done = await inc.steps.activity(
             "silence",
             contracts.silence_node_alerts,

@@ -398,7 +398,6 @@ class NodeRemediation:
         self, status: IncidentStatus, text: str, severity: str = "info"
     ) -> IncidentState:
         s = self._state
-        s.current_step, s.waiting_for = None, None
         if s.silence_id is not None:
             lifted = await self._inc.steps.activity(
                 "lift_silence",
