@@ -10,7 +10,8 @@ QuotaExceeded and creates no pool and no VM; a failed boot is booted=False, its 
 shrinks the pool (no refill) and the next attempt grows it again; a retried delete shrinks
 it once; booted waits for a joined node to be Ready; a restarted emulator boots the pool
 VMs it cut short; configure_slurm writes topology.conf into the ConfigMap, the NodeSet's
-partition and the nodes' Slurm names, and cordons a drained slot with Slinky's reason;
+partition and the nodes' Slurm names, and cordons a drained slot with Slinky's reason until
+it registers (then Slurm's drain holds it);
 users are SlurmUsers; deletes are idempotent and the controller's takes the pools and
 objects with it; inventory lists the parts and the slots' machines; without a CMK
 configuration crusoe-cmk is refused. Before the Controller, the CMK cluster is read: one
@@ -518,10 +519,21 @@ async def test_configure_writes_topology_partition_and_node_names(
         accounting=True,
         drained={"gpu-02": "autoclusters: new node"},
     )
+    core = client.CoreV1Api(custom.api_client)
+    second_vm = vms[machines[1].machine_id].name
+    cordoned_at_registration: list[bool] = []
+    read_nodes = slurm.nodes
+
+    async def nodes() -> list[Any]:  # what the Node was while the slurmd registered
+        node = await asyncio.to_thread(core.read_node, second_vm)
+        cordoned_at_registration.append(bool(node.spec.unschedulable))
+        return await read_nodes()
+
+    slurm.nodes = nodes  # type: ignore[method-assign]
     result = await _run()(provider.configure_slurm, call)
     assert result.registered == ["gpu-01", "gpu-02"]
+    assert cordoned_at_registration and all(cordoned_at_registration)
 
-    core = client.CoreV1Api(custom.api_client)
     cm = core.read_namespaced_config_map("alpha-slurm-conf", NS)
     assert cm.data == {"topology.conf": "SwitchName=leaf-01 Nodes=gpu-01,gpu-02\n"}
     nodeset = _obj(custom, "nodesets", "alpha-gpu")
@@ -531,8 +543,13 @@ async def test_configure_writes_topology_partition_and_node_names(
     assert first.metadata.annotations[HOSTNAME_OVERRIDE] == "gpu-01"
     assert not first.spec.unschedulable
     assert second.metadata.annotations[HOSTNAME_OVERRIDE] == "gpu-02"
-    assert second.metadata.annotations[CORDON_REASON] == "autoclusters: new node"
-    assert second.spec.unschedulable
+    # Registered, the slot is held by Slurm's drain under the caller's reason and its Node
+    # is uncordoned: a cordon left in place would drain it again once it is returned.
+    drained = {n.name: n for n in await read_nodes()}
+    assert drained["gpu-02"].drained and drained["gpu-02"].reason == "autoclusters: new node"
+    assert not drained["gpu-01"].drained
+    assert CORDON_REASON not in second.metadata.annotations
+    assert not second.spec.unschedulable
 
     users = await _run()(
         provider.add_users, UsersCall(cluster=ref, users=spec.users, accounting=True)

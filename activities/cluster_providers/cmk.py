@@ -49,7 +49,9 @@ The mapping (crusoe.md §1.5, §2.4, §3; UNCONFIRMED where marked):
   slot cordoned with `node-cordon-reason` (Slinky drains it in Slurm, §3); then each
   NodeSet's `replicas` and `partition.config` (after the names, so a slurmd pod is made
   under its slot's name); then the same bounded wait for
-  registration through Slurm as the managed provider.
+  registration through Slurm as the managed provider. A drained slot that registered is
+  then drained by us in Slurm under the same reason and its Node uncordoned, so returning
+  it to service (a Slurm resume) is not undone by the cordon.
 - users: Crusoe `SlurmUser` `<cluster>-<user>` (OS identity and keys). Slurm accounts and
   associations are not created on this provider (no sacctmgr client yet; documented gap).
 - registration, health gate and acceptance job: Slurm's side, slurm_bring_up.py, shared with
@@ -394,11 +396,13 @@ class CmkProvider:
             vms = await self._crusoe.list_vms(ids=[m.machine_id for m in call.machines])
             by_id = {vm.id: vm for vm in vms}
             created: dict[str, float] = {}
+            vm_of: dict[str, Vm] = {}
             for m in call.machines:
                 vm = by_id.get(m.machine_id)
                 if vm is None:
                     continue
                 created[m.node] = created_epoch(vm.created_at)
+                vm_of[m.node] = vm
                 await self._label_node(vm, m.node, call.drained.get(m.node))
             for s in call.node_sets:
                 await self._kube.patch(
@@ -412,7 +416,26 @@ class CmkProvider:
                     },
                 )
             registered = await self._slurm_side.registered(wanted, created)
+            for node in registered:
+                if node in call.drained and node in vm_of:
+                    await self._hand_over_drain(vm_of[node], node, call.drained[node])
         return SlurmConfigResult(registered=registered)
+
+    async def _hand_over_drain(self, vm: Vm, slot: str, reason: str) -> None:
+        """The cordon held the slot drained until its slurmd registered; from here Slurm's
+        drain, under the caller's reason, holds it, and the Node is uncordoned. Left cordoned,
+        the Node would drain the Slurm node again the moment the caller returns it to
+        service (Slinky's cordon sync), so a returned node would not stay returned. Slurm's
+        drain goes first: the operator leaves a drain that is not its own, so the node is
+        never schedulable in between. A cordon with another reason is someone else's."""
+        await self._slurm_side.drain(slot, reason)
+        node = await self._kube.get_node(vm.name)
+        notes = ((node or {}).get("metadata") or {}).get("annotations") or {}
+        if node is not None and notes.get(CORDON_REASON) == reason:
+            uncordon = {"annotations": {CORDON_REASON: None}}
+            await self._kube.patch_node(
+                vm.name, {"metadata": uncordon, "spec": {"unschedulable": None}}
+            )
 
     async def _label_node(self, vm: Vm, slot: str, drained: str | None) -> None:
         """The VM's Kubernetes node: its Slurm name, and cordoned with the reason when the

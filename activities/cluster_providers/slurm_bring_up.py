@@ -59,6 +59,13 @@ class SlurmBringUp:
             timeout_s=self._register_timeout_s,
         )
 
+    async def drain(self, node: str, reason: str) -> None:
+        """Drain `node` under `reason` (the caller's registration step heartbeats)."""
+        try:
+            await self._slurm.drain(node, reason)
+        except SlurmError as e:
+            raise ApplicationError(str(e), type=type(e).__name__) from e
+
     async def health_gate(self, call: NodeGateCall) -> HealthReport:
         """Slurm's half of the gate: slurmd answers with all its GPUs. The node agent's half
         (NVML, InfiniBand) is judged in the workflow (workflows/agent_gate.py)."""
