@@ -2,14 +2,15 @@
 and goes on, without a requeue (issue 22; examples/training's in-job mode).
 
 A job announces it in its Slurm comment: `injob=<dir>`, where `<dir>/<node>.pid` is the PID
-of its launcher (torchrun's agent) on each node. When the policy's job_recovery is `in-job`,
-the runbook's requeue step first does this for each such job on the faulty node:
+of its process on each node (examples/training: train.py's in-place mode). When the policy's
+job_recovery is `in-job`, the runbook's requeue step first does this for each such job on the
+faulty node:
 
 1. marks the job (AdminComment `autoclusters: injob:<incident>:<restart count>`), so a
    retried step knows it already acted;
-2. kills the launcher on the faulty node inside the job's allocation (`srun --overlap`): the
-   other nodes' workers fail their collective at once, and their agents form a new group
-   with the spare (torchrun elastic);
+2. kills that process on the faulty node inside the job's allocation (`srun --overlap`): the
+   other nodes' ranks fail their collective at once and re-form their group with the spare,
+   in their running processes;
 3. releases the node from the job (`scontrol update JobId= NodeList=<the others>`), so it
    goes idle for its repair while the job runs on;
 4. waits, up to the policy's in_job_budget_s, for the job to say it stepped again

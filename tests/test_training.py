@@ -42,6 +42,7 @@ T = TypeVar("T")
 ROOT = Path(__file__).resolve().parent.parent
 TRAIN = ROOT / "examples" / "training" / "train.py"
 SBATCH = ROOT / "examples" / "training" / "train.sbatch"
+STORE = ROOT / "examples" / "training" / "rdzv_store.py"
 STEP_LINE = re.compile(
     r"^ts=(?P<ts>\d+\.\d+) node=(?P<node>\S+) restart=(?P<restart>\d+) step=(?P<step>\d+) "
     r"rank=(?P<rank>\d+) resumed_from=(?P<resumed_from>\d+) loss=(?P<loss>\d+\.\d+)"
@@ -98,18 +99,28 @@ def _children() -> dict[int, list[int]]:
 class Torchrun:
     """One torchrun we started; its ranks run in sessions of their own (torchrun's doing)."""
 
-    def __init__(self, log: Path, args: list[str], torchrun_args: list[str] | None = None):
+    def __init__(
+        self,
+        log: Path,
+        args: list[str],
+        torchrun_args: list[str] | None = None,
+        *,
+        argv: list[str] | None = None,
+        env: dict[str, str] | None = None,
+    ):
+        """torchrun running train.py with `args`; or, with `argv`, that command line."""
         self.log = log
-        env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM")}
-        env["OMP_NUM_THREADS"] = "1"
+        environ = {k: v for k, v in os.environ.items() if not k.startswith("SLURM")}
+        environ |= {"OMP_NUM_THREADS": "1", **(env or {})}
+        cmd = argv or [
+            sys.executable, "-m", "torch.distributed.run",
+            *(torchrun_args or ["--standalone", "--nproc-per-node=2"]), str(TRAIN), *args,
+        ]  # fmt: skip
         with open(log, "ab") as out:
             self.started = time.time()
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "torch.distributed.run",
-                 *(torchrun_args or ["--standalone", "--nproc-per-node=2"]),
-                 str(TRAIN), *args],
-                stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True,
-            )  # fmt: skip
+                cmd, stdout=out, stderr=subprocess.STDOUT, env=environ, start_new_session=True
+            )
 
     def tree(self) -> list[int]:
         kids, found, todo = _children(), [], [self.proc.pid]
@@ -287,6 +298,11 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _listening(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
 @pytest.mark.timeout(120)
 def test_two_agents_rendezvous_on_one_host(tmp_path: Path, runs: list[Torchrun]) -> None:
     """The sandbox's "nodes" share one host: two torchrun agents, one c10d store on 127.0.0.1."""
@@ -308,6 +324,57 @@ def sbatch_env(sandbox: SandboxConfig, tmp_path: Path, *, ckpt_every: int) -> di
             "TORCHRUN": str(Path(sys.executable).parent / "torchrun"), "TRAIN_PY": str(TRAIN),
             "CKPT_ROOT": str(tmp_path / "ckpt"), "STEP_SLEEP": "0.5",
             "CKPT_EVERY": str(ckpt_every)}  # fmt: skip
+
+
+@pytest.mark.timeout(120)
+def test_in_place_a_standby_takes_the_lost_nodes_seat(tmp_path: Path, runs: list[Torchrun]) -> None:
+    """In-job mode without Slurm (examples/training/in_place.py): three "nodes" meet in the
+    job's store, two train and one stands by. A training node's process is killed; the
+    survivor and the standby re-form the group in their running processes and go on from the
+    step the survivor completed, no step lost, and the run ends with every process exiting 0."""
+    port = _free_port()
+    store = start(runs, tmp_path / "store.log", argv=[sys.executable, str(STORE), str(port)])
+    until(lambda: _listening(port), 30, "the store")
+    ckpt = tmp_path / "ckpt"
+    nodes = {}
+    for name in ("n1", "n2", "n3"):
+        nodes[name] = start(
+            runs, tmp_path / f"{name}.log",
+            argv=[sys.executable, str(TRAIN), "--ckpt-dir", str(ckpt), "--in-place",
+                  f"127.0.0.1:{port}", "--train-nodes", "2", "--step-sleep", "0.2",
+                  "--ckpt-every", "5", "--steps", "60", "--term-grace", "10"],
+            env={"SLURMD_NODENAME": name, "SLURM_JOB_ID": "7"},
+        )  # fmt: skip
+
+    def lines() -> list[dict[str, Any]]:
+        return [d for name in nodes for d in step_lines(tmp_path / f"{name}.log")]
+
+    def training() -> set[str] | None:
+        active = {d["node"] for d in lines() if d["step"] >= 3}
+        return active if len(active) == 2 else None
+
+    active = until(training, 60, "steps on two nodes")
+    (standby,) = set(nodes) - active
+    victim = sorted(active)[0]
+    nodes[victim].kill()
+    killed_at = time.time()
+    before = [d for d in lines() if d["elastic"] == 0]
+
+    def reformed() -> list[dict[str, Any]] | None:
+        done = [d for d in lines() if d["elastic"] == 1]
+        return sorted(done, key=lambda d: d["ts"])[:2] if len(done) >= 2 else None
+
+    after = until(reformed, 30, "steps of the re-formed group")
+    print(f"in place: kill to next step {after[0]['ts'] - killed_at:.2f}s")
+    assert {d["node"] for d in lines() if d["elastic"] == 1} <= (active - {victim}) | {standby}
+    assert after[0]["resumed_from"] == max(d["step"] for d in before)
+    assert after[0]["step"] == after[0]["resumed_from"] + 1
+    # The standby trained only after the kill, in the process it was started as.
+    assert min(d["ts"] for d in lines() if d["node"] == standby) >= killed_at
+    for name in set(nodes) - {victim}:
+        assert nodes[name].wait(60) == 0, (tmp_path / f"{name}.log").read_text()[-2000:]
+    assert (ckpt / "done").read_text().strip() == "60" and marker(ckpt) == 60
+    store.kill()
 
 
 @pytest.mark.timeout(180)

@@ -1,8 +1,9 @@
 """A fault-tolerant DDP training job: the workload AutoClusters kills and resumes.
 
-Launched by torchrun (one agent per node, c10d rendezvous). A tiny MLP learns a fixed
-function from synthetic batches; each step's batch depends only on (seed, step, rank), so a
-run resumed from step n continues exactly the sequence an uninterrupted run would have.
+Launched by torchrun (one agent per node, c10d rendezvous), or in in-job mode by srun
+alone. A tiny MLP learns a fixed function from synthetic batches; each step's batch depends
+only on (seed, step, rank), so a run resumed from step n continues exactly the sequence an
+uninterrupted run would have.
 
 Checkpoints (torch.distributed.checkpoint) go to `<ckpt-dir>/step-<n>/`. Only once a save
 has completed on every rank does rank 0 move the `latest` marker (write a temp file, fsync,
@@ -11,12 +12,14 @@ half-written directory is ignored (and removed at the next start). Under Slurm, 
 then records the time in the job's Comment (`ckpt_at=<epoch s>`, the Comment's other
 `key=value` tokens kept), so a scheduler taking a node knows how much work each job would lose.
 
-In-job recovery (`--snapshot-dir`, train.sbatch's SPARES mode): every step's model and
-optimizer state also goes to node-local memory (`<snapshot-dir>/<node>/step-<n>.pt`). When
-torchrun restarts the worker group without a node (a hot spare takes its place), the ranks
-agree on the newest snapshot any of them holds and its lowest rank broadcasts it: no step is
-lost, and nothing is read from shared storage. Rank 0 then writes `resumed_at=<epoch s>` to
-the Comment, which is how the runbook learns that the job steps again.
+In-job recovery (`--in-place HOST:PORT`, train.sbatch's SPARES mode, in_place.py): no
+torchrun; one process per node meets the others in the job's store, `--train-nodes` of the
+nodes train and the rest stand by. When a peer's process dies, the others' collective fails
+at once and they re-form the group with a standby in their running processes: the new rank 0
+is one that completed the newest step, DDP broadcasts its parameters and the optimizer state
+follows, so no step is lost and nothing is restarted or imported again. Rank 0 then writes
+`resumed_at=<epoch s>` to the Comment, which is how the runbook learns that the job steps
+again.
 
 SIGTERM (Slurm requeue/cancel, torchrun shutting down) and SIGUSR1 (Slurm's warning before
 the time limit) make every rank stop at the same step boundary, save, and exit 128+signal.
@@ -27,7 +30,7 @@ one line per node):
     ts=<epoch> node=<node> restart=<n> step=<n> rank=<r> resumed_from=<n> loss=<x>
 
 `restart` is Slurm's restart count (requeues); in-job mode adds ` elastic=<n>` at the end:
-torchrun's restarts of the worker group within this run of the job.
+the group's generation within this run of the job (0 at the start, one more per re-forming).
 """
 
 from __future__ import annotations
@@ -96,9 +99,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads per rank")
     p.add_argument(
-        "--snapshot-dir",
-        type=Path,
-        help="in-job recovery: node-local directory (tmpfs) for a per-step state snapshot",
+        "--in-place",
+        metavar="HOST:PORT",
+        help="in-job mode: the job's TCPStore; stand by or train, re-forming without a lost node",
+    )
+    p.add_argument("--train-nodes", type=int, default=1, help="in-job mode: nodes that train")
+    p.add_argument("--nproc-per-node", type=int, default=1, help="in-job mode: ranks per node")
+    p.add_argument(
+        "--join-timeout", type=float, default=300, help="in-job mode: seconds a group may take"
+    )
+    p.add_argument(
+        "--max-restarts", type=int, default=3, help="in-job mode: groups re-formed before giving up"
     )
     p.add_argument(
         "--term-grace",
@@ -355,70 +366,6 @@ class Checkpointer:
             emit(f"{_prefix()} event={name} ckpt_step={step} {extra}".rstrip())
 
 
-SNAPSHOT = re.compile(r"^step-(\d+)\.pt$")
-
-
-class Snapshot:
-    """In-job mode: the newest step's state in node-local memory, for a restart in place.
-
-    One file per node (local rank 0 writes it: DDP keeps every rank's state the same), the
-    step in its name so that finding the newest needs no load. Written after the step's
-    all-reduce: a step that some rank completed is one every rank contributed to.
-    """
-
-    def __init__(self, root: Path, node: str, local_rank: int) -> None:
-        self.dir = root / node
-        self.writer = local_rank == 0
-        if self.writer:
-            self.dir.mkdir(parents=True, exist_ok=True)
-
-    def newest(self) -> int:
-        found = [int(m[1]) for f in self._files() if (m := SNAPSHOT.match(f.name))]
-        return max(found, default=0)
-
-    def _files(self) -> list[Path]:
-        return list(self.dir.glob("step-*.pt")) if self.dir.is_dir() else []
-
-    def save(self, step: int, model: nn.Module, optim: torch.optim.Optimizer) -> None:
-        if not self.writer:
-            return
-        tmp = self.dir / f".step-{step}.pt.tmp"
-        torch.save({"step": step, "model": model.state_dict(), "optim": optim.state_dict()}, tmp)
-        os.replace(tmp, self.dir / f"step-{step}.pt")  # tmpfs: nothing to fsync
-        for old in self._files():
-            if old.name != f"step-{step}.pt":
-                old.unlink(missing_ok=True)
-
-    def restore(
-        self, floor: int, model: nn.Module, optim: torch.optim.Optimizer, group: dist.ProcessGroup
-    ) -> tuple[int, int]:
-        """Every rank: agree on the newest snapshot any rank holds; if it is newer than
-        `floor` (the shared checkpoint's step), its lowest rank broadcasts it and all load it.
-        Returns the step restored (0 when none was newer) and the group's restart count: the
-        highest of its agents' (a standby that just joined counts 0, the survivors more)."""
-        rank, world = dist.get_rank(), dist.get_world_size()
-        restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-        mine = torch.tensor([self.newest(), rank, restarts], dtype=torch.int64)
-        every = [torch.zeros(3, dtype=torch.int64) for _ in range(world)]
-        dist.all_gather(every, mine, group=group)
-        restarts = max(int(v[2]) for v in every)
-        best, src = max((int(v[0]), -int(v[1])) for v in every)
-        if best <= floor:
-            return 0, restarts
-        state = [None]
-        if rank == -src:
-            state = [torch.load(self.dir / f"step-{best}.pt", weights_only=True)]
-        dist.broadcast_object_list(state, src=-src, group=group)
-        loaded: dict[str, Any] = state[0]  # type: ignore[assignment]
-        model.load_state_dict(loaded["model"])
-        optim.load_state_dict(loaded["optim"])
-        return best, restarts
-
-    def clear(self) -> None:
-        if self.writer:
-            shutil.rmtree(self.dir, ignore_errors=True)
-
-
 def emit(line: str) -> None:
     # One write per line: ranks (and nodes) share one output file, and a single short
     # write to a pipe or an O_APPEND file is not interleaved with another.
@@ -460,87 +407,199 @@ def die_with_agent() -> None:
         os._exit(1)
 
 
+class Trainer:
+    """The training loop of one formed group: the torchrun launch's only group, or one
+    generation of the in-place mode. `completed` is the last step every rank finished (its
+    all-reduces done and the optimizer stepped), kept when a collective fails."""
+
+    def __init__(
+        self,
+        args: argparse.Namespace,
+        module: nn.Module,
+        optim: torch.optim.Optimizer,
+        device: torch.device,
+        stop: StopRequest,
+        local_rank: int,
+    ) -> None:
+        self.args, self.module, self.optim, self.device = args, module, optim, device
+        self.stop, self.local_rank = stop, local_rank
+        self.completed = 0
+
+    def run(self, gen: int | None) -> int:
+        """Train from the latest checkpoint (a formed in-place generation after the first:
+        from rank 0's state in memory) until the steps are done (0) or a signal (128+sig).
+        A failed collective raises."""
+        args, device = self.args, self.device
+        rank, world = dist.get_rank(), dist.get_world_size()
+        cuda = device.type == "cuda"
+        model = DistributedDataParallel(
+            self.module, device_ids=[self.local_rank] if cuda else None
+        )  # its construction broadcasts rank 0's parameters
+        # An async save's thread would outlive a failed generation's groups: in place, sync.
+        use_async = not args.sync_save and gen is None
+        ckpt_group = dist.new_group(backend="gloo", timeout=timedelta(seconds=args.timeout))
+        ckpt = Checkpointer(args.ckpt_dir, ckpt_group, use_async, args.keep)
+        resumed_from = ckpt.resume_point()
+        started = time.monotonic()
+        peer = self._take_rank0_state(ckpt_group) if gen else 0
+        if peer and peer >= resumed_from:
+            resumed_from = peer
+            ckpt._event("resumed", resumed_from, load_s=time.monotonic() - started, source="peer")
+        elif resumed_from:
+            ckpt.load(resumed_from, model, self.optim)
+            ckpt._event("resumed", resumed_from, load_s=time.monotonic() - started)
+        elastic = "" if gen is None else f" elastic={gen}"
+        logs = {"all": True, "node": self.local_rank == 0, "zero": rank == 0}[args.log_ranks]
+        step = self.completed = resumed_from
+        while not args.steps or step < args.steps:
+            step += 1
+            x, y = batch(args.seed, step, rank, args.batch)
+            loss = nn.functional.mse_loss(model(x.to(device)), y.to(device))
+            self.optim.zero_grad(set_to_none=True)
+            loss.backward()
+            # One small all-reduce per step: the mean loss, and whether any rank was
+            # signalled, so that every rank stops (and saves) at the same step. Before the
+            # optimizer step: a step is applied only once every collective of it succeeded.
+            stats = torch.tensor([loss.item(), float(self.stop.signum)], device=device)
+            dist.all_reduce(stats)
+            self.optim.step()
+            self.completed = step
+            if logs:
+                emit(
+                    f"{_prefix()} step={step} rank={rank} resumed_from={resumed_from} "
+                    f"loss={stats[0].item() / world:.6f}{elastic}"
+                )
+            if gen is not None and rank == 0 and step == resumed_from + 1:
+                publish("resumed_at", f"{time.time():.3f}")  # the runbook waits for it
+            ckpt.poll()
+            if stats[1].item() > 0:
+                ckpt.save(step, model, self.optim, block=True)
+                ckpt._event("stopped", step, signal=signal.Signals(self.stop.signum or 15).name)
+                ckpt.wait()
+                return 128 + (self.stop.signum or signal.SIGTERM)
+            if step % args.ckpt_every == 0:
+                ckpt.save(step, model, self.optim, block=False)
+            self.stop.sleep(args.step_sleep)
+        ckpt.save(step, model, self.optim, block=True)
+        ckpt.wait()
+        return 0
+
+    def _take_rank0_state(self, group: dist.ProcessGroup) -> int:
+        """After DDP's parameter broadcast: rank 0's optimizer state and step, on every rank."""
+        box: list[Any] = [self.optim.state_dict(), self.completed]
+        dist.broadcast_object_list(box, src=0, group=group)
+        if dist.get_rank() != 0:
+            self.optim.load_state_dict(box[0])
+        self.completed = int(box[1])
+        return self.completed
+
+
+def _device(local_rank: int) -> torch.device:
+    if torch.cuda.is_available():
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank)
+    return torch.device("cpu")
+
+
+def _backend(device: torch.device) -> str:
+    return "nccl" if device.type == "cuda" else "gloo"
+
+
+def _warm_up(optim_of: Any) -> None:
+    """Import what a first optimizer step imports (torch._dynamo, 0.5-1 s on CPU) now, so a
+    standby's first step after taking a seat does not."""
+    scratch = make_model(0)
+    opt = optim_of(scratch)
+    scratch(torch.zeros(1, DIM)).sum().backward()
+    opt.step()
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     die_with_agent()
     # Before the rendezvous: a signal then must not kill a rank mid-save.
     stop = StopRequest(args.term_grace)
     torch.set_num_threads(args.threads)
-
-    cuda = torch.cuda.is_available()
+    if args.in_place:
+        return main_in_place(args, stop)
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    if cuda:
-        torch.cuda.set_device(local_rank)
-    device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
-    dist.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(seconds=args.timeout))
-    rank, world = dist.get_rank(), dist.get_world_size()
-    ckpt_group = dist.new_group(backend="gloo", timeout=timedelta(seconds=args.timeout))
-
-    model = DistributedDataParallel(
-        make_model(args.seed).to(device), device_ids=[local_rank] if cuda else None
-    )
-    optim = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
-    ckpt = Checkpointer(args.ckpt_dir, ckpt_group, not args.sync_save, args.keep)
-
-    node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
-    snap = Snapshot(args.snapshot_dir, node, local_rank) if args.snapshot_dir else None
-
-    resumed_from, peer, elastic = ckpt.resume_point(), 0, ""
-    started = time.monotonic()
-    if snap:
-        peer, restarts = snap.restore(resumed_from, model.module, optim, ckpt_group)
-        elastic = f" elastic={restarts}"
-    if peer:
-        resumed_from = peer
-        ckpt._event("resumed", peer, load_s=time.monotonic() - started, source="snapshot")
-    elif resumed_from:
-        ckpt.load(resumed_from, model, optim)
-        ckpt._event("resumed", resumed_from, load_s=time.monotonic() - started)
-
-    logs = {"all": True, "node": local_rank == 0, "zero": rank == 0}[args.log_ranks]
-    step = resumed_from
-    while not args.steps or step < args.steps:
-        step += 1
-        x, y = batch(args.seed, step, rank, args.batch)
-        loss = nn.functional.mse_loss(model(x.to(device)), y.to(device))
-        optim.zero_grad(set_to_none=True)
-        loss.backward()
-        optim.step()
-        # One small all-reduce per step: the mean loss, and whether any rank was signalled,
-        # so that every rank stops (and saves) at the same step.
-        stats = torch.tensor([loss.item(), float(stop.signum)], device=device)
-        dist.all_reduce(stats)
-        if logs:
-            emit(
-                f"{_prefix()} step={step} rank={rank} resumed_from={resumed_from} "
-                f"loss={stats[0].item() / world:.6f}{elastic}"
-            )
-        if snap:
-            snap.save(step, model.module, optim)
-            if rank == 0 and step == resumed_from + 1:
-                publish("resumed_at", f"{time.time():.3f}")  # the runbook waits for it
-        ckpt.poll()
-        if stats[1].item() > 0:
-            ckpt.save(step, model, optim, block=True)
-            ckpt._event("stopped", step, signal=signal.Signals(stop.signum or 15).name)
-            ckpt.wait()
-            dist.destroy_process_group()
-            flush_published()
-            return 128 + (stop.signum or signal.SIGTERM)
-        if step % args.ckpt_every == 0:
-            ckpt.save(step, model, optim, block=False)
-        stop.sleep(args.step_sleep)
-
-    ckpt.save(step, model, optim, block=True)
-    ckpt.wait()
-    if snap:
-        snap.clear()  # done: the shared checkpoint has the end; free the node's memory
-        if rank == 0:
-            # train.sbatch requeues an in-job run whose srun failed unless this is here.
-            (args.ckpt_dir / "done").write_text(f"{step}\n")
+    device = _device(local_rank)
+    dist.init_process_group(_backend(device), timeout=timedelta(seconds=args.timeout))
+    module = make_model(args.seed).to(device)
+    optim = torch.optim.SGD(module.parameters(), lr=args.lr, momentum=0.9)
+    rc = Trainer(args, module, optim, device, stop, local_rank).run(None)
     dist.destroy_process_group()
     flush_published()
-    return 0
+    return rc
+
+
+def main_in_place(args: argparse.Namespace, stop: StopRequest) -> int:
+    """In-job mode (in_place.py): stand by or train, generation after generation."""
+    from in_place import InPlaceGroup, NoGeneration
+
+    node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    children = _start_local_ranks(args.nproc_per_node) if local_rank == 0 else []
+    job = f"{os.environ.get('SLURM_JOB_ID', 'local')}.{os.environ.get('SLURM_RESTART_COUNT', '0')}"
+    device = _device(local_rank)
+
+    def sgd(m: nn.Module) -> torch.optim.Optimizer:
+        return torch.optim.SGD(m.parameters(), lr=args.lr, momentum=0.9)
+
+    module = make_model(args.seed).to(device)
+    optim = sgd(module)
+    _warm_up(sgd)
+    trainer = Trainer(args, module, optim, device, stop, local_rank)
+    group = InPlaceGroup(
+        args.in_place, job, node, local_rank, args.nproc_per_node, args.train_nodes,
+        args.join_timeout, lambda: bool(stop.signum),
+    )  # fmt: skip
+    try:
+        while (seat := group.seat(trainer.completed)) is not None:
+            if seat.gen > args.max_restarts:
+                raise NoGeneration(f"{seat.gen} groups formed: restarts used up")
+            dist.init_process_group(
+                _backend(device), store=group.process_group_store(), rank=seat.rank,
+                world_size=seat.world, timeout=timedelta(seconds=args.timeout),
+            )  # fmt: skip
+            try:
+                rc = trainer.run(seat.gen)
+            except (RuntimeError, dist.DistError) as e:  # a peer is gone: the next generation
+                emit(f"{_prefix()} event=group_failed gen={seat.gen} error={type(e).__name__}")
+                group.fail()
+                continue
+            if rc == 0 and seat.rank == 0:
+                # train.sbatch requeues an in-job run whose srun failed unless this is here.
+                (args.ckpt_dir / "done").write_text(f"{trainer.completed}\n")
+                group.finish()
+            dist.destroy_process_group()
+            flush_published()
+            return rc
+    except NoGeneration as e:
+        emit(f"{_prefix()} event=in_job_failed error={e}")
+        return 1
+    finally:
+        for child in children:
+            child.wait()
+    flush_published()
+    return 128 + stop.signum if stop.signum else 0
+
+
+def _start_local_ranks(nproc: int) -> list[subprocess.Popen[bytes]]:
+    """In-job mode, several ranks per node: this process (srun's one task on the node, whose
+    PID the runbook kills) is local rank 0 and starts the others, which die with it."""
+
+    def die_with_parent() -> None:
+        ctypes.CDLL(None).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+
+    return [
+        subprocess.Popen(
+            [sys.executable, *sys.argv],
+            env={**os.environ, "LOCAL_RANK": str(i)},
+            preexec_fn=die_with_parent,  # noqa: PLW1509  # before any thread starts
+        )
+        for i in range(1, nproc)
+    ]
 
 
 if __name__ == "__main__":
