@@ -24,6 +24,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from autoclusters.core.faults import FAULT_PATTERN, NODE_PATTERN
+from autoclusters.core.ladder_figures import LadderFigures
 from autoclusters.core.yaml_spec import (
     SpecError,
     SpecFormat,
@@ -201,6 +202,14 @@ class Policy(_Strict):
     steps: dict[Rung, StepPolicy] = Field(default_factory=dict)
     guard: GuardPolicy = Field(default_factory=GuardPolicy)
     topology: dict[NodeName, NodeTopology] = Field(default_factory=dict, max_length=MAX_COUNT)
+    # An outcome-driven ladder: a rung that fixed a fault kind in fewer than this fraction
+    # of at least min_samples tries (the cluster's history, `autoclusters stats ladder`) is
+    # skipped for that kind, and the incident says why. 0: never skip.
+    skip_rung_below: float = Field(default=0, ge=0, le=1, allow_inf_nan=False)
+    min_samples: int = Count(10)
+    # The figures skip_rung_below is judged on, filled in when an incident opens (never
+    # written in a policy file: a file that has them pins them); None: no figures, no skip.
+    ladder: LadderFigures | None = None
 
     def rule_for(self, fault: str) -> FaultRule:
         return self.faults.get(fault, self.default_rule)

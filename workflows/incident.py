@@ -14,6 +14,7 @@ from temporalio.exceptions import ActivityError
 
 with workflow.unsafe.imports_passed_through():
     from autoclusters.activities import contracts
+    from autoclusters.core.ladder import choose_rung
     from autoclusters.core.models import (
         REASON_PREFIX,
         DrainResult,
@@ -21,7 +22,7 @@ with workflow.unsafe.imports_passed_through():
         IncidentState,
         Notification,
     )
-    from autoclusters.core.policy import LADDER, Policy, Rung
+    from autoclusters.core.policy import Policy, Rung
     from autoclusters.integrations import temporal
 
 from autoclusters.workflows.steps import NOTIFY_RETRY, Defaults, OnState, Steps
@@ -44,6 +45,7 @@ class Incident:
         self.state = state
         self.policy = policy
         self.recent = 0  # earlier incidents on this node within the recurrence window
+        self.skipped: list[str] = []  # rungs the last choice skipped, and why
         # A drain that was already there when the incident quarantined the node (an
         # admin's, kept as it was): it holds the node for this incident as our reason does.
         self.kept_drain = ""
@@ -143,8 +145,11 @@ class Incident:
     # --- what the policy says about it -------------------------------------------------------
 
     def worst_rung(self) -> Rung:
-        rungs = [self.policy.rung_for(f.fault, self.recent) for f in self.state.faults]
-        return max(rungs, key=LADDER.index)
+        """The worst of the faults' rungs, past any rung the ladder's figures rule out
+        (`skip_rung_below`); why each was skipped is in `skipped`."""
+        choice = choose_rung(self.policy, [f.fault for f in self.state.faults], self.recent)
+        self.skipped = choice.skipped
+        return choice.rung
 
     def severity(self) -> str:
         order = {"info": 0, "warning": 1, "critical": 2}

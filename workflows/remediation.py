@@ -28,6 +28,7 @@ with workflow.unsafe.imports_passed_through():
         RegisterCall,
         Registration,
     )
+    from autoclusters.core.ladder import climb, skip_from
     from autoclusters.core.models import (
         ApprovalRecord,
         ApprovalRequest,
@@ -42,10 +43,11 @@ with workflow.unsafe.imports_passed_through():
         RepairInput,
         RepairResult,
         ReturnInput,
+        StepRecord,
         WaitRegisteredInput,
         drain_reason,
     )
-    from autoclusters.core.policy import LADDER, Policy, Rung, next_rung
+    from autoclusters.core.policy import LADDER, Policy, Rung
 
 from autoclusters.workflows.approvals import Approvals
 from autoclusters.workflows.fault_intake import FaultIntake
@@ -128,8 +130,11 @@ class NodeRemediation:
         ack, _ = self._intake.merge(rep)
         # A more severe fault raises the rung of an incident that is not repairing yet.
         if not ack.repeat and s.rung is not None and not self._repairing:
-            worse = self._policy.rung_for(rep.fault, self._inc.recent)
+            p = self._policy
+            choice = skip_from(p, rep.fault, p.rung_for(rep.fault, self._inc.recent), p.ladder)
+            worse = choice.rung
             if LADDER.index(worse) > LADDER.index(Rung(s.rung)):
+                self._note_skipped(choice.skipped)
                 s.rung = worse.value
                 self._inc.publish()
                 ack = ack.model_copy(update={"rung": s.rung})
@@ -212,6 +217,7 @@ class NodeRemediation:
         )
         inc.recent = reg.recent_on_node
         s.rung = inc.worst_rung().value
+        self._note_skipped(inc.skipped)
         inc.publish()
         await inc.notify("opened", self._opening_text(reg), inc.severity())
 
@@ -320,7 +326,9 @@ class NodeRemediation:
             s.health.append(report)
             if report.passed:
                 return
-            up = next_rung(rung)
+            # One rung up, past any the ladder's figures rule out for this fault.
+            climbed = climb(p, req.fault, rung)
+            up = climbed.rung if climbed is not None else None
             if up is None or s.repair_attempts >= p.max_repair_attempts:
                 raise ApplicationError(
                     f"health gate failed after {rung.value} "
@@ -329,10 +337,13 @@ class NodeRemediation:
                     non_retryable=True,
                 )
             s.rung = up.value
+            skipped = climbed.skipped if climbed is not None else []
+            self._note_skipped(skipped)
             inc.publish()
             await inc.notify(
                 "escalated",
-                f"health gate failed after {rung.value} ({report.failures()}); next: {up.value}",
+                f"health gate failed after {rung.value} ({report.failures()}); next: {up.value}"
+                + "".join(f"; {why}" for why in skipped),
                 "warning",
             )
 
@@ -371,6 +382,17 @@ class NodeRemediation:
     async def _release(self, back_in_service: bool, *, slot_only: bool = False) -> None:
         self._repairing = False
         await self._guard.give_back(back_in_service, slot_only=slot_only)
+
+    def _note_skipped(self, skipped: list[str]) -> None:
+        """A rung the ladder's figures ruled out, on the timeline with why (state only: no
+        command, so histories from before `skip_rung_below` replay unchanged)."""
+        now = workflow.now()
+        for why in skipped:
+            self._state.steps.append(
+                StepRecord(
+                    name="skip_rung", started_at=now, finished_at=now, outcome="ok", detail=why
+                )
+            )
 
     def _cancelling(self, err: BaseException) -> bool:
         """Is `err` this incident's cancellation (closed `cancelled`)?"""
@@ -419,6 +441,7 @@ class NodeRemediation:
         text = f"{r.fault} on {r.node}: plan {s.rung} (mode {s.mode})"
         if inc.recent:
             text += f"; {inc.recent} earlier incident(s) on this node within the window"
+        text += "".join(f"; {why}" for why in inc.skipped)
         if reg.breaker.tripped:
             b = reg.breaker
             where = (

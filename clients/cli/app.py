@@ -21,6 +21,7 @@ from autoclusters.clients.cli.faults import faults
 from autoclusters.clients.cli.incidents import approve, incident_app
 from autoclusters.clients.cli.policy import policy_app
 from autoclusters.clients.cli.share import share_app
+from autoclusters.clients.cli.stats import stats_app
 from autoclusters.clients.cli.worker import worker
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
@@ -28,6 +29,7 @@ app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
 app.add_typer(incident_app, name="incident")
 app.add_typer(breaker_app, name="breaker")
 app.add_typer(policy_app, name="policy")
+app.add_typer(stats_app, name="stats")
 app.add_typer(cluster_app, name="cluster")
 app.add_typer(share_app, name="share")
 app.add_typer(agent_app, name="agent")

@@ -1,0 +1,289 @@
+"""Reading incidents back from Temporal: every NodeRemediation history of a cluster, turned
+into incident records (core/incident_record.py) for the policy replay and the ladder.
+
+Read-only: it lists runs by a visibility query and fetches each one's history; it never
+starts, signals, queries or updates a workflow, and needs no worker (a query on a closed
+run would replay it on one). A history read from a file (`WorkflowHistory.from_json`, as
+tests/histories keeps them) goes through the same `record_from_history`.
+
+What a history says, and where:
+- the request (policy snapshot, fault, node): the workflow's input;
+- recurrence and breaker: the `guard_register` result; held or admitted: each
+  `guard_admit_*` result;
+- the rung chosen at open, and each raise: the RepairAction search attribute upserts;
+- each repair: `repair_node` (its rung); its verdict: failed when another repair followed
+  (the runbook climbs only on a failed gate) or the repair itself failed, passed when the
+  node was returned (or the incident resolved) after it;
+- approvals asked: the `approval_needed` notifications; decided: the approve/reject updates;
+- the end: the run's result, else its closing notification.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field, ValidationError
+from temporalio.api.common.v1 import Payload
+from temporalio.api.history.v1 import HistoryEvent
+from temporalio.client import Client, WorkflowHistory
+from temporalio.contrib.pydantic import pydantic_data_converter
+
+from autoclusters.core.guard import Admission as GuardAdmission
+from autoclusters.core.guard import Registration
+from autoclusters.core.incident_record import Admission, IncidentRecord, RepairAttempt
+from autoclusters.core.models import (
+    ApprovalRequest,
+    FaultReport,
+    IncidentRequest,
+    IncidentState,
+    Notification,
+    RepairInput,
+)
+from autoclusters.core.policy import LADDER, Policy, Rung
+
+log = logging.getLogger("autoclusters.incident_history")
+
+WORKFLOW_TYPE = "NodeRemediation"
+CLOSING_EVENTS = {"resolved", "failed", "rejected", "observed", "monitored", "cancelled"}
+REPAIR_RUNGS = {r.value for r in LADDER if r != Rung.MONITOR}
+
+
+class UnreadableHistory(ValueError):
+    """A history that is not an incident this code can read (another type, a broken input)."""
+
+
+class IncidentHistories(BaseModel):
+    """What a read found: the records, and each run that could not be read, with why (never
+    dropped silently: a replay over part of the history must say it is partial)."""
+
+    cluster: str
+    since: datetime | None = None
+    records: list[IncidentRecord] = Field(default_factory=list)
+    unreadable: list[str] = Field(default_factory=list)
+
+
+def _decode(payloads: Sequence[Payload], kind: type[Any]) -> Any:
+    return pydantic_data_converter.payload_converter.from_payloads(list(payloads), [kind])[0]
+
+
+def _at(event: HistoryEvent) -> datetime:
+    return event.event_time.ToDatetime(tzinfo=UTC)
+
+
+class _Reader:
+    """One pass over a history, in event order."""
+
+    def __init__(self, req: IncidentRequest, started_at: datetime) -> None:
+        self.rec = IncidentRecord(
+            incident_id=req.incident_id,
+            cluster=req.cluster,
+            node=req.node,
+            fault=req.fault,
+            faults=[req.fault],
+            started_at=started_at,
+            policy=req.policy or Policy(),
+        )
+        self.scheduled: dict[int, tuple[str, HistoryEvent]] = {}
+        self.rung: str | None = None  # the incident's rung as last published
+        self.closing: str | None = None  # the last closing notification's event
+        self.result: IncidentState | None = None
+        self.workflow_failed = False
+        self.returned = False
+
+    def event(self, e: HistoryEvent) -> None:
+        kind = e.WhichOneof("attributes")
+        handler = getattr(self, f"_on_{kind}", None) if kind else None
+        if kind and handler is not None:
+            handler(e, getattr(e, kind))
+
+    def _on_activity_task_scheduled_event_attributes(self, e: HistoryEvent, a: Any) -> None:
+        name = a.activity_type.name
+        self.scheduled[e.event_id] = (name, e)
+        if name == "repair_node":
+            inp: RepairInput = _decode(a.input.payloads, RepairInput)
+            if self.rec.repairs and self.rec.repairs[-1].passed is None:
+                self.rec.repairs[-1].passed = False  # the runbook climbs only on a failed gate
+            self.rec.repairs.append(RepairAttempt(rung=inp.rung, at=_at(e)))
+        elif name == "notify":
+            note: Notification = _decode(a.input.payloads, Notification)
+            rung = note.text.split(" ", 1)[0]
+            if note.event == "approval_needed" and rung in REPAIR_RUNGS:
+                self.rec.approvals_asked.append(rung)
+            elif note.event in CLOSING_EVENTS:
+                self.closing = note.event
+        elif name == "return_to_service" and self.rec.repairs:
+            self.returned = True
+
+    def _on_activity_task_completed_event_attributes(self, e: HistoryEvent, a: Any) -> None:
+        name, scheduled = self.scheduled.get(a.scheduled_event_id, ("", None))
+        if name == "guard_register":
+            reg: Registration = _decode(a.result.payloads, Registration)
+            self.rec.recent_on_node = reg.recent_on_node
+            self.rec.breaker_tripped = reg.breaker.tripped
+        elif name in ("guard_admit_quarantine", "guard_admit_repair"):
+            adm: GuardAdmission = _decode(a.result.payloads, GuardAdmission)
+            self.rec.admissions.append(
+                Admission(
+                    kind=name.removeprefix("guard_admit_"),
+                    admitted=adm.admitted,
+                    reason=adm.reason,
+                    at=_at(e),
+                )
+            )
+        elif name == "return_to_service" and self.rec.returned_at is None:
+            self.rec.returned_at = _at(e)
+
+    def _on_activity_task_failed_event_attributes(self, e: HistoryEvent, a: Any) -> None:
+        name, _ = self.scheduled.get(a.scheduled_event_id, ("", None))
+        if name == "repair_node" and self.rec.repairs:
+            self.rec.repairs[-1].passed = False  # the repair itself failed: not fixed by it
+            self.rec.repairs[-1].repair_failed = True
+
+    def _on_upsert_workflow_search_attributes_event_attributes(
+        self, e: HistoryEvent, a: Any
+    ) -> None:
+        field = a.search_attributes.indexed_fields.get("RepairAction")
+        if field is None:
+            return
+        rung = _decode([field], str)
+        if rung and rung != "none" and self.rec.rung is None:
+            self.rec.rung = rung  # the first publish follows the choice at open
+        self.rung = rung
+
+    def _on_workflow_execution_update_accepted_event_attributes(
+        self, e: HistoryEvent, a: Any
+    ) -> None:
+        inp = a.accepted_request.input
+        if inp.name == "report_fault":
+            rep: FaultReport = _decode(inp.args.payloads, FaultReport)
+            if rep.fault not in self.rec.faults:
+                self.rec.faults.append(rep.fault)
+        elif inp.name in ("approve", "reject"):
+            req: ApprovalRequest = _decode(inp.args.payloads, ApprovalRequest)
+            self.rec.decisions.append((req.step, inp.name == "approve"))
+
+    def _on_workflow_execution_completed_event_attributes(self, e: HistoryEvent, a: Any) -> None:
+        self.rec.closed_at = _at(e)
+        if a.result.payloads:
+            self.result = _decode(a.result.payloads, IncidentState)
+
+    def _on_workflow_execution_failed_event_attributes(self, e: HistoryEvent, a: Any) -> None:
+        self.rec.closed_at = _at(e)
+        self.workflow_failed = True
+
+    def _ended(self, e: HistoryEvent, a: Any) -> None:
+        self.rec.closed_at = _at(e)
+
+    _on_workflow_execution_terminated_event_attributes = _ended
+    _on_workflow_execution_timed_out_event_attributes = _ended
+    _on_workflow_execution_canceled_event_attributes = _ended
+
+    def finish(self) -> IncidentRecord:
+        rec = self.rec
+        if self.result is not None:
+            rec.status = self.result.status
+            rec.skipped = [s.detail for s in self.result.steps if s.name == "skip_rung"]
+        elif self.closing is not None:
+            rec.status = self.closing
+        elif self.workflow_failed:
+            rec.status = "failed"
+        elif rec.closed_at is not None:
+            rec.status = "cancelled"  # terminated or timed out: nobody closed it
+        if rec.repairs and rec.repairs[-1].passed is None:
+            if self.returned or rec.status == "resolved":
+                rec.repairs[-1].passed = True
+            elif rec.status == "failed":
+                rec.repairs[-1].passed = False  # the gate failed and the ladder ended
+        if rec.returned_at is None and rec.status == "resolved" and rec.repairs:
+            rec.returned_at = rec.closed_at  # a hot spare serves: capacity back at the close
+        return rec
+
+
+def record_from_history(history: WorkflowHistory) -> IncidentRecord:
+    """The incident record a NodeRemediation history tells; UnreadableHistory otherwise."""
+    events = list(history.events)
+    if not events:
+        raise UnreadableHistory(f"{history.workflow_id}: empty history")
+    first = events[0]
+    started = first.workflow_execution_started_event_attributes
+    if first.WhichOneof("attributes") != "workflow_execution_started_event_attributes":
+        raise UnreadableHistory(f"{history.workflow_id}: does not begin with its start")
+    if started.workflow_type.name != WORKFLOW_TYPE:
+        raise UnreadableHistory(
+            f"{history.workflow_id}: a {started.workflow_type.name}, not an incident"
+        )
+    try:
+        req: IncidentRequest = _decode(started.input.payloads, IncidentRequest)
+        reader = _Reader(req, _at(first))
+        for e in events[1:]:
+            reader.event(e)
+        return reader.finish()
+    except (ValidationError, ValueError, IndexError) as err:
+        raise UnreadableHistory(f"{history.workflow_id}: {err}") from err
+
+
+def _quoted(value: str) -> str:
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+async def read_incidents(
+    client: Client, cluster: str, since: timedelta | None = None, *, limit: int | None = None
+) -> IncidentHistories:
+    """Every incident of `cluster` started within `since` (None: all), oldest first.
+
+    A list or fetch that fails raises (Temporal's RPCError): the caller must not take a
+    failed read for a quiet cluster. A history that reads but is not an incident this code
+    understands is listed in `unreadable`."""
+    query = f"WorkflowType = '{WORKFLOW_TYPE}' AND Cluster = {_quoted(cluster)}"
+    start = None
+    if since is not None:
+        start = datetime.now(UTC) - since
+        query += f" AND StartTime >= '{start.strftime('%Y-%m-%dT%H:%M:%SZ')}'"
+    out = IncidentHistories(cluster=cluster, since=start)
+    async for wf in client.list_workflows(query, limit=limit):
+        handle = client.get_workflow_handle(wf.id, run_id=wf.run_id)
+        history = await handle.fetch_history()
+        try:
+            out.records.append(record_from_history(history))
+        except UnreadableHistory as e:
+            log.warning("incident history %s/%s unreadable: %s", wf.id, wf.run_id, e)
+            out.unreadable.append(str(e))
+    out.records.sort(key=lambda r: r.started_at)
+    return out
+
+
+def read_history_files(paths: Sequence[Path], cluster: str | None = None) -> IncidentHistories:
+    """Incidents from histories exported as JSON (`temporal workflow show --output json`,
+    or tests/histories): the same records, for a replay away from the cluster's Temporal.
+    `cluster`: keep only that cluster's incidents (None: every one in the files)."""
+    out = IncidentHistories(cluster=cluster or "*")
+    for path in paths:
+        try:
+            history = WorkflowHistory.from_json(path.stem, path.read_text())
+            rec = record_from_history(history)
+        except (OSError, ValueError, KeyError) as e:  # a bad file is named, never skipped
+            out.unreadable.append(f"{path}: {e}")
+            continue
+        if cluster is None or rec.cluster == cluster:
+            out.records.append(rec)
+    out.records.sort(key=lambda r: r.started_at)
+    return out
+
+
+_SINCE = re.compile(r"^(\d{1,5})([dhm])$")
+
+
+def parse_since(text: str) -> timedelta | None:
+    """`30d`, `12h`, `90m`; `all`: no limit. ValueError names what is accepted."""
+    if text == "all":
+        return None
+    m = _SINCE.match(text.strip())
+    if not m or int(m.group(1)) == 0:
+        raise ValueError(f"--since {text!r}: write a positive count and d, h or m (30d), or all")
+    unit = {"d": "days", "h": "hours", "m": "minutes"}[m.group(2)]
+    return timedelta(**{unit: int(m.group(1))})
