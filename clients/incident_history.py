@@ -20,9 +20,12 @@ What a history says, and where:
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
-from collections.abc import Sequence
+import time
+import weakref
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -36,6 +39,8 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from autoclusters.core.guard import Admission as GuardAdmission
 from autoclusters.core.guard import Registration
 from autoclusters.core.incident_record import Admission, IncidentRecord, RepairAttempt
+from autoclusters.core.ladder import figures_from
+from autoclusters.core.ladder_figures import LadderFigures
 from autoclusters.core.models import (
     ApprovalRequest,
     FaultReport,
@@ -287,3 +292,62 @@ def parse_since(text: str) -> timedelta | None:
         raise ValueError(f"--since {text!r}: write a positive count and d, h or m (30d), or all")
     unit = {"d": "days", "h": "hours", "m": "minutes"}[m.group(2)]
     return timedelta(**{unit: int(m.group(1))})
+
+
+# How far back the figures an incident opens with reach, and how long one read serves the
+# incidents that open after it (a fault storm opens hundreds in a minute: one read).
+LADDER_HISTORY = timedelta(days=90)
+LADDER_FRESH_S = 600.0
+
+
+class LadderAtOpen:
+    """The ladder's figures for the incidents a client opens: read from the cluster's
+    history when the policy skips rungs, shared by the opens within LADDER_FRESH_S, and
+    put in the policy snapshot the incident carries (core/ladder.py decides with them).
+
+    A read that fails opens the incident without figures (the plain ladder) and says so in
+    the log: skipping is an economy, never a reason to hold an incident up."""
+
+    def __init__(self, client: Client, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self._client = client
+        self._clock = clock
+        # cluster -> (when the read began, the read): opens within LADDER_FRESH_S share it.
+        self._reads: dict[str, tuple[float, asyncio.Future[LadderFigures]]] = {}
+
+    async def _figures(self, cluster: str) -> LadderFigures:
+        found = await read_incidents(self._client, cluster, LADDER_HISTORY)
+        return figures_from(found.records)
+
+    async def policy_for_open(self, cluster: str, policy: Policy) -> Policy:
+        """`policy` with the cluster's figures when it skips rungs (a policy that already
+        carries figures keeps them)."""
+        if policy.skip_rung_below <= 0 or policy.ladder is not None:
+            return policy
+        now = self._clock()
+        began, reading = self._reads.get(cluster, (0.0, None))
+        if (
+            reading is None
+            or now - began > LADDER_FRESH_S
+            or (reading.done() and reading.exception() is not None)
+        ):
+            reading = asyncio.ensure_future(self._figures(cluster))
+            self._reads[cluster] = (now, reading)
+        try:
+            # Shielded: one cancelled open does not cancel the read the others wait on.
+            figures = await asyncio.shield(reading)
+        except Exception as e:  # Temporal away: the plain ladder, loudly
+            log.warning("no ladder figures for %s (the plain ladder): %s", cluster, e)
+            return policy
+        return policy.model_copy(update={"ladder": figures})
+
+
+_AT_OPEN: weakref.WeakKeyDictionary[Client, LadderAtOpen] = weakref.WeakKeyDictionary()
+
+
+def ladder_at_open(client: Client) -> LadderAtOpen:
+    """The one LadderAtOpen of `client` (the API and a CLI each hold one client), so every
+    incident they open shares its reads."""
+    found = _AT_OPEN.get(client)
+    if found is None:
+        found = _AT_OPEN[client] = LadderAtOpen(client)
+    return found
