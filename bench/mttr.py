@@ -1,12 +1,20 @@
 """Recovery benchmark: K incidents in a sandbox, each a fault on a node of a running job.
 
 Prints, per phase, the median and p95 seconds from the fault (detection, quarantine, job
-requeued, job running again, repair, health gate, back in service); the orchestration
-overhead (incident time spent outside every external call and deliberate wait); and the
-job's effective training time ratio over the whole run. Writes a PNG timeline.
+requeued, job running again, repair, health gate, back in service); the steps the job did
+again and the work lost per fault (seconds until it ran again plus its recomputed steps);
+the orchestration overhead (incident time spent outside every external call and deliberate
+wait); and, on the requeue path, the job's effective training time ratio over the whole run.
+Writes a PNG timeline.
 
     .venv/bin/python bench/mttr.py --incidents 5 --boot-delay 0 --out docs/recovery
+    .venv/bin/python bench/mttr.py --incidents 5 --boot-delay 0 --job-recovery in-job
     .venv/bin/python bench/mttr.py --incidents 3 --boot-delay 60 --k8s --out /tmp/mttr
+
+`--job-recovery requeue` (default): one 2-node job, requeued by Slurm at each fault.
+`--job-recovery in-job`: for each fault a fresh job of examples/training's in-job mode (2
+nodes train, a standby in the allocation: one standby covers one fault), faulted on a
+training node; the runbook takes the node from the job and the standby takes its seat.
 
 Set beside Crusoe's published "detect, replace and resume in under 15 minutes": the boot
 delay stands for the replacement VM's boot; 0 s, 60 s and 300 s bracket what clouds take.
@@ -43,7 +51,11 @@ from autoclusters.sandbox import (
 from autoclusters.sandbox.config import SandboxConfig  # noqa: E402
 from autoclusters.sandbox.demo import incident_since, wait_for  # noqa: E402
 from autoclusters.sandbox.hardware import Hardware, HardwareFault  # noqa: E402
-from autoclusters.sandbox.joblog import first_progress_after_restart, progress_lines  # noqa: E402
+from autoclusters.sandbox.joblog import (  # noqa: E402
+    first_progress_after_reforming,
+    first_progress_after_restart,
+    progress_lines,
+)
 from autoclusters.sandbox.vms import VmRegistry  # noqa: E402
 from autoclusters.workflows.remediation import NodeRemediation  # noqa: E402
 
@@ -52,6 +64,8 @@ PHASES = [
     "quarantine",
     "job requeued",
     "job running again",
+    "steps done again",
+    "work lost (s)",
     "repair",
     "health gate",
     "back in service",
@@ -122,17 +136,26 @@ async def _bench(cfg: SandboxConfig, args: argparse.Namespace) -> int:
     cfg.policy_file.write_text(yaml.safe_dump(policy.model_dump(mode="json"), sort_keys=False))
     slurm = SlurmCli(cfg.slurm_conf)
     client = await temporal.connect(settings)
-    job_id, log, kind = await training_job.submit(slurm, cfg, "bench")
-    print(f"job {job_id} ({kind}), log {log}")
+    in_job = args.job_recovery == "in-job"
+    if not in_job:
+        job_id, log, kind = await training_job.submit(slurm, cfg, "bench")
+        print(f"job {job_id} ({kind}), log {log}")
     rows: list[dict[str, float | None]] = []
     overheads: list[float] = []
     timelines: list[tuple[str, float, IncidentState, float]] = []
     run_start = time.time()
     for k in range(args.incidents):
-        job = await _running(slurm, job_id, k)
-        await _resumed(slurm, job_id, log, k)  # stepping, not just launched
-        await asyncio.sleep(args.gap)  # let it train between faults
-        node = random.choice(hostlist.expand(job.nodes))
+        if in_job:  # one standby covers one fault: a fresh job each time
+            job_id, log, kind = await training_job.submit(slurm, cfg, f"bench{k}", in_job=True)
+            await _running(slurm, job_id, 0)
+            await _resumed(slurm, job_id, log, 0)
+            await asyncio.sleep(args.gap)
+            node = max(_training_nodes(log))  # not the standby, nor the batch host (first)
+        else:
+            job = await _running(slurm, job_id, k)
+            await _resumed(slurm, job_id, log, k)  # stepping, not just launched
+            await asyncio.sleep(args.gap)  # let it train between faults
+            node = random.choice(hostlist.expand(job.nodes))
         vm = VmRegistry(cfg.state_dir).get(node)
         fault_at = time.time()
         if vm is not None and args.fault.startswith("XID_"):
@@ -151,13 +174,28 @@ async def _bench(cfg: SandboxConfig, args: argparse.Namespace) -> int:
             NodeRemediation.run, opened.workflow_id, run_id=opened.run_id
         )
         state = await handle.result()
-        resumed = await _resumed(slurm, job_id, log, k + 1)
+        if in_job:
+            line = await _reformed(log, fault_at)
+            resumed, went_on_from = line.ts, line.resumed_from
+            before = [ln.step for ln in progress_lines(log) if ln.elastic < line.elastic]
+            if state.recovery_path.get(job_id) != "in-job":
+                print(f"   job {job_id} took the {state.recovery_path.get(job_id)} path")
+            await slurm.cancel(job_id)
+            await _gone(slurm, job_id)
+        else:
+            resumed = await _resumed(slurm, job_id, log, k + 1)
+            went_on_from = _went_on_from(log, k + 1)
+            before = [ln.step for ln in progress_lines(log) if ln.restart <= k]
+        redone = max(before) - went_on_from if before and went_on_from is not None else None
+        period = _step_period(log)
         rows.append(
             {
                 "detection": state.request.opened_at.timestamp() - fault_at,
                 "quarantine": _since(state, "drain", fault_at),
                 "job requeued": _since(state, "requeue", fault_at),
                 "job running again": resumed - fault_at,
+                "steps done again": redone,
+                "work lost (s)": resumed - fault_at + (redone or 0) * period,
                 "repair": _span(state, "repair"),
                 "health gate": _span(state, "health_gate"),
                 "back in service": _since(state, "return_to_service", fault_at, last=True),
@@ -171,8 +209,9 @@ async def _bench(cfg: SandboxConfig, args: argparse.Namespace) -> int:
             f"node back +{rows[-1]['back in service'] or float('nan'):.1f}s"
         )
     run_end = time.time()
-    ratio = _effective_ratio(log, run_start, run_end)
-    await slurm.cancel(job_id)
+    ratio = None if in_job else _effective_ratio(log, run_start, run_end)
+    if not in_job:
+        await slurm.cancel(job_id)
 
     print()
     print(f"{'phase (s from the fault)':<28}{'median':>9}{'p95':>9}")
@@ -184,10 +223,11 @@ async def _bench(cfg: SandboxConfig, args: argparse.Namespace) -> int:
         f"{'orchestration overhead':<28}{statistics.median(overheads):>9.3f}"
         f"{pct(overheads, 0.95):>9.3f}"
     )
-    print(f"effective training time ratio over the run: {ratio:.3f}")
+    if ratio is not None:
+        print(f"effective training time ratio over the run: {ratio:.3f}")
     print(
         f"boot delay {args.boot_delay:.0f} s; incidents {args.incidents}; k8s {args.k8s}; "
-        f"job {kind}"
+        f"job {kind}; job recovery {args.job_recovery}"
     )
     if args.out:
         png = _plot(timelines, Path(args.out))
@@ -217,6 +257,39 @@ def _effective_ratio(log: Path, start: float, end: float) -> float:
     progress = last[1] if resumed else max(step for (_, step) in first) + 1
     ideal = (end - start) / period
     return min(1.0, progress / ideal)
+
+
+def _training_nodes(log: Path) -> set[str]:
+    return {ln.node for ln in progress_lines(log) if ln.restart == 0 and ln.elastic == 0}
+
+
+def _went_on_from(log: Path, restart: int) -> int | None:
+    return next((ln.resumed_from for ln in progress_lines(log) if ln.restart == restart), None)
+
+
+def _step_period(log: Path) -> float:
+    """Seconds per step of the job's first run (its --step-sleep plus the step)."""
+    ts = sorted({ln.step: ln.ts for ln in progress_lines(log) if ln.restart == 0}.values())
+    gaps = [b - a for a, b in zip(ts, ts[1:], strict=False)]
+    return statistics.median(gaps) if gaps else 0.0
+
+
+async def _reformed(log: Path, fault_at: float) -> Any:
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if line := first_progress_after_reforming(log, fault_at):
+            return line
+        await asyncio.sleep(0.1)
+    raise RuntimeError("the in-job group never stepped again")
+
+
+async def _gone(slurm: SlurmCli, job_id: int) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if not any(j.job_id == job_id for j in await slurm.jobs()):
+            return
+        await asyncio.sleep(0.5)
+    raise RuntimeError(f"job {job_id} did not leave the queue")
 
 
 async def _running(slurm: SlurmCli, job_id: int, restarts: int) -> SlurmJob:
@@ -287,6 +360,7 @@ def main() -> None:
     p.add_argument("--fault", default="XID_79")
     p.add_argument("--gap", type=float, default=30, help="seconds of training between faults")
     p.add_argument("--k8s", action="store_true")
+    p.add_argument("--job-recovery", choices=["requeue", "in-job"], default="requeue")
     p.add_argument("--port-base", type=int, default=17400)
     p.add_argument("--state-dir", default=None)
     p.add_argument("--out", default=None, help="folder for the PNG timeline")

@@ -34,6 +34,7 @@ BrokenUntil = Literal["reboot", "replace"]
 DemoMode = Literal["observe", "approve", "auto"]
 Scenario = Literal["remediate", "share"]
 Platform = Literal["managed-slurm", "cmk"]
+JobRecovery = Literal["in-job", "requeue"]
 PLATFORM_HELP = (
     "Where Slurm runs: managed-slurm (Crusoe Managed Slurm) or cmk (Slinky on a CMK cluster, "
     "provider crusoe-cmk; Kubernetes mode)."
@@ -415,9 +416,16 @@ def demo(
         ),
     ] = "remediate",
     platform: Annotated[Platform, typer.Option(help=PLATFORM_HELP)] = "managed-slurm",
+    job_recovery: Annotated[
+        JobRecovery,
+        typer.Option(
+            help="in-job: the job holds a standby node in its allocation and the runbook has it "
+            "go on without the faulty node; requeue: a 2-node job that Slurm requeues."
+        ),
+    ] = "in-job",
 ) -> None:
-    """Sandbox up, a 2-node job, a fault on one of its nodes, the remediation, a summary
-    (`--scenario share`: training and inference sharing the GPU nodes)."""
+    """Sandbox up, a 2-node training job, a fault on one of its nodes, the remediation, a
+    summary (`--scenario share`: training and inference sharing the GPU nodes)."""
     from autoclusters.sandbox.config import SandboxConfig
     from autoclusters.sandbox.demo import DemoError, run_demo
 
@@ -430,6 +438,9 @@ def demo(
 
     if mode not in ("observe", "approve", "auto"):
         err.print(f"[red]refused:[/red] --mode must be observe, approve or auto, not {mode!r}")
+        raise typer.Exit(2)
+    if job_recovery not in ("in-job", "requeue"):
+        err.print("[red]refused:[/red] --job-recovery must be in-job or requeue")
         raise typer.Exit(2)
     if broken_until not in ("reset_gpu", "reboot", "replace"):
         err.print("[red]refused:[/red] --broken-until must be reset_gpu, reboot or replace")
@@ -445,7 +456,15 @@ def demo(
     out = err if as_json else console
     try:
         summary = asyncio.run(
-            run_demo(cfg, fault=fault, keep=keep, console=out, mode=mode, broken_until=broken_until)
+            run_demo(
+                cfg,
+                fault=fault,
+                keep=keep,
+                console=out,
+                mode=mode,
+                broken_until=broken_until,
+                job_recovery=job_recovery,
+            )  # fmt: skip
         )
     except DemoError as e:
         err.print(f"[red]demo failed:[/red] {e}")
@@ -514,7 +533,8 @@ def _print_summary(summary: Any, out: Console) -> None:
     if summary.resumed_from_step is not None:
         out.print(
             f"training           resumed from step {summary.resumed_from_step}, "
-            f"reached step {summary.last_step} ({summary.job})"
+            f"reached step {summary.last_step}, {summary.steps_recomputed} steps done again "
+            f"({summary.job})"
         )
     out.print(f"node before/after  {summary.node_state_before} / {summary.node_state_after}")
     out.print(f"machine            {summary.old_vm_id} → {summary.new_vm_id}")

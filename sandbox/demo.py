@@ -31,7 +31,12 @@ from autoclusters.sandbox import cluster, machine_names, provision, training_job
 from autoclusters.sandbox.cluster import sandbox_policy
 from autoclusters.sandbox.config import SandboxConfig
 from autoclusters.sandbox.hardware import Hardware, HardwareFault
-from autoclusters.sandbox.joblog import first_progress_after_restart, progress_lines
+from autoclusters.sandbox.joblog import (
+    ProgressLine,
+    first_progress_after_reforming,
+    first_progress_after_restart,
+    progress_lines,
+)
 from autoclusters.workflows.remediation import NodeRemediation
 
 T = TypeVar("T")
@@ -70,8 +75,13 @@ class DemoSummary(BaseModel):
     # How the job got going again: requeue, or in-job (a hot spare in its own allocation);
     # None: the incident did not reach the requeue step (observe mode, for one).
     recovery_path: str | None = None
-    job: str  # torchrun (examples/training) or stand-in
-    resumed_from_step: int | None  # the checkpoint the restarted job resumed from
+    # examples/training as a torchrun job (requeue path) or in its in-job mode (a standby in
+    # its allocation), or the stand-in when torch is not installed.
+    job: str  # torchrun | in-job | stand-in
+    resumed_from_step: int | None  # the step the recovered job went on from
+    # Steps done before the fault that the job did again after it (the last step logged
+    # before it recovered minus the step it went on from); 0: no work lost.
+    steps_recomputed: int | None = None
     last_step: int | None  # the job's last step logged before the summary
     job_nodes_before: list[str]
     job_nodes_after: list[str]
@@ -115,6 +125,7 @@ async def run_demo(
     console: Console,
     mode: str = "auto",
     broken_until: str = "reboot",
+    job_recovery: str = "in-job",
 ) -> DemoSummary:
     was_running = cluster.is_running(cfg) if cfg.record_file.exists() else False
     console.print(f"[bold]1. sandbox[/bold] in {cfg.state_dir} ({cfg.nodes} nodes)")
@@ -129,7 +140,7 @@ async def run_demo(
     if res.already_running:
         cfg = SandboxConfig.load(cfg.state_dir)
     try:
-        return await _demo(cfg, fault, mode, Rung(broken_until), console)
+        return await _demo(cfg, fault, mode, Rung(broken_until), job_recovery, console)
     finally:
         if not keep and not was_running:
             console.print("[bold]sandbox down[/bold]")
@@ -139,19 +150,31 @@ async def run_demo(
 
 
 async def _demo(
-    cfg: SandboxConfig, fault: str, mode: str, broken_until: Rung, console: Console
+    cfg: SandboxConfig,
+    fault: str,
+    mode: str,
+    broken_until: Rung,
+    job_recovery: str,
+    console: Console,
 ) -> DemoSummary:
     settings = load_file(cfg.settings_file)
     policy = policy_for(settings).model_copy(update={"mode": mode})
     slurm = SlurmCli(cfg.slurm_conf)
-    job_id, log, kind = await training_job.submit(slurm, cfg, "train")
-    console.print(f"[bold]2. job[/bold] a 2-node batch job with --requeue ({kind})")
+    in_job = job_recovery == "in-job"
+    job_id, log, kind = await training_job.submit(slurm, cfg, "train", in_job=in_job)
+    console.print(
+        "[bold]2. job[/bold] a 2-node training job with a standby node in its allocation "
+        "(in-job recovery), --requeue as its fallback"
+        if kind == "in-job"
+        else f"[bold]2. job[/bold] a 2-node batch job with --requeue ({kind})"
+    )
 
     async def running_with_progress() -> SlurmJob | None:
         job = await _job(slurm, job_id)
-        if job and job.job_state == "RUNNING" and first_progress_after_restart(log, 0):
-            return job
-        return None
+        if not (job and job.job_state == "RUNNING" and first_progress_after_restart(log, 0)):
+            return None
+        # In-job mode: both training nodes stepping (the standby logs nothing until needed).
+        return job if kind != "in-job" or len(_training_nodes(log)) >= 2 else None
 
     # torchrun on two nodes: its first step comes after torch loads on four processes and
     # they meet; on a busy 2-core machine (the test suite beside it) that took over 60 s.
@@ -159,7 +182,9 @@ async def _demo(
     before = hostlist.expand(job.nodes)
     console.print(f"   job {job_id} running on {', '.join(before)}; log {log}")
 
-    node = before[-1]
+    # A node the job trains on (in-job: not the standby; its last, never the batch host
+    # that holds the job's store: the allocation's first node).
+    node = max(_training_nodes(log)) if kind == "in-job" else before[-1]
     node_before = await slurm.node(node)
     vm = machine_names.vm_of(cfg, node)  # on CMK the VM is not named as the node
     # The cluster's mode lives in its policy file, which every new incident reads.
@@ -228,13 +253,30 @@ async def _demo(
         console.print("[bold]4. the incident's Slack thread[/bold]")
         console.print(await asyncio.to_thread(_slack_channel, cfg))
 
-    if final.requeued_jobs:
+    path = final.recovery_path.get(job_id)
+    resumed_from: int | None = None
+    recomputed: int | None = None
+    if path == "in-job":
+
+        async def reformed() -> ProgressLine | None:
+            return first_progress_after_reforming(log, fault_at)
+
+        line = await wait_for("the job to step again", reformed, 60)
+        job_after = await _job(slurm, job_id) or job
+        recovery_s: float | None = round(line.ts - fault_at, 3)
+        resumed_from = line.resumed_from
+        before_fault = [p.step for p in progress_lines(log) if p.elastic < line.elastic]
+    elif final.requeued_jobs:
         job_after, resumed_ts = await wait_for(
             "the job to step again", lambda: _restarted_job(slurm, job_id, log), 60
         )
-        job_recovery: float | None = round(resumed_ts - fault_at, 3)
+        recovery_s = round(resumed_ts - fault_at, 3)
+        resumed_from = _resumed_from(log, job_after.restart_cnt)
+        before_fault = [p.step for p in progress_lines(log) if p.restart < job_after.restart_cnt]
     else:  # observe or monitor: nothing was requeued
-        job_after, job_recovery = await _job(slurm, job_id) or job, None
+        job_after, recovery_s, before_fault = await _job(slurm, job_id) or job, None, []
+    if before_fault and resumed_from is not None:
+        recomputed = max(before_fault) - resumed_from
     node_after = await slurm.node(node)
     # Capacity is back when the node returns, or at once when a hot spare took its place.
     back = final.step("take_spare") if final.spare_node else final.step("return_to_service")
@@ -254,12 +296,13 @@ async def _demo(
         detect_s=detect_s,
         detected_by=final.request.opened_by,
         alert_path_detect_s=round(alert_seen, 3) if alert_seen is not None else None,
-        job_recovery_s=job_recovery,
+        job_recovery_s=recovery_s,
         capacity_recovery_s=round(capacity, 3) if capacity is not None else None,
         job_restarts=job_after.restart_cnt,
-        recovery_path=final.recovery_path.get(job_id),
+        recovery_path=path,
         job=kind,
-        resumed_from_step=_resumed_from(log, job_after.restart_cnt),
+        resumed_from_step=resumed_from,
+        steps_recomputed=recomputed,
         last_step=max((p.step for p in progress_lines(log)), default=None),
         job_nodes_before=before,
         job_nodes_after=hostlist.expand(job_after.nodes),
@@ -350,6 +393,10 @@ async def incident_since(
         run_id=desc.run_id,
         joined=False,
     )
+
+
+def _training_nodes(log: Path) -> set[str]:
+    return {p.node for p in progress_lines(log) if p.restart == 0 and p.elastic == 0}
 
 
 async def _restarted_job(slurm: SlurmCli, job_id: int, log: Path) -> tuple[SlurmJob, float] | None:

@@ -21,6 +21,7 @@ class ProgressLine(BaseModel):
     restart: int
     step: int
     resumed_from: int | None = None
+    elastic: int = 0  # in-job mode: the group's generation (a re-forming without a lost node)
 
 
 def parse(line: str) -> ProgressLine | None:
@@ -34,6 +35,7 @@ def parse(line: str) -> ProgressLine | None:
             restart=int(fields["restart"]),
             step=int(fields["step"]),
             resumed_from=int(fields["resumed_from"]) if "resumed_from" in fields else None,
+            elastic=int(fields.get("elastic", 0)),
         )
     except ValueError:
         return None
@@ -48,3 +50,9 @@ def progress_lines(log: Path) -> list[ProgressLine]:
 def first_progress_after_restart(log: Path, restart: int) -> float | None:
     """Timestamp of the first progress line the `restart`-th run of the job wrote."""
     return next((p.ts for p in progress_lines(log) if p.restart >= restart), None)
+
+
+def first_progress_after_reforming(log: Path, after_ts: float) -> ProgressLine | None:
+    """In-job mode: the first step line of a later generation than the job's first, written
+    after `after_ts` (the group re-formed without a node)."""
+    return next((p for p in progress_lines(log) if p.elastic > 0 and p.ts >= after_ts), None)

@@ -21,25 +21,37 @@ def torch_available() -> bool:
 
 
 async def submit(
-    slurm: SlurmCli, cfg: SandboxConfig, name: str = "job", sbatch_args: tuple[str, ...] = ()
+    slurm: SlurmCli,
+    cfg: SandboxConfig,
+    name: str = "job",
+    sbatch_args: tuple[str, ...] = (),
+    *,
+    in_job: bool = False,
 ) -> tuple[int, Path, str]:
-    """Submit the job; return its id, its log file and what it is ("torchrun" or "stand-in").
-    `sbatch_args` override the script's #SBATCH lines (e.g. `--nodes=2-3`)."""
+    """Submit the job; return its id, its log file and what it is ("torchrun", "in-job" or
+    "stand-in"). `sbatch_args` override the script's #SBATCH lines (e.g. `--nodes=2-3`).
+    `in_job`: the example's in-job mode, 2 nodes training and a standby in the allocation
+    (`SPARES=1 --nodes=3 --no-kill`), where the runbook recovers it without a requeue; the
+    stand-in has no such mode."""
     jobs = cfg.state_dir / "jobs"
     jobs.mkdir(parents=True, exist_ok=True)
     if torch_available() and (TRAINING / "train.sbatch").exists():
         torchrun = Path(sys.executable).parent / "torchrun"
-        export = ",".join(
-            [
-                "ALL",
-                f"TORCHRUN={torchrun}",
-                f"TRAIN_PY={TRAINING / 'train.py'}",
-                f"CKPT_ROOT={jobs / 'ckpt'}",
-                "STEP_SLEEP=1",
-                "CKPT_EVERY=5",
-            ]
-        )
-        script, kind, argv = TRAINING / "train.sbatch", "torchrun", [f"--export={export}"]
+        env = [
+            "ALL",
+            f"TORCHRUN={torchrun}",
+            f"TRAIN_PY={TRAINING / 'train.py'}",
+            f"CKPT_ROOT={jobs / 'ckpt'}",
+            "STEP_SLEEP=1",
+            "CKPT_EVERY=5",
+        ]
+        kind = "torchrun"
+        if in_job:
+            # The sandbox's nodes share this host: the "node-local" PID folder is the job's.
+            env += ["SPARES=1", f"INJOB_DIR={jobs / f'injob-{name}'}"]
+            sbatch_args = ("--nodes=3", "--no-kill", *sbatch_args)
+            kind = "in-job"
+        script, argv = TRAINING / "train.sbatch", [f"--export={','.join(env)}"]
     else:
         script, kind, argv = Path(sandbox.__file__).parent / "jobs" / "progress.sh", "stand-in", []
     out = await slurm._run(  # noqa: SLF001 - sbatch is the demo's, not an activity's

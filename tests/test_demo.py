@@ -1,5 +1,7 @@
-"""`autoclusters demo --json`, as `make demo` runs it, on its own sandbox: the job restarts
-once on other nodes, the node comes back IDLE, and the job recovers well before the node."""
+"""`autoclusters demo --json`, as `make demo` runs it, on its own sandbox: the job goes on
+without the faulty node (its standby takes the node's place, no requeue, no step done again),
+the node comes back IDLE, and the job recovers well before the node. The approve-mode demo
+runs the requeue path: the job restarts once on other nodes."""
 
 from __future__ import annotations
 
@@ -25,18 +27,22 @@ def test_demo_json_summary(tmp_path: Path) -> None:
     # Detected by the node's agent (fake NVML backend), reported to the API, which opened
     # the incident: no one called `incident open`.
     assert 0 <= summary["detect_s"] < 10
-    assert summary["job_restarts"] == 1 and summary["recovery_path"] == "requeue"
     assert summary["node_state_after"] == "IDLE"
     assert summary["node"] not in summary["job_nodes_after"]
+    if summary["job"] == "in-job":  # the training extra is installed (make test does)
+        # The runbook took the node from the running job: no requeue, the standby trains.
+        assert summary["job_restarts"] == 0 and summary["recovery_path"] == "in-job"
+        assert len(summary["job_nodes_before"]) == 3 and len(summary["job_nodes_after"]) == 2
+        assert summary["resumed_from_step"] > 0 and summary["steps_recomputed"] == 0
+        assert summary["last_step"] > summary["resumed_from_step"]
+    else:  # the stand-in has no in-job mode: requeued
+        assert summary["job_restarts"] == 1 and summary["recovery_path"] == "requeue"
     assert summary["capacity_recovery_s"] >= 2 * 10  # a reboot and a replacement booted
     # The job did not wait for the machine: it ran again before the replacement had even
     # booted (an order of events, not a speed: timings belong to bench/).
     assert summary["job_recovery_s"] < summary["capacity_recovery_s"] - 10
     assert summary["provision_s"] is not None and summary["provision_s"] > 0
     assert summary["detected_by"] == "agent"
-    if summary["job"] == "torchrun":  # the training extra is installed (make test does)
-        assert summary["resumed_from_step"] > 0
-        assert summary["last_step"] > summary["resumed_from_step"]
     names = [s["name"] for s in summary["steps"]]
     assert names.index("requeue") < names.index("repair") < names.index("return_to_service")
     # The sandbox's Alertmanager held the node's other alerts silent, lifted at the close.
@@ -77,7 +83,8 @@ def test_demo_observe_and_approve_modes(tmp_path: Path) -> None:
 
         # Approve mode: the demo waits until someone clicks Approve in (the sandbox's) Slack.
         demo = subprocess.Popen(
-            [*CLI, "demo", "--mode", "approve", "--broken-until", "reboot", *common],
+            [*CLI, "demo", "--mode", "approve", "--broken-until", "reboot",
+             "--job-recovery", "requeue", *common],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
         try:
@@ -116,7 +123,10 @@ def test_demo_observe_and_approve_modes(tmp_path: Path) -> None:
         assert demo.returncode == 0
         summary = json.loads(out.strip().splitlines()[-1])
         assert summary["status"] == "resolved" and summary["mode"] == "approve"
-        assert summary["job_restarts"] == 1
+        assert summary["job_restarts"] == 1 and summary["recovery_path"] == "requeue"
+        if summary["job"] == "torchrun":  # from its last checkpoint, a few steps again
+            assert 0 < summary["resumed_from_step"] < summary["last_step"]
+            assert summary["steps_recomputed"] >= 0
         # The demo shows the incident's thread: the click replaced the buttons.
         assert "Approved by <@U_ALICE> (alice)" in err
         assert "You are not allowed" in err  # the refused click's ephemeral answer
