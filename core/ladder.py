@@ -9,6 +9,7 @@ with the figures its policy snapshot carries; the CLI and the replay call `figur
 
 from __future__ import annotations
 
+import bisect
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -19,18 +20,25 @@ from autoclusters.core.ladder_figures import MAX_ROWS, LadderFigures, RungFigure
 from autoclusters.core.policy import LADDER, Policy, Rung, next_rung
 
 
-def _recurred(rec: IncidentRecord, records: Sequence[IncidentRecord], as_of: datetime) -> bool:
-    """A later incident on the same node within the record's recurrence window."""
+def _starts_by_node(records: Sequence[IncidentRecord]) -> dict[tuple[str, str], list[datetime]]:
+    starts: dict[tuple[str, str], list[datetime]] = {}
+    for r in records:
+        starts.setdefault((r.cluster, r.node), []).append(r.started_at)
+    for times in starts.values():
+        times.sort()
+    return starts
+
+
+def _recurred(
+    rec: IncidentRecord, starts: dict[tuple[str, str], list[datetime]], as_of: datetime
+) -> bool:
+    """A later incident on the same node within the record's recurrence window (counted
+    from its close), started by `as_of`."""
+    times = starts.get((rec.cluster, rec.node), [])
+    later = times[bisect.bisect_right(times, rec.started_at) :]
     since = rec.closed_at or rec.started_at
     window = rec.policy.recurrence_window_s
-    return any(
-        o.cluster == rec.cluster
-        and o.node == rec.node
-        and o.incident_id != rec.incident_id
-        and rec.started_at < o.started_at <= as_of
-        and (o.started_at - since).total_seconds() <= window
-        for o in records
-    )
+    return any(t <= as_of and (t - since).total_seconds() <= window for t in later[:1])
 
 
 def figures_from(records: Sequence[IncidentRecord], as_of: datetime | None = None) -> LadderFigures:
@@ -40,8 +48,9 @@ def figures_from(records: Sequence[IncidentRecord], as_of: datetime | None = Non
     seen = [r for r in records if as_of is None or r.started_at < as_of]
     now = as_of or max((r.closed_at or r.started_at for r in seen), default=None)
     tally: dict[tuple[str, str], tuple[int, int, list[float]]] = {}
+    starts = _starts_by_node(seen)
     for rec in seen:
-        recurred = now is not None and _recurred(rec, seen, now)
+        recurred = now is not None and _recurred(rec, starts, now)
         for attempt in rec.repairs:
             # No verdict, or the repair itself failed: nothing said about the rung.
             if attempt.passed is None or attempt.repair_failed:
