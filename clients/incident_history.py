@@ -21,6 +21,7 @@ What a history says, and where:
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import re
 import time
@@ -294,10 +295,12 @@ def parse_since(text: str) -> timedelta | None:
     return timedelta(**{unit: int(m.group(1))})
 
 
-# How far back the figures an incident opens with reach, and how long one read serves the
-# incidents that open after it (a fault storm opens hundreds in a minute: one read).
+# How far back the figures an incident opens with reach, how long one read serves the
+# incidents that open after it (a fault storm opens hundreds in a minute: one read), and how
+# long an open waits for a read before it goes on with the plain ladder.
 LADDER_HISTORY = timedelta(days=90)
 LADDER_FRESH_S = 600.0
+LADDER_WAIT_S = 5.0
 
 
 class LadderAtOpen:
@@ -305,24 +308,32 @@ class LadderAtOpen:
     history when the policy skips rungs, shared by the opens within LADDER_FRESH_S, and
     put in the policy snapshot the incident carries (core/ladder.py decides with them).
 
-    A read that fails opens the incident without figures (the plain ladder) and says so in
-    the log: skipping is an economy, never a reason to hold an incident up."""
+    An open never waits long for them: while a stale read is refreshed the last figures
+    serve, and a first read that fails or takes over LADDER_WAIT_S opens the incident
+    with the plain ladder (the log says so). Skipping is an economy, never a reason to
+    hold an incident up."""
 
-    def __init__(self, client: Client, *, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        client: Client,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        wait_s: float = LADDER_WAIT_S,
+    ) -> None:
         self._client = client
         self._clock = clock
+        self._wait_s = wait_s
         # cluster -> (when the read began, the read): opens within LADDER_FRESH_S share it.
         self._reads: dict[str, tuple[float, asyncio.Future[LadderFigures]]] = {}
+        self._last: dict[str, LadderFigures] = {}  # cluster -> the last figures read
 
     async def _figures(self, cluster: str) -> LadderFigures:
         found = await read_incidents(self._client, cluster, LADDER_HISTORY)
-        return figures_from(found.records)
+        figures = figures_from(found.records)
+        self._last[cluster] = figures
+        return figures
 
-    async def policy_for_open(self, cluster: str, policy: Policy) -> Policy:
-        """`policy` with the cluster's figures when it skips rungs (a policy that already
-        carries figures keeps them)."""
-        if policy.skip_rung_below <= 0 or policy.ladder is not None:
-            return policy
+    def _reading(self, cluster: str) -> asyncio.Future[LadderFigures]:
         now = self._clock()
         began, reading = self._reads.get(cluster, (0.0, None))
         if (
@@ -331,14 +342,32 @@ class LadderAtOpen:
             or (reading.done() and reading.exception() is not None)
         ):
             reading = asyncio.ensure_future(self._figures(cluster))
+            reading.add_done_callback(functools.partial(_log_failed, cluster=cluster))
             self._reads[cluster] = (now, reading)
+        return reading
+
+    async def policy_for_open(self, cluster: str, policy: Policy) -> Policy:
+        """`policy` with the cluster's figures when it skips rungs (a policy that already
+        carries figures keeps them)."""
+        if policy.skip_rung_below <= 0 or policy.ladder is not None:
+            return policy
+        reading = self._reading(cluster)
+        last = self._last.get(cluster)
+        if last is not None and not reading.done():
+            return policy.model_copy(update={"ladder": last})  # refreshed meanwhile
         try:
-            # Shielded: one cancelled open does not cancel the read the others wait on.
-            figures = await asyncio.shield(reading)
-        except Exception as e:  # Temporal away: the plain ladder, loudly
-            log.warning("no ladder figures for %s (the plain ladder): %s", cluster, e)
+            # Shielded: an open that stops waiting does not cancel the read the next uses.
+            figures = await asyncio.wait_for(asyncio.shield(reading), self._wait_s)
+        except Exception as e:  # Temporal away or slow: the plain ladder, loudly
+            log.warning("no ladder figures for %s (the plain ladder): %r", cluster, e)
             return policy
         return policy.model_copy(update={"ladder": figures})
+
+
+def _log_failed(reading: asyncio.Future[LadderFigures], cluster: str) -> None:
+    # Read here, so a refresh nobody awaited never fails unseen.
+    if not reading.cancelled() and (e := reading.exception()) is not None:
+        log.warning("reading the ladder figures of %s failed: %r", cluster, e)
 
 
 _AT_OPEN: weakref.WeakKeyDictionary[Client, LadderAtOpen] = weakref.WeakKeyDictionary()

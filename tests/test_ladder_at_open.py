@@ -7,12 +7,15 @@ Aspects covered:
 - a skipping policy gets the cluster's figures in its snapshot, read by one visibility
   query for NodeRemediation runs of that cluster within the last LADDER_HISTORY;
 - opens within LADDER_FRESH_S share one read; a later open reads again;
-- a read that fails leaves the plain ladder (no figures), and the next open tries again;
+- a read that fails, or a first read slower than the wait, leaves the plain ladder (no
+  figures), and a later open has them; a stale read is refreshed while the last figures
+  serve;
 - a history that is not an incident is listed as unreadable, never dropped silently.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +30,7 @@ from autoclusters.clients.incident_history import (
     read_incidents,
 )
 from autoclusters.core.policy import FaultRule, Policy, Rung
+from tests.helpers import eventually
 
 HISTORIES = Path(__file__).parent / "histories"
 PATHS = sorted(HISTORIES.glob("remediation_0.2_*.json"))
@@ -53,12 +57,17 @@ class _Temporal:
         self.paths = {p.stem: p for p in paths}
         self.queries: list[str] = []
         self.fail: Exception | None = None
+        self.go = asyncio.Event()  # a read lists nothing until it is set
+        self.go.set()
+        self.listed = 0
 
     async def _runs(self) -> AsyncIterator[_Run]:
+        await self.go.wait()
         if self.fail is not None:
             raise self.fail
         for stem in self.paths:
             yield _Run(id=stem, run_id="r")
+        self.listed += 1  # the read goes on to its figures without waiting again
 
     def list_workflows(self, query: str, limit: int | None = None) -> AsyncIterator[_Run]:
         self.queries.append(query)
@@ -66,6 +75,14 @@ class _Temporal:
 
     def get_workflow_handle(self, workflow_id: str, run_id: str | None = None) -> _Handle:
         return _Handle(self.paths[workflow_id])
+
+
+async def _queries(temporal: _Temporal, n: int) -> bool:
+    return len(temporal.queries) == n
+
+
+async def _listed(temporal: _Temporal, n: int) -> bool:
+    return temporal.listed == n
 
 
 def _skipping(**fields: Any) -> Policy:
@@ -95,6 +112,7 @@ async def test_opens_share_one_read_until_it_is_stale() -> None:
     assert again.ladder == first.ladder and len(temporal.queries) == 1
     now[0] += LADDER_FRESH_S + 1
     await at_open.policy_for_open("c1", _skipping())
+    await eventually(lambda: _listed(temporal, 2), what="a second read")
     assert len(temporal.queries) == 2
 
 
@@ -116,3 +134,32 @@ async def test_a_history_that_is_not_an_incident_is_named() -> None:
     found = await read_incidents(temporal, "c1")  # type: ignore[arg-type]
     assert len(found.records) == 1
     assert len(found.unreadable) == 1 and "not an incident" in found.unreadable[0]
+
+
+async def test_a_slow_first_read_opens_with_the_plain_ladder() -> None:
+    temporal = _Temporal(PATHS)
+    temporal.go.clear()
+    at_open = LadderAtOpen(temporal, wait_s=0.05)  # type: ignore[arg-type]
+    assert (await at_open.policy_for_open("c1", _skipping())).ladder is None
+    temporal.go.set()
+
+    async def figures() -> Policy | None:
+        p = await at_open.policy_for_open("c1", _skipping())
+        return p if p.ladder is not None else None
+
+    await eventually(figures, what="the read to finish")
+    assert len(temporal.queries) == 1  # the slow read went on; the second open used it
+
+
+async def test_a_stale_read_is_refreshed_while_the_last_figures_serve() -> None:
+    temporal = _Temporal(PATHS)
+    now = [0.0]
+    at_open = LadderAtOpen(temporal, clock=lambda: now[0], wait_s=0.05)  # type: ignore[arg-type]
+    first = await at_open.policy_for_open("c1", _skipping())
+    temporal.go.clear()
+    now[0] += LADDER_FRESH_S + 1
+    served = await at_open.policy_for_open("c1", _skipping())  # not waiting for the read
+    assert served.ladder is not None and served.ladder == first.ladder
+    await eventually(lambda: _queries(temporal, 2), what="the refresh")
+    temporal.go.set()
+    await eventually(lambda: _listed(temporal, 2), what="the refresh to end")
