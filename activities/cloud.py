@@ -5,6 +5,12 @@ repairs that VM only, and keeps the repair's progress (its cloud operation ids) 
 heartbeat details, so a retry on any worker resumes the same operation. The cloud API not
 answering reaches the workflow as its own outage type (`CrusoeUnavailable`), not as a
 `CloudError`.
+
+The steps are given a Slurm node and hand the provider that node's machine
+(activities/machine_of.py): on Managed Slurm the VM of the same name; on CMK the VM of the
+Node that carries the Slurm node's name (its id read off the Node). A replacement is written
+into the slot ledger, where the cluster keeps one. Reading the cluster for it is a Kubernetes
+call: one that fails is an outage (`KubernetesUnavailable`), never "no such machine".
 """
 
 from __future__ import annotations
@@ -13,7 +19,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import Any, Protocol
 
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
@@ -32,10 +38,43 @@ from autoclusters.core.unavailable import UNAVAILABLE, Unavailable, is_unavailab
 from autoclusters.integrations.cloud import CloudError, CloudProvider
 
 
+class Machines(Protocol):
+    """Which VM a Slurm node is, and where a replacement is recorded: `MachineOf`
+    (activities/machine_of.py), which reads the cluster's Kubernetes API. Its failures reach
+    the step as the workflow reads them (an outage stays retryable). Typed here, not
+    imported: the cloud steps load no Kubernetes client (cluster providers use this module)."""
+
+    async def vm_of(self, node: str) -> tuple[str, str]:
+        """(the VM's name, its id or "" to find it by that name)."""
+        ...
+
+    async def record_replacement(self, node: str, old_vm_id: str, new_vm_id: str) -> None: ...
+
+
 class CloudActivities:
-    def __init__(self, provider: CloudProvider, heartbeat_s: float = 2.0) -> None:
+    """The runbook's cloud steps. `machines`: how a Slurm node's VM is found (None: the VM of
+    the same name, with no Kubernetes to read)."""
+
+    def __init__(
+        self,
+        provider: CloudProvider,
+        heartbeat_s: float = 2.0,
+        *,
+        machines: Machines | None = None,
+    ) -> None:
         self._provider = provider
         self._heartbeat_s = heartbeat_s
+        self._machines = machines
+
+    async def _vm_of(self, node: str) -> tuple[str, str]:
+        if self._machines is None:
+            return node, ""
+        return await self._machines.vm_of(node)
+
+    async def _replaced(self, node: str, old_vm_id: str, new_vm_id: str) -> None:
+        """The slot ledger learns the new machine (where the cluster keeps one)."""
+        if self._machines is not None and old_vm_id != new_vm_id:
+            await self._machines.record_replacement(node, old_vm_id, new_vm_id)
 
     @activity.defn(name="plan_repair")
     async def plan_repair(self, inp: PlanRepairInput) -> RepairPlan:
@@ -43,10 +82,11 @@ class CloudActivities:
         planned_at = time.time()
         try:
             async with heartbeating(f"finding the machine of {inp.node}"):
-                vm_id = await self._provider.vm_id(inp.node)
+                vm_name, vm_id = await self._vm_of(inp.node)
+                vm_id = vm_id or await self._provider.vm_id(vm_name)
                 spec = {}
                 if inp.rung == Rung.REPLACE:
-                    spec = await self._provider.machine_spec(inp.node, vm_id)
+                    spec = await self._provider.machine_spec(vm_name, vm_id)
         except CloudError as e:
             raise cloud_failure(e) from e
         return RepairPlan(node=inp.node, vm_id=vm_id, planned_at=planned_at, machine_spec=spec)
@@ -55,9 +95,10 @@ class CloudActivities:
     async def repair_node(self, inp: RepairInput) -> RepairResult:
         details = activity.info().heartbeat_details
         progress = details[0] if details and isinstance(details[0], dict) else None
+        vm_name, _ = await self._vm_of(inp.node)
         async with self._heartbeating(f"{inp.rung.value} {inp.node}", progress) as record:
-            return await self._provider.repair(
-                inp.node,
+            done = await self._provider.repair(
+                vm_name,
                 inp.rung,
                 idempotency_key=inp.key,
                 vm_id=inp.vm_id,
@@ -66,12 +107,17 @@ class CloudActivities:
                 progress=progress,
                 on_progress=record,
             )
+        await self._replaced(inp.node, done.old_vm_id, done.new_vm_id)
+        return done.model_copy(update={"node": inp.node})
 
     @activity.defn(name="replace_node")
     async def replace_node(self, inp: ReplaceInput) -> ReplaceResult:
         """The first runbook's repair; kept for incidents started under it."""
+        vm_name, _ = await self._vm_of(inp.node)
         async with self._heartbeating(f"replacing {inp.node}"):
-            return await self._provider.replace(inp.node, idempotency_key=inp.incident_id)
+            done = await self._provider.replace(vm_name, idempotency_key=inp.incident_id)
+        await self._replaced(inp.node, done.old_vm_id, done.new_vm_id)
+        return done.model_copy(update={"node": inp.node})
 
     @contextlib.asynccontextmanager
     async def _heartbeating(

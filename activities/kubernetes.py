@@ -8,31 +8,43 @@ instead of being overwritten.
 On Slinky, a slurmd pod is never evicted here by default: evicting it tells Slurm nothing.
 The workflow drains through Slurm, waits for IDLE+DRAIN, then deals with that pod.
 
-Failures: a Node that does not exist is `UnknownNode` (non-retryable); 409 is a retryable
-conflict (`KubernetesRetryable`); other refusals (400/401/403/422) are non-retryable, since a
-retry would repeat them. The API not answering is `KubernetesUnavailable` (retryable, an
-outage the workflow waits out): 429 and 5xx, status 0 (the client's TLS failures), and the
-client's connection errors and timeouts (urllib3's MaxRetryError, ProtocolError,
-ReadTimeoutError, ...). A read that failed is never taken as "no pods" or "node absent".
+Each step is given a Slurm node and acts on that node's Kubernetes Node
+(activities/machine_of.py): on CMK the Node carrying its name as Slinky's hostname-override,
+else the Node of its own name. A Slurm node no Node is is `UnknownNode`.
+
+Failures (activities/kubernetes_calls.py): a Node that does not exist is `UnknownNode`
+(non-retryable); 409 is a retryable conflict; other refusals are non-retryable; the API not
+answering is `KubernetesUnavailable` (retryable, an outage the workflow waits out). A read
+that failed is never taken as "no pods" or "node absent".
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
-import urllib3.exceptions
 from kubernetes import client
 from kubernetes.client import ApiException
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from autoclusters.activities.heartbeat import heartbeating
+
+# How a call is made and its failures read; imported from here too, where it was written.
+from autoclusters.activities.kubernetes_calls import (
+    KubernetesUnavailable,
+    api_errors,
+    call_json,
+    items_of,
+    kubernetes_outage,
+    status_body,
+    translate,
+)
+from autoclusters.activities.kubernetes_calls import unavailable_error as unavailable_error
+from autoclusters.activities.machine_of import MachineOf
 from autoclusters.core.kubernetes import (
     CORDON_REASON_ANNOTATION,
     GPU_UNHEALTHY,
@@ -63,7 +75,6 @@ from autoclusters.core.kubernetes import (
     pod_ref,
     slurmd_pod_of,
 )
-from autoclusters.core.unavailable import Unavailable
 
 # A write computed from a stale read is recomputed this many times before the step fails
 # (retryably) and Temporal takes over.
@@ -71,148 +82,42 @@ _CONFLICT_ATTEMPTS = 5
 R = TypeVar("R")
 
 
-KUBERNETES_API = "Kubernetes API"
-KUBERNETES_UNAVAILABLE = "KubernetesUnavailable"
-# What the kubernetes client raises when the API never answered: urllib3's errors
-# (MaxRetryError around NewConnectionError or ReadTimeoutError, ProtocolError on a dropped
-# connection, ...) and the socket's own (OSError: ConnectionError, TimeoutError).
-TRANSPORT_ERRORS: tuple[type[BaseException], ...] = (urllib3.exceptions.HTTPError, OSError)
-
-
-class KubernetesUnavailable(Unavailable):
-    """The Kubernetes API gave no answer to trust: 429/5xx/status 0, no connection, a
-    timeout, or a body that is not the API's JSON. `status`: the HTTP status, if any."""
-
-    def __init__(self, message: str, *, status: int | None = None) -> None:
-        super().__init__(KUBERNETES_API, message)
-        self.status = status
-
-
-def _status_body(e: ApiException) -> dict[str, Any]:
-    try:
-        body = json.loads(e.body or "{}")
-    except ValueError:
-        return {}
-    return body if isinstance(body, dict) else {}
-
-
-def is_outage_status(status: int | None) -> bool:
-    """429 (the API server's overload filters), 5xx, or 0 (the client's TLS failures)."""
-    return not status or status == 429 or status >= 500
-
-
-def kubernetes_outage(e: BaseException) -> KubernetesUnavailable | None:
-    """`e` as a `KubernetesUnavailable` when it says the API did not answer, else None."""
-    if isinstance(e, KubernetesUnavailable):
-        return e
-    if isinstance(e, ApiException):
-        if not is_outage_status(e.status):
-            return None
-        body = _status_body(e)
-        message = body.get("message") or str(e.body or "").strip()[:200] or e.reason
-        return KubernetesUnavailable(f"{e.status or 0} {message}", status=e.status or 0)
-    if isinstance(e, urllib3.exceptions.HTTPError):
-        return KubernetesUnavailable(f"{type(e).__name__}: {e}")
-    return None
-
-
-def unavailable_error(e: KubernetesUnavailable) -> ApplicationError:
-    """An outage as the workflow reads it: retryable, its type ends in "Unavailable"."""
-    return ApplicationError(str(e), type=KUBERNETES_UNAVAILABLE)
-
-
-def _translate(e: ApiException, node: str | None) -> ApplicationError:
-    outage = kubernetes_outage(e)
-    if outage is not None:
-        return unavailable_error(outage)
-    body = _status_body(e)
-    message = body.get("message") or e.reason or str(e)
-    status = e.status or 0
-    if (
-        node is not None
-        and status == 404
-        and (body.get("details") or {}).get("kind") in ("nodes", None)
-    ):
-        return ApplicationError(
-            f"node {node} is not in this Kubernetes cluster", type="UnknownNode", non_retryable=True
-        )
-    if status in (401, 403):
-        return ApplicationError(
-            f"Kubernetes refused our credentials ({status}): {message}",
-            type="KubernetesUnauthorized",
-            non_retryable=True,
-        )
-    if status == 409:
-        return ApplicationError(f"Kubernetes {status}: {message}", type="KubernetesRetryable")
-    return ApplicationError(
-        f"Kubernetes refused the request ({status}): {message}",
-        type="KubernetesRejected",
-        non_retryable=True,
-    )
-
-
-@contextmanager
-def api_errors(node: str | None = None) -> Iterator[None]:
-    """Kubernetes errors leave the block as ApplicationErrors (`node`: the Node the block is
-    about, so a 404 is `UnknownNode`)."""
-    try:
-        yield
-    except ApiException as e:
-        raise _translate(e, node) from e
-    except KubernetesUnavailable as e:
-        raise unavailable_error(e) from e
-
-
-def items_of(doc: Obj, what: str) -> list[Obj]:
-    """A list answer's items. A body without `items` is not a list the API sent (a proxy's
-    answer, a truncated body): unavailable, never an empty list."""
-    items = doc.get("items", ...)
-    if items is ... or not isinstance(items, list | None):
-        raise KubernetesUnavailable(f"the {what} list came back without items: {str(doc)[:200]}")
-    return list(items or [])
-
-
 def _iso(t: datetime) -> str:
     return t.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-async def call_json(fn: Callable[..., Any], *args: Any, timeout_s: float, **kwargs: Any) -> Obj:
-    """One blocking client call (and the read of its body), off the event loop, answered
-    as the API's own JSON.
-
-    Reading the raw JSON (not the client's models) keeps what we patch back exactly what
-    the server sent. Refusals are the client's `ApiException`; no answer at all (no
-    connection, a timeout, a body that is not a JSON object) is `KubernetesUnavailable`.
-    """
-
-    def call() -> bytes:
-        resp = fn(*args, _request_timeout=timeout_s, _preload_content=False, **kwargs)
-        data: bytes = resp.data
-        return data
-
-    try:
-        data = await asyncio.to_thread(call)
-    except TRANSPORT_ERRORS as e:
-        raise KubernetesUnavailable(f"{type(e).__name__}: {e}") from e
-    try:
-        body = json.loads(data)
-    except ValueError as e:  # a proxy's page, a cut-off body, or none at all
-        raise KubernetesUnavailable(f"answered with no JSON: {data[:200]!r}") from e
-    if not isinstance(body, dict):
-        raise KubernetesUnavailable(f"answered with no JSON object: {data[:200]!r}")
-    return body
-
-
 class KubernetesActivities:
-    def __init__(self, api: client.ApiClient, *, request_timeout_s: float = 30) -> None:
+    """The runbook's Kubernetes steps. `machines`: how a Slurm node's Node is found (default:
+    read from `api`'s cluster, activities/machine_of.py)."""
+
+    def __init__(
+        self,
+        api: client.ApiClient,
+        *,
+        request_timeout_s: float = 30,
+        machines: MachineOf | None = None,
+    ) -> None:
         self._core = client.CoreV1Api(api)
         self._timeout = request_timeout_s
+        self._machines = machines or MachineOf(api, request_timeout_s=request_timeout_s)
 
     async def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Obj:
         return await call_json(fn, *args, timeout_s=self._timeout, **kwargs)
 
     async def _node(self, name: str) -> Obj:
         return await self._call(self._core.read_node, name)
+
+    async def _node_of(self, slurm_node: str) -> str:
+        """The name of the Slurm node's Kubernetes Node; `UnknownNode` when no Node is it."""
+        node = await self._machines.kube_node(slurm_node)
+        if node is None:
+            raise ApplicationError(
+                f"node {slurm_node} is not in this Kubernetes cluster (no Node is named so "
+                "or carries it as its hostname-override)",
+                type="UnknownNode",
+                non_retryable=True,
+            )
+        return str(metadata_of(node)["name"])
 
     async def _pods_on(self, node: str) -> list[Obj]:
         pods = await self._call(
@@ -247,7 +152,8 @@ class KubernetesActivities:
 
     async def _cordon_node(self, inp: CordonNodeInput) -> CordonNodeResult:
         with api_errors(inp.node):
-            return await self._rewrite_node(inp.node, lambda node: _cordon_plan(node, inp))
+            name = await self._node_of(inp.node)
+            return await self._rewrite_node(name, lambda node: _cordon_plan(node, inp))
 
     @activity.defn(name="k8s_uncordon")
     async def uncordon_node(self, inp: UncordonNodeInput) -> UncordonNodeResult:
@@ -256,7 +162,8 @@ class KubernetesActivities:
 
     async def _uncordon_node(self, inp: UncordonNodeInput) -> UncordonNodeResult:
         with api_errors(inp.node):
-            return await self._rewrite_node(inp.node, lambda node: _uncordon_plan(node, inp))
+            name = await self._node_of(inp.node)
+            return await self._rewrite_node(name, lambda node: _uncordon_plan(node, inp))
 
     @activity.defn(name="k8s_evict_pods")
     async def evict_pods(self, inp: EvictPodsInput) -> EvictPodsResult:
@@ -271,10 +178,11 @@ class KubernetesActivities:
         `force_after_timeout`, else the step fails with `EvictionBlocked`.
         """
         with api_errors(inp.node):
-            await self._node(inp.node)
+            name = await self._node_of(inp.node)
+            await self._node(name)
             result = EvictPodsResult()
             wanted: dict[str, Obj] = {}
-            for pod in await self._pods_on(inp.node):
+            for pod in await self._pods_on(name):
                 why = drain_skip_reason(pod, skip_slurmd=inp.skip_slurmd)
                 if why:
                     result.skipped[pod_ref(pod)] = why
@@ -294,7 +202,7 @@ class KubernetesActivities:
                         result.evicted.append(ref)
                     else:
                         blocked[ref] = refusal
-                left = await self._still_there(inp.node, wanted)
+                left = await self._still_there(name, wanted)
                 waited = time.monotonic() - start
                 if not left or waited >= inp.timeout_s:
                     break
@@ -332,7 +240,7 @@ class KubernetesActivities:
         except ApiException as e:
             if e.status in (404, 409):  # gone, or replaced by another pod of that name
                 return None
-            status = _status_body(e)
+            status = status_body(e)
             if e.status == 429 and status.get("kind") == "Status":
                 # The eviction API's refusal (a PodDisruptionBudget): a Status document.
                 # The API server's overload 429 is plain text (its max-in-flight and
@@ -377,20 +285,23 @@ class KubernetesActivities:
         """Poll until the node is back as another machine (providerID) or a new boot (bootID).
 
         A missing node is expected mid-replacement, and a passing API outage only delays the
-        answer; the activity's start-to-close timeout bounds the wait.
+        answer; the activity's start-to-close timeout bounds the wait. On CMK the new
+        machine's Node joins without the slot's Slurm name: it is given it here, once
+        (activities/machine_of.py `new_node`), before the cordon, so Slinky runs its slurmd
+        under that name.
         """
         cordoned = False
         while True:
             ident: NodeIdentity | None = None
             seen = "not registered"
             try:
-                ident = identity_of(await self._node(inp.node))
+                node = await self._machines.new_node(inp.node, inp.old_provider_id)
+                ident = identity_of(node) if node is not None else None
             except ApiException as e:
                 outage = kubernetes_outage(e)
-                if outage is None and e.status != 404:
-                    raise _translate(e, inp.node) from e
-                if outage is not None:  # unknown, not "not registered": keep asking
-                    seen = str(outage)
+                if outage is None:
+                    raise translate(e, inp.node) from e
+                seen = str(outage)  # unknown, not "not registered": keep asking
             except KubernetesUnavailable as e:
                 seen = str(e)
             new = ident is not None and _is_new(ident, inp)
@@ -424,7 +335,8 @@ class KubernetesActivities:
         """Set or clear GpuUnhealthy through nodes/status, merged by type: others stay as is."""
         status = "True" if inp.unhealthy else "False"
         with api_errors(inp.node):
-            node = await self._node(inp.node)
+            name = await self._node_of(inp.node)
+            node = await self._node(name)
             conds = (node.get("status") or {}).get("conditions") or []
             cur = next((c for c in conds if c.get("type") == GPU_UNHEALTHY), None)
             if cur is None and not inp.unhealthy:
@@ -446,7 +358,7 @@ class KubernetesActivities:
                 "lastTransitionTime": stamp if moved or cur is None else cur["lastTransitionTime"],
             }
             await self._call(
-                self._core.patch_node_status, inp.node, {"status": {"conditions": [condition]}}
+                self._core.patch_node_status, name, {"status": {"conditions": [condition]}}
             )
             return SetNodeConditionResult(changed=True, status=status)
 
@@ -457,7 +369,7 @@ class KubernetesActivities:
 
     async def _node_identity(self, inp: NodeIdentityInput) -> NodeIdentity:
         with api_errors(inp.node):
-            return identity_of(await self._node(inp.node))
+            return identity_of(await self._node(await self._node_of(inp.node)))
 
     @activity.defn(name="k8s_find_slurmd_pod")
     async def find_slurmd_pod(self, inp: FindSlurmdPodInput) -> FindSlurmdPodResult:
@@ -467,8 +379,9 @@ class KubernetesActivities:
     async def _find_slurmd_pod(self, inp: FindSlurmdPodInput) -> FindSlurmdPodResult:
         """The slurmd pod a Slinky NodeSet runs on the node, if any (a live one first)."""
         with api_errors(inp.node):
-            await self._node(inp.node)
-            pods = [p for p in await self._pods_on(inp.node) if is_slurmd(p)]
+            name = await self._node_of(inp.node)
+            await self._node(name)
+            pods = [p for p in await self._pods_on(name) if is_slurmd(p)]
         pods.sort(
             key=lambda p: (bool(metadata_of(p).get("deletionTimestamp")), metadata_of(p)["name"])
         )

@@ -22,6 +22,7 @@ from autoclusters.activities.cluster_provider import ClusterProviderActivities
 from autoclusters.activities.guard import GuardActivities
 from autoclusters.activities.health import HealthActivities
 from autoclusters.activities.kubernetes import KubernetesActivities
+from autoclusters.activities.machine_of import MachineOf
 from autoclusters.activities.notify import NotifyActivities
 from autoclusters.activities.sharing_demand import ShareDemandActivities
 from autoclusters.activities.sharing_k8s import ShareKubernetesActivities
@@ -156,8 +157,11 @@ def activities_for(
     notifiers: list[Notifier] | None = None,
     kubernetes: KubernetesActivities | None = None,
     silences: SilenceActivities | None = None,
+    machines: MachineOf | None = None,
 ) -> list[Any]:
-    s, c, h = SlurmActivities(slurm), CloudActivities(cloud), HealthActivities(health)
+    """`machines`: a Slurm node's Node and VM (None: the VM of its name, no Kubernetes)."""
+    s, h = SlurmActivities(slurm), HealthActivities(health)
+    c = CloudActivities(cloud, machines=machines)
     n = NotifyActivities(notifiers if notifiers is not None else [LogNotifier()])
     k8s = (
         [
@@ -262,8 +266,12 @@ def build_worker(
     ops = ClusterOpsActivities(client, slurm)
     notifiers = notifiers_for(settings, metrics)
     kube_api = k8s.api_client(kubeconfig=settings.kubeconfig) if settings.kubeconfig else None
+    # One reading of which Node and VM a Slurm node is, for the Kubernetes and cloud steps.
+    machines = MachineOf(kube_api, namespace=CMK_NAMESPACE, request_timeout_s=10)
     kubernetes = (
-        KubernetesActivities(kube_api, request_timeout_s=10) if kube_api is not None else None
+        KubernetesActivities(kube_api, request_timeout_s=10, machines=machines)
+        if kube_api is not None
+        else None
     )
     silences = SilenceActivities(
         AlertmanagerClient(settings.alertmanager_url) if settings.alertmanager_url else None,
@@ -276,7 +284,14 @@ def build_worker(
         workflows=WORKFLOWS,
         activities=[
             *activities_for(
-                slurm, cloud, health, guard, notifiers, kubernetes=kubernetes, silences=silences
+                slurm,
+                cloud,
+                health,
+                guard,
+                notifiers,
+                kubernetes=kubernetes,
+                silences=silences,
+                machines=machines,
             ),
             ops.node_load,
             ops.incident_open,

@@ -1,4 +1,9 @@
-"""CloudProvider on Crusoe Cloud: a Slurm node is the VM of the same name.
+"""CloudProvider on Crusoe Cloud: the `node` it is given is the name of the machine, the VM
+of that name. On Managed Slurm that is the Slurm node's own name; on CMK, where a pool names
+its VMs and the Slurm node is its Node's hostname-override, the runbook's cloud steps pass
+the VM's name and the id read off its Node (activities/machine_of.py), and a replacement is
+the RUNNING VM of that name with a new id (as the emulator makes it; a CMK that gives the
+successor another name is not followed yet).
 
 - reset_gpu, reboot: `PATCH {"action": "RESET"}` on the VM (START if it is stopped). Crusoe
   has no per-GPU reset in its API (a GPU reset would run on the node itself, through
