@@ -195,6 +195,7 @@ async def http() -> AsyncIterator[httpx.AsyncClient]:
     transport = httpx.ASGITransport(app=app, client=("10.0.0.9", 40000))
     async with httpx.AsyncClient(transport=transport, base_url="http://console.test") as client:
         yield client
+    await app.state.console.shared.aclose()  # the shared read's loop ends with the test
 
 
 async def login(http: httpx.AsyncClient, token: str = TOKEN) -> httpx.Response:

@@ -54,20 +54,8 @@
       setText("breaker-detail", g.breaker_detail);
       setText("guard-repairs", "repairs " + g.repairing.length + (g.max_concurrent_repairs ? "/" + g.max_concurrent_repairs : ""));
       setText("guard-queue", "queued " + g.queued);
-      setText("guard-spares", "spares free: " + (g.spares.join(", ") || "none"));
-      document.getElementById("counts").replaceChildren(...Object.entries(d.counts).map(([s, n]) =>
-        el("span", { class: "count state-" + s, "data-state": s }, s.replace(/_/g, " ") + ": " + n)));
-      const pods = d.pods.map((pod) => el("div", { class: "pod", "data-pod": pod.name }, el("h2", {}, "pod " + pod.name),
-        ...pod.leaves.map((leaf) => el("div", { class: "leaf", "data-leaf": leaf.name }, el("h3", {}, "leaf " + leaf.name),
-          ...leaf.groups.map((grp) => el("div", { class: "group", "data-group": grp.name }, el("h4", {}, grp.name),
-            el("div", { class: "tiles" }, ...grp.tiles.map((t) =>
-              el("a", { class: "tile state-" + t.state, href: "/ui/nodes/" + enc(t.node), "data-node": t.node, "data-state": t.state, title: t.detail },
-                el("span", { class: "name" }, t.node), el("span", { class: "label" }, t.label),
-                el("span", { class: "gpus" }, (t.gpus === null ? "?" : t.gpus) + " GPU"),
-                el("span", { class: "fault" }, t.fault))))))))));
-      const topo = document.getElementById("topology");
-      if (pods.length) topo.replaceChildren(...pods);
-      else topo.replaceChildren(el("p", {}, "No nodes: Slurm lists none and no provisioning is recorded."));
+      setText("guard-spares", "spares free: " + (d.dense ? g.spares.length : g.spares.join(", ") || "none"));
+      if (window.AutoclustersTopology) window.AutoclustersTopology.update(d);
     },
     node(d) {
       const state = document.getElementById("node-state");
@@ -157,15 +145,40 @@
     }
   }
 
+  // How old the data is: the answer's Age header (the API reads the cluster once for
+  // every viewer, stale-while-revalidate); past stale_after_s the page says it is stale.
+  let etag = null, lastErrors = [], staleAfter = 0;
+  function showAge(r) {
+    const age = parseInt(r.headers.get("Age") || "0", 10);
+    const box = document.getElementById("data-age");
+    const limit = staleAfter || (box ? parseFloat(box.dataset.staleAfter || "0") : 0);
+    const stale = limit > 0 && age > limit;
+    if (box) {
+      box.textContent = stale ? "data " + age + " s old: stale" : "data " + age + " s old";
+      box.className = stale ? "age stale" : "age";
+    }
+    const why = r.headers.get("X-Console-Read-Error");
+    const extra = stale ? ["stale: the data is " + age + " s old" + (why ? " (" + why + ")" : "")] : [];
+    showErrors(lastErrors.concat(extra));
+  }
+
   async function refresh() {
     if (!api || !render[body.dataset.page]) return;
     try {
-      const r = await fetch(api, { credentials: "same-origin", headers: { Accept: "application/json" } });
+      const headers = { Accept: "application/json" };
+      if (etag) headers["If-None-Match"] = etag;
+      const r = await fetch(api, { credentials: "same-origin", headers: headers });
       if (r.status === 401) { location.assign("/ui/login?next=" + enc(location.pathname)); return; }
-      if (!r.ok) throw new Error("HTTP " + r.status);
-      const d = await r.json();
-      render[body.dataset.page](d);
-      showErrors(d.errors);
+      if (r.status !== 304) {
+        if (!r.ok) throw new Error("HTTP " + r.status);
+        const d = await r.json();
+        etag = r.headers.get("ETag");
+        render[body.dataset.page](d);
+        lastErrors = d.errors || [];
+        staleAfter = d.stale_after_s || 0;
+      }
+      if (r.headers.get("Age") !== null) showAge(r);
+      else showErrors(lastErrors);
       setText("live", "live · " + new Date().toLocaleTimeString());
       document.getElementById("live").className = "live";
     } catch (e) {
