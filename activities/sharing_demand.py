@@ -39,6 +39,8 @@ from autoclusters.integrations.prometheus import instant_value
 from autoclusters.integrations.slurm import SlurmClient
 
 _ACTIVE = {"RUNNING", "CONFIGURING", "SUSPENDED", "COMPLETING"}
+# A job waiting to start (again): a requeued one passes through these (borrowing reads them).
+_WAITING = {"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED"}
 
 
 def node_gpus(node: SlurmNode) -> int:
@@ -79,6 +81,19 @@ def in_incident(node: SlurmNode) -> bool:
         and reason != SPARE_REASON
         and not is_ops_reason(reason)
     )
+
+
+def incident_of(node: SlurmNode) -> tuple[str | None, str | None]:
+    """The incident id and fault an incident's drain reason names (`drain_reason`)."""
+    if not in_incident(node) or not node.drained:
+        return None, None
+    parts = node.reason.split()
+    return (parts[1] if len(parts) > 1 else None), (parts[2] if len(parts) > 2 else None)
+
+
+def spare_free(node: SlurmNode) -> bool:
+    """A hot spare waiting, drained under the fleet guard's reason and answering."""
+    return node.drained and node.reason == SPARE_REASON and node.responding
 
 
 def not_shareable(node: SlurmNode) -> bool:
@@ -170,9 +185,12 @@ class ShareDemandActivities:
         gpus_of = {n.name: node_gpus(n) for n in slurm_nodes}
         on_node: dict[str, list[SlurmJob]] = {}
         pending_gpus = running_gpus = 0
+        pending: list[int] = []
         for job in jobs:
             names = hostlist.expand(job.nodes) if job.nodes else []
             per_node = max((gpus_of.get(n, 0) for n in names), default=0)
+            if job.job_state in _WAITING:
+                pending.append(job.job_id)
             if job.job_state == "PENDING":
                 pending_gpus += job.gpus or job.node_count * max(gpus_of.values(), default=0)
             elif job.job_state in _ACTIVE:
@@ -191,6 +209,7 @@ class ShareDemandActivities:
                 pool = pool_from_slurm(node)
             here = on_node.get(node.name, [])
             stamps = [t for t in (checkpointed_at(j) for j in here) if t is not None]
+            incident, fault = incident_of(node)
             shares.append(
                 NodeShare(
                     name=node.name,
@@ -200,6 +219,8 @@ class ShareDemandActivities:
                     last_checkpoint_at=max(stamps) if stamps else None,
                     pods=pods.get(node.name, 0),
                     in_incident=in_incident(node),
+                    incident_id=incident,
+                    incident_fault=fault,
                 )
             )
         return Demand(
@@ -211,4 +232,6 @@ class ShareDemandActivities:
             training_pending_gpus=pending_gpus,
             training_running_gpus=running_gpus,
             nodes=shares,
+            spares_free=sum(1 for n in slurm_nodes if spare_free(n)),
+            pending_jobs=sorted(pending),
         )

@@ -125,9 +125,23 @@ class SharePolicy(_Strict):
     # restart at full width from their checkpoint (a restart each).
     regrow_training_jobs: bool = True
     ready_timeout_s: float = Field(default=600, gt=0, le=7200, allow_inf_nan=False)
+    # Borrowed from inference: a training node an incident drained, no spare free, and
+    # inference calm enough to spare a node: lend one of its nodes to training for the
+    # repair, given back when the repaired node returns (core/borrowing.py).
+    borrow_from_inference: bool = False
+    # The share of the SLO inference must leave free to lend a node: its demand figure
+    # at most slo * (1 - borrow_headroom), measured with that node still serving.
+    borrow_headroom: float = Field(default=0.5, gt=0, lt=1, allow_inf_nan=False)
+    # A borrow that outlasts this (a repair that never ends, a node replaced) is given back.
+    borrow_max_s: float = Field(default=14_400, gt=0, le=7 * 86_400, allow_inf_nan=False)
 
     @model_validator(mode="after")
     def _hysteresis(self) -> SharePolicy:
+        if self.borrow_from_inference and 1 - self.borrow_headroom >= self.lend_above:
+            raise ValueError(
+                f"borrow_headroom ({self.borrow_headroom}) leaves inference at or above "
+                f"lend_above ({self.lend_above}) x SLO: a borrow would be given back at once"
+            )
         if self.return_below >= self.lend_above:
             raise ValueError(
                 f"return_below ({self.return_below}) must be below lend_above "
@@ -153,6 +167,9 @@ class NodeShare(BaseModel):
     last_checkpoint_at: float | None = None
     pods: int = 0
     in_incident: bool = False  # a remediation incident owns it now
+    # The incident, from its Slurm drain reason (None: down without one, or not read).
+    incident_id: str | None = None
+    incident_fault: str | None = None
 
 
 class Demand(BaseModel):
@@ -166,6 +183,10 @@ class Demand(BaseModel):
     training_pending_gpus: int = 0  # GPUs asked for by pending jobs
     training_running_gpus: int = 0  # GPUs held by running jobs
     nodes: list[NodeShare] = Field(default_factory=list)
+    # Hot spares drained and waiting (the fleet guard's), and the jobs waiting to start.
+    # None: not read (an older worker): a borrow never starts on an unknown.
+    spares_free: int | None = None
+    pending_jobs: list[int] | None = None
 
     def in_pool(self, pool: Pool) -> list[NodeShare]:
         return [n for n in self.nodes if n.pool == pool]
@@ -406,6 +427,41 @@ class MoveRecord(BaseModel):
     approved_by: str | None = None
 
 
+class LostNode(BaseModel):
+    """A training node a remediation incident took while it ran jobs."""
+
+    node: str
+    incident_id: str
+    fault: str = ""
+    jobs: dict[int, int] = Field(default_factory=dict)  # job -> nodes it ran on before
+    seen_at: float  # workflow time, epoch s
+
+
+BorrowStatus = Literal["borrowing", "lent", "giving_back", "returned", "failed", "taken"]
+
+
+class Borrow(BaseModel):
+    """An inference node lent to training while a training node is repaired."""
+
+    node: str  # the inference node lent
+    for_node: str  # the training node under repair
+    incident_id: str
+    fault: str = ""
+    jobs: dict[int, int] = Field(default_factory=dict)  # the jobs it keeps at full width
+    status: BorrowStatus = "borrowing"
+    why: str = ""
+    started_at: float  # workflow time, epoch s
+    move_id: str  # the move that lent it to training
+    lent_at: float | None = None  # back in Slurm for the job
+    give_back_move: str | None = None  # the move that gives it back to inference
+    returned_at: float | None = None  # serving inference again
+    ended_why: str = ""
+
+    @property
+    def active(self) -> bool:
+        return self.status in ("borrowing", "lent", "giving_back")
+
+
 class RebalanceState(BaseModel):
     """Everything the rebalancer carries across continue-as-new."""
 
@@ -424,6 +480,11 @@ class RebalanceState(BaseModel):
     yielded: dict[str, str] = Field(default_factory=dict)  # node -> incident id
     unhealthy: list[str] = Field(default_factory=list)  # failed the gate on return
     narrowed: dict[int, int] = Field(default_factory=dict)  # job -> width before a lend
+    # Borrowed from inference (only with `borrow_from_inference`): training nodes an
+    # incident holds, and the inference nodes lent for them (newest last, bounded).
+    lost: dict[str, LostNode] = Field(default_factory=dict)
+    borrows: list[Borrow] = Field(default_factory=list)
+    last_borrow_verdict: str = ""
 
 
 class RebalanceInput(BaseModel):
@@ -443,6 +504,10 @@ class ShareStatus(BaseModel):
     queued: list[Move]
     evaluations: int
     unhealthy: list[str]
+    # Borrowed from inference: what the console shows beside the incident it serves.
+    borrows: list[Borrow] = Field(default_factory=list)
+    lost: list[LostNode] = Field(default_factory=list)
+    last_borrow_verdict: str = ""
 
 
 class SharePolicyError(SpecError):

@@ -35,11 +35,14 @@ from temporalio.exceptions import ActivityError
 
 with workflow.unsafe.imports_passed_through():
     from autoclusters.activities import contracts
+    from autoclusters.core.borrowing import BorrowVerdict, decide_borrow, note_lost
     from autoclusters.core.models import HealthGateInput, Notification, StepRecord
     from autoclusters.core.sharing import (
         REBALANCE_FAULT,
         REBALANCE_WORKFLOW,
+        Borrow,
         ClearUnhealthy,
+        Demand,
         DemandCall,
         Move,
         MoveCall,
@@ -52,6 +55,7 @@ with workflow.unsafe.imports_passed_through():
         RebalanceState,
         SharePolicy,
         ShareStatus,
+        Verdict,
         YieldCall,
         YieldResult,
         decide,
@@ -78,6 +82,7 @@ RETRY = RetryPolicy(
 )
 STEP_TIMEOUT = timedelta(minutes=5)
 KEEP_MOVES = 50
+KEEP_BORROWS = 20
 # docs/versioning.md: a return also waits for the request rate to fall (core/sharing.py decide).
 RETURN_WAITS_FOR_THE_RATE = "gpu_rebalance-0.2-return-waits-for-the-rate"
 # What each step of a move does to its node, as the Temporal UI shows it.
@@ -187,6 +192,9 @@ class GpuRebalance(AgentGate):
             queued=list(self._s.queued),
             evaluations=self._s.evaluations,
             unhealthy=list(self._s.unhealthy),
+            borrows=self._s.borrows[-10:],
+            lost=list(self._s.lost.values()),
+            last_borrow_verdict=self._s.last_borrow_verdict,
         )
 
     @workflow.signal
@@ -342,6 +350,17 @@ class GpuRebalance(AgentGate):
             )
         for n in demand.nodes:
             self._s.pools.setdefault(n.name, n.pool)
+        # Borrowed from inference: only a policy that allows it, or a borrow still out,
+        # reaches this (no command before a borrow: older histories replay as they were).
+        borrowing = self._policy.borrow_from_inference or any(b.active for b in self._s.borrows)
+        if borrowing:
+            self._s.lost = note_lost(
+                self._s.last_demand,
+                demand,
+                self._s.lost,
+                at=workflow.now().timestamp(),
+                borrowed={b.node for b in self._s.borrows if b.active},
+            )
         since = (
             None
             if self._s.last_move_end is None
@@ -359,6 +378,8 @@ class GpuRebalance(AgentGate):
         )
         self._s.breach_streak, self._s.calm_streak = verdict.breach_streak, verdict.calm_streak
         self._s.last_demand, self._s.last_verdict = demand, verdict
+        if borrowing and await self._borrowing(demand, verdict):
+            return
         if verdict.to is None or verdict.node is None:
             return
         await self._run_move(
@@ -378,14 +399,14 @@ class GpuRebalance(AgentGate):
                 return rec.move.demand.inference_rps if rec.move.demand else None
         return None
 
-    async def _run_move(self, move: Move) -> None:
+    async def _run_move(self, move: Move, *, approval: bool = True) -> MoveRecord:
         rec = MoveRecord(move=move, started_at=workflow.now().timestamp())
         self._current = rec
         self._s.moves.append(rec)
         del self._s.moves[:-KEEP_MOVES]
         before = self._s.pools.get(move.node, Pool.TRAINING)
         self._s.pools[move.node] = Pool.MOVING
-        asked = self._policy.needs_approval and move.requested_by == "rebalancer"
+        asked = approval and self._policy.needs_approval and move.requested_by == "rebalancer"
         try:
             if asked:
                 await self._approval(rec)
@@ -427,6 +448,7 @@ class GpuRebalance(AgentGate):
         # A failure has told them already.
         if asked and rec.status != "failed":
             await self._notify_outcome(rec)
+        return rec
 
     async def _notify_outcome(self, rec: MoveRecord) -> None:
         move = rec.move
@@ -568,6 +590,134 @@ class GpuRebalance(AgentGate):
                 return  # tried again at the next turn
             del self._s.yielded[node]
 
+    # --- borrowed from inference (core/borrowing.py) -----------------------------------------
+
+    async def _borrowing(self, demand: Demand, verdict: Verdict) -> bool:
+        """Lend an inference node to a training job an incident narrowed, or give one
+        back; True when a node moved (the evaluation's move)."""
+        b = decide_borrow(
+            demand,
+            self._policy,
+            lost=self._s.lost,
+            borrows=self._s.borrows,
+            barred=set(self._s.unhealthy) | set(self._s.yielded),
+            inference_breached=(
+                verdict.to == "inference" or verdict.breach_streak >= self._policy.sustain
+            ),
+            now=workflow.now().timestamp(),
+        )
+        self._s.last_borrow_verdict = b.why
+        if b.action is None or b.node is None or b.for_node is None:
+            return False
+        if b.action == "borrow":
+            await self._borrow(demand, b)
+            return True
+        out = next(x for x in self._s.borrows if x.status == "lent" and x.node == b.node)
+        if b.action == "taken":
+            out.status, out.ended_why = "taken", b.why
+            await self._tell_incident(out, "borrow_ended", f"{b.why}.", "warning")
+            return False
+        await self._give_back(demand, out, b.why)
+        return True
+
+    async def _borrow(self, demand: Demand, b: BorrowVerdict) -> None:
+        """The inference node goes to training through a return's steps: scaled off, back
+        in the training pool, the health gate (a node is never lent sick), resumed, and
+        the lost node's jobs regrown onto it from their checkpoint (pending ones start)."""
+        assert b.node is not None and b.for_node is not None
+        lost = self._s.lost[b.for_node]
+        move = Move(
+            move_id=self._next_move_id(),
+            node=b.node,
+            to="training",
+            reason=f"borrowed for {b.for_node}: {b.why}",
+            demand=demand,
+        )
+        out = Borrow(
+            node=b.node,
+            for_node=b.for_node,
+            incident_id=lost.incident_id,
+            fault=lost.fault,
+            jobs=dict(lost.jobs),
+            why=b.why,
+            started_at=workflow.now().timestamp(),
+            move_id=move.move_id,
+        )
+        self._s.borrows.append(out)
+        del self._s.borrows[:-KEEP_BORROWS]
+        for job_id, width in lost.jobs.items():
+            self._s.narrowed.setdefault(job_id, width)
+        rec = await self._run_move(move)
+        jobs = ", ".join(str(j) for j in sorted(out.jobs))
+        if rec.status == "done":
+            out.status, out.lent_at = "lent", rec.finished_at
+            await self._tell_incident(
+                out,
+                "borrowed_from_inference",
+                f"{b.node} lent from inference to training while {b.for_node} is repaired "
+                f"(move {move.move_id}): job(s) {jobs} keep their width. It goes back to "
+                f"inference once {b.for_node} is in service again. Why: {b.why}.",
+                "info",
+            )
+        else:
+            out.status, out.ended_why = "failed", rec.error or rec.status
+            await self._tell_incident(
+                out,
+                "borrow_failed",
+                f"no node borrowed from inference for {b.for_node}: move {move.move_id} "
+                f"{rec.status}{': ' + rec.error if rec.error else ''}.",
+                "warning",
+            )
+
+    async def _give_back(self, demand: Demand, out: Borrow, why: str) -> None:
+        """The borrowed node goes back to inference through a lend's steps: its jobs are
+        asked to checkpoint and requeue (they start again at full width on the repaired
+        node), then it serves again. It needs no approval: the borrow was the decision."""
+        move = Move(
+            move_id=self._next_move_id(),
+            node=out.node,
+            to="inference",
+            reason=f"give back the node borrowed for {out.for_node}: {why}",
+            demand=demand,
+        )
+        out.status, out.give_back_move = "giving_back", move.move_id
+        rec = await self._run_move(move, approval=False)
+        if rec.status == "done":
+            out.status, out.returned_at = "returned", rec.finished_at
+            await self._tell_incident(
+                out,
+                "borrow_returned",
+                f"{out.node} given back to inference (move {move.move_id}): {why}; its "
+                f"training job(s) requeued from their checkpoint onto the cluster's free nodes.",
+                "info",
+            )
+        else:
+            out.status, out.ended_why = (
+                "taken" if rec.status == "yielded" else "failed",
+                rec.error or rec.status,
+            )
+            await self._tell_incident(
+                out,
+                "borrow_failed",
+                f"{out.node} not given back to inference (move {move.move_id} {rec.status}"
+                f"{': ' + rec.error if rec.error else ''}).",
+                "warning",
+            )
+
+    async def _tell_incident(self, out: Borrow, event: str, text: str, severity: str) -> None:
+        """A borrow is told in the incident's own Slack thread (its id), not a move's."""
+        await self._send(
+            Notification(
+                incident_id=out.incident_id,
+                cluster=self._cluster,
+                node=out.for_node,
+                fault=out.fault or "unknown",
+                event=event,
+                text=text,
+                severity=severity,
+            )
+        )
+
     # --- helpers ---------------------------------------------------------------------------
 
     def _inference_count(self) -> int:
@@ -608,19 +758,24 @@ class GpuRebalance(AgentGate):
         )
 
     async def _notify(self, move: Move, event: str, text: str, severity: str) -> None:
+        await self._send(
+            Notification(
+                incident_id=move.move_id,
+                cluster=self._cluster,
+                node=move.node,
+                fault=REBALANCE_FAULT,
+                event=event,
+                text=text,
+                severity=severity,
+            )
+        )
+
+    async def _send(self, note: Notification) -> None:
         try:
             await self._steps.call(
                 contracts.notify,
-                Notification(
-                    incident_id=move.move_id,
-                    cluster=self._cluster,
-                    node=move.node,
-                    fault=REBALANCE_FAULT,
-                    event=event,
-                    text=text,
-                    severity=severity,
-                ),
-                f"notify {event.replace('_', ' ')}: {move.node} ({move.move_id})",
+                note,
+                f"notify {note.event.replace('_', ' ')}: {note.node} ({note.incident_id})",
                 timeout=timedelta(seconds=30),
                 heartbeat=None,
                 retry=NOTIFY_RETRY,
