@@ -14,7 +14,9 @@ faulty node:
 3. releases the node from the job (`scontrol update JobId= NodeList=<the others>`), so it
    goes idle for its repair while the job runs on;
 4. waits, up to the policy's in_job_budget_s, for the job to say it stepped again
-   (`resumed_at=<epoch s>` in its comment, not before the kill).
+   (`resumed_at=<epoch s>` in its comment, not before the kill) — unless the node was one of
+   its standbys (the job names the nodes it trains on: `training=<node>,<node>`), whose loss
+   the training ranks never see: then its release is all there is to wait for.
 
 A job that cannot be helped so (Slurm refused a step, the budget ran out, it ended
 meanwhile) is requeued, once, under the incident's requeue marker: the requeue path is the
@@ -50,6 +52,12 @@ def _resumed_since(job: SlurmJob, since: float) -> bool:
         return stamp is not None and float(stamp) >= since
     except ValueError:
         return False  # not a time: not a resume
+
+
+def standby(job: SlurmJob, node: str) -> bool:
+    """The job names the nodes it trains on, and `node` is not one of them."""
+    training = job_comment(job, "training")
+    return training is not None and node not in training.split(",")
 
 
 def capable(job: SlurmJob, node: str) -> bool:
@@ -128,7 +136,8 @@ class InJobRecovery:
             return "it ended before it stepped again"
         if job.restart_cnt > before.restart_cnt:
             return "it was requeued"
-        if _resumed_since(job, since) and self.node not in hostlist.expand(job.nodes):
+        stepping = standby(before, self.node) or _resumed_since(job, since)
+        if stepping and self.node not in hostlist.expand(job.nodes):
             return ""
         return None
 

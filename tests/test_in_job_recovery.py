@@ -3,7 +3,8 @@ Slurm of tests/fakes.py:
 
 - a job that announces a hot spare (`injob=` in its comment) loses the faulty node (its
   launcher there killed through `srun --overlap`, the node released from its allocation)
-  and steps again without a requeue; a retried step does not act on it again;
+  and steps again without a requeue; a retried step does not act on it again; a node the
+  job names as its standby (not in `training=`) is released without waiting for a resume;
 - one that does not step again within the budget, or whose node Slurm will not let us
   reach, is requeued, once, as the incident's requeue;
 - a job without a spare, or a policy that says `requeue`, is requeued as before;
@@ -67,6 +68,24 @@ def test_a_job_with_a_spare_goes_on_without_the_node(slurm: FakeSlurm) -> None:
     assert again.in_job is not None and again.in_job.recovered == [7]
     assert slurm.killed_on == {(7, "gpu-1"): 1} and slurm.calls["shrink_job"] == 1
     assert slurm.requeue_count[7] == 0
+
+
+def test_a_standby_node_is_released_without_waiting_for_a_resume(slurm: FakeSlurm) -> None:
+    # gpu-1 is the job's standby: the training ranks never notice its loss, so no resume
+    # comes; the node is released and the job is left alone (no requeue, no wait).
+    slurm.add_job(6, nodes="gpu-[1-3]", comment=f"{SPARE} training=gpu-2,gpu-3")
+    out = requeue(slurm, budget_s=30)
+    assert out.in_job is not None and out.in_job.recovered == [6]
+    assert out.in_job.waited_s < 5 and out.requeued == [] and slurm.requeue_count[6] == 0
+    assert slurm.killed_on == {(6, "gpu-1"): 1} and slurm.job_now(6).nodes == "gpu-2,gpu-3"
+
+
+def test_a_training_node_waits_for_the_resume(slurm: FakeSlurm) -> None:
+    # Named as a training node, it is not a standby: no resume within the budget, requeued.
+    slurm.add_job(5, nodes="gpu-[1-3]", comment=f"{SPARE} training=gpu-1,gpu-2")
+    out = requeue(slurm, budget_s=0.05)
+    assert out.in_job is not None and "not stepping again within" in out.in_job.fell_back[5]
+    assert out.requeued == [5]
 
 
 def test_a_job_that_does_not_step_again_in_time_is_requeued_once(slurm: FakeSlurm) -> None:

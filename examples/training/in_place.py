@@ -46,6 +46,7 @@ class Seat:
     gen: int
     rank: int
     world: int
+    nodes: tuple[str, ...]  # the generation's training nodes, rank order
 
 
 class NoGeneration(Exception):
@@ -134,8 +135,11 @@ class InPlaceGroup:
         if not self._until(lambda: self._has(plan_key)):
             return None
         plan = json.loads(self.store.get(plan_key))
-        rank = plan["ranks"].get(self.me)
-        return None if rank is None else Seat(gen, rank, plan["world"])
+        ranks: dict[str, int] = plan["ranks"]
+        rank = ranks.get(self.me)
+        in_rank_order = sorted(ranks, key=lambda who: ranks[who])
+        nodes = tuple(dict.fromkeys(who.rsplit(":", 1)[0] for who in in_rank_order))
+        return None if rank is None else Seat(gen, rank, plan["world"], nodes)
 
     def _plan(self, gen: int) -> None:
         """Seat `train_nodes` whole nodes, the most advanced first, once enough have joined."""

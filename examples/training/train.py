@@ -425,7 +425,7 @@ class Trainer:
         self.stop, self.local_rank = stop, local_rank
         self.completed = 0
 
-    def run(self, gen: int | None) -> int:
+    def run(self, gen: int | None, training: tuple[str, ...] = ()) -> int:
         """Train from the latest checkpoint (a formed in-place generation after the first:
         from rank 0's state in memory) until the steps are done (0) or a signal (128+sig).
         A failed collective raises."""
@@ -470,7 +470,10 @@ class Trainer:
                     f"loss={stats[0].item() / world:.6f}{elastic}"
                 )
             if gen is not None and rank == 0 and step == resumed_from + 1:
-                publish("resumed_at", f"{time.time():.3f}")  # the runbook waits for it
+                # Who trains (a standby's loss needs no re-forming), then that it steps:
+                # the runbook waits for resumed_at after it took a training node.
+                publish("training", ",".join(training))
+                publish("resumed_at", f"{time.time():.3f}")
             ckpt.poll()
             if stats[1].item() > 0:
                 ckpt.save(step, model, self.optim, block=True)
@@ -563,7 +566,7 @@ def main_in_place(args: argparse.Namespace, stop: StopRequest) -> int:
                 world_size=seat.world, timeout=timedelta(seconds=args.timeout),
             )  # fmt: skip
             try:
-                rc = trainer.run(seat.gen)
+                rc = trainer.run(seat.gen, seat.nodes)
             except (RuntimeError, dist.DistError) as e:  # a peer is gone: the next generation
                 emit(f"{_prefix()} event=group_failed gen={seat.gen} error={type(e).__name__}")
                 group.fail()
