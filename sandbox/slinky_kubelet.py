@@ -17,6 +17,13 @@ recorded in the sandbox's ProcessTable under the same names (`slurmctld`, `slurm
 ...), so `sandbox down`, restarts and chaos find them; a daemon whose pod is gone is
 stopped by its PID.
 
+A Slurm node whose pod went with its Node (a machine deleted, a replacement on its way)
+stays declared, DOWN, as Slinky's does (its preStop hook marks it DOWN; nothing deletes
+it): the runbook and the guard keep reading it while its new machine boots, and the new
+Node's pod brings its slurmd back under the same name. It goes from slurm.conf only when
+the operator scales it in (`forget`), its Node is renamed (a new hostname-override), or
+its NodeSet is gone.
+
 Slinky's slurmd registers as a dynamic node (`slurmd -Z`). Slurm 22.05 (Debian's) cannot do
 that here: several dynamic slurmds on one host need an address each (22.05 refuses `Port=`
 in `--conf`; 23.11 takes it), dynamic nodes break topology/tree (every job is "Requested
@@ -70,6 +77,14 @@ class SlinkyKubelet:
         self._slurm = ManagedSlurm(cfg, machines.power_on)
         self._applied: tuple[object, ...] | None = None  # the layout slurmctld runs
         self._agent_on: dict[str, str] = {}  # Slurm node -> the Node its agent was started on
+        # Every Slurm node declared from a pod, as last declared (its partition and its
+        # NodeSet (namespace, name)): declared on, DOWN, once its pod is gone with its Node.
+        self._declared: dict[str, tuple[NodeDef, str, tuple[str, str]]] = {}
+
+    def forget(self, slurm_node: str) -> None:
+        """The operator removes this Slurm node (a scale-in, a renamed Node): its pod's
+        going takes it out of slurm.conf."""
+        self._declared.pop(slurm_node, None)
 
     # --- reading -------------------------------------------------------------------------
 
@@ -122,7 +137,21 @@ class SlinkyKubelet:
             key = (pod["metadata"]["namespace"], str(ref.get("name", "")))
             if key not in nodesets:
                 nodesets[key] = self._get(pods.NODESETS, *key)
-            partitions.setdefault(_partition(nodesets[key], key[1]), []).append(name)
+            partition = _partition(nodesets[key], key[1])
+            partitions.setdefault(partition, []).append(name)
+            self._declared[name] = (defs[-1], partition, key)
+        # The Slurm nodes whose pod went with its Node: still declared (DOWN), while their
+        # NodeSet is there.
+        for name, (lost, partition, key) in sorted(self._declared.items()):
+            if name in {d.name for d in defs}:
+                continue
+            if key not in nodesets:
+                nodesets[key] = self._get(pods.NODESETS, *key)
+            if nodesets[key] is None:
+                del self._declared[name]
+                continue
+            defs.append(lost)
+            partitions.setdefault(partition, []).append(name)
         return Layout(
             nodes=defs,
             partitions=partitions,
@@ -203,6 +232,7 @@ class SlinkyKubelet:
             done += [f"stopped {n}" for n in self._slurm.stop_accounting()]
         if not ctl and not acct and self._slurm.declared():
             forget(self._cfg)  # the cluster is gone: one made later starts afresh
+            self._declared.clear()
         done += self._stop_unwanted({pods.slurm_name(p) for p in slurmds})
         done += self._agents(slurmds, nodes)
         self._report(live, ours)

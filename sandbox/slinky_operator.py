@@ -203,6 +203,7 @@ class SlinkyOperator:
             want = pods.hostname_of(nodes[node_name])
             stale = [p for p in here if pods.slurm_name(p) != want]
             for p in stale:
+                self._forget(pods.slurm_name(p))  # that Slurm node is not coming back
                 self._delete(p, report)
             here = [p for p in here if p not in stale]
             if not here:
@@ -248,7 +249,14 @@ class SlinkyOperator:
                 if not await view.mark_down(s.name):
                     return
                 report.downed.append(s.name)
+        self._forget(pods.slurm_name(pod))  # scaled in: out of Slurm with its pod
         self._delete(pod, report)
+
+    def _forget(self, slurm_node: str) -> None:
+        """The kubelet stops declaring the Slurm node once its pod is gone (a pod that goes
+        with its Node leaves its node declared, DOWN: slinky_kubelet.py)."""
+        if self._kubelet is not None:
+            self._kubelet.forget(slurm_node)
 
     async def _sync_cordon(self, pod: Obj, node: Obj, view: SlurmView, report: Report) -> None:
         if pods.terminating(pod) or not view.known:
