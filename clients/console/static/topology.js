@@ -122,7 +122,9 @@ window.AutoclustersTopology = (function () {
   }
 
   function summary(shown, total, byState, filtering) {
-    const parts = [(filtering ? shown + " of " : "") + total + (total === 1 ? " node" : " nodes")];
+    // "32 · 1 quarantined", or while filtering "3/32 · ...": what is not in service is
+    // what an operator looks for, so only that is spelt out.
+    const parts = [filtering ? shown + "/" + total : String(total)];
     for (const [s, n] of Object.entries(byState)) if (s !== "in_service" && n) parts.push(n + " " + (labels[s] || s));
     return parts.join(" · ");
   }

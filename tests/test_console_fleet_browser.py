@@ -1,0 +1,259 @@
+"""The topology page at fleet scale in a real headless Chromium (Debian's chromium and
+chromedriver, through Selenium), against the API with its console reading a synthetic
+fleet of 2,000 nodes (bench/console.py --serve: tests/fake_fleet.py, no sandbox), where
+every read finds one node's job turned over, so each poll changes the page:
+
+- it draws one cell per node and sets its `topology-drawn` mark;
+- search by name leaves that node alone, Enter goes to it (its details shown), Enter again
+  opens its page;
+- the state, fault and node-set filters each leave only what they name, the counts agree,
+  the filters are in the URL and survive the page's polls, Clear brings every node back;
+- the keyboard: one Tab stop per group, the arrow keys move between cells and keep focus
+  across polls;
+- four nodes still get readable tiles with their names.
+
+Screenshots go to build/test-artifacts/console/ and, when AUTOCLUSTERS_SCREENSHOTS=docs,
+to docs/console-topology-fleet.png and docs/console-topology-filtered.png.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[1]
+ARTIFACTS = REPO / "build" / "test-artifacts" / "console"
+TO_DOCS = os.environ.get("AUTOCLUSTERS_SCREENSHOTS") == "docs"
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
+
+webdriver = pytest.importorskip("selenium.webdriver")
+if not (Path(CHROMIUM).exists() and Path(CHROMEDRIVER).exists()):
+    pytest.skip(
+        "needs Debian's chromium and chromium-driver (scripts/system-deps.sh)",
+        allow_module_level=True,
+    )
+
+from selenium.webdriver.common.by import By  # noqa: E402
+from selenium.webdriver.common.keys import Keys  # noqa: E402
+from selenium.webdriver.support.ui import Select  # noqa: E402
+from selenium.webdriver.support.wait import WebDriverWait  # noqa: E402
+
+from tests.fake_fleet import FleetSource  # noqa: E402
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def serve(nodes: int) -> Iterator[str]:
+    port = free_port()
+    api = subprocess.Popen(
+        [sys.executable, str(REPO / "bench" / "console.py"), "--serve", "--nodes", str(nodes),
+         "--port", str(port), "--read-ms", "0"],
+        cwd=REPO,
+    )  # fmt: skip
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert api.poll() is None, f"the API exited ({api.returncode})"
+            try:
+                if httpx.get(f"{base}/ui/api/topology", timeout=5).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, "the API never answered"
+            time.sleep(0.2)
+        yield base
+    finally:
+        api.terminate()  # by its own PID
+        try:
+            api.wait(10)
+        except subprocess.TimeoutExpired:
+            api.kill()
+            api.wait()
+
+
+@pytest.fixture(scope="module")
+def fleet_url() -> Iterator[str]:
+    yield from serve(2000)
+
+
+@pytest.fixture
+def browser() -> Iterator[Any]:
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    profile = tempfile.mkdtemp(prefix="console-browser-")
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
+                "--window-size=1400,1000", "--no-first-run", "--disable-extensions",
+                f"--user-data-dir={profile}"):  # fmt: skip
+        options.add_argument(arg)
+    service = webdriver.ChromeService(executable_path=CHROMEDRIVER)
+    driver = webdriver.Chrome(options=options, service=service)
+    try:
+        yield driver
+    finally:
+        driver.quit()  # stops chromedriver (by its own PID) and the browser it started
+        shutil.rmtree(profile, ignore_errors=True)
+
+
+def screenshot(driver: Any, name: str) -> None:
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    path = ARTIFACTS / f"console-{name}.png"
+    assert driver.save_screenshot(str(path)), f"no screenshot of {name}"
+    if TO_DOCS:
+        shutil.copyfile(path, REPO / "docs" / f"console-{name}.png")
+
+
+SHOWN = """return Array.from(document.querySelectorAll('#topology a.tile'))
+  .filter((c) => !c.closest('[hidden]'))
+  .map((c) => [c.dataset.node, c.dataset.state, c.dataset.fault || '',
+                c.closest('.group').dataset.group]);"""
+
+
+def shown(driver: Any) -> list[list[str]]:
+    rows: list[list[str]] = driver.execute_script(SHOWN)
+    return rows
+
+
+def open_topology(driver: Any, url: str) -> None:
+    driver.get(url)
+    WebDriverWait(driver, 60, 0.05).until(
+        lambda d: d.execute_script("return performance.getEntriesByName('topology-drawn').length"),
+        "the page never set its topology-drawn mark",
+    )
+
+
+def next_poll(driver: Any) -> None:
+    """Wait for the page's next poll to have been applied (its live stamp changes)."""
+    before = driver.find_element(By.ID, "live").text
+    WebDriverWait(driver, 20, 0.1).until(
+        lambda d: d.find_element(By.ID, "live").text not in (before, "live"),
+        "the page never polled",
+    )
+
+
+def test_search_finds_a_node_and_enter_opens_it(fleet_url: str, browser: Any) -> None:
+    open_topology(browser, f"{fleet_url}/ui/topology")
+    assert len(shown(browser)) == 2000
+    assert browser.find_element(By.ID, "shown").text == "2000 nodes"
+    screenshot(browser, "topology-fleet")
+    browser.find_element(By.TAG_NAME, "body").send_keys("/")  # the key to find a node
+    search = browser.switch_to.active_element
+    assert search.get_attribute("id") == "search"
+    search.send_keys("gpu-0042")
+    WebDriverWait(browser, 5, 0.05).until(lambda d: len(shown(d)) == 1)
+    assert shown(browser)[0][0] == "gpu-0042"
+    assert browser.find_element(By.ID, "shown").text == "1 of 2000 nodes shown"
+    assert "q=gpu-0042" in browser.current_url
+    search.send_keys(Keys.ENTER)
+    focused = browser.switch_to.active_element
+    assert focused.get_attribute("data-node") == "gpu-0042"
+    detail = browser.find_element(By.ID, "cell-detail")
+    assert detail.is_displayed() and "gpu-0042" in detail.text and "8 GPU" in detail.text
+    assert "leaf leaf-002" in detail.text  # where it sits
+    focused.send_keys(Keys.ENTER)
+    WebDriverWait(browser, 10).until(lambda d: d.current_url.endswith("/ui/nodes/gpu-0042"))
+    # A search a reload keeps: the filters live in the URL.
+    open_topology(browser, f"{fleet_url}/ui/topology?q=gpu-00")
+    assert len(shown(browser)) == 99
+    assert browser.find_element(By.ID, "search").get_attribute("value") == "gpu-00"
+
+
+def test_state_fault_and_node_set_filters_leave_only_what_they_name(
+    fleet_url: str, browser: Any
+) -> None:
+    fleet = FleetSource(2000)  # the server's fleet: the same seed, the same nodes
+    open_topology(browser, f"{fleet_url}/ui/topology")
+    button = browser.find_element(By.CSS_SELECTOR, '#counts button[data-state="quarantined"]')
+    want = int(button.find_element(By.TAG_NAME, "b").text)
+    button.click()
+    assert button.get_attribute("aria-pressed") == "true"
+    rows = shown(browser)
+    assert len(rows) == want and {r[1] for r in rows} == {"quarantined"}
+    assert "state=quarantined" in browser.current_url
+    # Per group: how many of its nodes are shown, of how many, and what they are.
+    group = browser.find_element(By.XPATH, '//div[@class="group" and not(@hidden)]//h4/span')
+    shown_here, total = group.text.split(" · ")[0].split("/")
+    assert 0 < int(shown_here) <= int(total) and "quarantined" in group.text
+    cell = browser.find_element(By.CSS_SELECTOR, f'a.tile[data-node="{rows[0][0]}"]')
+    browser.execute_script("arguments[0].focus()", cell)  # its details, as a person sees them
+    assert rows[0][0] in browser.find_element(By.ID, "cell-detail").text
+    screenshot(browser, "topology-filtered")
+    button.click()  # off again
+
+    fault = sorted({i.request.fault for i in fleet.open.values()})[0]
+    Select(browser.find_element(By.ID, "filter-fault")).select_by_value(fault)
+    rows = shown(browser)
+    want_nodes = sorted(n for n, i in fleet.open.items() if i.request.fault == fault)
+    assert sorted(r[0] for r in rows) == want_nodes and {r[2] for r in rows} == {fault}
+    Select(browser.find_element(By.ID, "filter-fault")).select_by_value("*")  # any fault
+    assert sorted(r[0] for r in shown(browser)) == sorted(fleet.open)
+    Select(browser.find_element(By.ID, "filter-fault")).select_by_value("")
+
+    Select(browser.find_element(By.ID, "filter-set")).select_by_value("spares")
+    rows = shown(browser)
+    assert sorted(r[0] for r in rows) == fleet.sets["spares"] and {r[3] for r in rows} == {"spares"}
+    assert {r[1] for r in rows} == {"spare"}
+    # The page's polls (each read turns a job over) keep the filter.
+    next_poll(browser)
+    next_poll(browser)
+    assert sorted(r[0] for r in shown(browser)) == fleet.sets["spares"]
+    browser.find_element(By.ID, "filter-clear").click()
+    assert len(shown(browser)) == 2000 and browser.current_url.endswith("/ui/topology")
+
+
+def test_the_keyboard_moves_between_cells_and_keeps_focus_across_polls(
+    fleet_url: str, browser: Any
+) -> None:
+    open_topology(browser, f"{fleet_url}/ui/topology")
+    stops = browser.execute_script(
+        "return document.querySelectorAll('#topology a.tile[tabindex=\"0\"]').length"
+    )
+    groups = browser.execute_script("return document.querySelectorAll('#topology .group').length")
+    assert stops == groups  # one Tab stop per group, not 2,000
+    first = browser.find_element(By.CSS_SELECTOR, 'a.tile[data-node="gpu-0001"]')
+    assert first.get_attribute("aria-label") == "gpu-0001: in service"
+    browser.execute_script("arguments[0].focus()", first)
+    first.send_keys(Keys.ARROW_RIGHT)
+    assert browser.switch_to.active_element.get_attribute("data-node") == "gpu-0002"
+    here = browser.switch_to.active_element
+    top = here.location["y"]
+    here.send_keys(Keys.ARROW_DOWN)
+    below = browser.switch_to.active_element
+    assert below.get_attribute("data-node") != "gpu-0002" and below.location["y"] > top
+    name = below.get_attribute("data-node")
+    assert below.get_attribute("tabindex") == "0"  # Tab comes back here
+    next_poll(browser)
+    next_poll(browser)
+    assert browser.switch_to.active_element.get_attribute("data-node") == name
+
+
+def test_four_nodes_keep_readable_tiles(browser: Any) -> None:
+    for base in serve(4):
+        open_topology(browser, f"{base}/ui/topology")
+        topo = browser.find_element(By.ID, "topology")
+        assert "roomy" in (topo.get_attribute("class") or "")
+        names = [e.text for e in browser.find_elements(By.CSS_SELECTOR, "a.tile .name")]
+        assert names == ["gpu-0001", "gpu-0002", "gpu-0003", "gpu-0004"]
+        search = browser.find_element(By.ID, "search")
+        search.send_keys("0003")
+        WebDriverWait(browser, 5, 0.05).until(lambda d: len(shown(d)) == 1)
