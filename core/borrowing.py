@@ -74,8 +74,8 @@ def note_lost(
         if not n.in_incident or n.name in borrowed:
             continue
         known = lost.get(n.name)
-        if known is not None and known.incident_id == n.incident_id:
-            out[n.name] = known
+        if known is not None and n.incident_id in (None, known.incident_id):
+            out[n.name] = known  # a reboot may show it down with no reason for a while
             continue
         if n.incident_id is None or n.pool != Pool.TRAINING:
             continue

@@ -32,7 +32,7 @@ StateDir = Annotated[
 RepairRung = Literal["reset_gpu", "reboot", "replace"]
 BrokenUntil = Literal["reboot", "replace"]
 DemoMode = Literal["observe", "approve", "auto"]
-Scenario = Literal["remediate", "share"]
+Scenario = Literal["remediate", "share", "borrow"]
 Platform = Literal["managed-slurm", "cmk"]
 JobRecovery = Literal["in-job", "requeue"]
 PLATFORM_HELP = (
@@ -429,9 +429,15 @@ def demo(
     from autoclusters.sandbox.config import SandboxConfig
     from autoclusters.sandbox.demo import DemoError, run_demo
 
-    if scenario not in ("remediate", "share"):
-        err.print(f"[red]refused:[/red] --scenario must be remediate or share, not {scenario!r}")
+    if scenario not in ("remediate", "share", "borrow"):
+        err.print(
+            f"[red]refused:[/red] --scenario must be remediate, share or borrow, not {scenario!r}"
+        )
         raise typer.Exit(2)
+    if scenario == "borrow":  # sandbox/borrow_demo.py: a node lent from inference for a repair
+        from autoclusters.sandbox.borrow_demo import main as borrow_demo
+
+        raise typer.Exit(borrow_demo(as_json, keep, state_dir, port_base, boot_delay))
     if scenario == "share":
         _share_demo(as_json, keep, state_dir, port_base, boot_delay)
         return

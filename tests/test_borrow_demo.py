@@ -1,0 +1,46 @@
+"""`autoclusters demo --scenario borrow --json` on its own Kubernetes-mode sandbox: an Xid
+on a node of a 2-node training job, no spare free; the rebalancer lends an inference node
+to the job for the repair (the job runs at full width on it), the reboot repairs the node
+and the incident returns it, and the rebalancer gives the borrowed node back to inference
+within about one evaluation (the job requeued from its checkpoint onto the repaired node);
+no inference request failed and no node ran a Slurm job and an inference pod at once."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import free_port_base
+from tests.helpers import run_demo
+
+# `alone`: inference load and a torchrun job on 2 cores, with timed waits.
+pytestmark = [pytest.mark.integration, pytest.mark.alone]
+
+
+@pytest.mark.timeout(660)
+def test_borrow_scenario_lends_an_inference_node_for_the_repair(tmp_path: Path) -> None:
+    r = run_demo(
+        tmp_path / "borrow", free_port_base(), "--scenario", "borrow", "--boot-delay", "2",
+        timeout_s=600,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    s = json.loads(r.stdout.strip().splitlines()[-1])
+    assert s["incident_status"] == "resolved"
+    borrowed = s["borrowed_node"]
+    assert borrowed and borrowed != s["fault_node"] and s["borrow_status"] == "returned"
+    assert "no spare free" in s["borrow_why"]
+    # Lent after the fault, given back after the repair, within about one evaluation of it
+    # (the give-back starts at the rebalancer's next look; the move's own steps follow).
+    assert 0 < s["lent_at_s"] < s["repaired_at_s"] < s["returned_at_s"]
+    assert s["give_back_after_repair_s"] is not None
+    assert 0 <= s["give_back_after_repair_s"] <= s["evaluate_every_s"] + 2
+    own = [(m["node"], m["to"], m["status"]) for m in s["moves"] if m["by"] == "rebalancer"]
+    assert own == [(borrowed, "training", "done"), (borrowed, "inference", "done")]
+    # Full width throughout: on the borrowed node during the repair, off it after.
+    assert (s["job_width_before"], s["job_width_during"], s["job_width_after"]) == (2, 2, 2)
+    assert borrowed in s["job_nodes_during"] and s["fault_node"] not in s["job_nodes_during"]
+    assert borrowed not in s["job_nodes_after"]
+    assert s["requests"] > 100 and s["request_errors"] == 0, s["request_codes"]
+    assert s["samples"] > 50 and s["overlap_samples"] == 0, s["overlaps"]
