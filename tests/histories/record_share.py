@@ -5,7 +5,9 @@ Run for each release, with the released code (docs/versioning.md):
     .venv/bin/python -m tests.histories.record_share 0.1 [case ...]
 It runs the rebalancer on the time-skipping server against the in-memory world of
 tests/fake_share.py: a sustained breach lends a node (its job checkpointed and requeued), a
-calm spell returns it (gate, resume, regrow); a manual move and a rejected approval follow.
+calm spell returns it (gate, resume, regrow); a manual move and a rejected approval follow;
+`borrow` (tests/fake_borrow.py): an incident takes a node of a 2-node job, an inference node
+is lent to the job, and given back once the node is repaired.
 Writes gpu_rebalance_<version>_<case>.json beside this file.
 """
 
@@ -29,6 +31,8 @@ from autoclusters.core.sharing import (
     rebalance_workflow_id,
 )
 from autoclusters.workflows.gpu_rebalance import GpuRebalance
+from tests.fake_borrow import IncidentWorld
+from tests.fake_borrow import world as incident_world
 from tests.fake_share import Node, ShareWorld
 from tests.helpers import eventually, time_skipping_env
 
@@ -52,11 +56,16 @@ async def _run(case: str, version: str) -> None:
     env = await time_skipping_env()
     async with env:
         approval = case == "manual_and_rejected"
+        borrow = case == "borrow"
         world = ShareWorld(
             [Node("gpu-01", jobs=[101]), Node("gpu-02", jobs=[102]), Node("gpu-03")],
             [HIGH, HIGH, LOW, LOW] if not approval else [HIGH, HIGH, HIGH],
             agent=False,
         )
+        policy = _policy(needs_approval=approval)
+        if borrow:
+            world = incident_world()
+            policy = _policy(borrow_from_inference=True, return_below=0.2, min_inference_nodes=1)
         cluster = f"rec-{uuid.uuid4().hex[:6]}"
         tq = f"tq-{uuid.uuid4()}"
         async with Worker(
@@ -64,7 +73,7 @@ async def _run(case: str, version: str) -> None:
         ):
             handle = await env.client.start_workflow(
                 GpuRebalance.run,
-                RebalanceInput(cluster=cluster, policy=_policy(needs_approval=approval)),
+                RebalanceInput(cluster=cluster, policy=policy),
                 id=rebalance_workflow_id(cluster),
                 task_queue=tq,
                 execution_timeout=timedelta(days=1),
@@ -79,7 +88,18 @@ async def _run(case: str, version: str) -> None:
                 cur = s.current
                 return cur.move.move_id if cur and cur.status == "waiting_approval" else None
 
-            if not approval:
+            if borrow:
+                assert isinstance(world, IncidentWorld)
+                for n, then in enumerate([None, "fault", None, "repair"], start=1):
+                    if then == "fault":
+                        world.fault("gpu-01", "inc-rec-1")
+                    elif then == "repair":
+                        world.repair("gpu-01")
+                    await handle.signal(GpuRebalance.evaluate_now, "record")
+                    await eventually(functools.partial(evaluations, n), what=f"evaluation {n}")
+                s = await handle.query(GpuRebalance.status)
+                assert [b.status for b in s.borrows] == ["returned"], s.borrows
+            elif not approval:
                 for n in range(1, 5):
                     await handle.signal(GpuRebalance.evaluate_now, "record")
                     await eventually(functools.partial(evaluations, n), what=f"evaluation {n}")
@@ -105,7 +125,7 @@ async def _run(case: str, version: str) -> None:
 
 
 async def record(version: str) -> None:
-    for case in sys.argv[2:] or ["lend_and_return", "manual_and_rejected"]:
+    for case in sys.argv[2:] or ["lend_and_return", "manual_and_rejected", "borrow"]:
         await _run(case, version)
 
 
