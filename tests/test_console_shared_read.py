@@ -166,6 +166,7 @@ def fleet_app(nodes: int, **console: float) -> tuple[Any, FleetSource]:
     if console:
         c.shared.fresh_s = console.get("fresh_s", c.shared.fresh_s)
         c.shared.max_age_s = console.get("max_age_s", c.shared.max_age_s)
+        c.shared.timeout_s = c.shared.max_age_s
     return app, source
 
 
@@ -197,7 +198,7 @@ async def test_under_load_the_age_stays_bounded_and_one_read_serves_every_viewer
                 ages.append(got - datetime.fromisoformat(body["updated_at"]).timestamp())
                 if changed_at and i not in seen and _state(body, "gpu-0100") == "quarantined":
                     seen[i] = time.monotonic()
-                await asyncio.sleep(0.01 * (1 + i % 5))
+                await asyncio.sleep(0.1 + 0.02 * (i % 5))  # 50 viewers: ~400 polls a second
 
         async def change() -> None:
             await asyncio.sleep(0.8)
@@ -207,11 +208,16 @@ async def test_under_load_the_age_stays_bounded_and_one_read_serves_every_viewer
         await asyncio.gather(change(), *(viewer(i) for i in range(50)))
         elapsed = time.monotonic() - start
     await app.state.console.shared.aclose()
-    # One read per interval, however many ask (a read starts fresh_s after the last began).
-    assert source.reads - reads0 <= elapsed / fresh_s + 2, (source.reads - reads0, elapsed)
-    # Every answer's data at most fresh_s plus a read old (and the loop's own lag).
-    slack = 0.5  # a loaded CI machine
-    assert max(ages) <= fresh_s + read_s + slack, max(ages)
+    # One read per interval, however many ask (a read starts fresh_s after the last began),
+    # and the reads keep coming under the load: the data does not age with it.
+    reads = source.reads - reads0
+    assert elapsed / fresh_s / 2 <= reads <= elapsed / fresh_s + 2, (reads, elapsed)
+    # Every answer's data at most fresh_s plus a read old, give or take what a loaded
+    # 2-core CI machine adds (these viewers share the API's process and its CPU).
+    ages.sort()
+    assert ages[len(ages) // 2] <= fresh_s + read_s + 0.25, (ages[len(ages) // 2], ages[-1])
+    slack = 1.0
+    assert ages[-1] <= fresh_s + read_s + slack, ages[-1]
     assert len(seen) == 50, "every viewer saw the change"
     assert max(seen.values()) - changed_at[0] <= fresh_s + read_s + slack
 
@@ -312,3 +318,37 @@ async def test_slurm_failing_keeps_the_nodes_of_the_last_read_and_says_so(
     body = await eventually(failed_read, 10, "a read without Slurm")
     assert body["counts"]["failed"] < 50  # not every node "gone"
     assert any("showing its last answer" in e for e in body["errors"])
+
+
+async def test_a_page_whose_data_is_past_the_bound_says_it_is_stale() -> None:
+    app, source = fleet_app(100, fresh_s=0.1, max_age_s=0.3)
+    transport = httpx.ASGITransport(app=app, client=("10.0.0.9", 40000))
+    hung = asyncio.Event()
+    read = source.slurm_nodes
+
+    async def slurm_hangs() -> Any:
+        await hung.wait()
+        return await read()
+
+    async with httpx.AsyncClient(transport=transport, base_url="http://c.test", headers=AUTH) as c:
+        fresh = await c.get("/ui/topology")
+        assert 'class="age"' in fresh.text and "stale:" not in fresh.text
+        source.slurm_nodes = slurm_hangs  # type: ignore[method-assign]
+
+        async def stale_page() -> httpx.Response | None:
+            page = await c.get("/ui/topology")
+            return page if 'class="age stale"' in page.text else None
+
+        page = await eventually(stale_page, 10, "the page to say its data is stale")
+        assert "stale: the data is" in page.text and "longer than 0.3 s" in page.text
+        assert page.text.count('<a class="tile ') == 100  # the last data, still shown
+        poll = await c.get("/ui/api/topology")
+        assert "longer than 0.3 s" in poll.headers["x-console-read-error"]
+        hung.set()
+        await eventually(lambda: _fresh_page(c), 10, "fresh data again")
+    await app.state.console.shared.aclose()
+
+
+async def _fresh_page(c: httpx.AsyncClient) -> bool:
+    page = await c.get("/ui/topology")
+    return 'class="age"' in page.text and "stale:" not in page.text
