@@ -22,7 +22,8 @@ from typing import Any
 import pytest
 from temporalio.testing import WorkflowEnvironment
 
-from autoclusters.core.sharing import Pool
+from autoclusters.clients.sharing import MoveRefused, request_move
+from autoclusters.core.sharing import MoveRequest, Pool
 from tests.fake_borrow import HIGH, JOB, OK, world
 from tests.fake_share import LEND_STEPS, RETURN_STEPS
 from tests.helpers import eventually
@@ -72,6 +73,11 @@ async def test_an_incident_borrows_an_inference_node_and_the_repair_gives_it_bac
         assert told.event == "borrowed_from_inference" and told.node == "gpu-01"
         assert "gpu-03" in told.text and told.fault == "XID_79"
 
+        # A person cannot move it meanwhile: the borrow gives it back on its own.
+        with pytest.raises(MoveRefused, match="lent to training while gpu-01 is repaired"):
+            await request_move(
+                env.client, r.cluster, MoveRequest(node="gpu-03", to="inference", requested_by="al")
+            )
         # The repair is not done: nothing more moves, and no second borrow.
         calls = len(w.names())
         s = await r.evaluate(2)

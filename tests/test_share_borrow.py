@@ -13,15 +13,22 @@ Aspects covered:
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
+from temporalio.testing import ActivityEnvironment
 
+from autoclusters.activities.sharing_demand import ShareDemandActivities
 from autoclusters.core.borrowing import BorrowVerdict, decide_borrow, note_lost, short_jobs
+from autoclusters.core.models import SPARE_REASON, drain_reason
 from autoclusters.core.sharing import (
+    LENT_REASON,
     Borrow,
     Demand,
+    DemandCall,
     InferenceTarget,
     LostNode,
     NodeShare,
@@ -30,6 +37,7 @@ from autoclusters.core.sharing import (
     SharePolicyError,
     load_share_policy,
 )
+from tests.fakes import FakeSlurm
 
 SLO = 0.5
 OK = 0.2  # within a 0.5 headroom (<= 0.25)
@@ -272,3 +280,34 @@ def test_the_policy_fields_are_validated_with_the_field_named(tmp_path: Path) ->
     f.write_text("borrow_from_inference: true\nborrow_headroom: 0.3\n")
     p = load_share_policy(f)
     assert p.borrow_from_inference and p.borrow_headroom == 0.3
+
+
+def test_the_demand_read_names_incidents_free_spares_and_waiting_jobs() -> None:
+    slurm = FakeSlurm()
+    for n in ("gpu-1", "gpu-2", "gpu-3", "gpu-4", "gpu-5"):
+        slurm.add_node(n)
+        slurm._nodes[n].gres = "gpu:8"  # noqa: SLF001 - as tests/test_sharing_slurm.py does
+    slurm.set_reason("gpu-1", drain_reason("inc-20261202-0800-gpu-1", "XID_79"))
+    slurm.set_reason("gpu-2", LENT_REASON)
+    slurm.set_reason("gpu-3", SPARE_REASON)  # a free spare
+    slurm.set_reason("gpu-4", SPARE_REASON)
+    slurm._nodes["gpu-4"].state_flags.append("NOT_RESPONDING")  # noqa: SLF001 - a spare down
+    slurm.add_job(7, nodes="gpu-5")
+    slurm.add_job(8, nodes="", job_state="PENDING")
+    slurm.add_job(9, nodes="", job_state="REQUEUE_HOLD")
+
+    async def go() -> Demand:
+        async with httpx.AsyncClient() as http:
+            acts = ShareDemandActivities(slurm, http, prometheus_url=None)
+            out: Demand = await ActivityEnvironment().run(
+                acts.read_demand, DemandCall(cluster="c", policy=policy())
+            )
+            return out
+
+    d = asyncio.run(go())
+    by = {n.name: n for n in d.nodes}
+    assert by["gpu-1"].in_incident and by["gpu-1"].incident_id == "inc-20261202-0800-gpu-1"
+    assert by["gpu-1"].incident_fault == "XID_79"
+    assert by["gpu-2"].incident_id is None and by["gpu-5"].incident_id is None
+    assert d.spares_free == 1  # the spare that answers
+    assert d.pending_jobs == [8, 9]

@@ -233,6 +233,12 @@ class GpuRebalance(AgentGate):
             raise ValueError(f"{req.node} is already moving")
         if node.in_incident or req.node in self._s.yielded:
             raise ValueError(f"{req.node} is in a remediation incident")
+        lent = next((b for b in self._s.borrows if b.active and b.node == req.node), None)
+        if lent is not None:
+            raise ValueError(
+                f"{req.node} is lent to training while {lent.for_node} is repaired (incident "
+                f"{lent.incident_id}); it goes back to inference on its own"
+            )
 
     @workflow.update
     def clear_unhealthy(self, req: ClearUnhealthy) -> str:
