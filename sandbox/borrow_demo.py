@@ -8,8 +8,9 @@ two, and inference serves a steady load throughout. Then an Xid on one of the jo
 the incident drains it and requeues the job, which cannot start on one node. The
 rebalancer sees a training node lost to an incident, no spare, inference with room to
 spare: it lends the inference node serving least (off inference, gated, resumed in Slurm)
-and the job starts on it at full width from its checkpoint. The reboot repairs the node,
-the incident returns it to service; at its next evaluation the rebalancer gives the node
+and the job starts on it at full width from its checkpoint. The GPU stays broken until a
+replacement (the reboot fails its gate, the incident escalates, a new VM boots), then the
+incident returns the node to service; at its next evaluation the rebalancer gives the node
 back (the job checkpoints and requeues onto the repaired node, the replica serves again).
 
 Throughout, every node is sampled (a Slurm job and an inference pod never on one node),
@@ -56,7 +57,11 @@ from autoclusters.sandbox.share_demo import (
 )
 from autoclusters.workflows.remediation import NodeRemediation
 
-FAULT = "XID_79"  # first rung reboot: the reboot repairs it in the sandbox
+FAULT = "XID_79"
+# The GPU is broken until a replacement: the reboot fails its gate and the incident
+# escalates, a repair that outlasts the borrow (two boot delays and their gates), as the
+# repairs worth borrowing for do.
+FIXED_BY = Rung("replace")
 WIDTH = 2
 
 
@@ -181,14 +186,14 @@ async def _borrow(cfg: SandboxConfig, console: Console) -> BorrowSummary:
         console.print(f"[bold]5. fault[/bold] {FAULT} on {node}, no spare free")
         fault_at = time.time()
         Hardware(cfg.state_dir).inject(
-            node, vm.vm_id, HardwareFault(fault=FAULT, fixed_by=Rung("reboot"))
+            node, vm.vm_id, HardwareFault(fault=FAULT, fixed_by=FIXED_BY)
         )
         opened = await wait_for(
             "the fault to open an incident", lambda: incident_since(tc, name, node, fault_at), 60
         )
         console.print(f"   incident {opened.incident_id}")
-        lent = await wait_for(
-            "an inference node lent to the job", lambda: _borrow_in(tc, name, "lent"), 240
+        lent = await _explained(
+            tc, name, "an inference node lent to the job", _borrow_in(tc, name, LENT), 240
         )
         console.print(f"   borrowed {lent.node} from inference: {lent.why}")
         during = await wait_for(
@@ -208,8 +213,8 @@ async def _borrow(cfg: SandboxConfig, console: Console) -> BorrowSummary:
         back = final.step("return_to_service")
         repaired_at = back.finished_at.timestamp() if back and back.finished_at else None
         console.print(f"   incident {status}: {node} back in service")
-        gone = await wait_for(
-            "the borrowed node back in inference", lambda: _borrow_in(tc, name, "returned"), 240
+        gone = await _explained(
+            tc, name, "the borrowed node back in inference", _borrow_in(tc, name, {"returned"}), 240
         )
         console.print(f"   {gone.node} serves inference again")
         after = await wait_for(
@@ -269,14 +274,37 @@ def _serving(tc: Client, cluster_name: str, node: str) -> Callable[[], Awaitable
     return lambda: _in_pool(tc, cluster_name, node, Pool.INFERENCE)
 
 
-async def _borrow_in(tc: Client, cluster_name: str, status: str) -> Borrow | None:
-    st = await share_status(tc, cluster_name)
-    for b in st.borrows:
-        if b.status == status:
-            return b
-        if b.status in ("failed", "taken"):
-            raise DemoError(f"the borrow of {b.node} ended {b.status}: {b.ended_why}")
-    return None
+LENT = {"lent", "giving_back", "returned"}  # lent, whatever has happened since
+
+
+def _borrow_in(
+    tc: Client, cluster_name: str, statuses: set[str]
+) -> Callable[[], Awaitable[Borrow | None]]:
+    async def check() -> Borrow | None:
+        st = await share_status(tc, cluster_name)
+        for b in st.borrows:
+            if b.status in statuses:
+                return b
+            if b.status in ("failed", "taken"):
+                raise DemoError(f"the borrow of {b.node} ended {b.status}: {b.ended_why}")
+        return None
+
+    return check
+
+
+async def _explained(
+    tc: Client,
+    cluster_name: str,
+    what: str,
+    check: Callable[[], Awaitable[Borrow | None]],
+    timeout_s: float,
+) -> Borrow:
+    """Wait; a timeout says why the rebalancer did not borrow (its last verdict)."""
+    try:
+        return await wait_for(what, check, timeout_s)
+    except DemoError as e:
+        st = await share_status(tc, cluster_name)
+        raise DemoError(f"{e}; the rebalancer: {st.last_borrow_verdict or 'no verdict'}") from None
 
 
 async def _on(slurm: SlurmCli, job_id: int, node: str, there: bool) -> SlurmJob | None:

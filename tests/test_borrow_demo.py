@@ -1,7 +1,7 @@
 """`autoclusters demo --scenario borrow --json` on its own Kubernetes-mode sandbox: an Xid
 on a node of a 2-node training job, no spare free; the rebalancer lends an inference node
-to the job for the repair (the job runs at full width on it), the reboot repairs the node
-and the incident returns it, and the rebalancer gives the borrowed node back to inference
+to the job for the repair (the job runs at full width on it), the node is replaced (its
+reboot fails the gate) and the incident returns it, and the rebalancer gives the borrowed node back to inference
 within about one evaluation (the job requeued from its checkpoint onto the repaired node);
 no inference request failed and no node ran a Slurm job and an inference pod at once."""
 
@@ -19,10 +19,11 @@ from tests.helpers import run_demo
 pytestmark = [pytest.mark.integration, pytest.mark.alone]
 
 
+# ~5 min alone: a sandbox, a torchrun job, a reboot and a replacement of 20 s boots each.
 @pytest.mark.timeout(660)
 def test_borrow_scenario_lends_an_inference_node_for_the_repair(tmp_path: Path) -> None:
     r = run_demo(
-        tmp_path / "borrow", free_port_base(), "--scenario", "borrow", "--boot-delay", "2",
+        tmp_path / "borrow", free_port_base(), "--scenario", "borrow", "--boot-delay", "20",
         timeout_s=600,
     )  # fmt: skip
     assert r.returncode == 0, r.stderr[-3000:]
