@@ -1,9 +1,10 @@
 """`autoclusters demo --scenario borrow --json` on its own Kubernetes-mode sandbox: an Xid
 on a node of a 2-node training job, no spare free; the rebalancer lends an inference node
-to the job for the repair (the job runs at full width on it), the node is replaced (its
-reboot fails the gate) and the incident returns it, and the rebalancer gives the borrowed node back to inference
-within about one evaluation (the job requeued from its checkpoint onto the repaired node);
-no inference request failed and no node ran a Slurm job and an inference pod at once."""
+to the job for the repair (the job runs at full width on it); the node is replaced (its
+reboot fails the gate) and the incident returns it; the rebalancer gives the borrowed node
+back to inference within about one evaluation (the job requeued from its checkpoint onto
+the repaired node); no inference request failed and no node ran a Slurm job and an
+inference pod at once."""
 
 from __future__ import annotations
 
