@@ -33,11 +33,12 @@ def test_borrow_scenario_lends_an_inference_node_for_the_repair(tmp_path: Path) 
     borrowed = s["borrowed_node"]
     assert borrowed and borrowed != s["fault_node"] and s["borrow_status"] == "returned"
     assert "no spare free" in s["borrow_why"]
-    # Lent after the fault, given back after the repair, within about one evaluation of it
-    # (the give-back starts at the rebalancer's next look; the move's own steps follow).
+    # Lent after the fault, given back after the repair: the give-back starts at the
+    # rebalancer's next look (one interval, plus its read of Prometheus, Kubernetes and
+    # Slurm on a busy machine); the move's own steps follow.
     assert 0 < s["lent_at_s"] < s["repaired_at_s"] < s["returned_at_s"]
     assert s["give_back_after_repair_s"] is not None
-    assert 0 <= s["give_back_after_repair_s"] <= s["evaluate_every_s"] + 2
+    assert 0 <= s["give_back_after_repair_s"] <= s["evaluate_every_s"] + 3
     own = [(m["node"], m["to"], m["status"]) for m in s["moves"] if m["by"] == "rebalancer"]
     assert own == [(borrowed, "training", "done"), (borrowed, "inference", "done")]
     # Full width throughout: on the borrowed node during the repair, off it after.
