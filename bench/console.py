@@ -59,7 +59,7 @@ def free_port() -> int:
 # --- the API, in its own process ---------------------------------------------------------
 
 
-def serve(nodes: int, port: int, read_s: float, churn: bool) -> None:
+def serve(nodes: int, port: int, read_s: float, churn: bool, prometheus_url: str | None) -> None:
     import uvicorn
 
     from autoclusters.clients.console.routes import Console
@@ -76,6 +76,7 @@ def serve(nodes: int, port: int, read_s: float, churn: bool) -> None:
         api_inventory="static",
         api_nodes=[f"gpu-[0001-{node_name(nodes - 1).removeprefix('gpu-')}]"],
         console_loopback_open=True,
+        prometheus_url=prometheus_url,
     )
 
     async def no_temporal() -> Any:
@@ -272,11 +273,12 @@ def main() -> None:
     )
     p.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--prometheus-url", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.nodes < 1:
         p.error("--nodes: at least 1")
     if args.serve:
-        serve(args.nodes, args.port, args.read_ms / 1000, not args.static)
+        serve(args.nodes, args.port, args.read_ms / 1000, not args.static, args.prometheus_url)
         return
     if args.loads < 5:
         p.error("--loads: at least 5 (a p95 of fewer says little)")

@@ -442,7 +442,16 @@ async def test_the_node_page_says_when_no_prometheus_is_configured(
     assert "no Prometheus configured" in page.text
     assert "inc-20261130-120000-gpu-02" in page.text and "IDLE+DRAIN" in page.text
     metrics = (await http.get("/ui/api/nodes/gpu-02/metrics")).json()
-    assert metrics == {"configured": False, "prometheus_url": None, "error": None, "charts": []}
+    assert metrics == {"configured": False, "prometheus_url": None, "error": None, "range": "1h",
+                       "start": None, "end": None, "metrics": []}  # fmt: skip
+    bad = await http.get("/ui/api/nodes/gpu-02/metrics?range=2d")
+    assert bad.status_code == 400 and "range: one of 1h, 6h, 24h" in bad.json()["detail"]
+    # The charts mark the node's incidents: when each opened and (if it did) closed.
+    node = (await http.get("/ui/api/nodes/gpu-02")).json()
+    assert node["marks"] == [{"id": "inc-20261130-120000-gpu-02", "fault": "XID_79",
+                              "opened": T0.timestamp(), "closed": None}]  # fmt: skip
+    page = (await http.get("/ui/nodes/gpu-02")).text
+    assert "data-marks='[{" in page and "/ui/static/uplot-1.6.32.min.js" in page
     assert (await http.get("/ui/nodes/gpu-77")).status_code == 404
 
 
@@ -467,6 +476,34 @@ async def test_node_metrics_come_from_prometheus_query_range() -> None:
         ("DCGM_FI_DEV_GPU_UTIL", "0", [(100.0, 1.0), (130.0, 2.5)]),
         ("DCGM_FI_DEV_GPU_UTIL", "1", [(100.0, 1.0), (130.0, 2.5)]),
     ]
+    # One chart per metric, every GPU a series on the same times.
+    [util] = got.metrics
+    assert (util.metric, util.unit, util.times) == ("DCGM_FI_DEV_GPU_UTIL", "%", [100.0, 130.0])
+    assert [(s.gpu, s.values) for s in util.series] == [("0", [1.0, 2.5]), ("1", [1.0, 2.5])]
+
+
+async def test_a_chart_spans_the_range_asked_and_a_missing_value_is_a_gap() -> None:
+    asked: list[dict[str, str]] = []
+
+    def prom(request: httpx.Request) -> httpx.Response:
+        asked.append(dict(request.url.params))
+        if not request.url.params["query"].startswith("DCGM_FI_DEV_GPU_TEMP"):
+            return httpx.Response(200, json={"status": "success", "data": {"result": []}})
+        series = [
+            {"metric": {"gpu": "0"}, "values": [[100, "40"], [190, "41"]]},
+            {"metric": {"gpu": "1"}, "values": [[190, "60"]]},  # no sample at 100
+        ]
+        return httpx.Response(200, json={"status": "success", "data": {"result": series}})
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(prom)) as client:
+        got = await prometheus.node_metrics(client, "http://p", "gpu-01", now=90000, span="6h")
+    assert asked[0]["start"] == str(90000 - 6 * 3600) and asked[0]["step"] == "90"
+    assert (got.range, got.start, got.end) == ("6h", 90000.0 - 6 * 3600, 90000.0)
+    [temp] = got.metrics
+    assert temp.unit == "°C" and temp.times == [100.0, 190.0]
+    assert [(s.gpu, s.values) for s in temp.series] == [("0", [40.0, 41.0]), ("1", [None, 60.0])]
+    with pytest.raises(ValueError, match="range"):
+        await prometheus.node_metrics(client, "http://p", "gpu-01", span="7d")
 
     def down(request: httpx.Request) -> httpx.Response:
         raise httpx.ConnectError("connection refused")

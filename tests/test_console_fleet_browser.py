@@ -10,23 +10,31 @@ every read finds one node's job turned over, so each poll changes the page:
   the filters are in the URL and survive the page's polls, Clear brings every node back;
 - the keyboard: one Tab stop per group, the arrow keys move between cells and keep focus
   across polls;
-- four nodes still get readable tiles with their names.
+- four nodes still get readable tiles with their names;
+- a node's page draws one chart per metric with every GPU a series (from a stand-in
+  Prometheus answering `query_range`), and the range buttons ask for 1 h, 6 h or 24 h.
 
 Screenshots go to build/test-artifacts/console/ and, when AUTOCLUSTERS_SCREENSHOTS=docs,
-to docs/console-topology-fleet.png and docs/console-topology-filtered.png.
+to docs/console-topology-fleet.png, docs/console-topology-filtered.png and
+docs/console-node-charts.png.
 """
 
 from __future__ import annotations
 
+import json
+import math
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs, urlparse
 
 import httpx
 import pytest
@@ -63,11 +71,11 @@ def free_port() -> int:
         return port
 
 
-def serve(nodes: int) -> Iterator[str]:
+def serve(nodes: int, *extra: str) -> Iterator[str]:
     port = free_port()
     api = subprocess.Popen(
         [sys.executable, str(REPO / "bench" / "console.py"), "--serve", "--nodes", str(nodes),
-         "--port", str(port), "--read-ms", "0"],
+         "--port", str(port), "--read-ms", "0", *extra],
         cwd=REPO,
     )  # fmt: skip
     base = f"http://127.0.0.1:{port}"
@@ -257,3 +265,83 @@ def test_four_nodes_keep_readable_tiles(browser: Any) -> None:
         search = browser.find_element(By.ID, "search")
         search.send_keys("0003")
         WebDriverWait(browser, 5, 0.05).until(lambda d: len(shown(d)) == 1)
+
+
+class FakePrometheus(BaseHTTPRequestHandler):
+    """`query_range` for 8 GPUs: a wave per GPU over whatever range is asked."""
+
+    asked: list[dict[str, str]] = []
+
+    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        url = urlparse(self.path)
+        q = {k: v[0] for k, v in parse_qs(url.query).items()}
+        FakePrometheus.asked.append(q)
+        start, end, step = float(q["start"]), float(q["end"]), float(q["step"])
+        levels = {"DCGM_FI_DEV_GPU_UTIL": 80, "DCGM_FI_DEV_GPU_TEMP": 55,
+                  "DCGM_FI_DEV_POWER_USAGE": 550, "DCGM_FI_DEV_FB_USED": 60000}  # fmt: skip
+        base = levels[q["query"].split("{")[0]]
+        result = [
+            {"metric": {"gpu": str(g), "Hostname": "gpu-0021"},
+             "values": [[t, str(base + 10 * math.sin(t / 5400 + g / 2))]
+                        for t in range(int(start), int(end) + 1, int(step))]}
+            for g in range(8)
+        ]  # fmt: skip
+        body = json.dumps({"status": "success", "data": {"resultType": "matrix", "result": result}})
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.end_headers()
+        self.wfile.write(body.encode())
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def prometheus() -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), FakePrometheus)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
+
+
+CHARTS = """return Array.from(document.querySelectorAll('#charts figure.chart')).map((f) => [
+  f.dataset.metric, f.querySelectorAll('.u-legend .u-series').length - 1,
+  f.querySelectorAll('canvas').length]);"""
+
+
+def test_a_node_page_draws_one_chart_per_metric_with_every_gpu(
+    prometheus: str, browser: Any
+) -> None:
+    for base in serve(64, "--prometheus-url", prometheus):
+        browser.get(f"{base}/ui/nodes/gpu-0021")
+        WebDriverWait(browser, 30, 0.1).until(
+            lambda d: len(d.execute_script(CHARTS)) == 4, "the charts never drew"
+        )
+        charts = browser.execute_script(CHARTS)
+        want = ["DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_POWER_USAGE",
+                "DCGM_FI_DEV_FB_USED"]  # fmt: skip
+        assert [c[0] for c in charts] == want
+        assert all(c[1] == 8 and c[2] >= 1 for c in charts)  # 8 GPUs each, drawn
+        legend = browser.find_element(By.CSS_SELECTOR, "#charts figure .u-legend").text
+        assert "GPU 0" in legend and "GPU 7" in legend
+        axis = browser.find_element(
+            By.CSS_SELECTOR, '#charts figure[data-metric="DCGM_FI_DEV_GPU_TEMP"]'
+        )
+        assert "°C" in axis.text  # units on the value axis
+        marks = json.loads(browser.find_element(By.ID, "charts").get_attribute("data-marks"))
+        assert [m["id"] for m in marks] == ["inc-20261201-120000-gpu-0021"]
+        browser.find_element(By.CSS_SELECTOR, '#chart-range button[data-range="24h"]').click()
+        WebDriverWait(browser, 30, 0.1).until(
+            lambda d: d.find_element(By.ID, "charts").get_attribute("data-range") == "24h"
+        )
+        assert FakePrometheus.asked[-1]["step"] == str(24 * 3600 // 240)
+        assert (
+            float(FakePrometheus.asked[-1]["end"]) - float(FakePrometheus.asked[-1]["start"])
+            == 86400
+        )
+        screenshot(browser, "node-charts")

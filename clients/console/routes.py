@@ -166,6 +166,17 @@ class Console:
             "kubernetes": k8s,
             "kubernetes_configured": self.settings.kubeconfig is not None,
             "incidents": [i.model_dump(mode="json") for i in found or []],
+            # Where the charts mark the node's incidents (epoch s; closed None: still open).
+            "marks": [
+                {
+                    "id": i.incident_id,
+                    "fault": i.fault,
+                    "opened": i.started_at.timestamp(),
+                    "closed": i.closed_at.timestamp() if i.closed_at else None,
+                }
+                for i in found or []
+                if i.started_at
+            ],
             "prometheus_configured": bool(self.settings.prometheus_url),
             "read_at": snap.read_at.isoformat(),
             "errors": errors,
@@ -359,10 +370,19 @@ def router() -> APIRouter:
         data = await _console(request).node(node)
         return JSONResponse(data, status_code=200 if data["known"] else 404)
 
-    @r.get("/ui/api/nodes/{node}/metrics", summary="Console: a node's GPU metrics, last hour")
-    async def node_metrics(request: Request, node: str) -> prometheus.NodeMetrics:
+    @r.get(
+        "/ui/api/nodes/{node}/metrics",
+        summary="Console: a node's GPU metrics over ?range=1h|6h|24h (default 1h)",
+        response_model=prometheus.NodeMetrics,
+    )
+    async def node_metrics(request: Request, node: str, range: str = "1h") -> Response:
         c = _console(request)
-        return await prometheus.node_metrics(c.http, c.settings.prometheus_url, node)
+        try:
+            got = await prometheus.node_metrics(c.http, c.settings.prometheus_url, node, span=range)
+        except ValueError as e:
+            return JSONResponse({"error": "bad request", "detail": str(e)}, status_code=400)
+        # The per-GPU `charts` stay out: `metrics` holds the same values, one chart a metric.
+        return JSONResponse(got.model_dump(mode="json", exclude={"charts"}))
 
     @r.get("/ui/incidents", include_in_schema=False)
     async def incidents_page(request: Request) -> Response:

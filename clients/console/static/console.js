@@ -97,52 +97,87 @@
     },
   };
 
-  // --- small SVG line charts (no library: the console works air-gapped) ---------------
-  const SVG = "http://www.w3.org/2000/svg";
-  function svg(tag, attrs) {
-    const node = document.createElementNS(SVG, tag);
-    for (const [k, v] of Object.entries(attrs)) node.setAttribute(k, String(v));
-    return node;
+  // --- GPU charts: uPlot (vendored: static/uplot-1.6.32.min.js, MIT; no CDN) ----------
+  // One chart per metric, each GPU a series, UTC time axis, units on the value axis, and
+  // the node's incidents on the time axis (a line when opened, shaded while open).
+  const COLORS = ["#1565c0", "#c62828", "#2e7d32", "#ef6c00", "#6a1b9a", "#00838f", "#ad1457", "#5d4037"];
+  let chartRange = "1h";
+  function incidentMarks(marks) {
+    return {
+      hooks: {
+        draw: [(u) => {
+          const ctx = u.ctx, top = u.bbox.top, height = u.bbox.height;
+          const left = u.bbox.left, right = u.bbox.left + u.bbox.width;
+          ctx.save();
+          for (const m of marks) {
+            const x0 = u.valToPos(m.opened, "x", true);
+            const x1 = m.closed === null ? right : u.valToPos(m.closed, "x", true);
+            if (x1 < left || x0 > right) continue;
+            ctx.fillStyle = "rgba(198, 40, 40, 0.10)";
+            ctx.fillRect(Math.max(left, x0), top, Math.min(right, x1) - Math.max(left, x0), height);
+            ctx.strokeStyle = "#c62828";
+            ctx.lineWidth = 2;
+            if (x0 >= left) { ctx.beginPath(); ctx.moveTo(x0, top); ctx.lineTo(x0, top + height); ctx.stroke(); }
+            if (m.closed !== null && x1 <= right) {
+              ctx.strokeStyle = "#2e7d32";
+              ctx.beginPath(); ctx.moveTo(x1, top); ctx.lineTo(x1, top + height); ctx.stroke();
+            }
+            ctx.fillStyle = "#b71c1c";
+            ctx.font = (11 * devicePixelRatio) + "px system-ui, sans-serif";
+            ctx.fillText(m.fault, Math.max(left, x0) + 4, top + 12 * devicePixelRatio);
+          }
+          ctx.restore();
+        }],
+      },
+    };
   }
-  function chart(c) {
-    const w = 240, h = 90, pad = 4;
-    const vals = c.points.map((p) => p[1]);
-    const box = el("figure", { class: "chart", "data-metric": c.metric, "data-gpu": c.gpu });
-    const last = vals.length ? vals[vals.length - 1] : null;
-    box.appendChild(el("figcaption", {}, c.title + " · GPU " + c.gpu + (last === null ? "" : " · " + last.toFixed(1) + " " + c.unit)));
-    const root = svg("svg", { viewBox: `0 0 ${w} ${h}`, width: w, height: h, role: "img" });
-    root.appendChild(svg("rect", { x: 0, y: 0, width: w, height: h, class: "chart-bg" }));
-    if (vals.length === 1) {
-      root.appendChild(svg("circle", { cx: w - pad - 2, cy: h / 2, r: 3, class: "chart-dot" }));
-    } else if (vals.length > 1) {
-      const t0 = c.points[0][0], t1 = c.points[c.points.length - 1][0];
-      let lo = Math.min(...vals), hi = Math.max(...vals);
-      if (hi === lo) { hi += 1; lo -= 1; }
-      const x = (t) => pad + ((t - t0) / Math.max(1, t1 - t0)) * (w - 2 * pad);
-      const y = (v) => h - pad - ((v - lo) / (hi - lo)) * (h - 2 * pad);
-      const path = c.points.map((p, i) => (i ? "L" : "M") + x(p[0]).toFixed(1) + " " + y(p[1]).toFixed(1)).join(" ");
-      root.appendChild(svg("path", { d: path, class: "chart-line" }));
-      const lbl = svg("text", { x: w - pad, y: 12, "text-anchor": "end", class: "chart-scale" });
-      lbl.textContent = "max " + hi.toFixed(0) + " · min " + lo.toFixed(0);
-      root.appendChild(lbl);
-    }
-    box.appendChild(root);
+  function metricChart(m, marks, start, end, width) {
+    const box = el("figure", { class: "chart", "data-metric": m.metric, "data-series": m.series.length });
+    box.appendChild(el("figcaption", {}, m.title + " (" + m.unit + ")"));
+    const fmt = (v) => (v === null || v === undefined ? "–" : v.toFixed(1) + " " + m.unit);
+    const opts = {
+      width: width, height: 200,
+      tzDate: (ts) => uPlot.tzDate(new Date(ts * 1e3), "Etc/UTC"),
+      scales: { x: { time: true, range: () => [start, end] } },
+      series: [{ label: "time (UTC)" }].concat(m.series.map((s, i) => ({
+        label: "GPU " + s.gpu, stroke: COLORS[i % COLORS.length], width: 1.5, value: (u, v) => fmt(v),
+      }))),
+      axes: [{}, { size: 84, values: (u, vals) => vals.map((v) => v.toLocaleString("en") + " " + m.unit) }],
+      plugins: [incidentMarks(marks)],
+    };
+    new uPlot(opts, [m.times].concat(m.series.map((s) => s.values)), box);
     return box;
   }
   async function refreshCharts() {
     const holder = document.getElementById("charts");
     if (!holder) return;
     try {
-      const r = await fetch(holder.dataset.metrics, { credentials: "same-origin" });
+      const r = await fetch(holder.dataset.metrics + "?range=" + enc(chartRange), { credentials: "same-origin" });
       if (r.status === 401) { location.assign("/ui/login?next=" + enc(location.pathname)); return; }
       const m = await r.json();
+      const marks = JSON.parse(holder.dataset.marks || "[]");
       if (!m.configured) holder.replaceChildren(el("p", { class: "dim" }, "no Prometheus configured (set prometheus_url)"));
       else if (m.error) holder.replaceChildren(el("p", { class: "dim" }, m.error));
-      else if (!m.charts.length) holder.replaceChildren(el("p", { class: "dim" }, "Prometheus has no GPU series for this node in the last hour"));
-      else holder.replaceChildren(...m.charts.map(chart));
+      else if (!m.metrics.length) holder.replaceChildren(el("p", { class: "dim" }, "Prometheus has no GPU series for this node in the last " + chartRange));
+      else if (typeof uPlot === "undefined") holder.replaceChildren(el("p", { class: "dim" }, "the chart library did not load"));
+      else {
+        const width = Math.max(320, Math.min(640, Math.floor((holder.clientWidth || 1200) / 2) - 24));
+        holder.replaceChildren(...m.metrics.map((c) => metricChart(c, marks, m.start, m.end, width)));
+      }
+      holder.dataset.range = m.range || chartRange;
     } catch (e) {
       holder.replaceChildren(el("p", { class: "dim" }, "metrics: " + e));
     }
+  }
+  const ranges = document.getElementById("chart-range");
+  if (ranges) {
+    ranges.addEventListener("click", (e) => {
+      const b = e.target.closest("button[data-range]");
+      if (!b) return;
+      chartRange = b.dataset.range;
+      for (const o of ranges.querySelectorAll("button")) o.setAttribute("aria-pressed", String(o === b));
+      refreshCharts();
+    });
   }
 
   // How old the data is: the answer's Age header (the API reads the cluster once for
