@@ -86,7 +86,8 @@ def serve(nodes: int, port: int, read_s: float, churn: bool, prometheus_url: str
         settings, client_factory=no_temporal, inventory=StaticInventory(settings.api_nodes)
     )
     console: Console = app.state.console
-    console.source = FleetSource(nodes, read_s=read_s, churn=churn)
+    console.source = source = FleetSource(nodes, read_s=read_s, churn=churn)
+    source.add_history()  # ten days of closed incidents: the fleet page's figures
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
 
 

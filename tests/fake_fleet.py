@@ -91,6 +91,16 @@ def incident(node: str, fault: str, step: str, waiting: Waiting | None) -> Incid
     return IncidentState(request=req, current_step=step, waiting_for=waiting, steps=steps)
 
 
+def timeline(opened: datetime, plan: list[tuple[str, float, str]]) -> list[StepRecord]:
+    """Steps one after the other from `opened`: (name, seconds, outcome) each."""
+    steps, at = [], opened
+    for name, seconds, outcome in plan:
+        done = at + timedelta(seconds=seconds)
+        steps.append(StepRecord(name=name, started_at=at, finished_at=done, outcome=outcome))  # type: ignore[arg-type]
+        at = done
+    return steps
+
+
 class FleetSource:
     """The console's source for a made-up fleet of `nodes` nodes (see the module's doc)."""
 
@@ -108,6 +118,7 @@ class FleetSource:
         self.sets: dict[str, list[str]] = {"training": [], "inference": [], "spares": []}
         self.slurm: dict[str, dict[str, Any]] = {}
         self.open: dict[str, IncidentState] = {}
+        self.closed: list[IncidentState] = []  # add_history()
         last_pod = placement(nodes - 1)[0]
         for i, name in enumerate(self.names):
             pod, leaf = placement(i)
@@ -232,7 +243,43 @@ class FleetSource:
         raise IncidentNotFound(f"no incident {incident_id}")
 
     async def recent_states(self, limit: int) -> list[IncidentState]:
-        return list(self.open.values())[:limit]
+        return [*self.open.values(), *self.closed][:limit]
+
+    def add_history(self, days: int = 10, per_day: int = 6, now: datetime | None = None) -> None:
+        """Closed incidents over the last `days` (the fleet page's figures): each drained,
+        requeued its jobs, repaired on a rung, gated (most pass) and returned or replaced
+        by a spare."""
+        rng = random.Random(7)
+        end = now or datetime.now(UTC)
+        rungs = {"reboot": (240, 0.9), "reset": (600, 0.8), "replace": (1800, 0.95)}
+        for d in range(days):
+            for k in range(rng.randint(per_day // 2, per_day * 3 // 2)):
+                node = self.names[rng.randrange(len(self.names))]
+                fault = FAULTS[rng.randrange(len(FAULTS))]
+                rung = list(rungs)[rng.randrange(3)]
+                took, pass_rate = rungs[rung]
+                opened = end - timedelta(days=d, hours=rng.uniform(0.5, 23))
+                req = IncidentRequest(
+                    incident_id=f"inc-{opened:%Y%m%d-%H%M%S}-{node}-{k}", cluster="c1",
+                    node=node, fault=fault, opened_at=opened, opened_by="agent",
+                )  # fmt: skip
+                passed = rng.random() < pass_rate
+                spare = rung == "replace" and rng.random() < 0.5
+                plan = [("guard_register", 0.2, "ok"), ("drain", 1.5, "ok"),
+                        ("requeue", rng.uniform(1, 6), "ok")]  # fmt: skip
+                if spare:
+                    plan.append(("take_spare", rng.uniform(20, 60), "ok"))
+                plan.append(("repair", took * rng.uniform(0.7, 1.5), "ok"))
+                plan.append(("health_gate", rng.uniform(30, 90), "ok" if passed else "failed"))
+                if passed:
+                    plan.append(("return_to_service", 2, "ok"))
+                steps = timeline(opened, plan)
+                self.closed.append(IncidentState(
+                    request=req, status="resolved" if passed else "failed", rung=rung,
+                    steps=steps, requeued_jobs=[rng.randint(100, 999)],
+                    spare_node=self.sets["spares"][0] if spare and self.sets["spares"] else None,
+                    closed_at=steps[-1].finished_at,
+                ))  # fmt: skip
 
     async def kubernetes_node(self, node: str) -> dict[str, str] | None:
         return None

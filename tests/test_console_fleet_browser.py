@@ -11,12 +11,13 @@ every read finds one node's job turned over, so each poll changes the page:
 - the keyboard: one Tab stop per group, the arrow keys move between cells and keep focus
   across polls;
 - four nodes still get readable tiles with their names;
+- the fleet page charts incidents per day by fault and lists recovery times and gates;
 - a node's page draws one chart per metric with every GPU a series (from a stand-in
   Prometheus answering `query_range`), and the range buttons ask for 1 h, 6 h or 24 h.
 
 Screenshots go to build/test-artifacts/console/ and, when AUTOCLUSTERS_SCREENSHOTS=docs,
 to docs/console-topology-fleet.png, docs/console-topology-filtered.png and
-docs/console-node-charts.png.
+docs/console-node-charts.png and docs/console-fleet.png.
 """
 
 from __future__ import annotations
@@ -345,3 +346,24 @@ def test_a_node_page_draws_one_chart_per_metric_with_every_gpu(
             == 86400
         )
         screenshot(browser, "node-charts")
+
+
+def test_the_fleet_page_charts_incidents_per_day_and_recovery(fleet_url: str, browser: Any) -> None:
+    browser.get(f"{fleet_url}/ui/fleet")
+    WebDriverWait(browser, 30, 0.1).until(
+        lambda d: d.find_elements(By.CSS_SELECTOR, "#fleet-per-day canvas"), "no chart drawn"
+    )
+    legend = browser.find_element(By.CSS_SELECTOR, "#fleet-per-day .u-legend").text
+    week = httpx.get(f"{fleet_url}/ui/api/fleet").json()
+    assert all(f in legend for f in week["faults"])
+    rows = browser.find_elements(By.CSS_SELECTOR, "#fleet-recovery tbody tr[data-fault]")
+    assert len(rows) == len(week["recovery"]) > 0
+    assert browser.find_element(By.ID, "kpi-incidents").text == str(week["incidents"])
+    gates = browser.find_elements(By.CSS_SELECTOR, "#fleet-gates meter")
+    assert len(gates) == len(week["gates"]) > 0
+    screenshot(browser, "fleet")
+    browser.find_element(By.LINK_TEXT, "30 days").click()
+    WebDriverWait(browser, 30).until(lambda d: d.current_url.endswith("/ui/fleet?range=30d"))
+    month = httpx.get(f"{fleet_url}/ui/api/fleet?range=30d").json()
+    assert browser.find_element(By.ID, "kpi-incidents").text == str(month["incidents"])
+    assert month["incidents"] >= week["incidents"]

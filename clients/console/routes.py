@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -25,7 +26,7 @@ from starlette.templating import Jinja2Templates
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from autoclusters.clients.clusters import ui_link
-from autoclusters.clients.console import prometheus, topology, views
+from autoclusters.clients.console import fleet, prometheus, topology, views
 from autoclusters.clients.console.cluster_read import ClusterRead, read_cluster
 from autoclusters.clients.console.session import COOKIE, COOKIE_PATH, NotLoggedIn, Sessions
 from autoclusters.clients.console.shared_read import ReadUnavailable, SharedRead, Snapshot
@@ -44,6 +45,7 @@ POLL_MS = 2000
 MAX_AGE_S = 10.0
 IDLE_S = 10.0  # no request for this long: the shared read stops
 TOPOLOGY_POLL = "/ui/api/topology"
+FLEET_INCIDENTS = 2000  # the fleet page reads at most this many recent incidents
 GZIP_ABOVE = 2048  # bytes: smaller answers go as they are
 SECURITY_HEADERS = {
     # No inline script, nothing from elsewhere: the console works air-gapped and an
@@ -217,6 +219,29 @@ class Console:
         if slack.base_url == SLACK_API_URL:  # real Slack: its permalink form
             return f"https://slack.com/archives/{rec.channel}/p{rec.ts.replace('.', '')}", None
         return None, f"channel {rec.channel}, thread {rec.ts}"
+
+    async def fleet(self, span: str) -> fleet.FleetView:
+        """The fleet page's figures over `span` (1d, 7d, 30d); ValueError for another."""
+        if span not in fleet.RANGES:
+            raise ValueError(f"range: one of {', '.join(fleet.RANGES)}, not {span!r}")
+        errors: list[str] = []
+        snap, states = await asyncio.gather(
+            self.cluster_read(),
+            self._try("incidents", self.source.recent_states(FLEET_INCIDENTS), errors),
+        )
+        tiles = [t for p in snap.value.view.pods for lf in p.leaves for g in lf.groups
+                 for t in g.tiles]  # fmt: skip
+        gpus = Counter(t.gpus for t in tiles if t.gpus).most_common(1)
+        if states is not None and len(states) >= FLEET_INCIDENTS:
+            errors.append(f"only the latest {FLEET_INCIDENTS} incidents are counted")
+        return fleet.figures(
+            states or [],
+            span=span,
+            now=self.now(),
+            nodes=len(tiles),
+            gpus_per_node=gpus[0][0] if gpus else 8,
+            errors=[*snap.value.view.errors, *errors],
+        )
 
     async def notifications(self) -> views.NotificationsPage:
         errors: list[str] = []
@@ -410,6 +435,26 @@ def router() -> APIRouter:
             view = await _console(request).incident(incident_id)
         except IncidentNotFound as e:
             return JSONResponse({"error": "not found", "detail": str(e)}, status_code=404)
+        return JSONResponse(view.model_dump(mode="json"))
+
+    @r.get("/ui/fleet", include_in_schema=False)
+    async def fleet_page(request: Request, range: str = "7d") -> Response:
+        try:
+            view = await _console(request).fleet(range)
+        except ValueError as e:
+            return _page(request, "bad_request.html", 400, what=str(e))
+        return _page(request, "fleet.html", view=view, errors=view.errors)
+
+    @r.get(
+        "/ui/api/fleet",
+        summary="Console: the fleet's figures over ?range=1d|7d|30d (default 7d)",
+        response_model=fleet.FleetView,
+    )
+    async def fleet_json(request: Request, range: str = "7d") -> Response:
+        try:
+            view = await _console(request).fleet(range)
+        except ValueError as e:
+            return JSONResponse({"error": "bad request", "detail": str(e)}, status_code=400)
         return JSONResponse(view.model_dump(mode="json"))
 
     @r.get("/ui/notifications", include_in_schema=False)

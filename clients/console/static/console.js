@@ -169,6 +169,34 @@
       holder.replaceChildren(el("p", { class: "dim" }, "metrics: " + e));
     }
   }
+  // The fleet page: incidents per day, a bar per fault stacked on the others (each bar is
+  // drawn at its running total, the tallest first, so the lower ones sit on top of it).
+  function fleetChart() {
+    const box = document.getElementById("fleet-per-day");
+    if (!box) return;
+    if (typeof uPlot === "undefined") { box.classList.add("no-chart"); return; }
+    const days = JSON.parse(box.dataset.days), perDay = JSON.parse(box.dataset.perDay);
+    const faults = Object.keys(perDay);
+    const xs = days.map((d) => Date.parse(d + "T12:00:00Z") / 1000);
+    const totals = days.map(() => 0);
+    const stacked = faults.map((f) => perDay[f].map((n, i) => (totals[i] += n)));
+    const order = faults.map((f, i) => i).reverse();
+    const bars = uPlot.paths.bars({ size: [0.7, 60] });
+    const opts = {
+      width: Math.min(1080, Math.max(480, box.clientWidth - 16)), height: 240,
+      tzDate: (ts) => uPlot.tzDate(new Date(ts * 1e3), "Etc/UTC"),
+      scales: { x: { time: true, range: () => [xs[0] - 43200, xs[xs.length - 1] + 43200] }, y: { range: (u, lo, hi) => [0, Math.max(1, hi)] } },
+      series: [{ label: "day" }].concat(order.map((i) => ({
+        label: faults[i], fill: COLORS[i % COLORS.length], stroke: COLORS[i % COLORS.length], paths: bars, points: { show: false },
+        value: (u, v, si, di) => (di === null || di === undefined ? "–" : String(perDay[faults[i]][di])),
+      }))),
+      axes: [{}, { label: "incidents", size: 50, values: (u, vals) => vals.map((v) => (Number.isInteger(v) ? String(v) : "")) }],
+    };
+    if (!faults.length) { box.classList.add("no-chart"); return; }
+    new uPlot(opts, [xs].concat(order.map((i) => stacked[i])), box);
+  }
+  fleetChart();
+
   const ranges = document.getElementById("chart-range");
   if (ranges) {
     ranges.addEventListener("click", (e) => {
