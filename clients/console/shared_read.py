@@ -86,7 +86,9 @@ class SharedRead(Generic[T]):
     async def get(self) -> Snapshot[T]:
         """The last read, aged; starts the reading loop if nobody was looking."""
         self._asked = self._clock()
-        if self._loop is None or self._loop.done():
+        running = asyncio.get_running_loop()
+        # A loop task of another event loop (a test client's, since closed) never runs again.
+        if self._loop is None or self._loop.done() or self._loop.get_loop() is not running:
             self._first = asyncio.Event()
             self._loop = asyncio.create_task(self._run(), name="console-shared-read")
         if self._snap is None:
