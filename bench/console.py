@@ -59,7 +59,15 @@ def free_port() -> int:
 # --- the API, in its own process ---------------------------------------------------------
 
 
-def serve(nodes: int, port: int, read_s: float, churn: bool, prometheus_url: str | None) -> None:
+def serve(
+    nodes: int,
+    port: int,
+    read_s: float,
+    churn: bool,
+    prometheus_url: str | None,
+    max_age_s: float | None = None,
+    hang_after: int | None = None,
+) -> None:
     import uvicorn
 
     from autoclusters.clients.console.routes import Console
@@ -88,6 +96,18 @@ def serve(nodes: int, port: int, read_s: float, churn: bool, prometheus_url: str
     console: Console = app.state.console
     console.source = source = FleetSource(nodes, read_s=read_s, churn=churn)
     source.add_history()  # ten days of closed incidents: the fleet page's figures
+    if max_age_s is not None:  # tests: a shorter age bound
+        console.shared.max_age_s = console.shared.timeout_s = max_age_s
+        console.shared.fresh_s = min(console.shared.fresh_s, max_age_s)
+    if hang_after is not None:  # tests: Slurm stops answering after that many reads
+        read = source.slurm_nodes
+
+        async def hangs() -> Any:
+            if source.reads >= hang_after:
+                await asyncio.Event().wait()
+            return await read()
+
+        source.slurm_nodes = hangs  # type: ignore[method-assign]
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
 
 
@@ -275,11 +295,14 @@ def main() -> None:
     p.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--prometheus-url", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--max-age-s", type=float, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--hang-after", type=int, default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.nodes < 1:
         p.error("--nodes: at least 1")
     if args.serve:
-        serve(args.nodes, args.port, args.read_ms / 1000, not args.static, args.prometheus_url)
+        serve(args.nodes, args.port, args.read_ms / 1000, not args.static, args.prometheus_url,
+              args.max_age_s, args.hang_after)  # fmt: skip
         return
     if args.loads < 5:
         p.error("--loads: at least 5 (a p95 of fewer says little)")

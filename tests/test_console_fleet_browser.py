@@ -11,6 +11,8 @@ every read finds one node's job turned over, so each poll changes the page:
 - the keyboard: one Tab stop per group, the arrow keys move between cells and keep focus
   across polls;
 - four nodes still get readable tiles with their names;
+- a page whose data ages past the bound (Slurm stops answering) says it is stale and
+  keeps showing the last data;
 - the fleet page charts incidents per day by fault and lists recovery times and gates;
 - a node's page draws one chart per metric with every GPU a series (from a stand-in
   Prometheus answering `query_range`), and the range buttons ask for 1 h, 6 h or 24 h.
@@ -367,3 +369,17 @@ def test_the_fleet_page_charts_incidents_per_day_and_recovery(fleet_url: str, br
     month = httpx.get(f"{fleet_url}/ui/api/fleet?range=30d").json()
     assert browser.find_element(By.ID, "kpi-incidents").text == str(month["incidents"])
     assert month["incidents"] >= week["incidents"]
+
+
+def test_a_page_whose_data_ages_past_the_bound_says_so_and_keeps_it(browser: Any) -> None:
+    # Slurm stops answering after two reads; the age bound is 2 s.
+    for base in serve(64, "--max-age-s", "2", "--hang-after", "2"):
+        open_topology(browser, f"{base}/ui/topology")
+        WebDriverWait(browser, 30, 0.2).until(
+            lambda d: "stale" in (d.find_element(By.ID, "data-age").get_attribute("class") or ""),
+            "the page never said stale",
+        )
+        assert "stale" in browser.find_element(By.ID, "data-age").text
+        errors = browser.find_element(By.ID, "errors").text
+        assert "stale: the data is" in errors and "longer than 2 s" in errors
+        assert len(shown(browser)) == 64  # the last data, still there
