@@ -2,12 +2,15 @@
 called by clients/server.py; the console imports nothing of the API).
 
 Topology (nodes by IB pod, leaf and node set, coloured by state, with the fleet guard and
-its breaker), a node's Slurm/Kubernetes state, incidents and GPU charts, every incident's
-timeline, and the feed of notifications sent. Pages are Jinja2 (autoescaped) and poll a
+its breaker; one small cell per node at fleet scale, with search and filters), a node's
+Slurm/Kubernetes state, incidents and GPU charts, the fleet's figures over days, every
+incident's timeline, and the feed of notifications sent. Pages are Jinja2 (autoescaped) and poll a
 JSON twin every few seconds; assets live in the package (no CDN: air-gapped clusters).
 
 Modules: session.py (login, signed cookie), sources.py (Temporal, Slurm, Kubernetes),
-topology.py and views.py (what a page shows), prometheus.py (GPU series), routes.py.
+cluster_read.py and shared_read.py (one read of the cluster for every viewer, with a
+bounded age), topology.py, fleet.py and views.py (what a page shows), prometheus.py (GPU
+series), routes.py. Static: console.js, topology.js, console.css and uPlot (vendored).
 """
 
 from __future__ import annotations
