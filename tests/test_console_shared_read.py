@@ -352,3 +352,22 @@ async def test_a_page_whose_data_is_past_the_bound_says_it_is_stale() -> None:
 async def _fresh_page(c: httpx.AsyncClient) -> bool:
     page = await c.get("/ui/topology")
     return 'class="age"' in page.text and "stale:" not in page.text
+
+
+async def test_no_read_at_all_in_time_is_unknown_not_an_empty_cluster() -> None:
+    app, source = fleet_app(100, fresh_s=0.2, max_age_s=0.3)
+    transport = httpx.ASGITransport(app=app, client=("10.0.0.9", 40000))
+
+    async def hangs() -> Any:
+        await asyncio.Event().wait()
+
+    source.slurm_nodes = hangs  # type: ignore[method-assign]
+    async with httpx.AsyncClient(transport=transport, base_url="http://c.test", headers=AUTH) as c:
+        asked = time.monotonic()
+        page = await c.get("/ui/topology")
+        assert time.monotonic() - asked < 2.0  # bounded: the first viewer is not held
+        assert "Nodes unknown: the cluster could not be read" in page.text
+        assert "no answer within 0.3 s" in page.text or "longer than 0.3 s" in page.text
+        poll = await c.get("/ui/api/topology")
+        assert poll.json()["pods"] == [] and poll.json()["errors"] and "etag" not in poll.headers
+    await app.state.console.shared.aclose()

@@ -285,6 +285,8 @@ def _accepts_gzip(request: Request) -> bool:
 def _staleness(snap: Snapshot[Any]) -> list[str]:
     """What a page says about how old its data is, when that matters."""
     why = f" ({snap.last_error})" if snap.last_error else ""
+    if not snap.seq:  # no read at all: the view's errors say why
+        return []
     if snap.stale:
         return [f"stale: the data is {snap.age_s:.0f} s old{why}"]
     return [f"the last read failed, showing the one before{why}"] if snap.last_error else []
