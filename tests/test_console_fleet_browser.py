@@ -180,7 +180,7 @@ def test_search_finds_a_node_and_enter_opens_it(fleet_url: str, browser: Any) ->
     assert focused.get_attribute("data-node") == "gpu-0042"
     detail = browser.find_element(By.ID, "cell-detail")
     assert detail.is_displayed() and "gpu-0042" in detail.text and "8 GPU" in detail.text
-    assert "leaf leaf-002" in detail.text  # where it sits
+    assert "leaf leaf-002" in detail.text  # where it sits (the details say "leaf")
     focused.send_keys(Keys.ENTER)
     WebDriverWait(browser, 10).until(lambda d: d.current_url.endswith("/ui/nodes/gpu-0042"))
     # A search a reload keeps: the filters live in the URL.

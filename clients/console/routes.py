@@ -66,6 +66,11 @@ def when(t: datetime | str | None) -> str:
     return str(t).replace("T", " ")[:19] if t else ""
 
 
+def place(name: str, kind: str) -> str:
+    """A pod's or leaf's heading: "pod a", but "pod-1" rather than "pod pod-1"."""
+    return name if name.lower().startswith(kind) else f"{kind} {name}"
+
+
 def templates() -> Jinja2Templates:
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(HERE / "templates"),
@@ -73,6 +78,7 @@ def templates() -> Jinja2Templates:
         undefined=jinja2.StrictUndefined,
     )
     env.filters["when"] = when
+    env.filters["place"] = place
     return Jinja2Templates(env=env)
 
 

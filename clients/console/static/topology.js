@@ -102,8 +102,9 @@ window.AutoclustersTopology = (function () {
     dense = d.dense;
     topo.dataset.dense = dense ? "true" : "false";
     topo.className = "topology " + (dense ? "dense" : "roomy");
-    const pods = d.pods.map((p) => el("div", { class: "pod", "data-pod": p.name }, el("h2", {}, "pod " + p.name + " ", el("span", { class: "gcount" })),
-      ...p.leaves.map((lf) => el("div", { class: "leaf", "data-leaf": lf.name }, el("h3", {}, "leaf " + lf.name + " ", el("span", { class: "gcount" })),
+    const place = (name, kind) => (name.toLowerCase().startsWith(kind) ? name : kind + " " + name);
+    const pods = d.pods.map((p) => el("div", { class: "pod", "data-pod": p.name }, el("h2", {}, place(p.name, "pod") + " ", el("span", { class: "gcount" })),
+      ...p.leaves.map((lf) => el("div", { class: "leaf", "data-leaf": lf.name }, el("h3", {}, place(lf.name, "leaf") + " ", el("span", { class: "gcount" })),
         ...lf.groups.map((g) => el("div", { class: "group", "data-group": g.name }, el("h4", {}, g.name + " ", el("span", { class: "gcount" })),
           el("div", { class: "tiles" }, ...g.tiles.map(cell))))))));
     const none = (d.errors || []).length ? "Nodes unknown: the cluster could not be read (see above)."
