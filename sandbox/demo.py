@@ -173,8 +173,9 @@ async def _demo(
         job = await _job(slurm, job_id)
         if not (job and job.job_state == "RUNNING" and first_progress_after_restart(log, 0)):
             return None
-        # In-job mode: both training nodes stepping (the standby logs nothing until needed).
-        return job if kind != "in-job" or len(_training_nodes(log)) >= 2 else None
+        # In-job mode: both training nodes a few steps in (the standby logs nothing until
+        # it is needed).
+        return job if kind != "in-job" or len(_training_nodes(log, from_step=3)) >= 2 else None
 
     # torchrun on two nodes: its first step comes after torch loads on four processes and
     # they meet; on a busy 2-core machine (the test suite beside it) that took over 60 s.
@@ -395,8 +396,9 @@ async def incident_since(
     )
 
 
-def _training_nodes(log: Path) -> set[str]:
-    return {p.node for p in progress_lines(log) if p.restart == 0 and p.elastic == 0}
+def _training_nodes(log: Path, from_step: int = 1) -> set[str]:
+    lines = progress_lines(log)
+    return {p.node for p in lines if p.restart == 0 and p.elastic == 0 and p.step >= from_step}
 
 
 async def _restarted_job(slurm: SlurmCli, job_id: int, log: Path) -> tuple[SlurmJob, float] | None:
