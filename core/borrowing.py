@@ -16,7 +16,8 @@ same decision from the same figures:
 - a borrow is given back when the repaired node is in service again (the next evaluation,
   so within one interval), when inference breaches its SLO for `sustain` evaluations
   (inference first: the job narrows again), or after `borrow_max_s`; an incident on the
-  borrowed node ends the borrow (the node is the runbook's);
+  borrowed node ends the borrow (the node is the runbook's); the borrowed node not
+  answering with no incident's drain on it is unknown: nothing moves until it answers;
 - one borrow per incident, whatever became of it: a retried evaluation never borrows twice.
 """
 
@@ -130,16 +131,22 @@ def decide_borrow(
     if not policy.enabled:
         return BorrowVerdict(action=None, why="sharing is disabled by policy")
     by_name = {n.name: n for n in demand.nodes}
+    unsure: BorrowVerdict | None = None
     for b in borrows:
         if b.status != "lent":
             continue
         mine = by_name.get(b.node)
+        if mine is not None and mine.in_incident and mine.incident_id is None:
+            # Not answering, with no incident's drain on it (slurmd restarting while the
+            # cluster reconfigures): unknown, neither taken nor safe to move. Look again.
+            unsure = BorrowVerdict(action=None, node=b.node, why=f"{b.node} not answering")
+            continue
         if mine is not None and mine.in_incident:
             return BorrowVerdict(
                 action="taken",
                 node=b.node,
                 for_node=b.for_node,
-                why=f"incident {mine.incident_id or '?'} took {b.node}: the runbook's now",
+                why=f"incident {mine.incident_id} took {b.node}: the runbook's now",
             )
         back = _back_in_service(b.for_node, demand)
         if back:
@@ -151,6 +158,8 @@ def decide_borrow(
         else:
             continue
         return BorrowVerdict(action="give_back", node=b.node, for_node=b.for_node, why=why)
+    if unsure is not None:
+        return unsure
     if not policy.borrow_from_inference:
         return BorrowVerdict(action=None, why="borrow_from_inference is off")
     for name in sorted(lost):

@@ -260,6 +260,13 @@ def test_an_incident_on_the_borrowed_node_ends_the_borrow() -> None:
     )
     v = decide(hurt, lost_after(), borrows=[borrow()])
     assert (v.action, v.node) == ("taken", "gpu-03") and "inc-5" in v.why
+    # Not answering with no incident's drain (slurmd restarting as the cluster
+    # reconfigures, seen in the sandbox while the repaired node registered): unknown, so
+    # neither taken nor given back, even with the repaired node back.
+    silent = NodeShare(name="gpu-03", pool=T, in_incident=True)
+    back = demand(node("gpu-01", T), node("gpu-02", T), silent, node("gpu-04", INF, pods=2))
+    v = decide(back, {}, borrows=[borrow()])
+    assert v.action is None and "not answering" in v.why
 
 
 def test_the_policy_fields_are_validated_with_the_field_named(tmp_path: Path) -> None:
