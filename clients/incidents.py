@@ -22,6 +22,7 @@ from temporalio.common import (
 )
 from temporalio.service import RPCError, RPCStatusCode
 
+from autoclusters.clients.incident_history import ladder_at_open
 from autoclusters.clients.inventory import NodeInventory, SlurmInventory
 from autoclusters.core.fault_evidence import FaultCleared, FaultEvidence
 from autoclusters.core.faults import INCIDENT_ID_PATTERN, check_known_fault
@@ -102,6 +103,9 @@ async def open_incident(
     """
     policy = policy or policy_for(settings)
     check_known_fault(fault, policy.faults)  # before anything is asked or started
+    # The ladder's figures from the cluster's history, when the policy skips rungs (a policy
+    # that does not reads nothing; a slow or failed read opens with the plain ladder).
+    policy = await ladder_at_open(client).policy_for_open(settings.cluster, policy)
     opened_at = datetime.now(UTC)
     token = uuid.uuid4().hex
     req = IncidentRequest(
