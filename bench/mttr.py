@@ -38,6 +38,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from autoclusters.activities.job_markers import ACTIVE  # noqa: E402
 from autoclusters.clients import incidents
 from autoclusters.core import hostlist  # noqa: E402
 from autoclusters.core.models import IncidentState, SlurmJob  # noqa: E402
@@ -286,7 +287,8 @@ async def _reformed(log: Path, fault_at: float) -> Any:
 async def _gone(slurm: SlurmCli, job_id: int) -> None:
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
-        if not any(j.job_id == job_id for j in await slurm.jobs()):
+        # squeue --json lists ended jobs too, for MinJobAge: gone is no longer active.
+        if not any(j.job_id == job_id and j.job_state in ACTIVE for j in await slurm.jobs()):
             return
         await asyncio.sleep(0.5)
     raise RuntimeError(f"job {job_id} did not leave the queue")
