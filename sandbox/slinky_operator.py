@@ -123,7 +123,6 @@ class SlinkyOperator:
         nodesets = _items(
             self._crs.list_cluster_custom_object, pods.GROUP, pods.VERSION, pods.NODESETS
         )
-        nodes = {n["metadata"]["name"]: n for n in _items(self._core.list_node)}
         every_pod = _items(self._core.list_pod_for_all_namespaces)
         if self._workloads is not None:
             objects = {
@@ -134,11 +133,16 @@ class SlinkyOperator:
             report.workloads = self._workloads.reconcile(
                 {**objects, "NodeSet": nodesets}, every_pod
             )
-            every_pod = _items(self._core.list_pod_for_all_namespaces)
         if self._kubelet is not None:
             # Before Slurm is read: the kubelet is what starts slurmctld.
             report.kubelet = await asyncio.to_thread(self._kubelet.sync_once)
         view = await SlurmView.read(self._slurm)
+        # The Nodes (and pods) after Slurm: a Node uncordoned and then its Slurm node resumed
+        # (the runbook's return to service) is never seen cordoned beside the resumed node,
+        # which would drain it again. Read before Slurm, across the kubelet's pass (seconds
+        # when slurmctld restarts), the Node could be that stale.
+        nodes = {n["metadata"]["name"]: n for n in _items(self._core.list_node)}
+        every_pod = _items(self._core.list_pod_for_all_namespaces)
         owned = {_key(p): p for ns in nodesets for p in every_pod if pods.owned_by(p, ns)}
         self._note_vanished(owned, nodes)
         await self._pay_owed_downs(view, report)
