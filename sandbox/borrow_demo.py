@@ -43,6 +43,7 @@ from autoclusters.sandbox.cluster import sandbox_policy
 from autoclusters.sandbox.config import SandboxConfig
 from autoclusters.sandbox.demo import DemoError, incident_since, wait_for
 from autoclusters.sandbox.hardware import Hardware, HardwareFault
+from autoclusters.sandbox.joblog import progress_lines
 from autoclusters.sandbox.load import Load
 from autoclusters.sandbox.share_demo import (
     CALM_RPS,
@@ -106,6 +107,10 @@ class BorrowSummary(BaseModel):
     job_nodes_during: list[str]
     job_nodes_after: list[str]
     training_restarts: int
+    # Steps the job logged on the borrowed node, and the steps it did twice after the
+    # give-back (its last step before it against the checkpoint it resumed from).
+    steps_on_borrowed_node: int
+    steps_redone_at_give_back: int | None
     moves: list[dict[str, object]]
     requests: int
     request_errors: int
@@ -230,6 +235,13 @@ async def _borrow(cfg: SandboxConfig, console: Console) -> BorrowSummary:
     st = await share_status(tc, name)
     give_back = next((m for m in st.moves if m.move.move_id == gone.give_back_move), None)
     overlaps = [s for s in sampler.samples if set(s.slurm) & set(s.pods)]
+    lines = progress_lines(log)
+    on_borrowed = {p.step for p in lines if p.node == gone.node and p.restart == during.restart_cnt}
+    resumed = next(
+        (p.resumed_from for p in lines if p.restart == after.restart_cnt and p.resumed_from),
+        None,
+    )
+    redone = max(on_borrowed) - resumed if on_borrowed and resumed is not None else None
 
     def since(t: float | None) -> float | None:
         return round(t - fault_at, 2) if t is not None else None
@@ -259,6 +271,8 @@ async def _borrow(cfg: SandboxConfig, console: Console) -> BorrowSummary:
         job_nodes_during=hostlist.expand(during.nodes),
         job_nodes_after=hostlist.expand(after.nodes),
         training_restarts=after.restart_cnt,
+        steps_on_borrowed_node=len(on_borrowed),
+        steps_redone_at_give_back=redone,
         moves=[_move_summary(m) for m in st.moves],
         requests=stats.sent,
         request_errors=stats.errors,
@@ -362,6 +376,10 @@ def print_borrow_summary(s: BorrowSummary, out: Console) -> None:
         f"training job       {s.job_id} ({s.job}): width {s.job_width_before} → "
         f"{s.job_width_during} ({during}) → {s.job_width_after} ({after}); "
         f"{s.training_restarts} restarts"
+    )
+    out.print(
+        f"                   {s.steps_on_borrowed_node} steps on {s.borrowed_node}; "
+        f"{s.steps_redone_at_give_back} done again after the give-back"
     )
     failed = s.request_errors
     errors = f"[green]{failed}[/green]" if not failed else f"[red]{failed}[/red]"

@@ -20,11 +20,12 @@ from tests.helpers import run_demo
 pytestmark = [pytest.mark.integration, pytest.mark.alone]
 
 
-# ~5 min alone: a sandbox, a torchrun job, a reboot and a replacement of 20 s boots each.
+# ~5 min alone: a sandbox, a torchrun job, a reboot and a replacement of 30 s boots each
+# (the job starts on the borrowed node well before the repair ends).
 @pytest.mark.timeout(660)
 def test_borrow_scenario_lends_an_inference_node_for_the_repair(tmp_path: Path) -> None:
     r = run_demo(
-        tmp_path / "borrow", free_port_base(), "--scenario", "borrow", "--boot-delay", "20",
+        tmp_path / "borrow", free_port_base(), "--scenario", "borrow", "--boot-delay", "30",
         timeout_s=600,
     )  # fmt: skip
     assert r.returncode == 0, r.stderr[-3000:]
@@ -45,5 +46,9 @@ def test_borrow_scenario_lends_an_inference_node_for_the_repair(tmp_path: Path) 
     assert (s["job_width_before"], s["job_width_during"], s["job_width_after"]) == (2, 2, 2)
     assert borrowed in s["job_nodes_during"] and s["fault_node"] not in s["job_nodes_during"]
     assert borrowed not in s["job_nodes_after"]
+    # It trained on the borrowed node, and lost nothing when it gave it back (it saved on
+    # the give-back's checkpoint signal).
+    assert s["steps_on_borrowed_node"] > 0
+    assert s["steps_redone_at_give_back"] == 0
     assert s["requests"] > 100 and s["request_errors"] == 0, s["request_codes"]
     assert s["samples"] > 50 and s["overlap_samples"] == 0, s["overlaps"]
