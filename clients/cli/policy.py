@@ -134,7 +134,8 @@ def _print_report(report: ReplayReport, read: IncidentHistories) -> None:
     if sm.unknown_outcomes:
         console.print(f"outcome unknown (a rung never tried): {sm.unknown_outcomes}")
     for bad in read.unreadable:
-        err.print(f"[yellow]not read:[/yellow] {escape(bad)}")
+        # Whole lines: a path wrapped at the terminal's width cannot be copied back.
+        err.print(f"[yellow]not read:[/yellow] {escape(bad)}", soft_wrap=True)
 
 
 def _replay(
@@ -206,7 +207,10 @@ def apply(
             if report.changes_outcomes
             else f"{len(read.unreadable)} incident histories could not be read"
         )
-        err.print(f"[red]not applied:[/red] {why}; give --accept-changes to apply it anyway")
+        err.print(
+            f"[red]not applied:[/red] {why}; give --accept-changes to apply it anyway",
+            soft_wrap=True,
+        )
         raise typer.Exit(3)
     if target is None:
         err.print(
