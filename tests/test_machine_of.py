@@ -150,6 +150,20 @@ async def test_managed_slurm_names_are_one(api: client.ApiClient, kube: Running)
     assert node(api, "gpu-07").spec.unschedulable is True
 
 
+async def test_managed_slurm_plans_the_vm_of_the_nodes_name(
+    api: client.ApiClient, kube: Running, crusoe_emu: Emulator, crusoe: CrusoeClient
+) -> None:
+    # Its Node is named as the Slurm node (no override): the VM is found by that name, as
+    # before, and nothing is read off the Node.
+    register(kube, "gpu-07", "not-the-vm-id")
+    machines = MachineOf(api, namespace=NS, request_timeout_s=5)
+    cloud = CloudActivities(_cloud(crusoe, cluster_id=CLUSTER), machines=machines)
+    plan = await ActivityEnvironment().run(
+        cloud.plan_repair, PlanRepairInput(node="gpu-07", rung=Rung.REBOOT, key="k")
+    )
+    assert (plan.node, plan.vm_id) == ("gpu-07", _vms(crusoe_emu)["gpu-07"])
+
+
 async def test_cmk_names_go_by_the_hostname_override(api: client.ApiClient, kube: Running) -> None:
     register(kube, "pool-gpu-2", "vm-2", **slurm_name("gpu-02"))
     # A Node named like a Slurm node but carrying another's name is that other one's.
