@@ -16,6 +16,10 @@ GPUS_PER_NODE = 8
 SLACK_TOKEN = "xoxb-sandbox"  # the emulator's bot token (a sandbox has no real secrets)
 MAX_AGENT_PORTS = 72  # nodes (64) + spares (8): port_base + 100 .. + 171
 PORT_SPAN = 100 + MAX_AGENT_PORTS  # a sandbox uses ports port_base .. port_base + PORT_SPAN - 1
+# The training jobs' rendezvous ports (examples/training's RDZV_PORT_BASE, RDZV_PORTS),
+# port_base + 82 .. + 89: after the last slurmd's, inside this sandbox's range, so another
+# sandbox's job (its job ids are the same small numbers) never takes this one's store.
+JOB_PORTS = 8
 
 
 class SandboxConfig(BaseModel):
@@ -146,6 +150,11 @@ class SandboxConfig(BaseModel):
 
     def slurmd_port(self, index: int) -> int:
         return self.port_base + 10 + index
+
+    @property
+    def job_port_base(self) -> int:
+        """The first of the training jobs' JOB_PORTS rendezvous ports."""
+        return self.port_base + 82
 
     # The Managed Slurm cluster's own daemons: after the last slurmd port (64 + 8 nodes).
     @property

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from autoclusters import sandbox
 from autoclusters.integrations.slurm import SlurmCli
-from autoclusters.sandbox.config import SandboxConfig
+from autoclusters.sandbox.config import JOB_PORTS, SandboxConfig
 
 REPO = Path(__file__).resolve().parent.parent
 TRAINING = REPO / "examples" / "training"
@@ -44,6 +44,8 @@ async def submit(
             f"CKPT_ROOT={jobs / 'ckpt'}",
             "STEP_SLEEP=1",
             "CKPT_EVERY=5",
+            f"RDZV_PORT_BASE={cfg.job_port_base}",
+            f"RDZV_PORTS={JOB_PORTS}",
         ]
         kind = "torchrun"
         if in_job:
