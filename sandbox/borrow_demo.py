@@ -20,6 +20,7 @@ and every inference request is counted: none may fail.
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -64,6 +65,7 @@ FAULT = "XID_79"
 # repairs worth borrowing for do.
 FIXED_BY = Rung("replace")
 WIDTH = 2
+RDZV_OFFSET = 98  # a port of the sandbox's span no daemon of it takes (sandbox/config.py)
 
 
 def borrow_policy() -> SharePolicy:
@@ -169,9 +171,20 @@ async def _borrow(cfg: SandboxConfig, console: Console) -> BorrowSummary:
         await wait_for(f"{node} to serve inference", _serving(tc, name, node), 180)
     console.print(f"   inference serves on {', '.join(serving)} (moved by hand)")
 
-    job_id, log, kind = await training_job.submit(
-        slurm, cfg, "train", (f"--nodes={WIDTH}", "--exclusive")
-    )
+    # The job's rendezvous port from this sandbox's own span (sbatch exports the demo's
+    # environment): train.sbatch's default, 29500 + job id, is every sandbox's job 2 on this
+    # machine, and a second sandbox's job broke this one's c10d store in a run beside it.
+    saved = os.environ.get("RDZV_PORT")
+    os.environ["RDZV_PORT"] = str(cfg.port_base + RDZV_OFFSET)
+    try:
+        job_id, log, kind = await training_job.submit(
+            slurm, cfg, "train", (f"--nodes={WIDTH}", "--exclusive")
+        )
+    finally:
+        if saved is None:
+            os.environ.pop("RDZV_PORT", None)
+        else:
+            os.environ["RDZV_PORT"] = saved
     console.print(f"[bold]3. training[/bold] job {job_id} ({kind}), {WIDTH} nodes wide")
     job = await wait_for("the job to run", lambda: _width(slurm, job_id, WIDTH), 180)
     before = hostlist.expand(job.nodes)
