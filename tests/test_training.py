@@ -33,7 +33,7 @@ from temporalio.client import Client  # noqa: E402
 from autoclusters.activities.sharing_demand import checkpointed_at  # noqa: E402
 from autoclusters.core.settings import Settings  # noqa: E402
 from autoclusters.integrations.slurm import SlurmCli  # noqa: E402
-from autoclusters.sandbox.config import SandboxConfig  # noqa: E402
+from autoclusters.sandbox.config import JOB_PORTS, SandboxConfig  # noqa: E402
 from tests.helpers import fresh_policy, resolve_incident  # noqa: E402
 
 pytestmark = pytest.mark.integration  # torchrun runs and the session's real sandbox
@@ -323,7 +323,9 @@ def sbatch_env(sandbox: SandboxConfig, tmp_path: Path, *, ckpt_every: int) -> di
     return {**os.environ, "SLURM_CONF": str(sandbox.slurm_conf),
             "TORCHRUN": str(Path(sys.executable).parent / "torchrun"), "TRAIN_PY": str(TRAIN),
             "CKPT_ROOT": str(tmp_path / "ckpt"), "STEP_SLEEP": "0.5",
-            "CKPT_EVERY": str(ckpt_every)}  # fmt: skip
+            "CKPT_EVERY": str(ckpt_every),
+            # Inside the sandbox's own port range (another sandbox's job 2 takes 29502).
+            "RDZV_PORT_BASE": str(sandbox.job_port_base), "RDZV_PORTS": str(JOB_PORTS)}  # fmt: skip
 
 
 @pytest.mark.timeout(120)
