@@ -2,6 +2,10 @@
 
 Implementation: `integrations.crusoe.CrusoeCloud` (the sandbox runs it against its Crusoe
 Cloud API emulator, whose VMs are the sandbox's slurmd processes).
+
+`node` below names the machine as the cloud knows it: the VM's name. On Managed Slurm that
+is the Slurm node's own name; on Slurm as Slinky on CMK it is the Node's (and its VM's) name,
+which the cloud steps find from the Slurm node (activities/machine_of.py).
 """
 
 from __future__ import annotations
