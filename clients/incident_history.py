@@ -42,6 +42,7 @@ from autoclusters.core.guard import Registration
 from autoclusters.core.incident_record import Admission, IncidentRecord, RepairAttempt
 from autoclusters.core.ladder import figures_from
 from autoclusters.core.ladder_figures import LadderFigures
+from autoclusters.core.lemon import lemon_window, repairs_on_node
 from autoclusters.core.models import (
     ApprovalRequest,
     FaultReport,
@@ -238,14 +239,22 @@ def _quoted(value: str) -> str:
 
 
 async def read_incidents(
-    client: Client, cluster: str, since: timedelta | None = None, *, limit: int | None = None
+    client: Client,
+    cluster: str,
+    since: timedelta | None = None,
+    *,
+    limit: int | None = None,
+    node: str | None = None,
 ) -> IncidentHistories:
-    """Every incident of `cluster` started within `since` (None: all), oldest first.
+    """Every incident of `cluster` (of `node` alone, if given) started within `since`
+    (None: all), oldest first.
 
     A list or fetch that fails raises (Temporal's RPCError): the caller must not take a
     failed read for a quiet cluster. A history that reads but is not an incident this code
     understands is listed in `unreadable`."""
     query = f"WorkflowType = '{WORKFLOW_TYPE}' AND Cluster = {_quoted(cluster)}"
+    if node is not None:
+        query += f" AND Node = {_quoted(node)}"
     start = None
     if since is not None:
         start = datetime.now(UTC) - since
@@ -380,3 +389,20 @@ def ladder_at_open(client: Client) -> LadderAtOpen:
     if found is None:
         found = _AT_OPEN[client] = LadderAtOpen(client)
     return found
+
+
+async def repairs_before(
+    client: Client, cluster: str, node: str, policy: Policy, *, wait_s: float = LADDER_WAIT_S
+) -> int | None:
+    """The incidents that repaired `node` within the policy's lemon window (core/lemon.py),
+    read from its own histories when an incident opens; None when the check is off, or the
+    read failed or took over `wait_s` (unknown: logged, and it holds nothing back)."""
+    if policy.lemon_repairs <= 0:
+        return None
+    window = lemon_window(policy)
+    try:
+        found = await asyncio.wait_for(read_incidents(client, cluster, window, node=node), wait_s)
+    except Exception as e:  # noqa: BLE001  # Temporal away or slow: unknown, said so
+        log.warning("reading the repairs of %s in %s failed: %r", node, cluster, e)
+        return None
+    return repairs_on_node(found.records, node, datetime.now(UTC) - window)

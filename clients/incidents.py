@@ -22,7 +22,7 @@ from temporalio.common import (
 )
 from temporalio.service import RPCError, RPCStatusCode
 
-from autoclusters.clients.incident_history import ladder_at_open
+from autoclusters.clients.incident_history import ladder_at_open, repairs_before
 from autoclusters.clients.inventory import NodeInventory, SlurmInventory
 from autoclusters.core.fault_evidence import FaultCleared, FaultEvidence
 from autoclusters.core.faults import INCIDENT_ID_PATTERN, check_known_fault
@@ -106,6 +106,8 @@ async def open_incident(
     # The ladder's figures from the cluster's history, when the policy skips rungs (a policy
     # that does not reads nothing; a slow or failed read opens with the plain ladder).
     policy = await ladder_at_open(client).policy_for_open(settings.cluster, policy)
+    # A node repaired too often is held after its repair (lemon nodes): its count, read now.
+    prior_repairs = await repairs_before(client, settings.cluster, node, policy)
     opened_at = datetime.now(UTC)
     token = uuid.uuid4().hex
     req = IncidentRequest(
@@ -121,6 +123,7 @@ async def open_incident(
         policy=policy,
         kubernetes=settings.kubeconfig is not None,
         open_token=token,
+        prior_repairs=prior_repairs,
     )
     report = FaultReport(
         incident_id=req.incident_id,

@@ -60,6 +60,10 @@ class IncidentRequest(BaseModel):
     kubernetes: bool = False
     # The opening caller's token (see FaultReport.open_token).
     open_token: str = ""
+    # Earlier incidents that repaired this node within the policy's lemon window, read from
+    # history when it opened (core/lemon.py); None: not read (the check is off, or the read
+    # failed: unknown, which holds nothing back).
+    prior_repairs: int | None = None
 
     @field_validator("fault")
     @classmethod
@@ -199,6 +203,8 @@ class IncidentState(BaseModel):
     recovery_path: dict[int, str] = Field(default_factory=dict)
     old_vm_id: str | None = None
     new_vm_id: str | None = None
+    # Repaired too often within the policy's lemon window: held out until a person says.
+    lemon: bool = False
     error: str | None = None
     closed_at: datetime | None = None
 

@@ -210,6 +210,11 @@ class Policy(_Strict):
     # The figures skip_rung_below is judged on, filled in when an incident opens (never
     # written in a policy file: a file that has them pins them); None: no figures, no skip.
     ladder: LadderFigures | None = None
+    # Lemon nodes: a node repaired this many times within lemon_window_days (this repair
+    # counted) is not returned after its repair passes the gate: it is held drained and
+    # the approvers are asked, until one releases it (or rejects: it stays out). 0: off.
+    lemon_repairs: int = Count(0, ge=0)
+    lemon_window_days: float = Field(default=30, gt=0, le=365, allow_inf_nan=False)
 
     def rule_for(self, fault: str) -> FaultRule:
         return self.faults.get(fault, self.default_rule)

@@ -395,6 +395,13 @@ def test_an_incident_tile_says_what_the_incident_is_doing() -> None:
     assert topology.node_state(down, None, None)[0] == "failed"
     left = SlurmNode(name="gpu-01", state="idle", state_flags=["DRAIN"], reason="autoclusters: x")
     assert topology.node_state(left, None, None)[0] == "failed"  # left drained for a human
+    held = incident("gpu-01", step="release_lemon", waiting=approval).model_copy(
+        update={"lemon": True}
+    )
+    assert topology.node_state(slurm, held, None) == (
+        "waiting_approval",
+        "lemon: repaired too often, held until an approver says",
+    )
 
 
 def test_topology_conf_round_trips_placements() -> None:

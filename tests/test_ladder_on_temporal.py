@@ -9,7 +9,8 @@ Aspects covered:
   `policy apply` refuses it (exit 3, the policy file untouched) without --accept-changes;
 - `stats ladder --json` counts the reboots that failed and the replaces that held;
 - an incident opened with a skipping policy gets the figures (LadderAtOpen) and opens on
-  replace, saying why: the whole loop from history to decision.
+  replace, saying why: the whole loop from history to decision;
+- a node's repairs counted for the lemon check, by node.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from autoclusters.clients.incident_history import (
     IncidentHistories,
     LadderAtOpen,
     read_incidents,
+    repairs_before,
 )
 from autoclusters.core.models import IncidentRequest, IncidentState, workflow_id
 from autoclusters.core.policy import FaultRule, Policy, Rung
@@ -141,3 +143,20 @@ async def test_replay_and_the_ladder_from_temporal(
         assert (third.status, third.repair_attempts, third.rung) == ("resolved", 1, "replace")
         assert [s.detail for s in third.steps if s.name == "skip_rung"] == [why]
         assert why in f.notes("gpu-03")[0].text
+
+
+async def test_a_nodes_repairs_are_counted_for_the_lemon_check(env: WorkflowEnvironment) -> None:
+    """The lemon count at open (core/lemon.py): the node's own incidents that repaired it,
+    read by its Node search attribute; another node's, and a check that is off, count none."""
+    async with _fleet(env, nodes=3, fixed_by=Rung.REBOOT) as f:
+        for node in ("gpu-01", "gpu-01", "gpu-02"):
+            assert (await _run(f, f.request(node=node))).status == "resolved"
+        lemons = _policy(lemon_repairs=3)
+
+        async def counted() -> int | None:
+            n = await repairs_before(env.client, f.cluster, "gpu-01", lemons)
+            return n if n == 2 else None  # visibility catches up with the closes
+
+        assert await eventually(counted, what="gpu-01's two repairs") == 2
+        assert await repairs_before(env.client, f.cluster, "gpu-03", lemons) == 0
+        assert await repairs_before(env.client, f.cluster, "gpu-01", _policy()) is None

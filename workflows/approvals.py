@@ -11,6 +11,7 @@ from datetime import timedelta
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
+    from autoclusters.core.lemon import LEMON_STEP
     from autoclusters.core.models import (
         RETURNED_JOBS_STEP,
         ApprovalRecord,
@@ -101,6 +102,40 @@ class Approvals:
                 f"{d.step} rejected by {d.approver}" + (f": {d.comment}" if d.comment else "")
             )
         return Rung(d.step)
+
+    async def release_lemon(self, text: str) -> None:
+        """A lemon node (core/lemon.py) passed its gate: wait, for as long as it takes, for
+        an approver to release it (returns) or keep it out (Rejected). Reminded every
+        approval timeout: only a person returns a lemon."""
+        inc = self.incident
+        p = inc.policy
+        self._wait_for(LEMON_STEP, f"release or keep out; one of {p.approvers}")
+
+        async def decided() -> ApprovalRecord:
+            await inc.notify("approval_needed", text, "critical")
+            while True:
+                try:
+                    await workflow.wait_condition(
+                        lambda: self.decision is not None,
+                        timeout=timedelta(seconds=p.approval_timeout_s),
+                    )
+                    assert self.decision is not None
+                    return self.decision
+                except TimeoutError:
+                    await inc.notify("approval_reminder", "still held: " + text, "critical")
+
+        try:
+            d = await inc.steps.step(
+                LEMON_STEP,
+                decided,
+                detail=lambda d: f"{'released' if d.approved else 'kept out'} by {d.approver}",
+            )
+        finally:
+            self._done_waiting()
+        if not d.approved:
+            raise Rejected(
+                f"lemon kept out by {d.approver}" + (f": {d.comment}" if d.comment else "")
+            )
 
     async def returned_jobs(self, jobs: list[int]) -> bool:
         """Jobs requeued once run on the node again: True to cancel them (approved), False

@@ -29,6 +29,7 @@ with workflow.unsafe.imports_passed_through():
         Registration,
     )
     from autoclusters.core.ladder import climb, skip_from
+    from autoclusters.core.lemon import is_lemon, lemon_text
     from autoclusters.core.models import (
         ApprovalRecord,
         ApprovalRequest,
@@ -235,6 +236,10 @@ class NodeRemediation:
             await self._guard.admitted("quarantine", contracts.guard_admit_quarantine)
             await self._quarantine.take()
             await self._repair_until_healthy(req)
+            if is_lemon(p, req.prior_repairs):
+                # Repaired again and again: held drained (and cordoned) until a person says.
+                s.lemon = True
+                await self._approvals.release_lemon(lemon_text(p, req.node, req.prior_repairs or 0))
             if self._k8s is not None:
                 await self._k8s.give_back()
             if s.spare_node is not None:

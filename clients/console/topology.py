@@ -151,6 +151,8 @@ def node_state(
     """The tile's state and the line under it that says why."""
     if incident is not None and incident.status == "open" and incident.mode != "observe":
         waiting = incident.waiting_for
+        if waiting is not None and waiting.kind == "approval" and incident.lemon:
+            return "waiting_approval", "lemon: repaired too often, held until an approver says"
         if waiting is not None and waiting.kind == "approval":
             return "waiting_approval", f"waiting for approval of {waiting.step or 'a step'}"
         if incident.current_step in REPAIR_STEPS:
