@@ -56,6 +56,8 @@ from autoclusters.sandbox.joblog import (  # noqa: E402
     first_progress_after_reforming,
     first_progress_after_restart,
     progress_lines,
+    training_nodes,
+    went_on_from,
 )
 from autoclusters.sandbox.vms import VmRegistry  # noqa: E402
 from autoclusters.workflows.remediation import NodeRemediation  # noqa: E402
@@ -151,7 +153,7 @@ async def _bench(cfg: SandboxConfig, args: argparse.Namespace) -> int:
             await _running(slurm, job_id, 0)
             await _resumed(slurm, job_id, log, 0)
             await asyncio.sleep(args.gap)
-            node = max(_training_nodes(log))  # not the standby, nor the batch host (first)
+            node = max(training_nodes(log))  # not the standby, nor the batch host (first)
         else:
             job = await _running(slurm, job_id, k)
             await _resumed(slurm, job_id, log, k)  # stepping, not just launched
@@ -177,7 +179,7 @@ async def _bench(cfg: SandboxConfig, args: argparse.Namespace) -> int:
         state = await handle.result()
         if in_job:
             line = await _reformed(log, fault_at)
-            resumed, went_on_from = line.ts, line.resumed_from
+            resumed, resumed_at_step = line.ts, line.resumed_from
             before = [ln.step for ln in progress_lines(log) if ln.elastic < line.elastic]
             if state.recovery_path.get(job_id) != "in-job":
                 print(f"   job {job_id} took the {state.recovery_path.get(job_id)} path")
@@ -185,9 +187,9 @@ async def _bench(cfg: SandboxConfig, args: argparse.Namespace) -> int:
             await _gone(slurm, job_id)
         else:
             resumed = await _resumed(slurm, job_id, log, k + 1)
-            went_on_from = _went_on_from(log, k + 1)
+            resumed_at_step = went_on_from(log, k + 1)
             before = [ln.step for ln in progress_lines(log) if ln.restart <= k]
-        redone = max(before) - went_on_from if before and went_on_from is not None else None
+        redone = max(before) - resumed_at_step if before and resumed_at_step is not None else None
         period = _step_period(log)
         rows.append(
             {
@@ -258,14 +260,6 @@ def _effective_ratio(log: Path, start: float, end: float) -> float:
     progress = last[1] if resumed else max(step for (_, step) in first) + 1
     ideal = (end - start) / period
     return min(1.0, progress / ideal)
-
-
-def _training_nodes(log: Path) -> set[str]:
-    return {ln.node for ln in progress_lines(log) if ln.restart == 0 and ln.elastic == 0}
-
-
-def _went_on_from(log: Path, restart: int) -> int | None:
-    return next((ln.resumed_from for ln in progress_lines(log) if ln.restart == restart), None)
 
 
 def _step_period(log: Path) -> float:

@@ -39,7 +39,7 @@ from autoclusters.core.settings import load_file
 from autoclusters.core.sharing import Borrow, MoveRequest, Pool, SharePolicy
 from autoclusters.integrations import k8s, temporal
 from autoclusters.integrations.slurm import SlurmCli
-from autoclusters.sandbox import cluster, machine_names, training_job
+from autoclusters.sandbox import machine_names, training_job
 from autoclusters.sandbox.cluster import sandbox_policy
 from autoclusters.sandbox.config import SandboxConfig
 from autoclusters.sandbox.demo import DemoError, incident_since, wait_for
@@ -56,6 +56,7 @@ from autoclusters.sandbox.share_demo import (
     _stepping,
     _width,
     demo_policy,
+    on_sandbox,
 )
 from autoclusters.workflows.remediation import NodeRemediation
 
@@ -124,17 +125,7 @@ class BorrowSummary(BaseModel):
 
 
 async def run_borrow_demo(cfg: SandboxConfig, keep: bool, console: Console) -> BorrowSummary:
-    was_running = cluster.is_running(cfg) if cfg.record_file.exists() else False
-    console.print(f"[bold]1. sandbox[/bold] in {cfg.state_dir} ({cfg.nodes} nodes, Kubernetes)")
-    res = await asyncio.to_thread(cluster.up, cfg)
-    if res.already_running:
-        cfg = SandboxConfig.load(cfg.state_dir)
-    try:
-        return await _borrow(cfg, console)
-    finally:
-        if not keep and not was_running:
-            console.print("[bold]sandbox down[/bold]")
-            await asyncio.to_thread(cluster.down, cfg)
+    return await on_sandbox(cfg, keep, console, _borrow)
 
 
 def _requeue_policy(cfg: SandboxConfig) -> str:

@@ -36,6 +36,8 @@ from autoclusters.sandbox.joblog import (
     first_progress_after_reforming,
     first_progress_after_restart,
     progress_lines,
+    training_nodes,
+    went_on_from,
 )
 from autoclusters.workflows.remediation import NodeRemediation
 
@@ -175,7 +177,7 @@ async def _demo(
             return None
         # In-job mode: both training nodes a few steps in (the standby logs nothing until
         # it is needed).
-        return job if kind != "in-job" or len(_training_nodes(log, from_step=3)) >= 2 else None
+        return job if kind != "in-job" or len(training_nodes(log, from_step=3)) >= 2 else None
 
     # torchrun on two nodes: its first step comes after torch loads on four processes and
     # they meet; on a busy 2-core machine (the test suite beside it) that took over 60 s.
@@ -185,7 +187,7 @@ async def _demo(
 
     # A node the job trains on (in-job: not the standby; its last, never the batch host
     # that holds the job's store: the allocation's first node).
-    node = max(_training_nodes(log)) if kind == "in-job" else before[-1]
+    node = max(training_nodes(log)) if kind == "in-job" else before[-1]
     node_before = await slurm.node(node)
     vm = machine_names.vm_of(cfg, node)  # on CMK the VM is not named as the node
     # The cluster's mode lives in its policy file, which every new incident reads.
@@ -272,7 +274,7 @@ async def _demo(
             "the job to step again", lambda: _restarted_job(slurm, job_id, log), 60
         )
         recovery_s = round(resumed_ts - fault_at, 3)
-        resumed_from = _resumed_from(log, job_after.restart_cnt)
+        resumed_from = went_on_from(log, job_after.restart_cnt)
         before_fault = [p.step for p in progress_lines(log) if p.restart < job_after.restart_cnt]
     else:  # observe or monitor: nothing was requeued
         job_after, recovery_s, before_fault = await _job(slurm, job_id) or job, None, []
@@ -352,20 +354,6 @@ def alert_path_reported(state: IncidentState) -> bool:
     return any(e.source == ALERT_SOURCE for f in state.faults for e in f.evidence)
 
 
-def _resumed_from(log: Path, restart: int) -> int | None:
-    """Where the `restart`-th run resumed (a checkpointing job logs it on every step)."""
-    if restart < 1:
-        return None
-    return next(
-        (
-            p.resumed_from
-            for p in progress_lines(log)
-            if p.restart == restart and p.resumed_from is not None
-        ),
-        None,
-    )
-
-
 def _slack_channel(cfg: SandboxConfig) -> str:
     import httpx
 
@@ -394,11 +382,6 @@ async def incident_since(
         run_id=desc.run_id,
         joined=False,
     )
-
-
-def _training_nodes(log: Path, from_step: int = 1) -> set[str]:
-    lines = progress_lines(log)
-    return {p.node for p in lines if p.restart == 0 and p.elastic == 0 and p.step >= from_step}
 
 
 async def _restarted_job(slurm: SlurmCli, job_id: int, log: Path) -> tuple[SlurmJob, float] | None:

@@ -56,3 +56,28 @@ def first_progress_after_reforming(log: Path, after_ts: float) -> ProgressLine |
     """In-job mode: the first step line of a later generation than the job's first, written
     after `after_ts` (the group re-formed without a node)."""
     return next((p for p in progress_lines(log) if p.elastic > 0 and p.ts >= after_ts), None)
+
+
+def training_nodes(log: Path, from_step: int = 1) -> set[str]:
+    """In-job mode: the nodes the job's first run trains on (the standby logs no step until
+    it takes a seat), once they reached `from_step`."""
+    return {
+        p.node
+        for p in progress_lines(log)
+        if p.restart == 0 and p.elastic == 0 and p.step >= from_step
+    }
+
+
+def went_on_from(log: Path, restart: int) -> int | None:
+    """The step the `restart`-th run of the job went on from (its first progress line's
+    `resumed_from`); None for the first run, or a job that does not log it."""
+    if restart < 1:
+        return None
+    return next(
+        (
+            p.resumed_from
+            for p in progress_lines(log)
+            if p.restart == restart and p.resumed_from is not None
+        ),
+        None,
+    )

@@ -16,7 +16,9 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import TypeVar
 
 import httpx
 from kubernetes import client as k8s_client
@@ -44,9 +46,11 @@ from autoclusters.integrations.prometheus import PrometheusUnavailable
 from autoclusters.integrations.slurm import SlurmCli
 from autoclusters.sandbox import cluster, training_job
 from autoclusters.sandbox.config import SandboxConfig
-from autoclusters.sandbox.demo import DemoError, _resumed_from, wait_for
-from autoclusters.sandbox.joblog import progress_lines
+from autoclusters.sandbox.demo import DemoError, wait_for
+from autoclusters.sandbox.joblog import progress_lines, went_on_from
 from autoclusters.sandbox.load import Load
+
+T = TypeVar("T")
 
 # The demo's loads against one replica's capacity (the stand-in serves `slots` requests of
 # `ms_per_request` at a time: 4 x 100 ms = 40 requests/s): calm, then more than one replica
@@ -113,18 +117,29 @@ class ShareSummary(BaseModel):
     overlaps: list[Sample] = Field(default_factory=list)
 
 
-async def run_share_demo(cfg: SandboxConfig, keep: bool, console: Console) -> ShareSummary:
+async def on_sandbox(
+    cfg: SandboxConfig,
+    keep: bool,
+    console: Console,
+    scenario: Callable[[SandboxConfig, Console], Awaitable[T]],
+) -> T:
+    """Run a Kubernetes-mode scenario on the sandbox: up (or the one already running),
+    then down again unless `keep` or it was running before."""
     was_running = cluster.is_running(cfg) if cfg.record_file.exists() else False
     console.print(f"[bold]1. sandbox[/bold] in {cfg.state_dir} ({cfg.nodes} nodes, Kubernetes)")
     res = await asyncio.to_thread(cluster.up, cfg)
     if res.already_running:
         cfg = SandboxConfig.load(cfg.state_dir)
     try:
-        return await _share(cfg, console)
+        return await scenario(cfg, console)
     finally:
         if not keep and not was_running:
             console.print("[bold]sandbox down[/bold]")
             await asyncio.to_thread(cluster.down, cfg)
+
+
+async def run_share_demo(cfg: SandboxConfig, keep: bool, console: Console) -> ShareSummary:
+    return await on_sandbox(cfg, keep, console, _share)
 
 
 async def _share(cfg: SandboxConfig, console: Console) -> ShareSummary:
@@ -231,8 +246,8 @@ async def _share(cfg: SandboxConfig, console: Console) -> ShareSummary:
         return_s=return_s,
         moves=[_move_summary(m) for m in st.moves],
         training_restarts=after.restart_cnt,
-        resumed_after_lend=_resumed_from(log, 1),
-        resumed_from_step=_resumed_from(log, after.restart_cnt),
+        resumed_after_lend=went_on_from(log, 1),
+        resumed_from_step=went_on_from(log, after.restart_cnt),
         slo_s=policy.inference.slo,
         slo_attainment=round(within / stats.sent, 4) if stats.sent else None,
         requests=stats.sent,
