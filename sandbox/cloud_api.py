@@ -50,6 +50,7 @@ def crusoe_emulator_argv(cfg: SandboxConfig) -> list[str]:
         "--operation-s", "0.5",
         "--backend", "autoclusters.sandbox.machines:SandboxMachines",
         "--backend-arg", str(cfg.state_dir),
+        "--state", str(cfg.emulator_state(CRUSOE_EMULATOR)),
     ]  # fmt: skip
     if cfg.k8s:
         # A CMK cluster's get-credentials hands out kubectl's kubeconfig (HTTPS, its CA),

@@ -112,7 +112,8 @@ def _prepare(cfg: SandboxConfig) -> None:
     # job would append to them and resume from them).
     slurm_controller.forget(cfg)
     shutil.rmtree(d / "jobs", ignore_errors=True)
-    for sub in ("munge", "log", "temporal", "slurm/ctld", "dev", "pids", "jobs"):
+    shutil.rmtree(d / "emulators", ignore_errors=True)  # their worlds start empty too
+    for sub in ("munge", "log", "temporal", "slurm/ctld", "dev", "pids", "jobs", "emulators"):
         (d / sub).mkdir(parents=True, exist_ok=True)
     cfg.spool_dir.mkdir(parents=True, exist_ok=True)
     # munged insists the socket's directory be reachable and the key private.

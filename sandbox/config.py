@@ -117,6 +117,12 @@ class SandboxConfig(BaseModel):
         """What `KUBECONFIG=... kubectl get nodes` points at (the emulator writes it)."""
         return self.state_dir / "k8s" / "kubectl.kubeconfig"
 
+    def emulator_state(self, name: str) -> Path:
+        """The JSON file an emulator (Kubernetes, Crusoe) keeps its world in, rewritten
+        after every change, so that a restart loses nothing a request changed. A fresh
+        `sandbox up` removes it (an empty world)."""
+        return self.state_dir / "emulators" / f"{name}.json"
+
     @property
     def crusoe_port(self) -> int:
         return self.port_base + 6

@@ -7,18 +7,16 @@ the emulated clouds' worlds are left as they are:
   slurmstepd runs the jobs' steps outside it, so they keep running;
 - the Temporal dev server comes back on the same SQLite file, only after the old PID exited
   (it holds that file);
-- an emulator started without a state file gets one, written from its live state just
-  before it stops.
+- the emulators come back on their state files, which they rewrite after every change
+  (sandbox/config.py `emulator_state`): what a request changed before the stop is there,
+  even one answered a moment before the signal.
 """
 
 from __future__ import annotations
 
-import json
 import signal
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
 
 import httpx
 
@@ -103,50 +101,7 @@ def _argv(cfg: SandboxConfig, rec: ProcessRecord) -> list[str]:
     argv = list(rec.argv)
     if rec.name == "slurmctld":
         argv = [a for a in argv if a != "-c"]  # -c: clear all jobs (a fresh sandbox only)
-    if rec.name in (slinky.K8S_EMULATOR, cloud_api.CRUSOE_EMULATOR) and "--state" not in argv:
-        argv += ["--state", str(_state_file(cfg, rec.name))]
     return argv
-
-
-def _state_file(cfg: SandboxConfig, name: str) -> Path:
-    return cfg.state_dir / "emulators" / f"{name}.json"
-
-
-def _snapshot(cfg: SandboxConfig, rec: ProcessRecord) -> None:
-    """An emulator without a state file: save its live state where the restart reads it."""
-    if rec.name not in (slinky.K8S_EMULATOR, cloud_api.CRUSOE_EMULATOR) or "--state" in rec.argv:
-        return
-    port = cfg.k8s_port if rec.name == slinky.K8S_EMULATOR else cfg.crusoe_port
-    try:
-        state: Any = httpx.get(f"http://127.0.0.1:{port}/_emulator/state", timeout=10).json()
-    except (httpx.HTTPError, ValueError) as e:
-        raise SandboxError(f"{rec.name}: cannot read its state to keep it: {e}") from e
-    if rec.name == slinky.K8S_EMULATOR:
-        state = k8s_state_file(state)
-    path = _state_file(cfg, rec.name)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(state))
-    tmp.replace(path)
-
-
-def k8s_state_file(dump: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
-    """The Kubernetes emulator's `/_emulator/state` as its `--state` file (sandbox/k8s_store)."""
-    from autoclusters.sandbox.k8s_store import KINDS
-
-    objects: dict[str, list[dict[str, Any]]] = {}
-    rv = 0
-    for resource, items in dump.items():
-        kind = KINDS[resource]
-        objects[resource] = []
-        for item in items:
-            obj = dict(item)
-            if not kind.custom:  # the store keeps built-in objects without these
-                obj.pop("kind", None)
-                obj.pop("apiVersion", None)
-            objects[resource].append(obj)
-            rv = max(rv, int(obj.get("metadata", {}).get("resourceVersion", 0) or 0))
-    return {"rv": rv, "objects": objects}
 
 
 def _wait_exited(rec: ProcessRecord, timeout_s: float) -> bool:
@@ -196,7 +151,6 @@ def restart(
         )
     spec = _spec(cfg, name)
     argv = _argv(cfg, rec)
-    _snapshot(cfg, rec)  # what a persisting emulator would have on disk when it dies
     old = stop(cfg, name, kill=kill)
     if between is not None:
         between()

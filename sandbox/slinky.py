@@ -67,6 +67,7 @@ def k8s_emulator_argv(cfg: SandboxConfig) -> list[str]:
         "--port", str(cfg.k8s_port), f"--token={cfg.k8s_token()}",
         # kubectl's door: the same API over HTTPS, and a kubeconfig for it.
         "--tls-port", str(cfg.k8s_tls_port), "--kubeconfig", str(cfg.kubectl_kubeconfig),
+        "--state", str(cfg.emulator_state(K8S_EMULATOR)),
     ]  # fmt: skip
 
 

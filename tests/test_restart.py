@@ -5,7 +5,8 @@ real Slurm-on-Kubernetes sandbox (Crusoe emulator included) of this module's own
   API answers, and an incident opened afterwards resolves;
 - slurmctld SIGKILLed and restarted: a drained node is still drained under its reason and a
   running job is still running, not requeued;
-- the emulators come back with their worlds (VMs, Nodes);
+- the emulators come back with their worlds (VMs, Nodes), which are on disk as soon as a
+  change is answered (a crash right after keeps it);
 - chaos SIGKILLs the worker when the incident reaches `repair`: it resolves with exactly one
   cloud operation, counted from the Crusoe emulator's own record;
 - a real kubectl reads the sandbox, and `kubectl cordon` / `uncordon` reach Slurm through
@@ -15,6 +16,7 @@ real Slurm-on-Kubernetes sandbox (Crusoe emulator included) of this module's own
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
@@ -166,6 +168,33 @@ async def test_emulators_restart_with_their_worlds(k8s_sandbox: SandboxConfig) -
     assert world() == before
     with pytest.raises(SandboxError, match="not running"):
         restart.restart(cfg, "no-such-thing")
+
+
+async def test_a_change_is_on_disk_once_answered_and_a_crash_keeps_it(
+    k8s_sandbox: SandboxConfig,
+) -> None:
+    """The restart used to save an emulator's live state just before its SIGTERM: a cloud
+    operation started in between was lost, and the repair polling it got 404 (a red CI).
+    Now each emulator rewrites its state file after every change."""
+    cfg = k8s_sandbox
+    node = cfg.node_names()[0]
+    mark = {"test.autoclusters.io/mark": f"kept-{time.monotonic_ns()}"}
+    headers = {
+        "Authorization": f"Bearer {cfg.k8s_token()}",
+        "Content-Type": "application/merge-patch+json",
+    }
+    url = f"{cfg.k8s_url}/api/v1/nodes/{node}"
+    httpx.patch(url, json={"metadata": {"labels": mark}}, headers=headers).raise_for_status()
+
+    saved = json.loads(cfg.emulator_state(slinky.K8S_EMULATOR).read_text())
+    on_disk = {o["metadata"]["name"]: o for o in saved["objects"]["nodes"]}
+    assert mark.items() <= on_disk[node]["metadata"]["labels"].items()
+    crusoe = json.loads(cfg.emulator_state(cloud_api.CRUSOE_EMULATOR).read_text())
+    assert sorted(vm["name"] for vm in crusoe["vms"].values()) == cfg.node_names()
+
+    await asyncio.to_thread(restart.restart, cfg, slinky.K8S_EMULATOR, kill=True)
+    labels = httpx.get(url, headers=headers).json()["metadata"]["labels"]
+    assert mark.items() <= labels.items()
 
 
 async def test_chaos_kill_worker_at_repair_counts_one_cloud_operation(
