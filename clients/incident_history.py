@@ -355,18 +355,24 @@ class LadderAtOpen:
             self._reads[cluster] = (now, reading)
         return reading
 
+    async def figures(self, cluster: str) -> LadderFigures:
+        """The cluster's figures over LADDER_HISTORY, the ones the next incident opens
+        with: the last read while a refresh runs, else the read, waited for at most
+        `wait_s` (TimeoutError). A failed read raises: unknown, never an empty ladder."""
+        reading = self._reading(cluster)
+        last = self._last.get(cluster)
+        if last is not None and not reading.done():
+            return last  # refreshed meanwhile
+        # Shielded: a caller that stops waiting does not cancel the read the next uses.
+        return await asyncio.wait_for(asyncio.shield(reading), self._wait_s)
+
     async def policy_for_open(self, cluster: str, policy: Policy) -> Policy:
         """`policy` with the cluster's figures when it skips rungs (a policy that already
         carries figures keeps them)."""
         if policy.skip_rung_below <= 0 or policy.ladder is not None:
             return policy
-        reading = self._reading(cluster)
-        last = self._last.get(cluster)
-        if last is not None and not reading.done():
-            return policy.model_copy(update={"ladder": last})  # refreshed meanwhile
         try:
-            # Shielded: an open that stops waiting does not cancel the read the next uses.
-            figures = await asyncio.wait_for(asyncio.shield(reading), self._wait_s)
+            figures = await self.figures(cluster)
         except Exception as e:  # Temporal away or slow: the plain ladder, loudly
             log.warning("no ladder figures for %s (the plain ladder): %r", cluster, e)
             return policy

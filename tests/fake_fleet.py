@@ -24,6 +24,7 @@ from autoclusters.clients.console.sources import IncidentRead
 from autoclusters.clients.incidents import IncidentNotFound, IncidentSummary
 from autoclusters.core.cluster import ClusterState, Placement, render_topology
 from autoclusters.core.guard import GuardState, GuardStatus
+from autoclusters.core.ladder_figures import LadderFigures, RungFigures
 from autoclusters.core.models import (
     SPARE_REASON,
     IncidentRequest,
@@ -119,6 +120,8 @@ class FleetSource:
         self.slurm: dict[str, dict[str, Any]] = {}
         self.open: dict[str, IncidentState] = {}
         self.closed: list[IncidentState] = []  # add_history()
+        # What `ladder()` answers (add_history() tallies it); an exception is raised.
+        self.ladder_figures: LadderFigures | Exception = LadderFigures()
         last_pod = placement(nodes - 1)[0]
         for i, name in enumerate(self.names):
             pod, leaf = placement(i)
@@ -280,6 +283,29 @@ class FleetSource:
                     spare_node=self.sets["spares"][0] if spare and self.sets["spares"] else None,
                     closed_at=steps[-1].finished_at,
                 ))  # fmt: skip
+
+        self.ladder_figures = self._tally()
+
+    def _tally(self) -> LadderFigures:
+        """The closed incidents' repairs per (fault, rung) and how many passed their gate
+        (the fake's stand-in for the history reader's figures)."""
+        tally: dict[tuple[str, str], list[int]] = {}
+        for s in self.closed:
+            gate = next((st for st in s.steps if st.name == "health_gate"), None)
+            if gate is None or s.rung is None:
+                continue
+            rung = "reset_gpu" if s.rung == "reset" else s.rung
+            row = tally.setdefault((s.request.fault, rung), [0, 0])
+            row[0] += 1
+            row[1] += gate.outcome == "ok"
+        rows = [RungFigures(fault=f, rung=r, attempts=n, successes=ok)
+                for (f, r), (n, ok) in sorted(tally.items())]  # fmt: skip
+        return LadderFigures(as_of=datetime.now(UTC), incidents=len(self.closed), rows=rows)
+
+    async def ladder(self) -> LadderFigures:
+        if isinstance(self.ladder_figures, Exception):
+            raise self.ladder_figures
+        return self.ladder_figures
 
     async def kubernetes_node(self, node: str) -> dict[str, str] | None:
         return None

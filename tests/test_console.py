@@ -39,6 +39,7 @@ from autoclusters.clients.web.settings import ApiSettings
 from autoclusters.core.cluster import ClusterState, Placement, render_topology
 from autoclusters.core.fault_evidence import FaultEvidence
 from autoclusters.core.guard import GuardState, GuardStatus
+from autoclusters.core.ladder_figures import LadderFigures
 from autoclusters.core.models import (
     SPARE_REASON,
     FaultSeen,
@@ -175,6 +176,9 @@ class FakeSource:
 
     async def kubernetes_node(self, node: str) -> dict[str, str] | None:
         return None
+
+    async def ladder(self) -> LadderFigures:
+        return LadderFigures()
 
 
 async def no_temporal() -> Client:

@@ -5,7 +5,10 @@
 - the share of repairs on each rung that passed their health gate;
 - node availability and the work lost: node-hours out of service (opened -> capacity back,
   an open incident to the range's end), GPU-hours, job-hours waiting for the requeue;
-- over HTTP: the page and its JSON, the range asked, a bad range refused naming it.
+- over HTTP: the page and its JSON, the range asked, a bad range refused naming it;
+- the repair ladder from the incidents' histories (the figures incidents open with), each
+  rung the live policy skips marked with the reason an incident would give; a ladder that
+  cannot be read is named in the errors, and the rest of the page still shows.
 """
 
 from __future__ import annotations
@@ -18,7 +21,10 @@ import pytest
 import pytest_asyncio
 
 from autoclusters.clients.console import fleet
+from autoclusters.clients.console.ladder import ladder_view
+from autoclusters.core.ladder_figures import LadderFigures, RungFigures
 from autoclusters.core.models import IncidentRequest, IncidentState
+from autoclusters.core.policy import Policy
 from tests.fake_fleet import FleetSource, timeline
 from tests.test_console_shared_read import AUTH, fleet_app
 
@@ -109,3 +115,62 @@ async def test_the_fleet_page_and_its_json(http: tuple[httpx.AsyncClient, FleetS
     bad = await c.get("/ui/api/fleet?range=1y")
     assert bad.status_code == 400 and "range: one of 1d, 7d, 30d" in bad.json()["detail"]
     assert (await c.get("/ui/fleet?range=1y")).status_code == 400
+
+
+def test_the_ladder_marks_the_rungs_the_policy_skips() -> None:
+    figures = LadderFigures(as_of=NOW, incidents=30, rows=[
+        RungFigures(fault="XID_48", rung="reboot", attempts=2, successes=0),
+        RungFigures(fault="XID_79", rung="reboot", attempts=14, successes=1),
+        RungFigures(fault="XID_79", rung="replace", attempts=6, successes=1,
+                    median_capacity_s=900.0),
+    ])  # fmt: skip
+    skipping = ladder_view(figures, Policy(skip_rung_below=0.2, min_samples=10), 90)
+    rows = {(r.fault, r.rung): r for r in skipping.rows}
+    assert rows[("XID_79", "reboot")].skipped == (
+        "reboot fixed XID_79 in 1 of 14 cases: going to replace"
+    )
+    assert rows[("XID_48", "reboot")].skipped == ""  # 2 tries: under min_samples
+    assert rows[("XID_79", "replace")].skipped == ""  # the top rung is never skipped
+    assert rows[("XID_79", "replace")].success_rate == pytest.approx(1 / 6)
+    plain = ladder_view(figures, Policy(), 90)
+    assert [r.skipped for r in plain.rows] == ["", "", ""]
+    assert (plain.incidents, plain.history_days, plain.skip_rung_below) == (30, 90, 0.0)
+
+
+async def test_the_fleet_page_shows_the_ladder_and_names_a_ladder_it_cannot_read() -> None:
+    app, source = fleet_app(64)
+    source.add_history(days=10, per_day=6)
+    console = app.state.console
+    console.policy = lambda: Policy(skip_rung_below=0.95, min_samples=3)
+    transport = httpx.ASGITransport(app=app, client=("10.0.0.9", 40000))
+    try:
+        async with httpx.AsyncClient(
+            transport=transport, base_url="http://c.test", headers=AUTH
+        ) as c:
+            body = (await c.get("/ui/api/fleet")).json()
+            assert isinstance(source.ladder_figures, LadderFigures)
+            want = source.ladder_figures.rows
+            got = body["ladder"]["rows"]
+            assert [(r["fault"], r["rung"], r["attempts"], r["successes"]) for r in got] == [
+                (r.fault, r.rung, r.attempts, r.successes) for r in want
+            ]
+            skipped = [r for r in got if r["skipped"]]
+            # Rungs below the top that held in under 95 % of at least 3 tries, and only those.
+            assert skipped and all(
+                r["rung"] != "replace" and r["attempts"] >= 3
+                and r["successes"] / r["attempts"] < 0.95
+                for r in skipped
+            )  # fmt: skip
+            page = await c.get("/ui/fleet")
+            assert 'id="fleet-ladder"' in page.text
+            assert f"skipped: {skipped[0]['skipped']}" in page.text
+
+            source.ladder_figures = RuntimeError("Temporal is away")
+            body = (await c.get("/ui/api/fleet")).json()
+            assert body["ladder"] is None and body["incidents"] > 0
+            assert "repair ladder: Temporal is away" in body["errors"]
+            page = await c.get("/ui/fleet")
+            assert page.status_code == 200 and 'id="fleet-ladder"' not in page.text
+            assert "repair ladder: Temporal is away" in page.text
+    finally:
+        await console.shared.aclose()

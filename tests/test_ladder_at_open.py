@@ -10,7 +10,10 @@ Aspects covered:
 - a read that fails, or a first read slower than the wait, leaves the plain ladder (no
   figures), and a later open has them; a stale read is refreshed while the last figures
   serve;
-- a history that is not an incident is listed as unreadable, never dropped silently.
+- a history that is not an incident is listed as unreadable, never dropped silently;
+- the console reads the same figures through the same reader (one read serves both); a
+  read that fails raises there (unknown, never an empty ladder), and a slow first read
+  says it is still reading.
 """
 
 from __future__ import annotations
@@ -19,14 +22,17 @@ import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, cast
 
 import pytest
 from temporalio.client import WorkflowHistory
 
+from autoclusters.clients.console.sources import LiveSource
 from autoclusters.clients.incident_history import (
     LADDER_FRESH_S,
     LadderAtOpen,
+    ladder_at_open,
     read_incidents,
 )
 from autoclusters.core.policy import FaultRule, Policy, Rung
@@ -163,3 +169,36 @@ async def test_a_stale_read_is_refreshed_while_the_last_figures_serve() -> None:
     await eventually(lambda: _queries(temporal, 2), what="the refresh")
     temporal.go.set()
     await eventually(lambda: _listed(temporal, 2), what="the refresh to end")
+
+
+async def test_the_console_reads_the_figures_incidents_open_with() -> None:
+    temporal = _Temporal(PATHS)
+
+    async def client() -> Any:
+        return temporal
+
+    settings = cast(Any, SimpleNamespace(cluster="c1"))
+    source = LiveSource(settings, client, cast(Any, None), timeout_s=30)
+    shown = await source.ladder()
+    opened = await ladder_at_open(cast(Any, temporal)).policy_for_open("c1", _skipping())
+    assert opened.ladder == shown and shown.incidents == len(PATHS)
+    assert len(temporal.queries) == 1  # one read served the page and the open
+
+    failing = _Temporal(PATHS)
+    failing.fail = RuntimeError("Temporal away")
+    with pytest.raises(RuntimeError, match="Temporal away"):
+        await LadderAtOpen(failing).figures("c1")  # type: ignore[arg-type]
+
+    slow = _Temporal(PATHS)
+    slow.go.clear()
+    reader = ladder_at_open(cast(Any, slow))
+    reader._wait_s = 0.05
+
+    async def slow_client() -> Any:
+        return slow
+
+    with pytest.raises(TimeoutError, match="still reading the incidents' histories"):
+        await LiveSource(settings, slow_client, cast(Any, None), timeout_s=30).ladder()
+    slow.go.set()
+    await eventually(lambda: _listed(slow, 1), what="the read to go on and finish")
+    assert (await reader.figures("c1")).incidents == len(PATHS)

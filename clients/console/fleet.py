@@ -23,6 +23,7 @@ from datetime import UTC, date, datetime, timedelta
 
 from pydantic import BaseModel, Field
 
+from autoclusters.clients.console.ladder import LadderView
 from autoclusters.core.models import IncidentState
 from autoclusters.workers.recovery import capacity_recovery, job_recovery
 
@@ -66,6 +67,9 @@ class FleetView(BaseModel):
     node_hours_out: float
     gpu_hours_lost: float
     job_hours_waiting: float
+    # The repair ladder from the incidents' histories (None: it could not be read; the
+    # errors say why). Set by the console beside these figures (clients/console/ladder.py).
+    ladder: LadderView | None = None
     errors: list[str] = Field(default_factory=list)
 
 

@@ -28,9 +28,11 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from autoclusters.clients.clusters import ui_link
 from autoclusters.clients.console import fleet, prometheus, topology, views
 from autoclusters.clients.console.cluster_read import ClusterRead, read_cluster
+from autoclusters.clients.console.ladder import ladder_view
 from autoclusters.clients.console.session import COOKIE, COOKIE_PATH, NotLoggedIn, Sessions
 from autoclusters.clients.console.shared_read import ReadUnavailable, SharedRead, Snapshot
 from autoclusters.clients.console.sources import ConsoleSource
+from autoclusters.clients.incident_history import LADDER_HISTORY
 from autoclusters.clients.incidents import IncidentNotFound
 from autoclusters.clients.web.auth import Unauthorized
 from autoclusters.clients.web.settings import ApiSettings
@@ -231,16 +233,17 @@ class Console:
         if span not in fleet.RANGES:
             raise ValueError(f"range: one of {', '.join(fleet.RANGES)}, not {span!r}")
         errors: list[str] = []
-        snap, states = await asyncio.gather(
+        snap, states, figures = await asyncio.gather(
             self.cluster_read(),
             self._try("incidents", self.source.recent_states(FLEET_INCIDENTS), errors),
+            self._try("repair ladder", self.source.ladder(), errors),
         )
         tiles = [t for p in snap.value.view.pods for lf in p.leaves for g in lf.groups
                  for t in g.tiles]  # fmt: skip
         gpus = Counter(t.gpus for t in tiles if t.gpus).most_common(1)
         if states is not None and len(states) >= FLEET_INCIDENTS:
             errors.append(f"only the latest {FLEET_INCIDENTS} incidents are counted")
-        return fleet.figures(
+        view = fleet.figures(
             states or [],
             span=span,
             now=self.now(),
@@ -248,6 +251,9 @@ class Console:
             gpus_per_node=gpus[0][0] if gpus else 8,
             errors=[*snap.value.view.errors, *errors],
         )
+        if figures is not None:
+            view.ladder = ladder_view(figures, self.policy(), LADDER_HISTORY.days)
+        return view
 
     async def notifications(self) -> views.NotificationsPage:
         errors: list[str] = []

@@ -20,9 +20,11 @@ from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 
 from autoclusters.clients import incidents
+from autoclusters.clients.incident_history import LADDER_HISTORY, ladder_at_open
 from autoclusters.clients.incidents import IncidentSummary
 from autoclusters.core.cluster import ClusterState, provisioning_workflow_id
 from autoclusters.core.guard import GuardStatus, guard_workflow_id
+from autoclusters.core.ladder_figures import LadderFigures
 from autoclusters.core.models import IncidentState, SlurmNode
 from autoclusters.core.settings import Settings
 from autoclusters.integrations.slurm import SlurmClient
@@ -60,6 +62,11 @@ class ConsoleSource(Protocol):
 
     async def kubernetes_node(self, node: str) -> dict[str, str] | None:
         """The Kubernetes Node's state (None: the cluster runs no Kubernetes)."""
+        ...
+
+    async def ladder(self) -> LadderFigures:
+        """How each rung has fared per fault kind, from the incidents' histories: the
+        figures the next incident opens with. Raises when they cannot be read."""
         ...
 
 
@@ -180,6 +187,19 @@ class LiveSource:
             asyncio.gather(*(read(r) for r in rows))
         )
         return [s for s in states if s is not None]
+
+    async def ladder(self) -> LadderFigures:
+        # The runbook's own reader: one read of the histories serves the console and the
+        # incidents that open meanwhile, and the page shows the figures they open with.
+        reader = ladder_at_open(await self._client())
+        try:
+            return await reader.figures(self._settings.cluster)
+        except TimeoutError:
+            # The read goes on (shielded) and serves the next view.
+            raise TimeoutError(
+                f"still reading the incidents' histories (the last {LADDER_HISTORY.days} "
+                "days); they show on a later view"
+            ) from None
 
     async def kubernetes_node(self, node: str) -> dict[str, str] | None:
         if self._settings.kubeconfig is None:
