@@ -60,7 +60,7 @@ def running_status(pod: Obj, *, ready: bool) -> Obj:
             "image": c["image"],
             "imageID": "",
             "ready": ready,
-            "restartCount": 0,
+            "restartCount": old.get(c["name"], {}).get("restartCount", 0),
             "started": True,
             "containerID": old.get(c["name"], {}).get("containerID") or f"emulated://{new_uid()}",
             "state": {"running": {"startedAt": status["startTime"]}},

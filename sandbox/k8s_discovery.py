@@ -36,11 +36,12 @@ _SHORT_NAMES = {
     "configmaps": ["cm"],
     "persistentvolumeclaims": ["pvc"],
     "deployments": ["deploy"],
+    "daemonsets": ["ds"],
     "poddisruptionbudgets": ["pdb"],
     CRD_RESOURCE: ["crd", "crds"],
 }
 # `kubectl get all` lists the resources in the category "all", as on a real server.
-_CATEGORIES = {"pods": ["all"], "deployments": ["all"]}
+_CATEGORIES = {"pods": ["all"], "deployments": ["all"], "daemonsets": ["all"]}
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,8 @@ An unauthenticated admin API under `/_emulator/` plays the machines and the kube
 `POST /_emulator/nodes` registers a machine as a node (a new providerID under an existing
 name is a new machine), `POST /_emulator/nodes/{name}/ready` flips Ready,
 `DELETE /_emulator/nodes/{name}` removes a machine,
-`POST /_emulator/pods/{ns}/{name}/ready` sets a pod's readiness (and starts a pod an
+`POST /_emulator/pods/{ns}/{name}/ready` sets a pod's readiness (and its container's id and
+restarts, when said; it starts a pod an
 external kubelet runs: `--external-kubelet SELECTOR`), `POST
 /_emulator/pods/{ns}/{name}/terminated` finishes such a pod's graceful deletion,
 `POST /_emulator/faults`
@@ -129,6 +130,10 @@ class ReadySpec(BaseModel):
     ready: bool
     reason: str = ""
     message: str = ""
+    # An external kubelet's container, as a pod's containerStatuses show it: its id (the
+    # sandbox's agent pods: `pid://<PID>` of the process) and its restarts.
+    container_id: str | None = None
+    restart_count: int | None = None
 
 
 def create_app(
@@ -216,7 +221,14 @@ def create_app(
 
     @app.post("/_emulator/pods/{ns}/{name}/ready")
     async def pod_ready(ns: str, name: str, spec: ReadySpec) -> JSONResponse:
-        return JSONResponse(store.set_pod_ready(ns, name, ready=spec.ready))
+        pod = store.set_pod_ready(
+            ns,
+            name,
+            ready=spec.ready,
+            container_id=spec.container_id,
+            restart_count=spec.restart_count,
+        )
+        return JSONResponse(pod)
 
     @app.post("/_emulator/pods/{ns}/{name}/terminated")
     async def pod_terminated(ns: str, name: str) -> JSONResponse:

@@ -55,6 +55,8 @@ CONFIGMAPS = Kind("configmaps", "ConfigMap", "v1", namespaced=True, status_subre
 SECRETS = Kind("secrets", "Secret", "v1", namespaced=True, status_subresource=False)
 PVCS = Kind("persistentvolumeclaims", "PersistentVolumeClaim", "v1", namespaced=True)
 DEPLOYMENTS = Kind("deployments", "Deployment", "apps/v1", namespaced=True)
+# The agent ships as one (deploy/kubernetes/agent.yaml): one pod per GPU Node.
+DAEMONSETS = Kind("daemonsets", "DaemonSet", "apps/v1", namespaced=True)
 # Core events: `kubectl describe` lists them (nothing in the emulator records any yet).
 EVENTS = Kind("events", "Event", "v1", namespaced=True, status_subresource=False)
 
@@ -82,6 +84,7 @@ KINDS = {
         SECRETS,
         PVCS,
         DEPLOYMENTS,
+        DAEMONSETS,
         EVENTS,
         SLINKY_CONTROLLERS,
         SLINKY_ACCOUNTINGS,

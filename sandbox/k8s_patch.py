@@ -55,6 +55,8 @@ MERGE_KEYS: dict[str, dict[Path, str]] = {
         ("status", "conditions"): "type",
     },
 }
+# A DaemonSet's template merges as a Deployment's does.
+MERGE_KEYS["daemonsets"] = MERGE_KEYS["deployments"]
 
 
 class PatchError(ValueError):

@@ -42,11 +42,13 @@ from typing import Any
 
 from autoclusters.sandbox import k8s_controllers as controllers
 from autoclusters.sandbox import k8s_crd_schema as crd_schema
+from autoclusters.sandbox import k8s_daemonsets as daemonsets
 from autoclusters.sandbox import k8s_deployments as deployments
 from autoclusters.sandbox import k8s_patch, k8s_scheduler
 from autoclusters.sandbox.k8s_controllers import TERMINAL, is_ready
 from autoclusters.sandbox.k8s_crd_schema import FieldValidation
 from autoclusters.sandbox.k8s_objects import (
+    DAEMONSETS,
     DEPLOYMENTS,
     KINDS,
     NAMESPACES,
@@ -311,6 +313,12 @@ class Store:
                         "deletionTimestamp"
                     ):
                         self._delete_pod(pod, None)
+            if kind is DAEMONSETS:
+                for pod in list(self._objs["pods"].values()):
+                    if daemonsets.owned_by(pod, old) and not pod["metadata"].get(
+                        "deletionTimestamp"
+                    ):
+                        self._delete_pod(pod, None)
             if kind is NODES:
                 self._collect_pods(name)
             if kind is NAMESPACES:
@@ -426,9 +434,18 @@ class Store:
             self._collect_pods(name)
             self._settle()
 
-    def set_pod_ready(self, ns: str, name: str, *, ready: bool) -> Obj:
+    def set_pod_ready(
+        self,
+        ns: str,
+        name: str,
+        *,
+        ready: bool,
+        container_id: str | None = None,
+        restart_count: int | None = None,
+    ) -> Obj:
         """The readiness probe's verdict. For a pod an external kubelet runs, the first
-        report also starts it (Running): that kubelet has started its process."""
+        report also starts it (Running): that kubelet has started its process; it may say
+        which (`container_id`, the same for every container) and how often it restarted."""
         with self._lock:
             pod = self._find(PODS, ns, name)
             key = self._key(PODS, pod)
@@ -445,7 +462,8 @@ class Store:
             # lifecycle controller keeps such pods not Ready.
             down = self._is_external(pod) and (node is None or not is_ready(node))
             if (phase == "Running" or starting) and not (ready and down):
-                self._set_pod_status(pod, ready=ready)
+                self._set_pod_status(pod, ready=ready, container_id=container_id,
+                                     restart_count=restart_count)  # fmt: skip
             self._settle()
             return self.get(PODS, ns, name)
 
@@ -557,6 +575,9 @@ class Store:
         elif kind is DEPLOYMENTS:
             deployments.defaults(obj)
             obj["status"] = {}
+        elif kind is DAEMONSETS:
+            daemonsets.defaults(obj)
+            obj["status"] = daemonsets.empty_status()
 
     def _update(
         self,
@@ -624,7 +645,7 @@ class Store:
             validate_pdb(obj)
         elif kind is DEPLOYMENTS:
             validate_deployment(obj)
-        if kind in (PODS, PDBS, DEPLOYMENTS) or kind.custom:
+        if kind in (PODS, PDBS, DEPLOYMENTS, DAEMONSETS) or kind.custom:
             gen = (old or {}).get("metadata", {}).get("generation", 0)
             changed = old is None or old.get("spec") != obj.get("spec")
             obj["metadata"]["generation"] = gen + 1 if changed else gen
@@ -715,9 +736,12 @@ class Store:
         """What the controllers do after a write: Deployments' pods created or removed, pending
         pods scheduled (a node that changed may now fit), Deployments' status updated."""
         for _ in range(10):
-            if not (self._reconcile_deployments() | self._schedule()):
+            if not (
+                self._reconcile_deployments() | self._reconcile_daemonsets() | self._schedule()
+            ):
                 break
         self._deployment_statuses()
+        self._daemonset_statuses()
 
     def _owned(self, deploy: Obj) -> list[Obj]:
         ns = deploy["metadata"]["namespace"]
@@ -742,6 +766,35 @@ class Store:
                     self._delete_pod(pod, None)
                 changed = True
         return changed
+
+    def _daemon_pods(self, ds: Obj) -> list[Obj]:
+        ns = ds["metadata"]["namespace"]
+        return [
+            p
+            for (pns, _), p in self._objs["pods"].items()
+            if pns == ns and daemonsets.owned_by(p, ds)
+        ]
+
+    def _reconcile_daemonsets(self) -> bool:
+        """One pod per eligible Node (sandbox.k8s_daemonsets); a pod of an external
+        kubelet starts when that kubelet says so."""
+        changed = False
+        nodes = [self._objs["nodes"][k] for k in sorted(self._objs["nodes"])]
+        for ds in list(self._objs["daemonsets"].values()):
+            create, delete = daemonsets.plan(ds, nodes, self._daemon_pods(ds))
+            for node in create:
+                self._create(PODS, ds["metadata"]["namespace"], daemonsets.new_pod(ds, node))
+            for pod in delete:
+                self._delete_pod(pod, None)
+            changed |= bool(create or delete)
+        return changed
+
+    def _daemonset_statuses(self) -> None:
+        nodes = list(self._objs["nodes"].values())
+        for ds in list(self._objs["daemonsets"].values()):
+            status = daemonsets.status(ds, nodes, self._daemon_pods(ds))
+            if status != ds.get("status"):
+                self._commit(DAEMONSETS, {**copy.deepcopy(ds), "status": status}, ds)
 
     def _schedule(self) -> bool:
         nodes = [self._objs["nodes"][k] for k in sorted(self._objs["nodes"])]
@@ -785,9 +838,21 @@ class Store:
             if pod["spec"].get("nodeName") == node_name and pod["status"].get("phase") == "Running":
                 self._set_pod_status(pod, ready=False)
 
-    def _set_pod_status(self, pod: Obj, *, ready: bool) -> None:
+    def _set_pod_status(
+        self,
+        pod: Obj,
+        *,
+        ready: bool,
+        container_id: str | None = None,
+        restart_count: int | None = None,
+    ) -> None:
         new = copy.deepcopy(pod)
         new["status"] = controllers.running_status(pod, ready=ready)
+        for c in new["status"]["containerStatuses"]:
+            if container_id is not None:
+                c["containerID"] = container_id
+            if restart_count is not None:
+                c["restartCount"] = restart_count
         if new != pod:
             self._commit(PODS, new, pod)
 
