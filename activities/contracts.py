@@ -82,6 +82,8 @@ from autoclusters.core.models import (
     RequeueResult,
     ReturnInput,
     ReturnResult,
+    ScreenInput,
+    ScreenResult,
     SilenceInput,
     SilenceResult,
     SlurmNode,
@@ -147,6 +149,11 @@ async def wait_node_registered(inp: WaitRegisteredInput) -> SlurmNode:
 
 @activity.defn(name="return_to_service")
 async def return_to_service(inp: ReturnInput) -> ReturnResult:
+    raise _stub()
+
+
+@activity.defn(name="burn_in_screen")
+async def burn_in_screen(inp: ScreenInput) -> ScreenResult:
     raise _stub()
 
 

@@ -205,6 +205,8 @@ class IncidentState(BaseModel):
     new_vm_id: str | None = None
     # Repaired too often within the policy's lemon window: held out until a person says.
     lemon: bool = False
+    # The burn-in screens after each repair that passed its health gate (policy burn_in).
+    screens: list[ScreenResult] = Field(default_factory=list)
     error: str | None = None
     closed_at: datetime | None = None
 
@@ -216,6 +218,41 @@ class IncidentState(BaseModel):
 class HealthCheck(BaseModel):
     name: str
     passed: bool
+    detail: str = ""
+
+
+class ScreenInput(BaseModel):
+    """A burn-in screen of `node` (activities/screen.py): `key` names its reservation's
+    job, so a retried activity adopts the job it submitted instead of a second one."""
+
+    node: str
+    incident_id: str
+    key: str
+    drain_reason: str  # the incident's: put back before the reservation goes
+    timeout_s: float = 600
+    size_mib: int = 64
+    rounds: int = 5
+    min_bus_gbps: float = 0
+    neighbour: bool = True
+    poll_s: float = 1.0
+
+
+class ScreenResult(BaseModel):
+    """What the screen found; `passed` only when the job completed, the all-reduce ran and
+    reached the floor, and every node's active diagnostic passed."""
+
+    node: str
+    passed: bool
+    seconds: float  # the whole screen: reservation made to reservation gone
+    reservation: str = ""
+    job_id: int | None = None
+    # The healthy idle node it ran the all-reduce with; None: none was idle, screened alone.
+    neighbour: str | None = None
+    allreduce_s: float | None = None  # the timed rounds, each round's mean
+    algbw_gbps: float | None = None  # size / time
+    busbw_gbps: float | None = None  # algbw * 2(n-1)/n, NCCL-tests' figure
+    backend: str | None = None  # gloo | nccl
+    diag: dict[str, str] = Field(default_factory=dict)  # node -> "pass" or what failed
     detail: str = ""
 
 

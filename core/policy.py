@@ -165,6 +165,25 @@ class NodeTopology(_Strict):
     pod: str | None = Field(default=None, max_length=256)  # scalable unit / pod
 
 
+class BurnInScreen(_Strict):
+    """The screen a repaired node passes before it returns: an all-reduce with a healthy
+    idle neighbour (alone when none is idle) and the agent's active diagnostic, as one
+    Slurm job in a breakfix reservation on the node. Off by default: recorded incidents
+    replay unchanged."""
+
+    enabled: bool = False
+    # The whole screen (reservation, job, clean-up); a job still running then fails it.
+    timeout_s: float = Field(default=600, gt=0, le=86400, allow_inf_nan=False)
+    # The all-reduce's tensor (float32 MiB) and rounds after one warm-up round.
+    size_mib: int = Field(default=64, ge=1, le=16384)
+    rounds: int = Field(default=5, ge=1, le=1000)
+    # The bus bandwidth the all-reduce must reach (GB/s, NCCL-tests' busbw); 0: no floor
+    # (the sandbox's gloo over loopback says nothing about a fabric).
+    min_bus_gbps: float = Field(default=0, ge=0, le=100000, allow_inf_nan=False)
+    # Screen with a healthy idle neighbour when Slurm shows one; off: always alone.
+    neighbour: bool = True
+
+
 class Policy(_Strict):
     mode: Mode = "auto"
     approvers: list[Approver] = Field(default_factory=list, max_length=1024)
@@ -215,6 +234,9 @@ class Policy(_Strict):
     # the approvers are asked, until one releases it (or rejects: it stays out). 0: off.
     lemon_repairs: int = Count(0, ge=0)
     lemon_window_days: float = Field(default=30, gt=0, le=365, allow_inf_nan=False)
+    # A burn-in screen before return (docs/configuration.md): after the health gate passes,
+    # the node is screened in a breakfix reservation; a failed screen is a failed gate.
+    burn_in: BurnInScreen = Field(default_factory=BurnInScreen)
 
     def rule_for(self, fault: str) -> FaultRule:
         return self.faults.get(fault, self.default_rule)

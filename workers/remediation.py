@@ -7,6 +7,7 @@ import asyncio
 import logging
 import signal
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -24,6 +25,7 @@ from autoclusters.activities.health import HealthActivities
 from autoclusters.activities.kubernetes import KubernetesActivities
 from autoclusters.activities.machine_of import MachineOf
 from autoclusters.activities.notify import NotifyActivities
+from autoclusters.activities.screen import ScreenActivities
 from autoclusters.activities.sharing_demand import ShareDemandActivities
 from autoclusters.activities.sharing_k8s import ShareKubernetesActivities
 from autoclusters.activities.sharing_slurm import ShareSlurmActivities
@@ -44,6 +46,7 @@ from autoclusters.integrations.slurm import (
     SlurmClient,
     SlurmSignalClient,
 )
+from autoclusters.integrations.slurm_reservations import SlurmReservationCli
 from autoclusters.workers.metrics import WorkerMetrics
 from autoclusters.workers.metrics_collector import TemporalCollector
 from autoclusters.workers.metrics_interceptor import MetricsInterceptor
@@ -252,6 +255,23 @@ def sharing_activities(
     return out
 
 
+def screen_activities(settings: Settings, slurm: SlurmClient) -> list[Any]:
+    """The burn-in screen (policy burn_in): served with the real Slurm commands only (the
+    scale benchmark's stand-in has no reservations). In the sandbox the screen's files live
+    in its state dir and the diagnostic reads the agents' fake-backend files there; on a real
+    cluster its directory must be one every node sees (the job's output and FileStore)."""
+    if not isinstance(slurm, SlurmCli):
+        return []
+    state = settings.sandbox_state_dir
+    work = (state or Path.home() / ".autoclusters") / "screens"
+    screen = ScreenActivities(
+        SlurmReservationCli(settings.slurm_conf, settings.slurm_bin_dir),
+        work,
+        fake_dir=state / "agent" if state is not None else None,
+    )
+    return [screen.burn_in_screen]
+
+
 def build_worker(
     client: Client,
     settings: Settings,
@@ -298,6 +318,7 @@ def build_worker(
             ops.workflow_running,
             *(provider.activities() if provider is not None else []),
             *sharing_activities(client, settings, slurm, kube_api),
+            *screen_activities(settings, slurm),
         ],
         graceful_shutdown_timeout=timedelta(seconds=5),
         interceptors=[MetricsInterceptor(metrics, client)] if metrics is not None else [],

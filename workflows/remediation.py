@@ -36,6 +36,8 @@ with workflow.unsafe.imports_passed_through():
         FaultAck,
         FaultReport,
         FaultSeen,
+        HealthCheck,
+        HealthReport,
         IncidentRequest,
         IncidentState,
         IncidentStatus,
@@ -44,6 +46,8 @@ with workflow.unsafe.imports_passed_through():
         RepairInput,
         RepairResult,
         ReturnInput,
+        ScreenInput,
+        ScreenResult,
         StepRecord,
         WaitRegisteredInput,
         drain_reason,
@@ -328,6 +332,8 @@ class NodeRemediation:
                 await self._k8s.wait_new_machine(before, done)
             await self._wait_registered(req, done)
             report = await health_gate(inc, self._evidence, done)  # Slurm's and the agent's
+            if report.passed and p.burn_in.enabled:
+                report = await self._screen(req, report)  # a failed screen: a failed gate
             s.health.append(report)
             if report.passed:
                 return
@@ -351,6 +357,35 @@ class NodeRemediation:
                 + "".join(f"; {why}" for why in skipped),
                 "warning",
             )
+
+    async def _screen(self, req: IncidentRequest, report: HealthReport) -> HealthReport:
+        """The burn-in screen in a breakfix reservation (activities/screen.py): its result
+        is on the incident, and joins the gate's report as one more check."""
+        s, b = self._state, self._policy.burn_in
+        res: ScreenResult = await self._inc.steps.activity(
+            "burn_in_screen",
+            contracts.burn_in_screen,
+            ScreenInput(
+                node=req.node,
+                incident_id=req.incident_id,
+                key=f"{req.incident_id}:{s.repair_attempts}",
+                drain_reason=drain_reason(req.incident_id, req.fault),
+                timeout_s=b.timeout_s,
+                size_mib=b.size_mib,
+                rounds=b.rounds,
+                min_bus_gbps=b.min_bus_gbps,
+                neighbour=b.neighbour,
+            ),
+            f"burn-in screen of {req.node} in a breakfix reservation",
+            screen_text,
+            # The job's bound, plus the reservation, the drain and the clean-up around it.
+            timeout=timedelta(seconds=b.timeout_s + 120),
+            heartbeat=REPAIR_HEARTBEAT,
+        )
+        s.screens.append(res)
+        self._inc.publish()
+        check = HealthCheck(name="burn_in_screen", passed=res.passed, detail=screen_text(res))
+        return report.model_copy(update={"passed": res.passed, "checks": [*report.checks, check]})
 
     async def _repair(self, inp: RepairInput, timeout_s: float) -> RepairResult:
         what = {Rung.RESET_GPU: "reset the GPUs of", Rung.REBOOT: "reboot"}.get(
@@ -496,6 +531,26 @@ class NodeRemediation:
             f"{rung.value} {r.node} (when the fleet guard admits)",
             "wait until the node registers in Slurm again",
             "health gate; on failure one rung up the ladder",
+            *(
+                [
+                    "burn-in screen in a breakfix reservation (all-reduce with a healthy idle "
+                    "neighbour, the agent's active diagnostic); on failure one rung up"
+                ]
+                if p.burn_in.enabled
+                else []
+            ),
             "return to service",
         ]
         return plan
+
+
+def screen_text(r: ScreenResult) -> str:
+    """One line for the timeline, Slack and the gate's check."""
+    with_ = f"with {r.neighbour}" if r.neighbour else "alone (no healthy idle neighbour)"
+    bw = (
+        f"; all-reduce {r.busbw_gbps:.2f} GB/s bus, {r.allreduce_s * 1000:.1f} ms/round"
+        if r.busbw_gbps is not None and r.allreduce_s is not None
+        else ""
+    )
+    verdict = "passed" if r.passed else f"FAILED: {r.detail}"
+    return f"{verdict}; {with_}, job {r.job_id}, {r.seconds:.1f}s{bw}"

@@ -69,6 +69,9 @@ class FakeNode(BaseModel):
     infiniband: IbReadings | None = None
     # This boot of the machine (None: the agent's own /proc value); `boot` sets a new one.
     boot_id: str | None = None
+    # What only an active diagnostic finds (clients/agent/diag.py; DCGM diag's memory and
+    # stress tests): a marginal GPU reads healthy through NVML until it is loaded.
+    diag_failures: list[str] = Field(default_factory=list)
     # What the healthy node has, so a reset restores exactly that.
     shape: dict[str, int] = Field(
         default_factory=lambda: {
@@ -160,6 +163,7 @@ def reset(path: Path) -> FakeNode:
     def change(node: FakeNode) -> None:
         fresh = healthy_node(**node.shape)
         node.gpus, node.infiniband, node.events = fresh.gpus, fresh.infiniband, []
+        node.diag_failures = []
 
     return update_node(path, change)
 
@@ -174,6 +178,7 @@ def boot(path: Path, *, healthy: bool, still_broken: Sequence[str] = ()) -> Fake
         if healthy:
             fresh = healthy_node(**node.shape)
             node.gpus, node.infiniband, node.events = fresh.gpus, fresh.infiniband, []
+            node.diag_failures = []
         else:
             for fault in still_broken:
                 if m := XID_FAULT.match(fault):
@@ -201,6 +206,9 @@ def _injector(fault: str, *, gpu: int, hca: str | None, at: datetime) -> Callabl
     if m := XID_FAULT.match(fault):
         code = int(m.group(1))
         return lambda node: _event(node, "xid", code, gpu, at)
+    if fault in LATENT_FAULTS:
+        what = LATENT_FAULTS[fault]
+        return lambda node: node.diag_failures.append(f"GPU {gpu}: {what}")
     if fault not in _INJECTORS:
         raise UnknownFault(
             f"cannot inject {fault!r}: the agent does not detect it on the node "
@@ -327,6 +335,13 @@ _INJECTORS: dict[str, Callable[[FakeNode, int, str | None, datetime], None]] = {
     "IB_LINK_DOWN": _ib_down,
     "IB_LINK_DEGRADED": _ib_degraded,
     "HCA_FELL_OFF_BUS": _hca_gone,
+}
+
+
+# Faults no passive read shows (the agent never reports them, the health gate passes):
+# only the active diagnostic of a burn-in screen finds them. Injected like the others.
+LATENT_FAULTS: dict[str, str] = {
+    "GPU_MARGINAL": "memory stress test failed (marginal HBM)",
 }
 
 
