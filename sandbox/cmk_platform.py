@@ -9,7 +9,9 @@ What a customer has before AutoClusters provisions anything, the sandbox makes a
 - the cluster's system node: the CPU node a CMK cluster runs its control workloads on
   (here, the Slurm control pods: slurmctld, slurmdbd, sshd);
 - the Slinky operator with its kubelet (sandbox/slinky_operator.py `--state-dir`), and the
-  Kubernetes emulator told that the Slurm pods are run by that kubelet.
+  Kubernetes emulator told that the Slurm pods are run by that kubelet;
+- the node agent's DaemonSet, as shipped (deploy/kubernetes/agent.yaml), whose pods that
+  kubelet runs as the agents (sandbox/agent_daemonset.py says what the sandbox substitutes).
 """
 
 from __future__ import annotations
@@ -20,14 +22,19 @@ from autoclusters.activities.crusoe_machines import op_meta
 from autoclusters.core.sharing import INFERENCE_APP, INFERENCE_APP_LABEL
 from autoclusters.integrations.crusoe import CrusoeClient, load_credentials
 from autoclusters.integrations.crusoe.resources import SLURM_OPERATOR_ADD_ON
+from autoclusters.sandbox.agent_daemonset import APP as AGENT_APP
+from autoclusters.sandbox.agent_daemonset import install as install_agent
 from autoclusters.sandbox.config import SandboxConfig
 from autoclusters.sandbox.daemons import SandboxError
 
 AUTOCLUSTERS_ADD_ON = "autoclusters"
 CMK_VERSION = "1.33.4-cmk.1"
-# The pods the emulated kubelet runs (sandbox/slinky_kubelet.py), beside the inference
-# pods the inference kubelet runs: the Kubernetes emulator leaves their status to them.
-EXTERNAL_PODS = f"{INFERENCE_APP_LABEL} in ({INFERENCE_APP},slurmctld,slurmdbd,login,slurmd)"
+# The pods the emulated kubelet runs (sandbox/slinky_kubelet.py: the Slurm daemons and the
+# agent's DaemonSet pods), beside the inference pods the inference kubelet runs: the
+# Kubernetes emulator leaves their status to them.
+EXTERNAL_PODS = (
+    f"{INFERENCE_APP_LABEL} in ({INFERENCE_APP},slurmctld,slurmdbd,login,slurmd,{AGENT_APP})"
+)
 
 
 def system_node(cfg: SandboxConfig) -> str:
@@ -43,7 +50,10 @@ def operator_args(cfg: SandboxConfig) -> list[str]:
 
 
 def register_system_node(cfg: SandboxConfig) -> None:
-    """The CMK cluster's CPU node, Ready (no GPUs: no NodeSet selects it)."""
+    """The CMK cluster's CPU node, Ready (no GPUs: no NodeSet selects it, nor the agent's
+    DaemonSet); and what the `autoclusters` add-on installs on the cluster: the agent's
+    DaemonSet as shipped (deploy/kubernetes/agent.yaml: sandbox/agent_daemonset.py), whose
+    pods the GPU Nodes get as they register."""
     with httpx.Client(base_url=cfg.k8s_url, timeout=10) as k8s:
         r = k8s.post(
             "/_emulator/nodes",
@@ -55,6 +65,7 @@ def register_system_node(cfg: SandboxConfig) -> None:
             },
         )
         r.raise_for_status()
+    install_agent(cfg)
 
 
 async def create_cluster(cfg: SandboxConfig) -> str:

@@ -9,7 +9,10 @@ the emulated clouds' worlds are left as they are:
   (it holds that file);
 - the emulators come back on their state files, which they rewrite after every change
   (sandbox/config.py `emulator_state`): what a request changed before the stop is there,
-  even one answered a moment before the signal.
+  even one answered a moment before the signal;
+- on CMK an agent is its DaemonSet's pod: SIGTERM deletes the pod (the DaemonSet makes a
+  new one, whose process is the new agent), SIGKILL crashes its container (the kubelet
+  starts it again in the same pod): sandbox/agent_pods.py.
 """
 
 from __future__ import annotations
@@ -21,7 +24,15 @@ from dataclasses import dataclass
 import httpx
 
 from autoclusters.core.process_start import start_ticks
-from autoclusters.sandbox import cloud_api, cluster, daemons, inference_sandbox, monitoring, slinky
+from autoclusters.sandbox import (
+    agent_pods,
+    cloud_api,
+    cluster,
+    daemons,
+    inference_sandbox,
+    monitoring,
+    slinky,
+)
 from autoclusters.sandbox.config import SandboxConfig
 from autoclusters.sandbox.daemons import SandboxError
 from autoclusters.sandbox.processes import ProcessRecord, ProcessTable, _signal
@@ -149,6 +160,13 @@ def restart(
             f"{name} is not running in the sandbox in {cfg.state_dir} "
             f"(components: {', '.join(components(cfg)) or 'none'})"
         )
+    if cfg.cmk and name.startswith(AGENT_PREFIX):
+        # On CMK an agent is a pod of its DaemonSet: restarted as Kubernetes restarts one
+        # (the pod deleted and made again, or its crashed container started again).
+        old_pid, new_pid = agent_pods.restart(
+            cfg, name, kill=kill, timeout_s=timeout_s, between=between
+        )
+        return Restarted(name, old_pid, new_pid, "SIGKILL" if kill else "SIGTERM")
     spec = _spec(cfg, name)
     argv = _argv(cfg, rec)
     old = stop(cfg, name, kill=kill)

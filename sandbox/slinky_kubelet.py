@@ -9,8 +9,10 @@ daemon answers (the Kubernetes emulator leaves these pods to it: `--external-kub
 - the Accounting's pod is slurmdbd on a private MariaDB; the LoginSet's pod is sshd (root's
   keys: the LoginSet's `rootSshAuthorizedKeys`);
 - each slurmd pod is `slurmd -N <node>`, <node> the pod's Slurm node (the Node's
-  hostname-override, else its name: sandbox/slinky_operator_pods.py), with the node's health
-  agent beside it (a stand-in for the agent's DaemonSet pod on that Node).
+  hostname-override, else its name: sandbox/slinky_operator_pods.py);
+- each pod of the agent's DaemonSet (deploy/kubernetes/agent.yaml, applied as shipped) is
+  the node agent, started from the pod's spec (sandbox/agent_pods.py,
+  sandbox/agent_daemonset.py).
 
 The daemons are started the Managed Slurm way (sandbox/slurm_controller.py, shared) and
 recorded in the sandbox's ProcessTable under the same names (`slurmctld`, `slurmd-<node>`,
@@ -44,6 +46,7 @@ from kubernetes import client
 from autoclusters.core.kubernetes import is_ready
 from autoclusters.sandbox import daemons, machine_names, machines
 from autoclusters.sandbox import slinky_operator_pods as pods
+from autoclusters.sandbox.agent_pods import AgentPods
 from autoclusters.sandbox.config import GPUS_PER_NODE, SandboxConfig
 from autoclusters.sandbox.processes import ProcessTable
 from autoclusters.sandbox.slinky_operator_workloads import APP, owner_of
@@ -76,7 +79,8 @@ class SlinkyKubelet:
         self._table = ProcessTable(cfg.state_dir)
         self._slurm = ManagedSlurm(cfg, machines.power_on)
         self._applied: tuple[object, ...] | None = None  # the layout slurmctld runs
-        self._agent_on: dict[str, str] = {}  # Slurm node -> the Node its agent was started on
+        # The agent's DaemonSet pods (deploy/kubernetes/agent.yaml): sandbox/agent_pods.py.
+        self._agent_pods = AgentPods(self._core, cfg)
         # Every Slurm node declared from a pod, as last declared (its partition and its
         # NodeSet (namespace, name)): declared on, DOWN, once its pod is gone with its Node.
         self._declared: dict[str, tuple[NodeDef, str, tuple[str, str]]] = {}
@@ -234,7 +238,7 @@ class SlinkyKubelet:
             forget(self._cfg)  # the cluster is gone: one made later starts afresh
             self._declared.clear()
         done += self._stop_unwanted({pods.slurm_name(p) for p in slurmds})
-        done += self._agents(slurmds, nodes)
+        done += self._agent_pods.sync(every, nodes, by_app["slurmd"])
         self._report(live, ours)
         return done
 
@@ -250,30 +254,6 @@ class SlinkyKubelet:
             node = rec.name.removeprefix("slurmd-")
             if rec.name.startswith("slurmd-") and node not in wanted and self._alive(rec.name):
                 machines.power_off(self._cfg, node)
-                done.append(f"stopped {rec.name}")
-        return done
-
-    def _agents(self, slurmds: list[Obj], nodes: dict[str, Obj]) -> list[str]:
-        """Each slurmd pod's node has its health agent; a new Node (a replaced machine, even
-        under the same name) starts its agent afresh, as a new machine's disk would."""
-        done = []
-        wanted = {}
-        for p in slurmds:
-            meta = nodes[pods.node_of(p)]["metadata"]
-            wanted[pods.slurm_name(p)] = str(meta.get("uid") or meta["name"])
-        for name, node in wanted.items():
-            before = self._agent_on.get(name)
-            if before == node and self._alive(f"agent-{name}"):
-                continue
-            if before is not None and before != node:
-                machines.stop_agent(self._cfg, name)
-            machines.start_agent(self._cfg, name, new_machine=before not in (None, node))
-            self._agent_on[name] = node
-            done.append(f"agent-{name} runs")
-        for rec in self._table.records():
-            name = rec.name.removeprefix("agent-")
-            if rec.name.startswith("agent-") and name not in wanted and self._alive(rec.name):
-                machines.stop_agent(self._cfg, name)
                 done.append(f"stopped {rec.name}")
         return done
 

@@ -6,6 +6,8 @@ The sandbox (`platform="cmk"`) creates the CMK cluster through the Crusoe emulat
 `ClusterProvisioning` makes the node pool, whose VMs' Nodes carry the pool's labels, applies
 the Slinky objects and their Secrets, and the emulated operator's pods run the real daemons
 (slurmctld, slurmdbd on MariaDB, sshd, one slurmd per Node), which Debian's kubectl lists.
+The node agents are the pods of the shipped agent DaemonSet (deploy/kubernetes/agent.yaml),
+one per GPU Node, each a process started with the command line the manifest renders to.
 
 One sandbox for the module, the tests in order: they tell one story.
 """
@@ -13,6 +15,7 @@ One sandbox for the module, the tests in order: they tell one story.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
@@ -25,7 +28,8 @@ import pytest
 import pytest_asyncio
 
 from autoclusters.core.cluster_spec import load_cluster_spec
-from autoclusters.sandbox import cluster
+from autoclusters.sandbox import agent_daemonset, cluster, restart
+from autoclusters.sandbox import slinky_operator_pods as slinky_pods
 from autoclusters.sandbox.config import SandboxConfig
 from autoclusters.sandbox.processes import ProcessTable
 from tests.conftest import free_port_base
@@ -94,6 +98,38 @@ def _running_slurmd_pods(cfg: SandboxConfig) -> list[str]:
     return sorted(r[0] for r in rows if r[1:] == ["Running", "True"])
 
 
+def _agent_pods(cfg: SandboxConfig) -> dict[str, Any]:
+    """The agent DaemonSet's pods kubectl shows, not being deleted, by their Node."""
+    out = _kubectl(
+        cfg, "get", "pods", "-n", "autoclusters", "-l",
+        f"{agent_daemonset.APP_LABEL}={agent_daemonset.APP}", "-o", "json",
+    )  # fmt: skip
+    items = json.loads(out)["items"]
+    return {p["spec"]["nodeName"]: p for p in items if not p["metadata"].get("deletionTimestamp")}
+
+
+def _running_agents(cfg: SandboxConfig) -> dict[str, int]:
+    """Node -> the PID of its agent pod's container, for the pods Running and Ready whose
+    process runs."""
+    table = ProcessTable(cfg.state_dir)
+    alive = {r.pid for r in table.records() if table.alive(r.name)}
+    out = {}
+    for node, pod in _agent_pods(cfg).items():
+        conds = {c["type"]: c["status"] for c in pod["status"].get("conditions") or []}
+        pid = agent_daemonset.pid_of(pod)
+        if (
+            pod["status"].get("phase") == "Running"
+            and conds.get("Ready") == "True"
+            and pid in alive
+        ):
+            out[node] = pid
+    return out
+
+
+def _cmdline(pid: int) -> list[str]:
+    return Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")[:-1]
+
+
 def _slurm_nodes(cfg: SandboxConfig) -> list[str]:
     out = _slurm(cfg, "sinfo", "-h", "-N", "-o", "%N %T")
     return sorted(line.split()[0] for line in out.splitlines() if "idle" in line)
@@ -120,6 +156,52 @@ async def test_the_provisioned_cluster_runs_on_the_operators_pods(cfg: SandboxCo
     assert pool["name"] == "cmk-gpu" and pool["cluster_id"] == cfg.cmk_cluster_id
 
 
+async def test_the_agents_are_the_shipped_daemonsets_pods(cfg: SandboxConfig) -> None:
+    """One agent pod per GPU Node (none on the system node), Running with its PID, and that
+    process runs the command line the shipped manifest renders to on that Node."""
+    await eventually(
+        lambda: _async(sorted(_running_agents(cfg)) == ["cmk-gpu-1", "cmk-gpu-2"]),
+        60,
+        "an agent pod Running on each GPU Node",
+    )
+    ds = json.loads(_kubectl(cfg, "get", "ds", "-n", "autoclusters", "autoclusters-agent",
+                             "-o", "json"))  # fmt: skip
+    shipped = agent_daemonset.load()
+    assert (
+        ds["spec"]["template"]["spec"]["containers"][0]["args"]
+        == (shipped["spec"]["template"]["spec"]["containers"][0]["args"])
+    )
+    assert ds["status"]["desiredNumberScheduled"] == 2 and ds["status"]["numberReady"] == 2
+    listed = json.loads(_kubectl(cfg, "get", "nodes", "-o", "json"))["items"]
+    nodes = {n["metadata"]["name"]: n for n in listed}
+    table = ProcessTable(cfg.state_dir)
+    for node, pid in _running_agents(cfg).items():
+        pod = _agent_pods(cfg)[node]
+        slurm = slinky_pods.hostname_of(nodes[node])
+        want = agent_daemonset.render(
+            cfg, pod["spec"], agent_daemonset.Node(node, slurm), lambda name, key: "unused"
+        )
+        assert _cmdline(pid) == want.argv
+        rec = table.get(f"agent-{slurm}")
+        assert rec is not None and rec.pid == pid  # what restarts and chaos find by name
+
+
+async def test_an_agent_restarts_as_its_pod(cfg: SandboxConfig) -> None:
+    """SIGTERM deletes the pod (the DaemonSet makes a new one), SIGKILL crashes the container
+    (the same pod runs it again, restartCount + 1)."""
+    before = _agent_pods(cfg)["cmk-gpu-1"]
+    done = await asyncio.to_thread(restart.restart, cfg, "agent-gpu-01")
+    after = _agent_pods(cfg)["cmk-gpu-1"]
+    assert after["metadata"]["uid"] != before["metadata"]["uid"]
+    assert agent_daemonset.pid_of(after) == done.new_pid != done.old_pid
+    assert not Path(f"/proc/{done.old_pid}").exists()
+    done = await asyncio.to_thread(restart.restart, cfg, "agent-gpu-01", kill=True)
+    crashed = _agent_pods(cfg)["cmk-gpu-1"]
+    assert crashed["metadata"]["uid"] == after["metadata"]["uid"]
+    assert agent_daemonset.pid_of(crashed) == done.new_pid
+    assert agent_daemonset.restarts_of(crashed) == agent_daemonset.restarts_of(after) + 1
+
+
 @pytest.mark.timeout(600)
 async def test_scale_out_and_in(cfg: SandboxConfig) -> None:
     r = _cli(cfg, "scale", cfg.cluster, "gpu", "3", "--wait")
@@ -130,12 +212,26 @@ async def test_scale_out_and_in(cfg: SandboxConfig) -> None:
         30,
         "three running slurmd pods",
     )
+    # The new Node got its agent pod.
+    await eventually(
+        lambda: _async(sorted(_running_agents(cfg)) == ["cmk-gpu-1", "cmk-gpu-2", "cmk-gpu-3"]),
+        30,
+        "three running agent pods",
+    )
+    gone = _running_agents(cfg)["cmk-gpu-3"]
     r = _cli(cfg, "scale", cfg.cluster, "gpu", "2", "--wait")
     assert r.returncode == 0, r.stdout + r.stderr
     await eventually(
         lambda: _async(_running_slurmd_pods(cfg) == ["gpu-01", "gpu-02"]), 30, "two pods"
     )
     assert len(_world(cfg)["vms"]) == 2
+    # The removed Node's agent pod and its process went; no slurmd of it is left either.
+    await eventually(
+        lambda: _async(sorted(_agent_pods(cfg)) == ["cmk-gpu-1", "cmk-gpu-2"]), 30, "two agents"
+    )
+    await eventually(lambda: _async(not Path(f"/proc/{gone}").exists()), 30, "its agent gone")
+    table = ProcessTable(cfg.state_dir)
+    assert not table.alive("agent-gpu-03") and not table.alive("slurmd-gpu-03")
 
 
 @pytest.mark.timeout(900)
