@@ -11,10 +11,21 @@ Writes a PNG timeline.
     .venv/bin/python bench/mttr.py --incidents 5 --boot-delay 0 --job-recovery in-job
     .venv/bin/python bench/mttr.py --incidents 3 --boot-delay 60 --k8s --out /tmp/mttr
 
-`--job-recovery requeue` (default): one 2-node job, requeued by Slurm at each fault.
+`--job-recovery requeue` (default): one 2-node job, requeued by Slurm at each fault; the
+job's log splits its restart (the batch script launched again, its checkpoint loaded).
 `--job-recovery in-job`: for each fault a fresh job of examples/training's in-job mode (2
 nodes train, a standby in the allocation: one standby covers one fault), faulted on a
 training node; the runbook takes the node from the job and the standby takes its seat.
+`--job-recovery borrowed` (bench/mttr_borrowed.py: Kubernetes mode, 4 nodes, 2 of them
+serving inference under a steady load): one 2-node job, no spare; each fault's GPU stays
+broken until a replacement, the rebalancer lends the job an inference node for the repair
+and gives it back after; the requests inference failed are counted per fault. It needs
+boots long enough for the job to start on the borrowed node before the repair ends:
+
+    .venv/bin/python bench/mttr.py --incidents 5 --boot-delay 30 --job-recovery borrowed
+
+`--record FILE` writes the per-fault figures, the command line and the machine's load as
+JSON (bench/recovery_plot.py draws the paths side by side from such files).
 
 Set beside Crusoe's published "detect, replace and resume in under 15 minutes": the boot
 delay stands for the replacement VM's boot; 0 s, 60 s and 300 s bracket what clouds take.
@@ -24,6 +35,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
+import os
 import random
 import signal
 import statistics
@@ -37,6 +50,10 @@ from typing import Any
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # mttr_borrowed
+
+from mttr_borrowed import BorrowedFault, borrowed_faults  # noqa: E402
+from rich.console import Console  # noqa: E402
 
 from autoclusters.activities.job_markers import ACTIVE  # noqa: E402
 from autoclusters.clients import incidents
@@ -53,6 +70,7 @@ from autoclusters.sandbox.config import SandboxConfig  # noqa: E402
 from autoclusters.sandbox.demo import incident_since, wait_for  # noqa: E402
 from autoclusters.sandbox.hardware import Hardware, HardwareFault  # noqa: E402
 from autoclusters.sandbox.joblog import (  # noqa: E402
+    event_at,
     first_progress_after_reforming,
     first_progress_after_restart,
     progress_lines,
@@ -66,12 +84,21 @@ PHASES = [
     "detection",
     "quarantine",
     "job requeued",
-    "job running again",
+    # The requeue path's restart, from the job's log: the batch script launched again, then
+    # its ranks up, met and loaded their checkpoint (torch imported, c10d rendezvous).
+    "job relaunched",
+    "checkpoint loaded",
+    "borrowed node lent",
+    "job running again",  # its first step at full width
     "steps done again",
     "work lost (s)",
     "repair",
     "health gate",
     "back in service",
+    "borrowed node given back",
+    "job off the borrowed node",  # its first step on the repaired node
+    "steps done again at give-back",
+    "requests failed",  # inference's, over the fault's cycle
 ]
 
 
@@ -113,26 +140,70 @@ def pct(values: list[float], q: float) -> float:
 
 async def run(args: argparse.Namespace) -> int:
     state_dir = Path(args.state_dir or tempfile.mkdtemp(prefix="mttr-"))
+    borrowed = args.job_recovery == "borrowed"
     cfg = SandboxConfig(
         state_dir=state_dir,
         cluster="bench",
-        nodes=args.nodes,
+        # The borrowed path is the borrow demo's: 2 nodes train, 2 serve inference.
+        nodes=max(args.nodes, 4) if borrowed else args.nodes,
         port_base=args.port_base,
         boot_delay_s=args.boot_delay,
-        k8s=args.k8s,
+        k8s=args.k8s or borrowed,
         # The bench opens a fault every `gap` seconds on purpose: more than the shipped
         # breaker's 5 in 10 minutes is the benchmark, not a fleet-wide problem.
         breaker_threshold=max(5, args.incidents + 1),
     )
-    print(f"sandbox in {state_dir} ({args.nodes} nodes, boot delay {args.boot_delay:.0f} s)")
+    print(f"sandbox in {state_dir} ({cfg.nodes} nodes, boot delay {args.boot_delay:.0f} s)")
+    machine = {"cpus": os.cpu_count(), "load_before": _load()}
     await asyncio.to_thread(cluster.up, cfg)
     try:
-        return await _bench(cfg, args)
+        if borrowed:
+            rows, timelines, kind = await _bench_borrowed(cfg, args)
+            overheads, ratio = [overhead(t[2]) for t in timelines], None
+        else:
+            rows, overheads, timelines, kind, ratio = await _bench(cfg, args)
     finally:
         await asyncio.to_thread(cluster.down, cfg)
+    machine["load_after"] = _load()
+    summary = report(rows, overheads, ratio)
+    print(
+        f"boot delay {args.boot_delay:.0f} s; incidents {args.incidents}; k8s {cfg.k8s}; "
+        f"job {kind}; job recovery {args.job_recovery}; {machine['cpus']} CPUs, load average "
+        f"{machine['load_before']} before, {machine['load_after']} after"
+    )
+    if args.out:
+        png = _plot(timelines, Path(args.out))
+        print(f"timeline: {png}")
+    if args.record:
+        record = {
+            "path": args.job_recovery,
+            "command": " ".join(["bench/mttr.py", *sys.argv[1:]]),
+            "date": datetime.now().astimezone().isoformat(timespec="seconds"),
+            "machine": machine,
+            "job": kind,
+            "boot_delay_s": args.boot_delay,
+            "k8s": cfg.k8s,
+            "rows": rows,
+            "summary": summary,
+            "effective_training_ratio": ratio,
+        }
+        Path(args.record).write_text(json.dumps(record, indent=1) + "\n")
+        print(f"record: {args.record}")
+    return 0
 
 
-async def _bench(cfg: SandboxConfig, args: argparse.Namespace) -> int:
+def _load() -> list[float]:
+    """The machine's load average (1, 5, 15 min): what the figures were measured beside."""
+    return [round(v, 2) for v in os.getloadavg()]
+
+
+Row = dict[str, float | None]
+Timeline = tuple[str, float, IncidentState, float]
+
+
+async def _bench(
+    cfg: SandboxConfig, args: argparse.Namespace
+) -> tuple[list[Row], list[float], list[Timeline], str, float | None]:
     settings = load_file(cfg.settings_file)
     # Each incident is a fresh fault: no recurrence escalation between bench incidents.
     policy = policy_for(settings).model_copy(update={"recurrence_window_s": 0.001})
@@ -143,9 +214,9 @@ async def _bench(cfg: SandboxConfig, args: argparse.Namespace) -> int:
     if not in_job:
         job_id, log, kind = await training_job.submit(slurm, cfg, "bench")
         print(f"job {job_id} ({kind}), log {log}")
-    rows: list[dict[str, float | None]] = []
+    rows: list[Row] = []
     overheads: list[float] = []
-    timelines: list[tuple[str, float, IncidentState, float]] = []
+    timelines: list[Timeline] = []
     run_start = time.time()
     for k in range(args.incidents):
         if in_job:  # one standby covers one fault: a fresh job each time
@@ -177,6 +248,7 @@ async def _bench(cfg: SandboxConfig, args: argparse.Namespace) -> int:
             NodeRemediation.run, opened.workflow_id, run_id=opened.run_id
         )
         state = await handle.result()
+        relaunched = loaded = None
         if in_job:
             line = await _reformed(log, fault_at)
             resumed, resumed_at_step = line.ts, line.resumed_from
@@ -189,6 +261,7 @@ async def _bench(cfg: SandboxConfig, args: argparse.Namespace) -> int:
             resumed = await _resumed(slurm, job_id, log, k + 1)
             resumed_at_step = went_on_from(log, k + 1)
             before = [ln.step for ln in progress_lines(log) if ln.restart <= k]
+            relaunched, loaded = event_at(log, "launch", k + 1), event_at(log, "resumed", k + 1)
         redone = max(before) - resumed_at_step if before and resumed_at_step is not None else None
         period = _step_period(log)
         rows.append(
@@ -196,6 +269,8 @@ async def _bench(cfg: SandboxConfig, args: argparse.Namespace) -> int:
                 "detection": state.request.opened_at.timestamp() - fault_at,
                 "quarantine": _since(state, "drain", fault_at),
                 "job requeued": _since(state, "requeue", fault_at),
+                "job relaunched": relaunched - fault_at if relaunched else None,
+                "checkpoint loaded": loaded - fault_at if loaded else None,
                 "job running again": resumed - fault_at,
                 "steps done again": redone,
                 "work lost (s)": resumed - fault_at + (redone or 0) * period,
@@ -215,27 +290,65 @@ async def _bench(cfg: SandboxConfig, args: argparse.Namespace) -> int:
     ratio = None if in_job else _effective_ratio(log, run_start, run_end)
     if not in_job:
         await slurm.cancel(job_id)
+    return rows, overheads, timelines, kind, ratio
 
+
+async def _bench_borrowed(
+    cfg: SandboxConfig, args: argparse.Namespace
+) -> tuple[list[Row], list[Timeline], str]:
+    rig, faults = await borrowed_faults(cfg, args.incidents, args.gap, Console())
+    period = _step_period(rig.log)
+    rows = [_borrowed_row(f, period) for f in faults]
+    timelines = [
+        (f"#{k + 1} {f.node}", f.fault_at, f.state, f.job_again) for k, f in enumerate(faults)
+    ]
+    return rows, timelines, rig.kind
+
+
+def _borrowed_row(f: BorrowedFault, period: float) -> Row:
+    state, at = f.state, f.fault_at
+    return {
+        "detection": state.request.opened_at.timestamp() - at,
+        "quarantine": _since(state, "drain", at),
+        "job requeued": _since(state, "requeue", at),
+        "borrowed node lent": f.lent,
+        "job running again": f.job_again,
+        "steps done again": f.redone,
+        "work lost (s)": f.job_again + (f.redone or 0) * period,
+        "repair": _span(state, "repair"),
+        "health gate": _span(state, "health_gate"),
+        "back in service": _since(state, "return_to_service", at, last=True),
+        "borrowed node given back": f.given_back,
+        "job off the borrowed node": f.off_borrowed,
+        "steps done again at give-back": f.redone_at_give_back,
+        "requests failed": f.requests_failed,
+        "requests sent": f.requests,
+        "steps on the borrowed node": f.steps_on_borrowed,
+    }
+
+
+def report(rows: list[Row], overheads: list[float], ratio: float | None) -> dict[str, Any]:
+    """Print each phase's median, p95 and n over the faults that reached it; return them."""
+    summary: dict[str, Any] = {}
     print()
-    print(f"{'phase (s from the fault)':<28}{'median':>9}{'p95':>9}")
+    print(f"{'phase (s from the fault)':<32}{'median':>9}{'p95':>9}{'n':>4}")
     for phase in PHASES:
-        vals = [v for r in rows if (v := r[phase]) is not None]
+        vals = [v for r in rows if (v := r.get(phase)) is not None]
         if vals:
-            print(f"{phase:<28}{statistics.median(vals):>9.2f}{pct(vals, 0.95):>9.2f}")
-    print(
-        f"{'orchestration overhead':<28}{statistics.median(overheads):>9.3f}"
-        f"{pct(overheads, 0.95):>9.3f}"
-    )
+            med, p95 = statistics.median(vals), pct(vals, 0.95)
+            summary[phase] = {"median": med, "p95": p95, "n": len(vals)}
+            print(f"{phase:<32}{med:>9.2f}{p95:>9.2f}{len(vals):>4}")
+    if overheads:
+        med, p95 = statistics.median(overheads), pct(overheads, 0.95)
+        summary["orchestration overhead"] = {"median": med, "p95": p95, "n": len(overheads)}
+        print(f"{'orchestration overhead':<32}{med:>9.3f}{p95:>9.3f}{len(overheads):>4}")
+    sent = [v for r in rows if (v := r.get("requests sent")) is not None]
+    if sent:
+        failed = sum(r.get("requests failed") or 0 for r in rows)
+        print(f"inference requests over the faults: {sum(sent):.0f} sent, {failed:.0f} failed")
     if ratio is not None:
         print(f"effective training time ratio over the run: {ratio:.3f}")
-    print(
-        f"boot delay {args.boot_delay:.0f} s; incidents {args.incidents}; k8s {args.k8s}; "
-        f"job {kind}; job recovery {args.job_recovery}"
-    )
-    if args.out:
-        png = _plot(timelines, Path(args.out))
-        print(f"timeline: {png}")
-    return 0
+    return summary
 
 
 def _effective_ratio(log: Path, start: float, end: float) -> float:
@@ -356,10 +469,11 @@ def main() -> None:
     p.add_argument("--fault", default="XID_79")
     p.add_argument("--gap", type=float, default=30, help="seconds of training between faults")
     p.add_argument("--k8s", action="store_true")
-    p.add_argument("--job-recovery", choices=["requeue", "in-job"], default="requeue")
+    p.add_argument("--job-recovery", choices=["requeue", "in-job", "borrowed"], default="requeue")
     p.add_argument("--port-base", type=int, default=17400)
     p.add_argument("--state-dir", default=None)
     p.add_argument("--out", default=None, help="folder for the PNG timeline")
+    p.add_argument("--record", default=None, help="JSON file for the per-fault figures")
     args = p.parse_args()
     # A bench stopped with SIGTERM (a timeout, a CI job cancelled) still takes its sandbox
     # down: the signal becomes the KeyboardInterrupt that asyncio.run turns into the main
@@ -367,8 +481,6 @@ def main() -> None:
     signal.signal(signal.SIGTERM, _interrupt)
     rc = asyncio.run(run(args))
     sys.stdout.flush()
-    import os
-
     os._exit(rc)  # Temporal's threads can crash a finishing interpreter (sdk-python#300)
 
 

@@ -23,6 +23,7 @@ import asyncio
 import os
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
@@ -136,7 +137,26 @@ def _requeue_policy(cfg: SandboxConfig) -> str:
     return yaml.safe_dump(doc, sort_keys=False)
 
 
-async def _borrow(cfg: SandboxConfig, console: Console) -> BorrowSummary:
+@dataclass
+class BorrowRig:
+    """The scenario's set-up, ready for a fault: the rebalancer with borrowing on, two nodes
+    serving inference, the 2-node job stepping on the other two (bench/mttr.py's borrowed
+    path faults it again and again)."""
+
+    tc: Client
+    slurm: SlurmCli
+    core: k8s_client.CoreV1Api
+    policy: SharePolicy
+    nodes: list[str]
+    name: str  # the cluster's
+    ui: str  # the rebalancer in the Temporal UI
+    job_id: int
+    log: Path
+    kind: str  # torchrun or stand-in
+    before: list[str]  # the job's nodes
+
+
+async def set_up_borrow(cfg: SandboxConfig, console: Console) -> BorrowRig:
     if not cfg.k8s:
         raise DemoError("the borrow scenario needs the Kubernetes side (--k8s)")
     if cfg.nodes < 4:
@@ -147,7 +167,6 @@ async def _borrow(cfg: SandboxConfig, console: Console) -> BorrowSummary:
     assert settings.kubeconfig is not None
     core = k8s_client.CoreV1Api(k8s.api_client(kubeconfig=settings.kubeconfig))
     policy = borrow_policy()
-    ns = policy.inference.namespace
     nodes = sorted(n.name for n in await slurm.nodes())[: cfg.nodes]
     name = settings.cluster
     ui = f"{cfg.temporal_ui_url}/namespaces/default/workflows/gpu-rebalance-{name}"
@@ -180,6 +199,20 @@ async def _borrow(cfg: SandboxConfig, console: Console) -> BorrowSummary:
     job = await wait_for("the job to run", lambda: _width(slurm, job_id, WIDTH), 180)
     before = hostlist.expand(job.nodes)
     await wait_for("the job to step", lambda: _stepping(log, 0), 180)
+    return BorrowRig(
+        tc=tc, slurm=slurm, core=core, policy=policy, nodes=nodes, name=name, ui=ui,
+        job_id=job_id, log=log, kind=kind, before=before,
+    )  # fmt: skip
+
+
+async def _borrow(cfg: SandboxConfig, console: Console) -> BorrowSummary:
+    rig = await set_up_borrow(cfg, console)
+    tc, slurm, core, policy, nodes, name = (
+        rig.tc, rig.slurm, rig.core, rig.policy, rig.nodes, rig.name,
+    )  # fmt: skip
+    ns, ui, job_id, log, kind, before = (
+        policy.inference.namespace, rig.ui, rig.job_id, rig.log, rig.kind, rig.before,
+    )  # fmt: skip
 
     sampler = _Sampler(slurm, core, ns)
     sampling = asyncio.create_task(sampler.run())
@@ -296,11 +329,15 @@ LENT = {"lent", "giving_back", "returned"}  # lent, whatever has happened since
 
 
 def _borrow_in(
-    tc: Client, cluster_name: str, statuses: set[str]
+    tc: Client, cluster_name: str, statuses: set[str], incident_id: str | None = None
 ) -> Callable[[], Awaitable[Borrow | None]]:
+    """The borrow (for `incident_id`'s repair, else any) once in one of `statuses`."""
+
     async def check() -> Borrow | None:
         st = await share_status(tc, cluster_name)
         for b in st.borrows:
+            if incident_id is not None and b.incident_id != incident_id:
+                continue  # an earlier fault's (the bench faults one sandbox again and again)
             if b.status in statuses:
                 return b
             if b.status in ("failed", "taken"):

@@ -81,3 +81,23 @@ def went_on_from(log: Path, restart: int) -> int | None:
         ),
         None,
     )
+
+
+def event_at(log: Path, event: str, restart: int) -> float | None:
+    """When the `restart`-th run of the job first logged `event=<event>`: `launch` (the
+    batch script started), `resumed` (its ranks loaded their checkpoint), ...; None if it
+    has not (yet), or the log is unreadable."""
+    try:
+        text = log.read_text(errors="replace")
+    except OSError:
+        return None
+    for line in text.splitlines():
+        fields = dict(_PAIR.findall(line))
+        if fields.get("event") != event or "ts" not in fields:
+            continue
+        try:
+            if int(fields.get("restart", "0")) == restart:
+                return float(fields["ts"])
+        except ValueError:
+            continue
+    return None
