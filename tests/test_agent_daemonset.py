@@ -252,3 +252,75 @@ def test_kubectl_lists_the_daemonset(emu: Running, tmp_path: Path) -> None:
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
     assert "autoclusters-agent" in out.stdout
+
+
+# --- the kubelet's agent pods (sandbox/agent_pods.py), on the in-process emulator ------------
+
+
+def test_the_kubelet_runs_each_agent_pod_as_its_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The pod's container is a process with the manifest's rendering; a crashed container
+    runs again in the same pod, a deleted pod's process stops and the new pod's starts, a
+    Node's going stops its agent. Real agent processes (they report to no API here)."""
+    from autoclusters.sandbox import agent_pods, agent_targets
+    from autoclusters.sandbox.processes import ProcessTable
+    from autoclusters.sandbox.slinky_operator_pods import HOSTNAME_OVERRIDE
+    from tests.conftest import free_port_base
+
+    cfg = SandboxConfig(state_dir=tmp_path / "sandbox", platform="cmk", port_base=free_port_base())
+    for sub, text in (("api", "agent-token"), ("k8s", TOKEN)):
+        (cfg.state_dir / sub).mkdir(parents=True)
+        (cfg.state_dir / sub / "token").write_text(text)
+    table = ProcessTable(cfg.state_dir)
+    with running(TOKEN, external_kubelet=f"{shipped.APP_LABEL}={shipped.APP}") as emu:
+        monkeypatch.setattr(SandboxConfig, "k8s_url", property(lambda self: emu.url))
+        admin = httpx.Client(base_url=emu.url, timeout=10)
+        admin.post(
+            "/_emulator/nodes",
+            json={"name": "cmk-gpu-1", "labels": {"nvidia.com/gpu.present": "true"},
+                  "annotations": {HOSTNAME_OVERRIDE: "gpu-01"}},
+        ).raise_for_status()  # fmt: skip
+        shipped.install(cfg)
+        api = api_client(kubeconfig=_kubeconfig(tmp_path / "kubeconfig", emu.url))
+        core = client.CoreV1Api(api)
+        kubelet = agent_pods.AgentPods(core, cfg)
+
+        def sync() -> dict[str, Any]:
+            every = json.loads(core.list_pod_for_all_namespaces(_preload_content=False).data)
+            nodes = json.loads(core.list_node(_preload_content=False).data)["items"]
+            kubelet.sync(every["items"], {n["metadata"]["name"]: n for n in nodes}, [])
+            pods = json.loads(core.list_namespaced_pod("autoclusters", _preload_content=False).data)
+            return {p["metadata"]["uid"]: p for p in pods["items"]}
+
+        try:
+            (pod,) = sync().values()
+            assert pod["status"]["phase"] == "Running"
+            pid = shipped.pid_of(pod)
+            rec = table.get("agent-gpu-01")
+            assert rec is not None and rec.pid == pid and table.alive("agent-gpu-01")
+            want = shipped.render(cfg, pod["spec"], NODE, _secret)
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")[:-1]
+            assert cmdline == want.argv
+            assert agent_targets.nodes(cfg) == ["gpu-01"]
+            assert sync()[pod["metadata"]["uid"]]["status"] == pod["status"]  # a quiet pass
+
+            table.kill("agent-gpu-01")  # the container crashes: the same pod runs it again
+            again = sync()[pod["metadata"]["uid"]]
+            assert shipped.pid_of(again) not in (None, pid) and shipped.restarts_of(again) == 1
+            crashed_pid = shipped.pid_of(again)
+
+            core.delete_namespaced_pod(pod["metadata"]["name"], "autoclusters")
+            sync()  # the deleted pod's process stops, its deletion completes
+            assert crashed_pid is not None and not Path(f"/proc/{crashed_pid}").exists()
+            (new,) = sync().values()  # the DaemonSet's new pod runs a new process
+            assert new["metadata"]["uid"] != pod["metadata"]["uid"]
+            assert shipped.pid_of(new) == table.get("agent-gpu-01").pid  # type: ignore[union-attr]
+            assert shipped.restarts_of(new) == 0
+
+            admin.delete("/_emulator/nodes/cmk-gpu-1").raise_for_status()
+            assert sync() == {}  # the Node's pod went with it, and its process
+            assert not table.alive("agent-gpu-01") and agent_targets.nodes(cfg) == []
+        finally:
+            for r in table.records():
+                table.stop(r.name)
