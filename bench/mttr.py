@@ -38,6 +38,7 @@ import asyncio
 import json
 import os
 import random
+import re
 import signal
 import statistics
 import sys
@@ -84,8 +85,12 @@ PHASES = [
     "detection",
     "quarantine",
     "job requeued",
-    # The requeue path's restart, from the job's log: the batch script launched again, then
-    # its ranks up, met and loaded their checkpoint (torch imported, c10d rendezvous).
+    # The requeue path's restart. From slurmctld's log: the old run's processes all ended
+    # (Slurm requeues it then), the job given nodes again (after the runbook's hold release
+    # and its grace). From the job's log: the batch script launched again, then its ranks
+    # up, met and loaded their checkpoint (torch imported, c10d rendezvous).
+    "old run ended",
+    "job allocated again",
     "job relaunched",
     "checkpoint loaded",
     "borrowed node lent",
@@ -249,6 +254,7 @@ async def _bench(
         )
         state = await handle.result()
         relaunched = loaded = None
+        ctld: dict[str, float] = {}
         if in_job:
             line = await _reformed(log, fault_at)
             resumed, resumed_at_step = line.ts, line.resumed_from
@@ -262,6 +268,7 @@ async def _bench(
             resumed_at_step = went_on_from(log, k + 1)
             before = [ln.step for ln in progress_lines(log) if ln.restart <= k]
             relaunched, loaded = event_at(log, "launch", k + 1), event_at(log, "resumed", k + 1)
+            ctld = slurmctld_restart(cfg.log_dir / "slurmctld.log", job_id, fault_at)
         redone = max(before) - resumed_at_step if before and resumed_at_step is not None else None
         period = _step_period(log)
         rows.append(
@@ -269,6 +276,10 @@ async def _bench(
                 "detection": state.request.opened_at.timestamp() - fault_at,
                 "quarantine": _since(state, "drain", fault_at),
                 "job requeued": _since(state, "requeue", fault_at),
+                "old run ended": ctld["ended"] - fault_at if "ended" in ctld else None,
+                "job allocated again": (
+                    ctld["allocated"] - fault_at if "allocated" in ctld else None
+                ),
                 "job relaunched": relaunched - fault_at if relaunched else None,
                 "checkpoint loaded": loaded - fault_at if loaded else None,
                 "job running again": resumed - fault_at,
@@ -349,6 +360,39 @@ def report(rows: list[Row], overheads: list[float], ratio: float | None) -> dict
     if ratio is not None:
         print(f"effective training time ratio over the run: {ratio:.3f}")
     return summary
+
+
+_CTLD_LINE = re.compile(r"^\[(\S+)\] (.*)$")
+
+
+def slurmctld_restart(log: Path, job_id: int, after: float) -> dict[str, float]:
+    """From slurmctld's log, the first time after `after` that Slurm requeued the job
+    (`ended`: its old run's processes are all gone) and then allocated it nodes again
+    (`allocated`). Its stamps are local time, to the millisecond. A phase not (yet) logged,
+    or a log not readable, is absent: unknown."""
+    try:
+        text = log.read_text(errors="replace")
+    except OSError:
+        return {}
+    requeued = re.compile(rf"\bRequeuing JobId={job_id}\b")
+    allocated = re.compile(rf"\bAllocate JobId={job_id} ")
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        m = _CTLD_LINE.match(line)
+        if not m:
+            continue
+        try:
+            ts = datetime.fromisoformat(m[1]).timestamp()
+        except ValueError:
+            continue
+        if ts < after:
+            continue
+        if "ended" not in out and requeued.search(m[2]):
+            out["ended"] = ts
+        elif "ended" in out and allocated.search(m[2]):
+            out["allocated"] = ts
+            break
+    return out
 
 
 def _effective_ratio(log: Path, start: float, end: float) -> float:

@@ -27,6 +27,8 @@ ROWS = [
     ("detection (fault → incident open)", "detection"),
     ("quarantine (node drained)", "quarantine"),
     ("job requeued", "job requeued"),
+    ("old run ended (Slurm requeues it)", "old run ended"),
+    ("job allocated again", "job allocated again"),
     ("job relaunched (batch script again)", "job relaunched"),
     ("checkpoint loaded", "checkpoint loaded"),
     ("borrowed node lent", "borrowed node lent"),

@@ -118,3 +118,26 @@ def test_the_plot_is_a_png(tmp_path: Path) -> None:
         files.append(f)
     out = plot.plot(plot.load(files), tmp_path / "paths.png")
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+CTLD = """\
+[2026-12-02T11:49:31.593] sched: Allocate JobId=2 NodeList=gpu-[01-02] #CPUs=2 Partition=gpu
+[2026-12-02T11:50:01.000] Requeuing JobId=21
+[2026-12-02T11:50:03.003] Requeuing JobId=2
+[2026-12-02T11:50:04.100] sched: Allocate JobId=21 NodeList=gpu-04 #CPUs=2 Partition=gpu
+[2026-12-02T11:50:05.890] sched: Allocate JobId=2 NodeList=gpu-[01,03] #CPUs=2 Partition=gpu
+[2026-12-02T11:51:00.000] Requeuing JobId=2
+"""
+
+
+def test_slurmctld_restart_reads_this_jobs_requeue_and_next_allocation(tmp_path: Path) -> None:
+    log = tmp_path / "slurmctld.log"
+    log.write_text(CTLD)
+    after = mttr.datetime.fromisoformat("2026-12-02T11:49:55").timestamp()
+    got = mttr.slurmctld_restart(log, 2, after)
+    assert got["allocated"] - got["ended"] == pytest.approx(2.887)
+    assert got["ended"] - after == pytest.approx(8.003)
+    # Only requeued so far: no allocation yet; no log: nothing known.
+    log.write_text(CTLD.splitlines()[2] + "\n")
+    assert set(mttr.slurmctld_restart(log, 2, after)) == {"ended"}
+    assert mttr.slurmctld_restart(tmp_path / "none.log", 2, after) == {}
