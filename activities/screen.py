@@ -37,7 +37,7 @@ from temporalio.exceptions import ApplicationError
 from autoclusters.activities.acceptance_job import JOB_ENDED
 from autoclusters.activities.heartbeat import heartbeating
 from autoclusters.activities.slurm import known_node
-from autoclusters.core.models import REASON_PREFIX, ScreenInput, ScreenResult, SlurmNode
+from autoclusters.core.models import ScreenInput, ScreenResult, SlurmNode
 from autoclusters.integrations.slurm import SlurmError, SlurmUnavailable
 from autoclusters.integrations.slurm_reservations import SlurmReservationCli
 
@@ -151,7 +151,9 @@ class ScreenActivities:
         started = time.monotonic()
         slurm, name = self._slurm, reservation_name(inp.node)
         node = await known_node(slurm, inp.node)
-        if node.drained and not node.reason.startswith(f"{REASON_PREFIX} {inp.incident_id} "):
+        # Ours: the incident's reason, or the Slinky operator's copy of it (its cordon sync).
+        ours = node.reason == inp.drain_reason or node.reason.endswith(f": {inp.drain_reason}")
+        if node.drained and not ours:
             raise ApplicationError(
                 f"{inp.node} is drained by someone else ({node.reason!r}): not screened",
                 type="NotOurs",

@@ -28,7 +28,7 @@ import yaml
 
 from autoclusters.clients.agent import fake_backend
 from autoclusters.core.models import SPARE_REASON, SlurmNode
-from autoclusters.core.policy import default_policy, load_policy
+from autoclusters.core.policy import BurnInScreen, default_policy, load_policy
 from autoclusters.integrations.slurm import parse_jobs, parse_nodes
 from autoclusters.sandbox import (
     cloud_api,
@@ -148,7 +148,9 @@ def _prepare(cfg: SandboxConfig) -> None:
 
 def sandbox_policy(cfg: SandboxConfig, mode: str = "auto") -> str:
     """The shipped default policy, with the sandbox's approvers; a small sandbox may have
-    half its nodes out (the default 0.75 would freeze a 2-node sandbox)."""
+    half its nodes out (the default 0.75 would freeze a 2-node sandbox). The burn-in screen
+    is on, small (an 8 MiB gloo all-reduce on CPU: the screen's path, not a fabric's
+    figures), so every repaired node is screened before it returns."""
     policy = default_policy()
     guard = policy.guard.model_copy(
         update={
@@ -157,8 +159,14 @@ def sandbox_policy(cfg: SandboxConfig, mode: str = "auto") -> str:
             "breaker_threshold": cfg.breaker_threshold,
         }
     )
-    policy = policy.model_copy(update={"approvers": cfg.approvers, "guard": guard, "mode": mode})
-    header = "# Written by `autoclusters sandbox up`: the shipped default, sandbox approvers.\n"
+    burn_in = BurnInScreen(enabled=True, timeout_s=300, size_mib=8, rounds=3)
+    policy = policy.model_copy(
+        update={"approvers": cfg.approvers, "guard": guard, "mode": mode, "burn_in": burn_in}
+    )
+    header = (
+        "# Written by `autoclusters sandbox up`: the shipped default, sandbox approvers, "
+        "the burn-in screen on.\n"
+    )
     return header + yaml.safe_dump(policy.model_dump(mode="json"), sort_keys=False)
 
 

@@ -56,6 +56,20 @@ class StepSummary(BaseModel):
     outcome: str
 
 
+class ScreenSummary(BaseModel):
+    """The burn-in screen before return (the incident's last one; policy burn_in)."""
+
+    passed: bool
+    seconds: float  # the whole screen: reservation, job, clean-up
+    neighbour: str | None  # None: no healthy idle node, screened alone
+    backend: str | None  # gloo in the sandbox, nccl on GPUs
+    allreduce_s: float | None  # one all-reduce round, the mean of the timed ones
+    algbw_gbps: float | None
+    busbw_gbps: float | None
+    diag: dict[str, str]  # node -> "pass" or what the active diagnostic found
+    screens: int  # how many the incident ran (a failed one climbs the ladder)
+
+
 class DemoSummary(BaseModel):
     incident_id: str
     node: str
@@ -97,6 +111,8 @@ class DemoSummary(BaseModel):
     spare_node: str | None
     # The Alertmanager silence the incident held on the node's other alerts (docs/runbook.md).
     silence_id: str | None = None
+    # The burn-in screen in a breakfix reservation before the node returned (docs/runbook.md).
+    screen: ScreenSummary | None = None
     planned_steps: list[str]
     boot_delay_s: float
     provision_s: float | None  # cluster spec -> cluster ready (ClusterProvisioning)
@@ -318,6 +334,7 @@ async def _demo(
         health_gates=[h.passed for h in final.health],
         spare_node=final.spare_node,
         silence_id=final.silence_id,
+        screen=_screen(final),
         planned_steps=final.planned_steps,
         boot_delay_s=cfg.boot_delay_s,
         provision_s=await provision.provision_seconds(client, cfg.cluster),
@@ -334,6 +351,23 @@ async def _demo(
             )
             for s in final.steps
         ],
+    )
+
+
+def _screen(final: IncidentState) -> ScreenSummary | None:
+    if not final.screens:
+        return None
+    last = final.screens[-1]
+    return ScreenSummary(
+        passed=last.passed,
+        seconds=last.seconds,
+        neighbour=last.neighbour,
+        backend=last.backend,
+        allreduce_s=last.allreduce_s,
+        algbw_gbps=last.algbw_gbps,
+        busbw_gbps=last.busbw_gbps,
+        diag=last.diag,
+        screens=len(final.screens),
     )
 
 

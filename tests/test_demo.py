@@ -57,6 +57,12 @@ def test_demo_json_summary(tmp_path: Path) -> None:
     assert names.index("k8s_evict") < names.index("repair")
     assert names.index("k8s_uncordon") < names.index("return_to_service")
     assert summary["health_gates"] == [False, True]
+    # The burn-in screen (the sandbox's policy): the replaced node passed it before it
+    # returned, with a neighbour's all-reduce measured (the reboot failed its gate first).
+    screen = summary["screen"]
+    assert screen["passed"] is True and screen["screens"] == 1, screen
+    assert screen["seconds"] > 0 and screen["busbw_gbps"] > 0 and screen["neighbour"]
+    assert names.index("burn_in_screen") < names.index("return_to_service")
     assert summary["rung"] == "replace"
     assert summary["old_vm_id"] and summary["new_vm_id"]
     assert summary["old_vm_id"] != summary["new_vm_id"]

@@ -131,9 +131,13 @@ class KubernetesNode:
         await self.cordon("health-gate")
 
     async def give_back(self) -> None:
+        r = self.incident.request
+        await self.condition(False, "HealthGatePassed", f"incident {r.incident_id}")
+        await self.uncordon()
+
+    async def uncordon(self) -> None:
         inc = self.incident
         r = inc.request
-        await self.condition(False, "HealthGatePassed", f"incident {r.incident_id}")
         await inc.steps.activity(
             "k8s_uncordon",
             contracts.k8s_uncordon,

@@ -362,6 +362,11 @@ class NodeRemediation:
         """The burn-in screen in a breakfix reservation (activities/screen.py): its result
         is on the incident, and joins the gate's report as one more check."""
         s, b = self._state, self._policy.burn_in
+        if self._k8s is not None:
+            # On Slinky the operator turns a cordoned Node into a drained Slurm node, where
+            # the screen's job could never start: uncordoned for the screen (the breakfix
+            # reservation keeps Slurm's jobs off it), cordoned again if it fails.
+            await self._k8s.uncordon()
         res: ScreenResult = await self._inc.steps.activity(
             "burn_in_screen",
             contracts.burn_in_screen,
@@ -384,6 +389,8 @@ class NodeRemediation:
         )
         s.screens.append(res)
         self._inc.publish()
+        if self._k8s is not None and not res.passed:
+            await self._k8s.cordon("burn-in")
         check = HealthCheck(name="burn_in_screen", passed=res.passed, detail=screen_text(res))
         return report.model_copy(update={"passed": res.passed, "checks": [*report.checks, check]})
 
