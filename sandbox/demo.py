@@ -206,8 +206,9 @@ async def _demo(
     node = max(training_nodes(log)) if kind == "in-job" else before[-1]
     node_before = await slurm.node(node)
     vm = machine_names.vm_of(cfg, node)  # on CMK the VM is not named as the node
-    # The cluster's mode lives in its policy file, which every new incident reads.
-    cfg.policy_file.write_text(sandbox_policy(cfg, mode=mode))
+    # The cluster's mode lives in its policy file, which every new incident reads; the
+    # demo's repaired node passes a burn-in screen before it returns.
+    cfg.policy_file.write_text(sandbox_policy(cfg, mode=mode, burn_in=True))
     client = await temporal.connect(settings)
     console.print(f"[bold]3. fault[/bold] {fault} on {node}'s GPU 0 (mode {mode})")
     fault_at = time.time()
