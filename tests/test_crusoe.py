@@ -47,6 +47,7 @@ from autoclusters.integrations.crusoe import (
 from autoclusters.integrations.crusoe.signing import format_timestamp, sign
 from autoclusters.sandbox.crusoe_emulator import EmulatorServer, create_app
 from autoclusters.sandbox.crusoe_world import EmulatorConfig, InMemoryBackend
+from tests import loopback
 from tests.helpers import eventually
 
 SECRET = base64.urlsafe_b64encode(os.urandom(32)).decode().rstrip("=")
@@ -67,7 +68,7 @@ class Emulator:
         return self.server.url + "/v1"
 
     def admin(self, method: str, path: str, body: Any = None) -> Any:
-        resp = httpx.request(method, f"{self.server.url}/_emulator{path}", json=body)
+        resp = loopback.request(method, f"{self.server.url}/_emulator{path}", json=body)
         resp.raise_for_status()
         return resp.json()
 
@@ -180,7 +181,7 @@ def test_a_stale_or_future_timestamp_gets_401_and_changes_nothing(
     headers = sign(
         method="DELETE", path=path, query="", timestamp=ts, access_key_id=KEY_ID, secret_key=SECRET
     )
-    resp = httpx.delete(emulator.server.url + path, headers=headers)
+    resp = loopback.request("DELETE", emulator.server.url + path, headers=headers)
     assert resp.status_code == 401
     assert "off the clock" in resp.json()["message"]
     assert emulator.vms() == before and emulator.backend.events == []
@@ -192,7 +193,7 @@ def test_a_timestamp_inside_the_window_is_accepted(emulator: Emulator) -> None:
     headers = sign(
         method="GET", path=VMS, query=query, timestamp=ts, access_key_id=KEY_ID, secret_key=SECRET
     )
-    resp = httpx.get(f"{emulator.server.url}{VMS}?{query}", headers=headers)
+    resp = loopback.get(f"{emulator.server.url}{VMS}?{query}", headers=headers)
     assert resp.status_code == 200
     assert sorted(vm["name"] for vm in resp.json()["items"]) == ["gpu-01", "gpu-02", "gpu-03"]
 
@@ -606,7 +607,7 @@ async def test_the_secret_never_shows_in_repr_str_errors_or_logs(
 async def test_the_emulator_keeps_its_world_in_the_state_file(tmp_path: Path) -> None:
     state = tmp_path / "crusoe.json"
     with EmulatorServer(create_app(_config(state_file=state))) as server:
-        httpx.post(f"{server.url}/_emulator/vms", json=SEED).raise_for_status()
+        loopback.post(f"{server.url}/_emulator/vms", json=SEED).raise_for_status()
     with EmulatorServer(create_app(_config(state_file=state))) as server:
         emu = Emulator(server, InMemoryBackend())
         async with _client(emu) as client:

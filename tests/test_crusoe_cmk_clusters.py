@@ -40,6 +40,7 @@ from autoclusters.sandbox.config import SandboxConfig
 from autoclusters.sandbox.crusoe_emulator import EmulatorServer, create_app
 from autoclusters.sandbox.crusoe_world import InMemoryBackend
 from autoclusters.sandbox.k8s_emulator import running
+from tests import loopback
 from tests.test_crusoe import KEY_ID, PROJECT, SECRET, Emulator, _client, _config
 
 CLUSTERS = f"/v1/projects/{PROJECT}/kubernetes/clusters"
@@ -96,7 +97,7 @@ def _signed(emulator: Emulator, method: str, path: str, content: bytes = b"") ->
         access_key_id=KEY_ID,
         secret_key=SECRET,
     )
-    return httpx.request(
+    return loopback.request(
         method,
         emulator.server.url + path,
         headers={**headers, "Content-Type": "application/json"},
@@ -265,7 +266,7 @@ async def test_an_unsigned_or_forged_request_is_401_and_changes_nothing(
     url = emulator.server.url + CLUSTERS
     other = {**SPEC, "name": "other"}
 
-    unsigned = httpx.post(url, json=other)
+    unsigned = loopback.post(url, json=other)
     assert unsigned.status_code == 401
     # A real signature, for another request (a read of the list), replayed on a create.
     read = sign(
@@ -276,7 +277,7 @@ async def test_an_unsigned_or_forged_request_is_401_and_changes_nothing(
         access_key_id=KEY_ID,
         secret_key=SECRET,
     )
-    replayed = httpx.post(url, headers=read, json=other)
+    replayed = loopback.post(url, headers=read, json=other)
     assert replayed.status_code == 401
     assert "signature does not match" in replayed.json()["message"]
     async with _client(emulator, secret=SECRET[::-1]) as wrong_key:

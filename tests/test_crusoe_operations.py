@@ -10,12 +10,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from autoclusters.integrations.crusoe.signing import format_timestamp, sign
 from autoclusters.sandbox.crusoe_emulator import EmulatorServer, create_app
 from autoclusters.sandbox.crusoe_world import InMemoryBackend
+from tests import loopback
 from tests.helpers import eventually
 from tests.test_crusoe import KEY_ID, SECRET, SEED, VMS, _config
 
@@ -26,7 +26,7 @@ class Emu:
         self.server.start()
 
     def admin(self, method: str, path: str, **kw: Any) -> Any:
-        r = httpx.request(method, f"{self.server.url}/_emulator{path}", **kw)
+        r = loopback.request(method, f"{self.server.url}/_emulator{path}", **kw)
         r.raise_for_status()
         return r.json()
 
@@ -37,7 +37,7 @@ class Emu:
             secret_key=SECRET,
         )  # fmt: skip
         content = json.dumps(body).encode() if body is not None else None
-        r = httpx.request(
+        r = loopback.request(
             method, self.server.url + path, headers={**headers, "Content-Type": "application/json"},
             content=content,
         )  # fmt: skip
@@ -89,7 +89,7 @@ async def test_operations_name_their_machine_even_after_a_delete(emu: Emu) -> No
 
 
 def test_a_bad_since_is_400(emu: Emu) -> None:
-    r = httpx.get(f"{emu.server.url}/_emulator/operations", params={"since": "yesterday"})
+    r = loopback.get(f"{emu.server.url}/_emulator/operations", params={"since": "yesterday"})
     assert r.status_code == 400 and "RFC 3339" in r.json()["message"]
 
 

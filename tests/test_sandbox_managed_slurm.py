@@ -27,6 +27,7 @@ from autoclusters.sandbox.crusoe_emulator import EmulatorServer, create_app
 from autoclusters.sandbox.crusoe_world import InMemoryBackend, VmBackend
 from autoclusters.sandbox.machines import SandboxMachines
 from autoclusters.sandbox.processes import ProcessTable, kill_sessions, sessions_holding, wait_until
+from tests import loopback
 from tests.conftest import free_port_base
 from tests.helpers import eventually
 from tests.test_crusoe import KEY_ID, PROJECT, SECRET, VMS, _config
@@ -50,7 +51,7 @@ class Api:
         )  # fmt: skip
         url = self.server.url + path + (f"?{query}" if query else "")
         content = json.dumps(body).encode() if body is not None else None
-        return httpx.request(
+        return loopback.request(
             method, url, headers={**headers, "Content-Type": "application/json"},
             content=content, timeout=30,
         )  # fmt: skip
@@ -61,7 +62,7 @@ class Api:
         return r.json()
 
     def admin(self, method: str, path: str, body: Any = None) -> Any:
-        r = httpx.request(method, f"{self.server.url}/_emulator{path}", json=body, timeout=10)
+        r = loopback.request(method, f"{self.server.url}/_emulator{path}", json=body, timeout=10)
         r.raise_for_status()
         return r.json()
 
