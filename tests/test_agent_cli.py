@@ -1,4 +1,7 @@
-"""The agent's command line, run as the real CLI in subprocesses:
+"""The agent's command line: its Typer app run in this process (Typer's CliRunner: the
+same commands, exit codes and stdout/stderr as `python -m autoclusters.clients.cli.agent`,
+without an interpreter and the project's imports per call), and as a real process once
+each through `python -m` and deploy/agent/nvml-check.sh:
 
 - `agent run --backend nvml` on a machine without the NVIDIA driver says so in one line
   and exits 2, never with a traceback (also through deploy/agent/nvml-check.sh);
@@ -13,16 +16,20 @@ from __future__ import annotations
 
 import ctypes.util
 import json
+import logging
 import os
 import subprocess
 import sys
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
 from autoclusters.clients.agent import fake_backend
 from autoclusters.clients.agent.fake_backend import FakeBackend, read_node
+from autoclusters.clients.cli.agent import cli as agent_cli
 from autoclusters.core.node_report import NodeReport
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -36,11 +43,33 @@ def env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith("AUTOCLUSTERS_")}
 
 
-def cli(*args: str) -> subprocess.CompletedProcess[str]:
+def cli_process(*args: str) -> subprocess.CompletedProcess[str]:
+    """The agent's command line as a GPU machine runs it: `python -m` in a process."""
     return subprocess.run(
         [sys.executable, "-m", "autoclusters.clients.cli.agent", *args],
         cwd=ROOT, env=env(), capture_output=True, text=True, timeout=60,
     )  # fmt: skip
+
+
+@dataclass
+class Ran:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def cli(*args: str) -> Ran:
+    """The agent's command line in this process: the app `python -m` runs, its exit code
+    and its stdout and stderr apart. An exception the app does not turn into an exit fails
+    here (a process would have printed a traceback). The root logger is left as it was:
+    `agent run` configures logging as a process would."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    try:
+        r = CliRunner().invoke(agent_cli, list(args), catch_exceptions=False)
+    finally:
+        root.handlers[:], root.level = handlers, level
+    return Ran(r.exit_code, r.stdout, r.stderr)
 
 
 @needs_no_driver
@@ -50,6 +79,17 @@ def cli(*args: str) -> subprocess.CompletedProcess[str]:
 def test_nvml_without_a_driver_says_so_in_one_line(tmp_path: Path, extra: list[str]) -> None:
     p = cli("agent", "run", "--node", "gpu-01", "--backend", "nvml",
             "--spool-dir", str(tmp_path), *extra)  # fmt: skip
+    assert p.returncode == 2
+    assert p.stderr.strip() == NO_DRIVER
+    assert p.stdout == ""
+
+
+@needs_no_driver
+def test_the_module_runs_on_its_own_and_says_so_in_one_line(tmp_path: Path) -> None:
+    """`python -m autoclusters.clients.cli.agent` in a process of its own, as on a GPU machine
+    without the full CLI set-up: one line and exit 2, no traceback."""
+    p = cli_process("agent", "run", "--node", "gpu-01", "--backend", "nvml",
+                    "--spool-dir", str(tmp_path), "--once", "--print")  # fmt: skip
     assert p.returncode == 2
     assert p.stderr.strip() == NO_DRIVER
     assert p.stdout == ""
