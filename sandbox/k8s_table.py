@@ -135,6 +135,29 @@ def _event_cells(o: Obj) -> list[Any]:
     ]
 
 
+def _daemonset_cells(o: Obj) -> list[Any]:
+    """The API server's DaemonSet columns (pkg/printers/internalversion printDaemonSet)."""
+    status = o.get("status") or {}
+    template = (o.get("spec") or {}).get("template") or {}
+    pod_spec = template.get("spec") or {}
+    selector = pod_spec.get("nodeSelector") or {}
+    containers = pod_spec.get("containers") or []
+    match = ((o.get("spec") or {}).get("selector") or {}).get("matchLabels") or {}
+    return [
+        _name(o),
+        int(status.get("desiredNumberScheduled", 0)),
+        int(status.get("currentNumberScheduled", 0)),
+        int(status.get("numberReady", 0)),
+        int(status.get("updatedNumberScheduled", 0)),
+        int(status.get("numberAvailable", 0)),
+        ",".join(f"{k}={v}" for k, v in sorted(selector.items())) or "<none>",
+        _age(o),
+        ",".join(str(c.get("name", "")) for c in containers),
+        ",".join(str(c.get("image", "")) for c in containers),
+        ",".join(f"{k}={v}" for k, v in sorted(match.items())) or "<none>",
+    ]
+
+
 _NAME: Column = ("Name", "string", 0, "Name must be unique within a namespace.")
 _AGE: Column = ("Age", "string", 0, "CreationTimestamp is a timestamp representing the server "
                 "time when this object was created.")  # fmt: skip
@@ -191,6 +214,22 @@ _PRINTERS: dict[str, tuple[list[Column], Cells]] = {
             ("Message", "string", 0, "The message of the event."),
         ],
         _event_cells,
+    ),
+    "daemonsets": (
+        [
+            _NAME,
+            ("Desired", "integer", 0, "The number of nodes that should run the daemon pod."),
+            ("Current", "integer", 0, "The number of nodes running at least one daemon pod."),
+            ("Ready", "integer", 0, "The number of nodes running a Ready daemon pod."),
+            ("Up-to-date", "integer", 0, "The number of nodes running the updated pod."),
+            ("Available", "integer", 0, "The number of nodes running an available pod."),
+            ("Node Selector", "string", 0, "The node selector of the pod template."),
+            _AGE,
+            ("Containers", "string", 1, "Names of each container in the template."),
+            ("Images", "string", 1, "Images referenced by each container in the template."),
+            ("Selector", "string", 1, "Label selector for pods."),
+        ],
+        _daemonset_cells,
     ),
     "customresourcedefinitions": (
         [_NAME, ("Created At", "date", 0, "When the CRD was created.")],

@@ -251,7 +251,11 @@ def test_kubectl_lists_the_daemonset(emu: Running, tmp_path: Path) -> None:
         timeout=60,
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
-    assert "autoclusters-agent" in out.stdout
+    header, row = out.stdout.splitlines()
+    assert header.split()[:6] == ["NAME", "DESIRED", "CURRENT", "READY", "UP-TO-DATE", "AVAILABLE"]
+    # One GPU Node: one pod, Running (the emulator's own kubelet here), the shipped selector.
+    assert row.split()[:7] == ["autoclusters-agent", "1", "1", "1", "1", "1",
+                               "nvidia.com/gpu.present=true"]  # fmt: skip
 
 
 # --- the kubelet's agent pods (sandbox/agent_pods.py), on the in-process emulator ------------
