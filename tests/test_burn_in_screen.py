@@ -12,7 +12,9 @@ Aspects covered:
 - against the real Slurm of the session's sandbox: the reservation, the job in it (gloo
   all-reduce with a neighbour, the fake backend's active diagnostic), the node drained
   again under the incident and the reservation gone; a latent fault the passive checks do
-  not see (GPU_MARGINAL) fails the screen; a node screened alone.
+  not see (GPU_MARGINAL) fails the screen; a node screened alone;
+- a whole incident on the sandbox (its worker): a marginal GPU passes the reboot's gate,
+  fails its screen, and the ladder climbs to replace, whose screen passes.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from pathlib import Path
 
 import pytest
 from temporalio import activity
+from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 
 from autoclusters.activities.screen import (
@@ -35,13 +38,17 @@ from autoclusters.activities.screen import (
 from autoclusters.clients.agent import fake_backend
 from autoclusters.core.models import ScreenInput, ScreenResult, SlurmNode, drain_reason
 from autoclusters.core.policy import BurnInScreen, Rung
+from autoclusters.core.settings import Settings
 from autoclusters.integrations.slurm import SlurmUnavailable
 from autoclusters.integrations.slurm_reservations import (
     SlurmReservationCli,
     parse_reservations,
 )
 from autoclusters.sandbox.config import SandboxConfig
+from autoclusters.sandbox.hardware import Hardware, HardwareFault
+from autoclusters.sandbox.vms import VmRegistry
 from tests.fakes import FakeCloud
+from tests.helpers import fresh_policy, resolve_incident
 from tests.test_remediation_workflow import _fleet, _policy
 
 ON = BurnInScreen(enabled=True, timeout_s=120)
@@ -255,3 +262,38 @@ async def test_the_screen_on_real_slurm(sandbox: SandboxConfig) -> None:
     alone, _, _ = await _screen_on_sandbox(sandbox, node, "INC-screen-alone", neighbour=False)
     assert alone.passed and alone.neighbour is None, alone.detail
     assert "screened alone" in alone.detail and alone.diag == {node: "pass"}
+
+
+@pytest.mark.integration
+async def test_a_failed_screen_climbs_the_ladder_on_the_sandbox(
+    sandbox: SandboxConfig, sandbox_settings: Settings, sandbox_client: Client
+) -> None:
+    """A marginal GPU that a reboot does not fix and no passive check sees: the reboot passes
+    its health gate, the screen's active diagnostic fails it, the runbook replaces the
+    machine, whose screen passes; the node is returned."""
+    node = "gpu-03"
+    vm = VmRegistry(sandbox.state_dir).get(node)
+    assert vm is not None
+    Hardware(sandbox.state_dir).inject(
+        node, vm.vm_id, HardwareFault(fault="GPU_MARGINAL", fixed_by=Rung.REPLACE)
+    )
+    burn_in = BurnInScreen(enabled=True, timeout_s=180, size_mib=8, rounds=3)
+    state = await resolve_incident(
+        sandbox_client, sandbox_settings, node, "XID_79", fresh_policy(burn_in=burn_in)
+    )
+
+    assert state.status == "resolved", state.error
+    repairs = [s.detail.split(":")[0] for s in state.steps if s.name == "repair"]
+    assert repairs == ["reboot", "replace"] and state.rung == "replace"
+    assert [h.passed for h in state.health] == [False, True]
+    gate = {c.name: c for c in state.health[0].checks}
+    assert gate["slurmd"].passed and gate["agent_report"].passed  # the passive checks passed
+    assert not gate["burn_in_screen"].passed
+    assert "memory stress test failed" in gate["burn_in_screen"].detail
+    failed, passed = state.screens
+    assert not failed.passed and passed.passed and passed.neighbour is not None
+    assert passed.busbw_gbps is not None and passed.busbw_gbps > 0
+    slurm = SlurmReservationCli(sandbox.slurm_conf)
+    back = await slurm.node(node)
+    assert back is not None and back.display_state == "IDLE"
+    assert reservation_name(node) not in await slurm.reservations()
