@@ -36,7 +36,9 @@ ROWS = [
     ("steps done again", "steps done again"),
     ("work lost per fault (s)", "work lost (s)"),
     ("back in service (capacity back)", "back in service"),
-    ("borrowed node given back", "borrowed node given back"),
+    ("borrowed node given back (serving inference again)", "borrowed node given back"),
+    ("job back on the repaired node (first step)", "job off the borrowed node"),
+    ("steps done again at the give-back", "steps done again at give-back"),
     ("requests failed (inference)", "requests failed"),
 ]
 
