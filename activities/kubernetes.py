@@ -435,6 +435,14 @@ def _uncordon_plan(node: Obj, inp: UncordonNodeInput) -> tuple[Obj | None, Uncor
         )
     if owner is None and not our_taints(node) and PHASE_LABEL not in labels:
         return None, UncordonNodeResult(uncordoned=True, changed=False, detail="not cordoned")
+    if inp.keep_taint:
+        if not is_unschedulable(node):
+            return None, UncordonNodeResult(
+                uncordoned=True, changed=False, detail="not cordoned; taint kept"
+            )
+        # The cordon is this incident's (checked above): only it goes.
+        kept = UncordonNodeResult(uncordoned=True, changed=True, detail="cordon lifted; taint kept")
+        return {"spec": {"unschedulable": None}}, kept
     spec: Obj = {"taints": other_taints(node) or None}
     if owner is not None:  # without our annotation the cordon was never ours to lift
         spec["unschedulable"] = None

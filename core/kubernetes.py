@@ -73,6 +73,10 @@ class CordonNodeResult(BaseModel):
 class UncordonNodeInput(BaseModel):
     node: str
     incident_id: str
+    # Lift only the cordon (Slinky drains a cordoned Node's Slurm node) and keep the
+    # remediation taint, label and marks, so that no other pod is scheduled onto the node
+    # while it is still on trial (the burn-in screen). The final uncordon lifts the rest.
+    keep_taint: bool = False
 
 
 class UncordonNodeResult(BaseModel):

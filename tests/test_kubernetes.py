@@ -289,6 +289,33 @@ async def test_cordon_and_uncordon_are_idempotent(
     assert not core.read_node(NODE).spec.unschedulable
 
 
+async def test_an_uncordon_that_keeps_the_taint_lifts_only_the_cordon(
+    core: client.CoreV1Api, acts: KubernetesActivities, admin: httpx.Client
+) -> None:
+    """The burn-in screen's uncordon: Slinky stops draining the Slurm node (the cordon is
+    gone) while the remediation taint keeps every other pod off the node on trial."""
+    machine(admin, NODE, "vm-1", "boot-1")
+    env = ActivityEnvironment()
+    await env.run(acts.cordon_node, cordon("health-gate"))
+    trial = UncordonNodeInput(node=NODE, incident_id="INC-1", keep_taint=True)
+    first = await env.run(acts.uncordon_node, trial)
+    assert first.uncordoned and first.changed and "taint kept" in first.detail
+    node = core.read_node(NODE)
+    assert not node.spec.unschedulable
+    assert taints(core) == [(TAINT_KEY, "health-gate", "NoSchedule")]
+    assert node.metadata.labels[PHASE_LABEL] == "health-gate"
+    assert node.metadata.annotations[INCIDENT_ANNOTATION] == "INC-1"
+    again = await env.run(acts.uncordon_node, trial)
+    assert again.uncordoned and not again.changed
+    # Another incident's keep-taint uncordon is refused like any other.
+    other = UncordonNodeInput(node=NODE, incident_id="INC-2", keep_taint=True)
+    refused = await env.run(acts.uncordon_node, other)
+    assert refused.foreign and not refused.changed
+    # The return: everything of ours goes.
+    done = await env.run(acts.uncordon_node, UncordonNodeInput(node=NODE, incident_id="INC-1"))
+    assert done.changed and not core.read_node(NODE).spec.taints
+
+
 async def test_a_foreign_cordon_is_left_alone(
     core: client.CoreV1Api, acts: KubernetesActivities, admin: httpx.Client
 ) -> None:

@@ -135,14 +135,15 @@ class KubernetesNode:
         await self.condition(False, "HealthGatePassed", f"incident {r.incident_id}")
         await self.uncordon()
 
-    async def uncordon(self) -> None:
+    async def uncordon(self, *, keep_taint: bool = False) -> None:
+        """`keep_taint`: lift the cordon only; the remediation taint keeps other pods off."""
         inc = self.incident
         r = inc.request
         await inc.steps.activity(
             "k8s_uncordon",
             contracts.k8s_uncordon,
-            UncordonNodeInput(node=r.node, incident_id=r.incident_id),
-            f"uncordon Kubernetes Node {r.node}",
+            UncordonNodeInput(node=r.node, incident_id=r.incident_id, keep_taint=keep_taint),
+            f"uncordon Kubernetes Node {r.node}" + (" (taint kept)" if keep_taint else ""),
             lambda u: u.detail,
             timeout=K8S_CALL,
         )

@@ -365,8 +365,9 @@ class NodeRemediation:
         if self._k8s is not None:
             # On Slinky the operator turns a cordoned Node into a drained Slurm node, where
             # the screen's job could never start: uncordoned for the screen (the breakfix
-            # reservation keeps Slurm's jobs off it), cordoned again if it fails.
-            await self._k8s.uncordon()
+            # reservation keeps Slurm's jobs off it), cordoned again if it fails. The
+            # remediation taint stays, so that no other pod lands on the node on trial.
+            await self._k8s.uncordon(keep_taint=True)
         res: ScreenResult = await self._inc.steps.activity(
             "burn_in_screen",
             contracts.burn_in_screen,
