@@ -112,7 +112,13 @@ class Settings(BaseSettings):
     slack: SlackConfig | None = None
     # Where people reach the API (the incident links in Slack).
     api_public_url: str | None = None
-    expected_gpus: int = 8  # per node, for the health gate
+    expected_gpus: int = 8  # per node, for the health gate (and the screen's ranks per node)
+    # The burn-in screen (policy burn_in): a directory every node and the worker see, for
+    # its job's output and rendezvous (None: the sandbox's state dir, else
+    # ~/.autoclusters/screens, which is right only where that home is shared), and the
+    # Python with torch that runs it on the nodes (None: the worker's own).
+    screen_dir: Path | None = None
+    screen_python: str | None = None
     repair_timeout_s: float = 900
     policy_file: Path | None = Field(default=None, description="remediation policy (YAML)")
     admission_poll_s: float = 30

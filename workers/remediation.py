@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import sys
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -259,15 +260,19 @@ def screen_activities(settings: Settings, slurm: SlurmClient) -> list[Any]:
     """The burn-in screen (policy burn_in): served with the real Slurm commands only (the
     scale benchmark's stand-in has no reservations). In the sandbox the screen's files live
     in its state dir and the diagnostic reads the agents' fake-backend files there; on a real
-    cluster its directory must be one every node sees (the job's output and FileStore)."""
+    cluster `screen_dir` is one every node sees (the job's output and FileStore), and each
+    node runs one rank per GPU (`expected_gpus`)."""
     if not isinstance(slurm, SlurmCli):
         return []
     state = settings.sandbox_state_dir
-    work = (state or Path.home() / ".autoclusters") / "screens"
+    work = settings.screen_dir or (state or Path.home() / ".autoclusters") / "screens"
     screen = ScreenActivities(
         SlurmReservationCli(settings.slurm_conf, settings.slurm_bin_dir),
         work,
         fake_dir=state / "agent" if state is not None else None,
+        # The sandbox's GPUs are files: one rank (two alone) spares its CPUs.
+        ranks_per_node=None if state is not None else settings.expected_gpus,
+        python=settings.screen_python or sys.executable,
     )
     return [screen.burn_in_screen]
 
