@@ -548,6 +548,13 @@ def _print_summary(summary: Any, out: Console) -> None:
         out.print(f"hot spare          {summary.spare_node} serves; {summary.node} is the spare")
     if summary.silence_id:
         out.print(f"silence            {summary.silence_id} (the node's other alerts, lifted)")
+    if (sc := summary.screen) is not None:
+        with_whom = f"with {sc.neighbour}" if sc.neighbour else "alone (no idle neighbour)"
+        bw = f", {sc.busbw_gbps:.3f} GB/s bus" if sc.busbw_gbps is not None else ""
+        out.print(
+            f"screen             {'passed' if sc.passed else 'FAILED'} in {sc.seconds:.1f} s "
+            f"{with_whom} ({sc.backend or 'no'} all-reduce{bw}; screens run: {sc.screens})"
+        )
     for line in summary.planned_steps:
         out.print(f"would              {line}")
     t = Table("step", "outcome", "seconds")
