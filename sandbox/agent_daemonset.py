@@ -95,9 +95,14 @@ ARG_RULES: dict[str, tuple[ArgRule, str]] = {
     ),
     "--k8s-condition": (
         lambda cfg, n: [],
-        "no ServiceAccount token in a sandbox pod, and the agent is named by its Slurm node "
-        "(NODE_NAME below), not the Node it would patch; the runbook's own GpuUnhealthy mark "
-        "is what the sandbox shows",
+        "the agent's own GpuUnhealthy would sit beside the runbook's mark on the same Node; "
+        "the sandbox shows the runbook's (the agent's is tested on its own, "
+        "tests/test_agent_node_condition.py)",
+    ),
+    "--slurm-name-from-node": (
+        lambda cfg, n: ["--slurm-name-from-node", f"--kubeconfig={cfg.kubeconfig}"],
+        "no ServiceAccount token in a sandbox pod: the same reads of the agent's Node, through "
+        "the sandbox's kubeconfig for the emulator",
     ),
 }
 # Not in the manifest: the sandbox's faster pace, as on Managed Slurm (daemons.agent_argv).
@@ -118,10 +123,10 @@ KEPT_ENV: dict[str, Obj] = {
 ENV_RULES: dict[str, tuple[Obj, EnvRule, str]] = {
     "NODE_NAME": (
         {"valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
-        lambda cfg, n: n.slurm,
-        "the Node's Slurm node: a CMK Node is named as its VM (cmk-gpu-1) and runs the Slurm "
-        "node of its hostname-override (gpu-01), which the faults, the API and Prometheus "
-        "know the agent by",
+        lambda cfg, n: n.name,
+        "the downward API's spec.nodeName, resolved as the kubelet does: the Kubernetes Node "
+        "(cmk-gpu-1); the agent reads the Slurm node it runs (gpu-01) off that Node itself "
+        "(--slurm-name-from-node)",
     ),
     "AUTOCLUSTERS_AGENT_METRICS_HOST": (
         {"value": "0.0.0.0"},

@@ -74,8 +74,11 @@ def test_the_shipped_manifest_renders_to_the_sandboxs_agent(cfg: SandboxConfig) 
     c = shipped.render(cfg, _pod_spec(ds), NODE, _secret)
     assert c.argv[: len(shipped.ENTRYPOINT) + 2] == [*shipped.ENTRYPOINT, "agent", "run"]
     opts = _options(c.argv)
-    # Kept as shipped: the node from NODE_NAME ($(VAR) expanded), the spool through its mount.
-    assert opts["--node"] == "gpu-01"
+    # Kept as shipped: the Kubernetes Node from NODE_NAME ($(VAR) expanded), whose Slurm
+    # node the agent reads off the Node (through the sandbox's kubeconfig); the spool through
+    # its mount.
+    assert opts["--node"] == "cmk-gpu-1"
+    assert "--slurm-name-from-node" in c.argv and opts["--kubeconfig"] == str(cfg.kubeconfig)
     assert opts["--spool-dir"] == str(cfg.agent_spool("gpu-01"))
     assert c.mounts["/var/lib/autoclusters/agent"] == cfg.agent_spool("gpu-01")
     # Substituted, each by its rule.
@@ -85,13 +88,15 @@ def test_the_shipped_manifest_renders_to_the_sandboxs_agent(cfg: SandboxConfig) 
     assert "--sysfs-root" not in opts and "--k8s-condition" not in opts
     # The env: the token from its Secret, the shipped constants, loopback metrics, no token.
     assert c.env["AUTOCLUSTERS_AGENT_TOKEN"] == "agent-token"
-    assert c.env["NODE_NAME"] == "gpu-01"
+    assert c.env["NODE_NAME"] == "cmk-gpu-1"
     assert c.env["NVIDIA_VISIBLE_DEVICES"] == "all"
     assert c.env["AUTOCLUSTERS_AGENT_METRICS_HOST"] == "127.0.0.1"
     assert "AUTOCLUSTERS_AGENT_METRICS_TOKEN" not in c.env
     # The same agent as the Managed Slurm sandbox runs as a plain process.
     managed = _options(daemons.agent_argv(cfg, "gpu-01"))
-    assert opts == managed
+    named_by_its_node = {"--node": "cmk-gpu-1", "--slurm-name-from-node": "",
+                         "--kubeconfig": str(cfg.kubeconfig)}  # fmt: skip
+    assert opts == managed | named_by_its_node
     assert {k: v for k, v in c.env.items() if k in daemons.agent_env(cfg)} == daemons.agent_env(cfg)
 
 

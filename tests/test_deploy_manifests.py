@@ -597,6 +597,7 @@ def test_the_scan_finds_the_calls_we_know() -> None:
         ("", "pods", "patch"),  # on `self._core`, which its base class sets
     } <= worker
     assert rules_the_code_needs(COMPONENTS["autoclusters-agent"]) == {
+        ("", "nodes", "get"),  # clients/agent/slurm_name.py
         ("", "nodes/status", "get"),
         ("", "nodes/status", "patch"),
     }

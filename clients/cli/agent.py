@@ -9,16 +9,20 @@ Register on the main app with::
 their own, which is how a GPU machine without the full CLI set-up can run the agent.
 
 Exit codes: 0 the agent ran (with `--once`: and found no fault), 1 `--once` found a firing
-fault, 2 it cannot run (NVML unavailable, bad options). Errors are one line on stderr.
+fault, 2 it cannot run (NVML unavailable, bad options), 3 it stopped to start again under
+the Slurm name the runbook gave its Kubernetes Node (`--slurm-name-from-node`). Errors
+are one line on stderr.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
@@ -27,6 +31,7 @@ import typer
 if TYPE_CHECKING:
     from autoclusters.clients.agent.agent import Agent, CheckResult
     from autoclusters.clients.agent.settings import AgentSettings
+    from autoclusters.clients.agent.slurm_name import SlurmName
 
 agent_app = typer.Typer(no_args_is_help=True, help="The per-node GPU and InfiniBand health agent.")
 inject_app = typer.Typer(
@@ -112,8 +117,18 @@ def run(
         bool, typer.Option("--k8s-condition", help="Also set the node's GpuUnhealthy condition.")
     ] = False,
     kubeconfig: Annotated[
-        Path | None, typer.Option(help="For --k8s-condition (default: in-cluster).")
+        Path | None,
+        typer.Option(help="For --k8s-condition and --slurm-name-from-node (default: in-cluster)."),
     ] = None,
+    slurm_name_from_node: Annotated[
+        bool,
+        typer.Option(
+            "--slurm-name-from-node",
+            help="--node is the Kubernetes Node: report as the Slurm node Slinky runs on it "
+            "(its hostname-override annotation, else its name), and stop (exit 3) to start "
+            "again under a new name when the runbook names a replacement's Node.",
+        ),
+    ] = False,
     metrics_port: Annotated[
         int | None,
         typer.Option(help="Serve dcgm-exporter's series on /metrics on this port (default: off)."),
@@ -150,9 +165,17 @@ def run(
         raise _fail(f"bad agent settings: {e}") from None
     if not print_ and not settings.api_url:
         raise _fail("say where reports go: --api URL (or AUTOCLUSTERS_AGENT_API_URL), or --print")
+    kube_node, namer = node, None
+    if slurm_name_from_node:
+        namer = _namer(kube_node, settings)
+        found = namer.wait_read(threading.Event())
+        assert found is not None  # only a set event stops the wait
+        node = found
+        logging.getLogger(__name__).info("Kubernetes Node %s is Slurm node %s", kube_node, node)
     agent = _build(
-        node, settings, backend, fake_file, sysfs_root, print_=print_, spool_dir=spool_dir
-    )
+        node, settings, backend, fake_file, sysfs_root, print_=print_, spool_dir=spool_dir,
+        kube_node=kube_node,
+    )  # fmt: skip
     try:
         if once:
             result = agent.check()
@@ -161,7 +184,11 @@ def run(
             if result.firing:
                 raise typer.Exit(1)
             return
-        _run_forever(agent, show_readings=show_readings)
+        follow = None
+        if namer is not None:
+            follow = functools.partial(namer.follow, node)
+        if _run_forever(agent, show_readings=show_readings, follow=follow):
+            raise typer.Exit(3)  # renamed: the pod starts again under the new name
     finally:
         if agent.backend is not None:
             agent.backend.close()
@@ -176,6 +203,7 @@ def _build(
     *,
     print_: bool,
     spool_dir: Path | None,
+    kube_node: str | None = None,
 ) -> Agent:
     from autoclusters.clients.agent.agent import STATE_FILE, Agent
     from autoclusters.clients.agent.backend import BackendUnavailable, GpuBackend, IbSource
@@ -228,7 +256,7 @@ def _build(
     state = spool / STATE_FILE if (not print_ or spool_dir is not None) else None
     return Agent(
         node=node, settings=settings, backend=gpu, infiniband=ib, sink=sink, state_file=state,
-        condition=_condition(node, settings), snapshots=sender,
+        condition=_condition(kube_node or node, settings), snapshots=sender,
     )  # fmt: skip
 
 
@@ -244,15 +272,40 @@ def _condition(node: str, settings: AgentSettings) -> Any:
         raise _fail(f"--k8s-condition: cannot reach Kubernetes: {e}") from None
 
 
-def _run_forever(agent: Agent, *, show_readings: bool) -> None:
+def _namer(kube_node: str, settings: AgentSettings) -> SlurmName:
+    from autoclusters.clients.agent.slurm_name import SlurmName
+    from autoclusters.integrations.k8s import api_client
+
+    try:
+        return SlurmName(api_client(kubeconfig=settings.kubeconfig), kube_node)
+    except Exception as e:
+        raise _fail(f"--slurm-name-from-node: cannot reach Kubernetes: {e}") from None
+
+
+Follow = Callable[[threading.Event, Callable[[str], None]], None]
+
+
+def _run_forever(agent: Agent, *, show_readings: bool, follow: Follow | None = None) -> bool:
+    """Run until SIGTERM/SIGINT, or until `follow` says the node has a new name: True then."""
     stop = threading.Event()
+    renamed: list[str] = []
 
     def stop_now(*_: object) -> None:
         stop.set()
         agent.wake()  # ends the loop's wait at once
 
+    def rename(name: str) -> None:
+        logging.getLogger(__name__).warning(
+            "this machine is Slurm node %s now, not %s: stopping, to start again as %s",
+            name, agent.node, name,
+        )  # fmt: skip
+        renamed.append(name)
+        stop_now()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, stop_now)
+    if follow is not None:
+        threading.Thread(target=follow, args=(stop, rename), name="slurm-name", daemon=True).start()
     if show_readings:
         check = agent.check
 
@@ -267,6 +320,7 @@ def _run_forever(agent: Agent, *, show_readings: bool) -> None:
         agent.node, agent.settings.interval_s,
     )  # fmt: skip
     agent.run(stop)
+    return bool(renamed)
 
 
 def _print_readings(result: CheckResult) -> None:
