@@ -28,6 +28,7 @@ import pytest
 import pytest_asyncio
 
 from autoclusters.core.cluster_spec import load_cluster_spec
+from autoclusters.integrations.slinky_crs import HOSTNAME_OVERRIDE
 from autoclusters.sandbox import agent_daemonset, cluster, restart
 from autoclusters.sandbox import slinky_operator_pods as slinky_pods
 from autoclusters.sandbox.config import SandboxConfig
@@ -202,6 +203,35 @@ async def test_an_agent_restarts_as_its_pod(cfg: SandboxConfig) -> None:
     assert agent_daemonset.restarts_of(crashed) == agent_daemonset.restarts_of(after) + 1
 
 
+async def test_kubectl_cordon_of_a_node_drains_its_slurm_node(cfg: SandboxConfig) -> None:
+    """On CMK the Node (cmk-gpu-1) is not named as its Slurm node (gpu-01): a real kubectl's
+    cordon of the Node drains the Slurm node of its hostname-override within seconds (the
+    operator's reason), and uncordon undrains it, the drain being the operator's own."""
+    nodes = json.loads(_kubectl(cfg, "get", "nodes", "-o", "json"))["items"]
+    (kube,) = [
+        n["metadata"]["name"]
+        for n in nodes
+        if (n["metadata"].get("annotations") or {}).get(HOSTNAME_OVERRIDE) == "gpu-01"
+    ]
+    assert kube != "gpu-01"
+
+    def state() -> tuple[str, str]:
+        out = _slurm(cfg, "sinfo", "-h", "-n", "gpu-01", "-o", "%T|%E")
+        st, _, reason = out.strip().partition("|")
+        return st, reason
+
+    def drained() -> bool:
+        st, reason = state()
+        return "drain" in st and reason.startswith("slurm-operator: ")
+
+    assert "drain" not in state()[0]
+    _kubectl(cfg, "cordon", kube)
+    await eventually(lambda: _async(drained()), 30, "gpu-01 drained by the cordon of its Node")
+    _kubectl(cfg, "uncordon", kube)
+    await eventually(lambda: _async(not drained()), 30, "gpu-01 undrained")
+    assert "drain" not in state()[0]
+
+
 @pytest.mark.timeout(600)
 async def test_scale_out_and_in(cfg: SandboxConfig) -> None:
     r = _cli(cfg, "scale", cfg.cluster, "gpu", "3", "--wait")
@@ -231,7 +261,12 @@ async def test_scale_out_and_in(cfg: SandboxConfig) -> None:
     )
     await eventually(lambda: _async(not Path(f"/proc/{gone}").exists()), 30, "its agent gone")
     table = ProcessTable(cfg.state_dir)
-    assert not table.alive("agent-gpu-03") and not table.alive("slurmd-gpu-03")
+
+    async def none_of_gpu_03() -> bool:
+        # The kubelet stops them by PID as it sees their pods go: a moment after the pods.
+        return not table.alive("agent-gpu-03") and not table.alive("slurmd-gpu-03")
+
+    await eventually(none_of_gpu_03, 30, "gpu-03's agent and slurmd processes stopped")
 
 
 @pytest.mark.timeout(900)
