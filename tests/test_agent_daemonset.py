@@ -266,12 +266,14 @@ def test_kubectl_lists_the_daemonset(emu: Running, tmp_path: Path) -> None:
 # --- the kubelet's agent pods (sandbox/agent_pods.py), on the in-process emulator ------------
 
 
+@pytest.mark.integration
 def test_the_kubelet_runs_each_agent_pod_as_its_process(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The pod's container is a process with the manifest's rendering; a crashed container
     runs again in the same pod, a deleted pod's process stops and the new pod's starts, a
-    Node's going stops its agent. Real agent processes (they report to no API here)."""
+    Node's going stops its agent. Real agent processes (they report to no API here), each
+    with its /metrics server: in the integration lane, since `make unit` starts none."""
     from autoclusters.sandbox import agent_pods, agent_targets
     from autoclusters.sandbox.processes import ProcessTable
     from autoclusters.sandbox.slinky_operator_pods import HOSTNAME_OVERRIDE
