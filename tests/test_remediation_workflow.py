@@ -34,6 +34,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+import pytest_asyncio
 from temporalio import activity
 from temporalio.client import (
     WithStartWorkflowOperation,
@@ -74,6 +75,21 @@ from autoclusters.workflows.guard_steps import held_drain_reason
 from autoclusters.workflows.remediation import NodeRemediation
 from autoclusters.workflows.steps import STEP_RETRY as RETRY
 from tests.fakes import FakeCloud, FakeHealth, FakeSlurm, RecordingNotifier
+from tests.helpers import time_skipping_env
+
+
+@pytest_asyncio.fixture
+async def env() -> AsyncIterator[WorkflowEnvironment]:
+    """A time-skipping server per test, not per module: a CI run (serial, after the sandbox
+    modules) saw `env.sleep` (unlock_time_skipping_with_sleep) time out in four tests after
+    earlier ones had passed on the module's shared server, while the module alone passes;
+    a fresh server keeps whatever one test leaves behind from locking time for the next."""
+    environment = await time_skipping_env()
+    try:
+        yield environment
+    finally:
+        await environment.shutdown()
+
 
 # Virtual time under the test server: a workflow stuck on a bug fails instead of hanging.
 EXECUTION_TIMEOUT = timedelta(days=1)
