@@ -22,7 +22,6 @@ from typing import Any
 
 import httpx
 import pytest
-import yaml
 from kubernetes import client
 
 from autoclusters.integrations.k8s import api_client
@@ -30,6 +29,7 @@ from autoclusters.sandbox import agent_daemonset as shipped
 from autoclusters.sandbox import daemons
 from autoclusters.sandbox.config import SandboxConfig
 from autoclusters.sandbox.k8s_emulator import Running, running
+from tests.test_kubernetes import write_kubeconfig
 
 TOKEN = "test-token"
 NODE = shipped.Node(name="cmk-gpu-1", slurm="gpu-01")
@@ -167,22 +167,6 @@ def emu() -> Iterator[Running]:
         yield e
 
 
-def _kubeconfig(path: Path, server: str) -> Path:
-    path.write_text(
-        yaml.safe_dump(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "clusters": [{"name": "emu", "cluster": {"server": server}}],
-                "users": [{"name": "emu", "user": {"token": TOKEN}}],
-                "contexts": [{"name": "emu", "context": {"cluster": "emu", "user": "emu"}}],
-                "current-context": "emu",
-            }
-        )
-    )
-    return path
-
-
 def _node(emu: Running, name: str, *, gpu: bool = True, taint: bool = False) -> None:
     labels = {"nvidia.com/gpu.present": "true"} if gpu else {}
     taints = [{"key": "autoclusters.io/remediation", "value": "x", "effect": "NoExecute"}]
@@ -201,7 +185,7 @@ def _daemon_pods(core: client.CoreV1Api) -> dict[str, Any]:
 
 
 def test_the_daemonset_controller_keeps_one_pod_per_gpu_node(emu: Running, tmp_path: Path) -> None:
-    api = api_client(kubeconfig=_kubeconfig(tmp_path / "kubeconfig", emu.url))
+    api = api_client(kubeconfig=write_kubeconfig(tmp_path / "kubeconfig", emu.url, TOKEN))
     core, apps = client.CoreV1Api(api), client.AppsV1Api(api)
     _node(emu, "gpu-1")
     _node(emu, "gpu-2", taint=True)  # under remediation: the shipped tolerations keep it
@@ -293,7 +277,7 @@ def test_the_kubelet_runs_each_agent_pod_as_its_process(
                   "annotations": {HOSTNAME_OVERRIDE: "gpu-01"}},
         ).raise_for_status()  # fmt: skip
         shipped.install(cfg)
-        api = api_client(kubeconfig=_kubeconfig(tmp_path / "kubeconfig", emu.url))
+        api = api_client(kubeconfig=write_kubeconfig(tmp_path / "kubeconfig", emu.url, TOKEN))
         core = client.CoreV1Api(api)
         kubelet = agent_pods.AgentPods(core, cfg)
 
