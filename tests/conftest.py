@@ -2,7 +2,7 @@
 
 The sandbox gets its own state dir and free ports so it never collides with a user's
 demo sandbox, and is stopped by PID at the end; the fixture then checks that nothing it
-recorded is still alive.
+recorded is still alive, nor any process naming its state dir (one the table never knew).
 
 Every test is hermetic: HOME is a temporary directory and no AUTOCLUSTERS_* variable is
 set (for the session, so the processes the session's sandboxes start inherit neither, and
@@ -30,7 +30,7 @@ from autoclusters.integrations import temporal
 from autoclusters.integrations.slurm import SlurmCli
 from autoclusters.sandbox import cluster
 from autoclusters.sandbox.config import PORT_SPAN, SandboxConfig
-from autoclusters.sandbox.processes import ProcessTable
+from autoclusters.sandbox.processes import ProcessTable, stop_referencing
 from tests.helpers import time_skipping_env
 from tests.leftover_sandboxes import stop_left_running
 
@@ -233,6 +233,10 @@ def sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SandboxConfig]
     cluster.down(cfg)
     left = [r for r in recorded if _alive(r.pid, r.start_ticks)]
     assert not left, f"sandbox processes still alive after down: {left}"
+    # And nothing the table never recorded (or lost the record of): every process whose
+    # command line or environment names the state dir, stopped by its PID, then reported.
+    escaped = stop_referencing(cfg.state_dir)
+    assert not escaped, f"processes of the sandbox outside its table after down: {escaped}"
 
 
 def _alive(pid: int, ticks: int) -> bool:

@@ -32,7 +32,12 @@ from autoclusters.integrations.slinky_crs import HOSTNAME_OVERRIDE
 from autoclusters.sandbox import agent_daemonset, cluster, restart
 from autoclusters.sandbox import slinky_operator_pods as slinky_pods
 from autoclusters.sandbox.config import SandboxConfig
-from autoclusters.sandbox.processes import ProcessTable
+from autoclusters.sandbox.processes import (
+    ProcessTable,
+    referencing,
+    stop_referencing,
+    wait_until,
+)
 from tests.conftest import free_port_base
 from tests.helpers import eventually
 
@@ -61,6 +66,9 @@ async def cfg(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Sandbox
         await asyncio.to_thread(cluster.down, c)
         table = ProcessTable(c.state_dir)
         assert [r.name for r in table.records() if table.alive(r.name)] == []
+        # Nor anything the table never knew of (a slurmd whose record was lost once):
+        # found by the state dir in its command line or environment, stopped by its PID.
+        assert await asyncio.to_thread(stop_referencing, c.state_dir) == []
 
 
 def _kubectl(cfg: SandboxConfig, *args: str) -> str:
@@ -129,6 +137,30 @@ def _running_agents(cfg: SandboxConfig) -> dict[str, int]:
 
 def _cmdline(pid: int) -> list[str]:
     return Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")[:-1]
+
+
+def _unrecorded(cfg: SandboxConfig) -> list[tuple[int, list[str]]]:
+    """Processes whose command line or environment names the sandbox's state dir, outside
+    the session of every process its table records alive: daemons that escaped the table
+    (`sandbox down` would leave them running). A client a daemon runs (sinfo, scontrol)
+    is in that daemon's session."""
+    table = ProcessTable(cfg.state_dir)
+    recorded = {r.pid for r in table.records() if table.alive(r.name)}
+    out = []
+    for pid, argv in referencing(cfg.state_dir):
+        try:
+            if os.getsid(pid) not in recorded:
+                out.append((pid, argv))
+        except ProcessLookupError:
+            continue
+    return out
+
+
+async def _nothing_unrecorded(cfg: SandboxConfig) -> None:
+    # A moment: a daemon starting is recorded just before it runs (its spawner may be
+    # between the two when we look).
+    ok = await asyncio.to_thread(wait_until, lambda: _unrecorded(cfg) == [], 30, 0.5)
+    assert ok, f"running outside the sandbox's process table: {_unrecorded(cfg)}"
 
 
 def _slurm_nodes(cfg: SandboxConfig) -> list[str]:
@@ -268,6 +300,14 @@ async def test_scale_out_and_in(cfg: SandboxConfig) -> None:
 
     await eventually(none_of_gpu_03, 30, "gpu-03's agent and slurmd processes stopped")
 
+    # Nor does any process of gpu-03 run unrecorded: none names the sandbox's state dir and
+    # gpu-03 (slurmd's `-N gpu-03`, the agent's node and spool), none escaped the table.
+    def of_gpu_03() -> list[list[str]]:
+        return [a for _, a in referencing(cfg.state_dir) if any("gpu-03" in x for x in a)]
+
+    assert await asyncio.to_thread(wait_until, lambda: of_gpu_03() == [], 30, 0.5), of_gpu_03()
+    await _nothing_unrecorded(cfg)
+
 
 @pytest.mark.timeout(900)
 async def test_delete_leaves_nothing_then_create_from_the_example(cfg: SandboxConfig) -> None:
@@ -286,6 +326,7 @@ async def test_delete_leaves_nothing_then_create_from_the_example(cfg: SandboxCo
         ]
 
     await eventually(lambda: _async(daemons() == []), 60, "no Slurm daemon left")
+    await _nothing_unrecorded(cfg)
     await eventually(
         lambda: _async(_kubectl(cfg, "get", "pods", "-A", "-o", "name") == ""), 30, "no pod"
     )

@@ -1,0 +1,123 @@
+"""The sandbox's ProcessTable under concurrent spawners (the CLI, the Crusoe emulator's
+machines and the emulated Slinky kubelet share one table): no process it starts can run
+unrecorded, so `sandbox down` (which stops what is recorded) leaves nothing behind.
+
+A leak once seen: the emulator's power_off of a machine (stop: SIGTERM, wait, forget the
+record) overlapped the kubelet starting that machine's slurmd again; the stop then removed
+the new slurmd's record, and that slurmd outlived `sandbox down`.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from autoclusters.core.process_start import start_ticks
+from autoclusters.sandbox import processes
+from autoclusters.sandbox.processes import (
+    ProcessRecord,
+    ProcessTable,
+    referencing,
+    stop_referencing,
+    wait_until,
+)
+
+SLEEPER = [sys.executable, "-c", "import time; time.sleep(300)"]
+
+
+@pytest.fixture
+def state(tmp_path: Path) -> Iterator[Path]:
+    """A state dir; whatever still names it when the test ends is stopped by its PID (a
+    failing test must not leak either), after the test's own checks."""
+    state = tmp_path / "state"
+    state.mkdir()
+    yield state
+    assert stop_referencing(state) == []
+
+
+def test_a_stop_never_forgets_a_process_started_meanwhile(
+    state: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    table = ProcessTable(state)
+    old = table.spawn("slurmd-gpu-03", SLEEPER)
+    real_exited = processes._exited
+    spawner: list[threading.Thread] = []
+
+    def exited(rec: ProcessRecord) -> bool:
+        done = real_exited(rec)
+        if done and rec.pid == old.pid and not spawner:
+            # The old process is gone and the stop has yet to forget it: another spawner
+            # (the kubelet) sees the name not running and starts it again, now.
+            t = threading.Thread(target=table.spawn, args=("slurmd-gpu-03", SLEEPER))
+            spawner.append(t)
+            t.start()
+            t.join(0.5)  # it may finish first (it did, before the lock)
+        return done
+
+    monkeypatch.setattr(processes, "_exited", exited)
+    assert table.stop("slurmd-gpu-03")
+    spawner[0].join(10)
+    assert not spawner[0].is_alive()
+    new = table.get("slurmd-gpu-03")
+    assert new is not None and new.pid != old.pid and table.alive("slurmd-gpu-03")
+    # What runs under the sandbox's state dir is exactly what the table records.
+    assert [pid for pid, _ in referencing(state)] == [new.pid]
+    assert table.stop("slurmd-gpu-03")
+    assert referencing(state) == []
+
+
+def test_a_daemon_runs_only_once_it_is_recorded(state: Path) -> None:
+    """A spawner that dies between starting the process and writing its record (the
+    operator stopped by `sandbox down` mid-pass) leaves no daemon running."""
+    code = (
+        "import os, sys\n"
+        "from pathlib import Path\n"
+        "from autoclusters.sandbox.processes import ProcessTable\n"
+        "Path.write_text = lambda *a, **k: os._exit(3)  # dies as it records\n"
+        "ProcessTable(Path(sys.argv[1])).spawn('slurmd-gpu-03', sys.argv[2:])\n"
+    )
+    # The daemon's command line names the state dir, as slurmd's (-f <state>/slurm.conf) does.
+    r = subprocess.run(
+        [sys.executable, "-c", code, str(state), *SLEEPER, str(state / "slurm.conf")],
+        capture_output=True,
+        timeout=60,
+    )
+    assert r.returncode == 3, r.stderr
+    assert ProcessTable(state).records() == []
+    assert wait_until(lambda: referencing(state) == [], 10), referencing(state)
+
+
+def test_the_recorded_pid_is_the_daemon_and_its_environment_names_the_sandbox(
+    state: Path,
+) -> None:
+    table = ProcessTable(state)
+    rec = table.spawn("agent-gpu-01", ["sleep", "300"], {"SLURM_CONF": "/elsewhere"})
+    # The held child became the daemon in place, by the time spawn returned: the same PID
+    # and start time, the daemon's argv.
+    assert _cmdline(rec.pid) == ["sleep", "300"]
+    assert start_ticks(rec.pid) == rec.start_ticks
+    # Nothing on its command line names the sandbox: its environment does.
+    assert referencing(state) == [(rec.pid, ["sleep", "300"])]
+    assert referencing(state.parent / "sta") == []  # a prefix of the name is not the name
+    assert table.stop("agent-gpu-01") and referencing(state) == []
+
+
+def test_a_missing_program_fails_the_spawn_and_records_nothing(state: Path) -> None:
+    table = ProcessTable(state)
+    with pytest.raises(FileNotFoundError):
+        table.spawn("slurmd-gpu-01", [str(state / "no-such-slurmd"), "-D"])
+    with pytest.raises(FileNotFoundError):
+        table.spawn("slurmd-gpu-01", ["no-such-slurmd-anywhere", "-D"])
+    assert table.records() == []
+
+
+def _cmdline(pid: int) -> list[str]:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")[:-1]
+    except OSError:
+        return []
