@@ -17,7 +17,10 @@ daemon answers (the Kubernetes emulator leaves these pods to it: `--external-kub
 The daemons are started the Managed Slurm way (sandbox/slurm_controller.py, shared) and
 recorded in the sandbox's ProcessTable under the same names (`slurmctld`, `slurmd-<node>`,
 ...), so `sandbox down`, restarts and chaos find them; a daemon whose pod is gone is
-stopped by its PID.
+stopped by its PID. The Crusoe emulator stops a machine's slurmd too (a VM deleted, reset
+or stopped: sandbox/machines.py) while this kubelet may be starting it again: the table
+does both under the name's lock and records a daemon before it runs
+(sandbox/processes.py), so no slurmd ever runs without a record.
 
 A Slurm node whose pod went with its Node (a machine deleted, a replacement on its way)
 stays declared, DOWN, as Slinky's does (its preStop hook marks it DOWN; nothing deletes

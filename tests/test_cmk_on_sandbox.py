@@ -143,7 +143,8 @@ def _unrecorded(cfg: SandboxConfig) -> list[tuple[int, list[str]]]:
     """Processes whose command line or environment names the sandbox's state dir, outside
     the session of every process its table records alive: daemons that escaped the table
     (`sandbox down` would leave them running). A client a daemon runs (sinfo, scontrol)
-    is in that daemon's session."""
+    is in that daemon's session; a job's steps are in slurmstepd's own, so this is asked
+    where no job runs."""
     table = ProcessTable(cfg.state_dir)
     recorded = {r.pid for r in table.records() if table.alive(r.name)}
     out = []
