@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import yaml
-from fastapi import APIRouter, Request
+from fastapi import Request
 from pydantic import BaseModel, ValidationError
 
 from autoclusters.sandbox.crusoe_cmk_models import (
@@ -32,6 +32,7 @@ from autoclusters.sandbox.crusoe_cmk_models import (
 )
 from autoclusters.sandbox.crusoe_controls import ApiError, operations_of
 from autoclusters.sandbox.crusoe_world import Cluster, Engine, Operation, now_rfc3339
+from autoclusters.sandbox.route_table import Handlers
 
 __all__ = ["cmk_router"]
 
@@ -85,8 +86,8 @@ def credentials(cluster: Cluster, kubeconfig: str) -> dict[str, str]:
     }
 
 
-def cmk_router(engine: Engine) -> APIRouter:
-    router = APIRouter()
+def cmk_router(engine: Engine, router: Handlers) -> Handlers:
+    """Write the endpoints, closures over `engine`, into `router` (sandbox.route_table)."""
     world = engine.world
 
     def project(project_id: str) -> None:

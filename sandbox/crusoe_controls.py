@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from fastapi import APIRouter, Request, Response
+from fastapi import Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -31,6 +31,7 @@ from autoclusters.sandbox.crusoe_world import (
     OperationKind,
     World,
 )
+from autoclusters.sandbox.route_table import Handlers
 
 __all__ = [
     "ApiError",
@@ -198,8 +199,9 @@ class Timings(BaseModel):
     boot_delay_s: float | None = Field(default=None, ge=0)
 
 
-def admin_router(engine: Engine, gate: Gate) -> APIRouter:
-    router = APIRouter()
+def admin_router(engine: Engine, gate: Gate, router: Handlers) -> Handlers:
+    """Write the endpoints, closures over `engine` and `gate`, into `router`
+    (sandbox.route_table)."""
     world = engine.world
 
     @router.get("/health")

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar, cast
 
-from fastapi import APIRouter, Request
+from fastapi import Request
 from pydantic import BaseModel, ValidationError
 
 from autoclusters.sandbox.crusoe_controls import ApiError, operations_of
@@ -32,6 +32,7 @@ from autoclusters.sandbox.crusoe_world import (
     new_id,
     now_rfc3339,
 )
+from autoclusters.sandbox.route_table import Handlers
 
 __all__ = ["slurm_router"]
 
@@ -63,8 +64,8 @@ def _hooks(engine: Engine) -> SlurmBackend | None:
     return cast(SlurmBackend, backend) if hasattr(backend, "on_cluster_create") else None
 
 
-def slurm_router(engine: Engine) -> APIRouter:
-    router = APIRouter()
+def slurm_router(engine: Engine, router: Handlers) -> Handlers:
+    """Write the endpoints, closures over `engine`, into `router` (sandbox.route_table)."""
     world = engine.world
 
     def project(project_id: str) -> None:
