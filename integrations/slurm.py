@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
+import time
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -17,7 +19,11 @@ from autoclusters.core import hostlist
 from autoclusters.core.models import SlurmJob, SlurmNode
 from autoclusters.core.unavailable import Unavailable
 
-RESTART_GRACE_S = 2
+# slurmctld timestamps a requeue's credential revocation with its own clock, in whole
+# seconds; a restart must get its new credential in a later second (see release_hold).
+# This worker's clock may differ from slurmctld's by up to this much (NTP keeps real
+# clusters within milliseconds).
+CLOCK_MARGIN_S = 0.5
 
 
 class SlurmError(RuntimeError):
@@ -287,8 +293,13 @@ class SlurmCli:
         # A requeued batch job waits ~2 minutes (Reason=BeginTime); start it almost at once
         # instead. Not *at* once: slurmd revokes the old run's credential with one-second
         # resolution, and a restart within that same second on a node of the old
-        # allocation is killed as "Job credential revoked" and the job FAILS.
-        await self._run("scontrol", "update", f"JobId={job_id}", f"StartTime=now+{RESTART_GRACE_S}")
+        # allocation is killed as "Job credential revoked" and the job FAILS. The job is
+        # PENDING only after the revocation, so once the clock has passed the next whole
+        # second the restart is safe. Then StartTime=now, not a begin time in the future:
+        # the update itself wakes the scheduler, where a future begin time waits for its
+        # next periodic pass (sched_interval: 60 s by default, 2 s in the sandbox).
+        await asyncio.sleep(_next_whole_second(time.time() + CLOCK_MARGIN_S) - time.time())
+        await self._run("scontrol", "update", f"JobId={job_id}", "StartTime=now")
 
     async def set_admin_comment(self, job_id: int, text: str) -> None:
         await self._run("scontrol", "update", f"JobId={job_id}", f"AdminComment={text}")
@@ -346,3 +357,8 @@ class SlurmCli:
     async def job(self, job_id: int) -> SlurmJob | None:
         """The job as slurmctld knows it (ended jobs stay listed for MinJobAge)."""
         return next((j for j in await self.jobs() if j.job_id == job_id), None)
+
+
+def _next_whole_second(t: float) -> float:
+    """The first instant of the second after the one `t` falls in."""
+    return float(math.floor(t) + 1)

@@ -43,6 +43,7 @@ ROOT = Path(__file__).resolve().parent.parent
 TRAIN = ROOT / "examples" / "training" / "train.py"
 SBATCH = ROOT / "examples" / "training" / "train.sbatch"
 STORE = ROOT / "examples" / "training" / "rdzv_store.py"
+LAUNCH = ROOT / "examples" / "training" / "torchrun_launch.py"
 STEP_LINE = re.compile(
     r"^ts=(?P<ts>\d+\.\d+) node=(?P<node>\S+) restart=(?P<restart>\d+) step=(?P<step>\d+) "
     r"rank=(?P<rank>\d+) resumed_from=(?P<resumed_from>\d+) loss=(?P<loss>\d+\.\d+)"
@@ -262,6 +263,51 @@ def test_signal_checkpoints_before_exit(
     assert marker(ckpt) == last
     assert (ckpt / f"step-{last}" / ".metadata").is_file()
     assert f"event=stopped ckpt_step={last} signal={sig.name}" in log.read_text()
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+@pytest.mark.timeout(150)
+def test_the_launcher_forks_its_ranks_stops_on_a_signal_and_resumes(
+    tmp_path: Path, runs: list[Torchrun]
+) -> None:
+    """torchrun_launch.py (what train.sbatch runs): torchrun's arguments, ranks forked from
+    the agent with the script loaded (no interpreter of their own), and on the signal Slurm's
+    requeue sends to every process of the step, a checkpoint, the signal's exit status and
+    no process left; run again, it resumes from that step and finishes with status 0."""
+    ckpt = tmp_path / "ckpt"
+    args = ["--ckpt-dir", str(ckpt), "--ckpt-every", "1000", "--step-sleep", "0.1",
+            "--log-ranks", "zero"]  # fmt: skip
+    launcher = [sys.executable, str(LAUNCH), "--standalone", "--nproc-per-node=2", SIGNALS]
+    first = start(runs, tmp_path / "a.log", argv=[*launcher, str(TRAIN), *args])
+    until(lambda: len(step_lines(first.log)) >= 5, 90, "five steps")
+    tree = first.tree()
+    ranks = [pid for pid in tree if pid != first.proc.pid]
+    assert len(ranks) == 2, tree
+    # Forked: each rank runs the agent's own command line, not `python train.py`.
+    assert {_cmdline(pid) for pid in ranks} == {_cmdline(first.proc.pid)}
+
+    for pid in tree:  # as Slurm signals every process of the step
+        os.kill(pid, signal.SIGTERM)
+    assert first.wait(45) == 128 + signal.SIGTERM, first.log.read_text()[-3000:]
+    until(lambda: not any(_cmdline(pid) for pid in ranks), 10, "the ranks to exit")
+    last = step_lines(first.log)[-1]["step"]
+    assert marker(ckpt) == last
+    assert f"event=stopped ckpt_step={last} signal=SIGTERM" in first.log.read_text()
+
+    second = start(
+        runs, tmp_path / "b.log", argv=[*launcher, str(TRAIN), *args, "--steps", str(last + 2)]
+    )
+    assert second.wait(90) == 0, second.log.read_text()[-3000:]
+    assert [(d["step"], d["resumed_from"]) for d in step_lines(second.log)] == [
+        (last + 1, last),
+        (last + 2, last),
+    ]
 
 
 @pytest.mark.timeout(90)
