@@ -31,6 +31,7 @@ from autoclusters.integrations.slurm import SlurmCli
 from autoclusters.sandbox import cluster
 from autoclusters.sandbox.config import PORT_SPAN, SandboxConfig
 from autoclusters.sandbox.processes import ProcessTable, stop_referencing
+from tests import default_tls
 from tests.helpers import time_skipping_env
 from tests.leftover_sandboxes import stop_left_running
 
@@ -38,6 +39,10 @@ from tests.leftover_sandboxes import stop_left_running
 hypothesis_settings.register_profile("full", max_examples=300)
 hypothesis_settings.register_profile("quick", max_examples=60)
 hypothesis_settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "full"))
+
+# Every httpx client the product makes under test shares one default TLS context per process
+# instead of loading the CA bundle again (~45 ms of CPU each: tests/default_tls.py).
+default_tls.install()
 
 
 def _isolate(mp: pytest.MonkeyPatch, home: Path) -> None:
