@@ -11,6 +11,7 @@ again for each test), so no test reads a user's ~/.autoclusters or their environ
 
 from __future__ import annotations
 
+import gc
 import os
 import random
 import socket
@@ -103,6 +104,14 @@ LONGEST_FIRST = (
     "test_chaos",
     "test_remediation_workflow",
 )
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """What the imports and the collection made lives as long as the process: frozen, the
+    collector's full passes stop walking it again and again (each xdist worker holds ~240k
+    objects after collecting; a full pass over them cost ~0.2 s, ~13 a worker in the unit
+    lane). Nothing a test makes is frozen."""
+    gc.freeze()
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
