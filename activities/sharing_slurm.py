@@ -236,9 +236,10 @@ class ShareSlurmActivities:
         deadline = time.monotonic() + within_s
         while True:
             jobs = await self._slurm.jobs()
+            read_at = time.time()
             for job in jobs:
                 if job.job_id in waiting and job.job_state == "PENDING":
-                    await self._slurm.release_hold(job.job_id)
+                    await self._slurm.release_hold(job.job_id, read_at)
                     released.append(job.job_id)
                     waiting.discard(job.job_id)
             coming = [j for j in jobs if j.job_id in waiting and j.job_state in on_the_way]

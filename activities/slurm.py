@@ -130,12 +130,12 @@ class SlurmActivities:
         # *after* it shows PENDING, so keep watching until it has been quiet for a while.
         quiet, deadline = 0, time.monotonic() + inp.hold_watch_s
         while True:
-            mine = [
-                j for j in await self._slurm.jobs() if marked_for(j, inp.incident_id) is not None
-            ]
+            jobs = await self._slurm.jobs()
+            read_at = time.time()
+            mine = [j for j in jobs if marked_for(j, inp.incident_id) is not None]
             held = [j for j in mine if j.job_state == "PENDING" and j.state_reason == "BeginTime"]
             for job in held:
-                await self._slurm.release_hold(job.job_id)
+                await self._slurm.release_hold(job.job_id, read_at)
                 if job.job_id not in result.holds_released:
                     result.holds_released.append(job.job_id)
             settling = [j.job_id for j in mine if _settling(j)]

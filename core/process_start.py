@@ -29,3 +29,13 @@ def parent_pid(pid: int) -> int | None:
     """Field 4 of /proc/<pid>/stat; None if the process is gone."""
     fields = _stat_fields(pid)
     return None if fields is None else int(fields[1])
+
+
+def command_line(pid: int) -> list[str]:
+    """/proc/<pid>/cmdline as its arguments; [] if the process is gone (or a zombie, or a
+    kernel thread: nothing to read)."""
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return []
+    return raw.decode(errors="replace").split("\0")[:-1]

@@ -111,7 +111,7 @@ class SlurmClient(Protocol):
     async def drain(self, node: str, reason: str) -> None: ...
     async def resume(self, node: str) -> None: ...
     async def requeue(self, job_id: int) -> None: ...
-    async def release_hold(self, job_id: int) -> None: ...
+    async def release_hold(self, job_id: int, seen_pending_at: float | None = None) -> None: ...
     async def set_admin_comment(self, job_id: int, text: str) -> None: ...
     async def cancel(self, job_id: int) -> None: ...
 
@@ -289,16 +289,21 @@ class SlurmCli:
     async def requeue(self, job_id: int) -> None:
         await self._run("scontrol", "requeue", str(job_id))
 
-    async def release_hold(self, job_id: int) -> None:
+    async def release_hold(self, job_id: int, seen_pending_at: float | None = None) -> None:
+        """Let a requeued job start now, once that is safe; `seen_pending_at` is when the
+        caller read the job PENDING (default: now), so that jobs released from one read
+        wait for one safe instant, not one each."""
         # A requeued batch job waits ~2 minutes (Reason=BeginTime); start it almost at once
         # instead. Not *at* once: slurmd revokes the old run's credential with one-second
         # resolution, and a restart within that same second on a node of the old
         # allocation is killed as "Job credential revoked" and the job FAILS. The job is
         # PENDING only after the revocation, so once the clock has passed the next whole
-        # second the restart is safe. Then StartTime=now, not a begin time in the future:
-        # the update itself wakes the scheduler, where a future begin time waits for its
-        # next periodic pass (sched_interval: 60 s by default, 2 s in the sandbox).
-        await asyncio.sleep(_next_whole_second(time.time() + CLOCK_MARGIN_S) - time.time())
+        # second after it was seen so, the restart is safe. Then StartTime=now, not a begin
+        # time in the future: the update itself wakes the scheduler, where a future begin
+        # time waits for its next periodic pass (sched_interval: 60 s by default).
+        seen = time.time() if seen_pending_at is None else seen_pending_at
+        safe_at = math.floor(seen + CLOCK_MARGIN_S) + 1
+        await asyncio.sleep(max(0.0, safe_at - time.time()))
         await self._run("scontrol", "update", f"JobId={job_id}", "StartTime=now")
 
     async def set_admin_comment(self, job_id: int, text: str) -> None:
@@ -357,8 +362,3 @@ class SlurmCli:
     async def job(self, job_id: int) -> SlurmJob | None:
         """The job as slurmctld knows it (ended jobs stay listed for MinJobAge)."""
         return next((j for j in await self.jobs() if j.job_id == job_id), None)
-
-
-def _next_whole_second(t: float) -> float:
-    """The first instant of the second after the one `t` falls in."""
-    return float(math.floor(t) + 1)

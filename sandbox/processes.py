@@ -32,7 +32,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from autoclusters.core.process_start import parent_pid, start_ticks
+from autoclusters.core.process_start import command_line, parent_pid, start_ticks
 
 # Every process the table starts carries its sandbox's state dir in its environment (and
 # so do the processes it starts in turn): how `referencing` finds one that escaped.
@@ -132,8 +132,8 @@ class ProcessTable:
                 pass  # it is gone already: a recorded process that is not alive
             # As Popen returns once its child has exec'd: the PID runs the daemon (what a
             # caller reads in /proc/<pid>/cmdline), or has exited.
-            held = f"{_HOLD}\0sandbox-spawn\0".encode()
-            wait_until(lambda: held not in _cmdline_bytes(proc.pid), 10, 0.001)
+            held = ["/bin/sh", "-c", _HOLD, "sandbox-spawn"]
+            wait_until(lambda: command_line(proc.pid)[:4] != held, 10, 0.001)
         return rec
 
     def stop(self, name: str, timeout_s: float = 15.0) -> bool:
@@ -153,9 +153,7 @@ class ProcessTable:
                 while not _exited(rec) and time.monotonic() < deadline:
                     time.sleep(0.05)
                 if not _exited(rec):
-                    _signal(rec.pid, signal.SIGKILL)
-                    while not _exited(rec):
-                        time.sleep(0.05)
+                    _kill_and_reap(rec)
             self._path(name).unlink(missing_ok=True)
         return was_running
 
@@ -167,9 +165,7 @@ class ProcessTable:
             rec = self.get(name)
             if rec is None or start_ticks(rec.pid) != rec.start_ticks:
                 return None
-            _signal(rec.pid, signal.SIGKILL)
-            while not _exited(rec):
-                time.sleep(0.05)
+            _kill_and_reap(rec)
             self._path(name).unlink(missing_ok=True)
         return rec.pid
 
@@ -180,17 +176,17 @@ class ProcessTable:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
 
 
-def _cmdline_bytes(pid: int) -> bytes:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return b""
-
-
 def _check_executable(exe: str, path: str | None) -> None:
     found = exe if "/" in exe else shutil.which(exe, path=path)
     if found is None or not os.access(found, os.X_OK) or Path(found).is_dir():
         raise FileNotFoundError(2, "No such file or directory", exe)
+
+
+def _kill_and_reap(rec: ProcessRecord) -> None:
+    """SIGKILL the recorded process and wait until it is gone (it cannot refuse)."""
+    _signal(rec.pid, signal.SIGKILL)
+    while not _exited(rec):
+        time.sleep(0.05)
 
 
 def _signal(pid: int, sig: int) -> None:
@@ -268,6 +264,11 @@ def referencing(state_dir: Path) -> list[tuple[int, list[str]]]:
     """Live processes (PID, command line) whose command line or environment names
     `state_dir` or a path under it: the sandbox's daemons, recorded or not, and whatever
     they started. Never this process or those above it (a test's own)."""
+    return [(pid, argv) for pid, argv, _ in _referencing(state_dir)]
+
+
+def _referencing(state_dir: Path) -> list[tuple[int, list[str], int]]:
+    """`referencing`, with each process's start time (read once, to signal only it)."""
     names = {str(state_dir), str(state_dir.resolve())}
     pattern = re.compile(b"|".join(re.escape(n.encode()) for n in names) + rb"(?=/|\0|$)")
     ours: set[int] = set()
@@ -284,10 +285,12 @@ def referencing(state_dir: Path) -> list[tuple[int, list[str]]]:
             environ = (proc / "environ").read_bytes()
         except OSError:  # gone meanwhile, or not ours to read
             continue
-        if (pattern.search(cmdline) or pattern.search(environ)) and start_ticks(
-            int(proc.name)
-        ) is not None:
-            found.append((int(proc.name), cmdline.decode(errors="replace").split("\0")[:-1]))
+        if not (pattern.search(cmdline) or pattern.search(environ)):
+            continue
+        ticks = start_ticks(int(proc.name))
+        if ticks is not None:
+            argv = cmdline.decode(errors="replace").split("\0")[:-1]
+            found.append((int(proc.name), argv, ticks))
     return sorted(found)
 
 
@@ -295,9 +298,9 @@ def stop_referencing(state_dir: Path, timeout_s: float = 5.0) -> list[tuple[int,
     """SIGKILL, each by its PID (and start time), every live process `referencing` finds:
     a leak check's cleanup once the sandbox is down, so what escaped its table does not
     outlive the check. Returns what it found."""
-    found = [(pid, argv, start_ticks(pid)) for pid, argv in referencing(state_dir)]
+    found = _referencing(state_dir)
     for pid, _, ticks in found:
-        if ticks is not None and start_ticks(pid) == ticks:
+        if start_ticks(pid) == ticks:
             _signal(pid, signal.SIGKILL)
     wait_until(lambda: all(start_ticks(p) != t for p, _, t in found), timeout_s, 0.05)
     return [(pid, argv) for pid, argv, _ in found]

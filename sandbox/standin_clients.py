@@ -80,7 +80,8 @@ class StandInSlurm:
     async def requeue(self, job_id: int) -> None:
         await self._ok("POST", f"/slurm/jobs/{job_id}/requeue")
 
-    async def release_hold(self, job_id: int) -> None:
+    async def release_hold(self, job_id: int, seen_pending_at: float | None = None) -> None:
+        # The stand-in has no job credentials to wait out: released at once.
         await self._ok("POST", f"/slurm/jobs/{job_id}/release_hold")
 
     async def set_admin_comment(self, job_id: int, text: str) -> None:

@@ -25,15 +25,13 @@ from hypothesis import settings as hypothesis_settings
 from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 
-from autoclusters.core.process_start import start_ticks
 from autoclusters.core.settings import Settings
 from autoclusters.integrations import temporal
 from autoclusters.integrations.slurm import SlurmCli
 from autoclusters.sandbox import cluster
 from autoclusters.sandbox.config import PORT_SPAN, SandboxConfig
-from autoclusters.sandbox.processes import ProcessTable, stop_referencing
 from tests import default_tls
-from tests.helpers import time_skipping_env
+from tests.helpers import down_leaving_nothing, time_skipping_env
 from tests.leftover_sandboxes import stop_left_running
 
 # Fuzz tests: 300 examples each in `make test`; `make unit` asks for the quick profile.
@@ -222,11 +220,8 @@ def free_port_base(span: int = PORT_SPAN) -> int:
 async def env() -> AsyncIterator[WorkflowEnvironment]:
     """The time-skipping test server, one per test module (a module that needs the dev
     server instead defines its own `env`)."""
-    environment = await time_skipping_env()
-    try:
+    async with await time_skipping_env() as environment:  # shut down on the way out
         yield environment
-    finally:
-        await environment.shutdown()
 
 
 @pytest.fixture(scope="session")
@@ -241,20 +236,8 @@ def sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SandboxConfig]
         breaker_threshold=100,
     )
     cluster.up(cfg)
-    table = ProcessTable(cfg.state_dir)
     yield cfg
-    recorded = table.records()
-    cluster.down(cfg)
-    left = [r for r in recorded if _alive(r.pid, r.start_ticks)]
-    assert not left, f"sandbox processes still alive after down: {left}"
-    # And nothing the table never recorded (or lost the record of): every process whose
-    # command line or environment names the state dir, stopped by its PID, then reported.
-    escaped = stop_referencing(cfg.state_dir)
-    assert not escaped, f"processes of the sandbox outside its table after down: {escaped}"
-
-
-def _alive(pid: int, ticks: int) -> bool:
-    return start_ticks(pid) == ticks
+    down_leaving_nothing(cfg)
 
 
 @pytest.fixture(scope="session")

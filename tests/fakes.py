@@ -305,7 +305,7 @@ class FakeSlurm:
             self.injected_failures += 1
             raise SlurmError(f"scontrol requeue {job_id}: Socket timed out on send/recv operation")
 
-    async def release_hold(self, job_id: int) -> None:
+    async def release_hold(self, job_id: int, seen_pending_at: float | None = None) -> None:
         self._reachable("release_hold")
         self.calls["release_hold"] += 1
         job = self._job(job_id)

@@ -24,11 +24,14 @@ from autoclusters.clients.web.settings import ApiSettings
 from autoclusters.core import binpaths
 from autoclusters.core.models import IncidentState, SlurmJob
 from autoclusters.core.policy import Policy, parse_policy
+from autoclusters.core.process_start import start_ticks
 from autoclusters.core.settings import Settings
 from autoclusters.integrations import temporal
 from autoclusters.integrations.slurm import SlurmCli
+from autoclusters.sandbox import cluster
 from autoclusters.sandbox.cluster import sandbox_policy
 from autoclusters.sandbox.config import SandboxConfig
+from autoclusters.sandbox.processes import ProcessTable, stop_referencing
 from autoclusters.workflows.remediation import NodeRemediation
 
 T = TypeVar("T")
@@ -181,3 +184,16 @@ async def resolve_incident(
     return await client.get_workflow_handle_for(
         NodeRemediation.run, opened.workflow_id, run_id=opened.run_id
     ).result()
+
+
+def down_leaving_nothing(cfg: SandboxConfig) -> None:
+    """`sandbox down`, then what every test's own sandbox must leave: nothing the table
+    recorded still alive, nor any process naming the state dir in its command line or
+    environment (one the table never knew, or lost the record of), stopped by its PID and
+    then reported."""
+    recorded = ProcessTable(cfg.state_dir).records()
+    cluster.down(cfg)
+    left = [r.name for r in recorded if start_ticks(r.pid) == r.start_ticks]
+    assert not left, f"sandbox processes still alive after down: {left}"
+    escaped = stop_referencing(cfg.state_dir)
+    assert not escaped, f"processes of the sandbox outside its table after down: {escaped}"

@@ -24,6 +24,7 @@ import httpx
 import pytest
 from kubernetes import client
 
+from autoclusters.core.process_start import command_line
 from autoclusters.integrations.k8s import api_client
 from autoclusters.sandbox import agent_daemonset as shipped
 from autoclusters.sandbox import daemons
@@ -295,8 +296,7 @@ def test_the_kubelet_runs_each_agent_pod_as_its_process(
             rec = table.get("agent-gpu-01")
             assert rec is not None and rec.pid == pid and table.alive("agent-gpu-01")
             want = shipped.render(cfg, pod["spec"], NODE, _secret)
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")[:-1]
-            assert cmdline == want.argv
+            assert command_line(pid) == want.argv
             assert agent_targets.nodes(cfg) == ["gpu-01"]
             assert sync()[pod["metadata"]["uid"]]["status"] == pod["status"]  # a quiet pass
 

@@ -21,17 +21,15 @@ from prometheus_client.parser import text_string_to_metric_families
 from temporalio.service import RPCError
 
 from autoclusters.core.models import IncidentState, workflow_id
-from autoclusters.core.process_start import start_ticks
 from autoclusters.core.settings import load_file
 from autoclusters.integrations import temporal
 from autoclusters.sandbox import agent_targets, cluster, monitoring
 from autoclusters.sandbox.config import SandboxConfig
 from autoclusters.sandbox.hardware import Hardware, HardwareFault
-from autoclusters.sandbox.processes import ProcessTable
 from autoclusters.sandbox.vms import VmRegistry
 from autoclusters.workflows.remediation import NodeRemediation
 from tests.conftest import free_port_base
-from tests.helpers import eventually
+from tests.helpers import down_leaving_nothing, eventually
 
 pytestmark = pytest.mark.integration
 
@@ -44,15 +42,11 @@ def alert_sandbox(tmp_path: Path) -> Iterator[SandboxConfig]:
         state_dir=tmp_path / "alerts", cluster="alerts", nodes=2, port_base=free_port_base(),
         boot_delay_s=1, accounting=False, agent_reports=False, breaker_threshold=100,
     )  # fmt: skip
-    table = ProcessTable(cfg.state_dir)
     try:
         cluster.up(cfg)
         yield cfg
     finally:
-        recorded = table.records()
-        cluster.down(cfg)
-        left = [r.name for r in recorded if start_ticks(r.pid) == r.start_ticks]
-        assert not left, f"still alive after down: {left}"
+        down_leaving_nothing(cfg)
 
 
 def test_rendered_configs_are_valid_and_keep_the_shipped_files(tmp_path: Path) -> None:

@@ -28,6 +28,7 @@ import pytest
 import pytest_asyncio
 
 from autoclusters.core.cluster_spec import load_cluster_spec
+from autoclusters.core.process_start import command_line
 from autoclusters.integrations.slinky_crs import HOSTNAME_OVERRIDE
 from autoclusters.sandbox import agent_daemonset, cluster, restart
 from autoclusters.sandbox import slinky_operator_pods as slinky_pods
@@ -35,11 +36,10 @@ from autoclusters.sandbox.config import SandboxConfig
 from autoclusters.sandbox.processes import (
     ProcessTable,
     referencing,
-    stop_referencing,
     wait_until,
 )
 from tests.conftest import free_port_base
-from tests.helpers import eventually
+from tests.helpers import down_leaving_nothing, eventually
 
 pytestmark = pytest.mark.integration
 
@@ -63,12 +63,8 @@ async def cfg(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Sandbox
     try:
         yield c
     finally:
-        await asyncio.to_thread(cluster.down, c)
-        table = ProcessTable(c.state_dir)
-        assert [r.name for r in table.records() if table.alive(r.name)] == []
-        # Nor anything the table never knew of (a slurmd whose record was lost once):
-        # found by the state dir in its command line or environment, stopped by its PID.
-        assert await asyncio.to_thread(stop_referencing, c.state_dir) == []
+        # Nor anything the table never knew of (a slurmd whose record was lost once).
+        await asyncio.to_thread(down_leaving_nothing, c)
 
 
 def _kubectl(cfg: SandboxConfig, *args: str) -> str:
@@ -133,10 +129,6 @@ def _running_agents(cfg: SandboxConfig) -> dict[str, int]:
         ):
             out[node] = pid
     return out
-
-
-def _cmdline(pid: int) -> list[str]:
-    return Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")[:-1]
 
 
 def _unrecorded(cfg: SandboxConfig) -> list[tuple[int, list[str]]]:
@@ -215,7 +207,7 @@ async def test_the_agents_are_the_shipped_daemonsets_pods(cfg: SandboxConfig) ->
         want = agent_daemonset.render(
             cfg, pod["spec"], agent_daemonset.Node(node, slurm), lambda name, key: "unused"
         )
-        assert _cmdline(pid) == want.argv
+        assert command_line(pid) == want.argv
         rec = table.get(f"agent-{slurm}")
         assert rec is not None and rec.pid == pid  # what restarts and chaos find by name
 

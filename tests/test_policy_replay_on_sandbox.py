@@ -18,7 +18,7 @@ XID_48. Then the real CLI, pointed at the sandbox's settings as an operator's wo
 The sandbox is this module's own, not the session's shared one: twelve incidents in a few
 minutes would raise the shared nodes' recurrence counts and fill its breaker window for
 every later test, and the replay must read exactly these incidents. It is stopped by its
-recorded PIDs (the sandbox's own `down`), and nothing it recorded may be left alive.
+recorded PIDs (the sandbox's own `down`), and nothing of it may be left alive.
 """
 
 from __future__ import annotations
@@ -40,17 +40,15 @@ from temporalio.client import Client
 from autoclusters.clients.incident_history import IncidentHistories, read_incidents
 from autoclusters.core.models import IncidentState
 from autoclusters.core.policy import FaultRule, Policy, Rung, load_policy
-from autoclusters.core.process_start import start_ticks
 from autoclusters.core.settings import load_file
 from autoclusters.integrations import temporal
 from autoclusters.sandbox import cluster, machine_names
 from autoclusters.sandbox.config import SandboxConfig
 from autoclusters.sandbox.demo import incident_since
 from autoclusters.sandbox.hardware import Hardware, HardwareFault
-from autoclusters.sandbox.processes import ProcessTable
 from autoclusters.workflows.remediation import NodeRemediation
 from tests.conftest import free_port_base
-from tests.helpers import CLI, eventually
+from tests.helpers import CLI, down_leaving_nothing, eventually
 
 # The fixture's set-up (the sandbox and twelve incidents) counts against the first test.
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(480)]
@@ -122,8 +120,6 @@ async def stored(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Stor
         breaker_threshold=100,
     )  # fmt: skip
     await asyncio.to_thread(cluster.up, cfg)  # sync: it runs its own event loop
-    table = ProcessTable(cfg.state_dir)
-    recorded = table.records()
     try:
         # The live policy: the sandbox's, each fault a fresh one (a node's earlier incident
         # would move the next one up a rung, and a reboot-first XID_79 would start at
@@ -148,13 +144,9 @@ async def stored(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Stor
             return found if len(closed) >= len(FAULTS) else None
 
         await eventually(all_closed, 30, "the twelve incidents listed, closed")
-        recorded = table.records()
         yield Stored(cfg=cfg, candidate=candidate, incidents=incidents)
     finally:
-        recorded = table.records() or recorded
-        await asyncio.to_thread(cluster.down, cfg)
-    left = [r for r in recorded if start_ticks(r.pid) == r.start_ticks]
-    assert not left, f"sandbox processes still alive after down: {left}"
+        await asyncio.to_thread(down_leaving_nothing, cfg)
 
 
 def _cli(s: Stored, *args: str) -> subprocess.CompletedProcess[str]:

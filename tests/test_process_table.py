@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from autoclusters.core.process_start import start_ticks
+from autoclusters.core.process_start import command_line, start_ticks
 from autoclusters.sandbox import processes
 from autoclusters.sandbox.processes import (
     ProcessRecord,
@@ -99,7 +99,7 @@ def test_the_recorded_pid_is_the_daemon_and_its_environment_names_the_sandbox(
     rec = table.spawn("agent-gpu-01", ["sleep", "300"], {"SLURM_CONF": "/elsewhere"})
     # The held child became the daemon in place, by the time spawn returned: the same PID
     # and start time, the daemon's argv.
-    assert _cmdline(rec.pid) == ["sleep", "300"]
+    assert command_line(rec.pid) == ["sleep", "300"]
     assert start_ticks(rec.pid) == rec.start_ticks
     # Nothing on its command line names the sandbox: its environment does.
     assert referencing(state) == [(rec.pid, ["sleep", "300"])]
@@ -114,10 +114,3 @@ def test_a_missing_program_fails_the_spawn_and_records_nothing(state: Path) -> N
     with pytest.raises(FileNotFoundError):
         table.spawn("slurmd-gpu-01", ["no-such-slurmd-anywhere", "-D"])
     assert table.records() == []
-
-
-def _cmdline(pid: int) -> list[str]:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")[:-1]
-    except OSError:
-        return []

@@ -84,11 +84,8 @@ async def env() -> AsyncIterator[WorkflowEnvironment]:
     modules) saw `env.sleep` (unlock_time_skipping_with_sleep) time out in four tests after
     earlier ones had passed on the module's shared server, while the module alone passes;
     a fresh server keeps whatever one test leaves behind from locking time for the next."""
-    environment = await time_skipping_env()
-    try:
+    async with await time_skipping_env() as environment:  # shut down on the way out
         yield environment
-    finally:
-        await environment.shutdown()
 
 
 # Virtual time under the test server: a workflow stuck on a bug fails instead of hanging.

@@ -31,6 +31,7 @@ if importlib.util.find_spec("torch") is None:
 from temporalio.client import Client  # noqa: E402
 
 from autoclusters.activities.sharing_demand import checkpointed_at  # noqa: E402
+from autoclusters.core.process_start import command_line  # noqa: E402
 from autoclusters.core.settings import Settings  # noqa: E402
 from autoclusters.integrations.slurm import SlurmCli  # noqa: E402
 from autoclusters.sandbox.config import JOB_PORTS, SandboxConfig  # noqa: E402
@@ -265,13 +266,6 @@ def test_signal_checkpoints_before_exit(
     assert f"event=stopped ckpt_step={last} signal={sig.name}" in log.read_text()
 
 
-def _cmdline(pid: int) -> bytes:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return b""
-
-
 @pytest.mark.timeout(150)
 def test_the_launcher_forks_its_ranks_stops_on_a_signal_and_resumes(
     tmp_path: Path, runs: list[Torchrun]
@@ -290,12 +284,12 @@ def test_the_launcher_forks_its_ranks_stops_on_a_signal_and_resumes(
     ranks = [pid for pid in tree if pid != first.proc.pid]
     assert len(ranks) == 2, tree
     # Forked: each rank runs the agent's own command line, not `python train.py`.
-    assert {_cmdline(pid) for pid in ranks} == {_cmdline(first.proc.pid)}
+    assert [command_line(pid) for pid in ranks] == [command_line(first.proc.pid)] * 2
 
     for pid in tree:  # as Slurm signals every process of the step
         os.kill(pid, signal.SIGTERM)
     assert first.wait(45) == 128 + signal.SIGTERM, first.log.read_text()[-3000:]
-    until(lambda: not any(_cmdline(pid) for pid in ranks), 10, "the ranks to exit")
+    until(lambda: not any(command_line(pid) for pid in ranks), 10, "the ranks to exit")
     last = step_lines(first.log)[-1]["step"]
     assert marker(ckpt) == last
     assert f"event=stopped ckpt_step={last} signal=SIGTERM" in first.log.read_text()
