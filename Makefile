@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 # compile the project from source again.
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: demo test test-parallel lint unit workflow integration system-deps install clean
+.PHONY: demo test lint unit workflow integration system-deps install clean
 
 $(BIN)/autoclusters: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -37,31 +37,27 @@ lint: install
 # subprocesses, not the CPU, so more workers than cores.
 XDIST := --dist loadgroup --no-loadscope-reorder
 
-# Everything: lint, then every lane, one test at a time (~35 min here). On this 2-core
-# machine the parallel run (test-parallel, 13-15 min) still fails a few timed waits under
-# load (docs/testing.md), so it is not yet what CI runs.
+# Everything: lint, then all three lanes in one parallel run (the unit and workflow tests
+# fill the time the integration tests spend waiting on boots and timers), then the `alone`
+# tests (the demos, the alert storm), three at a time with nothing else beside them: their
+# checks are timed, or they load the CPU themselves (docs/testing.md: ~20 min here, against
+# ~52 one test at a time).
 test: system-deps install lint
-	$(BIN)/pytest
-
-# All three lanes in one parallel run, so the unit and workflow tests fill the time the
-# integration tests spend waiting; then the `alone` tests (the demos, the alert storm), one
-# at a time with nothing beside them: their checks are timed.
-test-parallel: system-deps install lint
 	$(BIN)/pytest -n 5 $(XDIST) -m "not alone"
-	$(BIN)/pytest -m alone
+	$(BIN)/pytest -n 3 $(XDIST) -m alone
 
 # No server to share in this lane: any test anywhere (a module fixture is built once per
 # worker instead of serialising the module, as a group would); an idle worker takes tests
 # from a busy one's queue (worksteal: the lane's tests range from milliseconds to seconds).
 unit: install
-	HYPOTHESIS_PROFILE=quick $(BIN)/pytest -m "not integration and not workflow" -n 4 --dist worksteal
+	HYPOTHESIS_PROFILE=quick $(BIN)/pytest -m "not integration and not workflow" -n 5 --dist worksteal
 
 workflow: install
 	$(BIN)/pytest -m "workflow and not integration" -n 4 $(XDIST)
 
 integration: system-deps install
 	$(BIN)/pytest -m "integration and not alone" -n 5 $(XDIST)
-	$(BIN)/pytest -m "integration and alone"
+	$(BIN)/pytest -m "integration and alone" -n 3 $(XDIST)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info

@@ -149,6 +149,21 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 CPU_BOUND_MODULES = ("test_share_demo", "test_demo", "test_training")
 
 
+# The `alone` tests (the demos, the alert storm) run after everything else, side by side
+# in ALONE_TURNS groups: each spends most of its time waiting on boots and its training
+# job (one at a time they kept about two thirds of a core busy, measured), so they share
+# the two cores with nothing else. Dealt so the turns carry about the same work (measured
+# two turns side by side: borrow 190 s, share 143 s, the two demos 118 s + 106 s, CMK demo
+# 114 s, storm 15 s). `make test` runs one worker per turn (tests/test_lanes.py checks).
+ALONE_TURNS = {
+    "test_borrow_demo": 0,
+    "test_api": 0,
+    "test_share_demo": 1,
+    "test_demo_cmk": 1,
+    "test_demo": 2,
+}
+
+
 def xdist_group(item: pytest.Item) -> str | None:
     """Tests that share a server must run in one xdist worker, one at a time: those on the
     session's sandbox (in SHARED_SANDBOX_GROUPS groups), and a module's tests that share one
@@ -157,6 +172,8 @@ def xdist_group(item: pytest.Item) -> str | None:
     tests `xdist_group` (the matrices do: one sandbox per group)."""
     module = item.nodeid.split("::", 1)[0]
     used = set(getattr(item, "fixturenames", ()))
+    if item.get_closest_marker("alone"):
+        return f"alone-{ALONE_TURNS.get(Path(module).stem, 0)}"
     if "sandbox" in used:
         turn = SHARED_SANDBOX_TURNS.get(Path(module).stem)
         if turn is None:

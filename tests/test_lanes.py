@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import SERVER_FIXTURES
+from tests.conftest import ALONE_TURNS, SERVER_FIXTURES, xdist_group
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -46,6 +46,23 @@ def test_groups_reach_xdist(request: pytest.FixtureRequest) -> None:
         if mark and not item.nodeid.endswith(f"@{mark.args[0]}"):
             lost.append(item.nodeid)
     assert lost == []
+
+
+def test_the_alone_tests_run_in_as_many_turns_as_make_test_has_workers(
+    request: pytest.FixtureRequest,
+) -> None:
+    """`make test` runs the `alone` tests with one xdist worker per turn: a turn with no
+    worker would wait for another's, one worker too many would start idle. Every `alone`
+    test this run selected is in its module's turn."""
+    makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
+    turns = sorted(set(ALONE_TURNS.values()))
+    assert turns == list(range(len(turns)))
+    assert f"-n {len(turns)} $(XDIST) -m alone" in makefile
+    for item in request.session.items:  # whatever this run selected of them
+        if item.get_closest_marker("alone"):
+            stem = Path(item.nodeid.split("::", 1)[0]).stem
+            assert stem in ALONE_TURNS, f"{item.nodeid}: alone, but in no turn"
+            assert xdist_group(item) == f"alone-{ALONE_TURNS[stem]}"
 
 
 @pytest.mark.integration

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import socket
 import threading
+import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from http import HTTPStatus
@@ -27,6 +28,7 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 import pytest_asyncio
+import urllib3.util.retry
 from kubernetes import client as k8s
 from pydantic import SecretStr
 from temporalio.api.failure.v1 import Failure
@@ -308,6 +310,25 @@ def pod_list() -> dict[str, Any]:
     return {"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": [pod]}
 
 
+class RetryAfterWaits(list[float]):
+    """The waits urllib3 (under the kubernetes client) takes for a `Retry-After`, recorded
+    instead of slept: the test checks that the client honoured each one, without spending
+    a second on each."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(time, name)  # urllib3's retry module reads nothing else of `time`
+
+    def sleep(self, seconds: float) -> None:
+        self.append(seconds)
+
+
+@pytest.fixture
+def retry_after_waits(monkeypatch: pytest.MonkeyPatch) -> RetryAfterWaits:
+    waits = RetryAfterWaits()
+    monkeypatch.setattr(urllib3.util.retry, "time", waits)
+    return waits
+
+
 @pytest.fixture
 def kube(replay: Replay) -> Iterator[KubernetesActivities]:
     with kube_api(replay.url) as api:
@@ -316,15 +337,22 @@ def kube(replay: Replay) -> Iterator[KubernetesActivities]:
 
 @pytest.mark.parametrize(("name", "says"), KUBERNETES_OUTAGES)
 async def test_a_kubernetes_outage_is_unavailable(
-    replay: Replay, kube: KubernetesActivities, name: str, says: str
+    replay: Replay,
+    kube: KubernetesActivities,
+    retry_after_waits: RetryAfterWaits,
+    name: str,
+    says: str,
 ) -> None:
     """Before: 5xx were `KubernetesRetryable` and 429 the same; now all three are an outage.
-    (The 503 and 429 take ~3 s: the client honours their Retry-After three times first.)"""
+    The 503 and 429 carry `Retry-After: 1`: the client honours it three times first."""
     replay.route("GET", NODE_PATH, captured(name))
     with pytest.raises(ApplicationError) as err:
         await ActivityEnvironment().run(kube.node_identity, NodeIdentityInput(node=NODE))
     assert err.value.type == "KubernetesUnavailable" and not err.value.non_retryable
     assert err.value.message.startswith(f"Kubernetes API unavailable: {says}")
+    honoured = [] if name.endswith("504_timeout") else [1.0, 1.0, 1.0]
+    assert retry_after_waits == honoured
+    assert replay.asked("GET", NODE_PATH) == 1 + len(honoured)
 
 
 async def test_kubernetes_refused_is_unavailable_not_raw(refused: str) -> None:
@@ -388,7 +416,7 @@ async def test_an_overloaded_eviction_is_an_outage_a_budget_is_a_refusal(
 
 
 async def test_waiting_for_the_new_node_rides_an_outage_out_and_says_so(
-    replay: Replay, kube: KubernetesActivities
+    replay: Replay, kube: KubernetesActivities, retry_after_waits: RetryAfterWaits
 ) -> None:
     """The 503 and 429 carry `Retry-After: 1`, which the kubernetes client (urllib3) honours
     itself, three times at most, before the activity sees anything; the 504 does not."""
@@ -406,6 +434,7 @@ async def test_waiting_for_the_new_node_rides_an_outage_out_and_says_so(
     inp = WaitNewNodeInput(node=NODE, old_provider_id="", old_boot_id="boot-1", poll_s=0.01)
     assert (await env.run(kube.wait_new_node_ready, inp)).boot_id == "boot-2"
     assert replay.asked("GET", NODE_PATH) == 4
+    assert retry_after_waits == [1.0, 1.0]  # the 503's and the 429's, inside the client
     said = [b for b in beats if isinstance(b, str)]
     assert (
         "Kubernetes API unavailable: 504 Timeout: request did not complete within requested "
