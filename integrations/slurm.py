@@ -8,6 +8,7 @@ it later without touching the activities.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 import os
@@ -246,11 +247,16 @@ class SlurmCli:
         try:
             out, err = await asyncio.wait_for(proc.communicate(), self._timeout_s)
         except TimeoutError:
-            proc.kill()
-            await proc.wait()
+            await _end(proc)
             raise SlurmUnavailable(
                 f"{' '.join(argv)}: no answer within {self._timeout_s}s"
             ) from None
+        except asyncio.CancelledError:
+            # The call was abandoned (an activity cancelled, the worker or the API shutting
+            # down): the command goes with it, rather than retrying an absent slurmctld on
+            # its own for a minute.
+            await _end(proc)
+            raise
         if proc.returncode != 0:
             msg = (err or out).decode(errors="replace").strip()
             if read or unreachable(msg):
@@ -362,3 +368,11 @@ class SlurmCli:
     async def job(self, job_id: int) -> SlurmJob | None:
         """The job as slurmctld knows it (ended jobs stay listed for MinJobAge)."""
         return next((j for j in await self.jobs() if j.job_id == job_id), None)
+
+
+async def _end(proc: asyncio.subprocess.Process) -> None:
+    """Kill a Slurm command still running and reap it."""
+    if proc.returncode is None:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+    await proc.wait()

@@ -44,7 +44,13 @@ from autoclusters.sandbox import (
 from autoclusters.sandbox.boot_slots import boot_slot
 from autoclusters.sandbox.config import GPUS_PER_NODE, SandboxConfig
 from autoclusters.sandbox.daemons import SandboxError
-from autoclusters.sandbox.processes import ProcessTable, kill_sessions, sessions_holding, wait_until
+from autoclusters.sandbox.processes import (
+    ProcessTable,
+    kill_sessions,
+    sessions_holding,
+    stop_left_behind,
+    wait_until,
+)
 from autoclusters.sandbox.vms import VmRegistry
 
 WORKER = "worker"
@@ -486,10 +492,15 @@ def down(cfg: SandboxConfig) -> list[str]:
             stopped.append(rec.name)
     # A repair in flight when its emulator was told to stop may still have started a slurmd:
     # whatever is recorded now goes too.
+    leaders = {rec.pid for rec in records}
     for rec in table.records():
+        leaders.add(rec.pid)
         if table.stop(rec.name):
             stopped.append(rec.name)
     kill_sessions(sessions_holding(cfg.spool_dir))
+    # A command a daemon had running when it was stopped (an `sinfo` of the API's) goes too.
+    for pid, argv in stop_left_behind(cfg.state_dir, leaders):
+        stopped.append(f"{Path(argv[0]).name if argv else 'pid'} ({pid}, left by a daemon)")
     shutil.rmtree(cfg.spool_dir, ignore_errors=True)  # nothing runs from it any more
     return stopped
 

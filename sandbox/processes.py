@@ -294,6 +294,34 @@ def _referencing(state_dir: Path) -> list[tuple[int, list[str], int]]:
     return sorted(found)
 
 
+def stop_left_behind(
+    state_dir: Path, leaders: set[int], timeout_s: float = 5.0
+) -> list[tuple[int, list[str]]]:
+    """SIGKILL, each by its PID (and start time), what the sandbox's daemons started and
+    left running when they were stopped: a Slurm command in flight when the API or the
+    worker went down outlives it, and with slurmctld gone it retries for a while. Each
+    daemon leads a session of its own (`spawn`), so such a process is in the session of a
+    recorded daemon (`leaders`: their PIDs) and names the state dir (its SLURM_CONF); a
+    leader itself, stopped already, is never one. Returns what it stopped."""
+
+    def session(pid: int) -> int | None:
+        try:
+            return os.getsid(pid)
+        except ProcessLookupError:
+            return None
+
+    found = [
+        (pid, argv, ticks)
+        for pid, argv, ticks in _referencing(state_dir)
+        if pid not in leaders and session(pid) in leaders
+    ]
+    for pid, _, ticks in found:
+        if start_ticks(pid) == ticks:
+            _signal(pid, signal.SIGKILL)
+    wait_until(lambda: all(start_ticks(p) != t for p, _, t in found), timeout_s, 0.05)
+    return [(pid, argv) for pid, argv, _ in found]
+
+
 def stop_referencing(state_dir: Path, timeout_s: float = 5.0) -> list[tuple[int, list[str]]]:
     """SIGKILL, each by its PID (and start time), every live process `referencing` finds:
     a leak check's cleanup once the sandbox is down, so what escaped its table does not

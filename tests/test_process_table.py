@@ -9,6 +9,7 @@ the new slurmd's record, and that slurmd outlived `sandbox down`.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import threading
@@ -114,3 +115,36 @@ def test_a_missing_program_fails_the_spawn_and_records_nothing(state: Path) -> N
     with pytest.raises(FileNotFoundError):
         table.spawn("slurmd-gpu-01", ["no-such-slurmd-anywhere", "-D"])
     assert table.records() == []
+
+
+def test_down_stops_what_a_stopped_daemon_left_running(state: Path) -> None:
+    """A command a daemon had in flight when it was stopped (the API's `sinfo`) is in that
+    daemon's session and names the sandbox: `stop_left_behind` (the end of `sandbox down`)
+    stops it. A process of another session that names the sandbox (an operator's shell
+    with its SLURM_CONF exported) is not the sandbox's: it is left alone."""
+    table = ProcessTable(state)
+    pid_file = state / "child.pid"
+    starts_a_child = (
+        "import pathlib, subprocess, time\n"
+        "child = subprocess.Popen(['sleep', '300'])\n"
+        f"pathlib.Path({str(pid_file)!r}).write_text(str(child.pid))\n"
+        "time.sleep(300)\n"
+    )
+    rec = table.spawn("api", [sys.executable, "-c", starts_a_child])
+    outsider = subprocess.Popen(
+        ["sleep", "300"],
+        env={**os.environ, "SLURM_CONF": str(state / "slurm.conf")},
+        start_new_session=True,
+    )
+    try:
+        assert wait_until(lambda: pid_file.exists() and pid_file.read_text() != "", 10)
+        child = int(pid_file.read_text())
+        assert table.stop("api")
+        assert start_ticks(child) is not None  # the daemon's stop left its command running
+        assert processes.stop_left_behind(state, {rec.pid}) == [(child, ["sleep", "300"])]
+        assert start_ticks(child) is None
+        assert start_ticks(outsider.pid) is not None
+        assert processes.stop_left_behind(state, {rec.pid}) == []
+    finally:
+        outsider.kill()
+        outsider.wait()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import shlex
+import time
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ import pytest
 from autoclusters.activities.guard import GuardActivities
 from autoclusters.activities.slurm import SlurmActivities
 from autoclusters.core.models import DrainInput, RequeueInput, WaitIdleInput
+from autoclusters.core.process_start import command_line, start_ticks
 from autoclusters.core.quarantine import VerifyQuarantineInput
 from autoclusters.integrations.health import SlurmHealthGate
 from autoclusters.integrations.slurm import (
@@ -231,3 +233,27 @@ async def test_a_node_still_unknown_after_the_grace_fails_the_gate() -> None:
     report = await gate.check("gpu-01")
     assert not report.passed
     assert "UNKNOWN" in report.checks[0].detail
+
+
+async def test_an_abandoned_call_takes_its_command_with_it(tmp_path: Path) -> None:
+    """A call cancelled while its command runs (an activity cancelled, the API or the worker
+    shutting down) kills the command: before, an `sinfo` outlived the API that started it
+    and, with slurmctld gone, went on retrying it alone (seen after `sandbox down`)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    pid_file = tmp_path / "sinfo.pid"
+    exe = bin_dir / "sinfo"
+    exe.write_text(
+        f"#!/bin/sh\necho $$ > {pid_file}.tmp && mv {pid_file}.tmp {pid_file}\nexec sleep 300\n"
+    )
+    exe.chmod(0o755)
+    call = asyncio.create_task(SlurmCli(bin_dir=bin_dir, timeout_s=60).nodes())
+    deadline = time.monotonic() + 10
+    while not pid_file.exists() and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)  # a condition awaited: the command has started
+    pid = int(pid_file.read_text())
+    assert command_line(pid)[-2:] == ["sleep", "300"]
+    call.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    assert start_ticks(pid) is None  # killed and reaped, not left running
