@@ -131,9 +131,15 @@ class ProcessTable:
             except BrokenPipeError:
                 pass  # it is gone already: a recorded process that is not alive
             # As Popen returns once its child has exec'd: the PID runs the daemon (what a
-            # caller reads in /proc/<pid>/cmdline), or has exited.
+            # caller reads in /proc/<pid>/cmdline), or has exited. Mid-exec the kernel shows
+            # an empty command line for an instant: that is neither, so it is waited out.
             held = ["/bin/sh", "-c", _HOLD, "sandbox-spawn"]
-            wait_until(lambda: command_line(proc.pid)[:4] != held, 10, 0.001)
+
+            def runs_the_daemon() -> bool:
+                argv_now = command_line(proc.pid)
+                return proc.poll() is not None or (argv_now != [] and argv_now[:4] != held)
+
+            wait_until(runs_the_daemon, 10, 0.001)
         return rec
 
     def stop(self, name: str, timeout_s: float = 15.0) -> bool:

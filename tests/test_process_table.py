@@ -108,6 +108,26 @@ def test_the_recorded_pid_is_the_daemon_and_its_environment_names_the_sandbox(
     assert table.stop("agent-gpu-01") and referencing(state) == []
 
 
+def test_spawn_waits_out_the_empty_command_line_of_an_exec_in_progress(
+    state: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Mid-exec, /proc/<pid>/cmdline reads empty for an instant (CI once read [] right after
+    spawn returned): that is not "the daemon runs", so spawn reads again until it is."""
+    seen: list[list[str]] = []
+
+    def exec_in_progress_once(pid: int) -> list[str]:
+        argv = [] if not seen else command_line(pid)
+        seen.append(argv)
+        return argv
+
+    monkeypatch.setattr(processes, "command_line", exec_in_progress_once)
+    table = ProcessTable(state)
+    rec = table.spawn("agent-gpu-01", ["sleep", "300"])
+    assert seen[0] == [] and len(seen) > 1  # the empty read did not end the wait
+    assert command_line(rec.pid) == ["sleep", "300"]
+    assert table.stop("agent-gpu-01")
+
+
 def test_a_missing_program_fails_the_spawn_and_records_nothing(state: Path) -> None:
     table = ProcessTable(state)
     with pytest.raises(FileNotFoundError):
