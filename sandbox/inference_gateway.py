@@ -6,14 +6,15 @@ until a slot frees or a new replica becomes Ready, and gets 503 after `--queue-t
 seconds. A server that answers 503 (it is draining after SIGTERM) or cannot be reached is
 not used again, and the request goes back to the head of the line: a pod's graceful
 deletion fails no request. A connection dropped mid-request is retried the same way. The
-pods are read from the emulated Kubernetes API every `--poll` seconds.
+pods are read from the emulated Kubernetes API at each change a watch of them reports, and
+every `--poll` seconds without one (sandbox/k8s_changes.py).
 
 `/metrics` (Prometheus): `inference_requests_total{code}`, `inference_request_duration_seconds`
 (end to end, the queue included), `inference_queue_length`, `inference_inflight_requests`,
 `inference_ready_replicas`. `/v1/status`: the replicas and the queue, as JSON. `/healthz`.
 
 Run: `python -m autoclusters.sandbox.inference_gateway --kubeconfig K --port P
-[--queue-timeout 30] [--poll 0.2] [--slots 4]`.
+[--queue-timeout 30] [--poll 1] [--slots 4]`.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from prometheus_client import (
 
 from autoclusters.sandbox import inference_pods as pods
 from autoclusters.sandbox.inference_server import DEFAULT_SLOTS
+from autoclusters.sandbox.k8s_changes import Changes
 
 log = logging.getLogger("inference-gateway")
 # Fine around the SLOs a demo sets (0.05 .. 5 s): a p95 from these buckets moves visibly.
@@ -70,7 +72,7 @@ class Gateway:
         access: pods.Access,
         *,
         queue_timeout_s: float = 30.0,
-        poll_s: float = 0.2,
+        poll_s: float = 1.0,
         default_slots: int = DEFAULT_SLOTS,
         request_timeout_s: float = 60.0,
     ) -> None:
@@ -176,13 +178,14 @@ class Gateway:
         self._dispatch()
 
     async def watch(self) -> None:
-        async with self.access.client() as k8s:
+        watched = {"/api/v1/pods": {"labelSelector": pods.SELECTOR}}
+        async with self.access.client() as k8s, Changes(k8s, watched) as changes:
             while True:
                 try:
                     self.update(await pods.list_pods(k8s))
                 except (httpx.HTTPError, ValueError) as e:
                     log.warning("cannot read the inference pods: %s", e)
-                await asyncio.sleep(self.poll_s)
+                await changes.wait(self.poll_s)
 
     # -- requests ---------------------------------------------------------------------------
 
@@ -286,7 +289,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--queue-timeout", type=float, default=30.0)
-    parser.add_argument("--poll", type=float, default=0.2)
+    parser.add_argument(
+        "--poll", type=float, default=1.0, help="seconds between reads without a change"
+    )
     parser.add_argument("--slots", type=int, default=DEFAULT_SLOTS, help="when a pod says none")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")

@@ -1,7 +1,8 @@
 """The sandbox's kubelet for inference pods: one process for every node.
 
-It polls the emulated API for the inference pods (`--external-kubelet` on the emulator
-leaves them to it) and, like a node's kubelet:
+It watches the emulated API's inference pods and nodes (`--external-kubelet` on the
+emulator leaves the pods to it), makes a pass at each change and every `--poll` seconds
+without one (sandbox/k8s_changes.py), and, like a node's kubelet:
 
 - a pod bound to a node and not yet started: starts its inference server (a process
   recorded by PID in the sandbox's ProcessTable, `inference-server-<ns>.<pod>`), writes the
@@ -19,7 +20,7 @@ A restarted kubelet adopts the servers still running. With `--file-sd F` it keep
 Prometheus file_sd list of the servers' /metrics (label `node`), up to date.
 
 Run: `python -m autoclusters.sandbox.inference_kubelet --kubeconfig K --state-dir D
-[--slots 4] [--ms-per-request 100] [--poll 0.2] [--file-sd F]`.
+[--slots 4] [--ms-per-request 100] [--poll 1] [--file-sd F]`.
 """
 
 from __future__ import annotations
@@ -30,17 +31,22 @@ import json
 import logging
 import signal
 import sys
+from collections.abc import Coroutine
 from pathlib import Path
+from typing import Any
 
 import httpx
 
 from autoclusters.sandbox import inference_pods as pods
 from autoclusters.sandbox.inference_server import DEFAULT_MS_PER_REQUEST, DEFAULT_SLOTS
+from autoclusters.sandbox.k8s_changes import Changes
 from autoclusters.sandbox.processes import ProcessTable
 
 log = logging.getLogger("inference-kubelet")
 SERVER_PREFIX = "inference-server-"
 START_TIMEOUT_S = 60.0
+# A pass without a change: a server that died under its pod is started again within this.
+POLL_S = 1.0
 
 
 def server_name(pod: pods.Pod) -> str:
@@ -63,7 +69,7 @@ class Kubelet:
         *,
         slots: int = DEFAULT_SLOTS,
         ms_per_request: float = DEFAULT_MS_PER_REQUEST,
-        poll_s: float = 0.2,
+        poll_s: float = POLL_S,
         file_sd: Path | None = None,
     ) -> None:
         self.access, self.table = access, ProcessTable(state_dir)
@@ -75,16 +81,18 @@ class Kubelet:
 
     async def run(self) -> None:
         self.port_dir.mkdir(parents=True, exist_ok=True)
-        async with self.access.client() as k8s, httpx.AsyncClient(timeout=2) as probe:
+        watched = {"/api/v1/pods": {"labelSelector": pods.SELECTOR}, "/api/v1/nodes": {}}
+        async with (
+            self.access.client() as k8s,
+            httpx.AsyncClient(timeout=2) as probe,
+            Changes(k8s, watched) as changes,
+        ):
             while not self.stopping.is_set():
                 try:
                     await self.sync(k8s, probe)
                 except httpx.HTTPError as e:
                     log.warning("cannot reach the Kubernetes API: %s", e)
-                try:
-                    await asyncio.wait_for(self.stopping.wait(), self.poll_s)
-                except TimeoutError:
-                    pass
+                await _first(changes.wait(self.poll_s), self.stopping.wait())
             # A kubelet going away leaves its pods' servers running (a restart adopts them).
             for task in self._tasks.values():
                 task.cancel()
@@ -203,13 +211,25 @@ class Kubelet:
             self._sd_written = text
 
 
+async def _first(*waits: Coroutine[Any, Any, Any]) -> None:
+    """Until the first of `waits` returns; the others are cancelled."""
+    tasks = [asyncio.ensure_future(w) for w in waits]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m autoclusters.sandbox.inference_kubelet")
     parser.add_argument("--kubeconfig", type=Path, required=True)
     parser.add_argument("--state-dir", type=Path, required=True, help="the sandbox's state dir")
     parser.add_argument("--slots", type=int, default=DEFAULT_SLOTS)
     parser.add_argument("--ms-per-request", type=float, default=DEFAULT_MS_PER_REQUEST)
-    parser.add_argument("--poll", type=float, default=0.2, help="seconds between passes")
+    parser.add_argument(
+        "--poll", type=float, default=POLL_S, help="seconds between passes without a change"
+    )
     parser.add_argument("--file-sd", type=Path, help="Prometheus file_sd list of the servers")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")

@@ -114,12 +114,9 @@ def stack_factory(tmp_path: Path) -> Iterator[Callable[..., Stack]]:
         started.append(stack)
         table.spawn(
             inference_sandbox.KUBELET,
-            inference_sandbox.kubelet_argv(cfg)
-            + ["--ms-per-request", str(ms_per_request), "--poll", "0.1"],
+            inference_sandbox.kubelet_argv(cfg) + ["--ms-per-request", str(ms_per_request)],
         )
-        table.spawn(
-            inference_sandbox.GATEWAY, inference_sandbox.gateway_argv(cfg) + ["--poll", "0.1"]
-        )
+        table.spawn(inference_sandbox.GATEWAY, inference_sandbox.gateway_argv(cfg))
         assert wait_until(lambda: inference_sandbox.gateway_ready(cfg), 30), table.log_tail(
             inference_sandbox.GATEWAY
         )
