@@ -46,6 +46,7 @@ from autoclusters.sandbox.cloud_api import CRUSOE_EMULATOR
 from autoclusters.sandbox.config import SandboxConfig
 from autoclusters.sandbox.daemons import SandboxError
 from autoclusters.sandbox.hardware import Hardware, HardwareFault
+from autoclusters.sandbox.history_ticks import HistoryTicks
 from autoclusters.sandbox.processes import ProcessTable
 from autoclusters.workflows.remediation import NodeRemediation
 
@@ -188,13 +189,14 @@ async def run_chaos(
     kill: str | None = None,
     at: str | None = None,
     wipe_worker_disk_on_restart: bool = False,
-    poll_s: float = 0.02,
+    poll_s: float = 1.0,
 ) -> ChaosReport:
     """`kill` (one of KILLABLE) is SIGKILLed and started again when the incident's current
     step becomes `at` (one of AT_CHOICES). The older `kill_worker_at=STEP` is
     `kill="worker"`; `restart_temporal_at=STEP` stops the Temporal server gracefully
     (SIGTERM). `wipe_worker_disk_on_restart`: a restarted worker starts with its disk
-    state deleted. The incident's status is polled every `poll_s` while a crash is due."""
+    state deleted. The incident's status is read at each new event of its history
+    (sandbox/history_ticks.py), and at least every `poll_s`."""
     console = console or Console(stderr=True)
     if (kill is None) != (at is None):
         raise ChaosError("--kill and --at go together")
@@ -238,81 +240,85 @@ async def run_chaos(
     killed_at: datetime | None = None
     deadline = time.monotonic() + timeout_s
     final: IncidentState | None = None
-    while final is None:
-        if time.monotonic() > deadline:
-            # Stalled: cancel it, so it does not hold the node (and a repair slot) for the
-            # tests that share the sandbox after this one.
-            with contextlib.suppress(Exception):
-                await handle.cancel()
-            raise ChaosError(
-                f"incident {opened.incident_id} still open after {timeout_s:.0f}s (now cancelled)"
-            )
-        try:
-            state = await handle.query(NodeRemediation.status)
-        except Exception:  # the server is restarting, or no worker answers queries yet
-            # A closed incident's query needs a worker to replay it; its result does not.
-            if await _closed(handle):
-                with contextlib.suppress(WorkflowFailureError):
-                    final = await handle.result()
-                    break
-            await asyncio.sleep(0.1 if pending else 0.5)
-            continue
-        for item in list(pending):
-            what, where, sigkill = item
-            step, cloud = parse_at(where)
-            if state.current_step != step:
-                continue
-            pending.remove(item)
-            if cloud == AFTER_CLOUD:
-                # The repair runs: crash once the emulator has recorded its operation.
-                await _until_cloud_operation(cfg, node, since, deadline)
-            observed: dict[str, object] = {}
-
-            def between(what: str = what, observed: dict[str, object] = observed) -> None:
-                # The old process has exited: what the cloud had seen at the crash, then
-                # the worker's disk as a fresh machine would have it.
-                observed["at"] = datetime.now(UTC)
-                if has_emulator:
-                    observed["ops"] = [_op_line(o) for o in cloud_operations(cfg, node, since)]
-                if what == "worker" and wipe_worker_disk_on_restart:
-                    observed["wiped"] = wipe_worker_disk(cfg)
-
-            try:
-                done = await asyncio.to_thread(
-                    restart.restart, cfg, what, kill=sigkill, between=between
+    async with HistoryTicks(handle) as ticks:
+        while final is None:
+            if time.monotonic() > deadline:
+                # Stalled: cancel it, so it does not hold the node (and a repair slot) for the
+                # tests that share the sandbox after this one.
+                with contextlib.suppress(Exception):
+                    await handle.cancel()
+                raise ChaosError(
+                    f"incident {opened.incident_id} still open after {timeout_s:.0f}s "
+                    "(now cancelled)"
                 )
-            except SandboxError as e:
-                raise ChaosError(f"restarting {what} during {where}: {e}") from e
-            if cloud == BEFORE_CLOUD:  # the held request may still be waiting: let it go
-                await asyncio.to_thread(_emulator, cfg, "DELETE", "/delay")
-            ops_then = observed.get("ops")
-            at_kill = list(ops_then) if isinstance(ops_then, list) else None
-            at_ = observed.get("at")
-            killed_at = at_ if isinstance(at_, datetime) else None
-            moment = step
-            if step == "repair" and at_kill is not None:
-                moment = f"repair:{AFTER_CLOUD if at_kill else BEFORE_CLOUD}"
-                seen = ", ".join(at_kill) or "nothing"
-                console.print(f"chaos: the crash landed at {moment} (the cloud had: {seen})")
-            if sigkill:
-                actions.append(f"killed {what} {done.old_pid} during {where}")
-                console.print(f"chaos: {actions[-1]}")
-                gone = observed.get("wiped")
-                if isinstance(gone, list):
-                    wiped += gone
-                    actions.append("wiped the worker's disk: " + (", ".join(gone) or "nothing"))
-                    console.print(f"chaos: {actions[-1]}")
-                actions.append(f"started {what} {done.new_pid}")
-            else:
-                actions.append(f"restarted Temporal during {where} (pid {done.new_pid})")
-            console.print(f"chaos: {actions[-1]}")
-        if state.status != "open":
             try:
-                final = await handle.result()
-            except WorkflowFailureError:
-                final = await handle.query(NodeRemediation.status)
-            break
-        await asyncio.sleep(poll_s if pending else 0.2)
+                state = await handle.query(NodeRemediation.status)
+            except Exception:  # the server is restarting, or no worker answers queries yet
+                # A closed incident's query needs a worker to replay it; its result does not.
+                if await _closed(handle):
+                    with contextlib.suppress(WorkflowFailureError):
+                        final = await handle.result()
+                        break
+                await asyncio.sleep(0.1 if pending else 0.5)
+                continue
+            for item in list(pending):
+                what, where, sigkill = item
+                step, cloud = parse_at(where)
+                if state.current_step != step:
+                    continue
+                pending.remove(item)
+                if cloud == AFTER_CLOUD:
+                    # The repair runs: crash once the emulator has recorded its operation.
+                    await _until_cloud_operation(cfg, node, since, deadline)
+                observed: dict[str, object] = {}
+
+                def between(what: str = what, observed: dict[str, object] = observed) -> None:
+                    # The old process has exited: what the cloud had seen at the crash, then
+                    # the worker's disk as a fresh machine would have it.
+                    observed["at"] = datetime.now(UTC)
+                    if has_emulator:
+                        observed["ops"] = [_op_line(o) for o in cloud_operations(cfg, node, since)]
+                    if what == "worker" and wipe_worker_disk_on_restart:
+                        observed["wiped"] = wipe_worker_disk(cfg)
+
+                try:
+                    done = await asyncio.to_thread(
+                        restart.restart, cfg, what, kill=sigkill, between=between
+                    )
+                except SandboxError as e:
+                    raise ChaosError(f"restarting {what} during {where}: {e}") from e
+                if cloud == BEFORE_CLOUD:  # the held request may still be waiting: let it go
+                    await asyncio.to_thread(_emulator, cfg, "DELETE", "/delay")
+                ops_then = observed.get("ops")
+                at_kill = list(ops_then) if isinstance(ops_then, list) else None
+                at_ = observed.get("at")
+                killed_at = at_ if isinstance(at_, datetime) else None
+                moment = step
+                if step == "repair" and at_kill is not None:
+                    moment = f"repair:{AFTER_CLOUD if at_kill else BEFORE_CLOUD}"
+                    seen = ", ".join(at_kill) or "nothing"
+                    console.print(f"chaos: the crash landed at {moment} (the cloud had: {seen})")
+                if sigkill:
+                    actions.append(f"killed {what} {done.old_pid} during {where}")
+                    console.print(f"chaos: {actions[-1]}")
+                    gone = observed.get("wiped")
+                    if isinstance(gone, list):
+                        wiped += gone
+                        actions.append("wiped the worker's disk: " + (", ".join(gone) or "nothing"))
+                        console.print(f"chaos: {actions[-1]}")
+                    actions.append(f"started {what} {done.new_pid}")
+                else:
+                    actions.append(f"restarted Temporal during {where} (pid {done.new_pid})")
+                console.print(f"chaos: {actions[-1]}")
+            if state.status != "open":
+                try:
+                    final = await handle.result()
+                except WorkflowFailureError:
+                    final = await handle.query(NodeRemediation.status)
+                break
+            # Each change of the workflow's state is a workflow task, which ends in an event
+            # of its history: a short step (over in tens of ms) is still seen.
+            await ticks.wait(poll_s)
     if pending:
         missed = ", ".join(f"{what} at {step}" for what, step, _ in pending)
         console.print(f"chaos: the incident never reached the step for: {missed}")

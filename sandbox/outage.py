@@ -50,6 +50,7 @@ from autoclusters.sandbox import (
 from autoclusters.sandbox.chaos import STEPS, _closed, cloud_operations
 from autoclusters.sandbox.config import SandboxConfig
 from autoclusters.sandbox.hardware import Hardware, HardwareFault
+from autoclusters.sandbox.history_ticks import HistoryTicks
 from autoclusters.workflows.remediation import NodeRemediation
 
 # What may be taken away: the short name an operator types -> the process-table name
@@ -267,13 +268,15 @@ async def run_outage_case(
     kill: bool = False,
     timeout_s: float = 300,
     console: Console | None = None,
-    poll_s: float = 0.02,
+    poll_s: float = 1.0,
 ) -> OutageReport:
     """Open a `fault` incident on `node` (its GPU really broken until a reboot), take
     `component` away for `for_s` seconds once the incident's step `at` has started, keep
     watching meanwhile, wait for the incident to close and report. `job_id`: the job the
     test runs on the node (watched; its Slurm record is reported). `release`: a file that
-    ends a held job, created `release_after_s` after the outage starts."""
+    ends a held job, created `release_after_s` after the outage starts. The incident is
+    read at each new event of its history (sandbox/history_ticks.py), and at least every
+    `poll_s`."""
     console = console or Console(stderr=True)
     name = process_name(component)
     if at not in STEPS:
@@ -299,6 +302,7 @@ async def run_outage_case(
     log: list[tuple[datetime, str | None]] = []
     final: IncidentState | None = None
     deadline = time.monotonic() + timeout_s
+    ticks = await HistoryTicks(handle).__aenter__()
     try:
         while final is None:
             if time.monotonic() > deadline:
@@ -335,9 +339,11 @@ async def run_outage_case(
                 except WorkflowFailureError:
                     final = await handle.query(NodeRemediation.status)
                 break
-            # Tight until the step starts (a short step is over in tens of ms), then calmer.
-            await asyncio.sleep(poll_s if away is None else 0.1)
+            # Each change of the workflow's state is a workflow task, which ends in an event
+            # of its history: a short step (over in tens of ms) is still seen.
+            await ticks.wait(poll_s)
     finally:
+        await ticks.__aexit__(None, None, None)
         # Whatever happened, the component comes back and no held job is left behind
         # before anything is read (or the next case starts).
         done = await away if away is not None else None
