@@ -5,7 +5,8 @@ system services.
 - Prometheus (port_base + 92) scrapes, every 2 s, each running node agent's
   dcgm-exporter-named /metrics (the file_sd list `monitoring/agents.json`, labelled `node` =
   the node's name: the shipped rules and the API read the node from it; agent_targets.py),
-  the worker's /metrics and the API's, and evaluates the shipped
+  and, every 10 s, the worker's /metrics and the API's (what no sandbox alert waits on:
+  the worker's is ~80 KB to render), and evaluates the shipped
   `deploy/prometheus/gpu-alerts.yml` itself (not a copy: the rules, their `for:` and labels,
   are the ones a real cluster loads). GpuXidError has no `for:` and fires at the first
   evaluation that sees the Xid; GpuMissing (`for: 2m`) and InfinibandLinkDown (`for: 3m`)
@@ -41,6 +42,7 @@ from autoclusters.sandbox.daemons import SandboxError
 PROMETHEUS = "prometheus"
 ALERTMANAGER = "alertmanager"
 INTERVAL = "2s"  # scrape and evaluation (a real cluster: 15-30 s)
+SERVICE_INTERVAL = "10s"  # the worker and the API
 GROUP_WAIT, GROUP_INTERVAL = "1s", "5s"  # the sandbox copy's autoclusters route
 DEPLOY = Path(__file__).resolve().parents[1] / "deploy"
 RULES = DEPLOY / "prometheus" / "gpu-alerts.yml"
@@ -98,9 +100,14 @@ def prometheus_config(cfg: SandboxConfig) -> dict[str, Any]:
                 # The agents that run now: a scale up's new machines join (agent_targets.py).
                 "file_sd_configs": [{"files": [str(agent_targets.path(cfg))]}],
             },
-            {"job_name": WORKER_JOB, "static_configs": [_targets(cfg.worker_metrics_port)]},
+            {
+                "job_name": WORKER_JOB,
+                "scrape_interval": SERVICE_INTERVAL,
+                "static_configs": [_targets(cfg.worker_metrics_port)],
+            },
             {
                 "job_name": API_JOB,
+                "scrape_interval": SERVICE_INTERVAL,
                 # /metrics is open on the API today; the token costs nothing if it asks one.
                 "authorization": {"type": "Bearer", "credentials_file": str(token)},
                 "static_configs": [_targets(cfg.api_port)],
