@@ -111,7 +111,11 @@ def test_incident_history_survives_a_restart(tmp_path: Path) -> None:
 
 def test_failed_start_is_cleaned_up_and_shows_the_log(tmp_path: Path) -> None:
     base = free_port_base()
-    cfg = SandboxConfig(state_dir=tmp_path / "broken", nodes=2, port_base=base, cluster="broken")
+    # Machines that boot in a second: the failure comes after they have (the default 20 s
+    # would only wait).
+    cfg = SandboxConfig(
+        state_dir=tmp_path / "broken", nodes=2, port_base=base, cluster="broken", boot_delay_s=1
+    )
     # Something else already holds slurmctld's port: slurmctld cannot start.
     with socket.socket() as squatter:
         squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
