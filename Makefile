@@ -40,7 +40,7 @@ XDIST := --dist loadgroup --no-loadscope-reorder
 # Everything: lint, then all three lanes in one parallel run (the unit and workflow tests
 # fill the time the integration tests spend waiting on boots and timers), then the `alone`
 # tests (the demos, the alert storm), three at a time with nothing else beside them: their
-# checks are timed, or they load the CPU themselves (docs/testing.md: ~20 min here, against
+# checks are timed, or they load the CPU themselves (docs/testing.md: ~18 min here, against
 # ~52 one test at a time).
 test: system-deps install lint
 	$(BIN)/pytest -n 5 $(XDIST) -m "not alone"
