@@ -230,7 +230,7 @@ async def run_chaos(
     since = datetime.now(UTC)
     opened = await incidents.open_incident(client, settings, node, fault, opened_by="chaos")
     console.print(f"chaos: {fault} on {node}: incident {opened.incident_id}")
-    handle = client.get_workflow_handle_for(
+    handle: WorkflowHandle[NodeRemediation, IncidentState] = client.get_workflow_handle_for(
         NodeRemediation.run, opened.workflow_id, run_id=opened.run_id
     )
     actions: list[str] = []

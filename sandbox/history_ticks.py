@@ -11,54 +11,30 @@ query: at once after each change, and not otherwise.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from types import TracebackType
+from collections.abc import Coroutine
 from typing import Any
 
 from temporalio.client import WorkflowHandle
+
+from autoclusters.sandbox.wakeups import Wakeups
 
 # The history cannot be read (the Temporal server is away): try again after this, and wake
 # the watcher meanwhile, which has its own way of waiting out an outage.
 RETRY_S = 0.2
 
 
-class HistoryTicks:
+class HistoryTicks(Wakeups):
     """`async with HistoryTicks(handle) as ticks:` then `await ticks.wait(timeout_s)`
     returns True at the next new event of the run's history (at once if one came since the
-    last wait), False after `timeout_s` without one."""
+    last wait), False after `timeout_s` without one; `following` is False once the run has
+    closed."""
 
     def __init__(self, handle: WorkflowHandle[Any, Any]) -> None:
+        super().__init__()
         self.handle = handle
-        self._event = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
 
-    async def __aenter__(self) -> HistoryTicks:
-        self._task = asyncio.create_task(self._follow())
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-
-    @property
-    def following(self) -> bool:
-        """False once the run has closed (its last event seen)."""
-        return self._task is not None and not self._task.done()
-
-    async def wait(self, timeout_s: float) -> bool:
-        try:
-            await asyncio.wait_for(self._event.wait(), timeout_s)
-        except TimeoutError:
-            return False
-        self._event.clear()
-        return True
+    def followers(self) -> list[Coroutine[Any, Any, None]]:
+        return [self._follow()]
 
     async def _follow(self) -> None:
         while True:
@@ -66,10 +42,10 @@ class HistoryTicks:
                 # From the start again after an outage (a page token may not outlive the
                 # server that gave it): a few hundred events, each one more wake-up at most.
                 async for _ in self.handle.fetch_history_events(wait_new_event=True):
-                    self._event.set()
+                    self.wake()
                 return  # the run closed: its last event has been seen
             except asyncio.CancelledError:
                 raise
             except Exception:  # the server is away
-                self._event.set()
+                self.wake()
                 await asyncio.sleep(RETRY_S)

@@ -13,56 +13,30 @@ inference server that died), is still seen within that time.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-from collections.abc import AsyncIterator, Mapping
-from types import TracebackType
+from collections.abc import AsyncIterator, Coroutine, Mapping
+from typing import Any
 
 import httpx
+
+from autoclusters.sandbox.wakeups import Wakeups
 
 log = logging.getLogger(__name__)
 # A watch that failed to open (the API emulator restarting) is tried again after this.
 RECONNECT_S = 1.0
 
 
-class Changes:
+class Changes(Wakeups):
     """`async with Changes(k8s, {"/api/v1/pods": {"labelSelector": ...}}) as changes:`
-    then `await changes.wait(resync_s)` returns at the next event of any of the watches (or
-    at once if one came since the last wait), or after `resync_s`."""
+    then `await changes.wait(resync_s)` returns True at the next event of any of the
+    watches (or at once if one came since the last wait), False after `resync_s`."""
 
     def __init__(self, k8s: httpx.AsyncClient, lists: Mapping[str, Mapping[str, str]]) -> None:
+        super().__init__()
         self.k8s, self.lists = k8s, lists
-        self._event = asyncio.Event()
-        self._tasks: list[asyncio.Task[None]] = []
 
-    async def __aenter__(self) -> Changes:
-        self._tasks = [
-            asyncio.create_task(self._watch(path, dict(params)))
-            for path, params in self.lists.items()
-        ]
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-
-    async def wait(self, resync_s: float) -> bool:
-        """True: a watch saw a change (or ended, and what it missed is unknown); False:
-        `resync_s` passed without one."""
-        try:
-            await asyncio.wait_for(self._event.wait(), resync_s)
-        except TimeoutError:
-            return False
-        self._event.clear()
-        return True
+    def followers(self) -> list[Coroutine[Any, Any, None]]:
+        return [self._watch(path, dict(params)) for path, params in self.lists.items()]
 
     async def _watch(self, path: str, params: dict[str, str]) -> None:
         # No read timeout: an idle watch is quiet for as long as nothing changes.
@@ -74,11 +48,11 @@ class Changes:
                 ) as r:
                     r.raise_for_status()
                     async for _ in _lines(r):
-                        self._event.set()
+                        self.wake()
             except httpx.HTTPError as e:
                 log.debug("watch %s: %s; again in %.0fs", path, e, RECONNECT_S)
             # Ended or failed: whatever changed meanwhile is read by the pass this forces.
-            self._event.set()
+            self.wake()
             await asyncio.sleep(RECONNECT_S)
 
 
