@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 # compile the project from source again.
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: demo test lint unit workflow integration system-deps install clean
+.PHONY: demo test scenarios lint unit workflow integration system-deps install clean
 
 $(BIN)/autoclusters: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -37,14 +37,20 @@ lint: install
 # subprocesses, not the CPU, so more workers than cores.
 XDIST := --dist loadgroup --no-loadscope-reorder
 
-# Everything: lint, then all three lanes in one parallel run (the unit and workflow tests
-# fill the time the integration tests spend waiting on boots and timers), then the `alone`
-# tests (the demos, the alert storm), three at a time with nothing else beside them: their
-# checks are timed, or they load the CPU themselves (docs/testing.md: ~18 min here, against
-# ~52 one test at a time).
-test: system-deps install lint
-	$(BIN)/pytest -n 5 $(XDIST) -m "not alone"
-	$(BIN)/pytest -n 3 $(XDIST) -m alone
+# Everything but the `scenario` lane: lint beside one parallel run of all three lanes (the
+# unit and workflow tests fill the time the integration tests spend waiting on boots and
+# timers; the longest and the timed start first). docs/testing.md: ~10 min here.
+test: system-deps install
+	@$(MAKE) --no-print-directory lint & lint=$$!; \
+	$(BIN)/pytest -n 7 $(XDIST) -m "not scenario"; tests=$$?; \
+	wait $$lint; linted=$$?; \
+	if [ $$linted -ne 0 ]; then echo "make test: lint failed"; fi; \
+	[ $$tests -eq 0 ] && [ $$linted -eq 0 ]
+
+# The long demo scenarios beyond the default demo (share, borrow, CMK: each module's
+# docstring says why it is here), side by side, one worker each. CI runs it after `make test`.
+scenarios: system-deps install
+	$(BIN)/pytest -n 3 $(XDIST) -m scenario
 
 # No server to share in this lane: any test anywhere (a module fixture is built once per
 # worker instead of serialising the module, as a group would); an idle worker takes tests
@@ -56,8 +62,7 @@ workflow: install
 	$(BIN)/pytest -m "workflow and not integration" -n 4 $(XDIST)
 
 integration: system-deps install
-	$(BIN)/pytest -m "integration and not alone" -n 5 $(XDIST)
-	$(BIN)/pytest -m "integration and alone" -n 3 $(XDIST)
+	$(BIN)/pytest -m "integration and not scenario" -n 7 $(XDIST)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info

@@ -1,7 +1,7 @@
 """The outage matrix: which (component, step) pairs are worth a case, the job each case
 runs on its node, one case end to end (sandbox/outage.py's `run_outage_case` between the
 job's start and its cleanup), and what a case must show. tests/test_outage_matrix.py runs
-it with 15 s outages, bench/outages.py with 60 s ones.
+it with 12 s outages, bench/outages.py with 60 s ones.
 
 Expected of every case: the incident resolves with one repair (a reboot: the GPU is broken
 until then); the Crusoe emulator records one operation for it (besides one that the Crusoe
@@ -72,8 +72,9 @@ USED_AT: dict[str, tuple[str, ...]] = {
 # so wait_idle must wait for it (and the repair never runs under it).
 EARLY_STEPS = ("drain", "requeue", "wait_idle")
 # How long past the outage's end that job ends by itself, so wait_idle waits for it through
-# the whole outage (15 s away: the job ends ~25 s after the outage starts) ...
-HOLD_PAST_OUTAGE_S = 10.0
+# the whole outage and sees the job end only once the component is back (12 s away: the job
+# ends ~17 s after the outage starts) ...
+HOLD_PAST_OUTAGE_S = 5.0
 # ... except where what follows is the point, so the job ends while the component is still
 # away: the Kubernetes cordon follows wait_idle; Slack is only ever told when the incident
 # opens and closes (and when it is held or escalates), so the drain's case runs on to the

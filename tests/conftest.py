@@ -31,6 +31,7 @@ from autoclusters.integrations.slurm import SlurmCli
 from autoclusters.sandbox import cluster
 from autoclusters.sandbox.config import PORT_SPAN, SandboxConfig
 from tests import default_tls
+from tests import matrix_sandbox as matrix
 from tests.helpers import down_leaving_nothing, time_skipping_env
 from tests.leftover_sandboxes import stop_left_running
 
@@ -71,7 +72,7 @@ def _hermetic(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.Monk
 
 # Fixtures that start a server: a test using one (directly or through another fixture) is
 # never in `make unit`. Decided by what the test uses, not by what its module imports.
-SERVER_FIXTURES = {"sandbox": "integration", "env": "workflow"}
+SERVER_FIXTURES = {"sandbox": "integration", matrix.FIXTURE: "integration", "env": "workflow"}
 
 # Tests on the session's shared sandbox run in this many xdist groups: each group is one
 # worker's sandbox, started once and used by its tests one at a time (as before xdist).
@@ -90,10 +91,12 @@ SHARED_SANDBOX_TURNS = {
 # test runs, never what it checks). Everything else follows: integration tests, then
 # workflow tests, then unit tests, which fill the gaps.
 LONGEST_FIRST = (
+    # The demo's and the storm's checks are timed: they start before the sandboxes' boots
+    # load the machine, and the demo's two tests (side by side) are the longest single ones.
+    "test_demo",
+    "test_api",
     "test_outage_matrix",
     "test_sandbox_lifecycle",
-    "test_share_demo",
-    "test_demo",
     "test_chaos_matrix",
     "test_training",
     "test_incident_on_sandbox",
@@ -116,6 +119,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     """An interrupted run (Ctrl-C, a fixture that timed out) skips the teardowns that stop
     sandboxes: any sandbox under this run's temporary directory still running goes down,
     by its recorded PIDs (tests/leftover_sandboxes.py)."""
+    matrix.stop()  # a run that ended before its last matrix case's teardown
     factory = getattr(session.config, "_tmp_path_factory", None)
     if factory is None:
         return
@@ -142,26 +146,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=_start_order)
 
 
-# Modules whose tests are CPU-bound (torch on every rank, an inference load): each runs its
-# tests one at a time in one worker, so that no more than one of each competes for the two
-# cores at once (side by side, two demos and five torchrun jobs starved each other past
-# their waits).
-CPU_BOUND_MODULES = ("test_share_demo", "test_demo", "test_training")
-
-
-# The `alone` tests (the demos, the alert storm) run after everything else, side by side
-# in ALONE_TURNS groups: each spends most of its time waiting on boots and its training
-# job (one at a time they kept about two thirds of a core busy, measured), so they share
-# the two cores with nothing else. Dealt so the turns carry about the same work (measured
-# two turns side by side: borrow 190 s, share 143 s, the two demos 118 s + 106 s, CMK demo
-# 114 s, storm 15 s). `make test` runs one worker per turn (tests/test_lanes.py checks).
-ALONE_TURNS = {
-    "test_borrow_demo": 0,
-    "test_api": 0,
-    "test_share_demo": 1,
-    "test_demo_cmk": 1,
-    "test_demo": 2,
-}
+# Modules whose tests are CPU-bound (torch on every rank): each runs its tests one at a time
+# in one worker, so that no more than one of them competes for the two cores at once (side
+# by side, five torchrun jobs starved each other past their waits). The demo's two tests
+# are not: one after the other they were the run's longest chain (~550 s beside the suite).
+CPU_BOUND_MODULES = ("test_training",)
 
 
 def xdist_group(item: pytest.Item) -> str | None:
@@ -172,8 +161,6 @@ def xdist_group(item: pytest.Item) -> str | None:
     tests `xdist_group` (the matrices do: one sandbox per group)."""
     module = item.nodeid.split("::", 1)[0]
     used = set(getattr(item, "fixturenames", ()))
-    if item.get_closest_marker("alone"):
-        return f"alone-{ALONE_TURNS.get(Path(module).stem, 0)}"
     if "sandbox" in used:
         turn = SHARED_SANDBOX_TURNS.get(Path(module).stem)
         if turn is None:
@@ -255,6 +242,19 @@ def sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SandboxConfig]
     cluster.up(cfg)
     yield cfg
     down_leaving_nothing(cfg)
+
+
+@pytest.fixture
+def matrix_sandbox(tmp_path_factory: pytest.TempPathFactory) -> SandboxConfig:
+    """The outage and chaos matrices' sandbox of this worker (tests/matrix_sandbox.py):
+    booted at its first matrix case, stopped after its last."""
+    return matrix.running() or matrix.boot(tmp_path_factory.mktemp("matrix"), free_port_base())
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    yield
+    matrix.stop_after(item, nextitem)
 
 
 @pytest.fixture(scope="session")

@@ -4,7 +4,13 @@ to the job for the repair (the job runs at full width on it); the node is replac
 reboot fails the gate) and the incident returns it; the rebalancer gives the borrowed node
 back to inference within about one evaluation (the job requeued from its checkpoint onto
 the repaired node); no inference request failed and no node ran a Slurm job and an
-inference pod at once."""
+inference pod at once.
+
+In the `scenarios` lane (`make scenarios`; CI runs it after `make test`), not in `make test`:
+two 30 s machine boots, an inference load and a torchrun job make it ~200 s long and ~70 s of
+CPU (~80 s beside the suite), which `make test`'s ten minutes on two cores cannot carry. The
+borrow itself is checked in `make test` on fakes and the time-skipping server
+(tests/test_gpu_rebalance_borrow.py); this adds the whole scenario under a real load."""
 
 from __future__ import annotations
 
@@ -16,8 +22,8 @@ import pytest
 from tests.conftest import free_port_base
 from tests.helpers import run_demo
 
-# `alone`: inference load and a torchrun job on 2 cores, with timed waits.
-pytestmark = [pytest.mark.integration, pytest.mark.alone]
+# An inference load and a torchrun job on 2 cores, with timed waits (the module docstring).
+pytestmark = [pytest.mark.integration, pytest.mark.scenario]
 
 
 # ~5 min alone: a sandbox, a torchrun job, a reboot and a replacement of 30 s boots each

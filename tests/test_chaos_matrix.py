@@ -1,4 +1,5 @@
-"""The chaos matrix, on one real Slurm-on-Kubernetes sandbox (Crusoe emulator included):
+"""The chaos matrix, on real Slurm-on-Kubernetes sandboxes (Crusoe emulator included; shared
+with the outage matrix: tests/matrix_sandbox.py):
 the worker is SIGKILLed at every step of an incident (drain, requeue, wait_idle, the repair
 before and after its cloud call, wait_registered, health_gate, return_to_service), with
 everything it keeps on disk wiped before it starts again, and the Temporal server is
@@ -17,25 +18,19 @@ again (the crash caught them running).
 
 from __future__ import annotations
 
-import asyncio
-import time
-from collections.abc import AsyncIterator
-
 import httpx
 import pytest
-import pytest_asyncio
 
 from autoclusters.core import hostlist
 from autoclusters.core.policy import Rung
 from autoclusters.integrations.slurm import SlurmCli
-from autoclusters.sandbox import cluster
 from autoclusters.sandbox.chaos import ChaosReport, run_chaos
 from autoclusters.sandbox.config import SandboxConfig
-from autoclusters.sandbox.outage_matrix import every_case_a_first_incident
-from tests.conftest import free_port_base
+from autoclusters.sandbox.outage_matrix import matrix, waves
 from tests.helpers import cancel, eventually, job, running, submit_progress_job
+from tests.matrix_sandbox import matrix_group
 
-pytestmark = pytest.mark.integration  # a real sandbox of its own
+pytestmark = pytest.mark.integration  # the matrices' real sandboxes
 
 # (what is SIGKILLed, `--at`)
 CASES = [
@@ -49,32 +44,14 @@ CASES = [
     ("worker", "return_to_service"),
     ("temporal", "repair"),
 ]
-# Two sandboxes side by side (xdist groups, one worker each): each more costs a boot.
-SANDBOXES = 2
+# On the matrices' sandboxes (tests/matrix_sandbox.py, shared with the outage matrix), the
+# cases dealt out in turn after the outage matrix's waves.
 MATRIX = [
-    pytest.param(w, a, id=f"{w}@{a}", marks=pytest.mark.xdist_group(f"chaos-{i % SANDBOXES}"))
+    pytest.param(w, a, id=f"{w}@{a}", marks=matrix_group(i + len(waves(matrix()))))
     for i, (w, a) in enumerate(CASES)
 ]
 # An undisturbed incident takes ~10 s here, a crash may add 15 s: this is a stall.
 CASE_TIMEOUT_S = 90
-
-
-@pytest_asyncio.fixture(scope="module")
-async def matrix_sandbox(
-    tmp_path_factory: pytest.TempPathFactory,
-) -> AsyncIterator[SandboxConfig]:
-    cfg = SandboxConfig(
-        state_dir=tmp_path_factory.mktemp("matrix"), cluster="matrix", nodes=3,
-        port_base=free_port_base(), boot_delay_s=2, k8s=True, breaker_threshold=100,
-    )  # fmt: skip
-    await asyncio.to_thread(cluster.up, cfg)  # sync: it runs its own event loop
-    every_case_a_first_incident(cfg)
-    started = time.monotonic()
-    try:
-        yield cfg
-    finally:
-        print(f"\nchaos matrix: this sandbox's cases took {time.monotonic() - started:.0f}s")
-        await asyncio.to_thread(cluster.down, cfg)
 
 
 def _k8s_cordoned(cfg: SandboxConfig) -> list[str]:

@@ -8,6 +8,13 @@ hostname-override (gpu-02): the runbook finds the Node and the VM through
 activities/machine_of.py, and a replacement's new Node, which joins without the
 hostname-override, is given the slot's Slurm name by the wait for it, so its slurmd pod
 registers as gpu-02.
+
+In the `scenarios` lane (`make scenarios`; CI runs it after `make test`), not in `make test`:
+a whole second demo (~120 s, ~60 s of CPU) that `make test`'s ten minutes on two cores cannot
+carry beside the default platform's. The CMK platform itself stays in `make test` on its own
+sandbox (tests/test_cmk_on_sandbox.py: the operator's pods, the agents' DaemonSet, cordon to
+drain, scale out and in, delete and create), and the runbook's CMK lookups on fakes
+(tests/test_machine_of.py); this adds the demo's incident end to end on that platform.
 """
 
 from __future__ import annotations
@@ -21,8 +28,8 @@ from autoclusters.sandbox.processes import ProcessTable
 from tests.conftest import free_port_base
 from tests.helpers import run_demo
 
-# The whole demo on its own sandbox, CPU heavy (tests/test_demo.py's reasons).
-pytestmark = [pytest.mark.integration, pytest.mark.alone]
+# The whole demo on its own sandbox, CPU heavy (the module docstring).
+pytestmark = [pytest.mark.integration, pytest.mark.scenario]
 
 
 @pytest.mark.timeout(420)

@@ -4,13 +4,14 @@ Checked over whatever this session collected and selected, so `make unit` checks
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import ALONE_TURNS, SERVER_FIXTURES, xdist_group
+from tests.conftest import SERVER_FIXTURES
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -48,21 +49,27 @@ def test_groups_reach_xdist(request: pytest.FixtureRequest) -> None:
     assert lost == []
 
 
-def test_the_alone_tests_run_in_as_many_turns_as_make_test_has_workers(
-    request: pytest.FixtureRequest,
-) -> None:
-    """`make test` runs the `alone` tests with one xdist worker per turn: a turn with no
-    worker would wait for another's, one worker too many would start idle. Every `alone`
-    test this run selected is in its module's turn."""
+def test_make_test_leaves_out_only_the_scenario_lane_and_ci_runs_it() -> None:
+    """`make test` runs every test but the `scenario` lane's; CI runs that lane after it, so
+    no test leaves CI. Each scenario module's docstring says why it is not in `make test`
+    (issue 20), and the demo itself, the chaos and the outage matrices are not scenarios."""
     makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
-    turns = sorted(set(ALONE_TURNS.values()))
-    assert turns == list(range(len(turns)))
-    assert f"-n {len(turns)} $(XDIST) -m alone" in makefile
-    for item in request.session.items:  # whatever this run selected of them
-        if item.get_closest_marker("alone"):
-            stem = Path(item.nodeid.split("::", 1)[0]).stem
-            assert stem in ALONE_TURNS, f"{item.nodeid}: alone, but in no turn"
-            assert xdist_group(item) == f"alone-{ALONE_TURNS[stem]}"
+    test_recipe = makefile.split("\ntest:", 1)[1].split("\n\n", 1)[0]
+    assert test_recipe.count("$(BIN)/pytest") == 1 and '-m "not scenario"' in test_recipe
+    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8").split()
+    assert ci.index("test") < ci.index("scenarios") and ci[ci.index("scenarios") - 1] == "make"
+    scenarios = {}
+    for path in sorted((ROOT / "tests").glob("test_*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        if any(
+            isinstance(n, ast.Attribute) and n.attr == "scenario"
+            and isinstance(n.value, ast.Attribute) and n.value.attr == "mark"
+            for n in ast.walk(tree)
+        ):  # fmt: skip
+            scenarios[path.stem] = " ".join((ast.get_docstring(tree) or "").split())
+    assert set(scenarios) == {"test_share_demo", "test_borrow_demo", "test_demo_cmk"}
+    for stem, doc in scenarios.items():
+        assert "`scenarios` lane" in doc and "not in `make test`" in doc, stem
 
 
 @pytest.mark.integration
