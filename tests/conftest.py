@@ -1,8 +1,9 @@
-"""Shared fixtures: one real sandbox (Temporal dev server, munge, Slurm, a worker) per run.
+"""Shared fixtures: a real sandbox (Temporal dev server, munge, Slurm, a worker) per xdist
+worker that runs tests on it, and the matrices' sandboxes (tests/matrix_sandbox.py).
 
 The sandbox gets its own state dir and free ports so it never collides with a user's
-demo sandbox, and is stopped by PID at the end; the fixture then checks that nothing it
-recorded is still alive, nor any process naming its state dir (one the table never knew).
+demo sandbox, and is stopped by PID after the worker's last test on it; then checked: nothing
+it recorded is still alive, nor any process naming its state dir (one the table never knew).
 
 Every test is hermetic: HOME is a temporary directory and no AUTOCLUSTERS_* variable is
 set (for the session, so the processes the session's sandboxes start inherit neither, and
@@ -31,9 +32,10 @@ from autoclusters.integrations.slurm import SlurmCli
 from autoclusters.sandbox import cluster
 from autoclusters.sandbox.config import PORT_SPAN, SandboxConfig
 from tests import default_tls
-from tests import matrix_sandbox as matrix
 from tests.helpers import down_leaving_nothing, time_skipping_env
 from tests.leftover_sandboxes import stop_left_running
+from tests.matrix_sandbox import matrix_sandboxes
+from tests.worker_sandbox import WorkerSandbox
 
 # Fuzz tests: 300 examples each in `make test`; `make unit` asks for the quick profile.
 hypothesis_settings.register_profile("full", max_examples=300)
@@ -72,7 +74,7 @@ def _hermetic(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.Monk
 
 # Fixtures that start a server: a test using one (directly or through another fixture) is
 # never in `make unit`. Decided by what the test uses, not by what its module imports.
-SERVER_FIXTURES = {"sandbox": "integration", matrix.FIXTURE: "integration", "env": "workflow"}
+SERVER_FIXTURES = {"sandbox": "integration", "matrix_sandbox": "integration", "env": "workflow"}
 
 # Tests on the session's shared sandbox run in this many xdist groups: each group is one
 # worker's sandbox, started once and used by its tests one at a time (as before xdist).
@@ -119,7 +121,9 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     """An interrupted run (Ctrl-C, a fixture that timed out) skips the teardowns that stop
     sandboxes: any sandbox under this run's temporary directory still running goes down,
     by its recorded PIDs (tests/leftover_sandboxes.py)."""
-    matrix.stop()  # a run that ended before its last matrix case's teardown
+    for shared in (_shared, _matrix):  # a run that ended before its last user's teardown
+        if shared is not None:
+            shared.stop()
     factory = getattr(session.config, "_tmp_path_factory", None)
     if factory is None:
         return
@@ -228,36 +232,55 @@ async def env() -> AsyncIterator[WorkflowEnvironment]:
         yield environment
 
 
-@pytest.fixture(scope="session")
-def sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SandboxConfig]:
-    cfg = SandboxConfig(
-        state_dir=tmp_path_factory.mktemp("sandbox"),
-        cluster="test",
-        nodes=4,
-        port_base=free_port_base(),
-        boot_delay_s=3,
-        # Many tests share this cluster within minutes: not a systemic failure.
-        breaker_threshold=100,
-    )
-    cluster.up(cfg)
-    yield cfg
-    down_leaving_nothing(cfg)
+# The sandboxes a worker shares between its tests (tests/worker_sandbox.py): booted at the
+# first test that uses one, stopped after the last.
+_shared: WorkerSandbox | None = None
+_matrix: WorkerSandbox | None = None
+
+
+@pytest.fixture
+def sandbox(tmp_path_factory: pytest.TempPathFactory) -> SandboxConfig:
+    """The worker's shared sandbox (a group of tests, SHARED_SANDBOX_GROUPS): booted at its
+    first test, stopped after its last, checked to leave nothing running."""
+    global _shared
+    if _shared is None:
+
+        def up() -> SandboxConfig:
+            cfg = SandboxConfig(
+                state_dir=tmp_path_factory.mktemp("sandbox"),
+                cluster="test",
+                nodes=4,
+                port_base=free_port_base(),
+                boot_delay_s=3,
+                # Many tests share this cluster within minutes: not a systemic failure.
+                breaker_threshold=100,
+            )
+            cluster.up(cfg)
+            return cfg
+
+        _shared = WorkerSandbox("sandbox", up, down_leaving_nothing)
+    return _shared.get()
 
 
 @pytest.fixture
 def matrix_sandbox(tmp_path_factory: pytest.TempPathFactory) -> SandboxConfig:
-    """The outage and chaos matrices' sandbox of this worker (tests/matrix_sandbox.py):
-    booted at its first matrix case, stopped after its last."""
-    return matrix.running() or matrix.boot(tmp_path_factory.mktemp("matrix"), free_port_base())
+    """The matrices' sandbox of this worker (tests/matrix_sandbox.py): booted at its first
+    matrix case, stopped after its last."""
+    global _matrix
+    if _matrix is None:
+        _matrix = matrix_sandboxes(lambda: (tmp_path_factory.mktemp("matrix"), free_port_base()))
+    return _matrix.get()
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
     yield
-    matrix.stop_after(item, nextitem)
+    for shared in (_shared, _matrix):
+        if shared is not None:
+            shared.stop_after(item, nextitem)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture
 def sandbox_settings(sandbox: SandboxConfig) -> Settings:
     return Settings(
         temporal_address=sandbox.temporal_address,
@@ -269,12 +292,12 @@ def sandbox_settings(sandbox: SandboxConfig) -> Settings:
     )
 
 
-@pytest_asyncio.fixture(scope="session")
+@pytest_asyncio.fixture
 async def sandbox_client(sandbox_settings: Settings) -> AsyncIterator[Client]:
     yield await temporal.connect(sandbox_settings)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture
 def slurm(sandbox: SandboxConfig) -> SlurmCli:
     return SlurmCli(sandbox.slurm_conf)
 

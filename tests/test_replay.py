@@ -135,7 +135,13 @@ def test_only_the_step_kernel_starts_activities() -> None:
 
 @pytest.mark.parametrize("path", HISTORIES, ids=[p.stem for p in HISTORIES])
 async def test_history_replays(path: Path) -> None:
-    replayer = Replayer(workflows=WORKFLOWS, data_converter=pydantic_data_converter)
+    # debug_mode: no 2 s deadlock timer on an activation (the sandbox stays). The replay
+    # checks what the code decides, not how fast: in `make test` (seven workers on two
+    # cores) a first activation, which imports the workflows into the sandbox, once took
+    # longer and failed the replay as a "deadlock".
+    replayer = Replayer(
+        workflows=WORKFLOWS, data_converter=pydantic_data_converter, debug_mode=True
+    )
     history = WorkflowHistory.from_json(path.stem, path.read_text())
     result = await replayer.replay_workflow(history, raise_on_replay_failure=False)
     assert result.replay_failure is None, result.replay_failure

@@ -1,5 +1,6 @@
 """`autoclusters sandbox restart COMPONENT` and `autoclusters chaos --kill X --at STEP`, on a
-real Slurm-on-Kubernetes sandbox (Crusoe emulator included) of this module's own:
+real Slurm-on-Kubernetes sandbox (Crusoe emulator included): one of the matrices' (tests/
+matrix_sandbox.py), after their cases, in the group whose cases take least:
 
 - the worker (SIGKILL) and the API (SIGTERM, through the CLI) come back with new PIDs, the
   API answers, and an incident opened afterwards resolves;
@@ -21,11 +22,10 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
 import httpx
 import pytest
-import pytest_asyncio
 from temporalio.client import Client
 
 from autoclusters.clients import incidents
@@ -33,31 +33,23 @@ from autoclusters.core.models import IncidentState, SlurmNode
 from autoclusters.core.settings import Settings, load_file
 from autoclusters.integrations import temporal
 from autoclusters.integrations.slurm import SlurmCli
-from autoclusters.sandbox import cloud_api, cluster, restart, slinky
+from autoclusters.sandbox import cloud_api, restart, slinky
 from autoclusters.sandbox.chaos import ChaosError, run_chaos
 from autoclusters.sandbox.config import SandboxConfig
 from autoclusters.sandbox.daemons import SandboxError
 from autoclusters.sandbox.processes import ProcessTable
 from autoclusters.workflows.remediation import NodeRemediation
-from tests.conftest import free_port_base
 from tests.helpers import cancel, eventually, job, running, submit_progress_job
+from tests.matrix_sandbox import matrix_group
 
-pytestmark = pytest.mark.integration  # a real sandbox of its own
+pytestmark = [pytest.mark.integration, matrix_group(2)]  # matrix-2: ~290 s of cases
 
 CLI = [sys.executable, "-m", "autoclusters.clients.cli"]
 
 
-@pytest_asyncio.fixture(scope="module")
-async def k8s_sandbox(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[SandboxConfig]:
-    cfg = SandboxConfig(
-        state_dir=tmp_path_factory.mktemp("restart"), cluster="restart", nodes=3,
-        port_base=free_port_base(), boot_delay_s=2, k8s=True, breaker_threshold=100,
-    )  # fmt: skip
-    await asyncio.to_thread(cluster.up, cfg)  # sync: it runs its own event loop
-    try:
-        yield cfg
-    finally:
-        await asyncio.to_thread(cluster.down, cfg)
+@pytest.fixture
+def k8s_sandbox(matrix_sandbox: SandboxConfig) -> SandboxConfig:
+    return matrix_sandbox
 
 
 def _settings(cfg: SandboxConfig) -> Settings:
