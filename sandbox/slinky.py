@@ -29,7 +29,10 @@ K8S_EMULATOR = "k8s-emulator"
 # The emulated Slinky NodeSet controller (sandbox/slinky_operator.py): it keeps one slurmd
 # pod per GPU Node and carries cordons into Slurm, as SchedMD's operator does.
 OPERATOR = "slinky-operator"
-OPERATOR_POLL_S = 1.0
+# Its pass every 2 s (the operator's own default): each pass lists the Nodes and pods and
+# runs `sinfo --json`, and a sandbox stands by for most of its life. SchedMD's operator
+# reacts to watch events; a cordon here reaches Slurm within one pass.
+OPERATOR_POLL_S = 2.0
 
 
 def prepare(cfg: SandboxConfig) -> None:
