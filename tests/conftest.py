@@ -17,7 +17,7 @@ import os
 import random
 import socket
 import zlib
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -29,7 +29,6 @@ from temporalio.testing import WorkflowEnvironment
 from autoclusters.core.settings import Settings
 from autoclusters.integrations import temporal
 from autoclusters.integrations.slurm import SlurmCli
-from autoclusters.sandbox import cluster
 from autoclusters.sandbox.config import PORT_SPAN, SandboxConfig
 from tests import default_tls
 from tests.helpers import down_leaving_nothing, time_skipping_env
@@ -121,9 +120,8 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     """An interrupted run (Ctrl-C, a fixture that timed out) skips the teardowns that stop
     sandboxes: any sandbox under this run's temporary directory still running goes down,
     by its recorded PIDs (tests/leftover_sandboxes.py)."""
-    for shared in (_shared, _matrix):  # a run that ended before its last user's teardown
-        if shared is not None:
-            shared.stop()
+    for shared in _worker_sandboxes.values():  # a run that ended before its last user's teardown
+        shared.stop()
     factory = getattr(session.config, "_tmp_path_factory", None)
     if factory is None:
         return
@@ -232,52 +230,51 @@ async def env() -> AsyncIterator[WorkflowEnvironment]:
         yield environment
 
 
-# The sandboxes a worker shares between its tests (tests/worker_sandbox.py): booted at the
-# first test that uses one, stopped after the last.
-_shared: WorkerSandbox | None = None
-_matrix: WorkerSandbox | None = None
+# The sandboxes a worker shares between its tests (tests/worker_sandbox.py), by fixture
+# name: booted at the first test that uses one, stopped after the last.
+_worker_sandboxes: dict[str, WorkerSandbox] = {}
+
+
+def _worker_sandbox(
+    fixture: str, factory: pytest.TempPathFactory, make: Callable[[Path, int], WorkerSandbox]
+) -> SandboxConfig:
+    if fixture not in _worker_sandboxes:
+        _worker_sandboxes[fixture] = make(factory.mktemp(fixture), free_port_base())
+    return _worker_sandboxes[fixture].get()
+
+
+def _shared_sandbox(state_dir: Path, port_base: int) -> WorkerSandbox:
+    cfg = SandboxConfig(
+        state_dir=state_dir,
+        cluster="test",
+        nodes=4,
+        port_base=port_base,
+        boot_delay_s=3,
+        # Many tests share this cluster within minutes: not a systemic failure.
+        breaker_threshold=100,
+    )
+    return WorkerSandbox("sandbox", cfg, down=down_leaving_nothing)
 
 
 @pytest.fixture
 def sandbox(tmp_path_factory: pytest.TempPathFactory) -> SandboxConfig:
     """The worker's shared sandbox (a group of tests, SHARED_SANDBOX_GROUPS): booted at its
     first test, stopped after its last, checked to leave nothing running."""
-    global _shared
-    if _shared is None:
-
-        def up() -> SandboxConfig:
-            cfg = SandboxConfig(
-                state_dir=tmp_path_factory.mktemp("sandbox"),
-                cluster="test",
-                nodes=4,
-                port_base=free_port_base(),
-                boot_delay_s=3,
-                # Many tests share this cluster within minutes: not a systemic failure.
-                breaker_threshold=100,
-            )
-            cluster.up(cfg)
-            return cfg
-
-        _shared = WorkerSandbox("sandbox", up, down_leaving_nothing)
-    return _shared.get()
+    return _worker_sandbox("sandbox", tmp_path_factory, _shared_sandbox)
 
 
 @pytest.fixture
 def matrix_sandbox(tmp_path_factory: pytest.TempPathFactory) -> SandboxConfig:
     """The matrices' sandbox of this worker (tests/matrix_sandbox.py): booted at its first
     matrix case, stopped after its last."""
-    global _matrix
-    if _matrix is None:
-        _matrix = matrix_sandboxes(lambda: (tmp_path_factory.mktemp("matrix"), free_port_base()))
-    return _matrix.get()
+    return _worker_sandbox("matrix_sandbox", tmp_path_factory, matrix_sandboxes)
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
     yield
-    for shared in (_shared, _matrix):
-        if shared is not None:
-            shared.stop_after(item, nextitem)
+    for shared in _worker_sandboxes.values():
+        shared.stop_after(item, nextitem)
 
 
 @pytest.fixture

@@ -9,12 +9,10 @@ after its last (tests/worker_sandbox.py).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from autoclusters.sandbox import cluster
 from autoclusters.sandbox.config import SandboxConfig
 from autoclusters.sandbox.outage_matrix import every_case_a_first_incident
 from tests.worker_sandbox import WorkerSandbox
@@ -28,17 +26,10 @@ def matrix_group(i: int) -> pytest.MarkDecorator:
     return pytest.mark.xdist_group(f"matrix-{i % MATRIX_SANDBOXES}")
 
 
-def matrix_sandboxes(place: Callable[[], tuple[Path, int]]) -> WorkerSandbox:
-    """A worker's matrix sandbox, in the state dir and at the port base `place` gives."""
-
-    def up() -> SandboxConfig:
-        state_dir, port_base = place()
-        cfg = SandboxConfig(
-            state_dir=state_dir, cluster="matrix", nodes=4, port_base=port_base,
-            boot_delay_s=2, k8s=True, breaker_threshold=100,
-        )  # fmt: skip
-        cluster.up(cfg)
-        every_case_a_first_incident(cfg)
-        return cfg
-
-    return WorkerSandbox(FIXTURE, up, cluster.down)
+def matrix_sandboxes(state_dir: Path, port_base: int) -> WorkerSandbox:
+    """A worker's matrix sandbox, in `state_dir` at `port_base`."""
+    cfg = SandboxConfig(
+        state_dir=state_dir, cluster="matrix", nodes=4, port_base=port_base,
+        boot_delay_s=2, k8s=True, breaker_threshold=100,
+    )  # fmt: skip
+    return WorkerSandbox(FIXTURE, cfg, prepare=every_case_a_first_incident)

@@ -47,11 +47,6 @@ pytestmark = [pytest.mark.integration, matrix_group(2)]  # matrix-2: ~290 s of c
 CLI = [sys.executable, "-m", "autoclusters.clients.cli"]
 
 
-@pytest.fixture
-def k8s_sandbox(matrix_sandbox: SandboxConfig) -> SandboxConfig:
-    return matrix_sandbox
-
-
 def _settings(cfg: SandboxConfig) -> Settings:
     return load_file(cfg.settings_file)
 
@@ -73,9 +68,9 @@ def _pid(cfg: SandboxConfig, name: str) -> int:
 
 
 async def test_worker_and_api_restart_and_an_incident_still_resolves(
-    k8s_sandbox: SandboxConfig,
+    matrix_sandbox: SandboxConfig,
 ) -> None:
-    cfg = k8s_sandbox
+    cfg = matrix_sandbox
     table = ProcessTable(cfg.state_dir)
     before = {name: _pid(cfg, name) for name in ("worker", "api", "temporal")}
 
@@ -99,8 +94,8 @@ async def test_worker_and_api_restart_and_an_incident_still_resolves(
     assert final.status == "resolved", final
 
 
-async def test_slurmctld_killed_keeps_drains_and_jobs(k8s_sandbox: SandboxConfig) -> None:
-    cfg = k8s_sandbox
+async def test_slurmctld_killed_keeps_drains_and_jobs(matrix_sandbox: SandboxConfig) -> None:
+    cfg = matrix_sandbox
     slurm = SlurmCli(cfg.slurm_conf)
     env = {**os.environ, "SLURM_CONF": str(cfg.slurm_conf)}
     reason = "test: drained by an admin"
@@ -142,8 +137,8 @@ async def test_slurmctld_killed_keeps_drains_and_jobs(k8s_sandbox: SandboxConfig
         subprocess.run(["scontrol", "update", "NodeName=gpu-01", "State=RESUME"], env=env)
 
 
-async def test_emulators_restart_with_their_worlds(k8s_sandbox: SandboxConfig) -> None:
-    cfg = k8s_sandbox
+async def test_emulators_restart_with_their_worlds(matrix_sandbox: SandboxConfig) -> None:
+    cfg = matrix_sandbox
 
     def world() -> tuple[dict[str, str], list[str]]:
         crusoe = httpx.get(f"http://127.0.0.1:{cfg.crusoe_port}/_emulator/state").json()
@@ -163,12 +158,12 @@ async def test_emulators_restart_with_their_worlds(k8s_sandbox: SandboxConfig) -
 
 
 async def test_a_change_is_on_disk_once_answered_and_a_crash_keeps_it(
-    k8s_sandbox: SandboxConfig,
+    matrix_sandbox: SandboxConfig,
 ) -> None:
     """The restart used to save an emulator's live state just before its SIGTERM: a cloud
     operation started in between was lost, and the repair polling it got 404 (a red CI).
     Now each emulator rewrites its state file after every change."""
-    cfg = k8s_sandbox
+    cfg = matrix_sandbox
     node = cfg.node_names()[0]
     mark = {"test.autoclusters.io/mark": f"kept-{time.monotonic_ns()}"}
     headers = {
@@ -190,9 +185,9 @@ async def test_a_change_is_on_disk_once_answered_and_a_crash_keeps_it(
 
 
 async def test_chaos_kill_worker_at_repair_counts_one_cloud_operation(
-    k8s_sandbox: SandboxConfig,
+    matrix_sandbox: SandboxConfig,
 ) -> None:
-    report = await run_chaos(k8s_sandbox, "XID_48", node="gpu-02", kill="worker", at="repair")
+    report = await run_chaos(matrix_sandbox, "XID_48", node="gpu-02", kill="worker", at="repair")
     assert report.status == "resolved", report
     assert report.actions[0].startswith("killed worker ") and report.actions[0].endswith(
         "during repair"
@@ -205,23 +200,23 @@ async def test_chaos_kill_worker_at_repair_counts_one_cloud_operation(
     assert report.machine_operations == report.cloud_operations
     r = subprocess.run(
         [*CLI, "chaos", "--kill", "scheduler", "--at", "repair", "--state-dir",
-         str(k8s_sandbox.state_dir)],
+         str(matrix_sandbox.state_dir)],
         env={**os.environ, "COLUMNS": "300"}, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     # Typer's own usage error (exit 2), naming what may be killed.
     assert r.returncode == 2, r.stderr
     assert all(f"'{w}'" in r.stderr for w in ("worker", "temporal", "api", "slurmctld"))
     with pytest.raises(ChaosError, match="go together"):
-        await run_chaos(k8s_sandbox, "XID_48", node="gpu-02", kill="worker")
+        await run_chaos(matrix_sandbox, "XID_48", node="gpu-02", kill="worker")
 
 
 async def test_kubectl_reads_the_sandbox_through_the_kubeconfig_up_prints(
-    k8s_sandbox: SandboxConfig,
+    matrix_sandbox: SandboxConfig,
 ) -> None:
     """`sandbox up` prints `KUBECONFIG=<state>/k8s/kubectl.kubeconfig kubectl get nodes`: a
     real kubectl sees the sandbox's Nodes and slurmd pods through it (over the emulator's
     HTTPS port: kubectl sends its token only over TLS), after the restarts above too."""
-    env = {**os.environ, "KUBECONFIG": str(k8s_sandbox.kubectl_kubeconfig)}
+    env = {**os.environ, "KUBECONFIG": str(matrix_sandbox.kubectl_kubeconfig)}
 
     def kubectl(*args: str) -> list[str]:
         done = subprocess.run(
@@ -230,18 +225,18 @@ async def test_kubectl_reads_the_sandbox_through_the_kubeconfig_up_prints(
         assert done.returncode == 0, done.stderr
         return sorted(done.stdout.split())
 
-    names = k8s_sandbox.node_names()
+    names = matrix_sandbox.node_names()
     assert kubectl("get", "nodes") == [f"node/{n}" for n in names]
     assert kubectl("get", "pods", "-n", "slurm") == [f"pod/slurmd-{n}" for n in names]
 
 
 async def test_kubectl_cordon_drains_the_slurm_node_and_uncordon_undrains_it(
-    k8s_sandbox: SandboxConfig,
+    matrix_sandbox: SandboxConfig,
 ) -> None:
     """Slinky's semantics through a real kubectl: the sandbox's Slinky operator drains the
     Slurm node of a cordoned Node (the operator's reason), and undrains it on uncordon,
     because the drain was its own."""
-    cfg = k8s_sandbox
+    cfg = matrix_sandbox
     env = {**os.environ, "KUBECONFIG": str(cfg.kubectl_kubeconfig)}
     slurm = SlurmCli(cfg.slurm_conf)
     node = cfg.node_names()[-1]

@@ -15,23 +15,30 @@ from collections.abc import Callable
 
 import pytest
 
+from autoclusters.sandbox import cluster
 from autoclusters.sandbox.config import SandboxConfig
 
 
 class WorkerSandbox:
+    """`cfg`'s sandbox for the tests that use `fixture`: `prepare` runs after each boot,
+    `down` stops it (cluster.down, or one that also checks what it left)."""
+
     def __init__(
         self,
         fixture: str,
-        up: Callable[[], SandboxConfig],
-        down: Callable[[SandboxConfig], object],
+        cfg: SandboxConfig,
+        prepare: Callable[[SandboxConfig], object] = lambda cfg: None,
+        down: Callable[[SandboxConfig], object] = cluster.down,
     ) -> None:
-        self.fixture, self._up, self._down = fixture, up, down
-        self.cfg: SandboxConfig | None = None
+        self.fixture, self.cfg, self._prepare, self._down = fixture, cfg, prepare, down
+        self.up = False
 
     def get(self) -> SandboxConfig:
         """The worker's sandbox, booted now if it is not up."""
-        if self.cfg is None:
-            self.cfg = self._up()
+        if not self.up:
+            cluster.up(self.cfg)
+            self._prepare(self.cfg)
+            self.up = True
         return self.cfg
 
     def stop_after(self, item: pytest.Item, nextitem: pytest.Item | None) -> None:
@@ -43,6 +50,6 @@ class WorkerSandbox:
         self.stop()
 
     def stop(self) -> None:
-        cfg, self.cfg = self.cfg, None
-        if cfg is not None:
-            self._down(cfg)
+        if self.up:
+            self.up = False
+            self._down(self.cfg)
