@@ -30,7 +30,7 @@ import pytest_asyncio
 from autoclusters.core.cluster_spec import load_cluster_spec
 from autoclusters.core.process_start import command_line
 from autoclusters.integrations.slinky_crs import HOSTNAME_OVERRIDE
-from autoclusters.sandbox import agent_daemonset, cluster, restart
+from autoclusters.sandbox import agent_daemonset, cluster, k8s_daemonsets, restart
 from autoclusters.sandbox import slinky_operator_pods as slinky_pods
 from autoclusters.sandbox.config import SandboxConfig
 from autoclusters.sandbox.processes import (
@@ -104,13 +104,14 @@ def _running_slurmd_pods(cfg: SandboxConfig) -> list[str]:
 
 
 def _agent_pods(cfg: SandboxConfig) -> dict[str, Any]:
-    """The agent DaemonSet's pods kubectl shows, not being deleted, by their Node."""
+    """The agent DaemonSet's live pods kubectl shows (not being deleted, not ended: what
+    its controller keeps one of per Node), by their Node."""
     out = _kubectl(
         cfg, "get", "pods", "-n", "autoclusters", "-l",
         f"{agent_daemonset.APP_LABEL}={agent_daemonset.APP}", "-o", "json",
     )  # fmt: skip
     items = json.loads(out)["items"]
-    return {p["spec"]["nodeName"]: p for p in items if not p["metadata"].get("deletionTimestamp")}
+    return {p["spec"]["nodeName"]: p for p in k8s_daemonsets.active(items)}
 
 
 def _running_agents(cfg: SandboxConfig) -> dict[str, int]:

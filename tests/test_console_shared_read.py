@@ -209,9 +209,10 @@ async def test_under_load_the_age_stays_bounded_and_one_read_serves_every_viewer
         elapsed = time.monotonic() - start
     await app.state.console.shared.aclose()
     # One read per interval, however many ask (a read starts fresh_s after the last began),
-    # and the reads keep coming under the load: the data does not age with it.
+    # and the reads keep coming under the load (the ages below say the data does not age
+    # with it; how many reads a loaded machine fits in the 2 s is not this test's to say).
     reads = source.reads - reads0
-    assert elapsed / fresh_s / 3 <= reads <= elapsed / fresh_s + 2, (reads, elapsed)
+    assert 2 <= reads <= elapsed / fresh_s + 2, (reads, elapsed)
     # Every answer's data at most fresh_s plus a read old, give or take what a loaded
     # 2-core CI machine adds (these viewers share the API's process and its CPU).
     ages.sort()

@@ -85,6 +85,10 @@ def node_turns() -> NodeTurns:
     return NodeTurns()
 
 
+# A case is an incident with a 12 s outage in it and the retries that ride it out: about a
+# minute alone, but past pytest's 300 s once beside the rest of `make test` on a slower
+# machine. A bound for a hang, not a speed (bench/outages.py measures those).
+@pytest.mark.timeout(450)
 @pytest.mark.parametrize("wave", WAVES)
 async def test_outage_at_step(
     matrix_sandbox: SandboxConfig, node_turns: NodeTurns, wave: tuple[OutageCase, ...]

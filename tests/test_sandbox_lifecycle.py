@@ -14,6 +14,8 @@ import os
 import socket
 import subprocess
 import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -42,71 +44,85 @@ def test_up_again_is_a_noop(sandbox: SandboxConfig) -> None:
     assert {r.name: r.pid for r in table.records()} == pids
 
 
-def test_second_sandbox_beside_the_first_via_cli(sandbox: SandboxConfig, tmp_path: Path) -> None:
-    state = tmp_path / "second"
+@dataclass(frozen=True)
+class Second:
+    """A second sandbox started with the CLI beside the shared one, and what `up` said."""
+
+    state: Path
+    base: int
+    up: subprocess.CompletedProcess[str]
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {**os.environ, "AUTOCLUSTERS_CONFIG": str(self.state / "autoclusters.toml")}
+
+
+@pytest.fixture(scope="module")
+def second(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Second]:
+    """One second sandbox for the two tests below (one boot, where each once had its own):
+    the first sees it start beside the shared one, the second restarts it."""
+    state = tmp_path_factory.mktemp("second")
     base = free_port_base()
     up = subprocess.run(
         [*CLI, "up", "--nodes", "2", "--state-dir", str(state), "--port-base", str(base),
-         "--cluster", "second"],
+         "--cluster", "second", "--boot-delay", "1"],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     try:
-        assert up.returncode == 0, up.stderr + up.stdout
-        assert f"http://127.0.0.1:{base + 1}" in up.stdout
-        again = subprocess.run(
-            [*CLI, "up", "--nodes", "2", "--state-dir", str(state), "--port-base", str(base)],
-            capture_output=True, text=True, timeout=60,
-        )  # fmt: skip
-        assert again.returncode == 0 and "already running" in again.stdout
-        status = subprocess.run(
-            [*CLI, "status", "--state-dir", str(state)], capture_output=True, text=True, timeout=60
-        )
-        assert status.returncode == 0
-        assert "gpu-02" in status.stdout and "IDLE" in status.stdout
-        # The first sandbox is untouched.
-        assert cluster.is_running(sandbox)
+        yield Second(state, base, up)
     finally:
-        records = ProcessTable(state).records()
-        down = subprocess.run(
-            [*CLI, "down", "--state-dir", str(state)], capture_output=True, text=True, timeout=120
-        )
-    assert down.returncode == 0, down.stderr
-    assert records and _no_recorded_process_alive(records)
+        subprocess.run([*CLI, "down", "--state-dir", str(state)], timeout=120)
+
+
+def test_second_sandbox_beside_the_first_via_cli(sandbox: SandboxConfig, second: Second) -> None:
+    assert second.up.returncode == 0, second.up.stderr + second.up.stdout
+    assert f"http://127.0.0.1:{second.base + 1}" in second.up.stdout
+    state = str(second.state)
+    again = subprocess.run(
+        [*CLI, "up", "--nodes", "2", "--state-dir", state, "--port-base", str(second.base)],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert again.returncode == 0 and "already running" in again.stdout
+    status = subprocess.run(
+        [*CLI, "status", "--state-dir", state], capture_output=True, text=True, timeout=60
+    )
+    assert status.returncode == 0
+    assert "gpu-02" in status.stdout and "IDLE" in status.stdout
+    # The first sandbox is untouched.
     assert cluster.is_running(sandbox)
 
 
-def test_incident_history_survives_a_restart(tmp_path: Path) -> None:
-    state = tmp_path / "restart"
-    args = [
-        "--nodes", "2", "--state-dir", str(state), "--port-base", str(free_port_base()),
-        "--boot-delay", "1",
-    ]  # fmt: skip
-    env = {**os.environ, "AUTOCLUSTERS_CONFIG": str(state / "autoclusters.toml")}
+def test_incident_history_survives_a_restart(sandbox: SandboxConfig, second: Second) -> None:
+    assert second.up.returncode == 0, second.up.stderr + second.up.stdout
+    state = second.state
     incident = [sys.executable, "-m", "autoclusters.clients.cli", "incident"]
-    try:
-        assert subprocess.run([*CLI, "up", *args], timeout=120).returncode == 0
-        opened = subprocess.run(
-            [*incident, "open", "--node", "gpu-01", "--fault", "XID_48", "--wait"],
-            env=env, capture_output=True, text=True, timeout=120,
-        )  # fmt: skip
-        assert opened.returncode == 0, opened.stderr
-        incident_id = opened.stdout.split()[1]
-        assert (
-            subprocess.run([*CLI, "down", "--state-dir", str(state)], timeout=120).returncode == 0
-        )
-        # An earlier run's job log: job ids start again at 1 in the new cluster.
-        stale = state / "jobs" / "train-1.log"
-        stale.write_text("ts=1 node=gpu-01 restart=0 step=1\n")
-        assert subprocess.run([*CLI, "up", *args], timeout=180).returncode == 0
-        assert not stale.exists()
-        shown = subprocess.run(
-            [*incident, "show", incident_id, "--json"],
-            env=env, capture_output=True, text=True, timeout=60,
-        )  # fmt: skip
-        assert shown.returncode == 0, shown.stderr
-        assert json.loads(shown.stdout)["status"] == "resolved"
-    finally:
-        subprocess.run([*CLI, "down", "--state-dir", str(state)], timeout=120)
+    opened = subprocess.run(
+        [*incident, "open", "--node", "gpu-01", "--fault", "XID_48", "--wait"],
+        env=second.env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert opened.returncode == 0, opened.stderr
+    incident_id = opened.stdout.split()[1]
+    records = ProcessTable(state).records()
+    down = subprocess.run(
+        [*CLI, "down", "--state-dir", str(state)], capture_output=True, text=True, timeout=120
+    )
+    # `down` stops exactly the recorded PIDs: all of the second's, none of the first's.
+    assert down.returncode == 0, down.stderr
+    assert records and _no_recorded_process_alive(records)
+    assert cluster.is_running(sandbox)
+    # An earlier run's job log: job ids start again at 1 in the new cluster.
+    stale = state / "jobs" / "train-1.log"
+    stale.write_text("ts=1 node=gpu-01 restart=0 step=1\n")
+    args = ["--nodes", "2", "--state-dir", str(state), "--port-base", str(second.base),
+            "--cluster", "second", "--boot-delay", "1"]  # fmt: skip
+    assert subprocess.run([*CLI, "up", *args], timeout=180).returncode == 0
+    assert not stale.exists()
+    shown = subprocess.run(
+        [*incident, "show", incident_id, "--json"],
+        env=second.env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert shown.returncode == 0, shown.stderr
+    assert json.loads(shown.stdout)["status"] == "resolved"
 
 
 def test_failed_start_is_cleaned_up_and_shows_the_log(tmp_path: Path) -> None:
