@@ -139,6 +139,10 @@ def squeue_job(cfg: SandboxConfig, job_id: int, timeout_s: float = 10) -> dict[s
     return next((j for j in jobs if int(j["job_id"]) == job_id), None)
 
 
+def _restart_cnt(job: dict[str, Any]) -> int:
+    return int(job.get("restart_cnt") or 0)
+
+
 def _state(job: dict[str, Any]) -> str:
     state = job.get("job_state", "")
     return str(state[0] if isinstance(state, list) and state else state)
@@ -152,6 +156,7 @@ class JobWatch:
         self.cfg, self.job_id, self.node = cfg, job_id, node
         self.last_running_at: datetime | None = None
         self.off_node_at: datetime | None = None
+        self._first_restart_cnt: int | None = None  # the first stint's, as first seen
 
     async def run(self, every_s: float = 0.5) -> None:
         while self.off_node_at is None:
@@ -161,11 +166,21 @@ class JobWatch:
                 await asyncio.sleep(every_s)  # slurmctld away: nothing known, keep watching
                 continue
             now = datetime.now(UTC)
-            if job is not None and self._running_here(job):
+            if job is not None and self._later_stint(job):
+                # Requeued since it was last seen: the first stint ended unseen (squeue slow
+                # or away all the while). Running here again is not the first stint.
+                self.off_node_at = now
+            elif job is not None and self._running_here(job):
                 self.last_running_at = now
+                if self._first_restart_cnt is None:
+                    self._first_restart_cnt = _restart_cnt(job)
             elif job is None or self.last_running_at is not None:
                 self.off_node_at = now  # ended, requeued, or gone from the list
             await asyncio.sleep(every_s)
+
+    def _later_stint(self, job: dict[str, Any]) -> bool:
+        first = self._first_restart_cnt
+        return first is not None and _restart_cnt(job) > first
 
     def _running_here(self, job: dict[str, Any]) -> bool:
         return _state(job) == "RUNNING" and self.node in hostlist.expand(job.get("nodes") or "")

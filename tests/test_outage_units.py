@@ -6,6 +6,7 @@ cloud operations count)."""
 from __future__ import annotations
 
 import re
+import subprocess
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -13,13 +14,14 @@ import pytest
 from typer.testing import CliRunner
 
 from autoclusters.core.models import StepRecord
-from autoclusters.sandbox import cluster
+from autoclusters.sandbox import cluster, outage
 from autoclusters.sandbox.chaos import STEPS
 from autoclusters.sandbox.cli import sandbox_app
 from autoclusters.sandbox.config import SandboxConfig
 from autoclusters.sandbox.outage import (
     COMPONENTS,
     CloudOp,
+    JobWatch,
     OutageDone,
     OutageError,
     OutageReport,
@@ -315,3 +317,46 @@ def test_a_held_job_must_end_by_itself_and_be_seen_by_the_requeue() -> None:
     assert any("wait_idle ended" in p for p in problems(case, _resolved(**early)))
     cancelled = held | {"job_state": "CANCELLED"}
     assert any("not run to its end" in p for p in problems(case, _resolved(**cancelled)))
+
+
+async def _watch(
+    monkeypatch: pytest.MonkeyPatch, reads: list[dict[str, object] | None]
+) -> JobWatch:
+    """A JobWatch of job 3 on gpu-02 over `reads` (None: squeue failed, slurmctld away)."""
+    left = list(reads)
+
+    def squeue_job(cfg: SandboxConfig, job_id: int, timeout_s: float) -> dict[str, object] | None:
+        read = left.pop(0)
+        if read is None:
+            raise subprocess.TimeoutExpired("squeue", timeout_s)
+        return read or None  # {}: not listed
+
+    monkeypatch.setattr(outage, "squeue_job", squeue_job)
+    watch = JobWatch(SandboxConfig(), 3, "gpu-02")
+    await watch.run(every_s=0)
+    assert not left
+    return watch
+
+
+def _job(restarts: int, nodes: str, state: str = "RUNNING") -> dict[str, object]:
+    return {"job_id": 3, "job_state": [state], "nodes": nodes, "restart_cnt": restarts}
+
+
+async def test_the_job_watch_ends_the_first_stint_at_a_requeue_it_did_not_see(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """squeue blind from the requeue until the job runs on the node again (a loaded machine,
+    slurmctld away): that second stint is not the first, so it does not move the time the
+    job was last seen running there (a cloud operation between the two is not under it)."""
+    watch = await _watch(
+        monkeypatch, [_job(0, "gpu-[01-02]"), _job(0, "gpu-[01-02]"), None, None,
+                      _job(1, "gpu-[02-03]")],
+    )  # fmt: skip
+    first_seen = watch.last_running_at
+    assert first_seen is not None and watch.off_node_at is not None
+    assert first_seen <= watch.off_node_at
+    # The same read-outs with the requeue seen: off the node at the PENDING read.
+    seen = await _watch(
+        monkeypatch, [_job(0, "gpu-[01-02]"), None, _job(1, "", "PENDING")],
+    )  # fmt: skip
+    assert seen.off_node_at is not None

@@ -66,7 +66,7 @@ def second(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Second]:
     up = subprocess.run(
         [*CLI, "up", "--nodes", "2", "--state-dir", str(state), "--port-base", str(base),
          "--cluster", "second", "--boot-delay", "1"],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True, text=True, timeout=300,  # a boot waits for its turn (boot_slots)
     )  # fmt: skip
     try:
         yield Second(state, base, up)
