@@ -47,7 +47,7 @@ XDIST := --dist loadgroup --no-loadscope-reorder
 test: system-deps install
 	@$(MAKE) --no-print-directory lint & lint=$$!; \
 	$(BIN)/pytest --collect-only -q -p no:cacheprovider > /dev/null; \
-	$(BIN)/pytest -n 5 $(XDIST) -m "not scenario"; tests=$$?; \
+	$(BIN)/pytest -n 4 $(XDIST) -m "not scenario"; tests=$$?; \
 	wait $$lint; linted=$$?; \
 	if [ $$linted -ne 0 ]; then echo "make test: lint failed"; fi; \
 	[ $$tests -eq 0 ] && [ $$linted -eq 0 ]

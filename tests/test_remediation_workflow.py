@@ -44,7 +44,7 @@ from temporalio.client import (
 )
 from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.exceptions import ActivityError, ApplicationError, RetryState
-from temporalio.service import RPCError
+from temporalio.service import RPCError, RPCStatusCode
 from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
 from temporalio.worker import Worker
 
@@ -1453,7 +1453,11 @@ async def test_a_notifier_outage_leaves_the_remediation_unaffected(
             execution_timeout=EXECUTION_TIMEOUT,
         )  # fmt: skip
         result = await handle.result()
-        await env.client.get_workflow_handle(guard_workflow_id(req.cluster)).terminate()
+        try:
+            await env.client.get_workflow_handle(guard_workflow_id(req.cluster)).terminate()
+        except RPCError as e:  # the guard already ended (time skipped past it under load)
+            if e.status != RPCStatusCode.NOT_FOUND:
+                raise
 
     assert result.status == "resolved"
     assert not slurm.node_now("gpu-01").drained
