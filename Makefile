@@ -41,9 +41,9 @@ XDIST := --dist loadgroup --no-loadscope-reorder
 # unit and workflow tests fill the time the integration tests spend waiting on boots and
 # timers; the longest and the timed start first). One collection first writes pytest's
 # rewritten test modules to the bytecode cache (~10 s of CPU on a clean clone), which the
-# workers would each pay for at once otherwise. Five workers, not seven: on a slower machine
-# (2026-12-03: every process ~1.8x the CPU) seven starved each other past their bounds
-# (docs/testing.md).
+# workers would each pay for at once otherwise. Four workers, not seven: on a slower machine
+# (2026-12-03: every process ~1.8x the CPU) seven starved each other past their bounds, and
+# four spent a quarter less CPU in less wall (docs/testing.md).
 test: system-deps install
 	@$(MAKE) --no-print-directory lint & lint=$$!; \
 	$(BIN)/pytest --collect-only -q -p no:cacheprovider > /dev/null; \
@@ -67,7 +67,7 @@ workflow: install
 	$(BIN)/pytest -m "workflow and not integration" -n 4 $(XDIST)
 
 integration: system-deps install
-	$(BIN)/pytest -m "integration and not scenario" -n 5 $(XDIST)
+	$(BIN)/pytest -m "integration and not scenario" -n 4 $(XDIST)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info
