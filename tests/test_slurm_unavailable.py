@@ -252,6 +252,10 @@ async def test_an_abandoned_call_takes_its_command_with_it(tmp_path: Path) -> No
     while not pid_file.exists() and time.monotonic() < deadline:
         await asyncio.sleep(0.01)  # a condition awaited: the command has started
     pid = int(pid_file.read_text())
+    # The shell wrote its PID before it exec'd sleep: on a loaded machine the exec can come
+    # after this read, so wait for the command line to change, as for the file.
+    while command_line(pid)[-2:] != ["sleep", "300"] and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
     assert command_line(pid)[-2:] == ["sleep", "300"]
     call.cancel()
     with pytest.raises(asyncio.CancelledError):
