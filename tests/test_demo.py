@@ -23,8 +23,8 @@ from tests.helpers import CLI, run_demo
 pytestmark = pytest.mark.integration
 
 
-# ~110 s alone; beside the rest of `make test` (seven workers on two cores) it took 260 s,
-# and 391 s on a slower machine.
+# ~110 s alone; beside the rest of `make test` it took 260 s (seven workers), and 391 s on
+# a slower machine.
 @pytest.mark.timeout(660)
 def test_demo_json_summary(tmp_path: Path) -> None:
     r = run_demo(tmp_path / "demo", free_port_base(), "--boot-delay", "10", timeout_s=600)
@@ -76,9 +76,12 @@ def test_demo_json_summary(tmp_path: Path) -> None:
     assert all(s["finished_at"] >= s["started_at"] for s in summary["steps"])
 
 
-# Two demos one after the other on one sandbox, each bounded by its own 360 s (the two took
-# 483 s beside the rest of `make test` on a slower machine).
-@pytest.mark.timeout(780)
+# Each of the two demos on one sandbox is bounded by its own DEMO_S (the two took 483 s
+# beside the rest of `make test` on a slower machine).
+DEMO_S = 360
+
+
+@pytest.mark.timeout(2 * DEMO_S + 60)
 def test_demo_observe_and_approve_modes(tmp_path: Path) -> None:
     """Approve mode, then observe mode on the same sandbox (`--keep`: a demo on a running
     sandbox uses it and leaves it up), its jobs cancelled between them: one sandbox boot
@@ -122,7 +125,7 @@ def test_demo_observe_and_approve_modes(tmp_path: Path) -> None:
             # One approval: the second click is refused by the API (1), or finds the buttons
             # already replaced by "Approved by ..." (2), depending on how fast it comes.
             assert twice.returncode in (1, 2), twice.stdout + twice.stderr
-            out, err = demo.communicate(timeout=360)
+            out, err = demo.communicate(timeout=DEMO_S)
         finally:
             if demo.poll() is None:
                 demo.kill()
@@ -149,7 +152,7 @@ def test_demo_observe_and_approve_modes(tmp_path: Path) -> None:
         cluster.cancel_all_jobs(SandboxConfig.load(state))
         observed = subprocess.run(
             [*CLI, "demo", "--mode", "observe", *common],
-            capture_output=True, text=True, timeout=360,
+            capture_output=True, text=True, timeout=DEMO_S,
         )  # fmt: skip
         assert observed.returncode == 0, observed.stderr[-3000:]
         assert "already running" in observed.stderr  # the approve demo's sandbox

@@ -321,11 +321,14 @@ def test_a_held_job_must_end_by_itself_and_be_seen_by_the_requeue() -> None:
 
 async def _watch(
     monkeypatch: pytest.MonkeyPatch, reads: list[dict[str, object] | None]
-) -> JobWatch:
-    """A JobWatch of job 3 on gpu-02 over `reads` (None: squeue failed, slurmctld away)."""
+) -> tuple[JobWatch, list[datetime]]:
+    """A JobWatch of job 3 on gpu-02 over `reads` (None: squeue failed, slurmctld away),
+    and when each read began."""
     left = list(reads)
+    read_at: list[datetime] = []
 
     def squeue_job(cfg: SandboxConfig, job_id: int, timeout_s: float) -> dict[str, object] | None:
+        read_at.append(datetime.now(UTC))
         read = left.pop(0)
         if read is None:
             raise subprocess.TimeoutExpired("squeue", timeout_s)
@@ -335,7 +338,7 @@ async def _watch(
     watch = JobWatch(SandboxConfig(), 3, "gpu-02")
     await watch.run(every_s=0)
     assert not left
-    return watch
+    return watch, read_at
 
 
 def _job(restarts: int, nodes: str, state: str = "RUNNING") -> dict[str, object]:
@@ -348,15 +351,16 @@ async def test_the_job_watch_ends_the_first_stint_at_a_requeue_it_did_not_see(
     """squeue blind from the requeue until the job runs on the node again (a loaded machine,
     slurmctld away): that second stint is not the first, so it does not move the time the
     job was last seen running there (a cloud operation between the two is not under it)."""
-    watch = await _watch(
+    watch, read_at = await _watch(
         monkeypatch, [_job(0, "gpu-[01-02]"), _job(0, "gpu-[01-02]"), None, None,
                       _job(1, "gpu-[02-03]")],
     )  # fmt: skip
-    first_seen = watch.last_running_at
-    assert first_seen is not None and watch.off_node_at is not None
-    assert first_seen <= watch.off_node_at
+    # Last seen running at the second read, off the node at the fifth (the later stint).
+    assert watch.last_running_at is not None and watch.off_node_at is not None
+    assert read_at[1] <= watch.last_running_at < read_at[2]
+    assert watch.off_node_at >= read_at[4]
     # The same read-outs with the requeue seen: off the node at the PENDING read.
-    seen = await _watch(
+    seen, read_at = await _watch(
         monkeypatch, [_job(0, "gpu-[01-02]"), None, _job(1, "", "PENDING")],
     )  # fmt: skip
-    assert seen.off_node_at is not None
+    assert seen.off_node_at is not None and seen.off_node_at >= read_at[2]

@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import socket
@@ -53,6 +54,12 @@ class Second:
     up: subprocess.CompletedProcess[str]
 
     @property
+    def up_args(self) -> list[str]:
+        """`sandbox up`'s arguments for it: its first start and its restart alike."""
+        return ["up", "--nodes", "2", "--state-dir", str(self.state), "--port-base",
+                str(self.base), "--cluster", "second", "--boot-delay", "1"]  # fmt: skip
+
+    @property
     def env(self) -> dict[str, str]:
         return {**os.environ, "AUTOCLUSTERS_CONFIG": str(self.state / "autoclusters.toml")}
 
@@ -62,14 +69,13 @@ def second(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Second]:
     """One second sandbox for the two tests below (one boot, where each once had its own):
     the first sees it start beside the shared one, the second restarts it."""
     state = tmp_path_factory.mktemp("second")
-    base = free_port_base()
+    unstarted = Second(state, free_port_base(), subprocess.CompletedProcess([], 0))
     up = subprocess.run(
-        [*CLI, "up", "--nodes", "2", "--state-dir", str(state), "--port-base", str(base),
-         "--cluster", "second", "--boot-delay", "1"],
+        [*CLI, *unstarted.up_args],
         capture_output=True, text=True, timeout=300,  # a boot waits for its turn (boot_slots)
     )  # fmt: skip
     try:
-        yield Second(state, base, up)
+        yield dataclasses.replace(unstarted, up=up)
     finally:
         subprocess.run([*CLI, "down", "--state-dir", str(state)], timeout=120)
 
@@ -113,9 +119,7 @@ def test_incident_history_survives_a_restart(sandbox: SandboxConfig, second: Sec
     # An earlier run's job log: job ids start again at 1 in the new cluster.
     stale = state / "jobs" / "train-1.log"
     stale.write_text("ts=1 node=gpu-01 restart=0 step=1\n")
-    args = ["--nodes", "2", "--state-dir", str(state), "--port-base", str(second.base),
-            "--cluster", "second", "--boot-delay", "1"]  # fmt: skip
-    assert subprocess.run([*CLI, "up", *args], timeout=180).returncode == 0
+    assert subprocess.run([*CLI, *second.up_args], timeout=180).returncode == 0
     assert not stale.exists()
     shown = subprocess.run(
         [*incident, "show", incident_id, "--json"],
