@@ -35,6 +35,7 @@ DemoMode = Literal["observe", "approve", "auto"]
 Scenario = Literal["remediate", "share", "borrow"]
 Platform = Literal["managed-slurm", "cmk"]
 JobRecovery = Literal["in-job", "requeue"]
+DemoJob = Literal["auto", "stand-in"]
 PLATFORM_HELP = (
     "Where Slurm runs: managed-slurm (Crusoe Managed Slurm) or cmk (Slinky on a CMK cluster, "
     "provider crusoe-cmk; Kubernetes mode)."
@@ -423,6 +424,13 @@ def demo(
             "go on without the faulty node; requeue: a 2-node job that Slurm requeues."
         ),
     ] = "in-job",
+    job: Annotated[
+        DemoJob,
+        typer.Option(
+            help="auto: the torchrun job of examples/training where torch is installed, else "
+            "the stand-in; stand-in: the job that only logs progress (no in-job mode)."
+        ),
+    ] = "auto",
 ) -> None:
     """Sandbox up, a 2-node training job, a fault on one of its nodes, the remediation, a
     summary (`--scenario share`: training and inference sharing the GPU nodes)."""
@@ -448,6 +456,9 @@ def demo(
     if job_recovery not in ("in-job", "requeue"):
         err.print("[red]refused:[/red] --job-recovery must be in-job or requeue")
         raise typer.Exit(2)
+    if job not in ("auto", "stand-in"):
+        err.print("[red]refused:[/red] --job must be auto or stand-in")
+        raise typer.Exit(2)
     if broken_until not in ("reset_gpu", "reboot", "replace"):
         err.print("[red]refused:[/red] --broken-until must be reset_gpu, reboot or replace")
         raise typer.Exit(2)
@@ -470,6 +481,7 @@ def demo(
                 mode=mode,
                 broken_until=broken_until,
                 job_recovery=job_recovery,
+                job=job,
             )  # fmt: skip
         )
     except DemoError as e:

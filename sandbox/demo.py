@@ -92,7 +92,7 @@ class DemoSummary(BaseModel):
     # None: the incident did not reach the requeue step (observe mode, for one).
     recovery_path: str | None = None
     # examples/training as a torchrun job (requeue path) or in its in-job mode (a standby in
-    # its allocation), or the stand-in when torch is not installed.
+    # its allocation), or the stand-in when torch is not installed (or asked for: --job stand-in).
     job: str  # torchrun | in-job | stand-in
     resumed_from_step: int | None  # the step the recovered job went on from
     # Steps done before the fault that the job did again after it (the last step logged
@@ -144,6 +144,7 @@ async def run_demo(
     mode: str = "auto",
     broken_until: str = "reboot",
     job_recovery: str = "in-job",
+    job: str = "auto",
 ) -> DemoSummary:
     was_running = cluster.is_running(cfg) if cfg.record_file.exists() else False
     console.print(f"[bold]1. sandbox[/bold] in {cfg.state_dir} ({cfg.nodes} nodes)")
@@ -158,7 +159,7 @@ async def run_demo(
     if res.already_running:
         cfg = SandboxConfig.load(cfg.state_dir)
     try:
-        return await _demo(cfg, fault, mode, Rung(broken_until), job_recovery, console)
+        return await _demo(cfg, fault, mode, Rung(broken_until), job_recovery, job, console)
     finally:
         if not keep and not was_running:
             console.print("[bold]sandbox down[/bold]")
@@ -173,13 +174,16 @@ async def _demo(
     mode: str,
     broken_until: Rung,
     job_recovery: str,
+    job_kind: str,
     console: Console,
 ) -> DemoSummary:
     settings = load_file(cfg.settings_file)
     policy = policy_for(settings).model_copy(update={"mode": mode})
     slurm = SlurmCli(cfg.slurm_conf)
     in_job = job_recovery == "in-job"
-    job_id, log, kind = await training_job.submit(slurm, cfg, "train", in_job=in_job)
+    job_id, log, kind = await training_job.submit(
+        slurm, cfg, "train", in_job=in_job, stand_in=job_kind == "stand-in"
+    )
     console.print(
         "[bold]2. job[/bold] a 2-node training job with a standby node in its allocation "
         "(in-job recovery), --requeue as its fallback"

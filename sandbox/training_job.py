@@ -27,15 +27,17 @@ async def submit(
     sbatch_args: tuple[str, ...] = (),
     *,
     in_job: bool = False,
+    stand_in: bool = False,
 ) -> tuple[int, Path, str]:
     """Submit the job; return its id, its log file and what it is ("torchrun", "in-job" or
     "stand-in"). `sbatch_args` override the script's #SBATCH lines (e.g. `--nodes=2-3`).
     `in_job`: the example's in-job mode, 2 nodes training and a standby in the allocation
     (`SPARES=1 --nodes=3 --no-kill`), where the runbook recovers it without a requeue; the
-    stand-in has no such mode."""
+    stand-in has no such mode. `stand_in`: the stand-in even where torch is installed (a demo
+    whose point is not the training job: observe mode)."""
     jobs = cfg.state_dir / "jobs"
     jobs.mkdir(parents=True, exist_ok=True)
-    if torch_available() and (TRAINING / "train.sbatch").exists():
+    if not stand_in and torch_available() and (TRAINING / "train.sbatch").exists():
         torchrun = Path(sys.executable).parent / "torchrun"
         env = [
             "ALL",

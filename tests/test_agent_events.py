@@ -44,8 +44,8 @@ from autoclusters.core.node_report import HealthSnapshot, NodeReport, ReportStat
 
 NODE = "gpu-05"
 INTERVAL_S = 60.0  # far beyond every wait below: a report in time came from a wake-up
-# Injection to the POST: the watcher's 0.05 s look at the file, one check, one send. It
-# takes ~0.1 s here; the bound leaves room for a loaded 2-core CI machine.
+# Injection to the POST: the watcher's 0.2 s look at the file, one check, one send. It
+# takes ~0.1-0.3 s here; the bound leaves room for a loaded 2-core CI machine.
 EVENT_BOUND_S = 2.0
 WAIT_S = 10.0  # how long a test waits for something the bound says comes much sooner
 

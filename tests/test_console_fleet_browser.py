@@ -108,8 +108,11 @@ def fleet_url() -> Iterator[str]:
     yield from serve(2000)
 
 
-@pytest.fixture
-def browser() -> Iterator[Any]:
+@pytest.fixture(scope="module")
+def chromium() -> Iterator[Any]:
+    """One browser for the module's tests (each launch of Chromium under chromedriver cost
+    ~2-4 s of CPU on a loaded machine); `browser` hands it to each test with nothing left
+    of the one before."""
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
     profile = tempfile.mkdtemp(prefix="console-browser-")
@@ -124,6 +127,16 @@ def browser() -> Iterator[Any]:
     finally:
         driver.quit()  # stops chromedriver (by its own PID) and the browser it started
         shutil.rmtree(profile, ignore_errors=True)
+
+
+@pytest.fixture
+def browser(chromium: Any) -> Iterator[Any]:
+    """The module's browser on a blank page, without the last test's cookies (the console
+    keeps nothing else in the browser)."""
+    chromium.get("about:blank")
+    chromium.execute_cdp_cmd("Network.clearBrowserCookies", {})
+    yield chromium
+    chromium.get("about:blank")  # the page stops polling its server before that goes
 
 
 def screenshot(driver: Any, name: str) -> None:

@@ -150,14 +150,16 @@ def test_demo_observe_and_approve_modes(tmp_path: Path) -> None:
         # Observe mode on the same sandbox, with every node free again: the approve demo's
         # job would hold two of the four that the observed job's allocation needs.
         cluster.cancel_all_jobs(SandboxConfig.load(state))
+        # The stand-in job: what observe mode checks is that nothing is touched, which a
+        # torchrun job (torch loading on three nodes first) would only make slower.
         observed = subprocess.run(
-            [*CLI, "demo", "--mode", "observe", *common],
+            [*CLI, "demo", "--mode", "observe", "--job", "stand-in", *common],
             capture_output=True, text=True, timeout=DEMO_S,
         )  # fmt: skip
         assert observed.returncode == 0, observed.stderr[-3000:]
         assert "already running" in observed.stderr  # the approve demo's sandbox
         summary = json.loads(observed.stdout.strip().splitlines()[-1])
-        assert summary["status"] == "observed"
+        assert summary["status"] == "observed" and summary["job"] == "stand-in"
         assert summary["planned_steps"] and summary["job_restarts"] == 0
         assert summary["node_state_after"] == summary["node_state_before"]
     finally:

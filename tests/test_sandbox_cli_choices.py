@@ -1,4 +1,4 @@
-"""The sandbox's own commands refuse a value outside their fixed sets (demo --mode, chaos
+"""The sandbox's own commands refuse a value outside their fixed sets (demo --mode and --job, chaos
 --at/--kill, --broken-until, hardware-fault --fixed-by) with Typer's usage error, exit 2,
 naming what is allowed, before any sandbox is touched; and their sets are the ones the code
 behind them knows."""
@@ -32,6 +32,7 @@ def _flat(text: str) -> str:
         (["demo", "--mode", HOSTILE], ["observe", "approve", "auto"]),
         (["demo", "--broken-until", HOSTILE], ["reboot", "replace"]),
         (["demo", "--scenario", HOSTILE], ["remediate", "share"]),
+        (["demo", "--job", HOSTILE], ["auto", "stand-in"]),
         (["chaos", "--kill", HOSTILE, "--at", "drain"], ["worker", "slurmctld"]),
         (["chaos", "--kill", "worker", "--at", HOSTILE], ["wait_idle", "repair:after-cloud"]),
         (["sandbox", "hardware-fault", "--node", "gpu-01", "--fault", "XID_79",
