@@ -1,4 +1,7 @@
-"""The fault-tolerant training job (examples/training) under real torchrun, on gloo.
+"""The fault-tolerant training job (examples/training) under real torchrun, on gloo: through
+torchrun_launch.py, the torchrun train.sbatch runs (torchrun's own agent, the ranks forked
+with torch loaded), and under plain torchrun where a test says so (the first, and two
+agents meeting).
 
 Each test starts torchrun in a session of its own and, at the end, kills what is left of
 exactly the processes it started (torchrun, found by its PID, and the ranks below it).
@@ -109,13 +112,17 @@ class Torchrun:
         *,
         argv: list[str] | None = None,
         env: dict[str, str] | None = None,
+        plain: bool = False,
     ):
-        """torchrun running train.py with `args`; or, with `argv`, that command line."""
+        """train.py with `args` under torchrun_launch.py, torchrun as train.sbatch runs it
+        (its ranks forked with torch loaded: an interpreter loading torch per rank cost
+        ~3 s of CPU each); `plain`: under torchrun itself; with `argv`, that command line."""
         self.log = log
         environ = {k: v for k, v in os.environ.items() if not k.startswith("SLURM")}
         environ |= {"OMP_NUM_THREADS": "1", **(env or {})}
+        launcher = ["-m", "torch.distributed.run"] if plain else [str(LAUNCH)]
         cmd = argv or [
-            sys.executable, "-m", "torch.distributed.run",
+            sys.executable, *launcher,
             *(torchrun_args or ["--standalone", "--nproc-per-node=2"]), str(TRAIN), *args,
         ]  # fmt: skip
         with open(log, "ab") as out:
@@ -179,7 +186,7 @@ def load_train() -> ModuleType:
 def test_trains_logs_and_checkpoints_then_resumes(tmp_path: Path, runs: list[Torchrun]) -> None:
     ckpt, log = tmp_path / "ckpt", tmp_path / "train.log"
     run = start(runs, log, "--steps", "12", "--ckpt-dir", str(ckpt), "--ckpt-every", "5",
-                "--log-ranks", "all")  # fmt: skip
+                "--log-ranks", "all", plain=True)  # fmt: skip
     assert run.wait(150) == 0, log.read_text()[-3000:]
 
     lines = step_lines(log)
@@ -208,7 +215,9 @@ def test_trains_logs_and_checkpoints_then_resumes(tmp_path: Path, runs: list[Tor
     (ckpt / "step-99").mkdir()
     (ckpt / "step-99" / "__0_0.distcp").write_bytes(b"\x00half a shard")
     log2 = tmp_path / "train2.log"
-    run = start(runs, log2, "--steps", "14", "--ckpt-dir", str(ckpt), "--log-ranks", "zero")
+    run = start(
+        runs, log2, "--steps", "14", "--ckpt-dir", str(ckpt), "--log-ranks", "zero", plain=True
+    )
     assert run.wait(150) == 0, log2.read_text()[-3000:]
     resumed = step_lines(log2)
     assert [(d["step"], d["resumed_from"]) for d in resumed] == [(13, 12), (14, 12)]
@@ -353,7 +362,10 @@ def test_two_agents_rendezvous_on_one_host(tmp_path: Path, runs: list[Torchrun])
     rdzv = ["--nnodes=2", "--nproc-per-node=1", "--rdzv-backend=c10d",
             f"--rdzv-endpoint=127.0.0.1:{_free_port()}", "--rdzv-id=test"]  # fmt: skip
     args = ["--steps", "6", "--ckpt-dir", str(ckpt), "--ckpt-every", "3"]
-    agents = [start(runs, tmp_path / f"node{i}.log", *args, torchrun_args=rdzv) for i in range(2)]
+    agents = [
+        start(runs, tmp_path / f"node{i}.log", *args, torchrun_args=rdzv, plain=True)
+        for i in range(2)
+    ]
     for agent in agents:
         assert agent.wait(90) == 0, agent.log.read_text()[-3000:]
     ranks = {d["rank"] for a in agents for d in step_lines(a.log)}
