@@ -55,6 +55,7 @@ STEP_LINE = re.compile(
 )
 # What sbatch's torchrun line adds: USR1 (Slurm's time-limit warning) reaches the ranks.
 SIGNALS = "--signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
+STATIC_PORT = 29500  # torchrun's static rendezvous, where no endpoint or port is given
 
 
 def until(check: Callable[[], T | None], timeout_s: float, what: str) -> T:
@@ -278,14 +279,29 @@ def test_signal_checkpoints_before_exit(
     assert f"event=stopped ckpt_step={last} signal={sig.name}" in log.read_text()
 
 
+@pytest.fixture
+def static_port_taken() -> Iterator[None]:
+    """STATIC_PORT held by a listener for the test (if no one holds it already)."""
+    with socket.socket() as squatter:
+        squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            squatter.bind(("0.0.0.0", STATIC_PORT))
+            squatter.listen()
+        except OSError:
+            pass  # taken already: as good for the test
+        yield
+
+
 @pytest.mark.timeout(150)
 def test_the_launcher_forks_its_ranks_stops_on_a_signal_and_resumes(
-    tmp_path: Path, runs: list[Torchrun]
+    tmp_path: Path, runs: list[Torchrun], static_port_taken: None
 ) -> None:
     """torchrun_launch.py (what train.sbatch runs): torchrun's arguments, ranks forked from
     the agent with the script loaded (no interpreter of their own), and on the signal Slurm's
     requeue sends to every process of the step, a checkpoint, the signal's exit status and
-    no process left; run again, it resumes from that step and finishes with status 0."""
+    no process left; run again, it resumes from that step and finishes with status 0.
+    `--standalone` meets on a free port, as torchrun's does: both runs go on with 29500
+    (the static rendezvous's port) held by someone else."""
     ckpt = tmp_path / "ckpt"
     args = ["--ckpt-dir", str(ckpt), "--ckpt-every", "1000", "--step-sleep", "0.1",
             "--log-ranks", "zero"]  # fmt: skip

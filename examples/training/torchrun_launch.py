@@ -26,6 +26,7 @@ import importlib.util
 import os
 import sys
 import traceback
+import uuid
 import warnings
 from types import ModuleType
 from typing import Any
@@ -35,7 +36,12 @@ warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
 
 from torch.distributed.elastic.multiprocessing.api import SignalException  # noqa: E402
 from torch.distributed.launcher.api import elastic_launch  # noqa: E402
-from torch.distributed.run import config_from_args, get_use_env, parse_args  # noqa: E402
+from torch.distributed.run import (  # noqa: E402
+    config_from_args,
+    get_use_env,
+    parse_args,
+    parse_min_max_nnodes,
+)
 from torch.distributed.run import run as torchrun  # noqa: E402
 
 _script: ModuleType | None = None
@@ -69,6 +75,17 @@ def run(argv: list[str]) -> int:
     if args.no_python or args.module or args.run_path or not get_use_env(args):
         torchrun(args)
         return 0
+    one_node_static = (
+        args.rdzv_backend == "static"
+        and not args.rdzv_endpoint
+        and args.master_port is None
+        and parse_min_max_nnodes(args.nnodes)[1] == 1
+    )
+    if args.standalone or one_node_static:
+        # As torch.distributed.run.run: a rendezvous of its own on a free port, not the
+        # static one on 29500 (two standalone jobs on a host would both take that port).
+        args.rdzv_backend, args.rdzv_endpoint = "c10d", "localhost:0"
+        args.rdzv_id = str(uuid.uuid4())
     if args.master_port is None:
         args.master_port = 29500  # as torch.distributed.run.run sets it
     config, _, _ = config_from_args(args)
