@@ -273,6 +273,9 @@ def sandbox_load(
     if not cfg.k8s:
         err.print("[red]refused:[/red] the inference gateway runs in k8s mode (sandbox up --k8s)")
         raise typer.Exit(2)
+    if not cfg.inference:
+        err.print("[red]refused:[/red] this sandbox was started without its inference side")
+        raise typer.Exit(2)
     if rps < 0:
         err.print("[red]refused:[/red] --rps must be 0 or more")
         raise typer.Exit(2)

@@ -1,7 +1,7 @@
 """`sandbox up | status | down`: bring a whole local cluster up, report on it, stop it.
 
 Order up: munged → Temporal dev server → [Kubernetes API emulator → inference kubelet →
-inference gateway (sandbox/inference_sandbox.py)] → Crusoe Cloud API
+inference gateway (sandbox/inference_sandbox.py; unless `inference` is off)] → Crusoe Cloud API
 emulator (every mode: the machines are its VMs) → Slack emulator → worker → API →
 Alertmanager → Prometheus (sandbox/monitoring.py: the alert path to the API); then the
 worker's `ClusterProvisioning` creates the Slurm cluster through the Crusoe emulator (the
@@ -87,11 +87,8 @@ def _order(cfg: SandboxConfig) -> list[str]:
     """Start order: the infrastructure, then what provisioning creates (the controller, its
     accounting, the login endpoint, one slurmd per machine), then the node agents."""
     # The cloud API in every mode; Kubernetes (and the inference side on it) in k8s mode.
-    emulators = (
-        [slinky.K8S_EMULATOR, inference_sandbox.KUBELET, inference_sandbox.GATEWAY]
-        if cfg.k8s
-        else []
-    )
+    inference = [inference_sandbox.KUBELET, inference_sandbox.GATEWAY] if cfg.inference else []
+    emulators = [slinky.K8S_EMULATOR, *inference] if cfg.k8s else []
     emulators.append(cloud_api.CRUSOE_EMULATOR)
     accounting = [MARIADB, SLURMDBD] if cfg.accounting else []
     slurmds = list(map(slurmd_name, cfg.node_names()))
@@ -278,7 +275,8 @@ def _boot(cfg: SandboxConfig, table: ProcessTable, timeout_s: float) -> UpResult
                 timeout_s,
                 result,
             )
-            start_inference(cfg, table, timeout_s, result)
+            if cfg.inference:
+                start_inference(cfg, table, timeout_s, result)
         _start(
             table,
             cloud_api.CRUSOE_EMULATOR,

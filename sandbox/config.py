@@ -34,6 +34,9 @@ class SandboxConfig(BaseModel):
     # Slurm on Kubernetes (Slinky-style), emulated on loopback; the Crusoe Cloud API emulator
     # fronts the machines in both modes.
     k8s: bool = False
+    # Kubernetes mode: the inference side too (its kubelet and gateway, the Deployment the
+    # share demos grow). Off: a sandbox whose tests send no inference load.
+    inference: bool = True
     # Where the cluster's Slurm runs: Crusoe Managed Slurm (the emulator's daemons), or Slinky
     # on a CMK cluster (provider crusoe-cmk: the emulated operator's pods run the daemons).
     # cmk implies Kubernetes mode.

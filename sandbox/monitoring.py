@@ -112,7 +112,7 @@ def prometheus_config(cfg: SandboxConfig) -> dict[str, Any]:
                 "authorization": {"type": "Bearer", "credentials_file": str(token)},
                 "static_configs": [_targets(cfg.api_port)],
             },
-            *(_inference_jobs(cfg) if cfg.k8s else []),
+            *(_inference_jobs(cfg) if cfg.k8s and cfg.inference else []),
         ],
     }
 

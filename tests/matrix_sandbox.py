@@ -31,5 +31,7 @@ def matrix_sandboxes(state_dir: Path, port_base: int) -> WorkerSandbox:
     cfg = SandboxConfig(
         state_dir=state_dir, cluster="matrix", nodes=4, port_base=port_base,
         boot_delay_s=2, k8s=True, breaker_threshold=100,
+        # No case sends inference load: no kubelet and gateway standing by for seven minutes.
+        inference=False,
     )  # fmt: skip
     return WorkerSandbox(FIXTURE, cfg, prepare=every_case_a_first_incident)
