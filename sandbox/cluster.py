@@ -36,6 +36,7 @@ from autoclusters.sandbox import (
     daemons,
     inference_sandbox,
     monitoring,
+    port_holders,
     previous_runs,
     provision,
     slinky,
@@ -443,7 +444,11 @@ def _start(
 
 def _not_ready(table: ProcessTable, name: str, why: str) -> SandboxError:
     tail = table.log_tail(name)
-    return SandboxError(f"{why}; last lines of {table.log_dir / (name + '.out')}:\n{tail}")
+    held = port_holders.explain(tail)  # a port it could not bind: who has it now
+    return SandboxError(
+        f"{why}; last lines of {table.log_dir / (name + '.out')}:\n{tail}"
+        + (f"\n{held}" if held else "")
+    )
 
 
 def cancel_all_jobs(cfg: SandboxConfig, timeout_s: float = 30) -> None:
