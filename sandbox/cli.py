@@ -459,9 +459,6 @@ def demo(
     if job_recovery not in ("in-job", "requeue"):
         err.print("[red]refused:[/red] --job-recovery must be in-job or requeue")
         raise typer.Exit(2)
-    if job not in ("auto", "stand-in"):
-        err.print("[red]refused:[/red] --job must be auto or stand-in")
-        raise typer.Exit(2)
     if broken_until not in ("reset_gpu", "reboot", "replace"):
         err.print("[red]refused:[/red] --broken-until must be reset_gpu, reboot or replace")
         raise typer.Exit(2)
@@ -484,7 +481,7 @@ def demo(
                 mode=mode,
                 broken_until=broken_until,
                 job_recovery=job_recovery,
-                job=job,
+                stand_in=job == "stand-in",
             )  # fmt: skip
         )
     except DemoError as e:

@@ -144,7 +144,7 @@ async def run_demo(
     mode: str = "auto",
     broken_until: str = "reboot",
     job_recovery: str = "in-job",
-    job: str = "auto",
+    stand_in: bool = False,
 ) -> DemoSummary:
     was_running = cluster.is_running(cfg) if cfg.record_file.exists() else False
     console.print(f"[bold]1. sandbox[/bold] in {cfg.state_dir} ({cfg.nodes} nodes)")
@@ -159,7 +159,7 @@ async def run_demo(
     if res.already_running:
         cfg = SandboxConfig.load(cfg.state_dir)
     try:
-        return await _demo(cfg, fault, mode, Rung(broken_until), job_recovery, job, console)
+        return await _demo(cfg, fault, mode, Rung(broken_until), job_recovery, stand_in, console)
     finally:
         if not keep and not was_running:
             console.print("[bold]sandbox down[/bold]")
@@ -174,7 +174,7 @@ async def _demo(
     mode: str,
     broken_until: Rung,
     job_recovery: str,
-    job_kind: str,
+    stand_in: bool,
     console: Console,
 ) -> DemoSummary:
     settings = load_file(cfg.settings_file)
@@ -182,7 +182,7 @@ async def _demo(
     slurm = SlurmCli(cfg.slurm_conf)
     in_job = job_recovery == "in-job"
     job_id, log, kind = await training_job.submit(
-        slurm, cfg, "train", in_job=in_job, stand_in=job_kind == "stand-in"
+        slurm, cfg, "train", in_job=in_job, stand_in=stand_in
     )
     console.print(
         "[bold]2. job[/bold] a 2-node training job with a standby node in its allocation "

@@ -50,6 +50,8 @@ def holders(port: int, proc: Path = Path("/proc")) -> list[Holder]:
             f = line.split()
             if len(f) > 9 and int(f[1].rsplit(":", 1)[1], 16) == port:
                 inodes[f[9]] = STATES.get(f[3], f[3])
+    if not inodes:
+        return []  # nothing bound there: no process to look for
     found: list[Holder] = []
     owned: set[str] = set()
     for pid_dir in proc.iterdir():

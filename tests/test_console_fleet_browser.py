@@ -132,8 +132,7 @@ def chromium() -> Iterator[Any]:
 @pytest.fixture
 def browser(chromium: Any) -> Iterator[Any]:
     """The module's browser on a blank page, without the last test's cookies (the console
-    keeps nothing else in the browser)."""
-    chromium.get("about:blank")
+    keeps nothing else in the browser); the last test left it on a blank page."""
     chromium.execute_cdp_cmd("Network.clearBrowserCookies", {})
     yield chromium
     chromium.get("about:blank")  # the page stops polling its server before that goes

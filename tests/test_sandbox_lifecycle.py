@@ -9,7 +9,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import socket
@@ -45,6 +44,12 @@ def test_up_again_is_a_noop(sandbox: SandboxConfig) -> None:
     assert {r.name: r.pid for r in table.records()} == pids
 
 
+def _second_up_args(state: Path, base: int) -> list[str]:
+    """`sandbox up`'s arguments for the second sandbox: its first start and its restart."""
+    return ["up", "--nodes", "2", "--state-dir", str(state), "--port-base", str(base),
+            "--cluster", "second", "--boot-delay", "1"]  # fmt: skip
+
+
 @dataclass(frozen=True)
 class Second:
     """A second sandbox started with the CLI beside the shared one, and what `up` said."""
@@ -55,9 +60,7 @@ class Second:
 
     @property
     def up_args(self) -> list[str]:
-        """`sandbox up`'s arguments for it: its first start and its restart alike."""
-        return ["up", "--nodes", "2", "--state-dir", str(self.state), "--port-base",
-                str(self.base), "--cluster", "second", "--boot-delay", "1"]  # fmt: skip
+        return _second_up_args(self.state, self.base)
 
     @property
     def env(self) -> dict[str, str]:
@@ -69,13 +72,13 @@ def second(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Second]:
     """One second sandbox for the two tests below (one boot, where each once had its own):
     the first sees it start beside the shared one, the second restarts it."""
     state = tmp_path_factory.mktemp("second")
-    unstarted = Second(state, free_port_base(), subprocess.CompletedProcess([], 0))
+    base = free_port_base()
     up = subprocess.run(
-        [*CLI, *unstarted.up_args],
+        [*CLI, *_second_up_args(state, base)],
         capture_output=True, text=True, timeout=300,  # a boot waits for its turn (boot_slots)
     )  # fmt: skip
     try:
-        yield dataclasses.replace(unstarted, up=up)
+        yield Second(state, base, up)
     finally:
         subprocess.run([*CLI, "down", "--state-dir", str(state)], timeout=120)
 
