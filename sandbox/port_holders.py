@@ -38,9 +38,9 @@ class Holder:
         return f"{self.state} by PID {self.pid} ({' '.join(self.argv)[:120]})"
 
 
-def holders(port: int, proc: Path = Path("/proc")) -> list[Holder]:
-    """Every socket bound to local `port`, with the process that has it open."""
-    inodes: dict[str, str] = {}  # inode -> state
+def _sockets(port: int, proc: Path) -> dict[str, str]:
+    """Every socket bound to local `port`: inode -> state."""
+    inodes: dict[str, str] = {}
     for table in ("tcp", "tcp6"):
         try:
             lines = (proc / "net" / table).read_text().splitlines()[1:]
@@ -50,6 +50,32 @@ def holders(port: int, proc: Path = Path("/proc")) -> list[Holder]:
             f = line.split()
             if len(f) > 9 and int(f[1].rsplit(":", 1)[1], 16) == port:
                 inodes[f[9]] = STATES.get(f[3], f[3])
+    return inodes
+
+
+def listens(pid: int, port: int, proc: Path = Path("/proc")) -> bool:
+    """Whether process `pid` itself listens on `port`: a daemon that answers there is the
+    one started, not whatever else holds the port (which may accept and never answer)."""
+    listening = {i for i, state in _sockets(port, proc).items() if state == "LISTEN"}
+    if not listening:
+        return False
+    try:
+        fds = list((proc / str(pid) / "fd").iterdir())
+    except OSError:
+        return False  # gone
+    for fd in fds:
+        try:
+            link = os.readlink(fd)
+        except OSError:
+            continue
+        if link.removeprefix("socket:[").removesuffix("]") in listening:
+            return True
+    return False
+
+
+def holders(port: int, proc: Path = Path("/proc")) -> list[Holder]:
+    """Every socket bound to local `port`, with the process that has it open."""
+    inodes = _sockets(port, proc)
     if not inodes:
         return []  # nothing bound there: no process to look for
     found: list[Holder] = []

@@ -22,7 +22,7 @@ import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
-from autoclusters.sandbox import daemons
+from autoclusters.sandbox import daemons, port_holders
 from autoclusters.sandbox.config import SandboxConfig
 from autoclusters.sandbox.crusoe_slurm_models import ClusterStarted, SlurmConfiguration, SlurmUser
 from autoclusters.sandbox.processes import ProcessTable, wait_until
@@ -123,12 +123,12 @@ class ManagedSlurm:
             argv = daemons.slurmctld_argv(self.cfg)
             if before:
                 argv = [a for a in argv if a != "-c"]
-            self._start(SLURMCTLD, argv, daemons.slurm_env(self.cfg), self.controller_up)
+            self._start(SLURMCTLD, argv, daemons.slurm_env(self.cfg), self._slurmctld_up)
         elif before != after:
             # New or removed nodes: slurmctld 22.05 reads the node list only at start.
             self.table.stop(SLURMCTLD)
             argv = [a for a in daemons.slurmctld_argv(self.cfg) if a != "-c"]
-            self._start(SLURMCTLD, argv, daemons.slurm_env(self.cfg), self.controller_up)
+            self._start(SLURMCTLD, argv, daemons.slurm_env(self.cfg), self._slurmctld_up)
             self._scontrol("reconfigure")  # running slurmds re-read the node list
         else:
             self._scontrol("reconfigure")
@@ -326,6 +326,18 @@ SetEnv SLURM_CONF={self.cfg.slurm_conf}
 """
 
     # --- Slurm clients --------------------------------------------------------------------
+
+    def _slurmctld_up(self) -> bool:
+        """The slurmctld just started answers: asked only once it listens on its port
+        itself. Another process holding the port may accept a ping and never answer it
+        (scontrol then waits out its MessageTimeout, 10 s, before this sees the controller
+        exit for want of the port)."""
+        rec = self.table.get(SLURMCTLD)
+        return (
+            rec is not None
+            and port_holders.listens(rec.pid, self.cfg.slurmctld_port)
+            and self.controller_up()
+        )
 
     def controller_up(self) -> bool:
         r = subprocess.run(

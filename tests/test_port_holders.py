@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from autoclusters.sandbox.port_holders import explain, holders
+from autoclusters.sandbox.port_holders import explain, holders, listens
 
 
 @pytest.fixture
@@ -45,3 +45,12 @@ def test_a_free_port_is_held_by_nothing() -> None:
     assert explain(f"listen tcp 127.0.0.1:{port}: bind: address already in use") == (
         f"port {port} was in use: nothing now"
     )
+
+
+def test_listens_is_true_only_for_the_process_that_listens(listening: int) -> None:
+    """The slurmctld readiness probe: a squatter on the port is not the daemon started."""
+    assert listens(os.getpid(), listening)
+    assert not listens(os.getppid(), listening)  # the port is held, but not by it
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))  # bound, not listening
+        assert not listens(os.getpid(), s.getsockname()[1])
