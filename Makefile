@@ -41,13 +41,15 @@ XDIST := --dist loadgroup --no-loadscope-reorder
 # unit and workflow tests fill the time the integration tests spend waiting on boots and
 # timers; the longest and the timed start first). One collection first writes pytest's
 # rewritten test modules to the bytecode cache (~10 s of CPU on a clean clone), which the
-# workers would each pay for at once otherwise. Four workers, not seven: on a slower machine
-# (2026-12-03: every process ~1.8x the CPU) seven starved each other past their bounds, and
-# four spent a quarter less CPU in less wall (docs/testing.md).
+# workers would each pay for at once otherwise. Five workers: at four the machine of
+# 2026-12-04 was a third idle (896 s of CPU in 665 s); at five it took 561 s. Seven
+# starved each other past their bounds on a slower machine (docs/testing.md), so
+# TEST_WORKERS=4 is the setting for one like that.
+TEST_WORKERS ?= 5
 test: system-deps install
 	@$(MAKE) --no-print-directory lint & lint=$$!; \
 	$(BIN)/pytest --collect-only -q -p no:cacheprovider > /dev/null; \
-	$(BIN)/pytest -n 4 $(XDIST) -m "not scenario"; tests=$$?; \
+	$(BIN)/pytest -n $(TEST_WORKERS) $(XDIST) -m "not scenario"; tests=$$?; \
 	wait $$lint; linted=$$?; \
 	if [ $$linted -ne 0 ]; then echo "make test: lint failed"; fi; \
 	[ $$tests -eq 0 ] && [ $$linted -eq 0 ]

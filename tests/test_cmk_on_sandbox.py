@@ -114,6 +114,18 @@ def _agent_pods(cfg: SandboxConfig) -> dict[str, Any]:
     return {p["spec"]["nodeName"]: p for p in k8s_daemonsets.active(items)}
 
 
+def _node_running(cfg: SandboxConfig, slurm: str) -> str:
+    """The Node whose hostname-override is the Slurm node `slurm`: the pool's VMs take the
+    slots as each slot's creation gets the ledger's lock, so cmk-gpu-1 may run gpu-02."""
+    nodes = json.loads(_kubectl(cfg, "get", "nodes", "-o", "json"))["items"]
+    (kube,) = [
+        n["metadata"]["name"]
+        for n in nodes
+        if (n["metadata"].get("annotations") or {}).get(HOSTNAME_OVERRIDE) == slurm
+    ]
+    return str(kube)
+
+
 def _running_agents(cfg: SandboxConfig) -> dict[str, int]:
     """Node -> the PID of its agent pod's container, for the pods Running and Ready whose
     process runs."""
@@ -216,29 +228,25 @@ async def test_the_agents_are_the_shipped_daemonsets_pods(cfg: SandboxConfig) ->
 async def test_an_agent_restarts_as_its_pod(cfg: SandboxConfig) -> None:
     """SIGTERM deletes the pod (the DaemonSet makes a new one), SIGKILL crashes the container
     (the same pod runs it again, restartCount + 1)."""
-    before = _agent_pods(cfg)["cmk-gpu-1"]
+    kube = _node_running(cfg, "gpu-01")
+    before = _agent_pods(cfg)[kube]
     done = await asyncio.to_thread(restart.restart, cfg, "agent-gpu-01")
-    after = _agent_pods(cfg)["cmk-gpu-1"]
+    after = _agent_pods(cfg)[kube]
     assert after["metadata"]["uid"] != before["metadata"]["uid"]
     assert agent_daemonset.pid_of(after) == done.new_pid != done.old_pid
     assert not Path(f"/proc/{done.old_pid}").exists()
     done = await asyncio.to_thread(restart.restart, cfg, "agent-gpu-01", kill=True)
-    crashed = _agent_pods(cfg)["cmk-gpu-1"]
+    crashed = _agent_pods(cfg)[kube]
     assert crashed["metadata"]["uid"] == after["metadata"]["uid"]
     assert agent_daemonset.pid_of(crashed) == done.new_pid
     assert agent_daemonset.restarts_of(crashed) == agent_daemonset.restarts_of(after) + 1
 
 
 async def test_kubectl_cordon_of_a_node_drains_its_slurm_node(cfg: SandboxConfig) -> None:
-    """On CMK the Node (cmk-gpu-1) is not named as its Slurm node (gpu-01): a real kubectl's
+    """On CMK the Node (cmk-gpu-N) is not named as its Slurm node (gpu-01): a real kubectl's
     cordon of the Node drains the Slurm node of its hostname-override within seconds (the
     operator's reason), and uncordon undrains it, the drain being the operator's own."""
-    nodes = json.loads(_kubectl(cfg, "get", "nodes", "-o", "json"))["items"]
-    (kube,) = [
-        n["metadata"]["name"]
-        for n in nodes
-        if (n["metadata"].get("annotations") or {}).get(HOSTNAME_OVERRIDE) == "gpu-01"
-    ]
+    kube = _node_running(cfg, "gpu-01")
     assert kube != "gpu-01"
 
     def state() -> tuple[str, str]:

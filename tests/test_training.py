@@ -564,7 +564,13 @@ async def test_in_job_recovery_by_the_runbook_on_sandbox(
 
         assert fresh_policy().job_recovery == "in-job"  # the shipped default
         fault_at = time.time()
-        state = await resolve_incident(sandbox_client, sandbox_settings, victim, "XID_79")
+        # The shipped 30 s budget with a margin: beside `make test`'s other torch jobs the
+        # ranks' re-rendezvous once took longer and the (correct) fallback requeued the job.
+        # What is checked here is the path; bench/mttr.py measures its time.
+        policy = fresh_policy(in_job_budget_s=120)
+        state = await resolve_incident(
+            sandbox_client, sandbox_settings, victim, "XID_79", policy=policy
+        )
         assert state.status == "resolved", state.error
         assert state.recovery_path == {job: "in-job"} and state.requeued_jobs == []
         requeue = state.step("requeue")
