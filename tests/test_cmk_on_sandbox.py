@@ -29,7 +29,6 @@ import pytest_asyncio
 
 from autoclusters.core.cluster_spec import load_cluster_spec
 from autoclusters.core.process_start import command_line
-from autoclusters.integrations.slinky_crs import HOSTNAME_OVERRIDE
 from autoclusters.sandbox import agent_daemonset, cluster, k8s_daemonsets, restart
 from autoclusters.sandbox import slinky_operator_pods as slinky_pods
 from autoclusters.sandbox.config import SandboxConfig
@@ -115,14 +114,11 @@ def _agent_pods(cfg: SandboxConfig) -> dict[str, Any]:
 
 
 def _node_running(cfg: SandboxConfig, slurm: str) -> str:
-    """The Node whose hostname-override is the Slurm node `slurm`: the pool's VMs take the
-    slots as each slot's creation gets the ledger's lock, so cmk-gpu-1 may run gpu-02."""
+    """The Node whose slurmd registers as the Slurm node `slurm`, as kubectl shows it: the
+    pool's VMs take the slots as each slot's creation gets the ledger's lock, so cmk-gpu-1
+    may run gpu-02."""
     nodes = json.loads(_kubectl(cfg, "get", "nodes", "-o", "json"))["items"]
-    (kube,) = [
-        n["metadata"]["name"]
-        for n in nodes
-        if (n["metadata"].get("annotations") or {}).get(HOSTNAME_OVERRIDE) == slurm
-    ]
+    (kube,) = [n["metadata"]["name"] for n in nodes if slinky_pods.hostname_of(n) == slurm]
     return str(kube)
 
 
