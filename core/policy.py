@@ -12,7 +12,7 @@ import math
 import re
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import (
     AfterValidator,
@@ -130,6 +130,10 @@ class StepPolicy(_Strict):
     on_idle_timeout: Literal["force", "leave_drained"] = "leave_drained"
 
 
+# What may go below the guard's floor when the policy names it (GuardPolicy.below_floor).
+BelowFloorPath = Literal["drain_held_critical"]
+
+
 class GuardPolicy(_Strict):
     """Blast-radius limits, enforced by the cluster's fleet guard."""
 
@@ -144,8 +148,16 @@ class GuardPolicy(_Strict):
     # (a node a human resumed is in service again).
     reconcile_interval_s: float = Duration(300)
     # A critical fault whose quarantine is held: drain the node without requeueing (its
-    # running jobs go on, it takes no new ones) until the guard admits the quarantine.
+    # running jobs go on, it takes no new ones) until the guard admits the quarantine —
+    # when the floor allows it: the held drain counts as out of service, and the guard
+    # admits it against min_in_service_fraction like a quarantine.
     drain_held_critical: bool = True
+    # The paths allowed to take the cluster below min_in_service_fraction (none by
+    # default): a flood of alerts never drains the whole cluster unless a path is named
+    # here. `drain_held_critical`: held critical nodes are drained whatever the floor.
+    below_floor: list[BelowFloorPath] = Field(
+        default_factory=list, max_length=len(get_args(BelowFloorPath))
+    )
     # Hot spares: healthy nodes kept drained ("autoclusters: spare") out of the partition. A
     # replacement puts one into service at once; the replaced node, once healthy, becomes
     # the spare.

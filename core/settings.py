@@ -173,11 +173,39 @@ class Settings(BaseSettings):
         le=7 * 86400,
         description="a silence's end time from its start: one whose lift is lost still ends",
     )
+    # The CLI's way to the API (`autoclusters approve`): its address (default: api_public_url,
+    # else the API's default address) and the person's own operator token, which says who
+    # they are (AUTOCLUSTERS_API_TOKEN).
+    api_url: str | None = Field(default=None, description="the API, for the CLI's decisions")
+    api_token: SecretStr | None = Field(
+        default=None, description="your own operator token: the CLI decides as its person"
+    )
+    # A person's decision (approve, reject) reaches a workflow with a proof of who made it,
+    # signed by the API once it verified them (Slack's signature, or their own operator
+    # token): core/decision_proof.py. The first key signs, every key verifies (rotation).
+    # The API and the worker hold them, never a CLI: the worker refuses every decision
+    # without a valid proof, so reaching Temporal is not enough to approve.
+    approval_keys: list[SecretStr] = Field(
+        default_factory=list,
+        description="keys that sign (the first) and check (all) the proof of who decided; "
+        "none: every decision is refused",
+    )
     prometheus_url: str | None = Field(
         default=None,
         description="Prometheus root (http://host:9090) whose HTTP API the console's node "
         "pages query for the last hour of DCGM series; None: no charts",
     )
+
+    @field_validator("approval_keys")
+    @classmethod
+    def _long_keys(cls, v: list[SecretStr]) -> list[SecretStr]:
+        # HS256 with a key shorter than its hash is guessable offline from one proof.
+        if any(len(k.get_secret_value()) < 32 for k in v):
+            raise ValueError("each approval key needs at least 32 characters")
+        return v
+
+    def api_base_url(self) -> str:
+        return (self.api_url or self.api_public_url or "http://127.0.0.1:8480").rstrip("/")
 
     @field_validator(
         "temporal_tls_cert",

@@ -31,6 +31,7 @@ from autoclusters.core.models import SPARE_REASON, SlurmNode
 from autoclusters.core.policy import BurnInScreen, default_policy, load_policy
 from autoclusters.integrations.slurm import parse_jobs, parse_nodes
 from autoclusters.sandbox import (
+    api_tokens,
     cloud_api,
     cmk_platform,
     daemons,
@@ -128,11 +129,7 @@ def _prepare(cfg: SandboxConfig) -> None:
         os.chmod(key, 0o400)
     for i in range(GPUS_PER_NODE):
         (d / "dev" / f"nvidia{i}").touch()
-    token_file = d / "api" / "token"
-    if not token_file.exists():
-        token_file.parent.mkdir(parents=True, exist_ok=True)
-        token_file.write_text(secrets.token_urlsafe(24))
-        os.chmod(token_file, 0o600)
+    api_tokens.make(cfg)
     slack_secret = d / "slack" / "secret"
     if not slack_secret.exists():
         slack_secret.parent.mkdir(parents=True, exist_ok=True)

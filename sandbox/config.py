@@ -11,6 +11,7 @@ from typing import Literal
 from pydantic import BaseModel, Field, model_validator
 
 from autoclusters.core.settings import CONFIG_FILE_NAME, DEFAULT_SANDBOX_DIR
+from autoclusters.sandbox import api_tokens
 
 GPUS_PER_NODE = 8
 SLACK_TOKEN = "xoxb-sandbox"  # the emulator's bot token (a sandbox has no real secrets)
@@ -304,9 +305,10 @@ class SandboxConfig(BaseModel):
         if self.cmk_cluster_id:
             # With the kubeconfig, the worker serves provider crusoe-cmk on this CMK cluster.
             lines["crusoe_cluster_id"] = self.cmk_cluster_id
-        token_file = self.state_dir / "api" / "token"
-        if token_file.exists():
-            lines["api_tokens"] = {"agents": token_file.read_text().strip()}
+        if (self.state_dir / "api" / "token").exists():
+            lines["api_tokens"] = api_tokens.grants(self)
+        # The CLI's way to the API (`autoclusters approve`, with a person's own token).
+        lines["api_url"] = self.api_url
         if (self.state_dir / "slack" / "secret").exists():
             lines["api_public_url"] = self.api_url
             lines["slack"] = {

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from autoclusters.core.binpaths import temporal_cli
+from autoclusters.sandbox import api_tokens
 from autoclusters.sandbox.config import GPUS_PER_NODE, SLACK_TOKEN, SandboxConfig
 
 
@@ -125,7 +126,12 @@ def slurm_env(cfg: SandboxConfig) -> dict[str, str]:
 
 
 def worker_env(cfg: SandboxConfig) -> dict[str, str]:
-    return {"AUTOCLUSTERS_CONFIG": str(cfg.settings_file), **slurm_env(cfg)}
+    """The worker's and the API's: they alone hold the key that signs decisions."""
+    return {
+        "AUTOCLUSTERS_CONFIG": str(cfg.settings_file),
+        **slurm_env(cfg),
+        **api_tokens.approval_env(cfg),
+    }
 
 
 def api_argv(cfg: SandboxConfig) -> list[str]:

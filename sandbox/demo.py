@@ -27,7 +27,7 @@ from autoclusters.core.policy import Rung
 from autoclusters.core.settings import load_file, policy_for
 from autoclusters.integrations import temporal
 from autoclusters.integrations.slurm import SlurmCli
-from autoclusters.sandbox import cluster, machine_names, provision, training_job
+from autoclusters.sandbox import api_tokens, cluster, machine_names, provision, training_job
 from autoclusters.sandbox.cluster import sandbox_policy
 from autoclusters.sandbox.config import SandboxConfig
 from autoclusters.sandbox.hardware import Hardware, HardwareFault
@@ -255,8 +255,10 @@ async def _demo(
                 "Slack, in another terminal:\n"
                 f"     AUTOCLUSTERS_CONFIG={cfg.settings_file} autoclusters sandbox slack click "
                 f"--incident {opened.incident_id} --action approve --as U_{approver.upper()}\n"
-                f"   or: AUTOCLUSTERS_CONFIG={cfg.settings_file} "
-                f"autoclusters approve {opened.incident_id} --as {approver} [--reject]",
+                f"   or, as {approver} with their own operator token: "
+                f"AUTOCLUSTERS_CONFIG={cfg.settings_file} AUTOCLUSTERS_API_TOKEN=$(cat "
+                f"{api_tokens.operator_file(cfg, approver)}) "
+                f"autoclusters approve {opened.incident_id} [--reject]",
                 soft_wrap=True,  # whole command lines, to copy and paste
             )
         await asyncio.wait({result_task}, timeout=0.5)

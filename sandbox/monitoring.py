@@ -35,7 +35,7 @@ from urllib.parse import urlsplit
 import httpx
 import yaml
 
-from autoclusters.sandbox import agent_targets, inference_sandbox
+from autoclusters.sandbox import agent_targets, api_tokens, inference_sandbox
 from autoclusters.sandbox.config import SandboxConfig
 from autoclusters.sandbox.daemons import SandboxError
 
@@ -89,7 +89,7 @@ def _targets(port: int, **labels: str) -> dict[str, Any]:
 
 
 def prometheus_config(cfg: SandboxConfig) -> dict[str, Any]:
-    token = cfg.state_dir / "api" / "token"
+    token = cfg.state_dir / "api" / api_tokens.READER
     return {
         "global": {"scrape_interval": INTERVAL, "evaluation_interval": INTERVAL},
         "rule_files": [str(_shipped(RULES))],
@@ -108,7 +108,8 @@ def prometheus_config(cfg: SandboxConfig) -> dict[str, Any]:
             {
                 "job_name": API_JOB,
                 "scrape_interval": SERVICE_INTERVAL,
-                # /metrics is open on the API today; the token costs nothing if it asks one.
+                # /metrics is open to loopback while the API binds it; a reader's token
+                # costs nothing if it asks one.
                 "authorization": {"type": "Bearer", "credentials_file": str(token)},
                 "static_configs": [_targets(cfg.api_port)],
             },
@@ -137,7 +138,7 @@ def alertmanager_config(cfg: SandboxConfig) -> dict[str, Any]:
         for hook in receiver.get("webhook_configs", []):
             hook["url"] = cfg.api_url + urlsplit(hook["url"]).path
             auth = hook.setdefault("http_config", {}).setdefault("authorization", {})
-            auth["credentials_file"] = str(cfg.state_dir / "api" / "token")
+            auth["credentials_file"] = str(cfg.state_dir / "api" / api_tokens.ALERTMANAGER)
     return doc
 
 

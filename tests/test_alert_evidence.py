@@ -24,6 +24,7 @@ from autoclusters.clients import incidents
 from autoclusters.clients.web.settings import ApiSettings
 from autoclusters.core.node_report import NodeReport
 from tests.test_api import (  # noqa: F401  (fixtures)
+    AGENT_AUTH,
     AM,
     AUTH,
     INVENTORY,
@@ -131,13 +132,13 @@ async def test_an_agents_cleared_report_is_recorded_on_the_incident(
         node="gpu-064", fault="ECC_DBE", state="firing", observed_at=since, since=since,
         message="GPU 3: 2 uncorrected ECC errors", evidence={"subjects": [{"gpu": 3}]},
     )  # fmt: skip
-    r = await http.post("/v1/reports", content=firing.model_dump_json(), headers=AUTH)
+    r = await http.post("/v1/reports", content=firing.model_dump_json(), headers=AGENT_AUTH)
     assert r.status_code == 202, r.text
     later = since + timedelta(minutes=2)
     cleared = NodeReport.build(
         node="gpu-064", fault="ECC_DBE", state="resolved", observed_at=later, since=since
     )
-    r = await http.post("/v1/reports", content=cleared.model_dump_json(), headers=AUTH)
+    r = await http.post("/v1/reports", content=cleared.model_dump_json(), headers=AGENT_AUTH)
     assert r.status_code == 202, r.text
     state = await status(env.client, settings, "gpu-064")
     (fault,) = state.faults
@@ -174,6 +175,6 @@ async def test_an_unknown_fault_kind_is_422_and_starts_nothing(
         node="gpu-066", fault="NOT_A_REAL_FAULT", state="firing",
         observed_at=STARTS, since=STARTS,
     )  # fmt: skip
-    r = await http.post("/v1/reports", content=rep.model_dump_json(), headers=AUTH)
+    r = await http.post("/v1/reports", content=rep.model_dump_json(), headers=AGENT_AUTH)
     assert r.status_code == 422, r.text
     assert not await started(env.client, settings, "gpu-066")

@@ -23,7 +23,7 @@ from temporalio.service import RPCError
 from autoclusters.core.models import IncidentState, workflow_id
 from autoclusters.core.settings import load_file
 from autoclusters.integrations import temporal
-from autoclusters.sandbox import agent_targets, cluster, monitoring
+from autoclusters.sandbox import agent_targets, api_tokens, cluster, monitoring
 from autoclusters.sandbox.config import SandboxConfig
 from autoclusters.sandbox.hardware import Hardware, HardwareFault
 from autoclusters.sandbox.vms import VmRegistry
@@ -53,8 +53,7 @@ def test_rendered_configs_are_valid_and_keep_the_shipped_files(tmp_path: Path) -
     """promtool and amtool accept what the sandbox writes; the rules are the shipped file,
     the routing the shipped one but for the webhook, its token and the route's waits."""
     cfg = SandboxConfig(state_dir=tmp_path, nodes=2, port_base=30000)
-    (tmp_path / "api").mkdir()
-    (tmp_path / "api" / "token").write_text("t0ken")
+    api_tokens.make(cfg)
     monitoring.prepare(cfg)
     for argv in (
         [
@@ -87,9 +86,13 @@ def test_rendered_configs_are_valid_and_keep_the_shipped_files(tmp_path: Path) -
     rendered = yaml.safe_load(monitoring.alertmanager_file(cfg).read_text())
     hook = rendered["receivers"][1]["webhook_configs"][0]
     assert hook["url"] == f"{cfg.api_url}/v1/alerts/alertmanager"
+    # Alertmanager shows its own token (role alertmanager), Prometheus a reader's: not the
+    # agents', which opens only the agents' routes.
     assert hook["http_config"]["authorization"]["credentials_file"] == str(
-        tmp_path / "api" / "token"
+        tmp_path / "api" / api_tokens.ALERTMANAGER
     )
+    [api_job] = [j for j in prom["scrape_configs"] if j["job_name"] == monitoring.API_JOB]
+    assert api_job["authorization"]["credentials_file"] == str(tmp_path / "api" / api_tokens.READER)
     route, shipped_route = rendered["route"]["routes"][0], shipped["route"]["routes"][0]
     assert (route["group_wait"], route["group_interval"]) == ("1s", "5s")
     unchanged = ("matchers", "group_by", "repeat_interval", "continue", "receiver")

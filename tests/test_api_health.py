@@ -25,7 +25,7 @@ from autoclusters.core.models import HealthCheck, workflow_id
 from autoclusters.core.node_report import SNAPSHOTS_PATH, HealthSnapshot, NodeReport
 from autoclusters.workflows.agent_gate import AgentGate
 from tests.test_api import (  # noqa: F401  (fixtures)
-    AUTH,
+    AGENT_AUTH,
     dev_server_env,
     http,
     pytestmark,
@@ -58,22 +58,22 @@ async def test_a_snapshot_goes_to_the_open_incident_only(
 ) -> None:
     at = datetime.now(UTC)
     rep = NodeReport.build(node="gpu-070", fault="XID_79", state="firing", observed_at=at, since=at)
-    r = await http.post("/v1/reports", content=rep.model_dump_json(), headers=AUTH)
+    r = await http.post("/v1/reports", content=rep.model_dump_json(), headers=AGENT_AUTH)
     assert r.status_code == 202, r.text
     incident_id = r.json()["incidents"][0]["incident_id"]
 
     snap = _snapshot("gpu-070")
-    r = await http.post(SNAPSHOTS_PATH, content=snap.model_dump_json(), headers=AUTH)
+    r = await http.post(SNAPSHOTS_PATH, content=snap.model_dump_json(), headers=AGENT_AUTH)
     assert r.status_code == 202, r.text
     assert r.json()["forwarded"] and r.json()["incident_id"] == incident_id
     # A resend (or a snapshot that says nothing new) is accepted and not recorded again.
-    r = await http.post(SNAPSHOTS_PATH, content=snap.model_dump_json(), headers=AUTH)
+    r = await http.post(SNAPSHOTS_PATH, content=snap.model_dump_json(), headers=AGENT_AUTH)
     assert r.status_code == 202, r.text
     assert not r.json()["forwarded"] and r.json()["detail"] == "nothing new"
     assert await _updates(env.client, settings, "gpu-070") == ["report_fault", "health_evidence"]
 
     r = await http.post(
-        SNAPSHOTS_PATH, content=_snapshot("gpu-071").model_dump_json(), headers=AUTH
+        SNAPSHOTS_PATH, content=_snapshot("gpu-071").model_dump_json(), headers=AGENT_AUTH
     )
     assert r.status_code == 202, r.text
     assert r.json() | {"detail": ""} == {
@@ -89,15 +89,15 @@ async def test_unknown_malformed_and_unauthorized_snapshots_are_refused(
     http: httpx.AsyncClient,  # noqa: F811
 ) -> None:
     r = await http.post(
-        SNAPSHOTS_PATH, content=_snapshot("gpu-404").model_dump_json(), headers=AUTH
+        SNAPSHOTS_PATH, content=_snapshot("gpu-404").model_dump_json(), headers=AGENT_AUTH
     )
     assert r.status_code == 404 and r.json()["nodes"] == ["gpu-404"]
 
     bad = _snapshot("gpu-072").model_dump(mode="json") | {"gpu_count": -1}
-    r = await http.post(SNAPSHOTS_PATH, json=bad, headers=AUTH)
+    r = await http.post(SNAPSHOTS_PATH, json=bad, headers=AGENT_AUTH)
     assert r.status_code == 422 and r.json()["fields"] == ["gpu_count"]
     missing = {k: v for k, v in bad.items() if k != "observed_at"} | {"gpu_count": 8}
-    r = await http.post(SNAPSHOTS_PATH, json=missing, headers=AUTH)
+    r = await http.post(SNAPSHOTS_PATH, json=missing, headers=AGENT_AUTH)
     assert r.status_code == 422 and r.json()["fields"] == ["observed_at"]
 
     r = await http.post(SNAPSHOTS_PATH, content=_snapshot("gpu-072").model_dump_json())
@@ -132,11 +132,11 @@ async def test_without_an_open_incident_a_snapshot_goes_to_the_clusters_waiting_
         )
         # Another node's snapshot is nobody's: the gate waits for gpu-073's agent only.
         r = await http.post(
-            SNAPSHOTS_PATH, content=_snapshot("gpu-074").model_dump_json(), headers=AUTH
+            SNAPSHOTS_PATH, content=_snapshot("gpu-074").model_dump_json(), headers=AGENT_AUTH
         )
         assert r.status_code == 202 and not r.json()["forwarded"], r.text
         r = await http.post(
-            SNAPSHOTS_PATH, content=_snapshot("gpu-073").model_dump_json(), headers=AUTH
+            SNAPSHOTS_PATH, content=_snapshot("gpu-073").model_dump_json(), headers=AGENT_AUTH
         )
         assert r.status_code == 202, r.text
         assert r.json()["forwarded"] and r.json()["workflow_id"] == gate.id

@@ -5,7 +5,13 @@ Aspects covered:
 - an alert of a fault kind the node's open incident has, within the window, is answered
   `joined` before any Temporal call, and reaches the incident afterwards, in one batch;
 - a fault kind the incident lacks waits for Temporal (it may raise the rung), and goes
-  before the alerts that trail;
+  before the alerts that trail, outside a storm;
+- in a storm (many nodes' alerts at once) nothing waits for a worker: each node's
+  incident is started with its first kind's alerts in the start request (answered
+  `opened` once the server has it), every other alert is answered `joined` and trails,
+  a node's kinds in one update; an incident that lapsed but still runs (the same run) is
+  joined without an update, one we know nothing of is asked by update; a start that
+  fails fails the request (503); below the threshold the incident takes each alert;
 - a closed incident is not joined: once the window passed, the alert waits for Temporal
   and gets the node's next incident; a trailing alert whose incident closed meanwhile is
   delivered to the next incident, and the closed one is forgotten;
@@ -33,22 +39,30 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from autoclusters.clients import incidents
 from autoclusters.clients.api import intake as intake_module
+from autoclusters.clients.api import storm as storm_module
 from autoclusters.clients.api.app import create_app
 from autoclusters.clients.api.dedupe import DedupeStore
 from autoclusters.clients.api.intake import Delivered, Intake, Signal, TemporalUnavailable
 from autoclusters.clients.api.metrics import ApiMetrics
-from autoclusters.clients.api.open_incidents import OpenIncidents
+from autoclusters.clients.api.open_incidents import OpenIncident, OpenIncidents
+from autoclusters.clients.api.storm import StormWatch
 from autoclusters.clients.incidents import OpenedIncident
 from autoclusters.clients.inventory import StaticInventory
+from autoclusters.clients.storm_calls import StartedIncident
 from autoclusters.clients.web.settings import ApiSettings
 from autoclusters.core.fault_evidence import FaultEvidence
+from autoclusters.core.models import FaultReport
 
 
 @dataclass
 class Call:
     node: str
-    fault: str
+    fault: str  # several, joined by "+", for one call carrying several kinds
     key: str
+    # update (with start, the incident's worker took it), run <id> (to that run only),
+    # start (Temporal's server took it)
+    how: str = "update"
+    alerts: int = 1
 
 
 @dataclass
@@ -60,6 +74,8 @@ class FakeTemporal:
     calls: list[Call] = field(default_factory=list)
     refuse: int = 0
     gate: asyncio.Event | None = None  # set: calls wait for it
+    down: bool = False  # starts fail: Temporal unreachable
+    running: dict[str, str] = field(default_factory=dict)  # node -> run id (starts only)
     changed: asyncio.Condition = field(default_factory=asyncio.Condition)
 
     async def deliver(
@@ -70,11 +86,12 @@ class FakeTemporal:
         key: str,
         evidence: FaultEvidence | None,
         at: datetime | None,
+        alerts: int = 1,
     ) -> OpenedIncident:
         if self.gate is not None:
             await self.gate.wait()
         async with self.changed:
-            self.calls.append(Call(node, fault, key))
+            self.calls.append(Call(node, fault, key, alerts=alerts))
             self.changed.notify_all()
         if self.refuse:
             self.refuse -= 1
@@ -89,14 +106,52 @@ class FakeTemporal:
             opened=first,
         )
 
+    async def start(
+        self,
+        node: str,
+        fault: str,
+        source: str,
+        key: str,
+        evidence: FaultEvidence | None,
+        at: datetime | None,
+        alerts: int = 1,
+    ) -> StartedIncident:
+        """The server's answer to a start: opened unless the node's incident runs."""
+        if self.down:
+            raise TemporalUnavailable("cannot reach Temporal")
+        async with self.changed:
+            self.calls.append(Call(node, fault, key, "start", alerts))
+            self.changed.notify_all()
+        if node in self.running:
+            return StartedIncident(run_id=self.running[node])
+        self.running[node] = f"run-{node}"
+        opened = OpenedIncident(
+            incident_id=self.incident, workflow_id=f"wf-{node}", run_id=f"run-{node}",
+            joined=False, opened=True,
+        )  # fmt: skip
+        return StartedIncident(run_id=f"run-{node}", opened=opened)
+
+    async def deliver_all(
+        self, node: str, reports: list[FaultReport], known: OpenIncident | None = None
+    ) -> OpenedIncident:
+        """One update for several kinds: to the run known (`run`), or with a start."""
+        faults = "+".join(r.fault for r in reports)
+        alerts = sum(r.alerts for r in reports)
+        opened = await self.deliver(node, faults, "", reports[0].key, None, None, alerts)
+        if known is not None:
+            self.calls[-1].how = f"run {known.run_id}"
+        return opened
+
     async def until(self, check: Callable[[], bool], timeout_s: float = 5) -> None:
         async with self.changed:
             await asyncio.wait_for(self.changed.wait_for(check), timeout_s)
 
 
 def make_intake(
-    temporal: FakeTemporal, ttl_s: float = 60, flush_s: float = 0.01
+    temporal: FakeTemporal, ttl_s: float = 60, flush_s: float = 0.01, storm_nodes: int = 0
 ) -> tuple[Intake, OpenIncidents, DedupeStore[Delivered]]:
+    """`storm_nodes`: alerts on their way for that many nodes at once make a storm (0:
+    never, and no starts: as before storms had a path of their own)."""
     known = OpenIncidents(ttl_s)
     dedupe = DedupeStore[Delivered](ttl_s=3600, max_entries=1000)
     intake = Intake(
@@ -107,6 +162,9 @@ def make_intake(
         timeout_s=5,
         open_incidents=known,
         join_flush_s=flush_s,
+        start=temporal.start if storm_nodes else None,
+        storm=StormWatch(storm_nodes),
+        deliver_all=temporal.deliver_all if storm_nodes else None,
     )
     return intake, known, dedupe
 
@@ -272,6 +330,140 @@ async def test_shutdown_sends_what_trails() -> None:
     assert len(temporal.calls) == 1
     await intake.close()
     assert len(temporal.calls) == 2 and temporal.calls[1].key.startswith("reports-2-")
+
+
+# --- storms ----------------------------------------------------------------------------------
+
+STORM_NODES = [f"gpu-{i:03d}" for i in range(1, 5)]
+
+
+async def test_in_a_storm_each_node_is_opened_by_a_start_and_nothing_waits_for_a_worker() -> None:
+    temporal = FakeTemporal()
+    intake, _, _ = make_intake(temporal, storm_nodes=3, flush_s=0.05)
+    try:
+        # Four nodes at once (a storm from three): two alerts of one kind and one of
+        # another on each.
+        temporal.gate = asyncio.Event()  # closed: any update would hang
+        signals = [
+            sig(f"{kind}{i}-{n}", fault, node)
+            for n, node in enumerate(STORM_NODES)
+            for i, (kind, fault) in enumerate([("x", "XID_79"), ("x", "XID_79"), ("e", "ECC_DBE")])
+        ]
+        outcomes = await asyncio.wait_for(intake.submit(signals), 2)
+        # Answered from the starts alone: one per node, carrying its first kind's alerts.
+        starts = [c for c in temporal.calls if c.how == "start"]
+        assert [(c.node, c.fault, c.alerts) for c in starts] == [
+            (node, "XID_79", 2) for node in STORM_NODES
+        ]
+        assert len(temporal.calls) == len(STORM_NODES)
+        opened = {o.signal.node: o.delivered.opened for o in outcomes if o.delivered.opened}
+        assert opened == dict.fromkeys(STORM_NODES, True)
+        assert sum(o.delivered.opened for o in outcomes) == len(STORM_NODES)
+
+        # The other kind trails: one update per node reaches the incident afterwards, to
+        # the run its start began.
+        temporal.gate.set()
+        await temporal.until(lambda: len(temporal.calls) == 2 * len(STORM_NODES))
+        updates = temporal.calls[len(STORM_NODES) :]
+        assert sorted((c.node, c.fault, c.alerts, c.how) for c in updates) == [
+            (node, "ECC_DBE", 1, f"run run-{node}") for node in STORM_NODES
+        ]
+    finally:
+        await intake.close()
+
+
+async def test_in_a_storm_a_nodes_alerts_of_several_kinds_trail_in_one_update() -> None:
+    temporal = FakeTemporal()
+    intake, _, _ = make_intake(temporal, storm_nodes=3, flush_s=0.05)
+    try:
+        await intake.submit([sig(f"o-{node}", node=node) for node in STORM_NODES])
+        assert [c.how for c in temporal.calls] == ["start"] * len(STORM_NODES)
+        later = [
+            sig(f"{fault}-{i}", fault, "gpu-001")
+            for fault in ("ECC_DBE", "IB_LINK_DOWN", "XID_79")
+            for i in range(3)
+        ]
+        outcomes = await intake.submit(later)
+        assert not any(o.delivered.opened for o in outcomes)
+        assert {o.delivered.incident_id for o in outcomes} == {"inc-1"}
+        await temporal.until(lambda: len(temporal.calls) == len(STORM_NODES) + 1)
+        [update] = temporal.calls[len(STORM_NODES) :]
+        assert (update.node, update.how, update.alerts) == ("gpu-001", "run run-gpu-001", 9)
+        assert sorted(update.fault.split("+")) == ["ECC_DBE", "IB_LINK_DOWN", "XID_79"]
+    finally:
+        await intake.close()
+
+
+async def test_in_a_storm_a_lapsed_incident_still_running_is_joined_without_an_update() -> None:
+    temporal = FakeTemporal()
+    intake, known, _ = make_intake(temporal, storm_nodes=3, flush_s=60)
+    try:
+        await intake.submit([sig(f"o-{node}", node=node) for node in STORM_NODES])
+        # As if Temporal last said so long ago: the entry lapsed, the run still runs.
+        entry = known.open_on("gpu-001")
+        assert entry is not None
+        entry.as_of -= 3600
+        assert known.open_on("gpu-001") is None
+        temporal.gate = asyncio.Event()  # closed: any update would hang
+        [outcome] = await asyncio.wait_for(intake.submit([sig("late", "ECC_DBE")]), 2)
+        assert outcome.delivered.incident_id == "inc-1" and not outcome.delivered.opened
+        assert [c.how for c in temporal.calls[len(STORM_NODES) :]] == ["start"]  # the probe
+        assert known.open_on("gpu-001") is not None  # fresh again
+        temporal.gate.set()
+    finally:
+        await intake.close(drain_s=0)
+
+
+async def test_in_a_storm_an_incident_we_know_nothing_of_is_asked_by_update() -> None:
+    temporal = FakeTemporal(running={"gpu-001": "run-of-another-replica"})
+    intake, _, _ = make_intake(temporal, storm_nodes=3)
+    try:
+        outcomes = await intake.submit([sig(f"o-{node}", node=node) for node in STORM_NODES])
+        first = [(c.how, c.fault) for c in temporal.calls if c.node == "gpu-001"]
+        # The start found a run: nothing was sent to it, so the alert went by update,
+        # and joined the incident that ran already.
+        assert first == [("start", "XID_79"), ("update", "XID_79")]
+        opened = sorted(o.signal.node for o in outcomes if o.delivered.opened)
+        assert opened == STORM_NODES[1:]
+    finally:
+        await intake.close()
+
+
+async def test_in_a_storm_temporal_down_fails_the_request() -> None:
+    temporal = FakeTemporal(down=True)
+    intake, _, dedupe = make_intake(temporal, storm_nodes=3)
+    try:
+        with pytest.raises(TemporalUnavailable):
+            await intake.submit([sig(f"o-{node}", node=node) for node in STORM_NODES])
+        # Nothing was accepted: Alertmanager's retry delivers them all.
+        await eventually(lambda: not any(f"o-{node}" in dedupe for node in STORM_NODES))
+    finally:
+        await intake.close()
+
+
+async def test_below_the_storm_threshold_the_incident_takes_each_alert_itself() -> None:
+    temporal = FakeTemporal()
+    intake, _, _ = make_intake(temporal, storm_nodes=3)
+    try:
+        await intake.submit([sig("a1"), sig("b1", "ECC_DBE", "gpu-002")])
+        assert [c.how for c in temporal.calls] == ["update", "update"]
+    finally:
+        await intake.close()
+
+
+def test_a_storm_is_many_busy_nodes_and_lasts_a_while_after(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    now = [1000.0]
+    monkeypatch.setattr(storm_module.time, "monotonic", lambda: now[0])
+    watch = StormWatch(nodes=8, hold_s=10)
+    assert not watch.observe(7)
+    assert watch.observe(8)
+    now[0] += 9
+    assert watch.observe(0)  # a lull between payloads
+    now[0] += 2
+    assert not watch.observe(1)
+    assert not StormWatch(nodes=0).observe(10_000)  # api_storm_nodes = 0: never
 
 
 def test_open_incidents_learn_only_newer_news_and_expire() -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from pydantic import SecretStr, ValidationError
+from pydantic import ValidationError
 
 from autoclusters.clients.api.alertmanager import (
     AlertmanagerPayload,
@@ -24,7 +24,7 @@ from autoclusters.clients.api.alertmanager import (
 )
 from autoclusters.clients.api.dedupe import DedupeStore
 from autoclusters.clients.inventory import SlurmInventory, StaticInventory
-from autoclusters.clients.web.auth import BearerAuth, Unauthorized
+from autoclusters.clients.web.auth import BearerAuth, Caller, Unauthorized
 from autoclusters.clients.web.settings import DEFAULT_ALERT_FAULTS, ApiSettings
 from autoclusters.core.faults import FAULT_PATTERN
 from autoclusters.core.policy import Rung, default_policy
@@ -202,15 +202,18 @@ async def test_dedupe_store_is_bounded_and_expires() -> None:
 
 def test_bearer_auth_names_the_caller_and_refuses_the_rest() -> None:
     auth = BearerAuth(
-        ApiSettings(api_tokens={"alertmanager": SecretStr("s3cret"), "agent": SecretStr("other")})
-    )
-    assert auth.caller("Bearer s3cret") == "alertmanager"
-    assert auth.caller("bearer other") == "agent"
-    for header in (None, "", "Bearer", "Bearer wrong", "Basic s3cret", "s3cret"):
+        ApiSettings(
+            api_tokens={"alertmanager": "s3cret-0123456789", "agents": {
+                "role": "agent", "token": "other-0123456789a"}}
+        )
+    )  # fmt: skip
+    assert auth.caller("Bearer s3cret-0123456789") == Caller("alertmanager", "alertmanager")
+    assert auth.caller("bearer other-0123456789a") == Caller("agents", "agent")
+    for header in (None, "", "Bearer", "Bearer wrong", "Basic s3cret-0123456789", "s3cret"):
         with pytest.raises(Unauthorized):
             auth.caller(header)
     with pytest.raises(Unauthorized, match="no API tokens"):
-        BearerAuth(ApiSettings(api_tokens={})).caller("Bearer s3cret")
+        BearerAuth(ApiSettings(api_tokens={})).caller("Bearer s3cret-0123456789")
 
 
 # --- inventories --------------------------------------------------------------------------------

@@ -20,6 +20,7 @@ from autoclusters.core.models import FaultReport
 from autoclusters.core.policy import Rung
 from autoclusters.core.settings import Settings
 from autoclusters.workflows.remediation import NodeRemediation
+from tests.decisions import APPROVAL_KEY
 from tests.test_remediation_workflow import (
     _approval_pending,
     _approve,
@@ -44,9 +45,9 @@ async def test_a_replayed_click_for_an_earlier_step_is_refused(
             return handle
 
         monkeypatch.setattr(incidents, "find_incident", found)
-        settings = Settings(cluster=f.cluster)
+        settings = Settings(cluster=f.cluster, approval_keys=[APPROVAL_KEY])
         first = await incidents.decide(
-            env.client, settings, req.incident_id, "alice", True, step="reboot"
+            env.client, settings, req.incident_id, "alice", True, step="reboot", via="slack:U1"
         )
         assert first.step == "reboot"
         await _until(handle, _waiting("approval", "replace"), "the approval of the replacement")
@@ -54,7 +55,7 @@ async def test_a_replayed_click_for_an_earlier_step_is_refused(
         # The same "Approve reboot" click, delivered again now.
         with pytest.raises(incidents.DecisionRefused, match="on replace, not reboot"):
             await incidents.decide(
-                env.client, settings, req.incident_id, "alice", True, step="reboot"
+                env.client, settings, req.incident_id, "alice", True, step="reboot", via="slack:U1"
             )
         state = await handle.query(NodeRemediation.status)
         assert _waiting("approval", "replace")(state)

@@ -48,11 +48,11 @@ def _no_temporal(monkeypatch: pytest.MonkeyPatch) -> None:
             ],
         ),
         (
-            ["approve", "inc-20260101-000000-gpu-01", "--as", "bob", "--step", HOSTILE],
+            ["approve", "inc-20260101-000000-gpu-01", "--step", HOSTILE],
             "--step",
             ["reset_gpu", "reboot", "replace"],
         ),
-        (["approve", "inc-20260101-000000-gpu-01", "--as", "bob", "--step", "monitor"],
+        (["approve", "inc-20260101-000000-gpu-01", "--step", "monitor"],
          "--step", ["reset_gpu", "reboot", "replace"]),
         (["agent", "run", "--node", "gpu-01", "--backend", HOSTILE], "--backend",
          ["nvml", "fake"]),

@@ -53,7 +53,7 @@ from autoclusters.core.models import (
 from autoclusters.core.policy import GuardPolicy
 from tests.helpers import HermeticSettings
 
-TOKEN = "console-test-token"
+TOKEN = "console-test-token-0123"
 EVIL = "<script>alert('owned')</script>"
 T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 
@@ -61,7 +61,7 @@ T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 def settings(**changes: Any) -> ApiSettings:
     fields: dict[str, Any] = {
         "cluster": "c1",
-        "api_tokens": {"ops": TOKEN},
+        "api_tokens": {"ops": {"role": "reader", "token": TOKEN}},
         "api_inventory": "static",
         "api_nodes": ["gpu-0[1-5]"],
         "temporal_ui_url": "http://temporal.example:8233",
@@ -296,7 +296,7 @@ def test_a_session_expires_and_ends_when_its_token_changes() -> None:
     later._secret = sessions._secret  # the same process, a minute later
     with pytest.raises(NotLoggedIn, match="expired"):
         later.check_cookie(cookie)
-    rotated = settings(api_tokens={"ops": "a-new-token"})
+    rotated = settings(api_tokens={"ops": {"role": "reader", "token": "a-new-token-0123456"}})
     after = Sessions(rotated, BearerAuth(rotated), now=1000)
     after._secret = sessions._secret
     with pytest.raises(NotLoggedIn, match="invalid"):
@@ -376,6 +376,7 @@ async def test_topology_groups_nodes_by_pod_then_leaf_and_colours_their_state(
     assert view["guard"] == {
         "running": True, "breaker": "closed", "breaker_detail": "", "spares": ["gpu-05"],
         "repairing": [], "queued": 0, "max_concurrent_repairs": 2,
+        "floor_detail": "", "held_at_floor": [],
     }  # fmt: skip
     page = (await http.get("/ui/topology")).text
     assert 'class="tile state-quarantined" href="/ui/nodes/gpu-02" data-node="gpu-02"' in page
@@ -544,7 +545,7 @@ def test_the_console_command_prints_the_configured_apis_url(
     from autoclusters.clients.cli.app import app
 
     config = tmp_path / "autoclusters.toml"
-    config.write_text('api_port = 17207\napi_tokens = { agents = "t" }\n')
+    config.write_text('api_port = 17207\napi_tokens = { agent = "agent-token-0123456" }\n')
     monkeypatch.setenv("AUTOCLUSTERS_CONFIG", str(config))
     result = CliRunner().invoke(app, ["console"])
     assert result.exit_code == 0, result.output

@@ -22,6 +22,7 @@ import pytest
 from temporalio.client import Client
 
 from autoclusters.core.settings import Settings
+from autoclusters.sandbox import api_tokens
 from autoclusters.sandbox.config import SandboxConfig
 from autoclusters.sandbox.demo import incident_since
 from autoclusters.sandbox.hardware import Hardware, HardwareFault
@@ -110,9 +111,10 @@ async def test_the_console_follows_a_fault_from_quarantine_back_to_service(
 ) -> None:
     base = sandbox.api_url
     # The sandbox's console is open on loopback (console_loopback_open); the login still
-    # works as it does for a person with the API's credentials.
+    # works as it does for a person with their own operator token.
     browser.get(f"{base}/ui/login?next=/ui/topology")
-    browser.find_element(By.ID, "token").send_keys(sandbox.api_token())
+    alice = api_tokens.operator_file(sandbox, "alice").read_text().strip()
+    browser.find_element(By.ID, "token").send_keys(alice)
     browser.find_element(By.ID, "login").click()
     WebDriverWait(browser, 30).until(lambda d: d.find_elements(By.CSS_SELECTOR, "a.tile"))
     assert browser.current_url.endswith("/ui/topology")

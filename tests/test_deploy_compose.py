@@ -202,13 +202,14 @@ def test_prometheus_scrapes_our_metrics_ports_and_loads_the_shipped_rules() -> N
 
     # Every /metrics off loopback asks for a token: each job shows the file compose mounts
     # from AUTOCLUSTERS_METRICS_TOKEN, the worker is given that token and the API takes it
-    # from the caller `prometheus`.
+    # from the caller `prometheus`, a reader (it may scrape and read, nothing more).
     [secret] = prometheus["secrets"]
     for job in jobs.values():
         assert job["authorization"]["credentials_file"] == secret["target"], job["job_name"]
     source = _compose()["secrets"][secret["source"]]["environment"]
     assert (_env(worker)["AUTOCLUSTERS_WORKER_METRICS_TOKEN"] or "").startswith(f"${{{source}:?")
-    assert f'"prometheus": "${{{source}:?' in (_env(api)["AUTOCLUSTERS_API_TOKENS"] or "")
+    grant = f'"prometheus": {{"role": "reader", "token": "${{{source}:?'
+    assert grant in (_env(api)["AUTOCLUSTERS_API_TOKENS"] or "")
 
     for rule_file in config["rule_files"]:
         assert (config_path.parent / rule_file).is_file()

@@ -20,6 +20,7 @@ from typer.testing import CliRunner
 
 from autoclusters.clients.agent.settings import AgentSettings
 from autoclusters.clients.cli.app import app
+from autoclusters.clients.web.auth import BearerAuth, Caller
 from autoclusters.clients.web.settings import ApiSettings
 from autoclusters.integrations import slinky_crs
 from autoclusters.integrations.temporal import SEARCH_ATTRIBUTES
@@ -404,10 +405,11 @@ def test_every_metrics_port_asks_for_the_token_prometheus_shows(
     ):
         env = {e["name"]: e for e in container["env"]}
         assert env[var]["valueFrom"]["secretKeyRef"] == token_ref, var
-    # ... and the API knows it as the caller `prometheus`.
+    # ... and the API knows it as the caller `prometheus`, a reader (it may scrape, nothing
+    # more).
     raw = _one(objects, "Secret", "autoclusters-api-tokens")["stringData"]
     api = ApiSettings(api_tokens=json.loads(raw["AUTOCLUSTERS_API_TOKENS"]))
-    assert api.token_names()[token] == "prometheus"
+    assert BearerAuth(api).caller(f"Bearer {token}") == Caller("prometheus", "reader")
 
 
 def _selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:

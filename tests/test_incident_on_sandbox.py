@@ -21,17 +21,18 @@ from collections.abc import Iterator
 
 import pytest
 import yaml
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowUpdateFailedError
 from temporalio.service import RPCError
 from temporalio.testing import ActivityEnvironment
 
 from autoclusters.activities.slurm import SlurmActivities
 from autoclusters.clients import incidents
 from autoclusters.core import hostlist
-from autoclusters.core.models import IncidentState, RequeueInput, workflow_id
+from autoclusters.core.models import ApprovalRequest, IncidentState, RequeueInput, workflow_id
 from autoclusters.core.policy import Policy
 from autoclusters.core.settings import Settings
 from autoclusters.integrations.slurm import SlurmCli
+from autoclusters.sandbox import api_tokens
 from autoclusters.sandbox.config import SandboxConfig
 from autoclusters.sandbox.vms import VmRegistry
 from autoclusters.workflows.remediation import NodeRemediation
@@ -258,17 +259,30 @@ async def test_approve_mode_waits_for_an_approver(
     assert node is not None and node.drained  # quarantined while it waits
 
     approve = [*CLI, "approve", opened.incident_id]
+
+    def as_person(token: str) -> dict[str, str]:
+        return {**cli_env, "AUTOCLUSTERS_API_TOKEN": token}
+
+    # Reaching Temporal is not enough: a decision without the API's proof is refused.
+    with pytest.raises(WorkflowUpdateFailedError) as no_proof:
+        await handle.execute_update(
+            NodeRemediation.approve, ApprovalRequest(step="reboot", approver="alice")
+        )
+    assert "no proof of who decides" in str(no_proof.value.cause)
+    # Nor is a token the API does not know.
     refused = subprocess.run(
-        [*approve, "--as", "mallory"], env=cli_env, capture_output=True, text=True, timeout=60
-    )
-    assert refused.returncode == 3 and "not an approver" in refused.stderr
+        approve, env=as_person("mallorys-guess-0123456789"), capture_output=True, text=True,
+        timeout=60,
+    )  # fmt: skip
+    assert refused.returncode == 2 and "invalid bearer token" in refused.stderr
     after_refusal = await handle.query(NodeRemediation.status)
     assert after_refusal.waiting_for is not None  # still waiting
-    assert [r.approver for r in after_refusal.refusals] == ["mallory"]
+    assert after_refusal.approvals == []
 
+    alice = api_tokens.operator_file(sandbox, "alice").read_text().strip()
     ok = subprocess.run(
-        [*approve, "--as", "alice", "--comment", "go"],
-        env=cli_env, capture_output=True, text=True, timeout=60,
+        [*approve, "--comment", "go"], env=as_person(alice), capture_output=True, text=True,
+        timeout=60,
     )  # fmt: skip
     assert ok.returncode == 0, ok.stderr
     assert "approved by alice" in ok.stdout
@@ -277,9 +291,8 @@ async def test_approve_mode_waits_for_an_approver(
     assert [(a.approver, a.step, a.approved) for a in state.approvals] == [
         ("alice", "reboot", True)
     ]
-    again = subprocess.run(
-        [*approve, "--as", "bob"], env=cli_env, capture_output=True, text=True, timeout=60
-    )
+    bob = api_tokens.operator_file(sandbox, "bob").read_text().strip()
+    again = subprocess.run(approve, env=as_person(bob), capture_output=True, text=True, timeout=60)
     assert again.returncode == 3  # nothing is waiting any more
 
 

@@ -37,11 +37,7 @@ async def test_a_hostile_id_is_refused_before_any_query(incident_id: str) -> Non
 @pytest.mark.parametrize("command", ["show", "approve"])
 def test_the_cli_prints_one_line_and_exits_1(command: str, cli_env: dict[str, str]) -> None:
     hostile = HOSTILE[0]
-    argv = (
-        ["incident", "show", hostile]
-        if command == "show"
-        else ["approve", hostile, "--as", "alice"]
-    )
+    argv = ["incident", "show", hostile] if command == "show" else ["approve", hostile]
     r = subprocess.run(
         [sys.executable, "-m", "autoclusters.clients.cli", *argv],
         env=cli_env,

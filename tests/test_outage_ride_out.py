@@ -17,9 +17,10 @@ import pytest
 from temporalio.client import WorkflowFailureError
 from temporalio.testing import WorkflowEnvironment
 
-from autoclusters.core.models import RETURNED_JOBS_STEP, ApprovalRequest, IncidentState
+from autoclusters.core.models import RETURNED_JOBS_STEP, IncidentState
 from autoclusters.core.policy import Rung, StepPolicy
 from autoclusters.workflows.remediation import NodeRemediation
+from tests.decisions import proven
 from tests.test_remediation_workflow import (
     Fleet,
     Incident,
@@ -55,9 +56,7 @@ async def _job_comes_back(f: Fleet, handle: Incident) -> None:
     assert f.slurm.requeue_count[101] == 1
     f.slurm.admin_resume("gpu-01")
     f.slurm.run_again(101, nodes="gpu-01")
-    await handle.execute_update(
-        NodeRemediation.approve, ApprovalRequest(step="reboot", approver="alice")
-    )
+    await handle.execute_update(NodeRemediation.approve, await proven(handle, "reboot", "alice"))
 
 
 async def test_slurmctld_down_60s_during_wait_idle_repairs_nothing_under_the_job(
@@ -169,7 +168,7 @@ async def test_a_job_back_on_the_node_is_not_requeued_twice_and_a_human_cancels_
         assert asked.text.startswith(f"{RETURNED_JOBS_STEP} of gpu-01 needs approval")
         assert "[101]" in asked.text
         await handle.execute_update(
-            NodeRemediation.approve, ApprovalRequest(step=RETURNED_JOBS_STEP, approver="bob")
+            NodeRemediation.approve, await proven(handle, RETURNED_JOBS_STEP, "bob")
         )
         result = await handle.result()
 

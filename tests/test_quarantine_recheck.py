@@ -29,13 +29,15 @@ from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
 from autoclusters.activities.job_markers import requeue_marker
 from autoclusters.activities.slurm import SlurmActivities
 from autoclusters.clients import incidents
-from autoclusters.core.models import ApprovalRequest, DrainInput, IncidentState
+from autoclusters.core.models import DrainInput, IncidentState
 from autoclusters.core.policy import Rung, StepPolicy
 from autoclusters.core.quarantine import VerifyQuarantineInput
 from autoclusters.core.settings import Settings
 from autoclusters.integrations.slurm import SlurmCli
+from autoclusters.sandbox import api_tokens
 from autoclusters.sandbox.config import SandboxConfig
 from autoclusters.workflows.remediation import NodeRemediation
+from tests.decisions import proven
 from tests.fakes import FakeSlurm
 from tests.helpers import cancel, eventually, job, running, submit_progress_job
 from tests.test_incident_on_sandbox import fresh_policy
@@ -336,9 +338,10 @@ async def test_on_the_sandbox_a_job_started_during_approval_is_requeued_once_bef
         started = await eventually(lambda: running(slurm, job_id), 60, "job running")
         assert started.nodes == node and started.restart_cnt == 0
 
-        await handle.execute_update(
-            NodeRemediation.approve, ApprovalRequest(step="replace", approver="alice")
-        )
+        # As the sandbox's API would send it (its key signs the proof of who decided).
+        key = api_tokens.read(sandbox, api_tokens.APPROVAL_KEY)
+        decision = await proven(handle, "replace", "alice", key=key)
+        await handle.execute_update(NodeRemediation.approve, decision)
         state = await handle.result()
 
         assert state.status == "resolved", state.error

@@ -74,6 +74,7 @@ from autoclusters.workflows.fleet_guard import FleetGuard
 from autoclusters.workflows.guard_steps import held_drain_reason
 from autoclusters.workflows.remediation import NodeRemediation
 from autoclusters.workflows.steps import STEP_RETRY as RETRY
+from tests.decisions import APPROVAL_KEY, proven
 from tests.fakes import FakeCloud, FakeHealth, FakeSlurm, RecordingNotifier
 from tests.helpers import time_skipping_env
 
@@ -224,6 +225,7 @@ async def _fleet(
     cloud: Callable[[FakeSlurm], FakeCloud] = FakeCloud,
     fixed_by: Rung | None = Rung.RESET_GPU,
     extra_activities: Sequence[Callable[..., Any]] = (),
+    approval_keys: Sequence[str] = (APPROVAL_KEY,),
     **slurm_knobs: bool,
 ) -> AsyncIterator[Fleet]:
     """A fresh cluster on its own worker and task queue; the worker lives for the block, and
@@ -248,7 +250,14 @@ async def _fleet(
         task_queue=f.task_queue,
         workflows=WORKFLOWS,
         activities=[
-            *activities_for(slurm, fake_cloud, f.health, guard_acts, [f.notifier]),
+            *activities_for(
+                slurm,
+                fake_cloud,
+                f.health,
+                guard_acts,
+                [f.notifier],
+                approval_keys=approval_keys,
+            ),  # fmt: skip
             *extra_activities,
         ],
     ):
@@ -321,7 +330,8 @@ async def _approve(
     handle: Incident, step: str, approver: str = "alice", *, reject: bool = False
 ) -> None:
     update = NodeRemediation.reject if reject else NodeRemediation.approve
-    rec = await handle.execute_update(update, ApprovalRequest(step=step, approver=approver))
+    req = await proven(handle, step, approver, approve=not reject)
+    rec = await handle.execute_update(update, req)
     assert (rec.step, rec.approver, rec.approved) == (step, approver, not reject)
 
 
@@ -926,13 +936,23 @@ async def test_fault_reported_while_repair_is_held_raises_the_repair(
     assert r2.repair_attempts == 1
 
 
-@pytest.mark.parametrize("drain_held", [True, False], ids=["held-drain", "no-held-drain"])
+@pytest.mark.parametrize(
+    ("drain_held", "below_floor"),
+    [(True, True), (True, False), (False, False)],
+    ids=["held-drain-below-floor", "held-drain-at-floor", "no-held-drain"],
+)
 async def test_min_in_service_fraction_holds_the_second_quarantine(
-    env: WorkflowEnvironment, drain_held: bool
+    env: WorkflowEnvironment, drain_held: bool, below_floor: bool
 ) -> None:
-    # 4 nodes, at least 75 % in service: one node out at a time.
-    guard = GuardPolicy(min_in_service_fraction=0.75, drain_held_critical=drain_held)
+    # 4 nodes, at least 75 % in service: one node out at a time. The held drain of a
+    # critical node goes below that floor only when the policy names it.
+    guard = GuardPolicy(
+        min_in_service_fraction=0.75,
+        drain_held_critical=drain_held,
+        below_floor=["drain_held_critical"] if below_floor else [],
+    )
     policy = _policy(guard=guard)
+    drained_while_held = drain_held and below_floor
     async with _fleet(env, nodes=4, cloud=lambda s: FakeCloud(s, hold=True)) as f:
         one, two = f.request("gpu-01", policy=policy), f.request("gpu-02", policy=policy)
         h1 = await f.start(one)
@@ -949,16 +969,23 @@ async def test_min_in_service_fraction_holds_the_second_quarantine(
         assert "below the minimum 3" in held.waiting_for.detail
         assert held.current_step == "admit_quarantine"
         await _until_true(lambda: "held" in f.events("gpu-02"), "the held notification")
+        held = await h2.query(NodeRemediation.status)  # as the notification said it
+        assert held.waiting_for is not None
         assert (held.waiting_for.detail or "").endswith("(number 1 in the queue)")
         gpu02 = f.slurm.node_now("gpu-02")
-        if drain_held:
+        at_floor = "held: drain not allowed, the cluster is at its floor (3 of 4 in service)"
+        if drained_while_held:
             # XID_79 is critical: no new jobs while it waits, its running job goes on.
             assert gpu02.drained
             assert gpu02.reason == f"{_our_reason(two)} (held)"
+            assert (await f.guard_status()).state.held_drained == {"gpu-02": two.incident_id}
         else:
             # Not drained: gpu-02 stays in service while it waits.
             assert not gpu02.drained
             assert ("drain", "gpu-02") not in f.slurm.log
+        # At the floor, the guard held the drain too: the incident and Slack say so.
+        assert (at_floor in held.waiting_for.detail) == (drain_held and not below_floor)
+        assert (at_floor in f.notes("gpu-02")[-1].text) == (drain_held and not below_floor)
         assert f.slurm.job_now(102).job_state == "RUNNING"
         assert f.slurm.requeue_count[102] == 0
 
@@ -971,15 +998,15 @@ async def test_min_in_service_fraction_holds_the_second_quarantine(
     # The quarantine proper (our normal reason, then the requeue) came after gpu-01's return.
     last_drain = len(log) - 1 - log[::-1].index(("drain", "gpu-02"))
     assert log.index(("resume", "gpu-01")) < last_drain < log.index(("requeue", "102"))
-    assert log.count(("drain", "gpu-02")) == (2 if drain_held else 1)
+    assert log.count(("drain", "gpu-02")) == (2 if drained_while_held else 1)
     assert f.slurm.requeue_count == {101: 1, 102: 1}
     assert [s.name for s in r2.steps][:5] == [
         "guard_register",
         "notify_opened",
         "admit_quarantine",
-        *(["drain_held"] if drain_held else []),
+        *(["drain_held"] if drained_while_held else []),
         "notify_held",
-        *([] if drain_held else ["drain"]),
+        *([] if drained_while_held else ["drain"]),
     ]
     assert f.events("gpu-02") == ["opened", "held", "resolved"]
     assert not f.slurm.node_now("gpu-02").drained
@@ -1084,7 +1111,8 @@ async def test_a_cancelled_incident_frees_its_place_and_ends_cancelled(
         h3 = await f.start(three)
         await _until(h3, _waiting("admission", "quarantine"), "gpu-03 queued")
         queue = (await f.guard_status()).state.queue
-        assert [w.incident_id for w in queue] == [two.incident_id, three.incident_id]
+        queued = [w.incident_id for w in queue if w.kind == "quarantine"]
+        assert queued == [two.incident_id, three.incident_id]
 
         # Cancelled while queued (the Temporal UI's cancel): its place goes, it ends cancelled.
         await h2.cancel()
@@ -1093,7 +1121,7 @@ async def test_a_cancelled_incident_frees_its_place_and_ends_cancelled(
         st2 = await h2.query(NodeRemediation.status)
         assert (st2.status, st2.waiting_for) == ("cancelled", None)
         queue = (await f.guard_status()).state.queue
-        assert [w.incident_id for w in queue] == [three.incident_id]
+        assert {w.incident_id for w in queue} == {three.incident_id}  # its drain waits too
         assert f.events("gpu-02")[-1] == "cancelled"
 
         # Cancelled while it holds its node: the node stays drained for a human and counts

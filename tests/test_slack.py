@@ -93,11 +93,13 @@ class Decisions:
     error: Exception | None = None
 
     async def __call__(
-        self, *, incident_id: str, step: str, approver: str, approve: bool, comment: str
-    ) -> None:
+        self, *, incident_id: str, step: str, approver: str, approve: bool, comment: str,
+        via: str,
+    ) -> None:  # fmt: skip
         self.calls.append(
-            {"incident_id": incident_id, "step": step, "approver": approver, "approve": approve}
-        )
+            {"incident_id": incident_id, "step": step, "approver": approver, "approve": approve,
+             "via": via}
+        )  # fmt: skip
         if self.error is not None:
             raise self.error
 
@@ -376,7 +378,13 @@ async def test_a_signed_click_decides_and_replaces_the_buttons(
     answer = await slack.click("approve", "U_ALICE")
     assert answer["status"] == 200 and answer["body"]["outcome"] == "approved"
     assert interactions.decisions.calls == [
-        {"incident_id": INCIDENT, "step": "reboot", "approver": "alice", "approve": True}
+        {
+            "incident_id": INCIDENT,
+            "step": "reboot",
+            "approver": "alice",
+            "approve": True,
+            "via": "slack:U_ALICE",
+        }
     ]
     (parent,) = (await slack.channel())["messages"]
     assert not actions_of(parent)
@@ -544,7 +552,13 @@ async def test_socket_mode_acks_and_feeds_the_same_handler(slack: Slack) -> None
     )
     assert ack.acks == ["env-1"]
     assert decisions.calls == [
-        {"incident_id": INCIDENT, "step": "reboot", "approver": "alice", "approve": True}
+        {
+            "incident_id": INCIDENT,
+            "step": "reboot",
+            "approver": "alice",
+            "approve": True,
+            "via": "slack:U_ALICE",
+        }
     ]
 
 

@@ -141,12 +141,15 @@ async def test_the_api_422_names_the_field_in_one_line(
         raise AssertionError("an unknown fault must be refused before Temporal is asked")
 
     settings = HermeticSettings(
-        api_tokens={"alertmanager": "t0ken"}, api_inventory="static", cluster="c"
+        api_tokens={"alertmanager": "t0ken-0123456789ab", "agent": "t0ken-agent-0123456"},
+        api_inventory="static",
+        cluster="c",
     )
+    token = "t0ken-agent-0123456" if path == "/v1/reports" else "t0ken-0123456789ab"
     app = create_app(settings, no_client, StaticInventory(["gpu-01"]))
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://api.test") as http:
-        r = await http.post(path, json=body, headers={"Authorization": "Bearer t0ken"})
+        r = await http.post(path, json=body, headers={"Authorization": f"Bearer {token}"})
     assert r.status_code == 422, r.text
     answer = r.json()
     assert answer["error"] == "unknown fault kind"

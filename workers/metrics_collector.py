@@ -138,22 +138,24 @@ def _families(snap: Snapshot) -> list[GaugeMetricFamily]:
         "autoclusters_guard_breaker_tripped": "1 while the cluster's circuit breaker holds "
         "every repair (until a human resets it).",
         "autoclusters_guard_repairing": "Nodes the fleet guard admitted to a repair now.",
-        "autoclusters_guard_out_of_service": "Nodes the fleet guard counts out of service.",
+        "autoclusters_guard_out_of_service": "Nodes the fleet guard counts out of service "
+        "(against its floor: quarantined, left drained, drained while held).",
         "autoclusters_guard_spares_free": "Hot spares free now.",
     }
     guard = {n: GaugeMetricFamily(n, h, labels=["cluster"]) for n, h in per_guard.items()}
     waiting = GaugeMetricFamily(
         "autoclusters_guard_waiting",
-        "Incidents held in the fleet guard's queue, by what they wait for (quarantine, repair).",
+        "Incidents held in the fleet guard's queue, by what they wait for (quarantine, repair, "
+        "held_drain).",
         labels=["cluster", "kind"],
     )
     for g in snap.guards:
         st = g.state
         guard["autoclusters_guard_breaker_tripped"].add_metric([g.cluster], int(st.breaker.tripped))
         guard["autoclusters_guard_repairing"].add_metric([g.cluster], len(st.repairing))
-        guard["autoclusters_guard_out_of_service"].add_metric([g.cluster], len(st.out_of_service))
+        guard["autoclusters_guard_out_of_service"].add_metric([g.cluster], len(st.counted_out()))
         guard["autoclusters_guard_spares_free"].add_metric([g.cluster], len(st.spares or []))
-        for kind in ("quarantine", "repair"):
+        for kind in ("quarantine", "repair", "held_drain"):
             waiting.add_metric([g.cluster, kind], sum(1 for w in st.queue if w.kind == kind))
     up = GaugeMetricFamily(
         "autoclusters_worker_temporal_up",

@@ -30,7 +30,11 @@ log = logging.getLogger("autoclusters.worker.metrics")
 
 # The incident statuses `_close` notifies with (core.models.IncidentStatus, less "open").
 CLOSING_EVENTS = frozenset({"resolved", "failed", "rejected", "observed", "monitored", "cancelled"})
-ADMISSIONS = {"guard_admit_quarantine": "quarantine", "guard_admit_repair": "repair"}
+ADMISSIONS = {
+    "guard_admit_quarantine": "quarantine",
+    "guard_admit_repair": "repair",
+    "guard_admit_held_drain": "held_drain",
+}
 QUERY_TIMEOUT = timedelta(seconds=10)
 
 

@@ -7,6 +7,7 @@ import asyncio
 import logging
 import signal
 import sys
+from collections.abc import Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from autoclusters.activities.checkpoint import CheckpointActivities
 from autoclusters.activities.cloud import CloudActivities
 from autoclusters.activities.cluster_ops import ClusterOpsActivities
 from autoclusters.activities.cluster_provider import ClusterProviderActivities
+from autoclusters.activities.decisions import DecisionActivities
 from autoclusters.activities.guard import GuardActivities
 from autoclusters.activities.health import HealthActivities
 from autoclusters.activities.kubernetes import KubernetesActivities
@@ -162,8 +164,11 @@ def activities_for(
     kubernetes: KubernetesActivities | None = None,
     silences: SilenceActivities | None = None,
     machines: MachineOf | None = None,
+    approval_keys: Sequence[str] = (),
 ) -> list[Any]:
-    """`machines`: a Slurm node's Node and VM (None: the VM of its name, no Kubernetes)."""
+    """`machines`: a Slurm node's Node and VM (None: the VM of its name, no Kubernetes).
+    `approval_keys`: what checks the proof of a person's decision (none: every decision is
+    refused)."""
     s, h = SlurmActivities(slurm), HealthActivities(health)
     c = CloudActivities(cloud, machines=machines)
     n = NotifyActivities(notifiers if notifiers is not None else [LogNotifier()])
@@ -212,10 +217,12 @@ def activities_for(
         guard.register,
         guard.admit_quarantine,
         guard.admit_repair,
+        guard.admit_held_drain,
         guard.release,
         guard.slurm_view,
         guard.attach_policy,
         n.notify,
+        DecisionActivities(approval_keys).check_decision_proof,
     ]
 
 
@@ -317,6 +324,7 @@ def build_worker(
                 kubernetes=kubernetes,
                 silences=silences,
                 machines=machines,
+                approval_keys=[k.get_secret_value() for k in settings.approval_keys],
             ),
             ops.node_load,
             ops.incident_open,

@@ -1,7 +1,8 @@
 """A human's decisions in an incident: approve or reject a repair, and what to do about jobs
 that came back to the node after their requeue. Decisions arrive through the workflow's
-`approve` and `reject` updates (validated by `check`); a step waits for one, reminds once,
-then applies the policy.
+`approve` and `reject` updates (validated by `check`), each with the API's proof of who
+made it, which the worker checks (`proven`) before the decision counts; a step waits for
+one, reminds once, then applies the policy.
 """
 
 from __future__ import annotations
@@ -9,18 +10,24 @@ from __future__ import annotations
 from datetime import timedelta
 
 from temporalio import workflow
+from temporalio.exceptions import ApplicationError
 
 with workflow.unsafe.imports_passed_through():
+    from autoclusters.activities import contracts
     from autoclusters.core.lemon import LEMON_STEP
     from autoclusters.core.models import (
         RETURNED_JOBS_STEP,
         ApprovalRecord,
         ApprovalRequest,
+        ProofCheck,
+        RefusedApproval,
         Waiting,
     )
     from autoclusters.core.policy import Rung
 
 from autoclusters.workflows.incident import Incident, Rejected, Unattended
+
+PROOF_PATCH = "remediation-0.2-decision-proof"
 
 
 class Approvals:
@@ -39,6 +46,44 @@ class Approvals:
             raise ValueError(f"the decision waited for is on {waiting.step}, not {req.step}")
         if req.approver not in p.approvers:
             raise ValueError(f"{req.approver} is not an approver for cluster {s.request.cluster}")
+        if not req.proof:
+            raise ValueError("no proof of who decides: decide through the API or Slack")
+
+    async def proven(self, req: ApprovalRequest, approved: bool) -> ApprovalRecord:
+        """`decide`, once the worker has checked the proof that `req.approver` made this
+        decision (activities/decisions.py). A proof that does not hold is recorded as a
+        refusal and fails the update; so does a decision the incident stopped waiting for
+        while the proof was checked."""
+        # Runs started before proofs took no decision without one; their replays must
+        # issue no check (docs/versioning.md).
+        if not workflow.patched(PROOF_PATCH):
+            return self.decide(req, approved)
+        s = self.incident.state
+        verdict = await workflow.execute_local_activity(
+            contracts.check_decision_proof,
+            ProofCheck(
+                proof=req.proof,
+                subject=s.request.incident_id,
+                step=req.step,
+                approver=req.approver,
+                approve=approved,
+            ),
+            start_to_close_timeout=timedelta(seconds=10),
+        )
+        try:
+            if not verdict.ok:
+                raise ValueError(verdict.reason)
+            self.check(req)  # again: the incident may have moved on meanwhile
+        except ValueError as e:
+            s.refusals.append(
+                RefusedApproval(
+                    step=req.step, approver=req.approver, approved=approved, reason=str(e),
+                    at=workflow.now(),
+                )
+            )  # fmt: skip
+            self.incident.publish()
+            raise ApplicationError(str(e), type="DecisionRefused", non_retryable=True) from None
+        return self.decide(req, approved)
 
     def decide(self, req: ApprovalRequest, approved: bool) -> ApprovalRecord:
         self.decision = ApprovalRecord(

@@ -4,7 +4,8 @@ never a second drain), the evidence that came with it, and the word that a fault
 - Exactly one caller is told it `opened` the incident: the one whose token the opening
   request carries (three parallel opens on one node: one `opened`, two `joined`).
 - A report whose source key was recorded before is answered `repeat` and changes nothing,
-  so a retried alert (after an API restart, say) is never counted twice.
+  so a retried alert (after an API restart, say) is never counted twice; a report the API
+  sent for several alerts at once counts each (`FaultReport.alerts`).
 - A fault's time is when its source saw it start (an alert's startsAt), not when it arrived.
 - A cleared fault is recorded on the incident; it never stops a repair already decided.
 """
@@ -51,13 +52,17 @@ class FaultIntake:
         seen = next((f for f in s.faults if f.fault == rep.fault), None)
         added = None
         if seen is None:
-            seen = added = FaultSeen(fault=rep.fault, source=rep.source, first_at=at, last_at=at)
+            seen = added = FaultSeen(
+                fault=rep.fault, source=rep.source, first_at=at, last_at=at, count=rep.alerts
+            )
             s.faults.append(seen)
         elif not opened:
-            seen.count += 1
+            seen.count += rep.alerts
             seen.last_at = max(utc(seen.last_at), at)
             if seen.resolved_at is not None and at > utc(seen.resolved_at):
                 seen.resolved_at = seen.resolved_by = None  # it came back
+        else:  # the opening request counted its first alert; the report may carry more
+            seen.count += rep.alerts - 1
         if at < utc(seen.first_at):
             seen.first_at = at  # the source saw it start before we heard of it
         if rep.evidence is not None:

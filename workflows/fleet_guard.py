@@ -3,7 +3,11 @@
 A flood of alerts must never drain the cluster. Every incident registers its open here and
 asks before it takes a node out of service (quarantine) and before it repairs it:
 
-- quarantine: never fewer than `min_in_service_fraction` of the nodes in service;
+- quarantine: never fewer than `min_in_service_fraction` of the nodes in service (the
+  floor). A critical node drained while its quarantine is held (`admit_held_drain`) is out
+  of service too: it asks against the same floor and counts until its quarantine is
+  admitted or its incident ends. Only a path the policy names in `below_floor` may go
+  below the floor, storm or not;
 - repair: at most `max_concurrent_repairs` at once, and none while the circuit breaker is
   tripped. The breaker trips when more than `breaker_threshold` distinct incidents open
   within the sliding `breaker_window_s` (a switch, power, a driver rollout — not N
@@ -16,11 +20,13 @@ malformed requests before they reach the history. `batch` takes many incidents' 
 one update (a worker sends its activities' concurrent calls together: Temporal allows 10
 updates in flight per workflow) and answers each as its own update would have.
 
-Held incidents do not poll: a held admission is queued,
+Held incidents do not poll: a held admission (held drains too) is queued,
 first come first served per kind, and whenever capacity may have freed (a release, a
 breaker reset, a reconcile with Slurm, a newer policy) the guard serves its queues in
-arrival order and tells each admitted incident with the `guard_admitted` signal, sent from
-the run loop. Asking again while queued is idempotent (same answer, with the position).
+arrival order, never past the floor, and tells each admitted incident with the
+`guard_admitted` signal, sent from the run loop. The count is the guard's own: many held
+incidents asking at once are answered one after the other from it, never from a read each
+made elsewhere. Asking again while queued is idempotent (same answer, with the position).
 The out-of-service count is reconciled with Slurm: a node left drained for a human counts
 out only while Slurm still shows it out of service. The breaker threshold is a fraction
 of the cluster with an absolute floor; each registration brings the incident's policy,
@@ -29,7 +35,6 @@ topology and approvers, and the guard adopts the newest. Only an approver resets
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from datetime import datetime, timedelta
 
@@ -61,6 +66,7 @@ with workflow.unsafe.imports_passed_through():
         SpareClaim,
         SpareRequest,
         Waiter,
+        floor_of,
     )
     from autoclusters.core.guard_batch import GuardAnswer, GuardBatch, GuardCall
 
@@ -132,7 +138,11 @@ class FleetGuard:
 
     def _forget(self, incident_id: str, kind: AdmissionKind) -> None:
         st = self._state
-        held = st.out_of_service if kind == "quarantine" else st.repairing
+        held = {
+            "quarantine": st.out_of_service,
+            "repair": st.repairing,
+            "held_drain": st.held_drained,
+        }[kind]
         for node in [n for n, i in held.items() if i == incident_id]:
             del held[node]
         self._serve()
@@ -140,7 +150,8 @@ class FleetGuard:
     def _reconcile_in(self) -> timedelta | None:
         """How long until the next periodic reconcile; None: nothing it could free."""
         st = self._state
-        if not st.left_out and not any(w.kind == "quarantine" for w in st.queue):
+        # A node resumed by hand frees room under the floor, for quarantines and held drains.
+        if not st.left_out and not any(w.kind != "repair" for w in st.queue):
             return None
         every = timedelta(seconds=self._input.policy.reconcile_interval_s)
         last = st.reconciled_at or workflow.now()
@@ -297,28 +308,40 @@ class FleetGuard:
         held = out.get(req.node)
         if held is not None:
             # Already out: taking it out again costs no capacity.
-            out[req.node] = req.incident_id
-            self._state.left_out.pop(req.node, None)
+            self._take_out(req.node, req.incident_id)
             self._dequeue(req.incident_id, "quarantine")
             why = "already out of service" + ("" if held == req.incident_id else f" ({held})")
             return Admission(admitted=True, reason=why)
         why_not = self._quarantine_refusal(req.node, req.cluster_nodes)
         if why_not is None and not self._ahead(req.incident_id, "quarantine"):
-            out[req.node] = req.incident_id
+            self._take_out(req.node, req.incident_id)
             self._dequeue(req.incident_id, "quarantine")
             return Admission(admitted=True)
         return self._hold(req, "quarantine", why_not)
 
+    def _take_out(self, node: str, incident_id: str) -> None:
+        """The node is quarantined: whatever held it drained before is the quarantine now."""
+        st = self._state
+        st.out_of_service[node] = incident_id
+        st.left_out.pop(node, None)
+        st.held_drained.pop(node, None)
+        self._dequeue(incident_id, "held_drain")  # the quarantine drains it anyway
+
     def _quarantine_refusal(self, node: str, cluster_nodes: int) -> str | None:
-        out = self._state.out_of_service
+        out = self._state.counted_out()
         floor = self._min_in_service(cluster_nodes)
-        in_service_after = cluster_nodes - len(out) - 1
+        # A node drained while held counts already: its quarantine takes no more out.
+        in_service_after = cluster_nodes - len(out | {node})
         if in_service_after >= floor:
             return None
+        taking = (
+            f"{node} counts already (drained while held), {in_service_after} in service"
+            if node in out
+            else f"taking {node} out would leave {in_service_after} in service"
+        )
         return (
             f"{len(out)} of {cluster_nodes} nodes already out of service "
-            f"({', '.join(sorted(out))}); taking {node} out would leave "
-            f"{in_service_after} in service, below the minimum {floor} "
+            f"({', '.join(sorted(out))}); {taking}, below the minimum {floor} "
             f"({self._input.policy.min_in_service_fraction:.0%})"
         )
 
@@ -327,8 +350,58 @@ class FleetGuard:
         self._validate_admit(req)
 
     def _min_in_service(self, cluster_nodes: int) -> int:
-        # The tolerance keeps e.g. 0.7 * 10 = 7.000000000000001 from asking for 8.
-        return math.ceil(self._input.policy.min_in_service_fraction * cluster_nodes - 1e-9)
+        return floor_of(self._input.policy, cluster_nodes)
+
+    # --- held critical drains ----------------------------------------------------------
+
+    @workflow.update
+    def admit_held_drain(self, req: AdmitRequest) -> Admission:
+        """May this critical node, its quarantine held, be drained meanwhile (no new jobs,
+        no requeue)? It leaves service as a quarantine would: only within the floor, unless
+        the policy names `drain_held_critical` in `below_floor`."""
+        return self._admit_held_drain(req)
+
+    def _admit_held_drain(self, req: AdmitRequest) -> Admission:
+        self._take_view(req)
+        st = self._state
+        if req.node in st.counted_out():
+            # Drained already (this incident asking again, or the node is out): no cost.
+            if req.node in st.held_drained:
+                st.held_drained[req.node] = req.incident_id
+            self._dequeue(req.incident_id, "held_drain")
+            return Admission(admitted=True, reason="already out of service")
+        why_not = self._held_drain_refusal(req.cluster_nodes)
+        if why_not is None and not self._ahead(req.incident_id, "held_drain"):
+            st.held_drained[req.node] = req.incident_id
+            self._dequeue(req.incident_id, "held_drain")
+            return Admission(admitted=True, reason=self._held_drain_grant(req.cluster_nodes))
+        return self._hold(req, "held_drain", why_not)
+
+    def _held_drain_refusal(self, cluster_nodes: int) -> str | None:
+        """Why one more node may not be drained while held (None: it may)."""
+        in_service = cluster_nodes - len(self._state.counted_out())
+        floor = self._min_in_service(cluster_nodes)
+        if in_service - 1 >= floor or "drain_held_critical" in self._input.policy.below_floor:
+            return None
+        where = "at" if in_service >= floor else "below"
+        return (
+            f"drain not allowed, the cluster is {where} its floor "
+            f"({in_service} of {cluster_nodes} in service)"
+        )
+
+    def _held_drain_grant(self, cluster_nodes: int) -> str:
+        """What an admitted held drain is told (counted: it is out of service now)."""
+        in_service = cluster_nodes - len(self._state.counted_out())
+        if in_service >= self._min_in_service(cluster_nodes):
+            return f"within the floor ({in_service} of {cluster_nodes} in service)"
+        return (
+            f"below the floor ({in_service} of {cluster_nodes} in service): the policy "
+            "allows it (guard.below_floor: drain_held_critical)"
+        )
+
+    @admit_held_drain.validator
+    def _validate_admit_held_drain(self, req: AdmitRequest) -> None:
+        self._validate_admit(req)
 
     # --- repair ----------------------------------------------------------------------
 
@@ -419,15 +492,20 @@ class FleetGuard:
     def _serve(self) -> None:
         """Admit waiters strictly in arrival order, per kind, while capacity allows."""
         st = self._state
-        for kind in ("quarantine", "repair"):
+        nodes = max(st.cluster_nodes, 1)
+        # Quarantines first: one admitted makes its incident's held drain moot.
+        for kind in ("quarantine", "held_drain", "repair"):
             for w in [w for w in st.queue if w.kind == kind]:
                 if kind == "quarantine":
                     if w.node not in st.out_of_service:
-                        nodes = max(st.cluster_nodes, 1)
                         if self._quarantine_refusal(w.node, nodes) is not None:
                             break
-                    st.out_of_service[w.node] = w.incident_id
-                    st.left_out.pop(w.node, None)
+                    self._take_out(w.node, w.incident_id)
+                elif kind == "held_drain":
+                    if w.node not in st.counted_out():
+                        if self._held_drain_refusal(nodes) is not None:
+                            break
+                        st.held_drained[w.node] = w.incident_id
                 else:
                     if st.repairing.get(w.node) != w.incident_id:
                         if self._repair_refusal(w.node) is not None:
@@ -464,6 +542,12 @@ class FleetGuard:
         state = self._state
         if state.repairing.get(req.node) == req.incident_id:
             del state.repairing[req.node]
+        if not req.slot_only and state.held_drained.get(req.node) == req.incident_id:
+            # The incident ends with its node drained while held: back in service, or left
+            # drained for a human (counted like any node left out, below).
+            del state.held_drained[req.node]
+            if not req.back_in_service:
+                state.out_of_service.setdefault(req.node, req.incident_id)
         if req.back_in_service and state.out_of_service.get(req.node) == req.incident_id:
             del state.out_of_service[req.node]
         if req.slot_only:
@@ -502,9 +586,10 @@ class FleetGuard:
                 return GuardAnswer()
             assert call.admit is not None  # GuardCall holds exactly its update's argument
             self._validate_admit(call.admit)
-            admit = (
-                self._admit_quarantine if call.update == "admit_quarantine" else self._admit_repair
-            )
+            admit = {
+                "admit_quarantine": self._admit_quarantine,
+                "admit_held_drain": self._admit_held_drain,
+            }.get(call.update, self._admit_repair)
             return GuardAnswer(admission=admit(call.admit))
         except ValueError as e:
             return GuardAnswer(refused=str(e))

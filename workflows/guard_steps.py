@@ -7,8 +7,12 @@ lost), so an incident held for days adds a handful of events per hour.
 
 A node with a critical fault whose quarantine is held takes no new jobs meanwhile: it is
 drained without requeueing (its running jobs go on) under `<our reason> (held)`, unless the
-policy's `guard.drain_held_critical` says otherwise. Once admitted, the normal quarantine
-runs (our normal reason, requeue, wait for idle).
+policy's `guard.drain_held_critical` says otherwise — and only once the guard admits the
+drain too. A held drain takes the node out of service, so it asks against the guard's
+floor like a quarantine; at the floor it waits its turn in the guard's queue (the incident
+and its "held" notice say so), unless the policy names it in `guard.below_floor`. Once
+the quarantine is admitted, the normal quarantine runs (our normal reason, requeue, wait
+for idle), drained while held or not.
 
 Cancelling the incident (workflow cancellation, e.g. from the Temporal UI) gives back its
 place in the guard's queue or its slot and closes it `cancelled`.
@@ -39,6 +43,9 @@ from autoclusters.workflows.steps import RETRY
 # A queued incident asks again this often, in case the guard's signal was lost.
 ADMISSION_REASK = timedelta(hours=1)
 HELD_SUFFIX = " (held)"
+# The held critical drain asks the fleet guard first (it counts against the floor). The
+# old path drained at once, whatever the floor.
+HELD_DRAIN_ASKS_THE_GUARD = "remediation-0.2-held-drain-asks-the-guard"
 
 
 def held_drain_reason(incident_id: str, fault: str) -> str:
@@ -77,25 +84,39 @@ class GuardSeat:
             if adm.admitted:
                 return adm
             since = workflow.now()
-            inc.state.waiting_for = Waiting(
+            waiting = inc.state.waiting_for = Waiting(
                 kind="admission", step=what, detail=_held(adm), since=since
             )
             inc.publish()
+            drain: Admission | None = None  # the held drain, while the guard holds it too
             if what == "quarantine" and self._drain_while_held():
-                await self._hold_drain()
-            await inc.notify("held", f"{what} of {req.node} held: {_held(adm)}", "warning")
+                if workflow.patched(HELD_DRAIN_ASKS_THE_GUARD):
+                    drain = await self._drain_if_admitted(call)
+                else:
+                    await self._hold_drain()  # runs started before the patch
+            waiting.detail = _held(adm, drain)
+            await inc.notify("held", _held_notice(what, req.node, adm, drain), "warning")
             while not adm.admitted:
                 if adm.queued and adm.ticket is not None:
                     try:
                         await workflow.wait_condition(
-                            self._told(adm.ticket), timeout=ADMISSION_REASK
+                            self._told(adm.ticket, drain), timeout=ADMISSION_REASK
                         )
+                    except TimeoutError:
+                        adm = await ask()  # idempotent: a lost signal shows here
+                        if drain is not None and not adm.admitted:
+                            drain = await self._drain_if_admitted(call)
+                        waiting.detail = _held(adm, drain)
+                        continue
+                    if adm.ticket in self.tickets:
                         waited = (workflow.now() - since).total_seconds()
                         adm = Admission(
                             admitted=True, reason=f"admitted from the queue after {waited:.0f}s"
                         )
-                    except TimeoutError:
-                        adm = await ask()  # idempotent: a lost signal shows here
+                    else:  # the guard admitted the held drain first: drain, wait on
+                        await self._hold_drain()
+                        drain = None
+                        waiting.detail = _held(adm)
                 else:
                     # A guard that does not queue: ask again later.
                     await workflow.sleep(timedelta(seconds=req.timeouts.admission_poll_s))
@@ -106,8 +127,23 @@ class GuardSeat:
 
         await inc.steps.step(f"admit_{what}", wait, _reason)
 
-    def _told(self, ticket: int) -> Callable[[], bool]:
-        return lambda: ticket in self.tickets
+    def _told(self, ticket: int, drain: Admission | None) -> Callable[[], bool]:
+        """The guard's signal came: for the quarantine, or for the held drain."""
+        tickets = {ticket} if drain is None or drain.ticket is None else {ticket, drain.ticket}
+        return lambda: not tickets.isdisjoint(self.tickets)
+
+    async def _drain_if_admitted(self, call: AdmitCall) -> Admission | None:
+        """Ask the guard for the held drain (it counts against the floor) and drain if
+        admitted; returns the guard's answer while it holds the drain (None: drained)."""
+        asked = await self.incident.steps.call(
+            contracts.guard_admit_held_drain,
+            call,
+            f"ask the fleet guard to drain {call.node} while its quarantine is held",
+        )
+        if not asked.admitted:
+            return asked
+        await self._hold_drain()
+        return None
 
     def _drain_while_held(self) -> bool:
         inc = self.incident
@@ -159,9 +195,19 @@ class GuardSeat:
         return True
 
 
-def _held(adm: Admission) -> str:
+def _held(adm: Admission, drain: Admission | None = None) -> str:
+    """Why the incident waits: its admission, and its held drain when the guard holds that
+    too (`held: drain not allowed, the cluster is at its floor (3 of 4 in service)`)."""
     where = f" (number {adm.position} in the queue)" if adm.queued and adm.position else ""
-    return adm.reason + where
+    held_drain = f"held: {drain.reason}; " if drain is not None else ""
+    return held_drain + adm.reason + where
+
+
+def _held_notice(what: str, node: str, adm: Admission, drain: Admission | None) -> str:
+    text = f"{what} of {node} held: {_held(adm)}"
+    if drain is not None:
+        text += f"; {node} still takes new jobs, held: {drain.reason}"
+    return text
 
 
 def _reason(adm: Admission) -> str:

@@ -86,6 +86,7 @@ class Incident:
             event=event,
             text=text,
             severity=severity,
+            runbook_url=self.runbook_url(),
         )
         try:
             await self.steps.step(
@@ -131,6 +132,15 @@ class Incident:
             for e in f.evidence:
                 if line := e.headline():
                     return line
+        return ""
+
+    def runbook_url(self) -> str:
+        """The first fault's runbook link, kept apart from the words: a field meant to be a
+        link is the only outside text a notifier may show as one."""
+        for f in self.state.faults:
+            for e in f.evidence:
+                if e.runbook_url:
+                    return e.runbook_url
         return ""
 
     def timeline_text(self) -> str:

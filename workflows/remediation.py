@@ -92,6 +92,8 @@ class NodeRemediation:
         self._repairing = False
         self._started = False  # the runbook began: the guard may hold something of ours
         self._intake = FaultIntake(state)
+        if req.opening is not None:  # started by the API's storm path: no update brought it
+            self._intake.merge(req.opening)
         self._evidence = Evidence(state)
         self._approvals = Approvals(inc)
         self._k8s = KubernetesNode(inc) if req.kubernetes else None
@@ -131,6 +133,9 @@ class NodeRemediation:
     @workflow.update
     def report_fault(self, rep: FaultReport) -> FaultAck:
         """An alert for this node: merged into the open incident (no second drain)."""
+        return self._report(rep)
+
+    def _report(self, rep: FaultReport) -> FaultAck:
         s = self._state
         ack, _ = self._intake.merge(rep)
         # A more severe fault raises the rung of an incident that is not repairing yet.
@@ -160,16 +165,27 @@ class NodeRemediation:
             raise ValueError(f"incident {self._state.request.incident_id} is closed")
 
     @workflow.update
-    def approve(self, req: ApprovalRequest) -> ApprovalRecord:
-        return self._approvals.decide(req, approved=True)
+    def report_faults(self, reps: list[FaultReport]) -> list[FaultAck]:
+        """Alerts of several fault kinds at once (the API's batch of a node's alerts in a
+        storm): each taken as `report_fault` takes it, in one update instead of one each."""
+        return [self._report(rep) for rep in reps]
+
+    @report_faults.validator
+    def _check_reports(self, reps: list[FaultReport]) -> None:
+        if self._state.status != "open":
+            raise ValueError(f"incident {self._state.request.incident_id} is closed")
+
+    @workflow.update
+    async def approve(self, req: ApprovalRequest) -> ApprovalRecord:
+        return await self._approvals.proven(req, approved=True)
 
     @approve.validator
     def _check_approve(self, req: ApprovalRequest) -> None:
         self._approvals.check(req)
 
     @workflow.update
-    def reject(self, req: ApprovalRequest) -> ApprovalRecord:
-        return self._approvals.decide(req, approved=False)
+    async def reject(self, req: ApprovalRequest) -> ApprovalRecord:
+        return await self._approvals.proven(req, approved=False)
 
     @reject.validator
     def _check_reject(self, req: ApprovalRequest) -> None:

@@ -13,6 +13,7 @@ import json
 import re
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import cached_property, lru_cache
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -81,7 +82,7 @@ class MappedAlert:
     def alertname(self) -> str:
         return self.alert.labels.get("alertname", "")
 
-    @property
+    @cached_property  # asked for twice per alert: its signal's key, its evidence's
     def key(self) -> str:
         """Alertmanager re-sends and retries an alert with the same fingerprint and
         startsAt; its resolution is a separate event."""
@@ -127,8 +128,9 @@ class FaultMap:
         return fault, "unmapped", ""
 
 
-def _fields(template: str) -> list[str]:
-    return re.findall(r"\{(\w+)\}", template)
+@lru_cache(maxsize=1024)  # a handful of templates, read for every alert of a storm
+def _fields(template: str) -> tuple[str, ...]:
+    return tuple(re.findall(r"\{(\w+)\}", template))
 
 
 def _fill(template: str, labels: dict[str, str]) -> str | None:

@@ -1,6 +1,6 @@
 """What a write must pass before anything starts, in this order: the token (401, before the
-body is read), the body (413, 422), the fault kinds (422), the nodes (404, or 503 when
-Slurm's node list cannot be read)."""
+body is read) and its role (403), the body (413, 422), the fault kinds (422), the nodes
+(404, or 503 when Slurm's node list cannot be read)."""
 
 from __future__ import annotations
 
@@ -13,12 +13,16 @@ from pydantic import BaseModel, ValidationError
 from autoclusters.clients.api.errors import ApiError, Refusals
 from autoclusters.clients.api.policy_cache import PolicyCache
 from autoclusters.clients.inventory import NodeInventory
-from autoclusters.clients.web.auth import BearerAuth, Unauthorized
+from autoclusters.clients.web.auth import BearerAuth, Caller, Forbidden, Unauthorized
 from autoclusters.clients.web.settings import ApiSettings
+from autoclusters.clients.web.tokens import Route
 from autoclusters.core.faults import CATALOGUE_HINT, UnknownFaultError, check_known_fault
 from autoclusters.integrations.slurm import SlurmError
 
 M = TypeVar("M", bound=BaseModel)
+
+# Reads while api_auth_reads is off: nobody in particular.
+ANONYMOUS = Caller("anonymous", "reader")
 
 
 def body_schema(model: type[BaseModel]) -> dict[str, Any]:
@@ -47,17 +51,20 @@ class RequestChecks:
         self._inventory = inventory
         self._policies = policies
 
-    def authorize(self, request: Request, endpoint: str, *, write: bool = True) -> str:
-        """The caller's name; 401 without a valid bearer token (reads need one only with
-        api_auth_reads)."""
-        if not write and not self._settings.api_auth_reads:
-            return "anonymous"
+    def authorize(self, request: Request, endpoint: str, route: Route) -> Caller:
+        """The caller, if their token's role opens `route` (clients/web/tokens.py): 401
+        without a valid bearer token, 403 with one of another role. Reads need a token
+        only with api_auth_reads."""
+        if route == "read" and not self._settings.api_auth_reads:
+            return ANONYMOUS
         try:
-            return self._auth.caller(request.headers.get("authorization"))
+            return self._auth.allowed(request.headers.get("authorization"), route)
         except Unauthorized as e:
             err = self._refusals.refuse(401, "unauthorized", endpoint, "unauthorized", str(e))
             err.headers["WWW-Authenticate"] = 'Bearer realm="autoclusters"'
             raise err from None
+        except Forbidden as e:
+            raise self._refusals.refuse(403, "forbidden", endpoint, "forbidden", str(e)) from None
 
     async def body(self, request: Request, model: type[M], what: str, endpoint: str) -> M:
         """The body as `model`: 413 past api_max_body_bytes, 422 naming each bad field."""
@@ -112,12 +119,17 @@ class RequestChecks:
         except SlurmError as e:
             raise self._refusals.unavailable(e, endpoint) from None
 
-    def refuse_unknown_nodes(self, nodes: list[str], endpoint: str, where: str = "") -> None:
-        """404 naming `nodes` (firing, not in the cluster) with api_unknown_node=reject;
-        with `skip` the caller lists them as skipped instead. `where`: the alerts that named
-        them, for a payload of several."""
+    def refuse_unknown_nodes(
+        self, nodes: list[str], endpoint: str, where: str = "", *, others: int = 0
+    ) -> None:
+        """404 naming `nodes` (firing, not in the cluster) with api_unknown_node=reject, when
+        the request holds nothing else to act on (`others`: its alerts for known nodes and
+        its resolved ones). Otherwise (or with `skip`) the caller acts on the others and
+        lists these in its 202: Alertmanager does not retry a 4xx, so refusing a payload
+        for one unknown node would drop every real node's alert in it. `where`: the alerts
+        that named them, for a payload of several."""
         cluster = self._settings.cluster
-        if not nodes or self._settings.api_unknown_node != "reject":
+        if not nodes or others or self._settings.api_unknown_node != "reject":
             return
         if where:
             said = f"node(s) {', '.join(nodes)} not in cluster {cluster} ({where})"

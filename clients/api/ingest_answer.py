@@ -1,5 +1,10 @@
 """The 202 answer to an Alertmanager payload or an agent report: what was accepted,
-resolved and skipped, and on which incidents."""
+resolved and skipped, and on which incidents.
+
+A payload some of whose firing alerts name nodes the inventory does not know is still a
+202 (not a 207 Multi-Status: Alertmanager treats every 2xx alike, and a retry could not
+make the node known): the known nodes' alerts went ahead, and `unknown_nodes` (with each
+such alert in `skipped`, reason unknown_node) says what was left out."""
 
 from __future__ import annotations
 
@@ -32,6 +37,9 @@ class IngestAnswer(BaseModel):
     resolved: int  # resolved alerts recorded
     skipped: list[Skipped]
     incidents: list[IncidentRef]
+    # Nodes named by firing alerts that the inventory does not know: nothing started for
+    # them (their alerts are in `skipped`); the payload's other alerts went ahead.
+    unknown_nodes: list[str] = []
 
 
 def answer(
@@ -54,12 +62,16 @@ def answer(
     metrics.of(metrics.alerts_deduplicated, src).inc(repeats)
     for s in skipped:
         metrics.alerts_rejected.labels(src, s.reason).inc()
+    unknown = sorted({s.node for s in skipped if s.reason == "unknown_node"})
+    if unknown:
+        metrics.of(metrics.requests_partial, src).inc()
     body = IngestAnswer(
         accepted=len(outcomes),
         deduplicated=repeats,
         resolved=resolved,
         skipped=skipped,
         incidents=list(refs.values()),
+        unknown_nodes=unknown,
     )
     # pydantic writes the JSON itself: no dict in between, no json.dumps.
     return Response(body.model_dump_json(), status_code=202, media_type="application/json")

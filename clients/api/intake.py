@@ -17,24 +17,41 @@ ago) is answered `joined` at once and trails: it waits api_join_flush_s for the 
 other trailing alerts and goes out with them in one call (the incident still counts it
 and keeps its evidence). A trailing call that fails forgets the node's entry and is sent
 again (the incident was closing: the retry opens the node's next incident), so an
-accepted alert is never dropped while the API runs. A new fault kind always waits.
+accepted alert is never dropped while the API runs. A new fault kind waits, outside a storm.
+
+In a storm (storm.py: many nodes' alerts on their way at once) nothing waits for a worker:
+a node with no incident known open gets one started (server only, `Start`) with the
+first fault kind's alerts in the start request, answered `opened` once Temporal's server
+has it; its other alerts, and those of any fault kind for a node whose incident is known
+open (or was, while a delivery to it is under way), are answered `joined` and trail as
+above, all of a node's kinds in one update (`DeliverAll`) to the run they joined. A start
+that finds the node's incident running is a cheap check: the run we knew of still runs
+(joined), or one we know nothing of does, and those alerts go the way they go outside a
+storm. Deliveries of what was answered already hold at most half the calls in flight, so
+the starts requests wait for are not queued behind them.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
+from functools import partial
+from typing import TypeVar
 
 from autoclusters.clients.api.dedupe import DedupeStore
 from autoclusters.clients.api.metrics import ApiMetrics
-from autoclusters.clients.api.open_incidents import OpenIncidents
+from autoclusters.clients.api.open_incidents import OpenIncident, OpenIncidents
+from autoclusters.clients.api.storm import StormWatch
 from autoclusters.clients.incidents import OpenedIncident
+from autoclusters.clients.storm_calls import StartedIncident
 from autoclusters.core.fault_evidence import FaultEvidence
+from autoclusters.core.models import FaultReport
 
 log = logging.getLogger("autoclusters.api")
 
@@ -89,10 +106,17 @@ class Outcome:
     repeat: bool  # accepted before (or in flight for another request): nothing new sent
 
 
-# node, fault, source, report key, evidence, start -> the incident it opened or joined
-Deliver = Callable[
-    [str, str, str, str, FaultEvidence | None, datetime | None], Awaitable[OpenedIncident]
-]
+R = TypeVar("R")
+# node, fault, source, report key, evidence, start, alerts it stands for -> R
+_Sends = Callable[[str, str, str, str, FaultEvidence | None, datetime | None, int], Awaitable[R]]
+# The incident it opened or joined (Temporal's update: the incident's worker took it).
+Deliver = _Sends[OpenedIncident]
+# The same, started with the report in its request (Temporal's server took it, no worker
+# yet); or, when the node's incident runs already, its run (and nothing was sent to it).
+Start = _Sends[StartedIncident]
+# node, one report per fault kind (drafts: no incident id or token), the incident (and
+# run) they were answered with, if known -> the incident that took them all in one update
+DeliverAll = Callable[[str, list[FaultReport], OpenIncident | None], Awaitable[OpenedIncident]]
 
 
 @dataclass
@@ -114,14 +138,24 @@ class Intake:
         timeout_s: float,
         open_incidents: OpenIncidents | None = None,
         join_flush_s: float = 0.5,
+        start: Start | None = None,
+        storm: StormWatch | None = None,
+        deliver_all: DeliverAll | None = None,
     ) -> None:
         self._deliver = deliver
+        self._start = start
+        self._deliver_all = deliver_all
+        self._storm = storm if storm is not None else StormWatch(nodes=0)
         self._dedupe = dedupe
         self._metrics = metrics
         self._timeout_s = timeout_s
         self._open = open_incidents if open_incidents is not None else OpenIncidents(ttl_s=0)
         self._join_flush_s = join_flush_s
         self._slots = asyncio.Semaphore(max_in_flight)
+        # Calls that deliver only what was answered already take at most half the slots:
+        # behind a busy worker they last seconds, and a start a request waits for must
+        # not queue behind them.
+        self._trailing_slots = asyncio.Semaphore(max(1, max_in_flight // 2))
         self._lanes: dict[str, list[_Waiting]] = {}
         self._trailing: dict[str, list[_Waiting]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
@@ -129,19 +163,21 @@ class Intake:
     async def submit(self, signals: list[Signal]) -> list[Outcome]:
         """Deliver every signal (or find it delivered already); all or raise."""
         claims = []
+        storm = self._in_storm()
+        joined = 0
         for s in signals:
             claim = self._dedupe.claim(s.key)
             if claim.new:
-                known = self._open.joined(s.node, s.fault)
+                known = self._storm_known(s.node) if storm else self._open.joined(s.node, s.fault)
                 if known is None:
                     self._enqueue(_Waiting(s, claim.future))
                 else:
-                    joined = Delivered(known.incident_id, known.workflow_id, opened=False)
-                    self._dedupe.settle(s.key, claim.future, joined)
-                    self._metrics.of(self._metrics.incidents, "joined").inc()
-                    self._metrics.alerts_trailing.inc()
-                    self._trail(_Waiting(s, claim.future, trailing=True), self._join_flush_s)
+                    waiting = _Waiting(s, claim.future)
+                    self._answer_joined(waiting, known)
+                    self._trail(waiting, self._join_flush_s)
+                    joined += 1
             claims.append((s, claim))
+        self._count_joined(joined)
         pending = {c.future for _, c in claims if not c.future.done()}
         if pending:
             _, late = await asyncio.wait(pending, timeout=self._timeout_s)
@@ -168,6 +204,35 @@ class Intake:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    def _in_storm(self) -> bool:
+        storm = self._storm.observe(len(self._lanes.keys() | self._trailing.keys()))
+        self._metrics.storm.set(storm)
+        return storm
+
+    def _storm_known(self, node: str) -> OpenIncident | None:
+        """In a storm any fault kind joins an incident known open; and one known open
+        before joins while a delivery to it is queued or under way (behind a busy worker
+        it outlasts api_open_incident_ttl_s): that delivery is the check, and what joins
+        goes with the next one (a failure forgets the incident; what trails is sent
+        again, to the node's next incident if this one closed)."""
+        known = self._open.open_on(node)
+        if known is None and (node in self._lanes or node in self._trailing):
+            known = self._open.last(node)
+        return known
+
+    def _answer_joined(self, waiting: _Waiting, known: OpenIncident) -> None:
+        """Answer `waiting` as joined to `known` now; it trails (delivered afterwards).
+        The caller counts it (`_count_joined`)."""
+        joined = Delivered(known.incident_id, known.workflow_id, opened=False)
+        self._dedupe.settle(waiting.signal.key, waiting.future, joined)
+        waiting.trailing = True
+
+    def _count_joined(self, n: int) -> None:
+        # Once per request, not per alert: a counter's inc() takes a lock.
+        if n:
+            self._metrics.of(self._metrics.incidents, "joined").inc(n)
+            self._metrics.alerts_trailing.inc(n)
 
     # --- trailing alerts ----------------------------------------------------------------
 
@@ -216,9 +281,71 @@ class Intake:
             self._lanes.pop(node, None)
 
     async def _send(self, node: str, batch: list[_Waiting]) -> None:
+        if any(not w.trailing for w in batch) and self._in_storm():
+            batch = await self._without_a_worker(node, batch)
+        if batch:
+            await self._send_batch(node, batch)
+
+    async def _without_a_worker(self, node: str, batch: list[_Waiting]) -> list[_Waiting]:
+        """In a storm: answer what `batch` waits for from what Temporal's server knows, and
+        give back what is left to send now (nothing once it all trails)."""
+        known = self._open.open_on(node)
+        if known is None and self._start is not None:
+            first = next(w for w in batch if not w.trailing).signal
+            kind = (first.fault, first.source)
+            opening = [w for w in batch if not w.trailing and _kind(w) == kind]
+            sent_at = time.monotonic()
+            send = partial(
+                self._start, node, first.fault, first.source, _report_key(opening),
+                first.described(), first.at, len(opening),
+            )  # fmt: skip
+            try:
+                started = await self._call(node, first.fault, send)
+            except Exception as e:
+                self._fail(batch, e)
+                return []
+            if started.opened is not None:  # its start request carried `opening`
+                self._opened(node, opening, started.opened, sent_at)
+                sent = {id(w) for w in opening}
+                batch = [w for w in batch if id(w) not in sent]
+                known = self._open.open_on(node)  # None with api_open_incident_ttl_s = 0
+            else:  # the incident we knew of, still running (else one we know nothing of)
+                known = self._open.running(node, started.run_id, sent_at)
+        if known is None:
+            return batch  # ask the incident, as outside a storm
+        waited = [w for w in batch if not w.trailing]
+        for w in waited:
+            self._answer_joined(w, known)
+        self._count_joined(len(waited))
+        for w in batch:
+            self._trail(w, self._join_flush_s)  # with the node's next alerts
+        return []
+
+    def _opened(
+        self, node: str, opening: list[_Waiting], opened: OpenedIncident, sent_at: float
+    ) -> None:
+        """`opening` opened the node's incident: its start request carried them."""
+        fault = opening[0].signal.fault
+        self._open.learn(
+            node, opened.incident_id, opened.workflow_id, fault, sent_at, opened.run_id
+        )
+        m = self._metrics
+        m.batch_size.observe(len(opening))
+        m.of(m.incidents, "opened").inc()
+        m.of(m.incidents, "joined").inc(len(opening) - 1)
+        for i, w in enumerate(opening):
+            done = Delivered(opened.incident_id, opened.workflow_id, opened=i == 0)
+            self._dedupe.settle(w.signal.key, w.future, done)
+
+    async def _send_batch(self, node: str, batch: list[_Waiting]) -> None:
         grouped: dict[tuple[str, str], list[_Waiting]] = {}
         for w in batch:
-            grouped.setdefault((w.signal.fault, w.signal.source), []).append(w)
+            grouped.setdefault(_kind(w), []).append(w)
+        if self._deliver_all and all(w.trailing for w in batch):
+            if len(grouped) > 1 or self._in_storm():
+                # Answered already: one update for all kinds, to the run known, if any.
+                await self._send_all(node, list(grouped.values()))
+                return
         # Those a request waits for first; trailing ones (answered already) last.
         groups = sorted(grouped.values(), key=lambda g: all(w.trailing for w in g))
         # The first goes alone: it may open the incident, which then opens on the fault
@@ -240,17 +367,57 @@ class Intake:
                         self._fail(group, down)
                 return
 
+    async def _send_all(self, node: str, groups: list[list[_Waiting]]) -> None:
+        """Trailing alerts of several kinds: one report each, in one call."""
+        deliver_all = self._deliver_all
+        assert deliver_all is not None
+        now = datetime.now(UTC)
+        reports = [
+            FaultReport(
+                incident_id="",
+                fault=s.fault,
+                source=s.source,
+                at=s.at or now,
+                evidence=s.described(),
+                key=_report_key(g),
+                alerts=len(g),
+            )
+            for g in groups
+            for s in [g[0].signal]
+        ]
+        for g in groups:
+            self._metrics.batch_size.observe(len(g))
+        sent_at = time.monotonic()
+        known = self._open.last(node)
+        try:
+            kinds = "+".join(r.fault for r in reports)
+            send = partial(deliver_all, node, reports, known)
+            opened = await self._call(node, kinds, send, True)
+        except Exception as e:
+            self._fail([w for g in groups for w in g], e)
+            return
+        for r in reports:
+            self._open.learn(
+                node, opened.incident_id, opened.workflow_id, r.fault, sent_at, opened.run_id
+            )
+
     async def _send_group(self, node: str, group: list[_Waiting]) -> Exception | None:
         signal = group[0].signal
         self._metrics.batch_size.observe(len(group))
         sent_at = time.monotonic()
+        send = partial(
+            self._deliver, node, signal.fault, signal.source, _report_key(group),
+            signal.described(), signal.at, len(group),
+        )  # fmt: skip
         try:
-            opened = await self._call(node, signal, _report_key(group))
+            opened = await self._call(node, signal.fault, send, all(w.trailing for w in group))
         except Exception as e:
             self._fail(group, e)
             return e
         # The incident took the report, so it was open when the call went out.
-        self._open.learn(node, opened.incident_id, opened.workflow_id, signal.fault, sent_at)
+        self._open.learn(
+            node, opened.incident_id, opened.workflow_id, signal.fault, sent_at, opened.run_id
+        )
         waited = [w for w in group if not w.trailing]
         if not waited:  # all answered `joined` before: counted then
             return None
@@ -267,16 +434,17 @@ class Intake:
             self._dedupe.settle(w.signal.key, w.future, done)
         return None
 
-    async def _call(self, node: str, signal: Signal, key: str) -> OpenedIncident:
-        m, fault = self._metrics, signal.fault
-        async with self._slots:
+    async def _call(
+        self, node: str, fault: str, send: Callable[[], Awaitable[R]], trailing: bool = False
+    ) -> R:
+        """`send()` (a deliver or a start), under the cap on calls in flight (and, for what
+        was answered already, the cap on those)."""
+        m = self._metrics
+        async with self._trailing_slots if trailing else contextlib.nullcontext(), self._slots:
             m.temporal_in_flight.inc()
             started = time.monotonic()
             try:
-                return await asyncio.wait_for(
-                    self._deliver(node, fault, signal.source, key, signal.described(), signal.at),
-                    self._timeout_s,
-                )
+                return await asyncio.wait_for(send(), self._timeout_s)
             except TimeoutError:
                 raise TemporalUnavailable(
                     f"Temporal did not accept {fault} on {node} within {self._timeout_s:g}s",
@@ -307,6 +475,11 @@ class Intake:
                     "its next re-send delivers it again", w.signal.key, node, error,
                 )  # fmt: skip
                 self._dedupe.fail(w.signal.key, w.future, error)  # forgets the key
+
+
+def _kind(w: _Waiting) -> tuple[str, str]:
+    """What one call carries: one fault kind from one source."""
+    return w.signal.fault, w.signal.source
 
 
 def _report_key(group: list[_Waiting]) -> str:

@@ -39,8 +39,16 @@ class ApiMetrics:
         )
         self.alerts_rejected = Counter(
             "autoclusters_api_alerts_rejected",
-            "Alerts not acted on: unmapped alertname, no node label, bad fault, unknown node.",
+            "Alerts not acted on: unmapped alertname, no node label, bad fault, unknown node "
+            "(the payload's alerts for known nodes go ahead).",
             ["source", "reason"],
+            registry=r,
+        )
+        self.requests_partial = Counter(
+            "autoclusters_api_requests_partial",
+            "Writes answered 202 in part: firing alerts naming nodes the inventory does not "
+            "know were left out (the answer's unknown_nodes); the rest went ahead.",
+            ["source"],
             registry=r,
         )
         self.alerts_trailing = Counter(
@@ -99,6 +107,12 @@ class ApiMetrics:
             "Alerts carried by one Temporal call (a node's alerts of one fault kind that "
             "arrived while its previous call was in flight).",
             buckets=(1, 2, 5, 10, 20, 50, 100, 200, 500, 1000),
+            registry=r,
+        )
+        self.storm = Gauge(
+            "autoclusters_api_storm",
+            "1 while the API is in an alert storm (api_storm_nodes): answers do not wait "
+            "for a worker, and what joins open incidents reaches them in batches.",
             registry=r,
         )
         self.temporal_in_flight = Gauge(

@@ -25,6 +25,7 @@ class OpenIncident:
     workflow_id: str
     faults: set[str] = field(default_factory=set)
     as_of: float = 0.0  # time.monotonic() when the call that said so was sent
+    run_id: str = ""  # its workflow run, where the answer said
 
 
 class OpenIncidents:
@@ -51,9 +52,16 @@ class OpenIncidents:
         return entry
 
     def learn(
-        self, node: str, incident_id: str, workflow_id: str, fault: str, as_of: float
+        self,
+        node: str,
+        incident_id: str,
+        workflow_id: str,
+        fault: str,
+        as_of: float,
+        run_id: str = "",
     ) -> None:
-        """The incident took a report of `fault` in a call sent at `as_of`."""
+        """The incident (its run `run_id`) took a report of `fault` in a call sent at
+        `as_of`."""
         if self._ttl_s <= 0 or as_of < self._failed_at.get(node, -1.0):
             return
         entry = self._by_node.get(node)
@@ -65,6 +73,26 @@ class OpenIncidents:
             entry = self._by_node[node] = OpenIncident(incident_id, workflow_id)
         entry.faults.add(fault)
         entry.as_of = max(entry.as_of, as_of)
+        entry.run_id = run_id or entry.run_id
+
+    def last(self, node: str) -> OpenIncident | None:
+        """The node's entry however old (none after a failed call): in a storm, while a
+        call to the incident is under way, that call is the check (intake.py)."""
+        return self._by_node.get(node) if self._ttl_s > 0 else None
+
+    def running(self, node: str, run_id: str, as_of: float) -> OpenIncident | None:
+        """The node's entry, however old, fresh again as of `as_of`: Temporal's server said
+        then that the run it was learnt from still runs (a start that found it, in a
+        storm). A run that still runs is the same incident, open but for the moment it
+        spends closing, when its update's check refuses what trails and the retry finds
+        the node's next incident."""
+        entry = self._by_node.get(node)
+        if self._ttl_s <= 0 or entry is None or not run_id or entry.run_id != run_id:
+            return None
+        if as_of < self._failed_at.get(node, -1.0):
+            return None
+        entry.as_of = max(entry.as_of, as_of)
+        return entry
 
     def forget(self, node: str) -> None:
         """A call to the node's incident failed (closing, gone, Temporal unreachable): ask

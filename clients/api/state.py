@@ -9,6 +9,7 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from datetime import datetime
+from functools import partial
 from typing import TypeVar
 
 from fastapi import FastAPI
@@ -19,21 +20,23 @@ from temporalio.client import (
 )
 from temporalio.service import RPCError, RPCStatusCode
 
-from autoclusters.clients import incidents
+from autoclusters.clients import incidents, storm_calls
 from autoclusters.clients.api.alertmanager import FaultMap
 from autoclusters.clients.api.checks import RequestChecks
 from autoclusters.clients.api.dedupe import DedupeStore
 from autoclusters.clients.api.errors import Refusals
 from autoclusters.clients.api.intake import Delivered, Intake, Outcome, Signal, TemporalUnavailable
 from autoclusters.clients.api.metrics import ApiMetrics
-from autoclusters.clients.api.open_incidents import OpenIncidents
+from autoclusters.clients.api.open_incidents import OpenIncident, OpenIncidents
 from autoclusters.clients.api.policy_cache import PolicyCache
 from autoclusters.clients.api.resolutions import ResolutionLog
+from autoclusters.clients.api.storm import StormWatch
 from autoclusters.clients.api.temporal_gate import RETRYABLE, ClientFactory, TemporalGate
 from autoclusters.clients.inventory import NodeInventory, SlurmInventory, StaticInventory
 from autoclusters.clients.web.auth import BearerAuth
 from autoclusters.clients.web.settings import ApiSettings
 from autoclusters.core.fault_evidence import FaultCleared, FaultEvidence
+from autoclusters.core.models import FaultReport
 from autoclusters.integrations.slurm import SlurmError, UnknownNodeError
 
 log = logging.getLogger("autoclusters.api")
@@ -76,6 +79,9 @@ class ApiState:
             timeout_s=s.api_temporal_timeout_s,
             open_incidents=OpenIncidents(s.api_open_incident_ttl_s),
             join_flush_s=s.api_join_flush_s,
+            start=self.start,
+            storm=StormWatch(s.api_storm_nodes),
+            deliver_all=self.deliver_all,
         )
         if not self.auth.configured:
             log.warning("no api_tokens configured: every write will be refused (401)")
@@ -92,23 +98,67 @@ class ApiState:
         key: str,
         evidence: FaultEvidence | None,
         at: datetime | None,
+        alerts: int = 1,
     ) -> incidents.OpenedIncident:
-        """The intake's one call: open or join the node's incident. A failure a retry may
-        cure is TemporalUnavailable."""
+        """The intake's call: open or join the node's incident (its worker took the report).
+        A failure a retry may cure is TemporalUnavailable."""
+        return await self._to_incident(
+            node,
+            partial(incidents.open_incident, settings=self.settings, node=node, fault=fault,
+                    opened_by=source, policy=self.policies.current(), inventory=self.inventory,
+                    key=key, evidence=evidence, at=at, alerts=alerts),
+        )  # fmt: skip
+
+    async def start(
+        self,
+        node: str,
+        fault: str,
+        source: str,
+        key: str,
+        evidence: FaultEvidence | None,
+        at: datetime | None,
+        alerts: int = 1,
+    ) -> storm_calls.StartedIncident:
+        """The intake's call in a storm: start the node's incident with the report in it
+        (Temporal's server took it; no worker yet), or find its run running already."""
+        return await self._to_incident(
+            node,
+            partial(storm_calls.start_incident, settings=self.settings, node=node, fault=fault,
+                    opened_by=source, policy=self.policies.current(), inventory=self.inventory,
+                    key=key, evidence=evidence, at=at, alerts=alerts),
+        )  # fmt: skip
+
+    async def deliver_all(
+        self, node: str, reports: list[FaultReport], known: OpenIncident | None = None
+    ) -> incidents.OpenedIncident:
+        """The intake's call for alerts it answered already, one report per fault kind:
+        one update, to the run they were answered with when it is known (an ended run is
+        `closing`: the intake sends them again, and the next call opens the node's next
+        incident), else opening the node's incident with the first if none is open."""
+        if known is None or not known.run_id:
+            return await self._to_incident(
+                node,
+                partial(storm_calls.report_all, settings=self.settings, node=node,
+                        reports=reports, policy=self.policies.current(),
+                        inventory=self.inventory),
+            )  # fmt: skip
+        try:
+            return await self._to_incident(
+                node,
+                partial(storm_calls.report_to_run, settings=self.settings, node=node,
+                        incident_id=known.incident_id, run_id=known.run_id, reports=reports),
+            )  # fmt: skip
+        except RPCError as e:
+            if e.status != RPCStatusCode.NOT_FOUND:
+                raise
+            raise TemporalUnavailable(
+                f"the incident on {node} has ended ({e.message}); retry", kind="closing"
+            ) from None
+
+    async def _to_incident(self, node: str, call: Callable[[Client], Awaitable[T]]) -> T:
         client = await self.gate.client()
         try:
-            return await incidents.open_incident(
-                client,
-                self.settings,
-                node,
-                fault,
-                opened_by=source,
-                policy=self.policies.current(),
-                inventory=self.inventory,
-                key=key,
-                evidence=evidence,
-                at=at,
-            )
+            return await call(client)
         except RPCError as e:
             if e.status in RETRYABLE:
                 raise TemporalUnavailable(f"Temporal: {e.message}") from None

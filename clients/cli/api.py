@@ -3,6 +3,8 @@ incident reads) with the web console (clients/server.py), and make a bearer toke
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import secrets
 import sys
@@ -12,6 +14,7 @@ import typer
 from pydantic import ValidationError
 
 from autoclusters.clients.cli.output import err
+from autoclusters.clients.web.tokens import Role
 
 api_app = typer.Typer(no_args_is_help=True, help="The HTTP API for alerts and incidents.")
 
@@ -25,8 +28,9 @@ def run(
 ) -> None:
     """Serve the API until interrupted.
 
-    Settings come from AUTOCLUSTERS_* and autoclusters.toml; bearer tokens from api_tokens,
-    e.g. AUTOCLUSTERS_API_TOKENS='{"alertmanager": "<token>"}'.
+    Settings come from AUTOCLUSTERS_* and autoclusters.toml; bearer tokens, each with its
+    role, from api_tokens, e.g. AUTOCLUSTERS_API_TOKENS='{"alertmanager": "<token>",
+    "alice": {"role": "operator", "sha256": "<hex>"}}' (docs/security.md).
     """
     import uvicorn
 
@@ -60,6 +64,28 @@ def run(
 
 
 @api_app.command("token")
-def token() -> None:
-    """Print a new random bearer token (put it in api_tokens and the caller's config)."""
-    print(secrets.token_urlsafe(32))
+def token(
+    role: Annotated[
+        Role | None,
+        typer.Option(help="Also print its api_tokens entry, for this role."),
+    ] = None,
+    name: Annotated[
+        str | None,
+        typer.Option(
+            help="The entry's name (an operator's: the person, as the policy names them)."
+        ),
+    ] = None,
+) -> None:
+    """Print a new random bearer token; with --role, also the api_tokens entry that grants
+    it (an operator's as its SHA-256 only: give the token to the person, the entry to the
+    API)."""
+    value = secrets.token_urlsafe(32)
+    print(value)
+    if role is None:
+        return
+    entry: dict[str, str] = {"role": role}
+    if role == "operator":
+        entry["sha256"] = hashlib.sha256(value.encode()).hexdigest()
+    else:
+        entry["token"] = value
+    print(json.dumps({name or role: entry}))

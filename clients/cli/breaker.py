@@ -17,7 +17,7 @@ from temporalio.client import Client
 from autoclusters.clients import breaker
 from autoclusters.clients.cli import connect
 from autoclusters.clients.cli.output import console, err
-from autoclusters.core.guard import BreakerStatus, GuardStatus
+from autoclusters.core.guard import BreakerStatus, GuardStatus, floor_of
 from autoclusters.core.settings import Settings
 
 T = TypeVar("T")
@@ -83,14 +83,25 @@ def _print_status(st: GuardStatus) -> None:
         f"{p.breaker_window_s:.0f} s (at least {p.breaker_threshold}, "
         f"{p.breaker_threshold_fraction:.0%} of {state.cluster_nodes} nodes); at most "
         f"{p.max_concurrent_repairs} repairs at once; "
-        f"at least {p.min_in_service_fraction:.0%} of nodes in service"
+        f"at least {p.min_in_service_fraction:.0%} of nodes in service "
+        f"(below it: {', '.join(p.below_floor) or 'nothing'})"
     )
+    if state.cluster_nodes:
+        in_service = state.cluster_nodes - len(state.counted_out())
+        console.print(
+            f"in service: {in_service} of {state.cluster_nodes} nodes "
+            f"(floor {floor_of(p, state.cluster_nodes)})"
+        )
     console.print(f"approvers (may reset): {', '.join(st.approvers) or 'none'}")
     for w in state.queue:
-        console.print(f"waiting for {w.kind}: {w.node} ({w.incident_id}) since {w.since:%H:%M:%S}")
+        what = "drain while held (at the floor)" if w.kind == "held_drain" else w.kind
+        console.print(f"waiting for {what}: {w.node} ({w.incident_id}) since {w.since:%H:%M:%S}")
     t = Table("node", "out of service", "repairing")
-    for node in sorted({*state.out_of_service, *state.repairing}):
-        t.add_row(node, state.out_of_service.get(node, ""), state.repairing.get(node, ""))
+    for node in sorted({*state.counted_out(), *state.repairing}):
+        out = state.out_of_service.get(node, "")
+        if node in state.held_drained:
+            out = f"{state.held_drained[node]} (drained while held)"
+        t.add_row(node, out, state.repairing.get(node, ""))
     if t.row_count:
         console.print(t)
 

@@ -46,9 +46,11 @@ def console(
         err.print("no running sandbox and no AUTOCLUSTERS_CONFIG: the API's default address")
     if s.console_loopback_open and is_loopback(s.api_host):
         err.print("open without a login from this machine (console_loopback_open)")
-    elif s.api_tokens:
-        names = ", ".join(sorted(s.api_tokens))
-        err.print(f"log in with one of the API's bearer tokens (api_tokens: {names})")
+    elif any(g.role in ("reader", "operator") for g in s.api_tokens.values()):
+        names = ", ".join(
+            sorted(n for n, g in s.api_tokens.items() if g.role in ("reader", "operator"))
+        )
+        err.print(f"log in with a reader's or operator's token (api_tokens: {names})")
     else:
         err.print("[yellow]no api_tokens configured: nobody can log in[/yellow]")
     typer.echo(url)

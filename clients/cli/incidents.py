@@ -126,7 +126,6 @@ def incident_list(
 
 def approve(
     incident_id: Annotated[str, typer.Argument(help="The incident waiting for a decision.")],
-    as_user: Annotated[str, typer.Option("--as", help="Who decides (must be an approver).")],
     reject: Annotated[bool, typer.Option("--reject", help="Reject instead of approve.")] = False,
     comment: Annotated[str, typer.Option(help="Why, for the record.")] = "",
     step: Annotated[
@@ -138,28 +137,32 @@ def approve(
         ),
     ] = None,
 ) -> None:
-    """Approve (or reject) the step an incident is waiting on; says which before deciding."""
+    """Approve (or reject) the step an incident is waiting on, as the person whose operator
+    token AUTOCLUSTERS_API_TOKEN is (through the API); says which step before deciding."""
     from autoclusters.clients import incidents
+    from autoclusters.clients.cli.decisions import DecisionError, post_decision
 
     verb = "approving" if not reject else "rejecting"
 
-    async def go(client: Any, s: Settings) -> Any:
+    async def look(client: Any, s: Settings) -> Any:
         handle = await incidents.find_incident(client, s, incident_id)
         state, _ = await incidents.incident_state(handle)
-        if state is not None and state.waiting_for and state.waiting_for.kind == "approval":
-            r = state.request
-            shown = step or state.waiting_for.step
-            console.print(f"{verb} {shown} of {r.node} ({r.fault}, incident {incident_id})")
-        return await incidents.decide(client, s, incident_id, as_user, not reject, comment, step)
+        return state
 
     try:
-        rec = connect.run_client(go)
+        state = connect.run_client(look)
     except incidents.IncidentNotFound as e:
         err.print(str(e))
         raise typer.Exit(1) from None
-    except incidents.DecisionRefused as e:
-        err.print(f"[red]refused:[/red] {e}")
-        raise typer.Exit(3) from None
+    if state is not None and state.waiting_for and state.waiting_for.kind == "approval":
+        r = state.request
+        shown = step or state.waiting_for.step
+        console.print(f"{verb} {shown} of {r.node} ({r.fault}, incident {incident_id})")
+    try:
+        rec = post_decision(connect.load_settings(), incident_id, not reject, comment, step)
+    except DecisionError as e:
+        err.print(f"[red]refused:[/red] {escape(str(e))}" if e.code == 3 else escape(str(e)))
+        raise typer.Exit(e.code) from None
     verb = "approved" if rec.approved else "rejected"
     console.print(f"{rec.step} of {incident_id} {verb} by {rec.approver}")
 

@@ -1,9 +1,11 @@
-"""Who may see the console: the API's bearer token, or a session cookie it was traded for.
+"""Who may see the console: a reader's or operator's API token, or a session cookie it was
+traded for (an agent's or Alertmanager's token opens nothing here).
 
 A login posts the token once; the answer sets `autoclusters_console`, an HttpOnly,
 SameSite=Strict cookie holding the caller's name and an expiry, signed with HMAC-SHA256.
-The signing key is derived from the server secret *and the caller's current token*, so
-rotating a token (or restarting an API without `console_secret`) ends its sessions.
+The signing key is derived from the server secret *and the caller's current token* (its
+SHA-256, all the API keeps), so rotating a token (or restarting an API without
+`console_secret`) ends its sessions.
 
 Nothing is served without one of the two, except to a loopback caller when the API itself
 binds a loopback address and `console_loopback_open` says so (a sandbox on one machine).
@@ -19,8 +21,9 @@ import time
 
 from fastapi import Request
 
-from autoclusters.clients.web.auth import BearerAuth, Unauthorized
+from autoclusters.clients.web.auth import BearerAuth, Forbidden, Unauthorized
 from autoclusters.clients.web.settings import ApiSettings
+from autoclusters.clients.web.tokens import ROUTES
 from autoclusters.core.net import is_loopback
 
 COOKIE = "autoclusters_console"
@@ -39,7 +42,10 @@ class Sessions:
     ) -> None:
         secret = settings.console_secret
         self._secret = secret.get_secret_value().encode() if secret else secrets.token_bytes(32)
-        self._tokens = settings.token_names()  # token -> caller
+        # caller -> the SHA-256 of its token, for the roles that may see the console
+        self._digests = {
+            name: d for d, name, role in settings.grant_digests() if role in ROUTES["console"]
+        }
         self._auth = auth
         self._lifetime_s = settings.console_session_s
         self._open = settings.console_loopback_open and is_loopback(settings.api_host)
@@ -58,14 +64,17 @@ class Sessions:
         return self._fixed_now if self._fixed_now is not None else time.time()
 
     def _key(self, caller: str) -> bytes | None:
-        token = next((t for t, name in self._tokens.items() if name == caller), None)
+        token = self._digests.get(caller)
         if token is None:
             return None
-        return hmac.new(self._secret, token.encode(), hashlib.sha256).digest()
+        return hmac.new(self._secret, token, hashlib.sha256).digest()
 
     def login(self, token: str) -> tuple[str, str]:
         """The caller's name and a fresh cookie value for a valid token; else Unauthorized."""
-        caller = self._auth.caller(f"Bearer {token}")
+        try:
+            caller = self._auth.allowed(f"Bearer {token}", "console").name
+        except Forbidden as e:
+            raise Unauthorized(str(e)) from None
         return caller, self.issue(caller)
 
     def issue(self, caller: str) -> str:
@@ -97,8 +106,8 @@ class Sessions:
         header = request.headers.get("authorization")
         if header:
             try:
-                return self._auth.caller(header)
-            except Unauthorized as e:
+                return self._auth.allowed(header, "console").name
+            except (Unauthorized, Forbidden) as e:
                 raise NotLoggedIn(str(e)) from None
         cookie = request.cookies.get(COOKIE)
         why = "log in with the API's bearer token"

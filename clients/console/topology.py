@@ -18,7 +18,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from autoclusters.core import hostlist
-from autoclusters.core.guard import GuardStatus
+from autoclusters.core.guard import GuardStatus, floor_of
 from autoclusters.core.models import REASON_PREFIX, SPARE_REASON, IncidentState, SlurmNode
 from autoclusters.core.policy import NodeTopology
 from autoclusters.core.sharing import LENT_REASON, is_sharing_reason
@@ -85,6 +85,10 @@ class GuardView(BaseModel):
     repairing: list[str] = Field(default_factory=list)
     queued: int = 0
     max_concurrent_repairs: int | None = None
+    # The floor the guard keeps ("in service 3 of 4, floor 3"), and the critical nodes
+    # whose drain it holds there (they still take new jobs), in arrival order.
+    floor_detail: str = ""
+    held_at_floor: list[str] = Field(default_factory=list)
 
 
 class TopologyView(BaseModel):
@@ -281,4 +285,16 @@ def guard_view(guard: GuardStatus | None) -> GuardView:
         repairing=sorted(guard.state.repairing),
         queued=len(guard.state.queue),
         max_concurrent_repairs=guard.policy.max_concurrent_repairs,
+        floor_detail=floor_detail(guard),
+        held_at_floor=[w.node for w in guard.state.queue if w.kind == "held_drain"],
     )
+
+
+def floor_detail(guard: GuardStatus) -> str:
+    """How far the cluster is from the guard's floor, as the guard counts it."""
+    st = guard.state
+    if st.cluster_nodes < 1:
+        return ""  # the guard has not seen Slurm yet
+    in_service = st.cluster_nodes - len(st.counted_out())
+    floor = floor_of(guard.policy, st.cluster_nodes)
+    return f"in service {in_service} of {st.cluster_nodes}, floor {floor}"

@@ -7,10 +7,11 @@ the console served beside the API reads them too (its address, tokens, Temporal 
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, field_validator, model_validator
 
+from autoclusters.clients.web.tokens import Role, TokenGrant, parse_grants
 from autoclusters.core.faults import FAULT_PATTERN
 from autoclusters.core.settings import Settings
 
@@ -35,11 +36,15 @@ DEFAULT_ALERT_FAULTS: dict[str, str] = {
 
 
 class ApiSettings(Settings):
-    # Who may write (POST alerts and reports): caller name -> bearer token. The name is
-    # only for logs. No tokens: every write is refused (401), never accepted unchecked.
-    api_tokens: dict[str, SecretStr] = Field(default_factory=dict)
-    # Reads (GET /v1/incidents...) need a token too; /healthz never does, /metrics only
-    # from a caller that is not on this machine's loopback (routes/metrics.py).
+    # Who may call what: caller name -> a token and its role (tokens.py). No tokens: every
+    # write is refused (401), never accepted unchecked. An operator's name is the person.
+    api_tokens: dict[str, TokenGrant] = Field(default_factory=dict)
+    # People, apart from the services: person -> the SHA-256 of their own operator token
+    # (`autoclusters api token --role operator --name <person>` prints both). The same as
+    # an operator grant in api_tokens; kept apart so a deployment lists its people once.
+    api_operators: dict[str, str] = Field(default_factory=dict)
+    # Reads (GET /v1/incidents...) need a reader's or operator's token too; /healthz never
+    # does, /metrics only from a caller that is not on this machine's loopback.
     api_auth_reads: bool = False
 
     api_host: str = "127.0.0.1"
@@ -75,6 +80,16 @@ class ApiSettings(Settings):
     # with the node's other such alerts, in one call. 0: every alert waits for Temporal.
     api_open_incident_ttl_s: float = Field(default=2.0, ge=0)
     api_join_flush_s: float = Field(default=0.5, ge=0)
+    # An alert storm: this many nodes' alerts on their way to Temporal at once. Then no
+    # request waits for a worker (clients/api/storm.py): a node's incident is answered
+    # `opened` once Temporal's server started it, and alerts for an incident known open,
+    # of any fault kind, are answered `joined` and trail to it. 0: never.
+    api_storm_nodes: int = Field(default=8, ge=0)
+
+    @field_validator("api_tokens", mode="before")
+    @classmethod
+    def _grants(cls, v: Any) -> dict[str, Any]:
+        return parse_grants(v)
 
     @field_validator("api_alert_faults")
     @classmethod
@@ -88,6 +103,23 @@ class ApiSettings(Settings):
     def alert_faults(self) -> dict[str, str]:
         return {**DEFAULT_ALERT_FAULTS, **self.api_alert_faults}
 
-    def token_names(self) -> dict[str, str]:
-        """token -> caller name."""
-        return {t.get_secret_value(): name for name, t in self.api_tokens.items()}
+    @field_validator("api_operators")
+    @classmethod
+    def _people(cls, v: dict[str, str]) -> dict[str, str]:
+        for person, sha in v.items():
+            TokenGrant(role="operator", sha256=sha)  # the same check as in api_tokens
+            if not person.strip():
+                raise ValueError("api_operators: a person needs a name")
+        return v
+
+    def grant_digests(self) -> list[tuple[bytes, str, Role]]:
+        """(SHA-256 of the token, caller name, role) for every grant."""
+        out = [(g.digest(), name, g.role) for name, g in self.api_tokens.items()]
+        out += [(bytes.fromhex(sha), p, "operator") for p, sha in self.api_operators.items()]
+        return out
+
+    @model_validator(mode="after")
+    def _one_grant_a_name(self) -> ApiSettings:
+        if both := sorted(set(self.api_tokens) & set(self.api_operators)):
+            raise ValueError(f"{', '.join(both)}: in both api_tokens and api_operators")
+        return self

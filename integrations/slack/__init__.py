@@ -4,7 +4,8 @@ Modules, one concern each: `config` (the settings group), `client` (the Web API 
 with its retries), `cards` (the incident message and its thread replies, pure),
 `store` (where each incident's message lives, across restarts), `notifier` (the
 `SlackNotifier`), `interactivity` (signed button clicks → decisions), `socket_mode`
-(the same clicks over Slack's WebSocket), and `fanout` (`MultiNotifier`, `WebhookNotifier`).
+(the same clicks over Slack's WebSocket), `fanout` (`MultiNotifier`, `WebhookNotifier`),
+and `escape` (outside words as words: the only maker of the mrkdwn the others send).
 """
 
 from autoclusters.core.slack_config import SlackConfig

@@ -12,6 +12,11 @@ The GPU rebalancer's moves use the same card (fault `gpu-rebalance`, the move id
 of the incident id): a move waiting for approval carries the buttons with the step `move`,
 which no incident has, so the API sends such a click to the rebalancer, never to an
 incident.
+
+Everything on the card but our own labels came from outside (the alert's words, node and
+fault names, the workflow's sentences quoting Slurm and the policy): it reaches Slack only
+through `escape` (`markup`, `code`, `plain_object`), and the only outside link is the
+alert's https runbook URL.
 """
 
 from __future__ import annotations
@@ -26,6 +31,24 @@ from pydantic import BaseModel
 
 from autoclusters.core.models import RETURNED_JOBS_STEP, Notification, workflow_id
 from autoclusters.core.sharing import MOVE_APPROVAL_STEP, REBALANCE_FAULT, rebalance_workflow_id
+from autoclusters.integrations.slack.escape import (
+    MAX_BUTTON,
+    MAX_CONFIRM_BUTTON,
+    MAX_CONFIRM_TEXT,
+    MAX_CONFIRM_TITLE,
+    MAX_FIELD,
+    MAX_HEADER,
+    WEB,
+    Mrkdwn,
+    code,
+    escape,
+    group_mention,
+    join,
+    link,
+    markup,
+    plain_object,
+    text_object,
+)
 
 __all__ = [
     "APPROVAL_BLOCK_PREFIX",
@@ -102,6 +125,7 @@ class IncidentCard(BaseModel):
     # The alert's summary and runbook link: the lines after the first of the opening
     # message (the workflow puts them there); kept on the card for the incident's life.
     headline: str = ""
+    runbook_url: str = ""  # the alert's runbook link: the one outside link the card shows
     severity: str = "info"
     text: str = ""
     updated_at: datetime
@@ -135,6 +159,7 @@ class IncidentCard(BaseModel):
         return self.model_copy(
             update={
                 "headline": headline,
+                "runbook_url": note.runbook_url or self.runbook_url,
                 "rung": rung,
                 "event": note.event,
                 "waiting_step": waiting,
@@ -193,49 +218,71 @@ def parse_approval_value(value: str) -> tuple[str, str]:
     return incident_id, step
 
 
-def _mention(severity: str, page_group_id: str | None) -> str:
-    return f"<!subteam^{page_group_id}> " if severity == "critical" and page_group_id else ""
+def _mention(severity: str, page_group_id: str | None) -> Mrkdwn:
+    if severity != "critical" or not (group := group_mention(page_group_id)):
+        return Mrkdwn("")
+    return markup("{group} ", group=group)
 
 
-def event_text(note: Notification, *, page_group_id: str | None = None) -> str:
+def event_text(note: Notification, *, page_group_id: str | None = None) -> Mrkdwn:
     """A thread reply: one event, in order, paging the group when it is critical."""
-    mark = EVENT_MARKS.get(note.event, ":information_source:")
-    return f"{_mention(note.severity, page_group_id)}{mark} *{note.event}*: {note.text}"
+    return markup(
+        "{mention}{mark} *{event}*: {text}",
+        mention=_mention(note.severity, page_group_id),
+        mark=EVENT_MARKS.get(note.event, ":information_source:"),
+        event=note.event,
+        text=note.text,
+    )
 
 
 def card_message(
     card: IncidentCard, links: Links, *, page_group_id: str | None = None
-) -> tuple[str, list[dict[str, Any]]]:
-    """The (fallback text, Block Kit blocks) of the incident's message."""
+) -> tuple[Mrkdwn, list[dict[str, Any]]]:
+    """The (fallback text, Block Kit blocks) of the incident's message. Every value from
+    the card is outside text (the alert's words, the node's name): escaped, cut to size."""
     mark = EVENT_MARKS.get(card.event, ":information_source:")
     mention = _mention(card.severity, page_group_id)
-    where = f"{card.fault} on {card.node} ({card.cluster})"
-    fallback = f"{mention}[{card.state}] {where}: {card.text}"
-    field = [
-        ("Node", f"`{card.node}`"),
+    fallback = markup(
+        "{mention}[{state}] {fault} on {node} ({cluster}): {text}",
+        mention=mention, state=card.state, fault=card.fault, node=card.node,
+        cluster=card.cluster, text=card.text,
+    )  # fmt: skip
+    field: list[tuple[str, object]] = [
+        ("Node", code(card.node)),
         ("Cluster", card.cluster),
-        ("Fault", f"`{card.fault}`"),
+        ("Fault", code(card.fault)),
         ("Action", card.rung or "to be decided"),
         ("State", card.state),
         ("Severity", card.severity),
     ]
     blocks: list[dict[str, Any]] = [
-        {"type": "header", "text": {"type": "plain_text", "text": f"{card.fault} on {card.node}"}},
-        {"type": "section", "text": {"type": "mrkdwn", "text": f"{mention}{mark} {card.text}"}},
+        {"type": "header", "text": plain_object(f"{card.fault} on {card.node}", MAX_HEADER)},
         {
             "type": "section",
-            "fields": [{"type": "mrkdwn", "text": f"*{k}*\n{v}"} for k, v in field],
+            "text": text_object(
+                markup("{mention}{mark} {text}", mention=mention, mark=mark, text=card.text)
+            ),
+        },
+        {
+            "type": "section",
+            "fields": [text_object(markup("*{k}*\n{v}", k=k, v=v), MAX_FIELD) for k, v in field],
         },
     ]
     if card.headline:
-        blocks.append({"type": "section", "text": {"type": "mrkdwn", "text": card.headline}})
-    refs = [f"{'move' if card.is_move else 'incident'} `{card.incident_id}`"]
+        blocks.append({"type": "section", "text": text_object(escape(card.headline))})
+    refs = [
+        markup(
+            "{what} {id}", what="move" if card.is_move else "incident", id=code(card.incident_id)
+        )
+    ]
     if url := links.workflow(card):
-        refs.append(f"<{url}|Temporal workflow>")
+        refs.append(link(url, "Temporal workflow", schemes=WEB) or escape(url))
     if url := links.incident(card):
-        refs.append(f"<{url}|API>")
-    refs.append(f"updated {card.updated_at:%Y-%m-%d %H:%M:%S} UTC")
-    blocks.append({"type": "context", "elements": [{"type": "mrkdwn", "text": " · ".join(refs)}]})
+        refs.append(link(url, "API", schemes=WEB) or escape(url))
+    if runbook := link(card.runbook_url, "runbook"):  # https only: it came with the alert
+        refs.append(runbook)
+    refs.append(escape(f"updated {card.updated_at:%Y-%m-%d %H:%M:%S} UTC"))
+    blocks.append({"type": "context", "elements": [text_object(join(refs, " · "))]})
     if card.waiting_step and card.event in APPROVAL_EVENTS:
         blocks.append(_approval_block(card, card.waiting_step))
     return fallback, blocks
@@ -253,14 +300,17 @@ def _approval_block(card: IncidentCard, step: str) -> dict[str, Any]:
         return {
             "type": "button",
             "action_id": action,
-            "text": {"type": "plain_text", "text": label},
+            "text": plain_object(label, MAX_BUTTON),
             "style": style,
             "value": value,
             "confirm": {
-                "title": {"type": "plain_text", "text": f"{label}?"},
-                "text": {"type": "mrkdwn", "text": f"{label} {question}?"},
-                "confirm": {"type": "plain_text", "text": label},
-                "deny": {"type": "plain_text", "text": "Cancel"},
+                "title": plain_object(f"{label}?", MAX_CONFIRM_TITLE),
+                "text": text_object(
+                    markup("{label} {question}?", label=label, question=question),
+                    MAX_CONFIRM_TEXT,
+                ),
+                "confirm": plain_object(label, MAX_CONFIRM_BUTTON),
+                "deny": plain_object("Cancel", MAX_CONFIRM_BUTTON),
             },
         }
 
@@ -277,7 +327,7 @@ def _approval_block(card: IncidentCard, step: str) -> dict[str, Any]:
     }
 
 
-def decided_blocks(blocks: list[dict[str, Any]], line: str) -> list[dict[str, Any]]:
+def decided_blocks(blocks: list[dict[str, Any]], line: Mrkdwn) -> list[dict[str, Any]]:
     """`blocks` with the Approve / Reject buttons replaced by `line` (who decided, when)."""
     kept = [
         b
@@ -287,7 +337,7 @@ def decided_blocks(blocks: list[dict[str, Any]], line: str) -> list[dict[str, An
             and str(b.get("block_id", "")).startswith(APPROVAL_BLOCK_PREFIX)
         )
     ]
-    kept.append({"type": "context", "elements": [{"type": "mrkdwn", "text": line}]})
+    kept.append({"type": "context", "elements": [text_object(line)]})
     return kept
 
 

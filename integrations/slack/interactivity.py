@@ -53,6 +53,7 @@ from autoclusters.core.sharing import MOVE_APPROVAL_STEP
 from autoclusters.core.slack_config import SlackConfig
 from autoclusters.integrations.slack.cards import decided_blocks, parse_approval_value
 from autoclusters.integrations.slack.client import web_client_for
+from autoclusters.integrations.slack.escape import Mrkdwn, markup, message_text, user
 
 __all__ = [
     "ApproverDirectory",
@@ -76,11 +77,13 @@ class InteractionResponse(BaseModel):
 
 
 class Decide(Protocol):
-    """Records a decision; raises PermissionError / LookupError when it is refused."""
+    """Records a decision; raises PermissionError / LookupError when it is refused. `via`
+    says how the approver was verified (`slack:<user id>`, from the signed payload)."""
 
     def __call__(
-        self, *, incident_id: str, step: str, approver: str, approve: bool, comment: str
-    ) -> Awaitable[object]: ...
+        self, *, incident_id: str, step: str, approver: str, approve: bool, comment: str,
+        via: str,
+    ) -> Awaitable[object]: ...  # fmt: skip
 
 
 class Click(BaseModel):
@@ -280,7 +283,9 @@ class InteractionHandler:
             user_id=click.user_id, username=click.username
         )
         if approver is None:
-            await self._tell(click, f"You are not allowed to approve or reject {click.what}.")
+            await self._tell(
+                click, markup("You are not allowed to approve or reject {what}.", what=click.what)
+            )
             return _outcome("not_allowed", click)
         verb = "approve" if click.approve else "reject"
         try:
@@ -290,13 +295,24 @@ class InteractionHandler:
                 approver=approver,
                 approve=click.approve,
                 comment=f"via Slack by <@{click.user_id}>",
+                via=f"slack:{click.user_id}",
             )
         except (PermissionError, LookupError) as e:
-            await self._tell(click, f"Could not {verb} {click.what}: {e}")
+            await self._tell(
+                click, markup("Could not {verb} {what}: {why}", verb=verb, what=click.what, why=e)
+            )
             return _outcome("refused", click, reason=str(e))
         except Exception as e:  # noqa: BLE001 - Temporal down: tell the clicker to retry
             log.warning("Slack: %s of %s failed: %s", verb, click.incident_id, e)
-            await self._tell(click, f"Could not {verb} {click.what} now ({e}); try again.")
+            await self._tell(
+                click,
+                markup(
+                    "Could not {verb} {what} now ({why}); try again.",
+                    verb=verb,
+                    what=click.what,
+                    why=e,
+                ),
+            )
             return _outcome("error", click, reason=str(e))
         await self._mark_decided(click, approver)
         return _outcome("approved" if click.approve else "rejected", click, approver=approver)
@@ -304,25 +320,31 @@ class InteractionHandler:
     async def _mark_decided(self, click: Click, approver: str) -> None:
         at = datetime.fromtimestamp(self._now(), UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
         done = "Approved" if click.approve else "Rejected"
-        line = f"{done} by <@{click.user_id}> ({approver}) at {at}: {click.what}"
+        # The approver's name and the step come from config, Slack and the button: escaped;
+        # the clicker is mentioned only by a well-formed Slack user id.
+        line = markup(
+            "{done} by {who} ({approver}) at {at}: {what}",
+            done=done, who=user(click.user_id), approver=approver, at=at, what=click.what,
+        )  # fmt: skip
         mark = ":white_check_mark:" if click.approve else ":no_entry:"
+        marked = markup("{mark} {line}", mark=mark, line=line)
         try:
             await self._client.chat_update(
                 channel=click.channel_id,
                 ts=click.message_ts,
-                text=line,
-                blocks=decided_blocks(click.blocks, f"{mark} {line}"),
+                text=message_text(line),
+                blocks=decided_blocks(click.blocks, marked),
             )
             await self._client.chat_postMessage(
-                channel=click.channel_id, thread_ts=click.thread_ts, text=f"{mark} {line}"
+                channel=click.channel_id, thread_ts=click.thread_ts, text=message_text(marked)
             )
         except Exception as e:  # noqa: BLE001 - the decision stands; the message is cosmetic
             log.warning("Slack: could not mark %s decided: %s", click.incident_id, e)
 
-    async def _tell(self, click: Click, text: str) -> None:
+    async def _tell(self, click: Click, text: Mrkdwn) -> None:
         try:
             await self._client.chat_postEphemeral(
-                channel=click.channel_id, user=click.user_id, text=text
+                channel=click.channel_id, user=click.user_id, text=message_text(text)
             )
         except Exception as e:  # noqa: BLE001 - the answer is best effort
             log.warning("Slack: could not tell %s: %s", click.user_id, e)

@@ -14,6 +14,9 @@ brings the message up to date again.
 The message's (channel, ts) survives restarts and is shared by workers through the
 `ThreadStore`; a worker whose store has no record finds the message in the channel
 history by its metadata (`autoclusters_incident` / incident_id) before posting a new one.
+
+What it sends is built by `cards` from `escape`: the words of an event (an alert's
+annotations, a Slurm reason, a node's name) arrive as words, never as a mention or a link.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from autoclusters.integrations.slack.cards import (
     event_text,
 )
 from autoclusters.integrations.slack.client import web_client_for
+from autoclusters.integrations.slack.escape import message_text
 from autoclusters.integrations.slack.store import (
     FileThreadStore,
     MemoryThreadStore,
@@ -160,7 +164,9 @@ class SlackNotifier:
         if rec is not None and rec.last_event_key == key:
             return "duplicate"  # a retried activity: this event is in the thread already
         card = (rec.card if rec else IncidentCard.for_note(note)).apply(note)
-        text, blocks = card_message(card, self._links, page_group_id=self._page_group_id)
+        # Escaped and cut to Slack's limits in the card (integrations/slack/escape.py).
+        markup, blocks = card_message(card, self._links, page_group_id=self._page_group_id)
+        text = message_text(markup)
         metadata = card_metadata(card)
         if rec is not None:
             try:
@@ -192,7 +198,7 @@ class SlackNotifier:
         await self._client.chat_postMessage(
             channel=rec.channel,
             thread_ts=rec.ts,
-            text=event_text(note, page_group_id=self._page_group_id),
+            text=message_text(event_text(note, page_group_id=self._page_group_id)),
             # A page must be seen in the channel, not only inside the thread.
             reply_broadcast=note.severity == "critical",
             unfurl_links=False,

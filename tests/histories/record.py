@@ -11,6 +11,7 @@ remediation_<release>_<case>.json and fleet_guard_<release>_<case>.json beside t
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -19,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from temporalio import activity
-from temporalio.client import WorkflowFailureError, WorkflowHistory
+from temporalio.client import WorkflowFailureError, WorkflowHistory, WorkflowUpdateFailedError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
@@ -44,10 +45,11 @@ from autoclusters.core.kubernetes import (
     UncordonNodeResult,
     WaitNewNodeInput,
 )
-from autoclusters.core.models import RETURNED_JOBS_STEP, SPARE_REASON, ApprovalRequest
+from autoclusters.core.models import RETURNED_JOBS_STEP, SPARE_REASON
 from autoclusters.core.policy import GuardPolicy, Rung, StepPolicy
 from autoclusters.workflows.fleet_guard import FleetGuard
 from autoclusters.workflows.remediation import NodeRemediation
+from tests.decisions import proven
 from tests.fakes import FakeCloud
 from tests.helpers import time_skipping_env
 from tests.test_remediation_workflow import (
@@ -56,6 +58,7 @@ from tests.test_remediation_workflow import (
     _fleet,
     _policy,
     _until,
+    _until_true,
     _waiting,
 )
 
@@ -131,7 +134,7 @@ async def _result(handle: Incident) -> None:
 async def _ask(handle: Incident, step: str, *, reject: bool = False) -> None:
     await _until(handle, _waiting("approval", step), f"the approval of {step}")
     update = NodeRemediation.reject if reject else NodeRemediation.approve
-    await handle.execute_update(update, ApprovalRequest(step=step, approver="alice"))
+    await handle.execute_update(update, await proven(handle, step, "alice", approve=not reject))
 
 
 # --- the cases: each runs one incident on a fresh fake cluster and returns its handle ---------
@@ -200,9 +203,7 @@ async def quarantine_recheck(f: Fleet) -> Incident:
     f.slurm.admin_resume("gpu-01")
     f.slurm.add_job(201, nodes="gpu-01")
     f.slurm.add_job(202, nodes="gpu-01", requeue=False)
-    await handle.execute_update(
-        NodeRemediation.approve, ApprovalRequest(step="reboot", approver="alice")
-    )
+    await handle.execute_update(NodeRemediation.approve, await proven(handle, "reboot", "alice"))
     await _until(handle, lambda s: s.step("requarantine") is not None, "the requarantine")
     f.slurm.finish_job(202)
     await _result(handle)
@@ -216,9 +217,7 @@ async def returned_jobs(f: Fleet) -> Incident:
     await _until(handle, _waiting("approval", "reboot"), "the approval wait")
     f.slurm.admin_resume("gpu-01")
     f.slurm.run_again(101, nodes="gpu-01")
-    await handle.execute_update(
-        NodeRemediation.approve, ApprovalRequest(step="reboot", approver="alice")
-    )
+    await handle.execute_update(NodeRemediation.approve, await proven(handle, "reboot", "alice"))
     await _ask(handle, RETURNED_JOBS_STEP)
     await _result(handle)
     return handle
@@ -253,6 +252,35 @@ async def held_then_admitted(f: Fleet) -> Incident:
     return second
 
 
+async def held_drain_at_floor(f: Fleet) -> Incident:
+    """As held_then_admitted, and the held node's critical fault asks to drain it meanwhile:
+    the guard holds that too (the cluster is at its floor), so it is drained only by its
+    quarantine once admitted."""
+    guard = GuardPolicy(min_in_service_fraction=0.75)
+    first = await f.start(f.request("gpu-01", policy=_policy(guard=guard)))
+    await asyncio.wait_for(f.cloud.started.wait(), timeout=30)
+    second = await f.start(f.request("gpu-02", policy=_policy(guard=guard)))
+    await _until(second, _waiting("admission", "quarantine"), "the held quarantine")
+    await _until_true(lambda: "held" in f.notifier.events, "the held notice")
+    f.cloud.release.set()
+    await _result(first)
+    await _result(second)
+    return second
+
+
+async def proven_decision(f: Fleet) -> Incident:
+    """A decision counts only with the API's proof: a forged one is refused (the worker's
+    check, recorded in the incident), then a proven approval repairs."""
+    handle = await f.start(f.request(policy=_policy(mode="approve")))
+    await _until(handle, _waiting("approval", "reboot"), "the approval of reboot")
+    forged = await proven(handle, "reboot", "alice", key="forged-" + "k" * 32)
+    with contextlib.suppress(WorkflowUpdateFailedError):
+        await handle.execute_update(NodeRemediation.approve, forged)
+    await _ask(handle, "reboot")
+    await _result(handle)
+    return handle
+
+
 class _No:
     detail = ""
 
@@ -282,6 +310,10 @@ CASES = {
     "slurm_outage": Case(slurm_outage),
     "held_then_admitted": Case(
         held_then_admitted, {"nodes": 4, "cloud": lambda s: FakeCloud(s, hold=True)}, guard=True
+    ),
+    "proven_decision": Case(proven_decision),
+    "held_drain_at_floor": Case(
+        held_drain_at_floor, {"nodes": 4, "cloud": lambda s: FakeCloud(s, hold=True)}, guard=True
     ),
 }
 

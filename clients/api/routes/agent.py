@@ -41,7 +41,7 @@ def router(api: ApiState) -> APIRouter:
     )
     async def report(request: Request) -> Response:
         ep, src = "reports", "agent"
-        api.checks.authorize(request, ep)
+        api.checks.authorize(request, ep, "reports")
         rep = await api.checks.body(request, NodeReport, "NodeReport", ep)
         api.metrics.of(api.metrics.alerts_received, src, rep.state.value).inc()
         firing = rep.state == ReportState.FIRING
@@ -114,7 +114,7 @@ def router(api: ApiState) -> APIRouter:
     )
     async def health_snapshot(request: Request) -> JSONResponse:
         ep = "health_snapshots"
-        api.checks.authorize(request, ep)
+        api.checks.authorize(request, ep, "reports")
         snap = await api.checks.body(request, HealthSnapshot, "HealthSnapshot", ep)
         if snap.node not in await api.checks.known_nodes([snap.node], ep):
             api.checks.refuse_unknown_nodes([snap.node], ep)

@@ -5,6 +5,7 @@ The status codes and their order are in clients/api/app.py."""
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from datetime import UTC, datetime
 from functools import partial
 
@@ -36,7 +37,7 @@ def router(api: ApiState) -> APIRouter:
     )
     async def alertmanager(request: Request) -> Response:
         ep, src = "alertmanager", "alertmanager"
-        caller = api.checks.authorize(request, ep)
+        caller = api.checks.authorize(request, ep, "alerts").name
         payload = await api.checks.body(request, AlertmanagerPayload, "Alertmanager payload", ep)
         if payload.truncated_alerts:
             # Alertmanager dropped alerts from this notification (max_alerts): say so.
@@ -50,8 +51,9 @@ def router(api: ApiState) -> APIRouter:
             [(f"alerts[{m.index}]", m.fault) for m in read.mapped if m.alert.status == "firing"],
             ep,
         )
-        for a in payload.alerts:
-            api.metrics.of(api.metrics.alerts_received, src, a.status).inc()
+        # Counted once per request and status, not per alert: inc() takes a lock.
+        for status, n in Counter(a.status for a in payload.alerts).items():
+            api.metrics.of(api.metrics.alerts_received, src, status).inc(n)
         skipped = [
             Skipped(
                 index=s.index,
@@ -70,10 +72,14 @@ def router(api: ApiState) -> APIRouter:
             m.node = next((n for n in m.node_candidates if n in known), "")
             if not m.node and m.alert.status == "firing":
                 unknown.append(m)
+        firing = [m for m in read.mapped if m.alert.status == "firing" and m.node]
         if unknown:
+            # Refused (404) only when nothing else in the payload is ours to act on: else
+            # the alerts for known nodes go ahead and the unknown are listed in the 202.
             names = sorted({m.node_candidates[0] for m in unknown})
             where = ", ".join(f"alerts[{m.index}]" for m in unknown[:10])
-            api.checks.refuse_unknown_nodes(names, ep, where)
+            resolving = sum(m.alert.status == "resolved" for m in read.mapped)
+            api.checks.refuse_unknown_nodes(names, ep, where, others=len(firing) + resolving)
         skipped += [_unknown(m, settings.cluster) for m in unknown]
         now = datetime.now(UTC)
         resolved = sum(
@@ -81,7 +87,6 @@ def router(api: ApiState) -> APIRouter:
             for m in read.mapped
             if m.alert.status == "resolved"
         )
-        firing = [m for m in read.mapped if m.alert.status == "firing" and m.node]
         outcomes = await api.submit([_signal(m, src) for m in firing], ep)
         # After the firing ones: a resolution in the payload that opened the incident is
         # recorded on it too, and it lives in the incident, not in this process.

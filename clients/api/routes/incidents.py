@@ -45,7 +45,7 @@ def router(api: ApiState) -> APIRouter:
         fault: str | None = None,
         limit: int = Query(100, ge=1, le=1000),
     ) -> IncidentList:
-        api.checks.authorize(request, "incidents", write=False)
+        api.checks.authorize(request, "incidents", "read")
         found = await api.read(
             lambda c: incidents.list_incidents(c, settings, state, node, fault, limit=limit),
             "incidents",
@@ -59,7 +59,7 @@ def router(api: ApiState) -> APIRouter:
     )
     async def get_incident(request: Request, incident_id: str) -> IncidentDetail:
         ep = "incident"
-        api.checks.authorize(request, ep, write=False)
+        api.checks.authorize(request, ep, "read")
 
         async def look(client: Client) -> IncidentDetail:
             handle = await incidents.find_incident(client, settings, incident_id)

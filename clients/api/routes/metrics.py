@@ -18,7 +18,7 @@ def router(api: ApiState) -> APIRouter:
         # scraper shows a token (Prometheus: `authorization.credentials_file`).
         caller = request.client.host if request.client else None
         if not (is_loopback(settings.api_host) and is_loopback(caller)):
-            api.checks.authorize(request, "metrics")
+            api.checks.authorize(request, "metrics", "metrics")
         return Response(api.metrics.render(), media_type=api.metrics.content_type)
 
     return r

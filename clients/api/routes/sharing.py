@@ -31,7 +31,7 @@ def router(api: ApiState) -> APIRouter:
     )
     async def sharing_alert(request: Request) -> SharingAnswer:
         ep = "sharing"
-        api.checks.authorize(request, ep)
+        api.checks.authorize(request, ep, "alerts")
         payload = await api.checks.body(request, AlertmanagerPayload, "Alertmanager payload", ep)
         firing = [a for a in payload.alerts if a.status == "firing"]
         cluster = api.settings.cluster

@@ -25,14 +25,15 @@ def router(api: ApiState, slack: SlackConfig) -> APIRouter:
     settings = api.settings
 
     async def decide(
-        *, incident_id: str, step: str, approver: str, approve: bool, comment: str = ""
-    ) -> object:
+        *, incident_id: str, step: str, approver: str, approve: bool, comment: str = "",
+        via: str,
+    ) -> object:  # fmt: skip
         client = await api.gate.client()
         if step == MOVE_APPROVAL_STEP:
             decision = MoveDecision(move_id=incident_id, approve=approve, by=approver)
             return await decide_move(client, settings.cluster, decision)
         return await incidents.decide(
-            client, settings, incident_id, approver, approve, comment, step=step
+            client, settings, incident_id, approver, approve, comment, step=step, via=via
         )
 
     handler = InteractionHandler.from_config(slack, decide=decide)

@@ -54,6 +54,11 @@
       setText("breaker-detail", g.breaker_detail);
       setText("guard-repairs", "repairs " + g.repairing.length + (g.max_concurrent_repairs ? "/" + g.max_concurrent_repairs : ""));
       setText("guard-queue", "queued " + g.queued);
+      setText("guard-floor", g.floor_detail || "");
+      const held = g.held_at_floor || [];
+      setText("guard-held", held.length ? "drains held at the floor: " + (d.dense ? held.length : held.join(", ")) : "");
+      const heldEl = document.getElementById("guard-held");
+      if (heldEl) heldEl.className = held.length ? "pill bad" : "";
       setText("guard-spares", "spares free: " + (d.dense ? g.spares.length : g.spares.join(", ") || "none"));
       if (window.AutoclustersTopology) window.AutoclustersTopology.update(d);
     },
