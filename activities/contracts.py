@@ -66,6 +66,8 @@ from autoclusters.core.models import (
     CancelJobsResult,
     CheckpointInput,
     CheckpointJobsResult,
+    ControllerCheck,
+    ControllerFacts,
     DrainInput,
     DrainResult,
     HealthGateInput,
@@ -126,6 +128,11 @@ async def requeue_jobs(inp: RequeueInput) -> RequeueResult:
 
 @activity.defn(name="checkpoint_jobs")
 async def checkpoint_jobs(inp: CheckpointInput) -> CheckpointJobsResult:
+    raise _stub()
+
+
+@activity.defn(name="controller_facts")
+async def controller_facts(inp: ControllerCheck) -> ControllerFacts:
     raise _stub()
 
 

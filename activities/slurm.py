@@ -94,7 +94,9 @@ class SlurmActivities:
             return await self._requeue_jobs(inp)
 
     async def _requeue_jobs(self, inp: RequeueInput) -> RequeueResult:
-        result = RequeueResult()
+        # Read before any write: should the controller restart after these writes and come
+        # back from an older saved state, the runbook sees another start and checks again.
+        result = RequeueResult(controller_started=await self._slurm.controller_started())
         if inp.in_job and isinstance(self._slurm, SlurmInJobClient):
             # Jobs holding a hot spare lose the node and go on; what they could not do is
             # requeued there, under this incident's marker (seen below as requeued once).
@@ -145,6 +147,7 @@ class SlurmActivities:
             activity.heartbeat(f"jobs {settling or [j.job_id for j in held]} settling")
             await asyncio.sleep(inp.poll_s)
         result.requeued = [j.job_id for j in mine if j.job_id not in result.came_back]
+        result.records = [j.record() for j in mine if j.job_id in result.requeued]
         return result
 
     @activity.defn(name="wait_node_registered")
@@ -317,6 +320,16 @@ class SlurmActivities:
                 returned=False,
                 state_after=node.display_state,
                 detail=f"left drained: reason {node.reason!r} is not ours",
+            )
+        busy = [j.job_id for j in await self._slurm.jobs_on_node(inp.node) if j.job_state in BUSY]
+        if busy:
+            # Emptied, repaired, and yet Slurm places jobs here: after a reset or a new
+            # machine they cannot be running (a controller that came back from an older
+            # state). Never returned so: the runbook deals with them first.
+            return ReturnResult(
+                returned=False,
+                state_after=node.display_state,
+                detail=f"left drained: Slurm shows jobs {busy} on it after its repair",
             )
         await self._slurm.resume(inp.node)
         # Slurm flags a resumed node NOT_RESPONDING until it answers a fresh ping.

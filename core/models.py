@@ -222,6 +222,11 @@ class IncidentState(BaseModel):
     spare_node: str | None = None  # the hot spare put into service in this node's place
     steps: list[StepRecord] = Field(default_factory=list)
     requeued_jobs: list[int] = Field(default_factory=list)
+    # slurmctld's start when the jobs were requeued ("" unknown), what the incident knew
+    # of them, and those a controller restart lost (workflows/controller_restart.py).
+    controller_started: str = ""
+    job_records: list[JobRecord] = Field(default_factory=list)
+    vanished_jobs: list[JobRecord] = Field(default_factory=list)
     # Degraded faults: the jobs that checkpointed when asked, before their requeue.
     checkpointed_jobs: list[int] = Field(default_factory=list)
     # The Alertmanager silence of the node's other alerts, held from the drain to the close.
@@ -337,6 +342,52 @@ class SlurmJob(BaseModel):
     max_nodes: int = 0
     gpus: int = 0
     comment: str = ""
+    # What a person needs to submit it again (squeue's, where this Slurm gives them).
+    user: str = ""
+    command: str = ""  # the batch script
+    work_dir: str = ""
+    submit_line: str = ""
+
+    def record(self) -> JobRecord:
+        return JobRecord(
+            job_id=self.job_id, name=self.name, user=self.user, command=self.command,
+            work_dir=self.work_dir, submit_line=self.submit_line,
+        )  # fmt: skip
+
+
+class JobRecord(BaseModel):
+    """A job the incident requeued, as it knew it then: enough for a person to submit it
+    again if the controller loses it (a crash that rolled its state back)."""
+
+    job_id: int
+    name: str = ""
+    user: str = ""
+    command: str = ""
+    work_dir: str = ""
+    submit_line: str = ""
+
+    def how_to_resubmit(self) -> str:
+        if self.submit_line:
+            where = f" in {self.work_dir}" if self.work_dir else ""
+            return f"resubmit with `{self.submit_line}`{where}"
+        if self.command:
+            where = f" (-D {self.work_dir})" if self.work_dir else ""
+            return f"resubmit its batch script: sbatch {self.command}{where}"
+        return "its script is not known to the incident: ask its owner to resubmit"
+
+
+class ControllerCheck(BaseModel):
+    """Re-read after a possible controller restart: what the incident made true."""
+
+    node: str
+    incident_id: str
+    jobs: list[int] = Field(default_factory=list)  # the jobs it requeued
+
+
+class ControllerFacts(BaseModel):
+    controller_started: str = ""  # slurmctld's start (BOOT_TIME); "" when it says none
+    on_node: list[int] = Field(default_factory=list)  # jobs Slurm shows on the node now
+    unknown: list[int] = Field(default_factory=list)  # of the requeued, those Slurm lost
 
 
 # --- activity inputs and results --------------------------------------------------------
@@ -420,6 +471,10 @@ class RequeueResult(BaseModel):
     came_back: list[int] = Field(default_factory=list)
     requeued_again: list[int] = Field(default_factory=list)
     in_job: InJobResult | None = None  # None: not tried (policy, or a client that cannot)
+    # slurmctld's start, read before the first write: a later different one means the
+    # controller restarted since and may have forgotten what this call did ("": unknown).
+    controller_started: str = ""
+    records: list[JobRecord] = Field(default_factory=list)  # of the jobs requeued now
 
     def describe(self) -> str:
         """Exactly what was done to which job."""

@@ -115,6 +115,9 @@ class SlurmClient(Protocol):
     async def release_hold(self, job_id: int, seen_pending_at: float | None = None) -> None: ...
     async def set_admin_comment(self, job_id: int, text: str) -> None: ...
     async def cancel(self, job_id: int) -> None: ...
+    # When slurmctld started ("" if it does not say): a different answer later means it
+    # restarted, and may have come back with its state from before its last writes.
+    async def controller_started(self) -> str: ...
 
 
 class SlurmBatchClient(SlurmClient, Protocol):
@@ -177,6 +180,15 @@ def parse_nodes(doc: dict[str, Any]) -> list[SlurmNode]:
     return out
 
 
+def boot_time(config: str) -> str:
+    """BOOT_TIME from `scontrol show config`'s text (`BOOT_TIME = 2026-12-05T06:00:00`)."""
+    for line in config.splitlines():
+        key, sep, value = line.partition("=")
+        if sep and key.strip() == "BOOT_TIME":
+            return value.strip()
+    return ""
+
+
 def _number(raw: Any) -> int:
     # 23.02+ wraps numbers as {"set": true, "number": n}.
     if isinstance(raw, dict):
@@ -214,6 +226,10 @@ def parse_jobs(doc: dict[str, Any]) -> list[SlurmJob]:
                 max_nodes=_number(j.get("max_nodes")),
                 gpus=_tres_gpus(j.get("tres_req_str") or ""),
                 comment=j.get("comment") or "",
+                user=j.get("user_name") or "",
+                command=j.get("command") or "",
+                work_dir=j.get("current_working_directory") or "",
+                submit_line=j.get("submit_line") or "",
             )
         )
     return out
@@ -314,6 +330,10 @@ class SlurmCli:
 
     async def set_admin_comment(self, job_id: int, text: str) -> None:
         await self._run("scontrol", "update", f"JobId={job_id}", f"AdminComment={text}")
+
+    async def controller_started(self) -> str:
+        """slurmctld's BOOT_TIME from `scontrol show config` ("" when it prints none)."""
+        return boot_time(await self._run("scontrol", "show", "config", read=True))
 
     async def cancel(self, job_id: int) -> None:
         await self._run("scancel", str(job_id))

@@ -90,6 +90,9 @@ class StandInSlurm:
     async def cancel(self, job_id: int) -> None:
         await self._ok("POST", f"/slurm/jobs/{job_id}/cancel")
 
+    async def controller_started(self) -> str:
+        return ""  # the stand-in's controller never restarts under an incident
+
     async def submit_batch(
         self,
         command: str,

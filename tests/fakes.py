@@ -73,6 +73,9 @@ class FakeSlurm:
         # SlurmCli does on 22.05's errors document; `calls_while_down` counts the attempts.
         self.down = False
         self.calls_while_down: Counter[str] = Counter()
+        # slurmctld's start (BOOT_TIME); `crash_to` moves it, as a restart does.
+        self.started = "2026-01-01T00:00:00"
+        self.restarts = 0
 
     # --- building the cluster -----------------------------------------------------------
 
@@ -107,9 +110,13 @@ class FakeSlurm:
         restart_cnt: int = 0,
         admin_comment: str = "",
         comment: str = "",
+        command: str = "",
+        work_dir: str = "",
     ) -> SlurmJob:
         job = SlurmJob(
             comment=comment,
+            command=command,
+            work_dir=work_dir,
             job_id=job_id,
             name=name,
             job_state=job_state,
@@ -181,7 +188,39 @@ class FakeSlurm:
         n.slurmd_start_time = slurmd_start_time
         self.record("registered", node)
 
+    def saved_state(self) -> tuple[dict[str, SlurmNode], dict[int, SlurmJob]]:
+        """What slurmctld has written to its StateSaveLocation: the state right now."""
+        nodes = {k: v.model_copy(deep=True) for k, v in self._nodes.items()}
+        jobs = {k: v.model_copy(deep=True) for k, v in self._jobs.items()}
+        return nodes, jobs
+
+    def crash_to(
+        self, saved: tuple[dict[str, SlurmNode], dict[int, SlurmJob]], *, keep_nodes: bool = True
+    ) -> None:
+        """slurmctld killed and started again on its last saved state: the jobs as they
+        were then (a requeue since is forgotten, a job submitted since is gone); the nodes
+        as slurmd reports them when it registers again (`keep_nodes`), else as saved."""
+        nodes, jobs = saved
+        self._jobs = {k: v.model_copy(deep=True) for k, v in jobs.items()}
+        if not keep_nodes:  # the drains and reasons saved; slurmd says when it started
+            for name, was in nodes.items():
+                now = self._nodes[name]
+                now.state_flags, now.reason = list(was.state_flags), was.reason
+        for j in self._jobs.values():  # what the restored jobs hold again
+            if j.job_state in _REQUEUEABLE_STATES:
+                for n in hostlist.expand(j.nodes):
+                    if n in self._nodes and self._nodes[n].state == "idle":
+                        self._nodes[n].state = "allocated"
+        self.restarts += 1
+        self.started = f"2026-01-01T00:{self.restarts:02d}:00"
+        self.record("controller_restarted", self.started)
+
     # --- SlurmClient --------------------------------------------------------------------
+
+    async def controller_started(self) -> str:
+        self._reachable("controller_started")
+        self.calls["controller_started"] += 1
+        return self.started
 
     def _reachable(self, call: str) -> None:
         if self.down:

@@ -22,6 +22,7 @@ from autoclusters.activities.checkpoint import CheckpointActivities
 from autoclusters.activities.cloud import CloudActivities
 from autoclusters.activities.cluster_ops import ClusterOpsActivities
 from autoclusters.activities.cluster_provider import ClusterProviderActivities
+from autoclusters.activities.controller_facts import ControllerActivities
 from autoclusters.activities.decisions import DecisionActivities
 from autoclusters.activities.guard import GuardActivities
 from autoclusters.activities.health import HealthActivities
@@ -223,6 +224,7 @@ def activities_for(
         guard.attach_policy,
         n.notify,
         DecisionActivities(approval_keys).check_decision_proof,
+        ControllerActivities(slurm).controller_facts,
     ]
 
 

@@ -30,6 +30,7 @@ with workflow.unsafe.imports_passed_through():
         RequeueInput,
         SilenceInput,
         WaitIdleInput,
+        WaitIdleResult,
         Waiting,
         drain_reason,
     )
@@ -123,23 +124,43 @@ class Quarantine:
             timeout=timedelta(seconds=p.in_job_budget_s + 300) if in_job else None,
         )
         s.requeued_jobs = requeued.requeued
+        known = {j.job_id for j in s.job_records}
+        s.job_records += [j for j in requeued.records if j.job_id not in known]
+        # The controller's start when the jobs were first requeued: a later one means it
+        # restarted since (workflows/controller_restart.py compares, and moves it on).
+        s.controller_started = s.controller_started or requeued.controller_started
         s.recovery_path = {
             **dict.fromkeys(requeued.in_job.recovered if requeued.in_job else [], "in-job"),
             **dict.fromkeys(requeued.requeued, "requeue"),
         }
         if requeued.came_back:
-            await self._returned_jobs(requeued.came_back)
+            await self.returned_jobs(requeued.came_back)
         # After the jobs are on their way (their restart never waits for it), before the
         # idle wait and the repair that make the node's exporters go away.
         if s.step("silence") is None and workflow.patched(SILENCE_PATCH):
             await self._silence()
-        first = inc.policy.step(Rung(s.rung or Rung.REBOOT.value))
         # Jobs that could not be requeued still run here: never repair under them, unless
         # the policy says force.
+        await inc.steps.step(
+            "wait_idle",
+            self.wait_idle,
+            lambda r: (
+                (f"cancelled {r.cancelled}" if r.cancelled else f"idle after {r.waited_s:.0f}s")
+                + (f"; the drain was lost and applied again x{r.redrained}" if r.redrained else "")
+            ),
+        )
+        if self.k8s is not None:
+            await self.k8s.quarantine(inc.policy.step(Rung(s.rung or Rung.REBOOT.value)))
+
+    async def wait_idle(self) -> WaitIdleResult:
+        """Until the node runs nothing: within the rung's idle timeout, then as the policy
+        says (leave it drained, or cancel what still runs)."""
+        inc = self.incident
+        req, s = inc.request, inc.state
+        first = inc.policy.step(Rung(s.rung or Rung.REBOOT.value))
         s.waiting_for = Waiting(kind="idle", detail="jobs still on the node", since=workflow.now())
         force = not first.wait_for_idle or first.on_idle_timeout == "force"
-        await inc.steps.activity(
-            "wait_idle",
+        done = await inc.steps.call(
             contracts.wait_node_idle,
             WaitIdleInput(
                 node=req.node,
@@ -148,15 +169,10 @@ class Quarantine:
                 drain_reason=drain_reason(req.incident_id, req.fault),
             ),
             f"wait until {req.node} is idle" + (" (then cancel what runs)" if force else ""),
-            lambda r: (
-                (f"cancelled {r.cancelled}" if r.cancelled else f"idle after {r.waited_s:.0f}s")
-                + (f"; the drain was lost and applied again x{r.redrained}" if r.redrained else "")
-            ),
             timeout=timedelta(seconds=first.idle_timeout_s + 120),
         )
         s.waiting_for = None
-        if self.k8s is not None:
-            await self.k8s.quarantine(first)
+        return done
 
     async def _silence(self) -> None:
         """The node's other alerts silenced in Alertmanager until the incident closes
@@ -206,7 +222,7 @@ class Quarantine:
             f"drain {r.node} ({r.fault})",
         )
 
-    async def _returned_jobs(self, jobs: list[int]) -> None:
+    async def returned_jobs(self, jobs: list[int]) -> None:
         """Jobs this incident requeued once are running on the node again (its drain was
         lost, e.g. an admin resumed it during a wait). Never a second requeue for one fault
         unless the policy says so: otherwise a human decides in Slack, cancel them or wait

@@ -55,6 +55,7 @@ with workflow.unsafe.imports_passed_through():
     from autoclusters.core.policy import LADDER, Policy, Rung
 
 from autoclusters.workflows.approvals import Approvals
+from autoclusters.workflows.controller_restart import ControllerRestart
 from autoclusters.workflows.fault_intake import FaultIntake
 from autoclusters.workflows.guard_steps import GuardSeat
 from autoclusters.workflows.health_gate_steps import Evidence, health_gate
@@ -98,6 +99,7 @@ class NodeRemediation:
         self._approvals = Approvals(inc)
         self._k8s = KubernetesNode(inc) if req.kubernetes else None
         self._quarantine = Quarantine(inc, self._approvals, self._k8s)
+        self._controller = ControllerRestart(inc, self._quarantine)
         guard = GuardContext(
             cluster=req.cluster, policy=p.guard, topology=p.topology, approvers=p.approvers
         )
@@ -260,6 +262,9 @@ class NodeRemediation:
                 # Repaired again and again: held drained (and cordoned) until a person says.
                 s.lemon = True
                 await self._approvals.release_lemon(lemon_text(p, req.node, req.prior_repairs or 0))
+            # The controller may have restarted meanwhile: never return a node with a job
+            # Slurm places on it that cannot be running.
+            await self._controller.recheck()
             if self._k8s is not None:
                 await self._k8s.give_back()
             if s.spare_node is not None:
@@ -347,6 +352,7 @@ class NodeRemediation:
             if before is not None and self._k8s is not None:
                 await self._k8s.wait_new_machine(before, done)
             await self._wait_registered(req, done)
+            await self._controller.recheck()  # a controller that forgot: before the gate
             report = await health_gate(inc, self._evidence, done)  # Slurm's and the agent's
             if report.passed and p.burn_in.enabled:
                 report = await self._screen(req, report)  # a failed screen: a failed gate

@@ -219,6 +219,9 @@ def _show(incident_id: str, as_json: bool) -> None:
         console.print(f"{a.step} {verb} by {a.approver} at {a.at:%H:%M:%S} {a.comment}")
     for x in state.refusals:
         console.print(f"[red]refused[/red] {x.approver} on {x.step}: {x.reason}")
+    for j in state.vanished_jobs:  # lost by a restarted controller: a person resubmits
+        err.print(f"job {j.job_id} ({j.name}) lost by the Slurm controller: {j.how_to_resubmit()}",
+                  markup=False, style="red")  # fmt: skip
     for line in state.planned_steps:
         console.print(f"plan: {line}")
     t = Table("step", "outcome", "started", "finished", "seconds", "detail")

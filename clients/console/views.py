@@ -17,6 +17,7 @@ from autoclusters.core.models import (
     ApprovalRecord,
     FaultSeen,
     IncidentState,
+    JobRecord,
     RefusedApproval,
     StepRecord,
 )
@@ -66,6 +67,8 @@ class IncidentPage(BaseModel):
     approvals: list[ApprovalRecord]
     refusals: list[RefusedApproval]
     notifications: list[NotificationRow]
+    # Jobs the incident requeued that a restarted Slurm controller no longer knows.
+    vanished_jobs: list[JobRecord] = Field(default_factory=list)
 
 
 class IncidentsPage(BaseModel):
@@ -148,6 +151,7 @@ def incident_page(
         approvals=state.approvals,
         refusals=state.refusals,
         notifications=notifications(state),
+        vanished_jobs=state.vanished_jobs,
     )
 
 

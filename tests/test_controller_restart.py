@@ -1,0 +1,140 @@
+"""A controller that forgets (time-skipping server, fake Slurm): slurmctld killed during
+the repair comes back on its last saved state, from before the incident's requeue.
+
+- the requeue it forgot (the job "runs" again on the machine just rebooted) is done again,
+  once: Slurm's restart count says one requeue for the fault, and the node goes back idle;
+- the drain it forgot is applied again before the node's health gate (the wait for its
+  registration takes it back; the check after it reads it again);
+- a job it no longer knows at all is reported by id, with how to submit it again;
+- with no restart, nothing more is read than one look, and nothing is done;
+- the return refuses a node Slurm shows busy after its repair.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
+
+from autoclusters.activities.slurm import SlurmActivities
+from autoclusters.core.models import ReturnInput, drain_reason
+from autoclusters.core.policy import Rung
+from autoclusters.integrations.slurm import boot_time
+from tests.fakes import FakeCloud, FakeSlurm
+from tests.test_remediation_workflow import _fleet, _policy
+
+pytestmark = pytest.mark.workflow
+
+Saved = tuple[Any, Any]
+
+
+class CrashingCloud(FakeCloud):
+    """The repair goes through while slurmctld is away; slurmctld then starts again on the
+    state it had saved before the incident (`saved`, taken by the test)."""
+
+    def __init__(self, slurm: FakeSlurm, *, keep_nodes: bool = True) -> None:
+        super().__init__(slurm)
+        self.saved: Saved | None = None
+        self.keep_nodes = keep_nodes
+
+    async def repair(self, node: str, rung: Rung, idempotency_key: str, **kw: Any) -> Any:
+        first = idempotency_key not in self._repairs
+        done = await super().repair(node, rung, idempotency_key, **kw)
+        if first and self.saved is not None:
+            self._slurm.crash_to(self.saved, keep_nodes=self.keep_nodes)
+        return done
+
+
+@pytest.mark.parametrize("keep_nodes", [True, False], ids=["drain-kept", "drain-forgotten"])
+async def test_a_forgotten_requeue_is_done_again_once_and_the_node_returns_idle(
+    env: WorkflowEnvironment, keep_nodes: bool
+) -> None:
+    async with _fleet(
+        env, cloud=lambda s: CrashingCloud(s, keep_nodes=keep_nodes), fixed_by=Rung.REBOOT
+    ) as f:
+        assert isinstance(f.cloud, CrashingCloud)
+        f.cloud.saved = f.slurm.saved_state()  # job 101 running on gpu-01, nothing drained
+        handle = await f.start(f.request(policy=_policy()))
+        result = await handle.result()
+
+    assert result.status == "resolved", result.error
+    job = f.slurm.job_now(101)
+    assert job.restart_cnt == 1, "one requeue for the fault, as Slurm counts them"
+    assert job.job_state == "PENDING"
+    assert f.slurm.node_now("gpu-01").state == "idle"
+    assert "DRAIN" not in f.slurm.node_now("gpu-01").state_flags  # returned
+    names = [s.name for s in result.steps]
+    assert names.index("recheck_after_restart") < names.index("health_gate")
+    detail = result.step("recheck_after_restart").detail  # type: ignore[union-attr]
+    assert "the controller restarted" in detail
+    assert "forgot the requeue of job(s) [101]; requeued again" in detail
+    if not keep_nodes:
+        # The wait for the node's registration takes back a drain that is gone; the check
+        # after it finds it in place.
+        drains = [w for w, n in f.slurm.log if (w, n) == ("drain", "gpu-01")]
+        assert len(drains) == 2
+        assert f.slurm.log.index(
+            ("drain", "gpu-01"), f.slurm.log.index(("controller_restarted", f.slurm.started))
+        ) < f.slurm.log.index(("resume", "gpu-01"))
+    assert result.vanished_jobs == []
+    assert result.controller_started == f.slurm.started  # moved on to the new start
+
+
+async def test_a_job_the_controller_lost_is_reported_with_how_to_resubmit(
+    env: WorkflowEnvironment,
+) -> None:
+    async with _fleet(env, cloud=CrashingCloud, fixed_by=Rung.REBOOT) as f:
+        assert isinstance(f.cloud, CrashingCloud)
+        f.cloud.saved = f.slurm.saved_state()
+        # Submitted seconds before the crash: never in the controller's saved state.
+        f.slurm.add_job(
+            201, nodes="gpu-01", command="/home/ada/train.sbatch", work_dir="/home/ada/run7"
+        )
+        handle = await f.start(f.request(policy=_policy()))
+        result = await handle.result()
+
+    assert result.status == "resolved", result.error
+    assert [j.job_id for j in result.vanished_jobs] == [201]
+    lost = result.vanished_jobs[0]
+    assert lost.command == "/home/ada/train.sbatch" and lost.work_dir == "/home/ada/run7"
+    told = [n for n in f.notes() if n.event == "jobs_vanished"]
+    assert len(told) == 1 and told[0].severity == "critical"
+    assert "no longer knows job(s) [201]" in told[0].text
+    assert "sbatch /home/ada/train.sbatch (-D /home/ada/run7)" in told[0].text
+    assert f.slurm.node_now("gpu-01").state == "idle"
+    assert f.slurm.job_now(101).restart_cnt == 1
+
+
+async def test_without_a_restart_nothing_is_done_again(env: WorkflowEnvironment) -> None:
+    async with _fleet(env, fixed_by=Rung.REBOOT) as f:
+        handle = await f.start(f.request(policy=_policy()))
+        result = await handle.result()
+    assert result.status == "resolved"
+    assert result.step("recheck_after_restart") is None
+    assert f.slurm.requeue_count[101] == 1
+    assert f.slurm.calls["controller_started"] == 3  # the requeue's, two looks after
+    assert result.controller_started == f.slurm.started
+
+
+async def test_the_return_refuses_a_node_slurm_shows_busy_after_its_repair() -> None:
+    slurm = FakeSlurm()
+    slurm.add_node("gpu-01", state_flags=["DRAIN"], reason=drain_reason("INC-1", "XID_79"))
+    slurm.add_job(101, nodes="gpu-01")  # a job that cannot be running on the new machine
+    back = await ActivityEnvironment().run(
+        SlurmActivities(slurm).return_to_service, ReturnInput(node="gpu-01", incident_id="INC-1")
+    )
+    assert not back.returned
+    assert "Slurm shows jobs [101] on it after its repair" in back.detail
+    assert "DRAIN" in slurm.node_now("gpu-01").state_flags
+
+
+def test_the_controllers_start_is_read_from_scontrol_show_config() -> None:
+    config = (
+        "Configuration data as of 2026-12-05T06:10:00\n"
+        "AccountingStorageBackupHost = (null)\n"
+        "BOOT_TIME               = 2026-12-05T06:00:01\n"
+        "BcastExclude            = /lib,/usr/lib\n"
+    )
+    assert boot_time(config) == "2026-12-05T06:00:01"
+    assert boot_time("SlurmctldPort = 6817\n") == ""  # says none: unknown, never a guess
