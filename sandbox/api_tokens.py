@@ -10,10 +10,18 @@ import hashlib
 import os
 import secrets
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-if TYPE_CHECKING:  # config.py writes the grants into the settings file: no import cycle
-    from autoclusters.sandbox.config import SandboxConfig
+
+class SandboxConfig(Protocol):
+    """What of the sandbox's config this needs (config.py writes the grants into the
+    settings file, so this module does not import it back)."""
+
+    @property
+    def state_dir(self) -> Path: ...
+    @property
+    def approvers(self) -> list[str]: ...
+
 
 AGENT, ALERTMANAGER, READER = "token", "alertmanager-token", "reader-token"
 APPROVAL_KEY = "approval-key"
