@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import jwt
 import pytest
-from temporalio.client import Client, WorkflowUpdateFailedError
+from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 
 from autoclusters.clients import incidents
@@ -37,23 +37,16 @@ from autoclusters.workflows.remediation import NodeRemediation
 from tests.decisions import APPROVAL_KEY, signed
 from tests.helpers import HermeticSettings
 from tests.test_remediation_workflow import (
-    Incident,
     _approval_pending,
     _fleet,
     _policy,
+    _refused,
     _until,
     _waiting,
 )
 
 OTHER_KEY = "not-the-workers-key-0123456789abcdefghij"
 D = Decision("inc-1", "reboot", "alice", True, "token:alice")
-
-
-async def _refused(handle: Incident, req: ApprovalRequest, *, reject: bool = False) -> str:
-    update = NodeRemediation.reject if reject else NodeRemediation.approve
-    with pytest.raises(WorkflowUpdateFailedError) as caught:
-        await handle.execute_update(update, req)
-    return str(caught.value.cause)
 
 
 @pytest.mark.workflow
