@@ -8,7 +8,8 @@ machine's GPU is really broken until a reboot, and afterwards:
 
 - the incident resolves, with one repair (a reboot);
 - the Crusoe emulator's own record shows exactly one cloud operation for that repair;
-- the job was requeued exactly once (Slurm restart count 1, our AdminComment marker);
+- the job was requeued exactly once by us (our AdminComment marker; Slurm's restart count is
+  1 plus any requeue slurmctld's log gives as its own, a slurmd it lost under load);
 - no node is left drained in Slurm or cordoned in Kubernetes.
 
 The repair's two cases are checked to have landed where they say (the emulator had / had
@@ -17,6 +18,8 @@ again (the crash caught them running).
 """
 
 from __future__ import annotations
+
+import re
 
 import httpx
 import pytest
@@ -64,8 +67,22 @@ def _describe(what: str, at: str, report: ChaosReport) -> str:
         f"SIGKILL {what} at {at}: status={report.status} repairs={report.repairs} "
         f"moment={report.killed_at_moment} cloud={report.cloud_operation_log} "
         f"at kill={report.cloud_operations_at_kill} retried={report.retried} "
-        f"actions={report.actions}"
+        f"actions={report.actions} steps={[(s.name, s.detail) for s in report.steps]}"
     )
+
+
+# slurmctld's own requeues of a batch job (22.05's messages): a node it gave up on, a launch
+# that failed. On a machine loaded far past its cores a slurmd can miss its SlurmdTimeout;
+# that requeue is Slurm's, counted apart from ours.
+_SLURM_OWN_REQUEUE = re.compile(
+    r"due to (node )?failure|Attempting to requeue failed job|attempting to requeue batch"
+)
+
+
+def _slurmctld_lines(cfg: SandboxConfig, job_id: int) -> list[str]:
+    log = cfg.log_dir / "slurmctld.log"
+    tag = re.compile(rf"JobId={job_id}\b")
+    return [line for line in log.read_text(errors="replace").splitlines() if tag.search(line)]
 
 
 @pytest.mark.parametrize(("what", "at"), MATRIX)
@@ -98,7 +115,12 @@ async def test_sigkill_at_every_step(matrix_sandbox: SandboxConfig, what: str, a
 
         requeued = await job(slurm, job_id)
         assert requeued is not None, case
-        assert requeued.restart_cnt == 1, f"{case}: restart count {requeued.restart_cnt}"
+        # Once by us, never twice; whatever else moved the job is Slurm's own, in its log.
+        lines = _slurmctld_lines(cfg, job_id)
+        own = [line for line in lines if _SLURM_OWN_REQUEUE.search(line)]
+        assert requeued.restart_cnt == 1 + len(own), (
+            f"{case}: restart count {requeued.restart_cnt}; slurmctld on the job: {lines}"
+        )
         marker = f"autoclusters:requeue:{report.incident_id}:0"
         assert requeued.admin_comment == marker, f"{case}: {requeued.admin_comment!r}"
         drained = [(n.name, n.reason) for n in await slurm.nodes() if n.drained]

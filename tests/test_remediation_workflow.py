@@ -242,9 +242,10 @@ async def _fleet(
         health=FakeHealth(fake_cloud, fixed_by=fixed_by),
         notifier=RecordingNotifier(),
     )
-    guard_acts = GuardActivities(
-        env.client, slurm, f.task_queue, execution_timeout=timedelta(days=30)
-    )
+    # No execution timeout on the guard: it is a timer the test server skips to the moment
+    # nothing else runs (between one incident's result and the next start, under load),
+    # and a guard that timed out comes back empty, its recurrence count forgotten.
+    guard_acts = GuardActivities(env.client, slurm, f.task_queue)
     async with Worker(
         env.client,
         task_queue=f.task_queue,
