@@ -54,8 +54,9 @@ test: system-deps install
 	if [ $$linted -ne 0 ]; then echo "make test: lint failed"; fi; \
 	[ $$tests -eq 0 ] && [ $$linted -eq 0 ]
 
-# The long demo scenarios beyond the default demo (share, borrow, CMK: each module's
-# docstring says why it is here), side by side, one worker each. CI runs it after `make test`.
+# The long demo scenarios beyond the default demo (share, borrow, CMK) and the controller
+# crash runs and cases (each module's docstring says why it is here), side by side, one
+# worker each. CI runs it after `make test`.
 scenarios: system-deps install
 	$(BIN)/pytest -n 3 $(XDIST) -m scenario
 

@@ -7,8 +7,12 @@ went wrong (`outage_matrix.problems`). Exits 1 when any case has a problem.
 
     .venv/bin/python bench/outages.py [--outage-s 60] [--cases slurmctld,crusoe@repair]
     .venv/bin/python bench/outages.py --write-docs   # the table into docs/operations.md
+    .venv/bin/python bench/outages.py --crash [--cases requeue,after:requeue] [--write-docs]
 
-The whole matrix (18 cases) takes about 25 minutes at 60 s.
+The whole matrix (18 cases) takes about 25 minutes at 60 s. `--crash` runs the crash cases
+instead (slurmctld SIGKILLed after each of the runbook's Slurm writes, once the requeue step
+has completed, and as the repair starts: `outage_matrix.crash_matrix`), each with what the
+restarted controller forgot; their table has markers of its own in docs/operations.md.
 """
 
 from __future__ import annotations
@@ -30,7 +34,9 @@ from autoclusters.sandbox import cluster  # noqa: E402
 from autoclusters.sandbox.config import SandboxConfig  # noqa: E402
 from autoclusters.sandbox.outage import OutageReport, ops_cut_short  # noqa: E402
 from autoclusters.sandbox.outage_matrix import (  # noqa: E402
+    CrashCase,
     OutageCase,
+    crash_matrix,
     describe,
     every_case_a_first_incident,
     matrix,
@@ -47,6 +53,30 @@ HEADER = (
     "| max outage shown | duration | problems |\n"
     "|---|---|---|---|---|---|---|---|---|---|"
 )
+CRASH_BEGIN, CRASH_END = "<!-- controller-crash:begin -->", "<!-- controller-crash:end -->"
+CRASH_HEADER = (
+    "| crash at | landed at | SIGKILL after the write | the restarted controller forgot "
+    "| status | repairs | cloud ops | requeues | vanished | node after | duration | problems |\n"
+    "|---|---|---|---|---|---|---|---|---|---|---|---|"
+)
+
+
+def crash_row(case: CrashCase, r: OutageReport | BaseException, took_s: float) -> str:
+    if isinstance(r, BaseException):
+        cells = ["-", "-", "-", "error", *["-"] * 5, f"{took_s:.0f} s", f"{type(r).__name__}: {r}"]
+    else:
+        c = r.crash
+        landed = f"{r.landed_down} → {r.landed_up}" if r.outage else "never reached"
+        lag = f"{c.lag_s:.2f} s" if c is not None and c.lag_s is not None else "-"
+        forgot = "; ".join(c.forgot) if c is not None and c.forgot else "nothing"
+        cells = [
+            landed, lag, forgot, r.status, ", ".join(r.repairs) or "-",
+            str(len(r.cloud_ops) - len(ops_cut_short(r))), str(r.job_restart_cnt),
+            ", ".join(map(str, r.vanished_jobs)) or "-", r.node_state or "-",
+            f"{took_s:.0f} s", "; ".join(problems(case, r)) or "ok",
+        ]  # fmt: skip
+    cells = [case.moment, *cells]
+    return "| " + " | ".join(c.replace("|", "/") for c in cells) + " |"
 
 
 def row(case: OutageCase, r: OutageReport | BaseException, took_s: float) -> str:
@@ -65,23 +95,26 @@ def row(case: OutageCase, r: OutageReport | BaseException, took_s: float) -> str
     return "| " + " | ".join(c.replace("|", "/") for c in cells) + " |"
 
 
-def write_docs(table: str, outage_s: float, argv: list[str]) -> None:
+def write_docs(
+    table: str, outage_s: float, argv: list[str], begin: str = BEGIN, end: str = END
+) -> None:
     """Replace what lies between the markers in docs/operations.md."""
     text = DOCS.read_text()
-    if BEGIN not in text or END not in text:
-        raise SystemExit(f"{DOCS}: no {BEGIN} ... {END} section to replace")
+    if begin not in text or end not in text:
+        raise SystemExit(f"{DOCS}: no {begin} ... {end} section to replace")
     command = " ".join(["bench/outages.py", *argv])
     when = datetime.now(UTC).strftime("%Y-%m-%d")
     body = (
-        f"{BEGIN}\n{table}\n\n{outage_s:g} s outages; `.venv/bin/python {command}`, {when}.\n{END}"
+        f"{begin}\n{table}\n\n{outage_s:g} s outages; `.venv/bin/python {command}`, {when}.\n{end}"
     )
-    pattern = re.compile(re.escape(BEGIN) + ".*?" + re.escape(END), re.S)
+    pattern = re.compile(re.escape(begin) + ".*?" + re.escape(end), re.S)
     DOCS.write_text(pattern.sub(lambda _: body, text, count=1))
     print(f"wrote the table into {DOCS}")
 
 
 async def run(args: argparse.Namespace) -> int:
-    cases = matrix([c for c in args.cases.split(",") if c] if args.cases else None)
+    only = [c for c in args.cases.split(",") if c] if args.cases else None
+    cases: list[OutageCase] = list(crash_matrix(only)) if args.crash else matrix(only)
     state_dir = Path(args.state_dir or tempfile.mkdtemp(prefix="outages-"))
     cfg = SandboxConfig(
         state_dir=state_dir, cluster="outagebench", nodes=args.nodes,
@@ -110,10 +143,15 @@ async def run(args: argparse.Namespace) -> int:
                 else:
                     print(describe(case, result))
                     bad += bool(problems(case, result))
-                rows.append(row(case, result, took))
-        table = HEADER + "\n" + "\n".join(rows)
+                if isinstance(case, CrashCase):
+                    rows.append(crash_row(case, result, took))
+                else:
+                    rows.append(row(case, result, took))
+        table = (CRASH_HEADER if args.crash else HEADER) + "\n" + "\n".join(rows)
         print(f"\n{table}\n\n{len(cases)} cases in {time.monotonic() - started:.0f} s, {bad} bad")
-        if args.write_docs:
+        if args.write_docs and args.crash:
+            write_docs(table, args.outage_s, sys.argv[1:], CRASH_BEGIN, CRASH_END)
+        elif args.write_docs:
             write_docs(table, args.outage_s, sys.argv[1:])
         return 1 if bad else 0
     finally:
@@ -130,6 +168,10 @@ def main() -> None:
         "(crusoe) or steps (@repair); default: all",
     )  # fmt: skip
     p.add_argument("--write-docs", action="store_true", help="the table into docs/operations.md")
+    p.add_argument(
+        "--crash", action="store_true", help="the crash cases (slurmctld SIGKILLed) instead; "
+        "--cases then names moments (requeue, after:requeue)",
+    )  # fmt: skip
     p.add_argument("--nodes", type=int, default=4)
     p.add_argument("--boot-delay", type=float, default=2)
     p.add_argument("--port-base", type=int, default=0, help="default: a free range")

@@ -188,29 +188,68 @@ def sandbox_outage(
     ],
     for_s: Annotated[float, typer.Option("--for", help="Seconds it stays away.")],
     kill: Annotated[
-        bool, typer.Option("--kill", help="SIGKILL (a crash) instead of SIGTERM.")
+        bool,
+        typer.Option(
+            "--crash", "--kill", help="SIGKILL (a crash: no clean state save) instead of SIGTERM."
+        ),
     ] = False,
+    after: Annotated[
+        str | None,
+        typer.Option(
+            help="slurmctld only, with --crash and --node: crash within a second after the "
+            "node's incident makes this Slurm write (drain, requeue, resume: read from "
+            "slurmctld's log), when its repair starts (repair), or once its STEP has "
+            "completed (after:STEP). Waits for it."
+        ),
+    ] = None,
+    node: Annotated[
+        str | None, typer.Option(help="The node whose incident --after watches.")
+    ] = None,
+    hold_saves: Annotated[
+        bool,
+        typer.Option(
+            help="With --after: from now until the crash slurmctld's job state saves fail "
+            "(a stalled StateSaveLocation), so the crash forgets every job change since."
+        ),
+    ] = False,
+    wait_s: Annotated[float, typer.Option(help="How long --after waits for its moment.")] = 600,
     timeout_s: Annotated[float, typer.Option(help="How long it may take to be ready.")] = 90,
     state_dir: StateDir = DEFAULT_SANDBOX_DIR,
 ) -> None:
     """Take one component of a running sandbox away for a while, then start it again on the
     same state; returns once it is ready. Jobs, drains and incidents stay as they are."""
     from autoclusters.sandbox import cluster as sb
-    from autoclusters.sandbox import outage
+    from autoclusters.sandbox import controller_crash, outage
     from autoclusters.sandbox.daemons import SandboxError
 
     try:  # refuse a name before touching anything
-        outage.process_name(component)
-    except outage.OutageError as e:
+        name = outage.process_name(component)
+        if after is not None:
+            controller_crash.parse_moment(after)
+    except (outage.OutageError, controller_crash.CrashError) as e:
         err.print(f"[red]refused:[/red] {e}")
         raise typer.Exit(2) from None
     if for_s < 0:
         err.print("[red]refused:[/red] --for must be 0 or more seconds")
         raise typer.Exit(2)
+    if after is not None and (name != "slurmctld" or not kill or node is None):
+        err.print("[red]refused:[/red] --after crashes slurmctld: give --crash and --node")
+        raise typer.Exit(2)
     try:
         cfg = sb.load(state_dir.absolute())
+        if after is not None and node is not None:
+            hold = ("job_state",) if hold_saves else ()
+            report, c = asyncio.run(
+                controller_crash.crash_at(cfg, after, node, for_s, hold=hold, wait_s=wait_s)
+            )
+            console.print(report.describe())
+            console.print(
+                f"slurmctld: pid {c.old_pid} crashed (SIGKILL) at {after}, away {c.down_s:.1f}s "
+                f"(asked {for_s:g}s, restart included) -> pid {c.new_pid}, ready"
+            )
+            return
         done = outage.take_away(cfg, component, for_s, kill=kill, timeout_s=timeout_s)
-    except SandboxError as e:
+    except (SandboxError, controller_crash.CrashError) as e:
         err.print(f"[red]outage failed:[/red] {e}")
         raise typer.Exit(1) from None
     console.print(

@@ -49,6 +49,7 @@ from autoclusters.sandbox import (
 )
 from autoclusters.sandbox.chaos import STEPS, _closed, cloud_operations
 from autoclusters.sandbox.config import SandboxConfig
+from autoclusters.sandbox.controller_crash import ControllerCrash, CrashReport, epoch
 from autoclusters.sandbox.hardware import Hardware, HardwareFault
 from autoclusters.sandbox.history_ticks import HistoryTicks
 from autoclusters.workflows.remediation import NodeRemediation
@@ -124,6 +125,15 @@ def take_away(
     )  # fmt: skip
 
 
+def crashed(crash: ControllerCrash) -> OutageDone:
+    """`crash` (slurmctld SIGKILLed and started again on its state), as an outage."""
+    c = crash.crash()
+    return OutageDone(
+        component="slurmctld", old_pid=c.old_pid, new_pid=c.new_pid, signal="SIGKILL",
+        down_at=c.down_at, up_at=c.up_at, down_s=c.down_s,
+    )  # fmt: skip
+
+
 # --- watching the case's job ----------------------------------------------------------------
 
 
@@ -137,6 +147,27 @@ def squeue_job(cfg: SandboxConfig, job_id: int, timeout_s: float = 10) -> dict[s
     ).stdout  # fmt: skip
     jobs: list[dict[str, Any]] = json.loads(out).get("jobs", [])
     return next((j for j in jobs if int(j["job_id"]) == job_id), None)
+
+
+def squeue_all(cfg: SandboxConfig, timeout_s: float = 10) -> list[dict[str, Any]]:
+    """Every job `squeue --json` lists (ended ones stay for MinJobAge)."""
+    out = subprocess.run(
+        [daemons.require("squeue"), "--json"],
+        env={**os.environ, "SLURM_CONF": str(cfg.slurm_conf)},
+        capture_output=True, text=True, check=True, timeout=timeout_s,
+    ).stdout  # fmt: skip
+    jobs: list[dict[str, Any]] = json.loads(out).get("jobs", [])
+    return jobs
+
+
+def jobs_on_node(jobs: list[dict[str, Any]], node: str) -> list[JobOnNode]:
+    """Every job of `jobs` Slurm places on `node` (running, completing, suspended)."""
+    return [
+        JobOnNode(job_id=int(j["job_id"]), state=_state(j), start_time=epoch(j.get("start_time")))
+        for j in jobs
+        if _state(j) in ("RUNNING", "COMPLETING", "SUSPENDED")
+        and node in hostlist.expand(j.get("nodes") or "")
+    ]
 
 
 def _restart_cnt(job: dict[str, Any]) -> int:
@@ -197,6 +228,12 @@ class CloudOp(BaseModel):
     completed_at: datetime | None = None
 
 
+class JobOnNode(BaseModel):
+    job_id: int
+    state: str
+    start_time: datetime | None = None
+
+
 class OutageReport(BaseModel):
     incident_id: str
     node: str
@@ -224,6 +261,14 @@ class OutageReport(BaseModel):
     job_end_time: datetime | None = None  # Slurm's, for a job that has ended
     job_last_running_at: datetime | None = None  # last seen running on the node
     job_off_node_at: datetime | None = None  # first seen off it
+    job_listed: bool = True  # squeue still lists the job (any state) at the report
+    requeued_jobs: list[int] = []  # the incident's own record
+    requeued_unlisted: list[int] = []  # of those, the ones squeue no longer lists
+    vanished_jobs: list[int] = []  # requeued jobs the incident reports Slurm lost
+    # Every job Slurm places on the node at the report, and when each started: one that
+    # started before the repair is a ghost (its processes went with the machine).
+    jobs_on_node: list[JobOnNode] = []
+    crash: CrashReport | None = None  # a controller crash's own record (ControllerCrash)
     # When the last wait_node_idle activity completed, from the history's own event: the
     # step's finished_at is workflow time, which after a workflow task timed out (Temporal
     # away) can be the time of the task before it.
@@ -284,19 +329,29 @@ async def run_outage_case(
     timeout_s: float = 300,
     console: Console | None = None,
     poll_s: float = 1.0,
+    crash: ControllerCrash | None = None,
 ) -> OutageReport:
     """Open a `fault` incident on `node` (its GPU really broken until a reboot), take
     `component` away for `for_s` seconds once the incident's step `at` has started, keep
     watching meanwhile, wait for the incident to close and report. `job_id`: the job the
     test runs on the node (watched; its Slurm record is reported). `release`: a file that
-    ends a held job, created `release_after_s` after the outage starts. The incident is
-    read at each new event of its history (sandbox/history_ticks.py), and at least every
-    `poll_s`."""
+    ends a held job, created `release_after_s` after the outage starts. `crash`: slurmctld
+    crashed at the crash's own moment instead (sandbox/controller_crash.py: after one of the
+    runbook's Slurm writes, or at a step). The incident is read at each new event of its
+    history (sandbox/history_ticks.py), and at least every `poll_s`."""
     console = console or Console(stderr=True)
     name = process_name(component)
     if at not in STEPS:
         raise OutageError(f"step {at!r}: expected one of {', '.join(STEPS)}")
     settings = load_file(cfg.settings_file)
+    job_name = None  # the case's job's, as the case began: its id may be handed out again
+    if job_id is not None:
+        first = await asyncio.to_thread(squeue_job, cfg, job_id)
+        job_name = str(first.get("name") or "") if first else None
+    if crash is not None:
+        # The save window, before the incident's first write (and before the fault: the
+        # node's agent would open an incident of its own while this waits).
+        await crash.prepare()
     vm = machine_names.vm_of(cfg, node)
     if vm is not None:
         Hardware(cfg.state_dir).inject(
@@ -317,6 +372,23 @@ async def run_outage_case(
     log: list[tuple[datetime, str | None]] = []
     final: IncidentState | None = None
     deadline = time.monotonic() + timeout_s
+
+    def start_away() -> None:
+        nonlocal away, releaser
+        if away is not None:
+            return
+        shown = log[-1][1] if log else None
+        how = "crashed (SIGKILL)" if crash is not None else "away"
+        console.print(f"outage: {name} {how} for {for_s:g}s at {shown}")
+        if crash is not None:
+            away = asyncio.create_task(asyncio.to_thread(crashed, crash))
+        else:
+            away = asyncio.create_task(asyncio.to_thread(take_away, cfg, component, for_s, kill))
+        if release is not None:
+            releaser = asyncio.create_task(_touch_later(release, release_after_s))
+
+    if crash is not None:
+        crash.arm(start_away)
     ticks = await HistoryTicks(handle).__aenter__()
     try:
         while final is None:
@@ -341,13 +413,10 @@ async def run_outage_case(
                 continue
             log.append((datetime.now(UTC), state.current_step))
             # The step has started (current now, or already over between two polls).
-            if away is None and any(s.name == at for s in state.steps):
-                console.print(f"outage: {name} away for {for_s:g}s at {state.current_step}")
-                away = asyncio.create_task(
-                    asyncio.to_thread(take_away, cfg, component, for_s, kill)
-                )
-                if release is not None:
-                    releaser = asyncio.create_task(_touch_later(release, release_after_s))
+            if away is None and (
+                crash.due(state) if crash is not None else any(s.name == at for s in state.steps)
+            ):
+                start_away()
             if state.status != "open":
                 try:
                     final = await handle.result()
@@ -368,15 +437,20 @@ async def run_outage_case(
             release.touch()
         if watcher is not None:
             watcher.cancel()
+        if crash is not None:
+            await crash.close()
     if done is not None:
         console.print(
             f"outage: {name} back after {done.down_s:.1f}s (pid {done.old_pid} -> {done.new_pid})"
         )
     report = await _report(
         cfg, component, at, for_s, node, opened.incident_id, final, done, log, since,
-        started, job_id, watch,
+        started, job_id, watch, job_name,
     )  # fmt: skip
     report.idle_completed_at = await _completed_at(handle, "wait_node_idle")
+    if crash is not None:
+        report.crash = crash.report
+        report.notes.append(crash.report.describe())
     return report
 
 
@@ -407,12 +481,14 @@ async def _report(
     cfg: SandboxConfig, component: str, at: str, for_s: float, node: str, incident_id: str,
     final: IncidentState, done: OutageDone | None, log: list[tuple[datetime, str | None]],
     since: datetime, started: float, job_id: int | None, watch: JobWatch | None,
+    job_name: str | None = None,
 ) -> OutageReport:  # fmt: skip
     shown, longest = shown_outages(final.steps)
     report = OutageReport(
         incident_id=incident_id, node=node, component=component, at=at, for_s=for_s,
         status=final.status, outage=done, steps=final.steps, outage_shown=shown,
-        max_outage_shown_s=longest, opened_at=since,
+        max_outage_shown_s=longest, opened_at=since, requeued_jobs=final.requeued_jobs,
+        vanished_jobs=[j.job_id for j in final.vanished_jobs],
         repairs=[
             s.detail.split(":")[0] for s in final.steps if s.name == "repair" and s.outcome == "ok"
         ],
@@ -439,10 +515,12 @@ async def _report(
     ]  # fmt: skip
     if job_id is not None:
         job = await asyncio.to_thread(squeue_job, cfg, job_id)
+        report.job_id = job_id
         if job is None:
+            report.job_listed = False
             report.notes.append(f"job {job_id} no longer listed by squeue")
         else:
-            report.job_id, report.job_state = job_id, _state(job)
+            report.job_state = _state(job)
             report.job_restart_cnt = int(job.get("restart_cnt") or 0)
             report.job_admin_comment = str(job.get("admin_comment") or "")
             end = int(job.get("end_time") or 0)
@@ -451,6 +529,16 @@ async def _report(
         if watch is not None:
             report.job_last_running_at = watch.last_running_at
             report.job_off_node_at = watch.off_node_at
+    listed = await asyncio.to_thread(squeue_all, cfg)
+    report.jobs_on_node = jobs_on_node(listed, node)
+    names = {int(j["job_id"]): str(j.get("name") or "") for j in listed}
+    report.requeued_unlisted = [
+        j for j in final.requeued_jobs
+        if j not in names
+        # The same id, another job: a controller that came back from an older state hands
+        # out again the ids it had handed out since (a requeue moves a job's submit time).
+        or (j == job_id and job_name is not None and names[j] != job_name)
+    ]  # fmt: skip
     slurm_node = await SlurmCli(cfg.slurm_conf).node(node)
     if slurm_node is not None:
         report.node_state = slurm_node.display_state

@@ -3,11 +3,20 @@ runs on its node, one case end to end (sandbox/outage.py's `run_outage_case` bet
 job's start and its cleanup), and what a case must show. tests/test_outage_matrix.py runs
 it with 12 s outages, bench/outages.py with 60 s ones.
 
+The crash cases (`crash_matrix`) are a different fault of slurmctld: SIGKILLed (no clean
+state save) within a second after each Slurm write the runbook makes (its drain, its
+requeue, its resume), once the requeue step has completed, and as the repair starts, then
+started again on its StateSaveLocation (sandbox/controller_crash.py), so that it comes back
+without what it had not saved yet.
+
 Expected of every case: the incident resolves with one repair (a reboot: the GPU is broken
 until then); the Crusoe emulator records one operation for it (besides one that the Crusoe
 API's own outage cut short, which did nothing), none while the job still ran on the node; a
 requeueable job is requeued exactly once, a held job runs to its end and the requeue step
-saw it; the node is back in service in Slurm and uncordoned in Kubernetes.
+saw it; the node is back in service in Slurm and uncordoned in Kubernetes; no job Slurm
+places on the returned node started before its repair (a ghost: its processes went with
+the machine); every job the incident requeued is still known to Slurm or named in the
+incident's `vanished_jobs`.
 """
 
 from __future__ import annotations
@@ -29,6 +38,7 @@ from autoclusters.integrations.slurm import SlurmCli, SlurmError
 from autoclusters.sandbox import daemons
 from autoclusters.sandbox.chaos import STEPS
 from autoclusters.sandbox.config import SandboxConfig
+from autoclusters.sandbox.controller_crash import AFTER, KIND_OF, STEP_OF, ControllerCrash
 from autoclusters.sandbox.outage import (
     COMPONENTS,
     OutageError,
@@ -100,6 +110,66 @@ class OutageCase:
     def hold_s(self, outage_s: float) -> float:
         """When the held job ends, in seconds after the outage starts."""
         return HOLD_SHORT.get((self.component, self.at), outage_s + HOLD_PAST_OUTAGE_S)
+
+
+# The crash cases: slurmctld SIGKILLed at each of these moments of the incident
+# (sandbox/controller_crash.py): right after its drain, its requeue and its resume are
+# written (slurmctld's own log says when), once the requeue step has completed (the
+# incident's `status` says when: the job's requeue, its hold released, may not be saved
+# yet), and as the repair starts.
+CRASH_MOMENTS = ("drain", "requeue", f"{AFTER}requeue", "resume", "repair")
+# Before the incident opens, each case waits until slurmctld has nothing left to save, so
+# that the drain starts a pass at once and what follows waits up to 5 s for the next: the
+# requeue, written ~0.2 s after the drain, is then rolled back by a crash up to ~4 s later.
+# For the drain itself a pass is started just before the opening (`poke_save`), so that the
+# drain waits for the next one too.
+CRASH_POKE = frozenset({"drain"})
+# The resume comes ~10 s after the node's registration has been saved: by then slurmctld
+# is quiet and would save it at once. From the health gate on, the case keeps it busy (a
+# pass started every 2 s), so that the resume waits for a pass as on a busy controller.
+CRASH_BUSY_FROM = {"resume": "health_gate"}
+# The requeue step completes ~2 s after its requeue (it watches the job settle and releases
+# its hold): by then a pass may have saved it. That case holds the job state's saves from the
+# opening to the crash, so that the crash forgets the requeue however the passes fall (the
+# drain, node state, is saved as usual).
+CRASH_HOLD: dict[str, tuple[str, ...]] = {"after:requeue": ("job_state",)}
+# What each crash case must have made the restarted controller forget, or it tests
+# nothing: the start of one of its `forgot` lines.
+MUST_FORGET = {
+    "drain": "the drain of ",
+    "requeue": "the requeue of job ",
+    "after:requeue": "the requeue of job ",
+    "resume": "the resume of ",
+}
+
+
+@dataclass(frozen=True)
+class CrashCase(OutageCase):
+    """slurmctld crashed at `moment` (CRASH_MOMENTS); `at` is the step it falls in."""
+
+    moment: str = "requeue"
+
+    @property
+    def id(self) -> str:
+        return f"slurmctld-crash@{self.moment}"
+
+    @property
+    def holds_node(self) -> bool:
+        """Always a requeueable job: what a crash can roll back is its requeue."""
+        return False
+
+
+def crash_matrix(only: list[str] | None = None) -> list[CrashCase]:
+    """Every crash case, in runbook order. `only`: moments (`requeue`, `after:requeue`)."""
+    cases = [
+        CrashCase("slurmctld", STEP_OF.get(m, m.removeprefix(AFTER)), m) for m in CRASH_MOMENTS
+    ]
+    if not only:
+        return cases
+    unknown = [m for m in only if m not in CRASH_MOMENTS]
+    if unknown:
+        raise OutageError(f"no crash case at {', '.join(unknown)}")
+    return [c for c in cases if c.moment in only]
 
 
 def skipped(component: str, step: str) -> bool:
@@ -235,7 +305,7 @@ def case_timeout_s(outage_s: float) -> float:
     return 90 + 2 * outage_s
 
 
-async def _running_on(cfg: SandboxConfig, job_id: int, node: str, timeout_s: float) -> None:
+async def running_on(cfg: SandboxConfig, job_id: int, node: str, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         job = await asyncio.to_thread(squeue_job, cfg, job_id)
@@ -264,9 +334,14 @@ async def run_matrix_case(
     kill: bool = False,
     console: Console | None = None,
 ) -> OutageReport:
-    """The case's job on `node`, the incident with `case.component` away at `case.at`, then
-    the job cancelled and, when the incident left the node out, the node put back (so a
-    failing case does not fail the next ones on that node; the report's notes say so)."""
+    """The case's job on `node`, the incident with `case.component` away at `case.at` (a
+    crash case: slurmctld crashed at `case.moment`), then the job cancelled and, when the
+    incident left the node out, the node put back (so a failing case does not fail the next
+    ones on that node; the report's notes say so).
+
+    A cancel of a job that is pending (a crash case's job, requeued) is not saved by
+    slurmctld until some later job change (sandbox/controller_crash.py): the next case's
+    submission is one, before its crash."""
     release = cfg.state_dir / "jobs" / f"release-{case.id}-{uuid.uuid4().hex[:6]}"
     if case.holds_node:
         job_id = await asyncio.to_thread(submit_held_job, cfg, node, release)
@@ -274,12 +349,19 @@ async def run_matrix_case(
         job_id = await asyncio.to_thread(submit_requeueable_job, cfg, node)
     report: OutageReport | None = None
     try:
-        await _running_on(cfg, job_id, node, 60)
+        await running_on(cfg, job_id, node, 60)
+        crash = None
+        if isinstance(case, CrashCase):
+            crash = ControllerCrash(
+                cfg, case.moment, node, outage_s, jobs=[job_id],
+                poke=case.moment in CRASH_POKE, busy_from=CRASH_BUSY_FROM.get(case.moment),
+                hold=CRASH_HOLD.get(case.moment, ()),
+            )  # fmt: skip
         report = await run_outage_case(
             cfg, case.component, case.at, outage_s, node, job_id=job_id,
             release=release if case.holds_node else None,
-            release_after_s=case.hold_s(outage_s), kill=kill,
-            timeout_s=case_timeout_s(outage_s), console=console,
+            release_after_s=case.hold_s(outage_s), kill=kill or crash is not None,
+            timeout_s=case_timeout_s(outage_s), console=console, crash=crash,
         )  # fmt: skip
     finally:
         release.touch()
@@ -337,7 +419,46 @@ def problems(case: OutageCase, r: OutageReport) -> list[str]:
         out.append(f"resolved, yet left {r.node_state} ({r.node_reason})")
     if r.k8s_cordoned:
         out.append("left cordoned in Kubernetes")
+    ghosts = ghost_jobs(r)
+    if r.status == "resolved" and ghosts:
+        out.append(
+            f"returned with jobs Slurm places on it that cannot be running: {ghosts} "
+            "(started before the repair)"
+        )
+    lost = [j for j in r.requeued_unlisted if j not in r.vanished_jobs]
+    if lost:
+        out.append(f"requeued jobs {lost} no longer in Slurm and not reported as vanished")
+    if isinstance(case, CrashCase):
+        out += crash_problems(case, r)
     return out
+
+
+def crash_problems(case: CrashCase, r: OutageReport) -> list[str]:
+    """A crash case's own: slurmctld crashed within a second after the write it names,
+    and the restarted controller forgot what the case is about."""
+    c = r.crash
+    if c is None or c.after is None:
+        return ["slurmctld was not crashed (or not read after its restart)"]
+    out = []
+    if case.moment in KIND_OF and (c.lag_s is None or not 0 <= c.lag_s < 1):
+        out.append(f"SIGKILL {c.lag_s}s after the {case.moment}, not within a second")
+    want = MUST_FORGET.get(case.moment)
+    if want and not any(f.startswith(want) for f in c.forgot):
+        out.append(f"the restarted controller forgot {c.forgot or 'nothing'}, not {want.strip()}")
+    return out
+
+
+def ghost_jobs(r: OutageReport) -> list[int]:
+    """Jobs Slurm places on the node at the report that started before its first repair:
+    their processes went with the machine, whatever Slurm shows."""
+    repair = next((s for s in r.steps if s.name == "repair"), None)
+    if repair is None:
+        return []
+    return [
+        j.job_id
+        for j in r.jobs_on_node
+        if j.start_time is not None and j.start_time < repair.started_at
+    ]
 
 
 def describe(case: OutageCase, r: OutageReport) -> str:
