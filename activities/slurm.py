@@ -217,6 +217,14 @@ class SlurmActivities:
                 drain_checked = time.monotonic()
                 if await self._drain_lost(inp.node, inp.drain_reason):
                     redrained += 1
+                # After the drain (a restart forgets it first): a job the controller placed
+                # here again is the runbook's to requeue, not one to wait out.
+                if restarted := await self._restarted(inp):
+                    return WaitIdleResult(
+                        waited_s=time.monotonic() - start,
+                        redrained=redrained,
+                        controller_restarted=restarted,
+                    )
             busy = [
                 j.job_id for j in await self._slurm.jobs_on_node(inp.node) if j.job_state in BUSY
             ]
@@ -224,6 +232,11 @@ class SlurmActivities:
             if not busy:
                 return WaitIdleResult(waited_s=waited, redrained=redrained)
             if waited >= inp.timeout_s:
+                # Never cancel, or give up on, a job whose requeue the controller forgot.
+                if restarted := await self._restarted(inp):
+                    return WaitIdleResult(
+                        waited_s=waited, redrained=redrained, controller_restarted=restarted
+                    )
                 if not inp.force:
                     raise ApplicationError(
                         f"{inp.node} still runs jobs {busy} after {inp.timeout_s:.0f}s",
@@ -235,6 +248,13 @@ class SlurmActivities:
                 return WaitIdleResult(waited_s=waited, cancelled=busy, redrained=redrained)
             activity.heartbeat(f"jobs {busy} still running")
             await asyncio.sleep(inp.poll_s)
+
+    async def _restarted(self, inp: WaitIdleInput) -> str:
+        """slurmctld's start, when it is not the one the incident requeued under."""
+        if not inp.controller_started:
+            return ""
+        now = await self._slurm.controller_started()
+        return now if now and now != inp.controller_started else ""
 
     async def _drain_lost(self, name: str, reason: str) -> bool:
         """Undrained (our drain was lost, not overridden by someone's own drain): drain

@@ -633,12 +633,27 @@ class WaitIdleInput(BaseModel):
     # an older state, an admin's resume) is applied again, so no new job lands meanwhile.
     drain_reason: str = ""
     drain_check_s: float = 10.0  # how often the drain is read back while waiting
+    # slurmctld's start when the incident requeued (BOOT_TIME): read with the drain, a
+    # different one ends the wait at once, so what the restart forgot (a requeue: the job
+    # "runs" here again, a ghost) is re-established before waiting on. "": not compared.
+    controller_started: str = ""
 
 
 class WaitIdleResult(BaseModel):
     waited_s: float
     cancelled: list[int] = Field(default_factory=list)
     redrained: int = 0  # times the drain was found lost and applied again
+    # The wait ended because slurmctld restarted (its new start); the node may not be idle.
+    controller_restarted: str = ""
+    # What the runbook re-established after each restart seen while waiting.
+    rechecked: list[str] = Field(default_factory=list)
+
+    def describe(self) -> str:
+        waited = f"idle after {self.waited_s:.0f}s"
+        text = f"cancelled {self.cancelled}" if self.cancelled else waited
+        if self.redrained:
+            text += f"; the drain was lost and applied again x{self.redrained}"
+        return "; ".join([text, *self.rechecked])
 
 
 class CancelJobsInput(BaseModel):

@@ -3,6 +3,8 @@ the repair comes back on its last saved state, from before the incident's requeu
 
 - the requeue it forgot (the job "runs" again on the machine just rebooted) is done again,
   once: Slurm's restart count says one requeue for the fault, and the node goes back idle;
+- a requeue it forgot while the runbook waits for the node to go idle is seen by the wait
+  (a new controller start) and done again there, never waited out;
 - the drain it forgot is applied again before the node's health gate (the wait for its
   registration takes it back; the check after it reads it again);
 - a job it no longer knows at all is reported by id, with how to submit it again;
@@ -19,10 +21,12 @@ from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
 
 from autoclusters.activities.slurm import SlurmActivities
 from autoclusters.core.models import ReturnInput, drain_reason
-from autoclusters.core.policy import Rung
+from autoclusters.core.policy import Rung, StepPolicy
 from autoclusters.integrations.slurm import boot_time
 from tests.fakes import FakeCloud, FakeSlurm
 from tests.test_remediation_workflow import _fleet, _policy
+
+REPAIRS = (Rung.RESET_GPU, Rung.REBOOT, Rung.REPLACE)
 
 pytestmark = pytest.mark.workflow
 
@@ -81,6 +85,55 @@ async def test_a_forgotten_requeue_is_done_again_once_and_the_node_returns_idle(
     assert result.controller_started == f.slurm.started  # moved on to the new start
 
 
+@pytest.mark.parametrize("when", ["before-the-wait", "during-the-wait", "at-its-timeout"])
+async def test_a_requeue_forgotten_while_waiting_for_idle_is_done_again_not_waited_out(
+    env: WorkflowEnvironment, monkeypatch: pytest.MonkeyPatch, when: str
+) -> None:
+    """slurmctld killed once the requeue step is done: the job "runs" on the node again (a
+    ghost Slurm would only requeue by itself minutes later, with no marker). The idle wait
+    sees the new controller start (at its first look, at a later drain check, or before it
+    gives up: never a cancel of the ghost), the runbook requeues the job under its marker
+    and waits on: one requeue as Slurm counts them, and no wait for the ghost."""
+    # `during`: an idle timeout long enough for the wait's next drain check (10 s) to see it.
+    idle_s = 60 if when == "during-the-wait" else 0.5
+    steps = {r: StepPolicy(idle_timeout_s=idle_s, on_idle_timeout="force") for r in REPAIRS}
+    async with _fleet(env, fixed_by=Rung.REBOOT) as f:
+        saved = f.slurm.saved_state()  # job 101 running on gpu-01, nothing drained
+        looks = {"controller_started": 0, "jobs_on_node": 0}
+        # The requeue reads both once; the idle wait's first drain check reads the start,
+        # then the jobs (`during`: still busy with the ghost, the wait polls on until its
+        # next drain check).
+        crash_at = ("controller_started", 2) if when == "before-the-wait" else ("jobs_on_node", 2)
+
+        def crashing(name: str) -> Any:
+            real = getattr(f.slurm, name)
+
+            async def call(*args: Any) -> Any:
+                looks[name] += 1
+                if (name, looks[name]) == crash_at:
+                    f.slurm.crash_to(saved)
+                return await real(*args)
+
+            return call
+
+        for name in looks:
+            monkeypatch.setattr(f.slurm, name, crashing(name))
+        result = await (await f.start(f.request(policy=_policy(steps=steps)))).result()
+
+    assert result.status == "resolved", result.error
+    job = f.slurm.job_now(101)
+    assert job.restart_cnt == 1, "one requeue for the fault, as Slurm counts them"
+    assert f.slurm.calls["cancel"] == 0  # force was allowed, and never used on the ghost
+    assert f.slurm.node_now("gpu-01").state == "idle"
+    waited = result.step("wait_idle")
+    assert waited is not None
+    assert "forgot the requeue of job(s) [101]; requeued again" in waited.detail
+    assert result.step("recheck_after_restart") is None  # handled where it was seen
+    assert result.controller_started == f.slurm.started
+    names = [s.name for s in result.steps]
+    assert names.index("wait_idle") < names.index("repair")
+
+
 async def test_a_job_the_controller_lost_is_reported_with_how_to_resubmit(
     env: WorkflowEnvironment,
 ) -> None:
@@ -113,7 +166,8 @@ async def test_without_a_restart_nothing_is_done_again(env: WorkflowEnvironment)
     assert result.status == "resolved"
     assert result.step("recheck_after_restart") is None
     assert f.slurm.requeue_count[101] == 1
-    assert f.slurm.calls["controller_started"] == 3  # the requeue's, two looks after
+    # The requeue's, the idle wait's first look, two looks after.
+    assert f.slurm.calls["controller_started"] == 4
     assert result.controller_started == f.slurm.started
 
 

@@ -39,16 +39,35 @@ class ControllerRestart:
     def __init__(self, incident: Incident, quarantine: Quarantine) -> None:
         self.incident = incident
         self.quarantine = quarantine
+        quarantine.on_restart = self.while_waiting  # a restart seen while waiting for idle
+
+    async def while_waiting(self) -> str:
+        """The idle wait saw the controller restart (the drain is back already): jobs it
+        shows on the node again are requeued, lost ones reported, and the wait goes on."""
+        facts = await self._facts()
+        return await self._reestablish(facts, restarted=True, wait=False)
 
     async def recheck(self) -> None:
         """Call after the repair's registration and right before the return."""
-        inc = self.incident
-        s, r = inc.state, inc.request
+        s = self.incident.state
         if not s.controller_started:
             # Not read when the jobs were requeued (a run from before this check, or a
             # Slurm that does not say when its controller started): nothing to compare.
             return
-        facts = await inc.steps.ride_out(
+        facts = await self._facts()
+        restarted = bool(facts.controller_started) and (
+            facts.controller_started != s.controller_started
+        )
+        if not restarted and not facts.on_node:
+            return
+        await self.incident.steps.step(
+            "recheck_after_restart", lambda: self._reestablish(facts, restarted), lambda d: d
+        )
+
+    async def _facts(self) -> ControllerFacts:
+        inc = self.incident
+        s, r = inc.state, inc.request
+        return await inc.steps.ride_out(
             "controller_facts",
             lambda: inc.steps.call(
                 contracts.controller_facts,
@@ -56,19 +75,16 @@ class ControllerRestart:
                 f"what Slurm shows now of {r.node} and the jobs requeued from it",
             ),
         )
-        restarted = bool(facts.controller_started) and (
-            facts.controller_started != s.controller_started
-        )
-        if not restarted and not facts.on_node:
-            return
-        await inc.steps.step(
-            "recheck_after_restart", lambda: self._reestablish(facts, restarted), lambda d: d
-        )
 
-    async def _reestablish(self, facts: ControllerFacts, restarted: bool) -> str:
+    async def _reestablish(
+        self, facts: ControllerFacts, restarted: bool, *, wait: bool = True
+    ) -> str:
         inc = self.incident
         s, r = inc.state, inc.request
         said: list[str] = []
+        # Moved on first: the idle wait below compares against it, and must not take this
+        # restart for another one.
+        s.controller_started = facts.controller_started or s.controller_started
         if restarted:
             said.append(f"the controller restarted (started {facts.controller_started})")
             found = (await self.quarantine.now()).slurm
@@ -91,7 +107,8 @@ class ControllerRestart:
                 await self.quarantine.returned_jobs(again.came_back)
             if again.not_requeueable:
                 said.append(f"cannot requeue {again.not_requeueable}")
-            await self.quarantine.wait_idle()
+            if wait:  # else the idle wait that asked goes on by itself
+                await self.quarantine.wait_idle()
         if restarted and facts.unknown:
             lost = self._records(facts.unknown)
             s.vanished_jobs += [j for j in lost if j not in s.vanished_jobs]
@@ -104,7 +121,6 @@ class ControllerRestart:
                 "purged since): " + "; ".join(f"{j.job_id}: {j.how_to_resubmit()}" for j in lost),
                 "critical",
             )
-        s.controller_started = facts.controller_started or s.controller_started
         inc.publish()
         return "; ".join(said)
 

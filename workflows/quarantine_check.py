@@ -13,6 +13,7 @@ runs a job is never power-cycled or deleted.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -73,6 +74,9 @@ class Quarantine:
         self.incident = incident
         self.approvals = approvals
         self.k8s = k8s
+        # What to do when slurmctld restarted during the idle wait (the runbook sets it:
+        # workflows/controller_restart.py); says what it did.
+        self.on_restart: Callable[[], Awaitable[str]] | None = None
 
     async def take(self) -> None:
         """Drain, requeue, wait until idle, cordon."""
@@ -141,38 +145,41 @@ class Quarantine:
             await self._silence()
         # Jobs that could not be requeued still run here: never repair under them, unless
         # the policy says force.
-        await inc.steps.step(
-            "wait_idle",
-            self.wait_idle,
-            lambda r: (
-                (f"cancelled {r.cancelled}" if r.cancelled else f"idle after {r.waited_s:.0f}s")
-                + (f"; the drain was lost and applied again x{r.redrained}" if r.redrained else "")
-            ),
-        )
+        await inc.steps.step("wait_idle", self.wait_idle, lambda r: r.describe())
         if self.k8s is not None:
             await self.k8s.quarantine(inc.policy.step(Rung(s.rung or Rung.REBOOT.value)))
 
     async def wait_idle(self) -> WaitIdleResult:
         """Until the node runs nothing: within the rung's idle timeout, then as the policy
-        says (leave it drained, or cancel what still runs)."""
+        says (leave it drained, or cancel what still runs). A controller that restarted
+        meanwhile ends the wait: what it forgot is re-established (`on_restart`), and the
+        wait goes on, so a requeue it lost is never waited out as a running job."""
         inc = self.incident
         req, s = inc.request, inc.state
         first = inc.policy.step(Rung(s.rung or Rung.REBOOT.value))
         s.waiting_for = Waiting(kind="idle", detail="jobs still on the node", since=workflow.now())
         force = not first.wait_for_idle or first.on_idle_timeout == "force"
-        done = await inc.steps.call(
-            contracts.wait_node_idle,
-            WaitIdleInput(
-                node=req.node,
-                timeout_s=first.idle_timeout_s if first.wait_for_idle else 0,
-                force=force,
-                drain_reason=drain_reason(req.incident_id, req.fault),
-            ),
-            f"wait until {req.node} is idle" + (" (then cancel what runs)" if force else ""),
-            timeout=timedelta(seconds=first.idle_timeout_s + 120),
-        )
+        rechecked: list[str] = []
+        redrained = 0
+        while True:
+            done = await inc.steps.call(
+                contracts.wait_node_idle,
+                WaitIdleInput(
+                    node=req.node,
+                    timeout_s=first.idle_timeout_s if first.wait_for_idle else 0,
+                    force=force,
+                    drain_reason=drain_reason(req.incident_id, req.fault),
+                    controller_started=s.controller_started,
+                ),
+                f"wait until {req.node} is idle" + (" (then cancel what runs)" if force else ""),
+                timeout=timedelta(seconds=first.idle_timeout_s + 120),
+            )
+            redrained += done.redrained
+            if not done.controller_restarted or self.on_restart is None:
+                break
+            rechecked.append(await self.on_restart())
         s.waiting_for = None
-        return done
+        return done.model_copy(update={"redrained": redrained, "rechecked": rechecked})
 
     async def _silence(self) -> None:
         """The node's other alerts silenced in Alertmanager until the incident closes
