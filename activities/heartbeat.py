@@ -23,14 +23,15 @@ BEAT_S = 2.0
 
 @contextlib.asynccontextmanager
 async def heartbeating(what: Any, every_s: float = BEAT_S) -> AsyncIterator[None]:
-    """Heartbeat `what` every `every_s` while the block runs (a no-op outside an activity)."""
+    """Heartbeat `what` every `every_s` while the block runs (a no-op outside an activity).
+    A callable `what` is called at each beat: its progress so far, for a retry to read."""
     if not activity.in_activity():
         yield
         return
 
     async def beat() -> None:
         while True:
-            activity.heartbeat(what)
+            activity.heartbeat(what() if callable(what) else what)
             await asyncio.sleep(every_s)
 
     beater = asyncio.create_task(beat())

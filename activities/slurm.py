@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
+from typing import Any
 
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
@@ -90,13 +92,29 @@ class SlurmActivities:
 
     @activity.defn(name="requeue_jobs")
     async def requeue_jobs(self, inp: RequeueInput) -> RequeueResult:
-        async with heartbeating(f"requeue_jobs {inp.node}"):
-            return await self._requeue_jobs(inp)
+        # What an attempt learnt goes out with its heartbeats: a retry after a crash (of the
+        # worker, or of slurmctld, whose restart can forget the attempt's writes and even
+        # the jobs) keeps the controller's start and the job records the first one read.
+        details = activity.info().heartbeat_details
+        earlier = _earlier_requeue(details[0] if details else None)
+        seen = RequeueResult(
+            controller_started=earlier.controller_started, records=list(earlier.records)
+        )
 
-    async def _requeue_jobs(self, inp: RequeueInput) -> RequeueResult:
+        def progress() -> dict[str, Any]:
+            return {"requeue_jobs": inp.node, "seen": seen.model_dump()}
+
+        async with heartbeating(progress):
+            return await self._requeue_jobs(inp, seen, lambda: activity.heartbeat(progress()))
+
+    async def _requeue_jobs(
+        self, inp: RequeueInput, seen: RequeueResult, tell: Callable[[], None]
+    ) -> RequeueResult:
         # Read before any write: should the controller restart after these writes and come
         # back from an older saved state, the runbook sees another start and checks again.
-        result = RequeueResult(controller_started=await self._slurm.controller_started())
+        if not seen.controller_started:
+            seen.controller_started = await self._slurm.controller_started()
+        result = RequeueResult(controller_started=seen.controller_started)
         if inp.in_job and isinstance(self._slurm, SlurmInJobClient):
             # Jobs holding a hot spare lose the node and go on; what they could not do is
             # requeued there, under this incident's marker (seen below as requeued once).
@@ -119,6 +137,9 @@ class SlurmActivities:
                     continue
                 result.requeued_again.append(job.job_id)
                 before = None  # a fresh marker: a retry of this call must not requeue it thrice
+            if job.job_id not in {j.job_id for j in seen.records}:
+                seen.records.append(job.record())  # before the write: it may be lost
+                tell()
             if before is None:
                 await self._slurm.set_admin_comment(
                     job.job_id, requeue_marker(inp.incident_id, job.restart_cnt)
@@ -144,10 +165,15 @@ class SlurmActivities:
             quiet = 0 if held or settling else quiet + 1
             if quiet >= 2 or (not settling and time.monotonic() > deadline):
                 break
-            activity.heartbeat(f"jobs {settling or [j.job_id for j in held]} settling")
-            await asyncio.sleep(inp.poll_s)
+            await asyncio.sleep(inp.poll_s)  # (the heartbeats carry what was seen)
         result.requeued = [j.job_id for j in mine if j.job_id not in result.came_back]
         result.records = [j.record() for j in mine if j.job_id in result.requeued]
+        # A job an earlier attempt requeued that Slurm no longer knows (its restart lost
+        # it): still the incident's, for the runbook to find missing and report.
+        known = {j.job_id for j in jobs}
+        lost = [j for j in seen.records if j.job_id not in known]
+        result.requeued += [j.job_id for j in lost]
+        result.records += lost
         return result
 
     @activity.defn(name="wait_node_registered")
@@ -187,7 +213,7 @@ class SlurmActivities:
         """
         if not inp.drain_reason:
             return node
-        ours = node.reason.startswith(f"{REASON_PREFIX} {inp.incident_id} ")
+        ours = node.reason.startswith(_reason_of(inp.incident_id))
         if node.drained and (ours or not node.reason.startswith(SLINKY_REASON_PREFIX)):
             return node
         was = f"drained by the Slinky operator ({node.reason!r})" if node.drained else "undrained"
@@ -334,7 +360,7 @@ class SlurmActivities:
         node = await self._known_node(inp.node)
         if not node.drained:
             return ReturnResult(returned=True, state_after=node.display_state, detail="not drained")
-        if not node.reason.startswith(f"{REASON_PREFIX} {inp.incident_id} "):
+        if not _ours(node.reason, inp.incident_id):
             # Someone else drained it (an admin, another tool): their drain wins.
             return ReturnResult(
                 returned=False,
@@ -382,3 +408,22 @@ class SlurmActivities:
             ours=ours,
             busy_jobs=busy,
         )
+
+
+def _reason_of(incident_id: str) -> str:
+    return f"{REASON_PREFIX} {incident_id} "
+
+
+def _ours(reason: str, incident_id: str) -> bool:
+    """The incident's drain reason, or (Slinky) the operator's copy of it: a controller that
+    restarted lost our drain and the operator drained the still-cordoned Node again with its
+    own prefix before our copy came back."""
+    return reason.removeprefix(SLINKY_REASON_PREFIX).startswith(_reason_of(incident_id))
+
+
+def _earlier_requeue(details: Any) -> RequeueResult:
+    """What an earlier attempt's heartbeats said it had seen (nothing on a first attempt,
+    or from a worker before this change, whose beats were plain text)."""
+    if isinstance(details, dict) and isinstance(details.get("seen"), dict):
+        return RequeueResult.model_validate(details["seen"])
+    return RequeueResult()

@@ -7,22 +7,25 @@ the repair comes back on its last saved state, from before the incident's requeu
   (a new controller start) and done again there, never waited out;
 - the drain it forgot is applied again before the node's health gate (the wait for its
   registration takes it back; the check after it reads it again);
-- a job it no longer knows at all is reported by id, with how to submit it again;
+- a job it no longer knows at all is reported by id, with how to submit it again, even when
+  the requeue that saw it was retried after the crash (its first attempt's heartbeat);
 - with no restart, nothing more is read than one look, and nothing is done;
-- the return refuses a node Slurm shows busy after its repair.
+- the return refuses a node Slurm shows busy after its repair, and lifts the Slinky
+  operator's copy of the incident's drain (never another's).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
 from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
 
 from autoclusters.activities.slurm import SlurmActivities
-from autoclusters.core.models import ReturnInput, drain_reason
+from autoclusters.core.models import RequeueInput, ReturnInput, drain_reason
 from autoclusters.core.policy import Rung, StepPolicy
-from autoclusters.integrations.slurm import boot_time
+from autoclusters.integrations.slurm import SlurmUnavailable, boot_time
 from tests.fakes import FakeCloud, FakeSlurm
 from tests.test_remediation_workflow import _fleet, _policy
 
@@ -181,6 +184,66 @@ async def test_the_return_refuses_a_node_slurm_shows_busy_after_its_repair() -> 
     assert not back.returned
     assert "Slurm shows jobs [101] on it after its repair" in back.detail
     assert "DRAIN" in slurm.node_now("gpu-01").state_flags
+
+
+@pytest.mark.parametrize(
+    ("reason", "returned"),
+    [
+        ("slurm-operator: " + drain_reason("INC-1", "XID_79"), True),  # its copy of ours
+        ("slurm-operator: " + drain_reason("INC-2", "XID_79"), False),  # another incident's
+        ("slurm-operator: NodeSet scaling in", False),  # the operator's own
+    ],
+    ids=["our-reason-copied", "another-incidents", "the-operators-own"],
+)
+async def test_the_return_takes_back_the_slinky_operators_copy_of_our_drain(
+    reason: str, returned: bool
+) -> None:
+    """slurmctld lost our drain in a crash; the Slinky operator drained the still-cordoned
+    Node again with its prefix before ours came back: still the incident's to lift."""
+    slurm = FakeSlurm()
+    slurm.add_node("gpu-01", state_flags=["DRAIN"], reason=reason)
+    back = await ActivityEnvironment().run(
+        SlurmActivities(slurm).return_to_service, ReturnInput(node="gpu-01", incident_id="INC-1")
+    )
+    assert back.returned is returned
+    assert ("DRAIN" in slurm.node_now("gpu-01").state_flags) is not returned
+    assert slurm.calls["resume"] == int(returned)
+
+
+async def test_a_requeue_retried_after_a_crash_keeps_what_its_first_attempt_saw() -> None:
+    """The first attempt marks job 201 and fails (slurmctld killed); the controller comes
+    back without the job at all (submitted after its last save) and with another start.
+    The retry, from the first attempt's heartbeat, still names the job with its record and
+    keeps the first start: the runbook then sees the restart and reports the job lost."""
+    slurm = FakeSlurm()
+    slurm.add_node("gpu-01")
+    saved = slurm.saved_state()  # before the job was submitted
+    slurm.add_job(201, nodes="gpu-01", command="/home/ada/train.sbatch")
+    first_start = slurm.started
+    beats: list[Any] = []
+    first = ActivityEnvironment()
+    first.on_heartbeat = lambda *details: beats.extend(details)
+    real_requeue = slurm.requeue
+
+    async def crash(job_id: int) -> None:
+        slurm.crash_to(saved)  # the controller dies with the requeue in flight
+        raise SlurmUnavailable("requeue: Unable to contact slurm controller")
+
+    slurm.requeue = crash  # type: ignore[method-assign]
+    acts = SlurmActivities(slurm)
+    inp = RequeueInput(node="gpu-01", incident_id="INC-1", hold_watch_s=0, poll_s=0.01)
+    with pytest.raises(SlurmUnavailable):
+        await first.run(acts.requeue_jobs, inp)
+    slurm.requeue = real_requeue  # type: ignore[method-assign]
+    assert slurm.started != first_start  # it restarted
+
+    retry = ActivityEnvironment()
+    retry.info = dataclasses.replace(retry.info, attempt=2, heartbeat_details=beats[-1:])
+    done = await retry.run(acts.requeue_jobs, inp)
+    assert done.controller_started == first_start  # the first attempt's: a restart since
+    assert done.requeued == [201]
+    assert [(j.job_id, j.command) for j in done.records] == [(201, "/home/ada/train.sbatch")]
+    assert done.requeued_now == []  # nothing of it left in Slurm to requeue
 
 
 def test_the_controllers_start_is_read_from_scontrol_show_config() -> None:

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from temporalio.testing import ActivityEnvironment
 
 from autoclusters.activities.guard import GuardActivities
 from autoclusters.activities.slurm import SlurmActivities
@@ -178,7 +179,9 @@ async def test_drain_requeue_and_verify_are_unavailable_not_unknown_node(down: S
     with pytest.raises(SlurmUnavailable):
         await acts._drain_node(DrainInput(node="gpu-01", reason="autoclusters: INC-1 XID_79"))
     with pytest.raises(SlurmUnavailable):
-        await acts._requeue_jobs(RequeueInput(node="gpu-01", incident_id="INC-1"))
+        await ActivityEnvironment().run(
+            acts.requeue_jobs, RequeueInput(node="gpu-01", incident_id="INC-1")
+        )
     with pytest.raises(SlurmUnavailable):
         await acts.verify_quarantine(
             VerifyQuarantineInput(node="gpu-01", incident_id="INC-1", reasons=["x"])
