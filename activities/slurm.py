@@ -115,6 +115,8 @@ class SlurmActivities:
         if not seen.controller_started:
             seen.controller_started = await self._slurm.controller_started()
         result = RequeueResult(controller_started=seen.controller_started)
+        if inp.drain_reason:
+            result.redrained = await self._drain_lost(inp.node, inp.drain_reason)
         if inp.in_job and isinstance(self._slurm, SlurmInJobClient):
             # Jobs holding a hot spare lose the node and go on; what they could not do is
             # requeued there, under this incident's marker (seen below as requeued once).
@@ -251,12 +253,13 @@ class SlurmActivities:
                         redrained=redrained,
                         controller_restarted=restarted,
                     )
-            busy = [
-                j.job_id for j in await self._slurm.jobs_on_node(inp.node) if j.job_state in BUSY
-            ]
+            on_node = [j for j in await self._slurm.jobs_on_node(inp.node) if j.job_state in BUSY]
+            busy = [j.job_id for j in on_node]
             waited = time.monotonic() - start
             if not busy:
                 return WaitIdleResult(waited_s=waited, redrained=redrained)
+            if back := _came_back(on_node, inp.incident_id):
+                return WaitIdleResult(waited_s=waited, redrained=redrained, came_back=back)
             if waited >= inp.timeout_s:
                 # Never cancel, or give up on, a job whose requeue the controller forgot.
                 if restarted := await self._restarted(inp):
@@ -427,3 +430,15 @@ def _earlier_requeue(details: Any) -> RequeueResult:
     if isinstance(details, dict) and isinstance(details.get("seen"), dict):
         return RequeueResult.model_validate(details["seen"])
     return RequeueResult()
+
+
+def _came_back(jobs: list[SlurmJob], incident_id: str) -> list[int]:
+    """Jobs the incident requeued that run on the node again (Slurm placed them back while
+    its drain was lost): restarted since the incident's marker."""
+    if not incident_id:
+        return []
+    return [
+        j.job_id
+        for j in jobs
+        if (before := marked_for(j, incident_id)) is not None and j.restart_cnt > before
+    ]

@@ -459,6 +459,10 @@ class RequeueInput(BaseModel):
     # on instead (activities/in_job.py), or is requeued after in_job_budget_s.
     in_job: bool = False
     in_job_budget_s: float = 30.0
+    # The incident's drain, read back right before the first requeue: a controller that
+    # restarted since the drain step may have forgotten it, and a requeued job would land on
+    # the node again. "": not checked.
+    drain_reason: str = ""
 
 
 class RequeueResult(BaseModel):
@@ -475,6 +479,7 @@ class RequeueResult(BaseModel):
     # controller restarted since and may have forgotten what this call did ("": unknown).
     controller_started: str = ""
     records: list[JobRecord] = Field(default_factory=list)  # of the jobs requeued now
+    redrained: bool = False  # the drain was gone before the requeue: applied again
 
     def describe(self) -> str:
         """Exactly what was done to which job."""
@@ -490,6 +495,8 @@ class RequeueResult(BaseModel):
             parts.append(f"back on the node after their requeue, left running {self.came_back}")
         if self.not_requeueable:
             parts.append(f"cannot requeue {self.not_requeueable}")
+        if self.redrained:
+            parts.insert(0, "the drain was gone (a controller restart?): drained again")
         return "; ".join(parts)
 
 
@@ -637,6 +644,7 @@ class WaitIdleInput(BaseModel):
     # different one ends the wait at once, so what the restart forgot (a requeue: the job
     # "runs" here again, a ghost) is re-established before waiting on. "": not compared.
     controller_started: str = ""
+    incident_id: str = ""  # whose requeued jobs back on the node end the wait ("": none)
 
 
 class WaitIdleResult(BaseModel):
@@ -645,6 +653,9 @@ class WaitIdleResult(BaseModel):
     redrained: int = 0  # times the drain was found lost and applied again
     # The wait ended because slurmctld restarted (its new start); the node may not be idle.
     controller_restarted: str = ""
+    # The wait ended on jobs the incident requeued that Slurm placed on the node again (its
+    # drain was lost meanwhile): the runbook's to decide on, never waited out.
+    came_back: list[int] = Field(default_factory=list)
     # What the runbook re-established after each restart seen while waiting.
     rechecked: list[str] = Field(default_factory=list)
 

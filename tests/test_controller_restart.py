@@ -20,10 +20,12 @@ import dataclasses
 from typing import Any
 
 import pytest
+from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
 
+from autoclusters.activities.job_markers import requeue_marker
 from autoclusters.activities.slurm import SlurmActivities
-from autoclusters.core.models import RequeueInput, ReturnInput, drain_reason
+from autoclusters.core.models import RequeueInput, ReturnInput, WaitIdleInput, drain_reason
 from autoclusters.core.policy import Rung, StepPolicy
 from autoclusters.integrations.slurm import SlurmUnavailable, boot_time
 from tests.fakes import FakeCloud, FakeSlurm
@@ -244,6 +246,45 @@ async def test_a_requeue_retried_after_a_crash_keeps_what_its_first_attempt_saw(
     assert done.requeued == [201]
     assert [(j.job_id, j.command) for j in done.records] == [(201, "/home/ada/train.sbatch")]
     assert done.requeued_now == []  # nothing of it left in Slurm to requeue
+
+
+async def test_the_requeue_drains_again_a_drain_the_restart_forgot_before_it_requeues() -> None:
+    """slurmctld crashed right after the drain step: it came back without the drain, and a
+    requeued job would land on the faulty node again. The requeue reads the drain back
+    first and applies it again."""
+    slurm = FakeSlurm()
+    slurm.add_node("gpu-01")
+    slurm.add_node("gpu-02")
+    slurm.add_job(101, nodes="gpu-01")
+    reason = drain_reason("INC-1", "XID_79")
+    done = await ActivityEnvironment().run(
+        SlurmActivities(slurm).requeue_jobs,
+        RequeueInput(node="gpu-01", incident_id="INC-1", drain_reason=reason, hold_watch_s=0),
+    )
+    assert done.redrained and done.requeued_now == [101]
+    assert "drained again" in done.describe()
+    assert slurm.node_now("gpu-01").reason == reason
+    assert slurm.log.index(("drain", "gpu-01")) < slurm.log.index(("requeue", "101"))
+
+
+async def test_the_idle_wait_ends_on_a_requeued_job_placed_on_the_node_again() -> None:
+    """The drain was lost for a moment and Slurm put the job the incident requeued back on
+    the node: the wait hands it to the runbook at once instead of waiting it out."""
+    slurm = FakeSlurm()
+    reason = drain_reason("INC-1", "XID_79")
+    slurm.add_node("gpu-01", state_flags=["DRAIN"], reason=reason)
+    # Requeued once under the incident's marker, running here again.
+    slurm.add_job(101, nodes="gpu-01", admin_comment=requeue_marker("INC-1", 0), restart_cnt=1)
+    inp = WaitIdleInput(node="gpu-01", timeout_s=600, force=False, drain_reason=reason)
+    back = await ActivityEnvironment().run(
+        SlurmActivities(slurm).wait_node_idle, inp.model_copy(update={"incident_id": "INC-1"})
+    )
+    assert back.came_back == [101]
+    assert back.waited_s < 600
+    with pytest.raises(ApplicationError, match="still runs jobs"):  # not this incident's
+        await ActivityEnvironment().run(
+            SlurmActivities(slurm).wait_node_idle, inp.model_copy(update={"timeout_s": 0})
+        )
 
 
 def test_the_controllers_start_is_read_from_scontrol_show_config() -> None:

@@ -12,6 +12,7 @@ second time).
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from temporalio.client import WorkflowFailureError
@@ -216,3 +217,37 @@ async def test_policy_requeue_requeues_a_returned_job_a_second_time(
     assert f.slurm.requeue_count[101] == 2  # the policy said so
     again = result.step("requeue_again")
     assert again is not None and "requeued a second time [101]" in again.detail
+
+
+async def test_a_job_placed_back_during_the_idle_wait_ends_the_wait_for_a_decision(
+    env: WorkflowEnvironment, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The drain is lost while the runbook waits for the node to go idle (a controller
+    that came back without it) and Slurm puts requeued job 101 back on the node: the wait
+    hands it to the returned-jobs decision at once (here the policy's: requeue again),
+    rather than waiting an idle timeout out for it."""
+    async with _fleet(env) as f:
+        real = f.slurm.jobs_on_node
+        looks = 0
+
+        async def jobs_on_node(node: str) -> list[Any]:
+            nonlocal looks
+            looks += 1
+            if looks == 2:  # the idle wait's first look, after the requeue's
+                f.slurm.admin_resume("gpu-01")
+                f.slurm.run_again(101, nodes="gpu-01")
+            return await real(node)
+
+        monkeypatch.setattr(f.slurm, "jobs_on_node", jobs_on_node)
+        req = f.request(policy=_policy(steps=PATIENT, returned_jobs="requeue"))
+        result = await (await f.start(req)).result()
+
+    assert result.status == "resolved", result.error
+    assert f.slurm.requeue_count[101] == 2  # the policy said so
+    waited = result.step("wait_idle")
+    assert waited is not None and "jobs [101] were placed on the node again" in waited.detail
+    again = result.step("requeue_again")
+    assert again is not None and "requeued a second time [101]" in again.detail
+    lost = f.slurm.log.index(("admin_resume", "gpu-01"))
+    assert ("drain", "gpu-01") in f.slurm.log[lost:]  # drained again after the loss
+    assert not f.slurm.node_now("gpu-01").drained  # returned after its repair

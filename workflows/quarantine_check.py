@@ -122,6 +122,7 @@ class Quarantine:
                 incident_id=req.incident_id,
                 in_job=in_job,
                 in_job_budget_s=p.in_job_budget_s,
+                drain_reason=drain_reason(req.incident_id, req.fault),
             ),
             f"requeue the jobs on {req.node}",
             lambda r: r.describe(),
@@ -160,7 +161,7 @@ class Quarantine:
         s.waiting_for = Waiting(kind="idle", detail="jobs still on the node", since=workflow.now())
         force = not first.wait_for_idle or first.on_idle_timeout == "force"
         rechecked: list[str] = []
-        redrained = 0
+        redrained, asked = 0, False
         while True:
             done = await inc.steps.call(
                 contracts.wait_node_idle,
@@ -170,14 +171,20 @@ class Quarantine:
                     force=force,
                     drain_reason=drain_reason(req.incident_id, req.fault),
                     controller_started=s.controller_started,
+                    incident_id=req.incident_id if not asked else "",
                 ),
                 f"wait until {req.node} is idle" + (" (then cancel what runs)" if force else ""),
                 timeout=timedelta(seconds=first.idle_timeout_s + 120),
             )
             redrained += done.redrained
-            if not done.controller_restarted or self.on_restart is None:
+            if done.came_back:  # the drain was lost and Slurm placed them here again
+                rechecked.append(f"jobs {done.came_back} were placed on the node again")
+                await self.returned_jobs(done.came_back)
+                asked = True  # decided once (requeued, cancelled, or waited for)
+            elif done.controller_restarted and self.on_restart is not None:
+                rechecked.append(await self.on_restart())
+            else:
                 break
-            rechecked.append(await self.on_restart())
         s.waiting_for = None
         return done.model_copy(update={"redrained": redrained, "rechecked": rechecked})
 
