@@ -41,7 +41,7 @@ from autoclusters.core.policy import Rung
 from autoclusters.core.settings import load_file
 from autoclusters.integrations import temporal
 from autoclusters.integrations.slurm import SlurmCli
-from autoclusters.sandbox import machine_names, restart
+from autoclusters.sandbox import fault_effects, machine_names, restart
 from autoclusters.sandbox.cloud_api import CRUSOE_EMULATOR
 from autoclusters.sandbox.config import SandboxConfig
 from autoclusters.sandbox.daemons import SandboxError
@@ -190,13 +190,16 @@ async def run_chaos(
     at: str | None = None,
     wipe_worker_disk_on_restart: bool = False,
     poll_s: float = 1.0,
+    effect: str = "none",
 ) -> ChaosReport:
     """`kill` (one of KILLABLE) is SIGKILLed and started again when the incident's current
     step becomes `at` (one of AT_CHOICES). The older `kill_worker_at=STEP` is
     `kill="worker"`; `restart_temporal_at=STEP` stops the Temporal server gracefully
     (SIGTERM). `wipe_worker_disk_on_restart`: a restarted worker starts with its disk
     state deleted. The incident's status is read at each new event of its history
-    (sandbox/history_ticks.py), and at least every `poll_s`."""
+    (sandbox/history_ticks.py), and at least every `poll_s`. `effect`: what the fault does
+    to the jobs on the node (sandbox/fault_effects.py; "default": the fault's realistic
+    effect), before the incident opens."""
     console = console or Console(stderr=True)
     if (kill is None) != (at is None):
         raise ChaosError("--kill and --at go together")
@@ -216,10 +219,15 @@ async def run_chaos(
     has_emulator = ProcessTable(cfg.state_dir).get(CRUSOE_EMULATOR) is not None
     if any(parse_at(a)[1] for _, a, _ in pending) and not has_emulator:
         raise ChaosError("repair:before-cloud / after-cloud need the Crusoe emulator")
+    try:
+        chosen = fault_effects.parse_effect(effect, fault)
+    except ValueError as e:
+        raise ChaosError(str(e)) from None
     settings = load_file(cfg.settings_file)
     slurm = SlurmCli(cfg.slurm_conf)
     node = node or await random_job_node(slurm)
     vm = machine_names.vm_of(cfg, node)
+    await asyncio.to_thread(fault_effects.apply, cfg, node, chosen)
     if broken_until is not None and vm is not None:
         Hardware(cfg.state_dir).inject(
             node, vm.vm_id, HardwareFault(fault=fault, fixed_by=broken_until)

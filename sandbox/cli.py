@@ -265,18 +265,27 @@ def sandbox_hardware_fault(
     fixed_by: Annotated[
         RepairRung, typer.Option(help="The cheapest repair that clears it.")
     ] = "reboot",
+    effect: Annotated[
+        str,
+        typer.Option(
+            help="What it does to the jobs on the node: crash, hang, lost, slow, none, or "
+            "default (the fault's realistic effect: docs/sandbox.md)."
+        ),
+    ] = "default",
     state_dir: StateDir = DEFAULT_SANDBOX_DIR,
 ) -> None:
-    """Break a sandbox machine: its health gate fails until a repair at `fixed_by` or above."""
+    """Break a sandbox machine: its health gate fails until a repair at `fixed_by` or above,
+    and the jobs on it crash, hang, lose the node, slow down or notice nothing (`effect`)."""
     from autoclusters.core.policy import Rung
     from autoclusters.sandbox import cluster as sb
-    from autoclusters.sandbox import machine_names
+    from autoclusters.sandbox import fault_effects, machine_names
     from autoclusters.sandbox.daemons import SandboxError
-    from autoclusters.sandbox.hardware import Hardware, HardwareFault
+    from autoclusters.sandbox.hardware import HardwareFault
 
     try:
         cfg = sb.load(state_dir.absolute())
         rung = Rung(fixed_by)
+        chosen = fault_effects.parse_effect(effect, fault)
     except (SandboxError, ValueError) as e:
         err.print(f"[red]refused:[/red] {e}")
         raise typer.Exit(2) from None
@@ -284,8 +293,13 @@ def sandbox_hardware_fault(
     if vm is None:
         err.print(f"[red]refused:[/red] {node} is not a node of the sandbox in {cfg.state_dir}")
         raise typer.Exit(2)
-    Hardware(cfg.state_dir).inject(node, vm.vm_id, HardwareFault(fault=fault, fixed_by=rung))
-    console.print(f"{node} (VM {vm.vm_id}) now has {fault}, cleared by {rung.value} or above")
+    done = fault_effects.inject(
+        cfg, node, vm.vm_id, HardwareFault(fault=fault, fixed_by=rung), chosen
+    )
+    console.print(
+        f"{node} (VM {vm.vm_id}) now has {fault}, cleared by {rung.value} or above; "
+        f"effect {chosen}" + (f" ({len(done.stopped)} processes stopped)" if done.stopped else "")
+    )
 
 
 @sandbox_app.command("load")
@@ -391,6 +405,13 @@ def chaos_cmd(
     restart_temporal_at: Annotated[
         ChaosAt | None, typer.Option(help="Restart the Temporal server (SIGTERM) at this step.")
     ] = None,
+    effect: Annotated[
+        str,
+        typer.Option(
+            help="What the fault does to the jobs on the node: crash, hang, lost, slow, none, "
+            "or default (the fault's realistic effect: docs/sandbox.md)."
+        ),
+    ] = "none",
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object.")] = False,
     state_dir: StateDir = DEFAULT_SANDBOX_DIR,
 ) -> None:
@@ -411,7 +432,7 @@ def chaos_cmd(
             run_chaos(
                 cfg, fault, node=node, broken_until=rung, kill_worker_at=kill_worker_at,
                 restart_temporal_at=restart_temporal_at, console=err, kill=kill, at=at,
-                wipe_worker_disk_on_restart=wipe_worker_disk,
+                wipe_worker_disk_on_restart=wipe_worker_disk, effect=effect,
             )
         )  # fmt: skip
     except (SandboxError, ChaosError, ValueError) as e:
@@ -473,6 +494,14 @@ def demo(
             "the stand-in; stand-in: the job that only logs progress (no in-job mode)."
         ),
     ] = "auto",
+    fault_effect: Annotated[
+        str | None,
+        typer.Option(
+            help="What the fault does to the job's rank on the node: crash, hang, lost, slow, "
+            "none, or default (the fault's realistic effect; XID_79: hang). "
+            "Unset: the demo's default (sandbox/demo.py, DEMO_FAULT_EFFECT)."
+        ),
+    ] = None,
 ) -> None:
     """Sandbox up, a 2-node training job, a fault on one of its nodes, the remediation, a
     summary (`--scenario share`: training and inference sharing the GPU nodes)."""
@@ -509,6 +538,12 @@ def demo(
         spares=spares,
         platform=platform,
     )
+    from autoclusters.sandbox.fault_effects import EFFECTS
+
+    if fault_effect is not None and fault_effect not in (*EFFECTS, "default"):
+        choices = ", ".join(EFFECTS)
+        err.print(f"[red]refused:[/red] --fault-effect must be one of {choices} or default")
+        raise typer.Exit(2)
     out = err if as_json else console
     try:
         summary = asyncio.run(
@@ -521,6 +556,7 @@ def demo(
                 broken_until=broken_until,
                 job_recovery=job_recovery,
                 stand_in=job == "stand-in",
+                fault_effect=fault_effect,
             )  # fmt: skip
         )
     except DemoError as e:
@@ -561,7 +597,10 @@ def _print_summary(summary: Any, out: Console) -> None:
         f"[bold]incident[/bold]           {summary.incident_id} ({summary.status}; "
         f"mode {summary.mode}, rung {summary.rung})"
     )
-    out.print(f"node / fault       {summary.node} / {summary.fault}")
+    out.print(
+        f"node / fault       {summary.node} / {summary.fault} (effect on the job: "
+        f"{summary.fault_effect})"
+    )
     out.print(
         f"[bold]provisioning[/bold]       {secs(summary.provision_s)}  "
         "(cluster spec → cluster ready, ClusterProvisioning)"

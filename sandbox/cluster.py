@@ -35,6 +35,7 @@ from autoclusters.sandbox import (
     cloud_api,
     cmk_platform,
     daemons,
+    fault_effects,
     inference_sandbox,
     monitoring,
     port_holders,
@@ -473,6 +474,9 @@ def cancel_all_jobs(cfg: SandboxConfig, timeout_s: float = 30) -> None:
 def down(cfg: SandboxConfig) -> list[str]:
     """Stop exactly the processes this sandbox recorded, newest first; return their names."""
     table = ProcessTable(cfg.state_dir)
+    # Faults' effects end first: a stopped slurmd or step is killed by its PID, the duty
+    # cycles stop, the sandbox's nftables table goes (sandbox/fault_effects.py).
+    fault_effects.down(cfg)
     if table.alive("slurmctld"):
         cancel_all_jobs(cfg)
     stopped = []

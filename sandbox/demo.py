@@ -27,10 +27,17 @@ from autoclusters.core.policy import Rung
 from autoclusters.core.settings import load_file, policy_for
 from autoclusters.integrations import temporal
 from autoclusters.integrations.slurm import SlurmCli
-from autoclusters.sandbox import api_tokens, cluster, machine_names, provision, training_job
+from autoclusters.sandbox import (
+    api_tokens,
+    cluster,
+    fault_effects,
+    machine_names,
+    provision,
+    training_job,
+)
 from autoclusters.sandbox.cluster import sandbox_policy
 from autoclusters.sandbox.config import SandboxConfig
-from autoclusters.sandbox.hardware import Hardware, HardwareFault
+from autoclusters.sandbox.hardware import HardwareFault
 from autoclusters.sandbox.joblog import (
     ProgressLine,
     first_progress_after_reforming,
@@ -74,6 +81,9 @@ class DemoSummary(BaseModel):
     incident_id: str
     node: str
     fault: str
+    # What the fault did to the job on the node (sandbox/fault_effects.py): crash, hang,
+    # lost, slow or none (the node's agent sees it, the job does not).
+    fault_effect: str = "none"
     mode: str
     status: str
     rung: str | None
@@ -136,6 +146,11 @@ async def _job(slurm: SlurmCli, job_id: int) -> SlurmJob | None:
     return next((j for j in await slurm.jobs() if j.job_id == job_id), None)
 
 
+# The demo's fault effect when none is asked for: "default" is the fault's realistic one
+# (XID_79: hang), "none" only what the node's agent reads.
+DEMO_FAULT_EFFECT = "none"
+
+
 async def run_demo(
     cfg: SandboxConfig,
     fault: str,
@@ -145,7 +160,11 @@ async def run_demo(
     broken_until: str = "reboot",
     job_recovery: str = "in-job",
     stand_in: bool = False,
+    fault_effect: str | None = None,
 ) -> DemoSummary:
+    """`fault_effect`: crash, hang, lost, slow, none, or default (the fault's realistic
+    effect); None: DEMO_FAULT_EFFECT."""
+    effect = fault_effects.parse_effect(fault_effect or DEMO_FAULT_EFFECT, fault)
     was_running = cluster.is_running(cfg) if cfg.record_file.exists() else False
     console.print(f"[bold]1. sandbox[/bold] in {cfg.state_dir} ({cfg.nodes} nodes)")
     res = await asyncio.to_thread(cluster.up, cfg)
@@ -159,7 +178,9 @@ async def run_demo(
     if res.already_running:
         cfg = SandboxConfig.load(cfg.state_dir)
     try:
-        return await _demo(cfg, fault, mode, Rung(broken_until), job_recovery, stand_in, console)
+        return await _demo(
+            cfg, fault, mode, Rung(broken_until), job_recovery, stand_in, console, effect
+        )
     finally:
         if not keep and not was_running:
             console.print("[bold]sandbox down[/bold]")
@@ -176,6 +197,7 @@ async def _demo(
     job_recovery: str,
     stand_in: bool,
     console: Console,
+    effect: fault_effects.Effect = "none",
 ) -> DemoSummary:
     settings = load_file(cfg.settings_file)
     policy = policy_for(settings).model_copy(update={"mode": mode})
@@ -214,14 +236,20 @@ async def _demo(
     # demo's repaired node passes a burn-in screen before it returns.
     cfg.policy_file.write_text(sandbox_policy(cfg, mode=mode, burn_in=True))
     client = await temporal.connect(settings)
-    console.print(f"[bold]3. fault[/bold] {fault} on {node}'s GPU 0 (mode {mode})")
+    console.print(
+        f"[bold]3. fault[/bold] {fault} on {node}'s GPU 0 "
+        f"(mode {mode}; effect on the job: {effect})"
+    )
     fault_at = time.time()
     if vm is not None:
-        # The fault is real on the machine: the node's agent sees it (NVML, as it would on a
-        # GPU node) and reports it; the health gate fails until `broken_until`.
-        Hardware(cfg.state_dir).inject(
-            node, vm.vm_id, HardwareFault(fault=fault, fixed_by=broken_until)
-        )
+        # The fault is real on the machine: the job's rank there crashes, hangs, vanishes
+        # with the node or slows down (`effect`), the node's agent sees it (NVML, as it would
+        # on a GPU node) and reports it; the health gate fails until `broken_until`.
+        await asyncio.to_thread(
+            fault_effects.inject,
+            cfg, node, vm.vm_id, HardwareFault(fault=fault, fixed_by=broken_until), effect,
+            job_id=job_id,
+        )  # fmt: skip
     opened = await wait_for(
         "the fault to open an incident",
         lambda: incident_since(client, settings.cluster, node, fault_at),
@@ -315,6 +343,7 @@ async def _demo(
         incident_id=opened.incident_id,
         node=node,
         fault=fault,
+        fault_effect=effect,
         mode=mode,
         status=status,
         rung=final.rung,

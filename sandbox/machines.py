@@ -23,7 +23,7 @@ from autoclusters.clients.agent import fake_backend
 from autoclusters.core.kubernetes import INSTANCE_ID_LABEL
 from autoclusters.core.policy import Rung
 from autoclusters.core.sharing import POOL_LABEL, POOL_TAINT_KEY
-from autoclusters.sandbox import agent_targets, daemons, machine_names
+from autoclusters.sandbox import agent_targets, daemons, fault_effects, machine_names
 from autoclusters.sandbox.config import GPUS_PER_NODE, SandboxConfig
 from autoclusters.sandbox.crusoe_slurm_models import ClusterStarted, SlurmCluster, SlurmUser
 from autoclusters.sandbox.crusoe_world import EmulatedVm
@@ -35,7 +35,9 @@ from autoclusters.sandbox.vms import VmRecord, VmRegistry
 
 
 def power_off(cfg: SandboxConfig, node: str) -> None:
-    """The machine goes down: its slurmd and every job step still running on it."""
+    """The machine goes down: its slurmd and every job step still running on it (what a
+    fault's effect stopped first, by PID: sandbox/fault_effects.py)."""
+    fault_effects.power_off(cfg, node)
     ProcessTable(cfg.state_dir).stop(f"slurmd-{node}")
     kill_sessions(sessions_holding(cfg.spool_dir / node))
 
@@ -182,6 +184,7 @@ class SandboxMachines:
         self._vms.save(rec)
         node = self._node(vm)
         self._hardware.repaired(node, vm.id, Rung.REPLACE)  # a new machine: no faults
+        await asyncio.to_thread(fault_effects.lift, self._cfg, node)  # nor their effects
         await self._boot_slurmd(node)
         if not self._cfg.cmk:
             # On CMK the agent runs beside the Node's slurmd pod, under its Slurm node's name
@@ -195,6 +198,7 @@ class SandboxMachines:
         await asyncio.to_thread(power_off, self._cfg, node)
         await asyncio.sleep(self._cfg.boot_delay_s)
         self._hardware.repaired(node, vm.id, Rung.REBOOT)
+        await asyncio.to_thread(fault_effects.lift, self._cfg, node)  # hung ranks, silence
         await self._boot_slurmd(node)
         await self._register_node(vm)
 

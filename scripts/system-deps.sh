@@ -18,12 +18,16 @@ command -v chromedriver >/dev/null 2>&1 || missing+=(chromedriver)  # tests/test
 # certificate openssl makes at start-up.
 command -v kubectl >/dev/null 2>&1 || missing+=(kubectl)
 command -v openssl >/dev/null 2>&1 || missing+=(openssl)
+# Sandbox fault effects (sandbox/fault_effects.py): a hung or lost node's connections go
+# silent through nftables rules in a table of the sandbox's own.
+command -v nft >/dev/null 2>&1 || [ -x /usr/sbin/nft ] || missing+=(nft)
 [ ${#missing[@]} -eq 0 ] && exit 0
 
 pkgs="slurm-wlm slurmrestd munge slurm-wlm-jwt-plugin slurmdbd mariadb-server openssh-server"
 pkgs+=" chromium chromium-driver"  # headless Chromium + driver for the console browser test
 pkgs+=" prometheus prometheus-alertmanager"
 pkgs+=" openssl"
+pkgs+=" nftables"
 # Debian's kubectl, only when there is none (one installed another way is kept).
 command -v kubectl >/dev/null 2>&1 || pkgs+=" kubernetes-client"
 if [ "$(id -u)" -ne 0 ]; then
