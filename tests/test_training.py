@@ -399,12 +399,11 @@ def sbatch_env(sandbox: SandboxConfig, tmp_path: Path, *, ckpt_every: int) -> di
             "RDZV_PORT_BASE": str(sandbox.job_port_base), "RDZV_PORTS": str(JOB_PORTS)}  # fmt: skip
 
 
-@pytest.mark.timeout(120)
-def test_in_place_a_standby_takes_the_lost_nodes_seat(tmp_path: Path, runs: list[Torchrun]) -> None:
-    """In-job mode without Slurm (examples/training/in_place.py): three "nodes" meet in the
-    job's store, two train and one stands by. A training node's process is killed; the
-    survivor and the standby re-form the group in their running processes and go on from the
-    step the survivor completed, no step lost, and the run ends with every process exiting 0."""
+def _in_place_job(
+    tmp_path: Path, runs: list[Torchrun], job: str
+) -> tuple[dict[str, Torchrun], Callable[[], list[dict[str, Any]]], Path, Torchrun]:
+    """In-job mode without Slurm (examples/training/in_place.py): the job's store and three
+    "nodes" meeting in it, two training and one standing by, 60 steps of 0.2 s."""
     port = _free_port()
     store = start(runs, tmp_path / "store.log", argv=[sys.executable, str(STORE), str(port)])
     until(lambda: _listening(port), 30, "the store")
@@ -416,28 +415,44 @@ def test_in_place_a_standby_takes_the_lost_nodes_seat(tmp_path: Path, runs: list
             argv=[sys.executable, str(TRAIN), "--ckpt-dir", str(ckpt), "--in-place",
                   f"127.0.0.1:{port}", "--train-nodes", "2", "--step-sleep", "0.2",
                   "--ckpt-every", "5", "--steps", "60", "--term-grace", "10"],
-            env={"SLURMD_NODENAME": name, "SLURM_JOB_ID": "7"},
+            env={"SLURMD_NODENAME": name, "SLURM_JOB_ID": job},
         )  # fmt: skip
 
     def lines() -> list[dict[str, Any]]:
         return [d for name in nodes for d in step_lines(tmp_path / f"{name}.log")]
 
-    def training() -> set[str] | None:
+    return nodes, lines, ckpt, store
+
+
+def _training(lines: Callable[[], list[dict[str, Any]]]) -> set[str]:
+    def two() -> set[str] | None:
         active = {d["node"] for d in lines() if d["step"] >= 3}
         return active if len(active) == 2 else None
 
-    active = until(training, 60, "steps on two nodes")
+    return until(two, 60, "steps on two nodes")
+
+
+def _reformed(lines: Callable[[], list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    def two() -> list[dict[str, Any]] | None:
+        done = [d for d in lines() if d["elastic"] == 1]
+        return sorted(done, key=lambda d: d["ts"])[:2] if len(done) >= 2 else None
+
+    return until(two, 30, "steps of the re-formed group")
+
+
+@pytest.mark.timeout(120)
+def test_in_place_a_standby_takes_the_lost_nodes_seat(tmp_path: Path, runs: list[Torchrun]) -> None:
+    """A training node's process is killed (its sockets close); the survivor and the standby
+    re-form the group in their running processes and go on from the step the survivor
+    completed, no step lost, and the run ends with every process exiting 0."""
+    nodes, lines, ckpt, store = _in_place_job(tmp_path, runs, "7")
+    active = _training(lines)
     (standby,) = set(nodes) - active
     victim = sorted(active)[0]
     nodes[victim].kill()
     killed_at = time.time()
     before = [d for d in lines() if d["elastic"] == 0]
-
-    def reformed() -> list[dict[str, Any]] | None:
-        done = [d for d in lines() if d["elastic"] == 1]
-        return sorted(done, key=lambda d: d["ts"])[:2] if len(done) >= 2 else None
-
-    after = until(reformed, 30, "steps of the re-formed group")
+    after = _reformed(lines)
     print(f"in place: kill to next step {after[0]['ts'] - killed_at:.2f}s")
     assert {d["node"] for d in lines() if d["elastic"] == 1} <= (active - {victim}) | {standby}
     assert after[0]["resumed_from"] == max(d["step"] for d in before)
@@ -447,6 +462,64 @@ def test_in_place_a_standby_takes_the_lost_nodes_seat(tmp_path: Path, runs: list
     for name in set(nodes) - {victim}:
         assert nodes[name].wait(60) == 0, (tmp_path / f"{name}.log").read_text()[-2000:]
     assert (ckpt / "done").read_text().strip() == "60" and marker(ckpt) == 60
+    store.kill()
+
+
+@pytest.mark.timeout(150)
+def test_in_place_survivors_leave_a_silent_peer_on_sigusr2(
+    tmp_path: Path, runs: list[Torchrun]
+) -> None:
+    """A GPU that hangs (Xid 79) keeps its rank's connections open and silent: a training
+    node's process is SIGSTOPped, and the survivor blocks in its collective (the collective
+    timeout is 120 s). The runbook's SIGUSR2 (here by PID, to the survivor and the standby)
+    makes the survivor abandon its group at once; with the standby it forms the next
+    generation, which steps again from the newest step any of them completed: nothing lost
+    beyond the step in flight; a second, late signal changes nothing. The stopped process
+    never rejoins; it is killed at the end."""
+    nodes, lines, ckpt, store = _in_place_job(tmp_path, runs, "8")
+    active = _training(lines)
+    (standby,) = set(nodes) - active
+    victim = sorted(active)[0]
+    (survivor,) = active - {victim}
+    stopped = nodes[victim].proc.pid
+    os.kill(stopped, signal.SIGSTOP)
+    try:
+        # The survivor is blocked: no step line for 10 step periods (it steps every ~0.2 s).
+        def blocked() -> bool:
+            mine = [d for d in lines() if d["node"] == survivor]
+            return bool(mine) and time.time() - mine[-1]["ts"] > 2.0
+
+        until(blocked, 30, "the survivor to block on the stopped peer")
+        before = [d for d in lines() if d["elastic"] == 0]
+        newest = max(d["step"] for d in before)
+        # Held by the stopped peer: the survivor is at most the step in flight ahead of it.
+        assert newest <= max(d["step"] for d in before if d["node"] == victim) + 1
+        signalled_at = time.time()
+        for name in (survivor, standby):
+            os.kill(nodes[name].proc.pid, signal.SIGUSR2)
+        after = _reformed(lines)
+        waited = after[0]["ts"] - signalled_at
+        print(f"in place, silent peer: SIGUSR2 to next step {waited:.2f}s")
+        # A hang guard, not a speed test (bench/mttr.py measures): far below the 120 s timeout.
+        assert waited < 20
+        assert {d["node"] for d in lines() if d["elastic"] == 1} == {survivor, standby}
+        assert after[0]["resumed_from"] == newest
+        assert after[0]["step"] == newest + 1
+        left = (tmp_path / f"{survivor}.log").read_text()
+        assert "event=group_failed gen=0 reason=signal" in left
+        # A late signal (one for a generation already left) does not break a healthy one.
+        for name in (survivor, standby):
+            os.kill(nodes[name].proc.pid, signal.SIGUSR2)
+        for name in (survivor, standby):
+            assert nodes[name].wait(60) == 0, (tmp_path / f"{name}.log").read_text()[-2000:]
+        assert {d["elastic"] for d in lines()} == {0, 1}
+        assert (ckpt / "done").read_text().strip() == "60" and marker(ckpt) == 60
+        # The stopped process is still in generation 0: it never joined another.
+        assert not [d for d in lines() if d["node"] == victim and d["elastic"] > 0]
+    finally:
+        os.kill(stopped, signal.SIGKILL)
+        os.kill(stopped, signal.SIGCONT)
+        nodes[victim].proc.wait(timeout=30)
     store.kill()
 
 

@@ -15,9 +15,21 @@ generations:
 - **Train.** Seated processes form the process group on `g<g>/pg/` and take rank 0's state
   (DDP broadcasts the parameters, the optimizer state follows); the others wait for
   generation g+1 to open.
-- **Fail.** A collective that fails (a peer's process died: gloo sees its sockets close at
-  once) opens generation g+1 (`g<g+1>/open`), whose first opener leads it; every live process
-  joins it. A standby wakes within `POLL_S`.
+- **Abandon.** A generation is left, by the first of its ranks to see one of these, and
+  every other rank follows within `SLICE_S`:
+  - the runbook's SIGUSR2 (`scancel --signal=USR2 <job>`, to the job's steps, sent once it
+    released the faulty node from the job): the victim hangs with its connections open
+    (Xid 79: stuck in the driver; a node without power closes nothing), so its peers would
+    wait in the collective until its timeout;
+  - a collective that fails (a peer's process died: gloo sees its sockets close at once);
+  - another rank opened the next generation (the key below);
+  - the collective timeout (`--timeout`, 120 s): the last resort of a run with no runbook.
+  It opens generation g+1 (`g<g+1>/open`), whose first opener leads it; every live process
+  joins it. A standby wakes within `POLL_S`; a SIGUSR2 to a standby changes nothing.
+
+Every collective of a generation is issued async on that generation's own gloo group and
+waited for in slices (`Generation`), so that the main thread sees the signal and the store
+while a peer is silent. The old group is abandoned, never destroyed: see `Generation`.
 
 What torchrun's elastic restart costs and this does not: waiting for the lost agent's
 keep-alives to go stale (3 s with 1 s x 3), the rendezvous' fixed 1 s polling, and every
@@ -29,14 +41,26 @@ then requeues the job, which resumes from its shared checkpoint.
 from __future__ import annotations
 
 import json
+import signal
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
+import torch
 import torch.distributed as dist
 
 POLL_S = 0.02  # how often a waiting process looks at the store: a standby's wake-up delay
+# How often a rank waiting on a collective (or on its group's forming) looks at the abort
+# flag and at the store: the most a survivor adds to the runbook's signal, besides the grace.
+SLICE_S = 0.05
+ABORT_SIGNAL = signal.SIGUSR2
+
+# Every generation's gloo group and the last thread that used it, held until the process
+# exits: never destroyed, never collected (Generation says why).
+_ABANDONED: list[Any] = []
 
 
 @dataclass(frozen=True)
@@ -51,6 +75,44 @@ class Seat:
 
 class NoGeneration(Exception):
     """No generation formed within the join timeout: in-job recovery gives up."""
+
+
+class GroupLost(Exception):
+    """This generation is abandoned: `reason` is signal (the runbook's SIGUSR2), peer (another
+    rank opened the next generation), timeout, or error (a collective failed: `error`)."""
+
+    def __init__(self, reason: str, error: str = "") -> None:
+        super().__init__(f"{reason} {error}".strip())
+        self.reason, self.error = reason, error
+
+
+class AbortRequest:
+    """The runbook's SIGUSR2: abandon the generation, whose collective is stuck on a peer.
+
+    The signal abandons a generation only once a collective has waited `grace_s` past both
+    its start and the signal, and a collective issued after the signal that completes
+    dismisses it: a signal that arrives late (after this process already followed another
+    rank into the next generation, or after a crashed peer's closed sockets made the group
+    re-form before the runbook released the node), or to a standby that is then seated,
+    never abandons a healthy generation. The handler runs on the main thread between
+    bytecodes, which `Generation` gives it by waiting in slices.
+    """
+
+    def __init__(self, grace_s: float) -> None:
+        self.grace_s = grace_s
+        self.at = 0.0  # time.monotonic() of the pending signal; 0: none
+        signal.signal(ABORT_SIGNAL, self._handle)
+
+    def _handle(self, _signum: int, _frame: object) -> None:
+        self.at = time.monotonic()
+
+    def stuck(self, since: float, now: float) -> bool:
+        return self.at > 0 and now - max(since, self.at) >= self.grace_s
+
+    def healthy(self, started: float) -> None:
+        """A collective started at `started` completed: a signal before it is dismissed."""
+        if 0 < self.at <= started:
+            self.at = 0.0
 
 
 class InPlaceGroup:
@@ -77,6 +139,7 @@ class InPlaceGroup:
         stopped: Callable[[], bool],
     ) -> None:
         host, port = store.rsplit(":", 1)
+        self.store_addr = (host, int(port))
         self.store = dist.TCPStore(
             host, int(port), is_master=False, timeout=timedelta(seconds=join_timeout_s)
         )
@@ -104,23 +167,29 @@ class InPlaceGroup:
                 return None
 
     def fail(self) -> None:
-        """The group failed: open the next generation (leading it if first) and leave this
-        one's process groups."""
+        """The group failed or was abandoned: open the next generation (leading it if first).
+        The old generation's group is left as it is (Generation)."""
         nxt = self.gen + 1
         self.lead = self.store.add(self._k(nxt, "opened"), 1) == 1
         self.store.set(self._k(nxt, "open"), "1")
-        try:
-            dist.destroy_process_group()
-        except Exception:  # noqa: BLE001  # a half-dead group: nothing left to release
-            pass
         self.gen = nxt
+
+    def next_open(self) -> bool:
+        """Another rank abandoned this generation."""
+        return self._has(self._k(self.gen + 1, "open"))
 
     def finish(self) -> None:
         """The run is done: the standbys stop waiting."""
         self.store.set(self._k("finished"), "1")
 
     def process_group_store(self) -> dist.Store:
-        return dist.PrefixStore(self._k(self.gen, "pg") + "/", self.store)
+        """The generation's group's store: a connection of its own, so that the main thread's
+        look at the store (`next_open`) never queues behind the group's forming in another
+        thread, which waits there for its peers."""
+        addr = self.store_addr
+        own = dist.TCPStore(addr[0], addr[1], is_master=False,
+                            timeout=timedelta(seconds=self.join_timeout_s))  # fmt: skip
+        return dist.PrefixStore(self._k(self.gen, "pg") + "/", own)
 
     # --- one generation ---------------------------------------------------------------------
 
@@ -189,3 +258,120 @@ def _whole_nodes(members: list[dict[str, object]], nproc: int) -> dict[str, int]
         procs.setdefault(node, set()).add(str(m["who"]))
         newest[node] = max(newest.get(node, 0), int(m["completed"]))  # type: ignore[call-overload]
     return {n: newest[n] for n, who in procs.items() if len(who) >= nproc}
+
+
+class Generation:
+    """This process's seat in one formed generation, and the generation's own gloo group.
+
+    Each generation builds its own `ProcessGroupGloo` on its own prefix of the job's store
+    (`g<g>/pg/`), not the default group of `init_process_group`, and when it is abandoned the
+    group is left as it is, held in `_ABANDONED` until the process exits: its worker thread
+    is blocked in a collective on the silent peer, and destroying the group
+    (`destroy_process_group`, `_abort_process_group`, or dropping the last reference, whose
+    destructor joins that thread) blocks until the collective's timeout; gloo's `abort()`
+    does not unblock it. Measured on torch 2.13 CPU: `destroy_process_group` with one peer
+    SIGSTOPped took the whole 20 s timeout. A few leaked sockets and threads per re-forming
+    (at most `--max-restarts`) are the price.
+
+    Every collective is issued async and waited for in `SLICE_S` slices, between which the
+    main thread runs the SIGUSR2 handler and looks at the store; nothing of the generation
+    (its forming, the state's broadcast, checkpoints: rank 0 writes them alone) blocks where
+    the abort cannot reach it.
+
+    The same under NCCL, on GPUs (this example's CPU run cannot show it):
+    - Collectives are async there anyway: the kernel is queued on the GPU and the host
+      blocks only where it reads a result or synchronizes. Wait by polling
+      `work.is_completed()` (a CUDA event query) between checks of the abort flag, as here,
+      never in `work.wait()` plus `.item()`/`cuda.synchronize()` on a stuck kernel.
+    - Abandon with `ProcessGroupNCCL.abort()` (torch >= 2.6; `_shutdown()` before), or
+      `torch.distributed.distributed_c10d._abort_process_group()` for every group at once:
+      `ncclCommAbort` stops the survivors' kernels that wait for the dead GPU and frees
+      the communicator without a collective handshake; `destroy_process_group` and
+      `ncclCommDestroy` can hang on the dead peer like gloo's teardown here. A communicator
+      made non-blocking (`ProcessGroupNCCL.Options().config.blocking = False`) keeps the
+      abort itself from blocking. The next generation is a new communicator, its unique id
+      exchanged through a new store prefix as `g<g>/pg/` here. What the aborted kernels
+      wrote is garbage: the optimizer step applies only after every collective of the
+      step succeeded, as here.
+    - `TORCH_NCCL_ASYNC_ERROR_HANDLING`: the watchdog thread's reaction to a failed or
+      timed-out collective. Its default (3) and 1 tear the whole process down, the opposite
+      of recovering in it; in-process recovery sets 0 (no handling: the application aborts,
+      as `_abort_process_group`'s docs require) or 2 (the watchdog aborts the communicator,
+      the process lives and the work raises). The group's timeout is the watchdog's
+      deadline: keep it (and `TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC`, after which the watchdog's
+      monitor kills a process whose watchdog is stuck) longer than this job's own last
+      resort (`--timeout`), as NVRx asks of its hard timeout.
+    - NVIDIA's NVRx in-process restart (`nvidia_resiliency_ext.inprocess.Wrapper`) does
+      these steps for a wrapped training function: a monitor thread in each rank notices a
+      fault (an exception on any rank, shared through the store, or no progress within the
+      soft timeout), calls `AbortTorchDistributed` (each group's NCCL backend `abort()`ed
+      from a thread of its own, then `destroy_process_group`), raises an exception into the
+      main thread, and all healthy ranks meet at a store barrier, are given new ranks
+      (reserve ranks filling the gaps) and call the function again in the same processes. A
+      rank it cannot unblock is killed by the hard timeout (SIGCONT, SIGTERM, SIGKILL) and
+      left out. Here, the runbook's SIGUSR2 and the generations play those parts.
+    - TorchFT: every step a quorum from its lighthouse; its reconfigurable process groups
+      abort the old communicator and build a new one on a new store prefix per quorum (its
+      NCCL group puts its own timeout in front of the watchdog and aborts instead of
+      crashing; `ProcessGroupBabyNCCL` runs NCCL in a child process that can simply be
+      killed); a failed allreduce makes `should_commit()` drop the step, and a recovering
+      replica takes the state from a healthy peer, as a standby takes rank 0's here.
+    """
+
+    def __init__(
+        self, group: InPlaceGroup, seat: Seat, timeout_s: float, abort: AbortRequest
+    ) -> None:
+        self.group, self.seat, self.timeout_s, self.abort = group, seat, timeout_s, abort
+        self.gen, self.rank, self.world = seat.gen, seat.rank, seat.world
+        store = group.process_group_store()
+        built: list[Any] = []
+        done = threading.Event()
+
+        def build() -> None:  # connects to every peer: blocks while one is silent
+            try:
+                pg = dist.ProcessGroupGloo(store, seat.rank, seat.world,
+                                           timedelta(seconds=timeout_s))  # fmt: skip
+                _ABANDONED.append(pg)  # held even when the main thread gave up waiting
+                built.append(pg)
+            except Exception as e:  # noqa: BLE001  # reported by the main thread below
+                built.append(e)
+            done.set()
+
+        thread = threading.Thread(target=build, name=f"gen{seat.gen}-group", daemon=True)
+        _ABANDONED.append((store, thread))
+        thread.start()
+        self._wait(done, time.monotonic())
+        if isinstance(built[0], Exception):
+            raise GroupLost("error", type(built[0]).__name__)
+        self.pg = built[0]
+
+    def allreduce(self, tensor: torch.Tensor) -> None:
+        """Sum `tensor` over the generation, in place."""
+        self._run(self.pg.allreduce([tensor]))
+
+    def broadcast(self, tensor: torch.Tensor) -> None:
+        """Rank 0's `tensor` on every rank, in place."""
+        opts = dist.BroadcastOptions()
+        opts.rootRank = 0
+        self._run(self.pg.broadcast([tensor], opts))
+
+    def _run(self, work: Any) -> None:
+        started = time.monotonic()
+        done = threading.Event()
+        work.get_future().add_done_callback(lambda _f: done.set())
+        self._wait(done, started)
+        try:
+            work.wait()  # raises what failed it: a peer's closed sockets, gloo's timeout
+        except Exception as e:  # noqa: BLE001  # gloo raises RuntimeError or DistError
+            raise GroupLost("error", type(e).__name__) from e
+        self.abort.healthy(started)
+
+    def _wait(self, done: threading.Event, started: float) -> None:
+        while not done.wait(SLICE_S):
+            now = time.monotonic()
+            if self.abort.stuck(started, now):
+                raise GroupLost("signal")
+            if self.group.next_open():
+                raise GroupLost("peer")
+            if now - started > self.timeout_s:
+                raise GroupLost("timeout")

@@ -14,12 +14,14 @@ then records the time in the job's Comment (`ckpt_at=<epoch s>`, the Comment's o
 
 In-job recovery (`--in-place HOST:PORT`, train.sbatch's SPARES mode, in_place.py): no
 torchrun; one process per node meets the others in the job's store, `--train-nodes` of the
-nodes train and the rest stand by. When a peer's process dies, the others' collective fails
-at once and they re-form the group with a standby in their running processes: the new rank 0
-is one that completed the newest step, DDP broadcasts its parameters and the optimizer state
-follows, so no step is lost and nothing is restarted or imported again. Rank 0 then writes
+nodes train and the rest stand by. When a peer hangs (SIGUSR2 from the runbook once it
+released the node: the survivors abandon their group without waiting for it) or dies (their
+collective fails at once), they re-form the group with a standby in their running processes:
+the new rank 0 is one that completed the newest step, its parameters and optimizer state are
+broadcast, so no step is lost and nothing is restarted or imported again. Rank 0 then writes
 `resumed_at=<epoch s>` to the Comment, which is how the runbook learns that the job steps
-again.
+again. In this mode the gradients are all-reduced by hand, not by DDP: its reducer waits for
+them inside backward(), where a signal cannot reach the rank.
 
 SIGTERM (Slurm requeue/cancel, torchrun shutting down) and SIGUSR1 (Slurm's warning before
 the time limit) make every rank stop at the same step boundary, save, and exit 128+signal.
@@ -37,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import io
 import json
 import os
 import re
@@ -51,10 +54,16 @@ import warnings
 from concurrent.futures import Future
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 # The CPU wheel warns on import when numpy is absent; this job never touches numpy.
 warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
+# In-job mode's checkpoints: rank 0 saves alone (no_dist), which DCP notes once per process.
+warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable")
+if __name__ == "__main__":
+    # In-job mode: the runbook's SIGUSR2 (abandon the group, in_place.py) must not kill a
+    # process still importing torch; in_place.AbortRequest takes it over.
+    signal.signal(signal.SIGUSR2, signal.SIG_IGN)
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
@@ -62,6 +71,9 @@ import torch.distributed.checkpoint as dcp  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel  # noqa: E402
+
+if TYPE_CHECKING:  # in_place.py sits beside this script; imported where in-job mode runs
+    from in_place import Generation
 
 MARKER = "latest"
 STEP_DIR = re.compile(r"^step-(\d+)$")
@@ -110,6 +122,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument(
         "--max-restarts", type=int, default=3, help="in-job mode: groups re-formed before giving up"
+    )
+    p.add_argument(
+        "--abort-grace",
+        type=float,
+        default=0.2,
+        help="in-job mode: seconds a collective must still wait after SIGUSR2 before the group "
+        "is abandoned (a late signal to a healthy group is dismissed)",
     )
     p.add_argument(
         "--term-grace",
@@ -276,14 +295,27 @@ def publish_checkpoint(saved_at: float) -> None:
 
 
 class Checkpointer:
-    """DCP saves with at most one in flight; rank 0 commits each by moving the marker."""
+    """DCP saves with at most one in flight; rank 0 commits each by moving the marker.
 
-    def __init__(self, root: Path, group: dist.ProcessGroup, use_async: bool, keep: int):
+    With no group (in-job mode, `rank` given), every rank holds the same state: rank 0 saves
+    it alone and each rank loads it by itself (DCP's `no_dist`), so no checkpoint collective
+    can block on a silent peer where the abort cannot reach it; the caller shares the
+    resume point over the generation's group.
+    """
+
+    def __init__(
+        self,
+        root: Path,
+        group: dist.ProcessGroup | None,
+        use_async: bool,
+        keep: int,
+        rank: int | None = None,
+    ):
         self.root = root
         self.group = group  # its own gloo group: the async save thread runs collectives
-        self.use_async = use_async and hasattr(dcp, "async_save")
+        self.use_async = use_async and hasattr(dcp, "async_save") and group is not None
         self.keep = keep
-        self.rank = dist.get_rank()
+        self.rank = dist.get_rank() if rank is None else rank
         self.last_saved = 0
         self._pending: tuple[int, Future[Any], float] | None = None
         self._finished: dict[int, float] = {}
@@ -297,14 +329,16 @@ class Checkpointer:
             for s, path in step_dirs(self.root).items():
                 if s > latest[0]:
                     shutil.rmtree(path, ignore_errors=True)
-        dist.broadcast_object_list(latest, src=0, group=self.group)
+        if self.group is not None:
+            dist.broadcast_object_list(latest, src=0, group=self.group)
         self.last_saved = latest[0]
         return latest[0]
 
     def load(self, step: int, model: nn.Module, optim: torch.optim.Optimizer) -> None:
         model_sd, optim_sd = get_state_dict(model, optim)
         state: dict[str, Any] = {"model": model_sd, "optim": optim_sd}
-        dcp.load(state, checkpoint_id=str(self.root / f"step-{step}"), process_group=self.group)
+        dcp.load(state, checkpoint_id=str(self.root / f"step-{step}"),
+                 process_group=self.group, no_dist=self.group is None)  # fmt: skip
         set_state_dict(
             model, optim, model_state_dict=state["model"], optim_state_dict=state["optim"]
         )
@@ -312,6 +346,9 @@ class Checkpointer:
     def save(self, step: int, model: nn.Module, optim: torch.optim.Optimizer, block: bool) -> None:
         self.wait()
         if step <= self.last_saved:
+            return
+        if self.group is None and self.rank != 0:
+            self.last_saved = step  # rank 0 writes the state every rank holds
             return
         model_sd, optim_sd = get_state_dict(model, optim)
         state: dict[str, Any] = {"model": model_sd, "optim": optim_sd}
@@ -326,7 +363,8 @@ class Checkpointer:
             self._pending = (step, fut, started)
             self._event("checkpoint_started", step, stall_s=time.monotonic() - started)
         else:
-            dcp.save(state, checkpoint_id=path, process_group=self.group)
+            dcp.save(state, checkpoint_id=path, process_group=self.group,
+                     no_dist=self.group is None)  # fmt: skip
             self._commit(step, started)
 
     def poll(self) -> None:
@@ -425,29 +463,32 @@ class Trainer:
         self.stop, self.local_rank = stop, local_rank
         self.completed = 0
 
-    def run(self, gen: int | None, training: tuple[str, ...] = ()) -> int:
-        """Train from the latest checkpoint (a formed in-place generation after the first:
-        from rank 0's state in memory) until the steps are done (0) or a signal (128+sig).
-        A failed collective raises."""
+    def run(self, comm: Generation | None = None, training: tuple[str, ...] = ()) -> int:
+        """Train from the latest checkpoint (a formed in-place generation: from rank 0's state
+        in memory when it is newer) until the steps are done (0) or a signal (128+sig). In
+        place (`comm`), a generation that is abandoned or whose collective fails raises
+        GroupLost; under torchrun a failed collective raises."""
         args, device = self.args, self.device
-        rank, world = dist.get_rank(), dist.get_world_size()
-        cuda = device.type == "cuda"
-        model = DistributedDataParallel(
-            self.module, device_ids=[self.local_rank] if cuda else None
-        )  # its construction broadcasts rank 0's parameters
-        # An async save's thread would outlive a failed generation's groups: in place, sync.
-        use_async = not args.sync_save and gen is None
-        ckpt_group = dist.new_group(backend="gloo", timeout=timedelta(seconds=args.timeout))
-        ckpt = Checkpointer(args.ckpt_dir, ckpt_group, use_async, args.keep)
-        resumed_from = ckpt.resume_point()
-        started = time.monotonic()
-        peer = self._take_rank0_state(ckpt_group) if gen else 0
-        if peer and peer >= resumed_from:
-            resumed_from = peer
-            ckpt._event("resumed", resumed_from, load_s=time.monotonic() - started, source="peer")
-        elif resumed_from:
-            ckpt.load(resumed_from, model, self.optim)
-            ckpt._event("resumed", resumed_from, load_s=time.monotonic() - started)
+        gen = None if comm is None else comm.gen
+        if comm is None:
+            rank, world = dist.get_rank(), dist.get_world_size()
+            cuda = device.type == "cuda"
+            model: nn.Module = DistributedDataParallel(
+                self.module, device_ids=[self.local_rank] if cuda else None
+            )  # its construction broadcasts rank 0's parameters
+            ckpt_group = dist.new_group(backend="gloo", timeout=timedelta(seconds=args.timeout))
+            ckpt = Checkpointer(args.ckpt_dir, ckpt_group, not args.sync_save, args.keep)
+            resumed_from = ckpt.resume_point()
+            started = time.monotonic()
+            if resumed_from:
+                ckpt.load(resumed_from, model, self.optim)
+                ckpt._event("resumed", resumed_from, load_s=time.monotonic() - started)
+        else:
+            rank, world, model = comm.rank, comm.world, self.module
+            # Synchronous saves by rank 0 alone: an async save's thread would outlive an
+            # abandoned generation, and a checkpoint collective could block on a silent peer.
+            ckpt = Checkpointer(args.ckpt_dir, None, False, args.keep, rank=rank)
+            resumed_from = self._start_generation(comm, ckpt)
         elastic = "" if gen is None else f" elastic={gen}"
         logs = {"all": True, "node": self.local_rank == 0, "zero": rank == 0}[args.log_ranks]
         step = self.completed = resumed_from
@@ -457,11 +498,15 @@ class Trainer:
             loss = nn.functional.mse_loss(model(x.to(device)), y.to(device))
             self.optim.zero_grad(set_to_none=True)
             loss.backward()
-            # One small all-reduce per step: the mean loss, and whether any rank was
-            # signalled, so that every rank stops (and saves) at the same step. Before the
-            # optimizer step: a step is applied only once every collective of it succeeded.
+            # One small all-reduce per step (in place: with the gradients): the mean loss,
+            # and whether any rank was signalled, so that every rank stops (and saves) at the
+            # same step. Before the optimizer step: a step is applied only once every
+            # collective of it succeeded.
             stats = torch.tensor([loss.item(), float(self.stop.signum)], device=device)
-            dist.all_reduce(stats)
+            if comm is None:
+                dist.all_reduce(stats)
+            else:
+                stats = self._all_reduce_grads(comm, stats)
             self.optim.step()
             self.completed = step
             if logs:
@@ -487,14 +532,48 @@ class Trainer:
         ckpt.wait()
         return 0
 
-    def _take_rank0_state(self, group: dist.ProcessGroup) -> int:
-        """After DDP's parameter broadcast: rank 0's optimizer state and step, on every rank."""
-        box: list[Any] = [self.optim.state_dict(), self.completed]
-        dist.broadcast_object_list(box, src=0, group=group)
-        if dist.get_rank() != 0:
-            self.optim.load_state_dict(box[0])
-        self.completed = int(box[1])
-        return self.completed
+    def _all_reduce_grads(self, comm: Generation, stats: torch.Tensor) -> torch.Tensor:
+        """The gradients' mean and `stats`' sum over the generation, in one collective that
+        the abort can leave (DDP's reducer waits for its all-reduces inside backward())."""
+        grads = [p.grad for p in self.module.parameters() if p.grad is not None]
+        flat = torch.cat([*(g.reshape(-1) for g in grads), stats])
+        comm.allreduce(flat)
+        offset = 0
+        for g in grads:
+            g.copy_(flat[offset : offset + g.numel()].view_as(g) / comm.world)
+            offset += g.numel()
+        return flat[offset:]
+
+    def _start_generation(self, comm: Generation, ckpt: Checkpointer) -> int:
+        """Every rank of the generation takes rank 0's state: from its memory when it is at
+        least as new as the latest checkpoint (a re-forming, or a fresh start), else from
+        that checkpoint. Returns the step it is at."""
+        started = time.monotonic()
+        marker = ckpt.resume_point()  # rank 0's; the others learn it below
+        blob = b""
+        if comm.rank == 0 and self.completed >= marker:
+            buf = io.BytesIO()
+            torch.save({"model": self.module.state_dict(), "optim": self.optim.state_dict()}, buf)
+            blob = buf.getvalue()
+        head = torch.tensor([marker, self.completed, len(blob)], dtype=torch.int64)
+        comm.broadcast(head)
+        marker, peer, size = (int(v) for v in head)
+        ckpt.last_saved = marker
+        if size == 0:
+            ckpt.load(marker, self.module, self.optim)
+            ckpt._event("resumed", marker, load_s=time.monotonic() - started)
+            self.completed = marker
+            return marker
+        data = bytearray(blob) if comm.rank == 0 else bytearray(size)
+        comm.broadcast(torch.frombuffer(data, dtype=torch.uint8))  # into `data`
+        if comm.rank != 0:
+            state = torch.load(io.BytesIO(data), weights_only=True)
+            self.module.load_state_dict(state["model"])
+            self.optim.load_state_dict(state["optim"])
+        self.completed = peer
+        if peer:
+            ckpt._event("resumed", peer, load_s=time.monotonic() - started, source="peer")
+        return peer
 
 
 def _device(local_rank: int) -> torch.device:
@@ -538,7 +617,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def main_in_place(args: argparse.Namespace, stop: StopRequest) -> int:
     """In-job mode (in_place.py): stand by or train, generation after generation."""
-    from in_place import InPlaceGroup, NoGeneration
+    from in_place import AbortRequest, Generation, GroupLost, InPlaceGroup, NoGeneration
+
+    abort = AbortRequest(args.abort_grace)  # SIGUSR2: before anything may block
 
     node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -561,21 +642,20 @@ def main_in_place(args: argparse.Namespace, stop: StopRequest) -> int:
         while (seat := group.seat(trainer.completed)) is not None:
             if seat.gen > args.max_restarts:
                 raise NoGeneration(f"{seat.gen} groups formed: restarts used up")
-            dist.init_process_group(
-                _backend(device), store=group.process_group_store(), rank=seat.rank,
-                world_size=seat.world, timeout=timedelta(seconds=args.timeout),
-            )  # fmt: skip
             try:
-                rc = trainer.run(seat.gen, seat.nodes)
-            except (RuntimeError, dist.DistError) as e:  # a peer is gone: the next generation
-                emit(f"{_prefix()} event=group_failed gen={seat.gen} error={type(e).__name__}")
+                # The generation's own gloo group (on GPUs the same steps hold for NCCL:
+                # in_place.Generation says how). Not init_process_group: the default group
+                # cannot be left without destroying it, which blocks on a silent peer.
+                rc = trainer.run(Generation(group, seat, args.timeout, abort), seat.nodes)
+            except GroupLost as e:  # a peer hangs or is gone: the next generation
+                emit(f"{_prefix()} event=group_failed gen={seat.gen} reason={e.reason}"
+                     f"{f' error={e.error}' if e.error else ''}")  # fmt: skip
                 group.fail()
                 continue
             if rc == 0 and seat.rank == 0:
                 # train.sbatch requeues an in-job run whose srun failed unless this is here.
                 (args.ckpt_dir / "done").write_text(f"{trainer.completed}\n")
                 group.finish()
-            dist.destroy_process_group()
             flush_published()
             return rc
     except NoGeneration as e:
