@@ -1,5 +1,7 @@
-"""The fleet guard's circuit breaker, asked through Temporal: its status, and a reset by an
-approver (`autoclusters breaker status|reset`, clients/cli/breaker.py).
+"""The fleet guard's circuit breaker, asked through Temporal: its status (`autoclusters
+breaker status`, clients/cli/breaker.py), and a reset by an approver, which the API makes
+(`POST /v1/breaker/reset`, for `autoclusters breaker reset`) once it knows who they are:
+it signs the proof of who resets that the guard's worker checks (core/decision_proof.py).
 
 The guard (one workflow per cluster) starts with the cluster's first incident. These
 calls only read or reset it; they never start one.
@@ -18,7 +20,15 @@ from temporalio.client import (
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
-from autoclusters.core.guard import BreakerStatus, GuardStatus, ResetRequest, guard_workflow_id
+from autoclusters.core.decision_proof import Decision, sign
+from autoclusters.core.guard import (
+    BREAKER_RESET_STEP,
+    BreakerStatus,
+    GuardStatus,
+    ResetRequest,
+    guard_workflow_id,
+    reset_subject,
+)
 from autoclusters.workflows.fleet_guard import FleetGuard
 
 # A guard that does not answer within this long has no worker polling its task queue.
@@ -71,11 +81,27 @@ async def breaker_status(client: Client, cluster: str) -> GuardStatus:
         raise
 
 
-async def reset_breaker(client: Client, cluster: str, by: str) -> BreakerStatus:
-    """A human resets the tripped breaker; repairs are admitted again."""
+async def reset_breaker(
+    client: Client, cluster: str, by: str, *, key: str, via: str
+) -> BreakerStatus:
+    """`by` resets the tripped breaker, whom the caller (the API) has verified `via` their
+    own token (`token:<name>`) or Slack: the reset carries a proof signed with `key` (the
+    first of `approval_keys`) for this trip, which the guard's worker checks. Repairs are
+    admitted again."""
+    status = await breaker_status(client, cluster)
+    tripped_at = status.state.breaker.tripped_at
+    if not status.state.breaker.tripped or tripped_at is None:
+        raise BreakerNotTripped(f"the circuit breaker of {cluster} is not tripped")
+    subject = reset_subject(cluster, tripped_at)
+    proof = sign(Decision(subject, BREAKER_RESET_STEP, by, True, via), key)
+    return await send_reset(client, cluster, ResetRequest(by=by, proof=proof))
+
+
+async def send_reset(client: Client, cluster: str, req: ResetRequest) -> BreakerStatus:
+    """Send a reset as it is (with its proof, or not: the guard refuses it then)."""
     try:
         return await _handle(client, cluster).execute_update(
-            FleetGuard.reset_breaker, ResetRequest(by=by), rpc_timeout=ANSWER_TIMEOUT
+            FleetGuard.reset_breaker, req, rpc_timeout=ANSWER_TIMEOUT
         )
     except WorkflowUpdateFailedError as e:
         cause = e.cause
@@ -83,6 +109,8 @@ async def reset_breaker(client: Client, cluster: str, by: str) -> BreakerStatus:
             raise BreakerNotTripped(cause.message) from None
         if isinstance(cause, ApplicationError) and cause.type == "NotAnApprover":
             raise NotAnApprover(f"reset refused: {cause.message}") from None
+        if isinstance(cause, ApplicationError) and cause.type == "DecisionRefused":
+            raise GuardError(cause.message) from None  # it says "reset refused" itself
         raise GuardError(f"reset refused: {getattr(cause, 'message', None) or cause}") from None
     except WorkflowUpdateRPCTimeoutOrCancelledError:
         raise _no_answer(cluster) from None

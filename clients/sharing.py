@@ -7,7 +7,9 @@ from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import FailureError
 from temporalio.service import RPCError, RPCStatusCode
 
+from autoclusters.core.decision_proof import Decision, sign
 from autoclusters.core.sharing import (
+    MOVE_APPROVAL_STEP,
     REBALANCE_WORKFLOW,
     ClearUnhealthy,
     MoveDecision,
@@ -15,6 +17,7 @@ from autoclusters.core.sharing import (
     RebalanceInput,
     SharePolicy,
     ShareStatus,
+    move_subject,
     rebalance_workflow_id,
 )
 
@@ -85,10 +88,22 @@ async def request_move(client: Client, cluster: str, req: MoveRequest) -> str:
     return await _update(client, cluster, "request_move", req, "")
 
 
+def proven_decision(
+    cluster: str, move_id: str, approve: bool, by: str, *, key: str, via: str
+) -> MoveDecision:
+    """`by`'s decision on a move, whom the caller (the API) has verified `via` their own
+    token (`token:<name>`) or Slack's signed click (`slack:<user id>`): with a proof
+    signed with `key` (the first of `approval_keys`), which the rebalancer's worker checks."""
+    d = Decision(move_subject(cluster, move_id), MOVE_APPROVAL_STEP, by, approve, via)
+    return MoveDecision(move_id=move_id, approve=approve, by=by, proof=sign(d, key))
+
+
 async def decide_move(client: Client, cluster: str, decision: MoveDecision) -> str:
     """Approve or reject the move waiting for a human: `approved` or `rejected`. The
-    rebalancer's validator refuses a move that is not waiting (MoveRefused, with its
-    reason; nothing is recorded then). The CLI and Slack's buttons decide through here."""
+    rebalancer's validator refuses a move that is not waiting, or a decision without a
+    proof (MoveRefused, with its reason; nothing is recorded then), and its worker a proof
+    that does not hold. The API (for the CLI) and Slack's buttons decide through here, with
+    `proven_decision`."""
     nobody = f", so no move {decision.move_id}"
     return await _update(client, cluster, "decide_waiting_move", decision, nobody)
 

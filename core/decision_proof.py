@@ -1,6 +1,12 @@
 """The proof that a person made a decision: a short-lived JWT the API signs once it has
 verified who they are (Slack's signed click, or their own operator token), bound to one
-subject (incident or move), one step, one approver and one verdict.
+subject, one step (the kind of decision), one approver and one verdict:
+
+    incident approval   subject: the incident id      step: the rung (reset_gpu, reboot...)
+    breaker reset       subject: core.guard.reset_subject (the guard and the trip)
+                        step: core.guard.BREAKER_RESET_STEP
+    rebalancer's move   subject: core.sharing.move_subject (the rebalancer and the move)
+                        step: core.sharing.MOVE_APPROVAL_STEP
 
 Why a proof at all: approvals are Temporal updates, and anyone who can reach Temporal's
 frontend can send an update with any approver's name in it. The worker holds the keys
@@ -31,8 +37,8 @@ class ProofRefused(Exception):
 
 @dataclass(frozen=True)
 class Decision:
-    subject: str  # incident id (or move id)
-    step: str
+    subject: str  # what is decided on: an incident, a guard's trip, a move (above)
+    step: str  # the kind of decision, or the incident's step
     approver: str
     approve: bool
     via: str  # slack:<user id> | token:<grant name>

@@ -29,6 +29,16 @@ def guard_workflow_id(cluster: str) -> str:
     return f"fleet-guard-{cluster}"
 
 
+# A breaker reset is a person's decision (core/decision_proof.py): its proof names this step
+# and `reset_subject`, the guard and the trip it resets, so a proof resets that trip of that
+# cluster's breaker and no later one.
+BREAKER_RESET_STEP = "breaker_reset"
+
+
+def reset_subject(cluster: str, tripped_at: datetime) -> str:
+    return f"{guard_workflow_id(cluster)}/trip-{round(tripped_at.timestamp() * 1000)}"
+
+
 class GuardInput(BaseModel):
     cluster: str
     policy: GuardPolicy = Field(default_factory=GuardPolicy)
@@ -198,6 +208,9 @@ class SpareCall(BaseModel):
 
 class ResetRequest(BaseModel):
     by: str
+    # Who resets, proven: the API's signed proof for this guard's trip and this person
+    # (core/decision_proof.py). The guard refuses a reset without a valid one.
+    proof: str = ""
 
 
 class PolicyUpdate(BaseModel):

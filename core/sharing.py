@@ -51,6 +51,12 @@ def rebalance_workflow_id(cluster: str) -> str:
     return f"{REBALANCE_ID_PREFIX}{cluster}"
 
 
+def move_subject(cluster: str, move_id: str) -> str:
+    """What a proof of a person's decision on a move names (core/decision_proof.py, with
+    the step MOVE_APPROVAL_STEP): that move of that cluster's rebalancer, nothing else."""
+    return f"{rebalance_workflow_id(cluster)}/{move_id}"
+
+
 def move_reason(move_id: str) -> str:
     """The drain reason while a node moves to inference: the move's own, so a retried drain
     recognises itself and the runbook knows whose node it is."""
@@ -404,6 +410,18 @@ class MoveDecision(BaseModel):
 
     move_id: str
     approve: bool
+    by: str
+    # Who decided, proven: the API's signed proof for this move, person and verdict
+    # (core/decision_proof.py). The rebalancer refuses a decision without a valid one.
+    proof: str = ""
+
+
+class MoveDecided(BaseModel):
+    """The API's answer to a person's decision on a move (`POST /v1/moves/{id}/decisions`)."""
+
+    cluster: str
+    move_id: str
+    outcome: str  # approved | rejected
     by: str
 
 

@@ -11,6 +11,7 @@ reach Temporal cannot approve as a listed approver (time-skipping server, fake c
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import time
 from typing import Any
@@ -19,10 +20,13 @@ import httpx
 import jwt
 import pytest
 from temporalio.client import Client
+from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
+from typer.testing import CliRunner
 
 from autoclusters.clients import incidents
 from autoclusters.clients.api.app import create_app
+from autoclusters.clients.cli.breaker import breaker_app
 from autoclusters.clients.inventory import StaticInventory
 from autoclusters.core.decision_proof import (
     LIFETIME_S,
@@ -33,9 +37,18 @@ from autoclusters.core.decision_proof import (
     verify,
 )
 from autoclusters.core.models import ApprovalRequest
+from autoclusters.core.policy import GuardPolicy
+from autoclusters.sandbox.crusoe_emulator import EmulatorServer
+from autoclusters.workflows.fleet_guard import FleetGuard
+from autoclusters.workflows.gpu_rebalance import GpuRebalance
 from autoclusters.workflows.remediation import NodeRemediation
 from tests.decisions import APPROVAL_KEY, signed
-from tests.helpers import HermeticSettings
+from tests.fake_share import ShareWorld
+from tests.helpers import HermeticSettings, eventually
+from tests.test_fleet_guard import _guard, _register
+from tests.test_gpu_rebalance import HIGH, rebalancer, waiting_approval
+from tests.test_gpu_rebalance import nodes as share_nodes
+from tests.test_gpu_rebalance import policy as share_policy
 from tests.test_remediation_workflow import (
     _approval_pending,
     _fleet,
@@ -206,3 +219,121 @@ async def test_an_operator_decides_through_the_api_as_the_person_their_token_nam
         result = await handle.result()
     assert [(a.approver, a.comment) for a in result.approvals] == [("alice", "go")]
     assert [x.approver for x in result.refusals] == ["mallory"]
+
+
+# --- the breaker's reset and a rebalancer's move: the same door ------------------------------
+
+
+@pytest.mark.workflow
+async def test_an_operator_resets_the_breaker_through_the_api_and_the_cli(
+    env: WorkflowEnvironment,
+) -> None:
+    """`autoclusters breaker reset` posts to the real API (in uvicorn): the token says who
+    resets, the API signs, the guard's worker checks; a reader's token, an unknown one, a
+    body that names someone, and an operator who is no approver change nothing."""
+    alice, mallory, reader = "alices-own-token-0123456", "mallorys-own-token-01234", "r" * 20
+    target = env.client.service_client.config.target_host
+
+    async def connect() -> Client:
+        return await Client.connect(target, data_converter=pydantic_data_converter)
+
+    async with _guard(env, policy=GuardPolicy(breaker_threshold=1), approvers=["alice"]) as g:
+        cluster = (await g.query(FleetGuard.status)).cluster
+        s = HermeticSettings(
+            cluster=cluster,
+            api_tokens={"reader": reader},
+            api_operators={
+                "alice": hashlib.sha256(alice.encode()).hexdigest(),
+                "mallory": hashlib.sha256(mallory.encode()).hexdigest(),
+            },
+            api_inventory="static",
+            approval_keys=[APPROVAL_KEY],
+        )
+        app = create_app(s, connect, StaticInventory(["gpu-01"]))
+        with EmulatorServer(app) as api:
+            runner = CliRunner()
+
+            async def cli(token: str, *args: str) -> Any:
+                run_env = {"AUTOCLUSTERS_API_URL": api.url, "AUTOCLUSTERS_API_TOKEN": token}
+                return await asyncio.to_thread(
+                    runner.invoke, breaker_app, ["reset", *args], env=run_env
+                )
+
+            out = await cli(alice)  # not tripped yet
+            assert out.exit_code == 0 and "not tripped; nothing to reset" in out.output
+            await _register(g, "gpu-01")
+            await _register(g, "gpu-02")
+
+            async with httpx.AsyncClient(base_url=api.url, trust_env=False) as http:
+                path = "/v1/breaker/reset"
+                r = await http.post(path, json={}, headers={"Authorization": f"Bearer {reader}"})
+                assert r.status_code == 403
+                r = await http.post(path, json={}, headers={"Authorization": "Bearer " + "x" * 20})
+                assert r.status_code == 401
+                r = await http.post(
+                    path, json={"by": "alice"}, headers={"Authorization": f"Bearer {mallory}"}
+                )
+                assert r.status_code == 422 and "by" in r.text
+            out = await cli(mallory)
+            assert out.exit_code == 1 and "mallory is not an approver" in out.output, out.output
+            assert (await g.query(FleetGuard.status)).state.breaker.tripped
+
+            out = await cli(alice, "--cluster", cluster)
+            assert out.exit_code == 0, out.output
+            assert f"breaker of {cluster} reset by alice" in out.output
+        breaker_now = (await g.query(FleetGuard.status)).state.breaker
+        assert not breaker_now.tripped and breaker_now.reset_by == "alice"
+
+
+@pytest.mark.workflow
+async def test_a_move_decision_through_the_api_is_the_token_persons(
+    env: WorkflowEnvironment,
+) -> None:
+    """`POST /v1/moves/{id}/decisions`: a reader's token is refused, a body cannot name
+    anyone, and the move is decided as the operator the token names."""
+    carol, reader = "carols-own-token-0123456", "r" * 20
+    world = ShareWorld(share_nodes(4), [HIGH])
+    pol = share_policy(needs_approval=True, max_inference_nodes=3)
+    async with rebalancer(env, world, pol) as rb:
+        await rb.evaluate()
+        await rb.handle.signal(GpuRebalance.evaluate_now, "breach")
+        rec = await waiting_approval(rb)
+        s = HermeticSettings(
+            cluster=rb.cluster,
+            api_tokens={"reader": reader},
+            api_operators={"carol": hashlib.sha256(carol.encode()).hexdigest()},
+            api_inventory="static",
+            approval_keys=[APPROVAL_KEY],
+        )
+
+        async def client() -> Client:
+            return env.client
+
+        app = create_app(s, client, StaticInventory(["gpu-01"]))
+        path = f"/v1/moves/{rec.move.move_id}/decisions"
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://api.test"
+        ) as http:
+            r = await http.post(
+                path, json={"approve": True}, headers={"Authorization": f"Bearer {reader}"}
+            )
+            assert r.status_code == 403
+            as_carol = {"Authorization": f"Bearer {carol}"}
+            r = await http.post(path, json={"approve": True, "by": "alice"}, headers=as_carol)
+            assert r.status_code == 422
+            r = await http.post("/v1/moves/nope/decisions", json={"approve": True},
+                                headers=as_carol)  # fmt: skip
+            assert r.status_code == 409 and "no move nope" in r.json()["detail"]
+            r = await http.post(path, json={"approve": False}, headers=as_carol)
+            assert r.status_code == 200, r.text
+            assert r.json() == {
+                "cluster": rb.cluster, "move_id": rec.move.move_id, "outcome": "rejected",
+                "by": "carol",
+            }  # fmt: skip
+
+        async def ended() -> Any:
+            st = await rb.status()
+            return st.moves[-1] if st.current is None and st.moves else None
+
+        done = await eventually(ended, what="the rejected move")
+    assert (done.status, done.error) == ("rejected", "rejected by carol")

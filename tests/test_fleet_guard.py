@@ -11,6 +11,9 @@ Aspects covered:
 - the recurrence count per node within the window, and opens pruned past the longest window;
 - the breaker reports the InfiniBand leaf / pod its nodes share, and None otherwise;
 - validators reject malformed requests without touching the state;
+- a reset needs the API's proof of who resets: none is refused by the validator, a forged,
+  expired or mismatched one (another person, another trip) by the worker's check, and the
+  breaker stays tripped; a valid one resets it as the person it names;
 - continue-as-new carries the state (forced with a small history), and a guard started
   from a pre-filled state acts on it;
 - GuardActivities start the guard on first use (update-with-start) and reuse it, counting
@@ -27,6 +30,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from temporalio import workflow
 from temporalio.client import Client, WorkflowHandle, WorkflowHistory, WorkflowUpdateFailedError
@@ -39,7 +43,9 @@ from typer.testing import CliRunner
 from autoclusters.activities.guard import GuardActivities
 from autoclusters.clients import breaker
 from autoclusters.clients.cli.breaker import breaker_app
+from autoclusters.core.decision_proof import LIFETIME_S, Decision, sign
 from autoclusters.core.guard import (
+    BREAKER_RESET_STEP,
     GUARD_ADMITTED_SIGNAL,
     Admission,
     AdmitCall,
@@ -61,9 +67,17 @@ from autoclusters.core.guard import (
     SlurmView,
     Waiter,
     guard_workflow_id,
+    reset_subject,
 )
 from autoclusters.core.policy import GuardPolicy, NodeTopology
 from autoclusters.workflows.fleet_guard import FleetGuard
+from tests.decisions import (
+    APPROVAL_KEY,
+    FORGED_KEY,
+    proof_checks,
+    proven_reset,
+    signed_reset,
+)
 from tests.fakes import FakeSlurm
 from tests.helpers import eventually
 
@@ -107,7 +121,7 @@ async def _worker(
         env.client,
         task_queue=task_queue,
         workflows=[FleetGuard, Waiting],
-        activities=activities or [],
+        activities=[*(activities or []), *proof_checks()],
     ):
         yield task_queue
 
@@ -283,7 +297,7 @@ async def test_tripped_breaker_holds_repairs_not_quarantine_until_reset(
         assert (await _quarantine(g, "gpu-01", "INC-1")).admitted
         assert (await _status(g)).state.repairing == {}
 
-        reset = await g.execute_update(FleetGuard.reset_breaker, ResetRequest(by="alice"))
+        reset = await g.execute_update(FleetGuard.reset_breaker, await proven_reset(g, "alice"))
 
         assert not reset.tripped
         assert reset.reset_by == "alice"
@@ -301,7 +315,7 @@ async def test_tripped_breaker_holds_repairs_not_quarantine_until_reset(
 async def test_reset_is_refused_when_not_tripped_or_anonymous(env: WorkflowEnvironment) -> None:
     async with _guard(env, policy=GuardPolicy(breaker_threshold=1)) as g:
         with pytest.raises(WorkflowUpdateFailedError) as caught:
-            await g.execute_update(FleetGuard.reset_breaker, ResetRequest(by="alice"))
+            await g.execute_update(FleetGuard.reset_breaker, await proven_reset(g, "alice"))
         assert _rejection(caught.value).type == "BreakerNotTripped"
 
         await _register(g, "gpu-01")
@@ -322,7 +336,7 @@ async def test_a_non_approver_cannot_reset_the_breaker_an_approver_can(
         await _register(g, "gpu-02")
 
         with pytest.raises(WorkflowUpdateFailedError) as caught:
-            await g.execute_update(FleetGuard.reset_breaker, ResetRequest(by="mallory"))
+            await g.execute_update(FleetGuard.reset_breaker, await proven_reset(g, "mallory"))
 
         refused = _rejection(caught.value)
         assert refused.type == "NotAnApprover"
@@ -331,7 +345,10 @@ async def test_a_non_approver_cannot_reset_the_breaker_an_approver_can(
         assert still.tripped and still.reset_by is None
         assert not (await _repair(g, "gpu-01", "INC-1")).admitted
 
-        reset = await g.execute_update(FleetGuard.reset_breaker, ResetRequest(by=" alice "))
+        proven = await proven_reset(g, "alice")
+        reset = await g.execute_update(
+            FleetGuard.reset_breaker, proven.model_copy(update={"by": " alice "})
+        )
 
         assert not reset.tripped and reset.reset_by == "alice" and reset.reset_at is not None
         # The accepted reset is an update in the guard's history, with who asked.
@@ -346,6 +363,67 @@ async def test_a_non_approver_cannot_reset_the_breaker_an_approver_can(
         assert len(resets) == 1
         args = resets[0].workflow_execution_update_accepted_event_attributes.accepted_request
         assert b"alice" in args.input.args.payloads[0].data
+
+
+async def test_a_reset_without_a_valid_proof_is_refused_at_the_guard(
+    env: WorkflowEnvironment,
+) -> None:
+    """What `breaker reset --as alice` against Temporal did before: a name, nothing else."""
+    async with _guard(env, policy=GuardPolicy(breaker_threshold=1), approvers=["alice"]) as g:
+        await _register(g, "gpu-01")
+        await _register(g, "gpu-02")
+        st = await _status(g)
+        cluster, trip = st.cluster, st.state.breaker.tripped_at
+        assert trip is not None
+
+        with pytest.raises(WorkflowUpdateFailedError) as caught:
+            await g.execute_update(FleetGuard.reset_breaker, ResetRequest(by="alice"))
+        assert _rejection(caught.value).type == "NoProof"
+        assert "no proof of who resets" in _rejection(caught.value).message
+
+        expired = signed_reset(cluster, trip, "alice").model_copy(
+            update={"proof": _expired_proof(cluster, trip)}
+        )
+        cases = [
+            (signed_reset(cluster, trip, "alice", key=FORGED_KEY), "not signed by our key"),
+            (expired, "expired"),
+            # Valid proofs, for something else than this reset.
+            (signed_reset(cluster, trip, "bob").model_copy(update={"by": "alice"}),
+             "bob's, not alice's"),
+            (signed_reset(cluster, trip - timedelta(minutes=1), "alice"), "/trip-"),
+            (signed_reset("another-cluster", trip, "alice"), "fleet-guard-another-cluster"),
+        ]  # fmt: skip
+        for bad, said in cases:
+            with pytest.raises(WorkflowUpdateFailedError) as caught:
+                await g.execute_update(FleetGuard.reset_breaker, bad)
+            refused = _rejection(caught.value)
+            assert refused.type == "DecisionRefused", refused
+            assert said in refused.message and "reset refused" in refused.message
+        still = (await _status(g)).state.breaker
+        assert still.tripped and still.reset_by is None
+
+        reset = await g.execute_update(
+            FleetGuard.reset_breaker, signed_reset(cluster, trip, "alice", via="token:alice")
+        )
+        assert not reset.tripped and reset.reset_by == "alice"
+        # The proof's check is in the history (a local activity's marker), and so is each
+        # refusal after it (a failed update); the validator's refusals leave nothing.
+        history = await g.fetch_history()
+        markers = [e for e in history.events if e.HasField("marker_recorded_event_attributes")]
+        assert len([m for m in markers if m.marker_recorded_event_attributes.marker_name
+                    == "core_local_activity"]) == 1 + len(cases)  # fmt: skip
+        failed = [
+            e
+            for e in history.events
+            if e.HasField("workflow_execution_update_completed_event_attributes")
+            and e.workflow_execution_update_completed_event_attributes.outcome.HasField("failure")
+        ]
+        assert len(failed) == len(cases)
+
+
+def _expired_proof(cluster: str, trip: datetime) -> str:
+    d = Decision(reset_subject(cluster, trip), BREAKER_RESET_STEP, "alice", True, "token:x")
+    return sign(d, APPROVAL_KEY, now=datetime.now(UTC).timestamp() - LIFETIME_S - 120)
 
 
 async def test_the_breaker_threshold_is_a_fraction_of_the_cluster_with_a_floor(
@@ -407,7 +485,7 @@ async def test_the_guard_adopts_the_newest_policy(env: WorkflowEnvironment) -> N
         # The old approvers are not the cluster's any more.
         await _register(g, "gpu-04")
         with pytest.raises(WorkflowUpdateFailedError):
-            await g.execute_update(FleetGuard.reset_breaker, ResetRequest(by="alice"))
+            await g.execute_update(FleetGuard.reset_breaker, await proven_reset(g, "alice"))
 
         # An explicit update, for an operator.
         strict = GuardPolicy(max_concurrent_repairs=1)
@@ -806,21 +884,26 @@ async def test_breaker_client_reads_and_resets_the_guard(env: WorkflowEnvironmen
     client: Client = env.client
     with pytest.raises(breaker.GuardNotStarted):
         await breaker.breaker_status(client, _cluster())
+    as_api = {"key": APPROVAL_KEY, "via": "token:tests"}
     with pytest.raises(breaker.GuardNotStarted):
-        await breaker.reset_breaker(client, _cluster(), "alice")
+        await breaker.reset_breaker(client, _cluster(), "alice", **as_api)
 
     async with _guard(env, policy=GuardPolicy(breaker_threshold=1)) as g:
         cluster = (await _status(g)).cluster
         with pytest.raises(breaker.BreakerNotTripped):
-            await breaker.reset_breaker(client, cluster, "alice")
+            await breaker.reset_breaker(client, cluster, "alice", **as_api)
         await _register(g, "gpu-01")
         await _register(g, "gpu-02")
         assert (await breaker.breaker_status(client, cluster)).state.breaker.tripped
         with pytest.raises(breaker.NotAnApprover, match="mallory is not an approver"):
-            await breaker.reset_breaker(client, cluster, "mallory")
+            await breaker.reset_breaker(client, cluster, "mallory", **as_api)
+        with pytest.raises(breaker.GuardError, match="reset refused: .*not signed by our key"):
+            await breaker.reset_breaker(client, cluster, "alice", key=FORGED_KEY, via="x")
+        with pytest.raises(breaker.GuardError, match="reset refused: no proof"):
+            await breaker.send_reset(client, cluster, ResetRequest(by="alice"))
         assert (await breaker.breaker_status(client, cluster)).state.breaker.tripped
 
-        reset = await breaker.reset_breaker(client, cluster, "alice")
+        reset = await breaker.reset_breaker(client, cluster, "alice", **as_api)
 
         assert not reset.tripped and reset.reset_by == "alice"
         assert not (await breaker.breaker_status(client, cluster)).state.breaker.tripped
@@ -833,13 +916,34 @@ def _fake_connect(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("autoclusters.integrations.temporal.connect", connect)
 
 
+def _fake_api(
+    monkeypatch: pytest.MonkeyPatch, status: int, answer: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """`breaker reset` posts to the API (clients/cli/decisions.py): what it sent, answered
+    with `status` and `answer`."""
+    sent: list[dict[str, Any]] = []
+
+    def post(url: str, *, json: Any, headers: dict[str, str], timeout: float) -> httpx.Response:
+        sent.append({"url": url, "json": json, "headers": headers})
+        return httpx.Response(status, json=answer, request=httpx.Request("POST", url))
+
+    monkeypatch.setattr("autoclusters.clients.cli.decisions.httpx.post", post)
+    monkeypatch.setenv("AUTOCLUSTERS_API_URL", "http://api.test")
+    monkeypatch.setenv("AUTOCLUSTERS_API_TOKEN", "bobs-own-token-012345678")
+    return sent
+
+
 def test_breaker_cli_status_json_and_reset(monkeypatch: pytest.MonkeyPatch) -> None:
     _fake_connect(monkeypatch)
     monkeypatch.setenv("AUTOCLUSTERS_CLUSTER", "c1")
     tripped = GuardStatus(
         cluster="c1",
         policy=GuardPolicy(),
-        state=GuardState(breaker=BreakerStatus(tripped=True, nodes=["gpu-01"])),
+        state=GuardState(
+            breaker=BreakerStatus(
+                tripped=True, nodes=["gpu-01"], tripped_at=datetime(2026, 1, 5, tzinfo=UTC)
+            )
+        ),
     )
     asked: list[tuple[str, str]] = []
 
@@ -847,66 +951,84 @@ def test_breaker_cli_status_json_and_reset(monkeypatch: pytest.MonkeyPatch) -> N
         asked.append(("status", cluster))
         return tripped
 
-    async def reset(client: Any, cluster: str, by: str) -> BreakerStatus:
-        asked.append(("reset", f"{cluster}/{by}"))
-        return BreakerStatus(reset_by=by, reset_at=datetime(2026, 1, 5, tzinfo=UTC))
-
     monkeypatch.setattr(breaker, "breaker_status", status)
-    monkeypatch.setattr(breaker, "reset_breaker", reset)
+    done = BreakerStatus(reset_by="bob", reset_at=datetime(2026, 1, 5, tzinfo=UTC))
+    sent = _fake_api(monkeypatch, 200, done.model_dump(mode="json"))
     runner = CliRunner()
 
     out = runner.invoke(breaker_app, ["status", "--json"])
     assert out.exit_code == 0, out.output
     assert GuardStatus.model_validate_json(out.stdout) == tripped
+    assert "autoclusters breaker reset" in runner.invoke(breaker_app, ["status"]).stdout
 
-    out = runner.invoke(breaker_app, ["reset", "--as", "bob", "--cluster", "c2"])
+    # The person is the token's: the CLI names nobody, the API says who reset it.
+    out = runner.invoke(breaker_app, ["reset", "--cluster", "c2"])
     assert out.exit_code == 0, out.output
-    assert "reset by bob" in out.stdout
-    assert asked == [("status", "c1"), ("reset", "c2/bob")]
+    assert "breaker of c2 reset by bob" in out.stdout
+    assert asked == [("status", "c1"), ("status", "c1")]
+    assert sent == [
+        {
+            "url": "http://api.test/v1/breaker/reset",
+            "json": {"cluster": "c2"},
+            "headers": {"Authorization": "Bearer bobs-own-token-012345678"},
+        }
+    ]
 
-    out = runner.invoke(breaker_app, ["reset"])
-    assert out.exit_code != 0  # --as is required
+    # --as named anyone: gone, with a word on why.
+    out = runner.invoke(breaker_app, ["reset", "--as", "alice"])
+    assert out.exit_code == 2
+    assert "--as is gone" in out.output and len(sent) == 1
 
 
-def test_breaker_cli_says_when_there_is_no_guard(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_breaker_cli_says_when_there_is_no_guard_or_nothing_to_reset(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     _fake_connect(monkeypatch)
 
     async def not_started(client: Any, cluster: str) -> GuardStatus:
         raise breaker.GuardNotStarted(f"the fleet guard of cluster {cluster} is not running")
 
-    async def not_tripped(client: Any, cluster: str, by: str) -> BreakerStatus:
-        raise breaker.BreakerNotTripped("not tripped")
-
     monkeypatch.setattr(breaker, "breaker_status", not_started)
-    monkeypatch.setattr(breaker, "reset_breaker", not_tripped)
     runner = CliRunner()
 
     out = runner.invoke(breaker_app, ["status", "--cluster", "c9"])
     assert out.exit_code == 1
     assert "cluster c9 is not running" in out.output
 
-    out = runner.invoke(breaker_app, ["reset", "--as", "bob", "--cluster", "c9"])
+    said = {"error": "not tripped", "detail": "the circuit breaker of c9 is not tripped"}
+    _fake_api(monkeypatch, 409, said)
+    out = runner.invoke(breaker_app, ["reset", "--cluster", "c9"])
     assert out.exit_code == 0
     assert "not tripped; nothing to reset" in out.output
 
+    said = {"error": "no fleet guard", "detail": "the fleet guard of cluster c9 is not running"}
+    _fake_api(monkeypatch, 404, said)
+    out = runner.invoke(breaker_app, ["reset", "--cluster", "c9"])
+    assert out.exit_code == 1
+    assert "cluster c9 is not running" in out.output
 
-def test_breaker_cli_refuses_a_non_approver_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+
+def test_breaker_cli_refuses_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
     _fake_connect(monkeypatch)
+    said = {
+        "error": "reset refused",
+        "detail": "reset refused: mallory is not an approver of cluster c9; the breaker "
+        "stays as it is",
+    }
+    _fake_api(monkeypatch, 409, said)
 
-    async def refused(client: Any, cluster: str, by: str) -> BreakerStatus:
-        raise breaker.NotAnApprover(
-            f"reset refused: {by} is not an approver of cluster {cluster}; "
-            "the breaker stays as it is"
-        )
-
-    monkeypatch.setattr(breaker, "reset_breaker", refused)
-
-    out = CliRunner().invoke(breaker_app, ["reset", "--as", "mallory", "--cluster", "c9"])
+    out = CliRunner().invoke(breaker_app, ["reset", "--cluster", "c9"])
 
     assert out.exit_code == 1
     assert out.output.strip().splitlines() == [
-        "reset refused: mallory is not an approver of cluster c9; the breaker stays as it is"
+        "409: reset refused: mallory is not an approver of cluster c9; the breaker stays as it is"
     ]
+    # A reader's token (or none) is the settings' fault: exit 2.
+    _fake_api(monkeypatch, 403, {"error": "forbidden", "detail": "a reader token may not"})
+    assert CliRunner().invoke(breaker_app, ["reset"]).exit_code == 2
+    monkeypatch.delenv("AUTOCLUSTERS_API_TOKEN")
+    out = CliRunner().invoke(breaker_app, ["reset"])
+    assert out.exit_code == 2 and "AUTOCLUSTERS_API_TOKEN" in out.output
 
 
 def test_breaker_cli_status_shows_the_threshold_approvers_and_queue(

@@ -23,6 +23,7 @@ from autoclusters.core.models import IncidentState, drain_reason, workflow_id
 from autoclusters.core.policy import GuardPolicy
 from autoclusters.core.settings import Settings
 from autoclusters.integrations.slurm import SlurmCli
+from autoclusters.sandbox import api_tokens
 from autoclusters.sandbox.config import SandboxConfig
 from autoclusters.workflows.fleet_guard import FleetGuard
 from autoclusters.workflows.remediation import NodeRemediation
@@ -142,6 +143,9 @@ async def _leave_as_found(
         if n.drained and any(n.reason.startswith(r) for r in ours):
             await slurm.resume(n.name)  # left drained by the cancel, for a human: us
     with contextlib.suppress(breaker.BreakerNotTripped):
-        await breaker.reset_breaker(client, sandbox.cluster, sandbox.approvers[0])
+        key = api_tokens.read(sandbox, api_tokens.APPROVAL_KEY)  # as the sandbox's API signs
+        await breaker.reset_breaker(
+            client, sandbox.cluster, sandbox.approvers[0], key=key, via="token:tests"
+        )
     handle = client.get_workflow_handle_for(FleetGuard.run, guard_workflow_id(sandbox.cluster))
     await handle.execute_update(FleetGuard.update_policy, PolicyUpdate(policy=guard))

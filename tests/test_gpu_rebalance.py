@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -39,9 +40,11 @@ from temporalio.worker import UnsandboxedWorkflowRunner, Worker, WorkflowRunner
 
 from autoclusters.activities.sharing_yield import ShareYieldActivities
 from autoclusters.clients.sharing import MoveRefused, clear_unhealthy, request_move
+from autoclusters.core.decision_proof import LIFETIME_S, Decision, sign
 from autoclusters.core.evidence import HealthSnapshot
 from autoclusters.core.sharing import (
     LENT_REASON,
+    MOVE_APPROVAL_STEP,
     ClearUnhealthy,
     Demand,
     InferenceTarget,
@@ -56,10 +59,12 @@ from autoclusters.core.sharing import (
     YieldCall,
     YieldResult,
     decide,
+    move_subject,
     rebalance_workflow_id,
 )
 from autoclusters.workflows import gpu_rebalance
 from autoclusters.workflows.gpu_rebalance import GpuRebalance
+from tests.decisions import APPROVAL_KEY, FORGED_KEY, proof_checks, signed_move
 from tests.fake_share import LEND_STEPS, RETURN_STEPS, ShareWorld
 from tests.fake_share import Node as N
 from tests.fakes import agent_snapshot
@@ -131,7 +136,7 @@ async def rebalancer(
         env.client,
         task_queue=tq,
         workflows=[GpuRebalance, *workflows],
-        activities=[*world.activities(), *activities],
+        activities=[*world.activities(), *activities, *proof_checks()],
         **extra,
     ):
         await env.client.start_workflow(
@@ -634,9 +639,8 @@ async def test_approval_mode_waits_for_a_human(env: WorkflowEnvironment) -> None
         assert world.names() == ["notify"]  # asked; nothing drained
         assert world.notes[0].event == "approval_needed"
         assert first.move.move_id in world.notes[0].text
-        await r.handle.signal(
-            GpuRebalance.decide_move,
-            MoveDecision(move_id=first.move.move_id, approve=True, by="alice"),
+        await r.handle.execute_update(
+            GpuRebalance.decide_waiting_move, signed_move(r.cluster, first.move.move_id, "alice")
         )
 
         async def lent() -> bool:
@@ -647,9 +651,9 @@ async def test_approval_mode_waits_for_a_human(env: WorkflowEnvironment) -> None
         await r.evaluate()
         await r.handle.signal(GpuRebalance.evaluate_now, "breach")
         second = await waiting_approval(r)
-        await r.handle.signal(
-            GpuRebalance.decide_move,
-            MoveDecision(move_id=second.move.move_id, approve=False, by="bob"),
+        await r.handle.execute_update(
+            GpuRebalance.decide_waiting_move,
+            signed_move(r.cluster, second.move.move_id, "bob", approve=False),
         )
 
         async def rejected() -> ShareStatus | None:
@@ -670,6 +674,65 @@ async def test_approval_mode_waits_for_a_human(env: WorkflowEnvironment) -> None
     assert world.names(two.move.move_id) == []
     assert s.pools[two.move.node] == Pool.TRAINING
     assert [c.node for c in world.of("share_drain_for_move")] == [one.move.node]
+
+
+async def test_a_decision_without_a_valid_proof_is_refused_at_the_rebalancer(
+    env: WorkflowEnvironment,
+) -> None:
+    """What `share approve --by alice` against Temporal did before: a name, nothing else.
+    Neither the update without a proof, nor one with a proof that does not hold, nor the
+    old signal decides; a valid proof does, as the person it names."""
+    world = ShareWorld(nodes(4), Dial(HIGH))
+    async with rebalancer(env, world, policy(needs_approval=True, max_inference_nodes=3)) as r:
+        await r.evaluate()
+        await r.handle.signal(GpuRebalance.evaluate_now, "breach")
+        rec = await waiting_approval(r)
+        move_id, c = rec.move.move_id, r.cluster
+
+        async def refused(d: MoveDecision) -> str:
+            with pytest.raises(WorkflowUpdateFailedError) as caught:
+                await r.handle.execute_update(GpuRebalance.decide_waiting_move, d)
+            return str(caught.value.cause)
+
+        assert "no proof of who decides" in await refused(
+            MoveDecision(move_id=move_id, approve=True, by="alice")
+        )
+        expired = sign(
+            Decision(move_subject(c, move_id), MOVE_APPROVAL_STEP, "alice", True, "token:x"),
+            APPROVAL_KEY,
+            now=time.time() - LIFETIME_S - 120,
+        )
+        cases = [
+            (signed_move(c, move_id, "alice", key=FORGED_KEY), "not signed by our key"),
+            (MoveDecision(move_id=move_id, approve=True, by="alice", proof=expired), "expired"),
+            (signed_move(c, move_id, "bob").model_copy(update={"by": "alice"}),
+             "bob's, not alice's"),
+            (signed_move(c, move_id, "alice", approve=False).model_copy(update={"approve": True}),
+             "to reject"),
+            (signed_move(c, "another-move", "alice").model_copy(update={"move_id": move_id}),
+             "another-move"),
+            (signed_move("elsewhere", move_id, "alice"), "elsewhere"),
+        ]  # fmt: skip
+        for bad, said in cases:
+            assert said in await refused(bad)
+        # The signal carries no answer: on a run with proofs it decides nothing.
+        await r.handle.signal(
+            GpuRebalance.decide_move, MoveDecision(move_id=move_id, approve=True, by="alice")
+        )
+        await r.env.sleep(1)
+        st = await r.status()
+        assert st.current is not None and st.current.status == "waiting_approval"
+        assert world.names() == ["notify"]  # nothing drained
+
+        ok = signed_move(c, move_id, "carol", via="token:carol")
+        assert await r.handle.execute_update(GpuRebalance.decide_waiting_move, ok) == "approved"
+
+        async def done() -> MoveRecord | None:
+            s = await r.status()
+            return s.moves[-1] if s.current is None and s.moves else None
+
+        rec = await eventually(done, what="the approved move")
+    assert (rec.status, rec.approved_by) == ("done", "carol")
 
 
 async def test_a_manual_move_is_validated_and_runs_without_approval(

@@ -47,7 +47,6 @@ from autoclusters.core.guard import (
     GuardState,
     GuardStatus,
     PolicyUpdate,
-    ResetRequest,
     Waiter,
 )
 from autoclusters.core.guard_batch import GuardBatch, GuardCall
@@ -55,6 +54,7 @@ from autoclusters.core.models import FaultReport, IncidentState, workflow_id
 from autoclusters.core.policy import GuardPolicy
 from autoclusters.workflows.fleet_guard import FleetGuard
 from autoclusters.workflows.remediation import NodeRemediation
+from tests.decisions import proven_reset
 from tests.fakes import FakeCloud
 from tests.helpers import time_skipping_env
 from tests.test_fleet_guard import (
@@ -218,7 +218,7 @@ async def test_after_the_reset_the_held_are_admitted_in_arrival_order_never_belo
         assert sorted(w.node for w in queue if w.kind == "held_drain") == sorted(arrival)
         assert f.cloud.repair_calls == []  # the breaker holds them
 
-        await f.guard.execute_update(FleetGuard.reset_breaker, ResetRequest(by="alice"))
+        await f.guard.execute_update(FleetGuard.reset_breaker, await proven_reset(f.guard, "alice"))
         results = await asyncio.gather(*(h.result() for h in incidents.values()))
 
         # The guard told the held incidents in the order they arrived (the others heard

@@ -5,6 +5,7 @@ Each release records histories of every workflow type (`scripts/record-histories
 RELEASE`), named <workflow>_<release>_<case>.json; they stay here, and replay, until no run
 of that release can be open. Aspects covered:
 - every history replays on the current workflows;
+- the histories of the decision proofs (0.2) show the worker's checks behind their patch;
 - the baseline release (0.1) has a history of every workflow type and of each rung and
   mode of the runbook, and each history shows the path its case names (so a recording
   that went another way is caught, not replayed for nothing);
@@ -70,6 +71,15 @@ BASELINE_CASES: dict[tuple[str, str], set[str]] = {
 }
 
 
+# Histories of the decision proofs (from 0.2): each ran the worker's check of a forged proof
+# and of a valid one (two local activities), behind its patch.
+PROOF_HISTORIES = [
+    "remediation_0.2_proven_decision",
+    "fleet_guard_0.2_proven_reset",
+    "gpu_rebalance_0.2_proven_decision",
+]
+
+
 def _path(kind: str, case: str, release: str = BASELINE) -> Path:
     return HERE / f"{kind}_{release}_{case}.json"
 
@@ -106,6 +116,16 @@ def test_the_baseline_has_every_workflow_type_and_case() -> None:
 def test_each_baseline_history_shows_its_case(case: tuple[str, str]) -> None:
     ran = _activities(_path(*case))
     assert BASELINE_CASES[case] <= ran, sorted(ran)
+
+
+@pytest.mark.parametrize("name", PROOF_HISTORIES)
+def test_each_proof_history_shows_the_checks(name: str) -> None:
+    markers = [
+        e["markerRecordedEventAttributes"]["markerName"]
+        for e in _events(HERE / f"{name}.json")
+        if "markerRecordedEventAttributes" in e
+    ]
+    assert "core_patch" in markers and markers.count("core_local_activity") == 2, markers
 
 
 @pytest.mark.parametrize("path", HISTORIES, ids=[p.stem for p in HISTORIES])

@@ -14,8 +14,11 @@ Aspects covered:
 - a click on an already decided move, or on an unknown one, is refused with the reason
   (an ephemeral message), and changes neither the move nor the message; a forged click
   is 401 and decides nothing;
-- `decide_waiting_move`'s validator: unknown, already decided, finished, no name;
-- `share approve|reject`: an unknown move exits 1 with the reason; a waiting one is decided.
+- `decide_waiting_move`'s validator: unknown, already decided, finished, no name, no proof;
+- `share approve|reject`, through the real API with the person's own operator token (the
+  API names them and signs the proof): an unknown move exits 1 with the reason; a waiting
+  one is decided as the token's person; `--by` is gone; a reader's token is refused (403)
+  and an unknown one (401), deciding nothing.
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ from autoclusters.sandbox.crusoe_emulator import EmulatorServer
 from autoclusters.sandbox.slack_emulator import EmulatorConfig
 from autoclusters.sandbox.slack_emulator import create_app as slack_emulator
 from autoclusters.workflows.gpu_rebalance import GpuRebalance
+from tests.decisions import APPROVAL_KEY, signed_move
 from tests.fake_share import LEND_STEPS, ShareWorld
 from tests.helpers import HermeticSettings, eventually
 from tests.test_gpu_rebalance import HIGH, Rebalancer, nodes, policy, rebalancer
@@ -61,6 +65,8 @@ pytestmark = pytest.mark.workflow
 
 TOKEN = "xoxb-test-token"
 SECRET = "share-signing-secret"
+READER = "a-readers-token-0123456"
+CAROL = "carols-own-token-0123456"  # an operator: the API decides as carol
 CHANNEL = "C00000001"  # the emulator's first channel
 APPROVERS_GROUP = "S0APPROVERS"
 UI = "http://temporal.test:8233"
@@ -95,6 +101,7 @@ class Setup:
     world: SlackWorld
     admin: httpx.AsyncClient  # the emulator's controls
     interactions_url: str  # the real API's /slack/interactions
+    api_url: str  # the same API, for the CLI's decisions
 
     async def status(self) -> ShareStatus:
         return await self.r.status()
@@ -190,12 +197,15 @@ async def setup(env: WorkflowEnvironment, emulator: EmulatorServer) -> AsyncIter
                 approver_group_id=APPROVERS_GROUP,
                 request_timeout_s=2,
             ),
+            api_tokens={"reader": READER},
+            api_operators={"carol": hashlib.sha256(CAROL.encode()).hexdigest()},
+            approval_keys=[APPROVAL_KEY],
         )
         app = create_app(settings, client_factory=connect, inventory=StaticInventory([]))
         with EmulatorServer(app) as api:
             url = f"{api.url}/slack/interactions"
             await admin.put("/_emulator/config", json={"interactivity_url": url})
-            s = Setup(r=r, world=world, admin=admin, interactions_url=url)
+            s = Setup(r=r, world=world, admin=admin, interactions_url=url, api_url=api.url)
             await r.evaluate()
             await r.handle.signal(GpuRebalance.evaluate_now, "breach")
             yield s
@@ -363,20 +373,30 @@ async def test_unknown_forged_and_unauthorised_clicks_change_nothing(setup: Setu
     texts = [e["text"] for e in await setup.ephemeral()]
     assert len(texts) == 2 and "no move" in texts[0] and "not allowed" in texts[1]
 
-    # Still decidable: the CLI's path refuses an unknown move, then decides the real one.
+    # Still decidable: the CLI's path (through the API, as the token's person) refuses an
+    # unknown move, a reader's or an unknown token, and a claimed name, then decides.
     runner = CliRunner()
     cli_env = {
-        "AUTOCLUSTERS_TEMPORAL_ADDRESS": setup.r.env.client.service_client.config.target_host,
+        "AUTOCLUSTERS_API_URL": setup.api_url,
+        "AUTOCLUSTERS_API_TOKEN": CAROL,
         "AUTOCLUSTERS_CLUSTER": setup.r.cluster,
     }
-    out = await asyncio.to_thread(
-        runner.invoke, share_app, ["approve", unknown, "--by", "carol"], env=cli_env
-    )
+
+    async def cli(*args: str, token: str = CAROL) -> Any:
+        run_env = {**cli_env, "AUTOCLUSTERS_API_TOKEN": token}
+        return await asyncio.to_thread(runner.invoke, share_app, list(args), env=run_env)
+
+    out = await cli("approve", unknown)
     assert out.exit_code == 1, out.output
     assert "refused" in out.output and f"no move {unknown}" in out.output
-    out = await asyncio.to_thread(
-        runner.invoke, share_app, ["reject", move_id, "--by", "carol"], env=cli_env
-    )
+    out = await cli("approve", move_id, token=READER)
+    assert out.exit_code == 2 and "403" in out.output, out.output
+    out = await cli("approve", move_id, token="nobodys-token-0123456789")
+    assert out.exit_code == 2 and "401" in out.output, out.output
+    out = await cli("approve", move_id, "--by", "alice")
+    assert out.exit_code == 2 and "--by is gone" in out.output, out.output
+    assert (await setup.status()).current == rec
+    out = await cli("reject", move_id)
     assert out.exit_code == 0, out.output
     assert f"move {move_id} rejected by carol" in out.output
     done = await finished(setup, move_id)
@@ -391,26 +411,31 @@ async def test_the_update_refuses_a_move_not_waiting(setup: Setup) -> None:
     move_id = rec.move.move_id
     client = setup.r.env.client
 
+    cluster = setup.r.cluster
+
     async def refused(decision: MoveDecision) -> str:
         with pytest.raises(MoveRefused) as e:
-            await decide_move(client, setup.r.cluster, decision)
+            await decide_move(client, cluster, decision)
         return str(e.value)
 
-    assert "needs the name" in await refused(MoveDecision(move_id=move_id, approve=True, by=" "))
+    assert "needs the name" in await refused(signed_move(cluster, move_id, " "))
+    assert "no proof of who decides" in await refused(
+        MoveDecision(move_id=move_id, approve=True, by="dave")
+    )
     with pytest.raises(WorkflowUpdateFailedError):  # the raw update refuses as well
         await setup.r.handle.execute_update(
-            GpuRebalance.decide_waiting_move, MoveDecision(move_id="x", approve=True, by="a")
+            GpuRebalance.decide_waiting_move, signed_move(cluster, "x", "a")
         )
     with pytest.raises(MoveRefused, match="no GPU rebalancer for cluster elsewhere"):
-        await decide_move(client, "elsewhere", MoveDecision(move_id=move_id, approve=True, by="a"))
+        await decide_move(client, "elsewhere", signed_move("elsewhere", move_id, "a"))
     assert (await setup.status()).current == rec  # none of that changed anything
 
     decided = await decide_move(
-        client, setup.r.cluster, MoveDecision(move_id=move_id, approve=False, by="dave")
+        client, cluster, signed_move(cluster, move_id, "dave", approve=False)
     )
     assert decided == "rejected"
     done = await finished(setup, move_id)
     assert done.error == "rejected by dave"
-    reason = await refused(MoveDecision(move_id=move_id, approve=True, by="erin"))
+    reason = await refused(signed_move(cluster, move_id, "erin"))
     assert reason == f"move {move_id} is not waiting for approval: rejected (rejected by dave)"
     assert (await setup.status()).moves == [done]

@@ -45,6 +45,8 @@ ROUTES_TRIED = [
     ("POST", "/v1/reports", "reports"),
     ("POST", "/v1/health-snapshots", "reports"),
     ("POST", "/v1/incidents/inc-20261205-000000-gpu-01/decisions", "decide"),
+    ("POST", "/v1/breaker/reset", "decide"),
+    ("POST", "/v1/moves/c-move-1/decisions", "decide"),
     ("GET", "/v1/incidents", "read"),
     ("GET", "/v1/incidents/inc-20261205-000000-gpu-01", "read"),
     ("GET", "/metrics", "metrics"),

@@ -14,9 +14,11 @@ asks before it takes a node out of service (quarantine) and before it repairs it
   independent GPU failures) and stays tripped until a human resets it. Quarantine is not
   held by the breaker: a faulty node still leaves service.
 
-Every handler is synchronous, so each runs whole within one workflow task and they never
-interleave. Admissions are answers (`Admission.admitted`), not errors; validators reject
-malformed requests before they reach the history. `batch` takes many incidents' calls in
+Every handler but the breaker reset is synchronous, so each runs whole within one workflow
+task and they never interleave; the reset waits for the worker's check of its proof of who
+resets (a local activity), then checks again and resets in one step. Admissions are answers
+(`Admission.admitted`), not errors; validators reject malformed requests before they reach
+the history. `batch` takes many incidents' calls in
 one update (a worker sends its activities' concurrent calls together: Temporal allows 10
 updates in flight per workflow) and answers each as its own update would have.
 
@@ -30,7 +32,8 @@ made elsewhere. Asking again while queued is idempotent (same answer, with the p
 The out-of-service count is reconciled with Slurm: a node left drained for a human counts
 out only while Slurm still shows it out of service. The breaker threshold is a fraction
 of the cluster with an absolute floor; each registration brings the incident's policy,
-topology and approvers, and the guard adopts the newest. Only an approver resets the breaker.
+topology and approvers, and the guard adopts the newest. Only an approver resets the breaker,
+with the API's proof that it is them (core/decision_proof.py): reaching Temporal is not enough.
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ from temporalio.exceptions import ActivityError, ApplicationError, FailureError
 with workflow.unsafe.imports_passed_through():
     from autoclusters.activities import contracts
     from autoclusters.core.guard import (
+        BREAKER_RESET_STEP,
         GUARD_ADMITTED_SIGNAL,
         Admission,
         AdmissionKind,
@@ -67,12 +71,17 @@ with workflow.unsafe.imports_passed_through():
         SpareRequest,
         Waiter,
         floor_of,
+        reset_subject,
     )
     from autoclusters.core.guard_batch import GuardAnswer, GuardBatch, GuardCall
+    from autoclusters.core.models import ProofCheck
 
 from autoclusters.workflows.steps import Defaults, Steps, Unrecorded
 
 SLURM_VIEW_RETRY = RetryPolicy(maximum_attempts=3, maximum_interval=timedelta(seconds=10))
+# docs/versioning.md: a reset counted on the name it gave; now the worker checks the API's
+# proof of who resets (`check_decision_proof`, a local activity) before it counts.
+RESET_PROOF_PATCH = "fleet_guard-0.2-reset-proof"
 
 
 def _require(**fields: str) -> None:
@@ -631,8 +640,43 @@ class FleetGuard:
         return self._state.spares
 
     @workflow.update
-    def reset_breaker(self, req: ResetRequest) -> BreakerStatus:
-        """A human resets the tripped breaker; its window starts afresh from now."""
+    async def reset_breaker(self, req: ResetRequest) -> BreakerStatus:
+        """A human resets the tripped breaker; its window starts afresh from now. The
+        worker checks first that the API vouched for this person resetting this trip
+        (activities/decisions.py); a proof that does not hold fails the update (the
+        failure is in the history) and the breaker stays as it is."""
+        # Runs started before proofs reset on the name alone; their replays must issue no
+        # check (docs/versioning.md).
+        if workflow.patched(RESET_PROOF_PATCH):
+            tripped_at = self._state.breaker.tripped_at
+            assert tripped_at is not None  # the validator: it is tripped
+            verdict = await workflow.execute_local_activity(
+                contracts.check_decision_proof,
+                ProofCheck(
+                    proof=req.proof,
+                    subject=reset_subject(self._input.cluster, tripped_at),
+                    step=BREAKER_RESET_STEP,
+                    approver=req.by.strip(),
+                    approve=True,
+                ),
+                start_to_close_timeout=timedelta(seconds=10),
+            )
+            if not verdict.ok:
+                workflow.logger.warning(
+                    "breaker reset by %s refused: %s", req.by.strip(), verdict.reason
+                )
+                raise ApplicationError(
+                    f"reset refused: {verdict.reason}", type="DecisionRefused", non_retryable=True
+                )
+            # Again: another reset, or a newer policy's approvers, may have come meanwhile;
+            # the proof is for the trip it was checked against, no later one.
+            self._check_reset(req)
+            if self._state.breaker.tripped_at != tripped_at:
+                raise ApplicationError(
+                    "reset refused: the breaker tripped again while the proof was checked",
+                    type="DecisionRefused",
+                    non_retryable=True,
+                )
         breaker, now = self._state.breaker, workflow.now()
         breaker.tripped = False
         breaker.reset_by, breaker.reset_at = req.by.strip(), now
@@ -644,7 +688,18 @@ class FleetGuard:
 
     @reset_breaker.validator
     def _validate_reset_breaker(self, req: ResetRequest) -> None:
-        """A reset is an approval: only the policy's approvers may (it is in the history)."""
+        """A reset is an approval: only the policy's approvers may (it is in the history),
+        with the API's proof of who they are (reset through the API: `autoclusters breaker
+        reset`, `POST /v1/breaker/reset`)."""
+        self._check_reset(req)
+        if not req.proof:
+            raise ApplicationError(
+                "no proof of who resets: reset through the API (`autoclusters breaker reset` "
+                "with your operator token); the breaker stays as it is",
+                type="NoProof",
+            )
+
+    def _check_reset(self, req: ResetRequest) -> None:
         _require(by=req.by)
         if req.by.strip() not in self._input.approvers:
             raise ApplicationError(

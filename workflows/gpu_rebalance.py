@@ -31,13 +31,14 @@ from typing import Any, TypeVar
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import ActivityError
+from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
     from autoclusters.activities import contracts
     from autoclusters.core.borrowing import BorrowVerdict, decide_borrow, note_lost
-    from autoclusters.core.models import HealthGateInput, Notification, StepRecord
+    from autoclusters.core.models import HealthGateInput, Notification, ProofCheck, StepRecord
     from autoclusters.core.sharing import (
+        MOVE_APPROVAL_STEP,
         REBALANCE_FAULT,
         REBALANCE_WORKFLOW,
         Borrow,
@@ -59,6 +60,7 @@ with workflow.unsafe.imports_passed_through():
         YieldCall,
         YieldResult,
         decide,
+        move_subject,
     )
 
 from autoclusters.workflows.agent_gate import AgentGate
@@ -85,6 +87,10 @@ KEEP_MOVES = 50
 KEEP_BORROWS = 20
 # docs/versioning.md: a return also waits for the request rate to fall (core/sharing.py decide).
 RETURN_WAITS_FOR_THE_RATE = "gpu_rebalance-0.2-return-waits-for-the-rate"
+# docs/versioning.md: a decision on a move counted on the name it gave (by the update, or the
+# `decide_move` signal); now the worker checks the API's proof of who decided
+# (`check_decision_proof`, a local activity) first, and the signal decides nothing.
+DECISION_PROOF_PATCH = "gpu_rebalance-0.2-decision-proof"
 # What each step of a move does to its node, as the Temporal UI shows it.
 MOVE_SUMMARIES = {
     "drain": "drain {node} in Slurm to lend it to inference",
@@ -261,20 +267,64 @@ class GpuRebalance(AgentGate):
 
     @workflow.signal
     def decide_move(self, decision: MoveDecision) -> None:
-        """Approve or reject a move waiting for a human (unchecked: kept for callers that
-        signal; `decide_waiting_move` says why a decision is refused)."""
+        """Kept so that a signal sent to an older run still counts there. A signal carries
+        no answer and its proof could not be checked before it counts: on runs with the
+        proof (DECISION_PROOF_PATCH) it decides nothing; decide with `decide_waiting_move`,
+        through the API or Slack."""
+        if workflow.patched(DECISION_PROOF_PATCH):
+            workflow.logger.warning(
+                "decision on move %s by %s ignored: a decision is an update with the API's "
+                "proof of who decided (`autoclusters share approve`, Slack)",
+                decision.move_id,
+                decision.by,
+            )
+            return
         self._decisions[decision.move_id] = decision
 
     @workflow.update
-    def decide_waiting_move(self, decision: MoveDecision) -> str:
-        """Approve or reject the move waiting for a human (the CLI, Slack's buttons); the
-        validator refuses, with the reason, a move that is not waiting. Returns what the
-        decision did: `approved` or `rejected`."""
+    async def decide_waiting_move(self, decision: MoveDecision) -> str:
+        """Approve or reject the move waiting for a human (the API, for the CLI and Slack's
+        buttons); the validator refuses, with the reason, a move that is not waiting, or a
+        decision without a proof of who made it. The worker checks the proof first
+        (activities/decisions.py): one that does not hold fails the update (recorded in
+        the history) and the move still waits. Returns what the decision did: `approved`
+        or `rejected`."""
+        # Runs started before proofs took a decision on its name alone; their replays must
+        # issue no check (docs/versioning.md).
+        if workflow.patched(DECISION_PROOF_PATCH):
+            verdict = await workflow.execute_local_activity(
+                contracts.check_decision_proof,
+                ProofCheck(
+                    proof=decision.proof,
+                    subject=move_subject(self._cluster, decision.move_id),
+                    step=MOVE_APPROVAL_STEP,
+                    approver=decision.by,
+                    approve=decision.approve,
+                ),
+                start_to_close_timeout=timedelta(seconds=10),
+            )
+            try:
+                if not verdict.ok:
+                    raise ValueError(verdict.reason)
+                self._check_decision_state(decision)  # again: it may have moved on meanwhile
+            except ValueError as e:
+                workflow.logger.warning(
+                    "decision on move %s by %s refused: %s", decision.move_id, decision.by, e
+                )
+                raise ApplicationError(str(e), type="DecisionRefused", non_retryable=True) from None
         self._decisions[decision.move_id] = decision
         return "approved" if decision.approve else "rejected"
 
     @decide_waiting_move.validator
     def _check_decision(self, decision: MoveDecision) -> None:
+        self._check_decision_state(decision)
+        if not decision.proof:
+            raise ValueError(
+                "no proof of who decides: decide through the API (`autoclusters share "
+                "approve|reject` with your operator token) or Slack's buttons"
+            )
+
+    def _check_decision_state(self, decision: MoveDecision) -> None:
         if not decision.by.strip():
             raise ValueError("a decision needs the name of who decides")
         cur = self._current

@@ -1,7 +1,11 @@
 """`autoclusters breaker status|reset`: the fleet guard's circuit breaker, for operators.
 
+`status` asks the guard through Temporal; `reset` goes through the API with the person's own
+operator token (AUTOCLUSTERS_API_TOKEN): the API says who resets and signs the proof the
+guard's worker checks (clients/cli/decisions.py), so naming someone is not possible.
+
 Exit codes: 0 shown or reset (or nothing to reset); 1 the guard is not running, not answering
-or refused the reset; 2 bad settings.
+or refused the reset; 2 bad settings (no operator token, or one of another role).
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from temporalio.client import Client
 from autoclusters.clients import breaker
 from autoclusters.clients.cli import connect
 from autoclusters.clients.cli.output import console, err
-from autoclusters.core.guard import BreakerStatus, GuardStatus, floor_of
+from autoclusters.core.guard import GuardStatus, floor_of
 from autoclusters.core.settings import Settings
 
 T = TypeVar("T")
@@ -62,7 +66,7 @@ def _print_status(st: GuardStatus) -> None:
     if b.tripped:
         console.print(
             f"[bold red]breaker TRIPPED[/bold red] at {b.tripped_at:%Y-%m-%d %H:%M:%S} UTC: "
-            "repairs are held (`autoclusters breaker reset --as YOU`)"
+            "repairs are held (an approver: `autoclusters breaker reset`)"
         )
     else:
         console.print(f"breaker [green]closed[/green] (cluster {st.cluster})")
@@ -108,20 +112,28 @@ def _print_status(st: GuardStatus) -> None:
 
 @breaker_app.command("reset")
 def reset_cmd(
-    by: Annotated[str, typer.Option("--as", help="Who resets it: an approver (recorded).")],
     cluster: ClusterOpt = None,
+    claimed: Annotated[str | None, typer.Option("--as", hidden=True)] = None,
 ) -> None:
-    """Reset the tripped breaker (approvers only; recorded): repairs are admitted again."""
+    """Reset the tripped breaker as the person whose operator token AUTOCLUSTERS_API_TOKEN
+    is (through the API; approvers only; recorded): repairs are admitted again."""
+    from autoclusters.clients.cli.decisions import DecisionError, NotTripped, post_breaker_reset
 
-    async def go(client: Client, s: Settings) -> tuple[str, BreakerStatus | None]:
-        name = cluster or s.cluster
-        try:
-            return name, await breaker.reset_breaker(client, name, by)
-        except breaker.BreakerNotTripped:
-            return name, None
-
-    name, b = _run(go)
-    if b is None:
+    if claimed is not None:
+        err.print(
+            "--as is gone: the API takes who you are from your own operator token "
+            "(AUTOCLUSTERS_API_TOKEN)"
+        )
+        raise typer.Exit(2)
+    s = connect.load_settings()
+    name = cluster or s.cluster
+    try:
+        b = post_breaker_reset(s, cluster)
+    except NotTripped:
         err.print(f"the breaker of {name} is not tripped; nothing to reset")
         return
-    console.print(f"breaker of {name} reset by {b.reset_by} at {b.reset_at:%Y-%m-%d %H:%M:%S} UTC")
+    except DecisionError as e:
+        _say_guard_error(e)
+        raise typer.Exit(1 if e.code == 3 else e.code) from None
+    at = f" at {b.reset_at:%Y-%m-%d %H:%M:%S} UTC" if b.reset_at else ""
+    console.print(f"breaker of {name} reset by {b.reset_by}{at}")

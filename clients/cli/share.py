@@ -4,10 +4,12 @@
 `share status` shows nodes per pool, the demand it last saw and the last moves;
 `share move --to inference|training --node N` moves one node through the same workflow;
 `share approve|reject MOVE` answers a move waiting for a human (as the Approve / Reject
-buttons of its Slack message do); `share clear NODE` takes a node that failed its health
-gate on return off the list of nodes neither pool may take. Exit codes: 0 done; 1 refused
-(no rebalancer, a node it cannot move or clear, a move not waiting for approval); 2 a policy
-file that does not validate.
+buttons of its Slack message do), through the API with the person's own operator token
+(AUTOCLUSTERS_API_TOKEN): the API says who decides and signs the proof the rebalancer's
+worker checks; `share clear NODE` takes a node that failed its health gate on return off the
+list of nodes neither pool may take. Exit codes: 0 done; 1 refused (no rebalancer, a node it
+cannot move or clear, a move not waiting for approval); 2 a policy file that does not
+validate, or no operator token (or one of another role).
 """
 
 from __future__ import annotations
@@ -27,7 +29,6 @@ from autoclusters.clients.cli.output import console, err
 from autoclusters.core.settings import Settings
 from autoclusters.core.sharing import (
     ClearUnhealthy,
-    MoveDecision,
     MoveRequest,
     Pool,
     SharePolicy,
@@ -183,32 +184,47 @@ def _refusable(call: Callable[[Client, Settings], Awaitable[str]]) -> str:
     return answer
 
 
-def _decide(move_id: str, approve: bool, by: str, cluster: str | None) -> None:
-    from autoclusters.clients.sharing import decide_move
+def _decide(move_id: str, approve: bool, claimed: str | None, cluster: str | None) -> None:
+    from autoclusters.clients.cli.decisions import DecisionError, post_move_decision
 
-    decision = MoveDecision(move_id=move_id, approve=approve, by=by)
-    outcome = _refusable(lambda c, s: decide_move(c, _cluster(s, cluster), decision))
-    console.print(f"move {move_id} {outcome} by {by}")
+    if claimed is not None:
+        err.print(
+            "--by is gone: the API takes who you are from your own operator token "
+            "(AUTOCLUSTERS_API_TOKEN)"
+        )
+        raise typer.Exit(2)
+    try:
+        d = post_move_decision(connect.load_settings(), move_id, approve, cluster)
+    except DecisionError as e:
+        err.print(f"[red]refused:[/red] {escape(str(e))}" if e.code == 3 else escape(str(e)))
+        raise typer.Exit(1 if e.code == 3 else e.code) from None
+    console.print(f"move {d.move_id} {d.outcome} by {escape(d.by)}")
+
+
+# `--by` named who decided; the API says who now (hidden: a clear error, not "no such option").
+ClaimedOpt = Annotated[str | None, typer.Option("--by", hidden=True)]
 
 
 @share_app.command("approve")
 def approve(
     move_id: Annotated[str, typer.Argument(help="The move waiting for approval.")],
-    by: Annotated[str, typer.Option("--by", help="Who approves.")] = "cli",
     cluster: ClusterOpt = None,
+    claimed: ClaimedOpt = None,
 ) -> None:
-    """Approve a move that waits for a human."""
-    _decide(move_id, True, by, cluster)
+    """Approve a move that waits for a human, as the person whose operator token
+    AUTOCLUSTERS_API_TOKEN is (through the API)."""
+    _decide(move_id, True, claimed, cluster)
 
 
 @share_app.command("reject")
 def reject(
     move_id: Annotated[str, typer.Argument(help="The move waiting for approval.")],
-    by: Annotated[str, typer.Option("--by", help="Who rejects.")] = "cli",
     cluster: ClusterOpt = None,
+    claimed: ClaimedOpt = None,
 ) -> None:
-    """Reject a move that waits for a human: the node stays where it is."""
-    _decide(move_id, False, by, cluster)
+    """Reject a move that waits for a human (the node stays where it is), as the person
+    whose operator token AUTOCLUSTERS_API_TOKEN is (through the API)."""
+    _decide(move_id, False, claimed, cluster)
 
 
 @share_app.command("clear")

@@ -49,7 +49,7 @@ from autoclusters.core.models import RETURNED_JOBS_STEP, SPARE_REASON
 from autoclusters.core.policy import GuardPolicy, Rung, StepPolicy
 from autoclusters.workflows.fleet_guard import FleetGuard
 from autoclusters.workflows.remediation import NodeRemediation
-from tests.decisions import proven
+from tests.decisions import proof_checks, proven, proven_reset
 from tests.fakes import FakeCloud
 from tests.helpers import time_skipping_env
 from tests.test_remediation_workflow import (
@@ -373,6 +373,33 @@ async def _record_batch(env: WorkflowEnvironment, release: str) -> None:
         _write(f"fleet_guard_{release}_batch", await handle.fetch_history())
 
 
+async def _record_proven_reset(env: WorkflowEnvironment, release: str) -> None:
+    """A tripped breaker: a reset with a forged proof refused (the worker's check, a failed
+    update in the history), then a proven reset by an approver (from 0.2)."""
+    cluster = "history-reset"
+    tq = f"tq-{release}-reset"
+    handle = await env.client.start_workflow(
+        FleetGuard.run,
+        GuardInput(cluster=cluster, policy=GuardPolicy(breaker_threshold=1), approvers=["alice"]),
+        id=guard_workflow_id(cluster),
+        task_queue=tq,
+        execution_timeout=timedelta(days=1),
+    )
+    async with Worker(env.client, task_queue=tq, workflows=[FleetGuard], activities=proof_checks()):
+        for n in ("gpu-01", "gpu-02"):
+            opened = IncidentOpened(node=n, incident_id=f"INC-{n}", fault="XID_79")
+            await handle.execute_update(FleetGuard.register, opened)
+        forged = await proven_reset(handle, "alice", key="forged-" + "k" * 32)
+        with contextlib.suppress(WorkflowUpdateFailedError):
+            await handle.execute_update(FleetGuard.reset_breaker, forged)
+        reset = await handle.execute_update(
+            FleetGuard.reset_breaker, await proven_reset(handle, "alice")
+        )
+        assert not reset.tripped and reset.reset_by == "alice", reset
+        await handle.terminate(reason="recorded")
+        _write(f"fleet_guard_{release}_proven_reset", await handle.fetch_history())
+
+
 async def record(release: str, only: set[str]) -> None:
     env = await time_skipping_env()
     async with env:
@@ -381,6 +408,8 @@ async def record(release: str, only: set[str]) -> None:
                 await _record_case(env, release, name, case)
         if not only or "batch" in only:
             await _record_batch(env, release)
+        if not only or "proven_reset" in only:
+            await _record_proven_reset(env, release)
 
 
 if __name__ == "__main__":

@@ -6,20 +6,23 @@ Run for each release, with the released code (docs/versioning.md):
 It runs the rebalancer on the time-skipping server against the in-memory world of
 tests/fake_share.py: a sustained breach lends a node (its job checkpointed and requeued), a
 calm spell returns it (gate, resume, regrow); a manual move and a rejected approval follow;
-`borrow` (tests/fake_borrow.py): an incident takes a node of a 2-node job, an inference node
-is lent to the job, and given back once the node is repaired.
+`proven_decision` (from 0.2): a forged decision refused, the old signal ignored, a proven
+approval lends; `borrow` (tests/fake_borrow.py): an incident takes a node of a 2-node job,
+an inference node is lent to the job, and given back once the node is repaired.
 Writes gpu_rebalance_<version>_<case>.json beside this file.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import sys
 import uuid
 from datetime import timedelta
 from pathlib import Path
 
+from temporalio.client import WorkflowUpdateFailedError
 from temporalio.worker import Worker
 
 from autoclusters.core.sharing import (
@@ -31,6 +34,7 @@ from autoclusters.core.sharing import (
     rebalance_workflow_id,
 )
 from autoclusters.workflows.gpu_rebalance import GpuRebalance
+from tests.decisions import proof_checks, signed_move
 from tests.fake_borrow import IncidentWorld
 from tests.fake_borrow import world as incident_world
 from tests.fake_share import Node, ShareWorld
@@ -56,20 +60,24 @@ async def _run(case: str, version: str) -> None:
     env = await time_skipping_env()
     async with env:
         approval = case == "manual_and_rejected"
+        proven = case == "proven_decision"
         borrow = case == "borrow"
         world = ShareWorld(
             [Node("gpu-01", jobs=[101]), Node("gpu-02", jobs=[102]), Node("gpu-03")],
-            [HIGH, HIGH, LOW, LOW] if not approval else [HIGH, HIGH, HIGH],
+            [HIGH, HIGH, LOW, LOW] if not (approval or proven) else [HIGH, HIGH, HIGH],
             agent=False,
         )
-        policy = _policy(needs_approval=approval)
+        policy = _policy(needs_approval=approval or proven)
         if borrow:
             world = incident_world()
             policy = _policy(borrow_from_inference=True, return_below=0.2, min_inference_nodes=1)
         cluster = f"rec-{uuid.uuid4().hex[:6]}"
         tq = f"tq-{uuid.uuid4()}"
         async with Worker(
-            env.client, task_queue=tq, workflows=[GpuRebalance], activities=world.activities()
+            env.client,
+            task_queue=tq,
+            workflows=[GpuRebalance],
+            activities=[*world.activities(), *proof_checks()],
         ):
             handle = await env.client.start_workflow(
                 GpuRebalance.run,
@@ -99,11 +107,11 @@ async def _run(case: str, version: str) -> None:
                     await eventually(functools.partial(evaluations, n), what=f"evaluation {n}")
                 s = await handle.query(GpuRebalance.status)
                 assert [b.status for b in s.borrows] == ["returned"], s.borrows
-            elif not approval:
+            elif not (approval or proven):
                 for n in range(1, 5):
                     await handle.signal(GpuRebalance.evaluate_now, "record")
                     await eventually(functools.partial(evaluations, n), what=f"evaluation {n}")
-            else:
+            elif approval:
                 await handle.signal(GpuRebalance.evaluate_now, "record")
                 await eventually(lambda: evaluations(1), what="a first look at the nodes")
                 move_id = await handle.execute_update(
@@ -112,11 +120,27 @@ async def _run(case: str, version: str) -> None:
                 )
                 await handle.signal(GpuRebalance.evaluate_now, "record")
                 pending = await eventually(waiting, what="a move waiting for approval")
-                await handle.signal(
-                    GpuRebalance.decide_move, MoveDecision(move_id=pending, approve=False, by="bob")
-                )
+                decision = signed_move(cluster, pending, "bob", approve=False)
+                await handle.execute_update(GpuRebalance.decide_waiting_move, decision)
                 await eventually(lambda: evaluations(2), what="the rejection")
                 assert move_id and pending != move_id
+            elif proven:
+                await handle.signal(GpuRebalance.evaluate_now, "record")
+                await eventually(lambda: evaluations(1), what="a first look at the nodes")
+                await handle.signal(GpuRebalance.evaluate_now, "record")
+                pending = await eventually(waiting, what="a move waiting for approval")
+                forged = signed_move(cluster, pending, "alice", key="forged-" + "k" * 32)
+                with contextlib.suppress(WorkflowUpdateFailedError):
+                    await handle.execute_update(GpuRebalance.decide_waiting_move, forged)
+                # The old signal decides nothing on a run with proofs.
+                await handle.signal(
+                    GpuRebalance.decide_move, MoveDecision(move_id=pending, approve=True, by="x")
+                )
+                ok = signed_move(cluster, pending, "alice")
+                await handle.execute_update(GpuRebalance.decide_waiting_move, ok)
+                await eventually(lambda: evaluations(2), what="the approved lend")
+                s = await handle.query(GpuRebalance.status)
+                assert s.moves[-1].approved_by == "alice", s.moves
             await handle.terminate(reason="recorded")
             history = await handle.fetch_history()
     out = HERE / f"gpu_rebalance_{version}_{case}.json"
@@ -125,7 +149,8 @@ async def _run(case: str, version: str) -> None:
 
 
 async def record(version: str) -> None:
-    for case in sys.argv[2:] or ["lend_and_return", "manual_and_rejected", "borrow"]:
+    cases = ["lend_and_return", "manual_and_rejected", "borrow", "proven_decision"]
+    for case in sys.argv[2:] or cases:
         await _run(case, version)
 
 

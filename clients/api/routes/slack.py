@@ -1,9 +1,10 @@
 """`POST /slack/interactions`: Approve / Reject clicks. The Slack signature over the raw
 body is the authentication (no bearer token); the click becomes the Temporal Update: the
 incident's, or, for a button of a GPU rebalancer's move (step `move`, which no incident
-has), the cluster's rebalancer's `decide_waiting_move`. Either refusal is a
-PermissionError, which the handler shows to the clicker. Served only with a Slack signing
-secret."""
+has), the cluster's rebalancer's `decide_waiting_move`, each with the API's proof that
+the clicker (their Slack id, verified by the signature) decided (core/decision_proof.py).
+Either refusal is a PermissionError, which the handler shows to the clicker. Served only
+with a Slack signing secret."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ from fastapi.responses import JSONResponse
 
 from autoclusters.clients import incidents
 from autoclusters.clients.api.state import ApiState
-from autoclusters.clients.sharing import decide_move
-from autoclusters.core.sharing import MOVE_APPROVAL_STEP, MoveDecision
+from autoclusters.clients.sharing import decide_move, proven_decision
+from autoclusters.core.sharing import MOVE_APPROVAL_STEP
 from autoclusters.core.slack_config import SlackConfig
 
 
@@ -30,7 +31,14 @@ def router(api: ApiState, slack: SlackConfig) -> APIRouter:
     ) -> object:  # fmt: skip
         client = await api.gate.client()
         if step == MOVE_APPROVAL_STEP:
-            decision = MoveDecision(move_id=incident_id, approve=approve, by=approver)
+            if not settings.approval_keys:
+                raise PermissionError(
+                    "no approval_keys configured on the API: it cannot vouch for anyone"
+                )
+            key = settings.approval_keys[0].get_secret_value()
+            decision = proven_decision(
+                settings.cluster, incident_id, approve, approver, key=key, via=via
+            )
             return await decide_move(client, settings.cluster, decision)
         return await incidents.decide(
             client, settings, incident_id, approver, approve, comment, step=step, via=via
