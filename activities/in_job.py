@@ -1,26 +1,49 @@
 """In-job recovery: a job that holds a hot spare in its own allocation loses the faulty node
-and goes on, without a requeue (issue 22; examples/training's in-job mode).
+and goes on, without a requeue (issues 22 and 39; examples/training's in-job mode).
 
-A job announces it in its Slurm comment: `injob=<dir>`, where `<dir>/<node>.pid` is the PID
-of its process on each node (examples/training: train.py's in-place mode). When the policy's
-job_recovery is `in-job`, the runbook's requeue step first does this for each such job on the
-faulty node:
+A job announces it in its Slurm comment: `injob=<dir>`, and names the nodes it trains on,
+`training=<node>,<node>` (the others of its allocation are its standbys; a job that names
+none is taken to hold one). When the policy's job_recovery is `in-job`, the runbook's
+requeue step first decides, for each such job on the faulty node, from one read of the
+queue (and of the nodes) and before anything is released or signalled:
 
-1. marks the job (AdminComment `autoclusters: injob:<incident>:<restart count>`), so a
-   retried step knows it already acted;
-2. kills that process on the faulty node inside the job's allocation (`srun --overlap`): the
-   other nodes' ranks fail their collective at once and re-form their group with the spare,
-   in their running processes;
-3. releases the node from the job (`scontrol update JobId= NodeList=<the others>`), so it
-   goes idle for its repair while the job runs on;
-4. waits, up to the policy's in_job_budget_s, for the job to say it stepped again
-   (`resumed_at=<epoch s>` in its comment, not before the kill) — unless the node was one of
-   its standbys (the job names the nodes it trains on: `training=<node>,<node>`), whose loss
-   the training ranks never see: then its release is all there is to wait for.
+- the faulty node runs the job's batch script (`BatchHost`): Slurm refuses to release it
+  ("You cannot remove the batch host from a job when resizing"), so the job is requeued at
+  once ("the batch host: requeued");
+- without this node the job keeps fewer healthy nodes than it trains on (its other nodes
+  drained by another incident, our reason prefix, or not answering the controller; or its
+  batch host among them): no wait can help, it is requeued at once ("more losses than
+  standbys");
+- another incident's requeue marker already names the job's current run: that incident
+  requeues it (two faults on one job), and this one leaves it alone;
+- otherwise it goes on in place, without waiting for the victim (on a GPU a rank hung in
+  the driver, or a node gone silent, closes no socket: killing it frees nobody):
 
-A job that cannot be helped so (Slurm refused a step, the budget ran out, it ended
-meanwhile) is requeued, once, under the incident's requeue marker: the requeue path is the
-fallback, never a second recovery. Jobs without `injob=` are left to the requeue.
+  1. marks the job (AdminComment `autoclusters: injob:<incident>:<restart count>`), so a
+     retried step knows it already acted;
+  2. fences the victim: releases the node from the job (`scontrol update JobId=
+     NodeList=<the others>`). Slurm 22.05 (measured on a sandbox-like cluster) kills the
+     job's step processes on the released node through its slurmd within ~50 ms ("Killing
+     JobId=N StepId=0 on failed node"), stopped ones too, keeps the steps running on the
+     other nodes (they were started with --no-kill) and frees the node; a node whose slurmd
+     does not answer is released all the same (~10 ms), its processes killed when it
+     answers again (its reboot or replacement);
+  3. tells the survivors to abandon their group: SIGUSR2 to the job's steps
+     (`scancel --signal=USR2 <job>`: without --batch/--full never to the batch shell, nor
+     to srun; a job with no step running is not an error). Their ranks abandon the
+     generation and re-form with the standby from their state in memory
+     (examples/training). Not sent when the node was one of its standbys, whose loss the
+     training ranks never see;
+  4. waits, up to the policy's in_job_budget_s, for the job to say it stepped again
+     (`resumed_at=<epoch s>` in its comment, not before the fence); a standby's release is
+     all there is to wait for.
+
+A job that cannot be helped so (Slurm refused, the budget ran out) is requeued, once, under
+the incident's requeue marker: the requeue path is the fallback, never a second recovery.
+A job requeued meanwhile by someone else (its restart count moved, another incident's
+marker on it, or Slurm refusing our requeue because the job is already pending) is never
+requeued again: it is recorded in `requeued_elsewhere`, and counts as the requeue path for
+this incident too. Jobs without `injob=` are left to the requeue step.
 
 It is part of the requeue step, not a step of its own: a job that cannot recover in place
 pays nothing for it (the step lists the node's jobs anyway), and the runbook issues the
@@ -30,7 +53,6 @@ same commands as before (docs/versioning.md).
 from __future__ import annotations
 
 import asyncio
-import shlex
 import time
 
 from temporalio import activity
@@ -39,11 +61,24 @@ from autoclusters.activities.job_markers import (
     ACTIVE,
     in_job_marked,
     in_job_marker,
+    requeue_claim,
     requeue_marker,
 )
 from autoclusters.core import hostlist
-from autoclusters.core.models import InJobResult, SlurmJob, job_comment
-from autoclusters.integrations.slurm import SlurmError, SlurmInJobClient
+from autoclusters.core.models import (
+    REASON_PREFIX,
+    SPARE_REASON,
+    InJobResult,
+    SlurmJob,
+    SlurmNode,
+    job_comment,
+)
+from autoclusters.integrations.slurm import SlurmError, SlurmInJobClient, SlurmUnavailable
+
+# What the survivors' processes are told (`scancel --signal=USR2 <job>`: the job's steps,
+# never its batch shell): abandon this generation of the group and re-form with a standby
+# (examples/training).
+ABANDON_SIGNAL = "USR2"
 
 
 def _resumed_since(job: SlurmJob, since: float) -> bool:
@@ -54,16 +89,54 @@ def _resumed_since(job: SlurmJob, since: float) -> bool:
         return False  # not a time: not a resume
 
 
+def training_nodes(job: SlurmJob) -> list[str] | None:
+    """The nodes the job says it trains on (`training=<n>,<n>`); None when it does not say."""
+    training = job_comment(job, "training")
+    return [n for n in training.split(",") if n] if training is not None else None
+
+
 def standby(job: SlurmJob, node: str) -> bool:
     """The job names the nodes it trains on, and `node` is not one of them."""
-    training = job_comment(job, "training")
-    return training is not None and node not in training.split(",")
+    training = training_nodes(job)
+    return training is not None and node not in training
 
 
 def capable(job: SlurmJob, node: str) -> bool:
     """The job says it holds a spare, and keeps at least one node without this one."""
     others = [n for n in hostlist.expand(job.nodes) if n != node]
     return bool(job_comment(job, "injob")) and bool(others) and job.requeue and job.batch_flag
+
+
+def faulty(node: SlurmNode | None) -> bool:
+    """Lost to the job as well: drained by an incident (our reason prefix, not a spare's),
+    or not answering the controller."""
+    if node is None:
+        return False
+    if not node.responding:
+        return True
+    ours = node.reason.startswith(REASON_PREFIX) and not node.reason.startswith(SPARE_REASON)
+    return node.drained and ours
+
+
+def why_not_in_place(job: SlurmJob, node: str, lost: set[str]) -> str | None:
+    """Why the job cannot go on in place without `node` (None: it can). `lost`: this node
+    and the job's other nodes that are faulty too."""
+    if job.batch_host == node:
+        return "the batch host: requeued"
+    if job.batch_host in lost:
+        return f"its batch host {job.batch_host} is lost too: requeued"
+    everyone = hostlist.expand(job.nodes)
+    kept = [n for n in everyone if n not in lost]
+    training = training_nodes(job)
+    # A job that names no training nodes holds one spare (its `injob=` says so).
+    need = len(training) if training is not None else len(everyone) - 1
+    if len(kept) < need:
+        gone = sorted(n for n in everyone if n in lost)
+        return (
+            f"more losses than standbys ({', '.join(gone)} lost, {len(kept)} left of the "
+            f"{need} it trains on): requeued at once"
+        )
+    return None
 
 
 class InJobRecovery:
@@ -78,11 +151,12 @@ class InJobRecovery:
         self.result = InJobResult()
 
     async def recover(self) -> InJobResult:
-        started, killed_at = time.monotonic(), time.time()
+        started, fenced_at = time.monotonic(), time.time()
         # One read on the requeue's hot path: the node's jobs, and those this incident
         # already took the node from (a retry; off the node since), followed, not acted on.
         everyone = await self._slurm.jobs()
         acting = {j.job_id: j for j in everyone if in_job_marked(j, self.incident_id)}
+        nodes: dict[str, SlurmNode] | None = None  # read once, for the first capable job
         for job in everyone:
             if self.node not in hostlist.expand(job.nodes):
                 continue
@@ -91,19 +165,38 @@ class InJobRecovery:
             if not capable(job, self.node):
                 self.result.not_capable.append(job.job_id)
                 continue
+            if (claimed := requeue_claim(job)) is not None and claimed != self.incident_id:
+                # Another incident's fault on the same job is requeueing it (its marker is
+                # written before its requeue): that requeue is this fault's too.
+                self.result.requeued_elsewhere[job.job_id] = f"being requeued by {claimed}"
+                continue
+            lost = {self.node}
+            if job.batch_host != self.node:  # the batch host needs no other read
+                if nodes is None:
+                    nodes = {n.name: n for n in await self._slurm.nodes()}
+                lost |= {n for n in hostlist.expand(job.nodes) if faulty(nodes.get(n))}
+            why = why_not_in_place(job, self.node, lost)
+            if why is not None:
+                # Decided before anything is released or signalled: the job is requeued
+                # now, not after a wait that cannot succeed.
+                await self._fall_back(job, why)
+                continue
             acting[job.job_id] = job
             await self._take_node(job)
-        pending = {j for j in acting if j not in self.result.fell_back}
+        pending = {
+            j for j in acting if j not in self.result.fell_back | self.result.requeued_elsewhere
+        }
         while pending:
             now = {j.job_id: j for j in await self._slurm.jobs() if j.job_id in pending}
             for job_id in sorted(pending):
-                why = self._settled(now.get(job_id), acting[job_id], killed_at - 1)
-                if why is not None:
-                    pending.discard(job_id)
-                    if why:
-                        self.result.fell_back[job_id] = why
-                    else:
-                        self.result.recovered.append(job_id)
+                why = self._settled(now.get(job_id), acting[job_id], fenced_at - 1)
+                if why is None:
+                    continue
+                pending.discard(job_id)
+                if why == "":
+                    self.result.recovered.append(job_id)
+                else:
+                    self.result.requeued_elsewhere[job_id] = why
             if pending and time.monotonic() - started > self.budget_s:
                 for job_id in sorted(pending):
                     await self._fall_back(
@@ -117,25 +210,33 @@ class InJobRecovery:
         return self.result
 
     async def _take_node(self, job: SlurmJob) -> None:
+        """Mark the job, fence the faulty node (release it from the job: Slurm kills the
+        job's processes there, once its slurmd answers), and tell the survivors' processes
+        to abandon their group (USR2 to the job's steps, not its batch shell). Never waits
+        for the victim: a rank hung in the driver, or a node gone silent, frees nobody."""
         await self._slurm.set_admin_comment(
             job.job_id, in_job_marker(self.incident_id, job.restart_cnt)
         )
-        pidfile = shlex.quote(f"{job_comment(job, 'injob')}/{self.node}.pid")
         others = [n for n in hostlist.expand(job.nodes) if n != self.node]
         try:
-            await self._slurm.run_on_job_node(
-                job.job_id, self.node, f'kill -KILL "$(cat {pidfile})"'
-            )
             await self._slurm.shrink_job(job.job_id, others)
+            if not standby(job, self.node):
+                # A standby's loss is not the training ranks' concern: they keep their group.
+                await self._slurm.signal_steps(job.job_id, ABANDON_SIGNAL)
+        except SlurmUnavailable:
+            raise  # an outage: the step is retried, and finds its mark
         except SlurmError as refused:
             await self._fall_back(job, f"Slurm refused: {refused}")
 
     def _settled(self, job: SlurmJob | None, before: SlurmJob, since: float) -> str | None:
-        """None: still waiting; "": stepping again without the node; else why not."""
+        """None: still waiting; "": stepping again without the node; else who requeued it
+        (or that it ended), so that it is not requeued again."""
+        if job is not None and job.restart_cnt > before.restart_cnt:
+            return f"requeued meanwhile (restart {job.restart_cnt}): not again"
         if job is None or job.job_state not in ACTIVE:
-            return "it ended before it stepped again"
-        if job.restart_cnt > before.restart_cnt:
-            return "it was requeued"
+            return "ended before it stepped again: not requeued"
+        if (claimed := requeue_claim(job)) is not None and claimed != self.incident_id:
+            return f"being requeued by {claimed}"
         stepping = standby(before, self.node) or _resumed_since(job, since)
         if stepping and self.node not in hostlist.expand(job.nodes):
             return ""
@@ -143,9 +244,20 @@ class InJobRecovery:
 
     async def _fall_back(self, job: SlurmJob, why: str) -> None:
         """Requeue it, once, as the incident's requeue (the requeue step releases its hold
-        and never requeues it again)."""
+        and never requeues it again); unless someone else requeued it first."""
         await self._slurm.set_admin_comment(
             job.job_id, requeue_marker(self.incident_id, job.restart_cnt)
         )
-        await self._slurm.requeue(job.job_id)
+        try:
+            await self._slurm.requeue(job.job_id)
+        except SlurmUnavailable:
+            raise
+        except SlurmError as refused:
+            # Two incidents on one job can decide at once: Slurm requeues it once and
+            # refuses the second ("Job is pending execution").
+            now = next((j for j in await self._slurm.jobs() if j.job_id == job.job_id), None)
+            if now is not None and now.job_state in ACTIVE and now.restart_cnt == job.restart_cnt:
+                raise
+            self.result.requeued_elsewhere[job.job_id] = f"requeued or ended meanwhile ({refused})"
+            return
         self.result.fell_back[job.job_id] = why

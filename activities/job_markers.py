@@ -35,3 +35,13 @@ def in_job_marker(incident_id: str, restart_cnt: int) -> str:
 
 def in_job_marked(job: SlurmJob, incident_id: str) -> bool:
     return job.admin_comment.startswith(f"{REASON_PREFIX}injob:{incident_id}:")
+
+
+def requeue_claim(job: SlurmJob) -> str | None:
+    """The incident whose requeue marker names the job's current run (its restart count):
+    that incident requeues it, or has. None: no incident claims this run."""
+    prefix = f"{REASON_PREFIX}requeue:"
+    if not job.admin_comment.startswith(prefix):
+        return None
+    incident, _, count = job.admin_comment[len(prefix) :].rpartition(":")
+    return incident if incident and count == str(job.restart_cnt) else None

@@ -123,8 +123,10 @@ class SlurmActivities:
             result.in_job = await InJobRecovery(
                 self._slurm, inp.node, inp.incident_id, inp.in_job_budget_s, inp.poll_s
             ).recover()
+        # Another incident's requeue of a job is this fault's too: never a second one.
+        elsewhere = result.in_job.requeued_elsewhere if result.in_job else {}
         for job in await self._slurm.jobs_on_node(inp.node):
-            if job.job_state not in ACTIVE:
+            if job.job_state not in ACTIVE or job.job_id in elsewhere:
                 continue
             if not (job.requeue and job.batch_flag):
                 result.not_requeueable.append(job.job_id)

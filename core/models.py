@@ -331,6 +331,9 @@ class SlurmJob(BaseModel):
     name: str = ""
     job_state: str  # RUNNING, PENDING, COMPLETING, ...
     nodes: str = ""  # hostlist expression, e.g. gpu-[01-02]
+    # The node that runs its batch script ("" while pending): Slurm never releases it from
+    # the running job ("You cannot remove the batch host from a job when resizing").
+    batch_host: str = ""
     restart_cnt: int = 0
     state_reason: str = ""
     admin_comment: str = ""
@@ -421,8 +424,13 @@ class InJobResult(BaseModel):
 
     # Lost the node and stepped again on their spare, no requeue.
     recovered: list[int] = Field(default_factory=list)
-    # Tried and not done within the budget (or refused by Slurm): requeued once instead.
+    # Requeued once by this incident instead, and why: the faulty node runs its batch
+    # script, it lost more nodes than it has standbys, Slurm refused, or it did not step
+    # again within the budget.
     fell_back: dict[int, str] = Field(default_factory=dict)
+    # Requeued meanwhile by someone else (another incident's fault on the same job, the job
+    # itself), and how this one knew: not requeued again.
+    requeued_elsewhere: dict[int, str] = Field(default_factory=dict)
     # No hot spare announced (`injob=` in the comment): left to the requeue step.
     not_capable: list[int] = Field(default_factory=list)
     waited_s: float = 0.0
@@ -432,6 +440,7 @@ class InJobResult(BaseModel):
         if self.recovered:
             parts.append(f"{self.recovered} went on without the node ({self.waited_s:.1f}s)")
         parts += [f"{j} requeued instead: {why}" for j, why in self.fell_back.items()]
+        parts += [f"{j} {why}" for j, why in self.requeued_elsewhere.items()]
         if self.not_capable:
             parts.append(f"no hot spare in {self.not_capable}: requeue")
         return "; ".join(parts) or "no job on the node"
@@ -481,10 +490,22 @@ class RequeueResult(BaseModel):
     records: list[JobRecord] = Field(default_factory=list)  # of the jobs requeued now
     redrained: bool = False  # the drain was gone before the requeue: applied again
 
+    def recovery_path(self) -> dict[int, str]:
+        """How each job on the node got going again: "in-job" (its standby), or "requeue"
+        (this incident's, or another's it found done and left alone)."""
+        in_job = self.in_job or InJobResult()
+        return {
+            **dict.fromkeys(in_job.recovered, "in-job"),
+            **dict.fromkeys([*in_job.fell_back, *in_job.requeued_elsewhere], "requeue"),
+            **dict.fromkeys(self.requeued, "requeue"),
+        }
+
     def describe(self) -> str:
         """Exactly what was done to which job."""
         parts = [f"requeued {self.requeued_now or 'no jobs'}"]
-        if self.in_job is not None and (self.in_job.recovered or self.in_job.fell_back):
+        if self.in_job is not None and (
+            self.in_job.recovered or self.in_job.fell_back or self.in_job.requeued_elsewhere
+        ):
             parts.insert(0, f"in-job: {self.in_job.describe()}")
         earlier = [j for j in self.requeued if j not in self.requeued_now]
         if earlier:

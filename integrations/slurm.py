@@ -147,11 +147,12 @@ class SlurmSignalClient(SlurmClient, Protocol):
 
 @runtime_checkable
 class SlurmInJobClient(SlurmClient, Protocol):
-    """What in-job recovery adds: act on one node of a running job, and shrink the job's
-    allocation to the nodes it keeps. Checkable at run time, as SlurmSignalClient."""
+    """What in-job recovery adds: shrink a running job's allocation to the nodes it keeps,
+    and signal the processes of its steps (not its batch shell). Checkable at run time, as
+    SlurmSignalClient."""
 
-    async def run_on_job_node(self, job_id: int, node: str, command: str) -> None: ...
     async def shrink_job(self, job_id: int, nodes: list[str]) -> None: ...
+    async def signal_steps(self, job_id: int, signal: str) -> None: ...
 
 
 def _flags(raw: Any) -> list[str]:
@@ -217,6 +218,7 @@ def parse_jobs(doc: dict[str, Any]) -> list[SlurmJob]:
                 name=j.get("name") or "",
                 job_state=str(state),
                 nodes=j.get("nodes") or "",
+                batch_host=j.get("batch_host") or "",
                 restart_cnt=_number(j.get("restart_cnt")),
                 state_reason=j.get("state_reason") or "",
                 admin_comment=j.get("admin_comment") or "",
@@ -344,17 +346,20 @@ class SlurmCli:
         checkpoints, and requeues itself)."""
         await self._run("scancel", "--batch", f"--signal={signal}", str(job_id))
 
-    async def run_on_job_node(self, job_id: int, node: str, command: str) -> None:
-        """Run `command` (sh) inside the running job's allocation on `node`, beside its
-        steps (`srun --overlap`): how the runbook reaches one node of a job, which neither
-        scancel nor scontrol can single out."""
-        await self._run(
-            "srun", "--overlap", f"--jobid={job_id}", f"--nodelist={node}", "-N1", "-n1",
-            "--quiet", "sh", "-c", command,
-        )  # fmt: skip
+    async def signal_steps(self, job_id: int, signal: str) -> None:
+        """Send `signal` to the processes of every step of the running job, on the nodes it
+        holds now (`scancel --signal`: without --batch/--full, never to the batch shell and
+        its children, srun included). slurmctld queues it to the slurmds and answers at
+        once; a job with no step running is not an error."""
+        await self._run("scancel", f"--signal={signal}", str(job_id))
 
     async def shrink_job(self, job_id: int, nodes: list[str]) -> None:
-        """Release every node of the running job but `nodes` (Slurm frees the others)."""
+        """Release every node of the running job but `nodes`. Slurm (22.05, measured) kills
+        the job's steps on each released node ("Killing JobId=N StepId=0 on failed node"),
+        keeps the steps running elsewhere when they were started with --no-kill, and frees
+        the node; a node whose slurmd does not answer has its processes killed when it
+        answers again (its reboot). It refuses to release the batch host: "Invalid node
+        name specified" ("You cannot remove the batch host from a job when resizing")."""
         await self._run("scontrol", "update", f"JobId={job_id}", f"NodeList={','.join(nodes)}")
 
     async def submit_batch(

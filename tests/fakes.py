@@ -63,12 +63,13 @@ class FakeSlurm:
         # (its other nodes not done with it yet), before it is PENDING.
         self.completing_reads: Counter[int] = Counter()
         self.signals: Counter[int] = Counter()
-        # In-job recovery (examples/training's hot spare): jobs that step again on their
-        # spare once the runbook took the node from them (they write `resumed_at=`), and
-        # whether Slurm refuses `srun --overlap` into a job.
+        # In-job recovery (examples/training's hot spare): jobs whose survivors re-form with
+        # their standby when their steps get the abandon signal (they write `resumed_at=`);
+        # whether Slurm refuses to shrink a job (beyond the batch host, which it always
+        # refuses); the signals sent to jobs' steps (never their batch shell).
         self.in_job_recovering: set[int] = set()
-        self.refuse_overlap = False
-        self.killed_on: Counter[tuple[int, str]] = Counter()
+        self.refuse_shrink = False
+        self.step_signals: list[tuple[int, str]] = []
         # slurmctld away (restarting, failing over): every call raises SlurmUnavailable, as
         # SlurmCli does on 22.05's errors document; `calls_while_down` counts the attempts.
         self.down = False
@@ -112,8 +113,14 @@ class FakeSlurm:
         comment: str = "",
         command: str = "",
         work_dir: str = "",
+        batch_host: str | None = None,
     ) -> SlurmJob:
+        """`batch_host`: the node running its batch script; by default, as Slurm does, the
+        first node of its allocation (none while pending)."""
+        running = job_state in _REQUEUEABLE_STATES
+        first = hostlist.expand(nodes)[0] if running and nodes else ""
         job = SlurmJob(
+            batch_host=first if batch_host is None else batch_host,
             comment=comment,
             command=command,
             work_dir=work_dir,
@@ -163,6 +170,7 @@ class FakeSlurm:
         """Slurm starts a pending (requeued) job, on `nodes`."""
         job = self._jobs[job_id]
         job.job_state, job.state_reason, job.nodes = "RUNNING", "None", nodes
+        job.batch_host = hostlist.expand(nodes)[0]
         for n in hostlist.expand(nodes):
             if self._nodes[n].state == "idle":
                 self._nodes[n].state = "allocated"
@@ -319,6 +327,7 @@ class FakeSlurm:
             job.comment = f"ckpt_at={time.time():.0f}"
             was_on = hostlist.expand(job.nodes)
             job.job_state, job.state_reason, job.nodes = "PENDING", "BeginTime", ""
+            job.batch_host = ""
             job.restart_cnt += 1
             for n in was_on:
                 self._settle(n)
@@ -335,6 +344,7 @@ class FakeSlurm:
             raise SlurmError(f"scontrol requeue {job_id}: Job is pending execution")
         was_on = hostlist.expand(job.nodes)
         job.job_state, job.state_reason, job.nodes = "PENDING", "BeginTime", ""
+        job.batch_host = ""
         job.restart_cnt += 1
         self.requeue_count[job_id] += 1
         self.record("requeue", str(job_id))
@@ -359,29 +369,35 @@ class FakeSlurm:
         self.calls["set_admin_comment"] += 1
         self._job(job_id).admin_comment = text
 
-    async def run_on_job_node(self, job_id: int, node: str, command: str) -> None:
-        self._reachable("run_on_job_node")
-        self.calls["run_on_job_node"] += 1
-        job = self._job(job_id)
-        if self.refuse_overlap or node not in hostlist.expand(job.nodes):
-            raise SlurmError(f"srun: error: Unable to create step for job {job_id}")
-        self.killed_on[(job_id, node)] += 1
-        self.record(f"run_on_node {command}", f"{job_id}@{node}")
-
     async def shrink_job(self, job_id: int, nodes: list[str]) -> None:
         self._reachable("shrink_job")
         self.calls["shrink_job"] += 1
         job = self._job(job_id)
         had = hostlist.expand(job.nodes)
-        if job.job_state not in _REQUEUEABLE_STATES or not set(nodes) < set(had):
+        if (
+            self.refuse_shrink
+            or job.job_state not in _REQUEUEABLE_STATES
+            or not set(nodes) < set(had)
+            or job.batch_host not in nodes  # "You cannot remove the batch host from a job"
+        ):
             raise SlurmError(f"scontrol update JobId={job_id}: Invalid node name specified")
         job.nodes = ",".join(nodes)
         self.record("shrink", f"{job_id}:{job.nodes}")
         for n in had:
             self._settle(n)
-        if job_id in self.in_job_recovering and any(
-            killed for (j, _), killed in self.killed_on.items() if j == job_id
-        ):
+
+    async def signal_steps(self, job_id: int, signal: str) -> None:
+        self._reachable("signal_steps")
+        self.calls["signal_steps"] += 1
+        job = self._job(job_id)
+        if job.job_state not in _REQUEUEABLE_STATES:
+            raise SlurmError(
+                f"scancel: Kill job error on job id {job_id}: Job/step already completing"
+            )
+        self.step_signals.append((job_id, signal))
+        self.record(f"signal_steps {signal}", str(job_id))
+        if job_id in self.in_job_recovering and signal == "USR2":
+            # The survivors abandon their group and step again with the standby.
             job.comment = f"{job.comment} resumed_at={time.time():.3f}".strip()
 
     async def cancel(self, job_id: int) -> None:

@@ -454,7 +454,10 @@ async def test_a_job_with_a_hot_spare_goes_on_without_a_requeue(
     on; the incident records the path each job took. With job_recovery: requeue, it is
     requeued as any job."""
     async with _fleet(env) as f:
-        f.slurm.add_job(101, nodes="gpu-[01,03]", comment="injob=/dev/shm/job-101")
+        # Its batch script runs on gpu-03 (Slurm never releases a job's batch host).
+        f.slurm.add_job(
+            101, nodes="gpu-[01,03]", comment="injob=/dev/shm/job-101", batch_host="gpu-03"
+        )
         f.slurm.in_job_recovering.add(101)
         req = f.request(policy=_policy(job_recovery=job_recovery))
         result = await (await f.start(req)).result()
@@ -470,7 +473,33 @@ async def test_a_job_with_a_hot_spare_goes_on_without_a_requeue(
         assert step is not None and "[101] went on without the node" in step.detail
     else:
         assert result.recovery_path == {101: "requeue"} and result.requeued_jobs == [101]
-        assert f.slurm.requeue_count[101] == 1 and f.slurm.killed_on == {}
+        assert f.slurm.requeue_count[101] == 1 and f.slurm.calls["shrink_job"] == 0
+
+
+async def test_two_faults_on_one_job_with_one_standby(env: WorkflowEnvironment) -> None:
+    """XID_79 on both training nodes of a job (gpu-05, gpu-06; gpu-04 its standby and batch
+    host) within a second: one healthy node is left for two seats, so the job is requeued
+    at once, once in all, and both incidents resolve. Which incident's requeue step runs
+    first is the worker's to choose: if it ran before the other's drain, it released its
+    node and signalled the steps first (in-job), and the other's requeued the job. The
+    incident whose requeue step finds the job records its path; one whose step runs after
+    the requeue finds no job left on its node (Slurm shows a requeued job with no nodes).
+    tests/test_in_job_recovery.py puts the two steps in each order."""
+    async with _fleet(env, nodes=6) as f:
+        f.slurm.add_job(
+            201, nodes="gpu-[04-06]", comment="injob=/dev/shm/job-201 training=gpu-05,gpu-06"
+        )
+        policy = _policy(job_recovery="in-job")
+        handles = [await f.start(f.request(node, policy=policy)) for node in ("gpu-05", "gpu-06")]
+        results = [await h.result() for h in handles]
+
+    assert [r.status for r in results] == ["resolved", "resolved"], [r.error for r in results]
+    assert f.slurm.requeue_count[201] == 1 and f.slurm.job_now(201).restart_cnt == 1
+    assert len(f.slurm.step_signals) == f.slurm.calls["shrink_job"] <= 1
+    paths = [r.recovery_path for r in results]
+    assert {201: "requeue"} in paths and all(p in ({201: "requeue"}, {}) for p in paths)
+    details = [step.detail for r in results if (step := r.step("requeue")) is not None]
+    assert any("more losses than standbys" in d for d in details), details
 
 
 async def test_observe_mode_changes_nothing(env: WorkflowEnvironment) -> None:
