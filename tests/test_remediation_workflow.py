@@ -50,7 +50,7 @@ from temporalio.worker import Worker
 
 from autoclusters.activities.guard import GuardActivities
 from autoclusters.activities.slurm import SlurmActivities
-from autoclusters.core.guard import GuardStatus, ResetRequest, guard_workflow_id
+from autoclusters.core.guard import GuardStatus, guard_workflow_id
 from autoclusters.core.models import (
     SPARE_REASON,
     ApprovalRequest,
@@ -74,7 +74,7 @@ from autoclusters.workflows.fleet_guard import FleetGuard
 from autoclusters.workflows.guard_steps import held_drain_reason
 from autoclusters.workflows.remediation import NodeRemediation
 from autoclusters.workflows.steps import STEP_RETRY as RETRY
-from tests.decisions import APPROVAL_KEY, proven
+from tests.decisions import APPROVAL_KEY, proven, proven_reset
 from tests.fakes import FakeCloud, FakeHealth, FakeSlurm, RecordingNotifier
 from tests.helpers import time_skipping_env
 
@@ -922,7 +922,9 @@ async def test_tripped_breaker_holds_repairs_until_reset(env: WorkflowEnvironmen
             assert f.slurm.node_now(node).drained
         assert f.cloud.repair_calls == []
 
-        reset = await f.guard.execute_update(FleetGuard.reset_breaker, ResetRequest(by="alice"))
+        reset = await f.guard.execute_update(
+            FleetGuard.reset_breaker, await proven_reset(f.guard, "alice")
+        )
         assert not reset.tripped and reset.reset_by == "alice"
         r1, r2 = await h1.result(), await h2.result()
 
@@ -951,7 +953,7 @@ async def test_fault_reported_while_repair_is_held_raises_the_repair(
         )
         assert (ack.incident_id, ack.joined, ack.rung) == (two.incident_id, True, "replace")
 
-        await f.guard.execute_update(FleetGuard.reset_breaker, ResetRequest(by="alice"))
+        await f.guard.execute_update(FleetGuard.reset_breaker, await proven_reset(f.guard, "alice"))
         f.cloud.release.set()
         r1, r2 = await h1.result(), await h2.result()
 
@@ -1113,7 +1115,7 @@ async def test_an_incident_held_for_72_hours_keeps_a_small_history(
             assert _activities(history, "guard_admit_repair") <= 74
         assert f.events("gpu-02") == ["opened", "approval_needed", "held"]
 
-        await f.guard.execute_update(FleetGuard.reset_breaker, ResetRequest(by="alice"))
+        await f.guard.execute_update(FleetGuard.reset_breaker, await proven_reset(f.guard, "alice"))
         r1, r2 = await h1.result(), await h2.result()
 
         # Admitted by the guard's signal, not by asking again.
