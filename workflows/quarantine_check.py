@@ -134,10 +134,7 @@ class Quarantine:
         # The controller's start when the jobs were first requeued: a later one means it
         # restarted since (workflows/controller_restart.py compares, and moves it on).
         s.controller_started = s.controller_started or requeued.controller_started
-        s.recovery_path = {
-            **dict.fromkeys(requeued.in_job.recovered if requeued.in_job else [], "in-job"),
-            **dict.fromkeys(requeued.requeued, "requeue"),
-        }
+        s.recovery_path = requeued.recovery_path()
         if requeued.came_back:
             await self.returned_jobs(requeued.came_back)
         # After the jobs are on their way (their restart never waits for it), before the
