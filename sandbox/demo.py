@@ -148,7 +148,7 @@ async def _job(slurm: SlurmCli, job_id: int) -> SlurmJob | None:
 
 # The demo's fault effect when none is asked for: "default" is the fault's realistic one
 # (XID_79: hang), "none" only what the node's agent reads.
-DEMO_FAULT_EFFECT = "none"
+DEMO_FAULT_EFFECT = "default"
 
 
 async def run_demo(

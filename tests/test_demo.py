@@ -37,7 +37,10 @@ def test_demo_json_summary(tmp_path: Path) -> None:
     assert summary["node_state_after"] == "IDLE"
     assert summary["node"] not in summary["job_nodes_after"]
     if summary["job"] == "in-job":  # the training extra is installed (make test does)
-        # The runbook took the node from the running job: no requeue, the standby trains.
+        # XID_79 as a GPU shows it: the rank hangs, its connections silent (no kill frees
+        # its peers). The runbook released the node and told the survivors: no requeue, the
+        # standby trains.
+        assert summary["fault_effect"] == "hang"
         assert summary["job_restarts"] == 0 and summary["recovery_path"] == "in-job"
         assert len(summary["job_nodes_before"]) == 3 and len(summary["job_nodes_after"]) == 2
         assert summary["resumed_from_step"] > 0 and summary["steps_recomputed"] == 0
