@@ -24,6 +24,16 @@ boots long enough for the job to start on the borrowed node before the repair en
 
     .venv/bin/python bench/mttr.py --incidents 5 --boot-delay 30 --job-recovery borrowed
 
+`--effect crash|hang|lost|slow|none` (default: the fault's realistic one, sandbox/fault_effects.py:
+XID_79 hangs) is what the fault does to the job's ranks on the node; `--batch-host-every N`
+puts every Nth fault on the job's batch host (the runbook requeues such a job at once, in
+either path), e.g. 5 of 20 with N=4:
+
+    .venv/bin/python bench/mttr.py --incidents 20 --gap 5 --job-recovery in-job --effect lost \
+        --batch-host-every 4
+
+A phase's tail is its p95 over 20 faults or more, else the largest of the n ("max of n").
+
 `--record FILE` writes the per-fault figures, the command line and the machine's load as
 JSON (bench/recovery_plot.py draws the paths side by side from such files).
 
@@ -55,21 +65,26 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # mttr_borrowed
 
 from mttr_borrowed import BorrowedFault, borrowed_faults  # noqa: E402
 from rich.console import Console  # noqa: E402
+from temporalio.client import Client  # noqa: E402
 
 from autoclusters.activities.job_markers import ACTIVE  # noqa: E402
-from autoclusters.clients import incidents
+from autoclusters.clients import incidents  # noqa: E402
+from autoclusters.clients.agent import fake_backend  # noqa: E402
 from autoclusters.core import hostlist  # noqa: E402
 from autoclusters.core.models import IncidentState, SlurmJob  # noqa: E402
-from autoclusters.core.settings import load_file, policy_for  # noqa: E402
+from autoclusters.core.policy import Policy  # noqa: E402
+from autoclusters.core.settings import Settings, load_file, policy_for  # noqa: E402
 from autoclusters.integrations import temporal  # noqa: E402
 from autoclusters.integrations.slurm import SlurmCli  # noqa: E402
-from autoclusters.sandbox import (
-    cluster,  # noqa: E402
-    training_job,  # noqa: E402
+from autoclusters.sandbox import (  # noqa: E402
+    cluster,
+    fault_effects,
+    training_job,
 )
 from autoclusters.sandbox.config import SandboxConfig  # noqa: E402
 from autoclusters.sandbox.demo import incident_since, wait_for  # noqa: E402
-from autoclusters.sandbox.hardware import Hardware, HardwareFault  # noqa: E402
+from autoclusters.sandbox.fault_effects import Effect  # noqa: E402
+from autoclusters.sandbox.hardware import HardwareFault  # noqa: E402
 from autoclusters.sandbox.joblog import (  # noqa: E402
     event_at,
     first_progress_after_reforming,
@@ -143,23 +158,59 @@ def pct(values: list[float], q: float) -> float:
     return vs[min(len(vs) - 1, round(q * (len(vs) - 1)))]
 
 
-async def run(args: argparse.Namespace) -> int:
-    state_dir = Path(args.state_dir or tempfile.mkdtemp(prefix="mttr-"))
-    borrowed = args.job_recovery == "borrowed"
+TAIL_N = 20  # below this many, a p95 is only the largest value: say so
+
+
+def stats(values: list[float]) -> dict[str, Any]:
+    """Median, tail and n: the tail is the p95 over 20 values or more, else the largest
+    (`tail_name` says which; bench/recovery_plot.py reads it as `p95`)."""
+    n = len(values)
+    tail = pct(values, 0.95) if n >= TAIL_N else max(values)
+    return {"median": statistics.median(values), "p95": tail, "n": n}
+
+
+def tail_name(n: int) -> str:
+    return "p95" if n >= TAIL_N else f"max of {n}"
+
+
+def _stat_line(name: str, s: dict[str, Any], digits: int = 2) -> str:
+    med, tail, n = s["median"], s["p95"], s["n"]
+    return f"{name:<32}{med:>9.{digits}f}{tail:>9.{digits}f}{n:>4}  {tail_name(n)}"
+
+
+def sandbox_config(
+    args: argparse.Namespace,
+    faults: int,
+    prefix: str,
+    *,
+    nodes: int | None = None,
+    k8s: bool = False,
+) -> SandboxConfig:
+    """The bench's sandbox (`--state-dir`, `--port-base`, `--boot-delay` of `args`)."""
+    state_dir = Path(args.state_dir or tempfile.mkdtemp(prefix=prefix))
     cfg = SandboxConfig(
         state_dir=state_dir,
         cluster="bench",
-        # The borrowed path is the borrow demo's: 2 nodes train, 2 serve inference.
-        nodes=max(args.nodes, 4) if borrowed else args.nodes,
+        nodes=nodes or args.nodes,
         port_base=args.port_base,
         boot_delay_s=args.boot_delay,
-        k8s=args.k8s or borrowed,
-        # The bench opens a fault every `gap` seconds on purpose: more than the shipped
+        k8s=k8s,
+        # The bench opens a fault every few seconds on purpose: more than the shipped
         # breaker's 5 in 10 minutes is the benchmark, not a fleet-wide problem.
-        breaker_threshold=max(5, args.incidents + 1),
+        breaker_threshold=max(5, faults + 1),
     )
     print(f"sandbox in {state_dir} ({cfg.nodes} nodes, boot delay {args.boot_delay:.0f} s)")
-    machine = {"cpus": os.cpu_count(), "load_before": _load()}
+    return cfg
+
+
+async def run(args: argparse.Namespace) -> int:
+    borrowed = args.job_recovery == "borrowed"
+    # The borrowed path is the borrow demo's: 2 nodes train, 2 serve inference.
+    cfg = sandbox_config(
+        args, args.incidents, "mttr-", nodes=max(args.nodes, 4) if borrowed else None,
+        k8s=args.k8s or borrowed,
+    )  # fmt: skip
+    machine = {"cpus": os.cpu_count(), "load_before": load()}
     await asyncio.to_thread(cluster.up, cfg)
     try:
         if borrowed:
@@ -169,12 +220,14 @@ async def run(args: argparse.Namespace) -> int:
             rows, overheads, timelines, kind, ratio = await _bench(cfg, args)
     finally:
         await asyncio.to_thread(cluster.down, cfg)
-    machine["load_after"] = _load()
+    machine["load_after"] = load()
     summary = report(rows, overheads, ratio)
+    effect = fault_effects.parse_effect(args.effect, args.fault)
     print(
         f"boot delay {args.boot_delay:.0f} s; incidents {args.incidents}; k8s {cfg.k8s}; "
-        f"job {kind}; job recovery {args.job_recovery}; {machine['cpus']} CPUs, load average "
-        f"{machine['load_before']} before, {machine['load_after']} after"
+        f"job {kind}; job recovery {args.job_recovery}; fault {args.fault}, effect {effect}; "
+        f"batch host every {args.batch_host_every or '-'}; {machine['cpus']} CPUs, load "
+        f"average {machine['load_before']} before, {machine['load_after']} after"
     )
     if args.out:
         png = _plot(timelines, Path(args.out))
@@ -182,6 +235,8 @@ async def run(args: argparse.Namespace) -> int:
     if args.record:
         record = {
             "path": args.job_recovery,
+            "fault": args.fault,
+            "effect": effect,
             "command": " ".join(["bench/mttr.py", *sys.argv[1:]]),
             "date": datetime.now().astimezone().isoformat(timespec="seconds"),
             "machine": machine,
@@ -197,24 +252,78 @@ async def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _load() -> list[float]:
+def load() -> list[float]:
     """The machine's load average (1, 5, 15 min): what the figures were measured beside."""
     return [round(v, 2) for v in os.getloadavg()]
 
 
-Row = dict[str, float | None]
+Row = dict[str, Any]  # a phase's seconds (None: not reached), and what the fault was
 Timeline = tuple[str, float, IncidentState, float]
+
+
+class Rig:
+    """What a bench drives in its sandbox: the settings, the policy, Slurm and Temporal."""
+
+    def __init__(self, cfg: SandboxConfig, settings: Settings, policy: Policy, client: Client):
+        self.cfg, self.settings, self.policy, self.client = cfg, settings, policy, client
+        self.slurm = SlurmCli(cfg.slurm_conf)
+
+    @classmethod
+    async def connect(cls, cfg: SandboxConfig) -> Rig:
+        settings = load_file(cfg.settings_file)
+        # Each incident is a fresh fault: no recurrence escalation between bench incidents.
+        policy = policy_for(settings).model_copy(update={"recurrence_window_s": 0.001})
+        cfg.policy_file.write_text(yaml.safe_dump(policy.model_dump(mode="json"), sort_keys=False))
+        return cls(cfg, settings, policy, await temporal.connect(settings))
+
+    async def fault(
+        self, node: str, fault: str, effect: Effect, job_id: int
+    ) -> tuple[float, incidents.OpenedIncident]:
+        """A fault on the node's machine with its effect on the job's ranks there
+        (sandbox/fault_effects.py); the node's agent detects and reports it. A fault the
+        agent cannot see (or a node with no machine) is reported through the API. Returns
+        the fault's time and its incident."""
+        cfg, vm = self.cfg, VmRegistry(self.cfg.state_dir).get(node)
+        fault_at = time.time()
+        if vm is not None and _agent_sees(fault):
+            await asyncio.to_thread(
+                fault_effects.inject, cfg, node, vm.vm_id, HardwareFault(fault=fault), effect,
+                job_id=job_id,
+            )  # fmt: skip
+            opened = await wait_for(
+                "the agent's report",
+                lambda: incident_since(self.client, cfg.cluster, node, fault_at),
+                60, 0.05,
+            )  # fmt: skip
+            return fault_at, opened
+        await asyncio.to_thread(fault_effects.apply, cfg, node, effect, job_id=job_id)
+        opened = await incidents.open_incident(
+            self.client, self.settings, node, fault, opened_by="bench", policy=self.policy
+        )
+        return fault_at, opened
+
+    async def outcome(self, opened: incidents.OpenedIncident) -> IncidentState:
+        handle = self.client.get_workflow_handle_for(
+            NodeRemediation.run, opened.workflow_id, run_id=opened.run_id
+        )
+        return await handle.result()
+
+
+def _agent_sees(fault: str) -> bool:
+    return fault.startswith("XID_") or fault in fake_backend.injectable()
+
+
+def on_batch_host(k: int, every: int) -> bool:
+    """`--batch-host-every N`: the Nth, 2Nth, ... fault (k counts from 0) is on the batch host."""
+    return every > 0 and (k + 1) % every == 0
 
 
 async def _bench(
     cfg: SandboxConfig, args: argparse.Namespace
 ) -> tuple[list[Row], list[float], list[Timeline], str, float | None]:
-    settings = load_file(cfg.settings_file)
-    # Each incident is a fresh fault: no recurrence escalation between bench incidents.
-    policy = policy_for(settings).model_copy(update={"recurrence_window_s": 0.001})
-    cfg.policy_file.write_text(yaml.safe_dump(policy.model_dump(mode="json"), sort_keys=False))
-    slurm = SlurmCli(cfg.slurm_conf)
-    client = await temporal.connect(settings)
+    rig = await Rig.connect(cfg)
+    slurm = rig.slurm
+    effect = fault_effects.parse_effect(args.effect, args.fault)
     in_job = args.job_recovery == "in-job"
     if not in_job:
         job_id, log, kind = await training_job.submit(slurm, cfg, "bench")
@@ -224,51 +333,46 @@ async def _bench(
     timelines: list[Timeline] = []
     run_start = time.time()
     for k in range(args.incidents):
+        batch_host = on_batch_host(k, args.batch_host_every)
         if in_job:  # one standby covers one fault: a fresh job each time
             job_id, log, kind = await training_job.submit(slurm, cfg, f"bench{k}", in_job=True)
-            await _running(slurm, job_id, 0)
-            await _resumed(slurm, job_id, log, 0)
+            job = await job_running(slurm, job_id, 0)
+            await job_stepping(slurm, job_id, log, 0)
             await asyncio.sleep(args.gap)
-            node = max(training_nodes(log))  # not the standby, nor the batch host (first)
-        else:
-            job = await _running(slurm, job_id, k)
-            await _resumed(slurm, job_id, log, k)  # stepping, not just launched
-            await asyncio.sleep(args.gap)  # let it train between faults
-            node = random.choice(hostlist.expand(job.nodes))
-        vm = VmRegistry(cfg.state_dir).get(node)
-        fault_at = time.time()
-        if vm is not None and args.fault.startswith("XID_"):
-            # A real fault on the machine: the node's agent detects and reports it.
-            Hardware(cfg.state_dir).inject(node, vm.vm_id, HardwareFault(fault=args.fault))
-            opened = await wait_for(
-                "the agent's report",
-                lambda n=node, at=fault_at: incident_since(client, cfg.cluster, n, at),  # type: ignore[misc]
-                60, 0.05,
-            )  # fmt: skip
-        else:
-            opened = await incidents.open_incident(
-                client, settings, node, args.fault, opened_by="bench", policy=policy
+            # A training node: the last (not the standby, nor the batch host: the first).
+            node = (
+                job.batch_host or min(training_nodes(log))
+                if batch_host
+                else max(training_nodes(log))
             )
-        handle = client.get_workflow_handle_for(
-            NodeRemediation.run, opened.workflow_id, run_id=opened.run_id
-        )
-        state = await handle.result()
+            restarts = 0
+        else:
+            job = await job_running(slurm, job_id, k)
+            await job_stepping(slurm, job_id, log, k)  # stepping, not just launched
+            await asyncio.sleep(args.gap)  # let it train between faults
+            nodes = hostlist.expand(job.nodes)
+            others = [n for n in nodes if n != job.batch_host] or nodes
+            node = job.batch_host or nodes[0] if batch_host else random.choice(others)
+            restarts = k
+        fault_at, opened = await rig.fault(node, args.fault, effect, job_id)
+        state = await rig.outcome(opened)
+        path = state.recovery_path.get(job_id)
         relaunched = loaded = None
         ctld: dict[str, float] = {}
-        if in_job:
+        if in_job and path == "in-job":
             line = await _reformed(log, fault_at)
             resumed, resumed_at_step = line.ts, line.resumed_from
             before = [ln.step for ln in progress_lines(log) if ln.elastic < line.elastic]
-            if state.recovery_path.get(job_id) != "in-job":
-                print(f"   job {job_id} took the {state.recovery_path.get(job_id)} path")
+        else:  # requeued (in-job mode: a fault on the batch host)
+            resumed = await job_stepping(slurm, job_id, log, restarts + 1)
+            resumed_at_step = went_on_from(log, restarts + 1)
+            before = [ln.step for ln in progress_lines(log) if ln.restart <= restarts]
+            relaunched = event_at(log, "launch", restarts + 1)
+            loaded = event_at(log, "resumed", restarts + 1)
+            ctld = slurmctld_restart(cfg.log_dir / "slurmctld.log", job_id, fault_at)
+        if in_job:
             await slurm.cancel(job_id)
             await _gone(slurm, job_id)
-        else:
-            resumed = await _resumed(slurm, job_id, log, k + 1)
-            resumed_at_step = went_on_from(log, k + 1)
-            before = [ln.step for ln in progress_lines(log) if ln.restart <= k]
-            relaunched, loaded = event_at(log, "launch", k + 1), event_at(log, "resumed", k + 1)
-            ctld = slurmctld_restart(cfg.log_dir / "slurmctld.log", job_id, fault_at)
         redone = max(before) - resumed_at_step if before and resumed_at_step is not None else None
         period = _step_period(log)
         rows.append(
@@ -288,12 +392,18 @@ async def _bench(
                 "repair": _span(state, "repair"),
                 "health gate": _span(state, "health_gate"),
                 "back in service": _since(state, "return_to_service", fault_at, last=True),
+                "node": node,
+                "batch host": node == job.batch_host,
+                "effect": effect,
+                "recovery path": path,
+                "status": state.status,
             }
         )
         overheads.append(overhead(state))
         timelines.append((f"#{k + 1} {node}", fault_at, state, resumed - fault_at))
         print(
             f"incident {k + 1}/{args.incidents}: {opened.incident_id} {state.status} "
+            f"{node}{' (batch host)' if rows[-1]['batch host'] else ''} {effect}: {path}, "
             f"job again +{rows[-1]['job running again']:.1f}s, "
             f"node back +{rows[-1]['back in service'] or float('nan'):.1f}s"
         )
@@ -342,17 +452,29 @@ def report(rows: list[Row], overheads: list[float], ratio: float | None) -> dict
     """Print each phase's median, p95 and n over the faults that reached it; return them."""
     summary: dict[str, Any] = {}
     print()
-    print(f"{'phase (s from the fault)':<32}{'median':>9}{'p95':>9}{'n':>4}")
+    print(f"{'phase (s from the fault)':<32}{'median':>9}{'tail':>9}{'n':>4}  tail is")
     for phase in PHASES:
         vals = [v for r in rows if (v := r.get(phase)) is not None]
         if vals:
-            med, p95 = statistics.median(vals), pct(vals, 0.95)
-            summary[phase] = {"median": med, "p95": p95, "n": len(vals)}
-            print(f"{phase:<32}{med:>9.2f}{p95:>9.2f}{len(vals):>4}")
+            summary[phase] = stats(vals)
+            print(_stat_line(phase, summary[phase]))
     if overheads:
-        med, p95 = statistics.median(overheads), pct(overheads, 0.95)
-        summary["orchestration overhead"] = {"median": med, "p95": p95, "n": len(overheads)}
-        print(f"{'orchestration overhead':<32}{med:>9.3f}{p95:>9.3f}{len(overheads):>4}")
+        summary["orchestration overhead"] = stats(overheads)
+        print(_stat_line("orchestration overhead", summary["orchestration overhead"], 3))
+    # The job's recovery apart for faults on the batch host (requeued at once) and elsewhere.
+    groups: dict[str, list[float]] = {}
+    for r in rows:
+        if "batch host" in r and r.get("job running again") is not None:
+            where = "batch host" if r["batch host"] else "other node"
+            groups.setdefault(f"{where}, {r['recovery path']}", []).append(r["job running again"])
+    if len(groups) > 1 or any(r.get("batch host") for r in rows):
+        print("job running again, by where the fault was and the path the job took:")
+        for name, vals in sorted(groups.items()):
+            summary[f"job running again ({name})"] = stats(vals)
+            print(_stat_line(f"  {name}", summary[f"job running again ({name})"]))
+    bad = [r for r in rows if r.get("status") not in (None, "resolved")]
+    if bad:
+        print(f"incidents not resolved: {len(bad)} ({', '.join(str(r['status']) for r in bad)})")
     sent = [v for r in rows if (v := r.get("requests sent")) is not None]
     if sent:
         failed = sum(r.get("requests failed") or 0 for r in rows)
@@ -445,7 +567,7 @@ async def _gone(slurm: SlurmCli, job_id: int) -> None:
     raise RuntimeError(f"job {job_id} did not leave the queue")
 
 
-async def _running(slurm: SlurmCli, job_id: int, restarts: int) -> SlurmJob:
+async def job_running(slurm: SlurmCli, job_id: int, restarts: int) -> SlurmJob:
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         job = next((j for j in await slurm.jobs() if j.job_id == job_id), None)
@@ -455,8 +577,8 @@ async def _running(slurm: SlurmCli, job_id: int, restarts: int) -> SlurmJob:
     raise RuntimeError(f"job {job_id} is not running")
 
 
-async def _resumed(slurm: SlurmCli, job_id: int, log: Path, restart: int) -> float:
-    await _running(slurm, job_id, restart)
+async def job_stepping(slurm: SlurmCli, job_id: int, log: Path, restart: int) -> float:
+    await job_running(slurm, job_id, restart)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         ts = first_progress_after_restart(log, restart)
@@ -499,7 +621,7 @@ def _plot(timelines: list[tuple[str, float, IncidentState, float]], out: Path) -
     return path
 
 
-def _interrupt(signum: int, frame: object) -> None:
+def interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
@@ -511,6 +633,19 @@ def main() -> None:
     p.add_argument("--boot-delay", type=float, default=0)
     p.add_argument("--nodes", type=int, default=4)
     p.add_argument("--fault", default="XID_79")
+    p.add_argument(
+        "--effect",
+        default="default",
+        help="what the fault does to the job's ranks on the node: crash, hang, lost, slow, "
+        "none, or default (the fault's realistic effect: XID_79 hangs)",
+    )
+    p.add_argument(
+        "--batch-host-every",
+        type=int,
+        default=0,
+        metavar="N",
+        help="every Nth fault on the job's batch host (4: 5 of 20); 0: never",
+    )
     p.add_argument("--gap", type=float, default=30, help="seconds of training between faults")
     p.add_argument("--k8s", action="store_true")
     p.add_argument("--job-recovery", choices=["requeue", "in-job", "borrowed"], default="requeue")
@@ -522,7 +657,7 @@ def main() -> None:
     # A bench stopped with SIGTERM (a timeout, a CI job cancelled) still takes its sandbox
     # down: the signal becomes the KeyboardInterrupt that asyncio.run turns into the main
     # task's cancellation, and run()'s `finally` stops every process by its PID.
-    signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGTERM, interrupt)
     rc = asyncio.run(run(args))
     sys.stdout.flush()
     os._exit(rc)  # Temporal's threads can crash a finishing interpreter (sdk-python#300)
