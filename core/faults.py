@@ -24,6 +24,8 @@ NAMED_FAULTS = frozenset(
         "ROW_REMAP_FAILURE", "NVLINK_DOWN", "NVLINK_ERRORS", "GPU_RECOVERY_ACTION",
         "FABRIC_NOT_READY", "THERMAL", "GPU_DRIVER_UNRESPONSIVE", "PCIE_ERRORS",
         "IB_LINK_DOWN", "IB_LINK_DEGRADED", "HCA_FELL_OFF_BUS", "NODE_NOT_READY", "MANUAL",
+        # Silent faults, from the jobs' progress (clients/agent/progress_rules.py).
+        "JOB_HANG", "SLOW_NODE",
     }
 )  # fmt: skip
 _XID = re.compile(r"^XID_\d{1,3}$")

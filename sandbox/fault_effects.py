@@ -91,6 +91,9 @@ DEFAULT_EFFECTS: dict[str, Effect] = {
     "THERMAL": "slow",
     "IB_LINK_DEGRADED": "slow",
     "NVLINK_ERRORS": "slow",
+    # Silent faults (the agent finds them in the jobs' progress): a rank stops, or slows.
+    "JOB_HANG": "hang",
+    "SLOW_NODE": "slow",
     # Seen by the agent, not (yet) by the job.
     "ROW_REMAP_PENDING": "none",
     "PCIE_ERRORS": "none",

@@ -61,6 +61,8 @@ def default() -> Policy:
         ("THERMAL", "warning", Rung.MONITOR),
         ("IB_LINK_DOWN", "critical", Rung.REBOOT),
         ("IB_LINK_DEGRADED", "warning", Rung.MONITOR),
+        ("JOB_HANG", "critical", Rung.RESET_GPU),  # recover the job, reset, gate, screen
+        ("SLOW_NODE", "warning", Rung.RESET_GPU),  # checkpoint first (below)
     ],
 )
 def test_default_maps_fault(default: Policy, fault: str, severity: str, rung: Rung) -> None:
@@ -69,7 +71,7 @@ def test_default_maps_fault(default: Policy, fault: str, severity: str, rung: Ru
 
 
 # Degraded, not fatal: the GPU works until its next reset, so the jobs checkpoint first.
-CHECKPOINT_FIRST = {"ROW_REMAP_PENDING", "XID_156"}
+CHECKPOINT_FIRST = {"ROW_REMAP_PENDING", "XID_156", "SLOW_NODE"}
 
 
 def test_only_degraded_faults_checkpoint_before_the_requeue(default: Policy) -> None:

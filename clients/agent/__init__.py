@@ -13,7 +13,9 @@ Modules, one concern each: `readings` (what a backend reads), `backend` (the int
 (optional GpuUnhealthy), `settings`, and `agent` (the loop). `/metrics` (when
 `metrics_port` is set): `metrics` (the exporter and its HTTP server), `dcgm_series`
 (dcgm-exporter's names and labels), `ib_series` (node-exporter's), and `fake_live` (the
-fake node's moving load and growing counters).
+fake node's moving load and growing counters). Jobs' progress (`progress_dir`, the
+jobs' files of core/job_progress.py): `progress_rules` (JOB_HANG, SLOW_NODE: pure) and
+`progress_series` (their /metrics).
 
 This package imports nothing on import, so each module loads only what it needs (the agent's
 command stays light: no Temporal, no API).

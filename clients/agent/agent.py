@@ -17,12 +17,22 @@ events makes one check per `event_check_gap_s`; a fault already firing is not re
 again. An event check that finds a new boot id runs as a full check (a real machine's
 agent starts again with it, and checks at once).
 
+Jobs' progress (`progress_dir`, docs/detection.md): each periodic check also reads the rank
+files the jobs write there (core/job_progress.py) and judges them (progress_rules.py:
+JOB_HANG on a hung job's culprit, SLOW_NODE on a straggler, when they are on this node);
+between periodic checks a progress check does only that, every `progress_interval_s`, so
+a hang is reported within that of its threshold. Their findings are immediate (the rules'
+thresholds are their debounce): a progress check fires them like an event check, and they
+resolve as every fault does, after `clear_checks` periodic checks without them.
+
 A check never raises out of `run`: a failed check is logged and the next one runs.
 """
 
 from __future__ import annotations
 
 import logging
+import math
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -43,9 +53,16 @@ from autoclusters.clients.agent.classify import (
 )
 from autoclusters.clients.agent.debounce import DebounceMemory, Debouncer
 from autoclusters.clients.agent.metrics import AgentMetrics
+from autoclusters.clients.agent.progress_rules import (
+    ProgressThresholds,
+    Verdicts,
+    evaluate,
+    findings_for,
+)
 from autoclusters.clients.agent.readings import GpuEvent, GpuReadings, IbReadings, state_number
 from autoclusters.clients.agent.reporter import Answer, Outcome, ReportSink, write_atomic
 from autoclusters.clients.agent.settings import AgentSettings
+from autoclusters.core.job_progress import RankProgress, read_progress
 from autoclusters.core.node_report import ActiveFault, HealthSnapshot, IbPortState, NodeReport
 from autoclusters.integrations.metrics_http import MetricsServer
 
@@ -90,6 +107,25 @@ def ib_ports(ib: IbReadings | None) -> list[IbPortState] | None:
     ]  # fmt: skip
 
 
+def pid_alive(pid: int) -> bool:
+    """Whether a process `pid` runs here (as the agent sees the PID namespace)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's: it exists
+    return True
+
+
+def progress_thresholds(s: AgentSettings) -> ProgressThresholds:
+    return ProgressThresholds(
+        hang_k=s.hang_k, hang_quantile=s.hang_quantile, hang_floor_s=s.hang_floor_s,
+        heartbeat_stale_s=s.heartbeat_stale_s, pause_max_s=s.pause_max_s,
+        slow_ratio=s.slow_ratio, slow_window=s.slow_window, forget_s=s.progress_forget_s,
+    )  # fmt: skip
+
+
 class AgentState(BaseModel):
     node: str
     classifier: ClassifierMemory
@@ -122,6 +158,7 @@ class Agent:
         condition: ConditionSink | None = None,
         snapshots: SnapshotSink | None = None,
         metrics: AgentMetrics | None = None,
+        alive: Callable[[int], bool] = pid_alive,
     ) -> None:
         self.node = node
         self.settings = settings
@@ -140,6 +177,10 @@ class Agent:
         self._wakeup = threading.Event()  # set by `wake`: an event is waiting for a check
         self._last_boot: str | None = None  # the boot id the last check saw
         self._last_ib: IbReadings | None = None  # the last full check's, for /metrics
+        self._last_gpus: GpuReadings | None = None  # for a progress check's evidence
+        self.alive = alive  # whether a local rank's process still runs
+        self.thresholds = progress_thresholds(settings)
+        self.verdicts = Verdicts()  # the last progress read's
         state = self._load_state()
         self.classifier = Classifier(settings, state.classifier if state else None)
         self.debouncer = Debouncer(
@@ -167,12 +208,13 @@ class Agent:
             return self._event_check(now, gpus, events, boot_id)
         self._last_boot = boot_id
         ib = self.infiniband.read() if self.infiniband is not None else None
-        self._last_ib = ib
+        self._last_ib, self._last_gpus = ib, gpus
         if self.metrics is not None:
             self.metrics.observe(now, gpus, events, ib, boot_id)
         findings = self.classifier.classify(
             now=now, gpus=gpus, events=events, ib=ib, check_ib=self.infiniband is not None
         )
+        findings.update(self._progress(now))
         observed = datetime.fromtimestamp(now, UTC)
         reports, firing = self._report(now, gpus, findings, immediate_only=False, boot=boot_id)
         snapshot = self._snapshot(observed, gpus, ib, findings, firing, boot_id)
@@ -187,6 +229,35 @@ class Agent:
         findings = self.classifier.classify_events(now=now, gpus=gpus, events=events)
         reports, firing = self._report(now, gpus, findings, immediate_only=True, boot=boot_id)
         return CheckResult(now, gpus, None, findings, reports, firing, event=True)
+
+    def check_progress(self) -> CheckResult:
+        """Between periodic checks: read and judge the jobs' progress only (module doc)."""
+        now = self.clock()
+        findings = self._progress(now)
+        boot = self._last_boot if self._last_boot is not None else self._boot_id()
+        reports, firing = self._report(now, self._last_gpus, findings, immediate_only=True,
+                                       boot=boot)  # fmt: skip
+        return CheckResult(now, None, None, findings, reports, firing, event=True)
+
+    def _progress(self, now: float) -> dict[str, Finding]:
+        """The jobs' progress: read, exported, judged; this node's JOB_HANG / SLOW_NODE."""
+        directory = self.settings.progress_dir
+        if directory is None:
+            return {}
+        ranks = read_progress(directory)
+        self.verdicts = evaluate(ranks, now, self.thresholds, gone=self._gone)
+        if self.metrics is not None:
+            self.metrics.observe_progress(now, self.verdicts.ranks, self.verdicts.thresholds)
+        return findings_for(self.node, self.verdicts, self.thresholds)
+
+    def _gone(self, r: RankProgress) -> bool:
+        """A rank of this node whose process has ended (it could not remove its file)."""
+        return (
+            self.settings.progress_pid_check
+            and r.node == self.node
+            and r.pid is not None
+            and not self.alive(r.pid)
+        )
 
     def _report(
         self,
@@ -295,7 +366,9 @@ class Agent:
 
     def _loop(self, stop: threading.Event) -> None:
         interval, gap = self.settings.interval_s, self.settings.event_check_gap_s
+        every = self.settings.progress_interval_s if self.settings.progress_dir else math.inf
         next_at = time.monotonic()  # the next periodic check
+        next_progress = math.inf  # the next progress check (a periodic check reads it too)
         event_after = 0.0  # the next event check not before this
         while not stop.is_set():
             now = time.monotonic()
@@ -305,6 +378,7 @@ class Agent:
                 next_at += interval
                 if next_at < time.monotonic():  # a slow check: the next at once, no catch-up
                     next_at = time.monotonic()
+                next_progress = time.monotonic() + every
                 continue
             if self._wakeup.is_set() and now >= event_after:
                 self._wakeup.clear()  # an event during the check wakes the loop again
@@ -313,10 +387,15 @@ class Agent:
                     next_at = time.monotonic() + interval
                 event_after = time.monotonic() + gap
                 continue
+            if now >= next_progress:
+                self._check_progress()
+                next_progress = time.monotonic() + every
+                continue
+            due = min(next_at, next_progress)
             if self._wakeup.is_set():  # woken within the gap: the burst's next check is due then
-                stop.wait(min(event_after, next_at) - now)
+                stop.wait(min(event_after, due) - now)
             else:
-                self._wakeup.wait(min(next_at - now, STOP_POLL_S))
+                self._wakeup.wait(min(due - now, STOP_POLL_S))
 
     def _check(self, *, event: bool) -> CheckResult | None:
         """One check that never raises: None when it failed (logged)."""
@@ -326,6 +405,13 @@ class Agent:
             what = "event check" if event else "check"
             log.exception("%s failed; the next runs within %.0f s", what, self.settings.interval_s)
             return None
+
+    def _check_progress(self) -> None:
+        try:
+            self.check_progress()
+        except Exception:
+            log.exception("progress check failed; the next runs within %.0f s",
+                          self.settings.progress_interval_s)  # fmt: skip
 
     def _load_state(self) -> AgentState | None:
         if self.state_file is None or not self.state_file.exists():

@@ -8,6 +8,9 @@ process leaks into the page). The agent's loop serves the registry on HTTP
 Xids: the event stream is consumed by the check, so the exporter is told of them there. Like
 dcgm-exporter, the last Xid of a GPU stays until the machine reboots (a new boot id), and
 DCGM_EXP_XID_ERRORS_COUNT counts each Xid in the trailing window.
+
+Jobs' progress (when the agent reads a progress directory): the last read of the rank files,
+as progress_series.py names them.
 """
 
 from __future__ import annotations
@@ -21,7 +24,9 @@ from prometheus_client.core import Metric
 
 from autoclusters.clients.agent.dcgm_series import XidState, gpu_series
 from autoclusters.clients.agent.ib_series import ib_series
+from autoclusters.clients.agent.progress_series import progress_series
 from autoclusters.clients.agent.readings import GpuEvent, GpuReadings, IbReadings
+from autoclusters.core.job_progress import RankProgress
 
 
 class AgentMetrics:
@@ -37,6 +42,7 @@ class AgentMetrics:
         self._last_xid: dict[int, int] = {}
         self._xids: deque[tuple[float, int, int]] = deque()  # (at, GPU index, Xid)
         self._now = 0.0
+        self._progress: tuple[float, list[RankProgress], dict[str, float]] | None = None
 
     def observe(
         self,
@@ -62,6 +68,13 @@ class AgentMetrics:
             while self._xids and self._xids[0][0] <= now - self.xid_window_s:
                 self._xids.popleft()
 
+    def observe_progress(
+        self, now: float, ranks: list[RankProgress], thresholds: dict[str, float]
+    ) -> None:
+        """The rank files as last read, and each job's hang threshold."""
+        with self._lock:
+            self._progress = (now, list(ranks), dict(thresholds))
+
     @staticmethod
     def _gpu_of(e: GpuEvent, gpus: GpuReadings | None) -> int | None:
         if e.gpu is not None:
@@ -78,9 +91,11 @@ class AgentMetrics:
                 if at > self._now - self.xid_window_s:
                     counts[(gpu, code)] = counts.get((gpu, code), 0) + 1
             xids = XidState(dict(self._last_xid), counts, int(self.xid_window_s * 1000))
-            gpus, ib = self._gpus, self._ib
+            gpus, ib, progress = self._gpus, self._ib, self._progress
         yield from gpu_series(self.node, gpus, xids)
         yield from ib_series(ib)
+        if progress is not None:
+            yield from progress_series(self.node, *progress)
 
     def text(self) -> str:
         """The page a scrape gets."""

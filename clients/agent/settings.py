@@ -62,6 +62,7 @@ class AgentSettings(BaseSettings):
         default=3, ge=1, description="consecutive clean checks before a fault resolves"
     )
     # Thermal throttling is normal in bursts; only a sustained one (5 min at 10 s) matters.
+    # JOB_HANG and SLOW_NODE are immediate findings: their thresholds are their debounce.
     hold_checks_by_fault: dict[str, int] = Field(default_factory=lambda: {"THERMAL": 30})
     rereport_s: float = Field(
         default=3600, gt=0, description="a fault still firing is re-sent this often"
@@ -130,6 +131,39 @@ class AgentSettings(BaseSettings):
         default=300, gt=0, description="DCGM_EXP_XID_ERRORS_COUNT's window "
         "(dcgm-exporter's --xid-count-window-size, 5 min)"
     )  # fmt: skip
+
+    # --- jobs' progress: silent faults (progress_rules.py, docs/detection.md) --------------
+    # The directory the jobs' ranks write their progress to (core/job_progress.py; the jobs
+    # find it in $AUTOCLUSTERS_PROGRESS_DIR). None: not read, no JOB_HANG or SLOW_NODE.
+    progress_dir: Path | None = Field(
+        default=None, description="jobs' progress files (<dir>/<job>/rank-<n>.json); None: off"
+    )
+    # Between the periodic checks: a hang is named within this of its threshold.
+    progress_interval_s: float = Field(
+        default=2.0, gt=0, description="the progress files are read and judged this often"
+    )
+    # A hang: no rank stepped for max(floor, k x the job's p95 step time over its ranks'
+    # last 32 steps). The floor is above a 20 s data-loader stall with margin (21 s between
+    # steps at a 1 s step) and below the issue's 30 s detection target; NVRx's fixed 60 s
+    # / 90 s need no tail, ours follows a job's own periodic slow steps (k x its tail).
+    hang_floor_s: float = Field(default=25.0, gt=0, description="a hang threshold's floor")
+    hang_k: float = Field(default=5.0, gt=0, description="x the job's step-time tail")
+    hang_quantile: float = Field(default=0.95, gt=0, le=1, description="the tail's quantile")
+    # A rank's heartbeat (its file's written_at, every 5 s by default) is stopped after
+    # max(this, 3 heartbeats).
+    heartbeat_stale_s: float = Field(default=15.0, gt=0, description="heartbeat stopped after")
+    # A pause a rank declares (a checkpoint save, an evaluation) excuses a stall this long.
+    pause_max_s: float = Field(default=1800.0, gt=0, description="longest declared pause")
+    # A straggler: its busy time >= slow_ratio x the other nodes' median on each of
+    # slow_window steps. 1.5: a 2x straggler with margin, far above ranks' normal spread.
+    slow_ratio: float = Field(default=1.5, gt=1, description="slow node: x the others' median")
+    slow_window: int = Field(default=10, ge=1, le=256, description="consecutive slow steps")
+    # Files not written for this long are an old run's (a rank killed before it could
+    # remove its file): ignored.
+    progress_forget_s: float = Field(default=3600.0, gt=0, description="ignore older files")
+    # A rank file of this node whose pid is not running is a finished rank's. Off where the
+    # agent does not share the jobs' PID namespace.
+    progress_pid_check: bool = Field(default=True, description="ignore ranks whose pid is gone")
 
     # --- Kubernetes (optional) --------------------------------------------------------------
     k8s_condition: bool = Field(default=False, description="set the GpuUnhealthy condition")

@@ -33,6 +33,10 @@ one line per node):
 
 `restart` is Slurm's restart count (requeues); in-job mode adds ` elastic=<n>` at the end:
 the group's generation within this run of the job (0 at the start, one more per re-forming).
+
+Each training rank publishes its progress for the node's agent (job_progress.py, a link to
+core/job_progress.py: step, step time, inside its all-reduce or not, checkpoint saves as
+declared pauses) when $AUTOCLUSTERS_PROGRESS_DIR is set; otherwise that costs nothing.
 """
 
 from __future__ import annotations
@@ -72,12 +76,19 @@ from torch import nn  # noqa: E402
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel  # noqa: E402
 
+try:
+    import job_progress  # beside this script (a link to core/job_progress.py), stdlib only
+except ImportError:  # this file loaded by its path (tests): the installed package's copy
+    from autoclusters.core import job_progress
+
 if TYPE_CHECKING:  # in_place.py sits beside this script; imported where in-job mode runs
     from in_place import Generation
 
 MARKER = "latest"
 STEP_DIR = re.compile(r"^step-(\d+)$")
 DIM = 32
+# This rank's progress for the node's agent; a no-op without $AUTOCLUSTERS_PROGRESS_DIR.
+PROGRESS = job_progress.JobProgress()
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -490,6 +501,7 @@ class Trainer:
             ckpt = Checkpointer(args.ckpt_dir, None, False, args.keep, rank=rank)
             resumed_from = self._start_generation(comm, ckpt)
         elastic = "" if gen is None else f" elastic={gen}"
+        PROGRESS.regroup(rank=rank, world=world, generation=gen or 0)
         logs = {"all": True, "node": self.local_rank == 0, "zero": rank == 0}[args.log_ranks]
         step = self.completed = resumed_from
         while not args.steps or step < args.steps:
@@ -503,12 +515,14 @@ class Trainer:
             # same step. Before the optimizer step: a step is applied only once every
             # collective of it succeeded.
             stats = torch.tensor([loss.item(), float(self.stop.signum)], device=device)
-            if comm is None:
-                dist.all_reduce(stats)
-            else:
-                stats = self._all_reduce_grads(comm, stats)
+            with PROGRESS.collective("all_reduce"):
+                if comm is None:
+                    dist.all_reduce(stats)
+                else:
+                    stats = self._all_reduce_grads(comm, stats)
             self.optim.step()
             self.completed = step
+            PROGRESS.step(step)
             if logs:
                 emit(
                     f"{_prefix()} step={step} rank={rank} resumed_from={resumed_from} "
@@ -526,7 +540,8 @@ class Trainer:
                 ckpt.wait()
                 return 128 + (self.stop.signum or signal.SIGTERM)
             if step % args.ckpt_every == 0:
-                ckpt.save(step, model, self.optim, block=False)
+                with PROGRESS.paused("checkpoint"):
+                    ckpt.save(step, model, self.optim, block=False)
             self.stop.sleep(args.step_sleep)
         ckpt.save(step, model, self.optim, block=True)
         ckpt.wait()
@@ -687,6 +702,7 @@ def _start_local_ranks(nproc: int) -> list[subprocess.Popen[bytes]]:
 
 if __name__ == "__main__":
     rc = main()
+    PROGRESS.close()  # os._exit below skips atexit: a rank that ended leaves no file
     # Exit without the interpreter's teardown: with torch loaded it takes seconds (2-4 s
     # measured on a loaded 2-core node), and on a requeue Slurm waits for every process
     # of the old run before the job may start again. Nothing is left to tear down: the

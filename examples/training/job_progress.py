@@ -1,0 +1,1 @@
+../../core/job_progress.py
