@@ -218,8 +218,13 @@ async def _demo(
         if not (job and job.job_state == "RUNNING" and first_progress_after_restart(log, 0)):
             return None
         # In-job mode: both training nodes a few steps in (the standby logs nothing until
-        # it is needed).
-        return job if kind != "in-job" or len(training_nodes(log, from_step=3)) >= 2 else None
+        # it is needed). A requeued job: past its first checkpoint, which the fault (a rank
+        # that hangs stops the job at once) leaves it to resume from.
+        if kind == "in-job":
+            return job if len(training_nodes(log, from_step=3)) >= 2 else None
+        newest = max((p.step for p in progress_lines(log)), default=0)
+        checkpointed = newest > training_job.CKPT_EVERY
+        return job if kind == "stand-in" or checkpointed else None
 
     # torchrun on two nodes: its first step comes after torch loads on four processes and
     # they meet; on a busy 2-core machine (the test suite beside it) that took over 60 s.

@@ -15,6 +15,9 @@ from autoclusters.sandbox.config import JOB_PORTS, SandboxConfig
 REPO = Path(__file__).resolve().parent.parent
 TRAINING = REPO / "examples" / "training"
 
+# Steps between the job's checkpoints (train.sbatch CKPT_EVERY).
+CKPT_EVERY = 5
+
 
 def torch_available() -> bool:
     return importlib.util.find_spec("torch") is not None
@@ -45,7 +48,7 @@ async def submit(
             f"TRAIN_PY={TRAINING / 'train.py'}",
             f"CKPT_ROOT={jobs / 'ckpt'}",
             "STEP_SLEEP=1",
-            "CKPT_EVERY=5",
+            f"CKPT_EVERY={CKPT_EVERY}",
             f"RDZV_PORT_BASE={cfg.job_port_base}",
             f"RDZV_PORTS={JOB_PORTS}",
         ]

@@ -119,13 +119,19 @@ def test_slow_duty_cycle_stops_the_rank_part_of_the_time_and_lets_it_run_at_the_
          f"{rank.pid}:{ticks}"]
     )  # fmt: skip
     try:
+        # The ticker starts (a Python process importing the sandbox: seconds on a loaded
+        # machine) before the cycle is sampled: its first stop of the rank, awaited.
+        deadline = time.monotonic() + 60
+        while fe._state(rank.pid) != "T":  # noqa: SLF001
+            assert time.monotonic() < deadline, "the ticker never stopped the rank"
+            time.sleep(0.01)
         seen = []
-        deadline = time.monotonic() + 2
+        deadline = time.monotonic() + 3
         while time.monotonic() < deadline:
             seen.append(fe._state(rank.pid))  # noqa: SLF001
             time.sleep(0.01)
         stopped = seen.count("T") / len(seen)
-        assert 0.4 < stopped < 0.9, stopped  # about 2/3 of the time
+        assert 0.3 < stopped < 0.95, stopped  # about 2/3 of the time
         ticker.terminate()
         assert ticker.wait(10) == 0
         assert fe._state(rank.pid) == "S"  # noqa: SLF001 - running (asleep) again
