@@ -227,6 +227,10 @@ class IncidentState(BaseModel):
     controller_started: str = ""
     job_records: list[JobRecord] = Field(default_factory=list)
     vanished_jobs: list[JobRecord] = Field(default_factory=list)
+    # Jobs the incident cancelled (a human's decision, or the policy's force after the idle
+    # timeout): a controller that restarted and shows one on the node again is cancelled
+    # again, never requeued.
+    cancelled_jobs: list[int] = Field(default_factory=list)
     # Degraded faults: the jobs that checkpointed when asked, before their requeue.
     checkpointed_jobs: list[int] = Field(default_factory=list)
     # The Alertmanager silence of the node's other alerts, held from the drain to the close.

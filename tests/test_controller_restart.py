@@ -7,6 +7,7 @@ the repair comes back on its last saved state, from before the incident's requeu
   (a new controller start) and done again there, never waited out;
 - the drain it forgot is applied again before the node's health gate (the wait for its
   registration takes it back; the check after it reads it again);
+- a job the incident cancelled that it shows again is cancelled again, never requeued;
 - a job it no longer knows at all is reported by id, with how to submit it again, even when
   the requeue that saw it was retried after the crash (its first attempt's heartbeat);
 - with no restart, nothing more is read than one look, and nothing is done;
@@ -137,6 +138,32 @@ async def test_a_requeue_forgotten_while_waiting_for_idle_is_done_again_not_wait
     assert result.controller_started == f.slurm.started
     names = [s.name for s in result.steps]
     assert names.index("wait_idle") < names.index("repair")
+
+
+async def test_a_cancel_the_controller_forgot_is_done_again_never_a_requeue(
+    env: WorkflowEnvironment,
+) -> None:
+    """Job 105 cannot be requeued; the policy forces: the idle wait cancels it. slurmctld
+    then comes back from before the incident: 105 "runs" on the node again, as does 101
+    (its requeue forgotten). 105 is cancelled again (the incident's decision stands), 101
+    requeued again; neither runs on the node returned."""
+    steps = {r: StepPolicy(idle_timeout_s=0.5, on_idle_timeout="force") for r in REPAIRS}
+    async with _fleet(env, cloud=CrashingCloud, fixed_by=Rung.REBOOT) as f:
+        assert isinstance(f.cloud, CrashingCloud)
+        f.slurm.add_job(105, nodes="gpu-01", requeue=False)  # sbatch --no-requeue
+        f.cloud.saved = f.slurm.saved_state()  # 101 and 105 running on gpu-01
+        result = await (await f.start(f.request(policy=_policy(steps=steps)))).result()
+
+    assert result.status == "resolved", result.error
+    assert result.cancelled_jobs == [105]
+    assert f.slurm.job_now(105).job_state == "CANCELLED"
+    assert f.slurm.requeue_count[105] == 0
+    assert f.slurm.calls["cancel"] == 2  # by the wait's force, then again after the restart
+    assert f.slurm.job_now(101).restart_cnt == 1
+    detail = result.step("recheck_after_restart").detail  # type: ignore[union-attr]
+    assert "forgot the cancel of job(s) [105]; cancelled again" in detail
+    assert "forgot the requeue of job(s) [101]; requeued again" in detail
+    assert f.slurm.node_now("gpu-01").state == "idle"
 
 
 async def test_a_job_the_controller_lost_is_reported_with_how_to_resubmit(

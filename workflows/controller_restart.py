@@ -91,7 +91,11 @@ class ControllerRestart:
             if not found.drained and found.restorable:
                 await self.quarantine.drain()
                 said.append(f"it forgot the drain of {r.node}; drained again")
-        if facts.on_node:
+        cancelled = [j for j in facts.on_node if j in s.cancelled_jobs]
+        if cancelled:  # the incident cancelled them: a cancel it forgot is done again
+            await self.quarantine.cancel(cancelled)
+            said.append(f"forgot the cancel of job(s) {cancelled}; cancelled again")
+        if [j for j in facts.on_node if j not in cancelled]:
             again = await inc.steps.call(
                 contracts.requeue_jobs,
                 RequeueInput(node=r.node, incident_id=r.incident_id),
@@ -107,8 +111,8 @@ class ControllerRestart:
                 await self.quarantine.returned_jobs(again.came_back)
             if again.not_requeueable:
                 said.append(f"cannot requeue {again.not_requeueable}")
-            if wait:  # else the idle wait that asked goes on by itself
-                await self.quarantine.wait_idle()
+        if facts.on_node and wait:  # else the idle wait that asked goes on by itself
+            await self.quarantine.wait_idle()
         if restarted and facts.unknown:
             lost = self._records(facts.unknown)
             s.vanished_jobs += [j for j in lost if j not in s.vanished_jobs]

@@ -174,6 +174,7 @@ class Quarantine:
                 timeout=timedelta(seconds=first.idle_timeout_s + 120),
             )
             redrained += done.redrained
+            s.cancelled_jobs = sorted({*s.cancelled_jobs, *done.cancelled})
             if done.came_back:  # the drain was lost and Slurm placed them here again
                 rechecked.append(f"jobs {done.came_back} were placed on the node again")
                 await self.returned_jobs(done.came_back)
@@ -251,16 +252,24 @@ class Quarantine:
             s.requeued_jobs = sorted({*s.requeued_jobs, *again.requeued})
             return
         if await self.approvals.returned_jobs(jobs):
-            await inc.steps.activity(
-                "cancel_jobs",
-                contracts.cancel_jobs,
-                CancelJobsInput(node=req.node, job_ids=jobs),
-                f"cancel jobs {jobs} on {req.node}",
-                lambda r: (
-                    f"cancelled {r.cancelled or 'none'}"
-                    + (f"; already gone {r.gone}" if r.gone else "")
-                ),
-            )
+            await self.cancel(jobs)
+
+    async def cancel(self, jobs: list[int]) -> None:
+        """Cancel the jobs still on the node, and remember them (a controller that restarts
+        may show them again: they are cancelled again, never requeued)."""
+        inc = self.incident
+        req, s = inc.request, inc.state
+        done = await inc.steps.activity(
+            "cancel_jobs",
+            contracts.cancel_jobs,
+            CancelJobsInput(node=req.node, job_ids=jobs),
+            f"cancel jobs {jobs} on {req.node}",
+            lambda r: (
+                f"cancelled {r.cancelled or 'none'}"
+                + (f"; already gone {r.gone}" if r.gone else "")
+            ),
+        )
+        s.cancelled_jobs = sorted({*s.cancelled_jobs, *done.cancelled})
 
     async def recheck(self) -> None:
         """Call right before a reboot or replacement (after every wait)."""
