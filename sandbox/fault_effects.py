@@ -438,10 +438,19 @@ def power_off(cfg: SandboxConfig, node: str) -> None:
         return
     if rec.slurmd is not None and start_ticks(rec.slurmd.pid) == rec.slurmd.ticks:
         ProcessTable(cfg.state_dir).kill(f"slurmd-{node}")
-    killed = signal_procs(rec.stopped, signal.SIGKILL)
+    killed = signal_procs(youngest_first(rec.stopped), signal.SIGKILL)
     deadline = time.monotonic() + 5
     while any(start_ticks(p.pid) == p.ticks for p in killed) and time.monotonic() < deadline:
         time.sleep(0.02)
+
+
+def youngest_first(procs: Iterable[Proc]) -> list[Proc]:
+    """Children before their parents (a child starts after its parent). Killed parent
+    first, a stopped child whose process group the parent's death orphans gets SIGHUP and
+    SIGCONT from the kernel and runs before its own SIGKILL lands: a lost node's `srun`
+    woke so, said "forcing job termination" and asked slurmctld to kill step 0 of its job,
+    which had just been requeued and allocated elsewhere (its new run's step 0)."""
+    return sorted(procs, key=lambda p: (p.ticks, p.pid), reverse=True)
 
 
 def lift(cfg: SandboxConfig, node: str) -> None:

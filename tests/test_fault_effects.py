@@ -139,3 +139,25 @@ def test_slow_duty_cycle_stops_the_rank_part_of_the_time_and_lets_it_run_at_the_
         ticker.kill()
         rank.kill()
         rank.wait()
+
+
+def test_power_off_kills_the_stopped_children_before_their_parents(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stopped child killed after its parent would get SIGHUP and SIGCONT (its process
+    group orphaned) and run first: a lost node's srun woke so and killed a step of its
+    requeued job's next run."""
+    cfg = SandboxConfig(state_dir=tmp_path)
+    procs = [fe.Proc(pid=100, ticks=5), fe.Proc(pid=101, ticks=9), fe.Proc(pid=99, ticks=7)]
+    fe._save(cfg, "gpu-01", fe.NodeEffect(effect="lost", stopped=procs))  # noqa: SLF001
+    alive = {p.pid: p.ticks for p in procs}
+    killed: list[int] = []
+
+    def kill(pid: int, sig: int) -> None:
+        killed.append(pid)
+        alive.pop(pid, None)
+
+    monkeypatch.setattr(fe, "start_ticks", alive.get)
+    monkeypatch.setattr(fe.os, "kill", kill)
+    fe.power_off(cfg, "gpu-01")
+    assert killed == [101, 99, 100]

@@ -33,10 +33,13 @@ if importlib.util.find_spec("torch") is None:
 
 from temporalio.client import Client  # noqa: E402
 
+from autoclusters.activities.job_markers import requeue_marker  # noqa: E402
 from autoclusters.activities.sharing_demand import checkpointed_at  # noqa: E402
+from autoclusters.core import hostlist  # noqa: E402
 from autoclusters.core.process_start import command_line  # noqa: E402
 from autoclusters.core.settings import Settings  # noqa: E402
 from autoclusters.integrations.slurm import SlurmCli  # noqa: E402
+from autoclusters.sandbox import fault_effects as fe  # noqa: E402
 from autoclusters.sandbox.config import JOB_PORTS, SandboxConfig  # noqa: E402
 from tests.helpers import fresh_policy, resolve_incident  # noqa: E402
 
@@ -667,6 +670,96 @@ async def test_in_job_recovery_by_the_runbook_on_sandbox(
     finally:
         subprocess.run(["scancel", str(job)], env=env, capture_output=True)
         await asyncio.to_thread(until, lambda: _left_queue(env, job), 60, "the job to go")
+
+
+# One case a fault effect (sandbox/fault_effects.py), each with a fault whose realistic
+# effect it is.
+BATCH_HOST_FAULTS = {"crash": "ECC_DBE", "hang": "XID_79", "lost": "NODE_NOT_READY"}
+
+
+@pytest.mark.timeout(360)
+@pytest.mark.parametrize("effect", list(BATCH_HOST_FAULTS), ids=list(BATCH_HOST_FAULTS))
+async def test_a_fault_on_the_batch_host_requeues_once_and_trains_again(
+    effect: str,
+    sandbox: SandboxConfig,
+    sandbox_settings: Settings,
+    sandbox_client: Client,
+    tmp_path: Path,
+) -> None:
+    """Issue 39 item 2: the in-job example job (3 nodes, 2 train, 1 standby; job_recovery
+    in-job, as the demo runs it) and a fault, with its effect on the job, on its batch host.
+    Slurm cannot release the batch host, so the runbook requeues the job at once, from
+    BatchHost, before anything is released or signalled: one requeue (Restarts=1, the
+    incident's marker), and the job trains again from its newest checkpoint."""
+    fault = BATCH_HOST_FAULTS[effect]
+    chosen = fe.default_effect(fault)
+    assert chosen == effect
+    env = {**sbatch_env(sandbox, tmp_path, ckpt_every=5), "SPARES": "1",
+           "INJOB_DIR": str(tmp_path / "injob")}  # fmt: skip
+    slurm = SlurmCli(sandbox.slurm_conf)
+
+    def run(*argv: str) -> str:
+        return subprocess.run(argv, env=env, capture_output=True, text=True, check=True).stdout
+
+    log = tmp_path / "train.log"
+    job = int(run("sbatch", "--parsable", "--nodes=3", "--no-kill", f"--output={log}",
+                  str(SBATCH)).split(";")[0])  # fmt: skip
+    ckpt = tmp_path / "ckpt" / str(job)
+    batch_host = ""
+    try:
+        await asyncio.to_thread(
+            until,
+            lambda: marker(ckpt) >= 5 and len({d["node"] for d in step_lines(log)}) == 2,
+            150, "steps on two nodes and a checkpoint",
+        )  # fmt: skip
+        found = await slurm.jobs()
+        (before,) = [j for j in found if j.job_id == job]
+        batch_host = before.batch_host
+        assert batch_host in hostlist.expand(before.nodes)
+        fault_at = time.time()
+        await asyncio.to_thread(fe.apply, sandbox, batch_host, chosen, job_id=job)
+        saved = marker(ckpt)  # the newest checkpoint when the fault struck
+        state = await resolve_incident(sandbox_client, sandbox_settings, batch_host, fault)
+        resolved_s = time.time() - fault_at
+        assert state.status == "resolved", state.error
+        # One requeue, this incident's, decided from BatchHost: nothing released from the job
+        # nor signalled first (no rank saw a SIGUSR2; it runs on 3 nodes again).
+        assert state.recovery_path == {job: "requeue"} and state.requeued_jobs == [job]
+        requeue = state.step("requeue")
+        assert requeue is not None
+        assert f"{job} requeued instead: the batch host: requeued" in requeue.detail
+        assert "went on without the node" not in requeue.detail
+        assert "reason=signal" not in log.read_text(errors="replace")
+
+        def restarted() -> list[dict[str, Any]] | None:
+            lines = [d for d in step_lines(log) if d["restart"] == 1]
+            return lines if len({d["step"] for d in lines}) >= 3 else None
+
+        # A restart loads torch again on every rank.
+        after = await asyncio.to_thread(until, restarted, 180, "the requeued job to step again")
+        print(f"batch host, {effect}: resolved {resolved_s:.1f}s and stepping again "
+              f"{after[0]['ts'] - fault_at:.1f}s after the fault")  # fmt: skip
+        now = [j for j in await slurm.jobs() if j.job_id == job]
+        assert now and now[0].restart_cnt == 1, now  # requeued exactly once
+        assert now[0].admin_comment == requeue_marker(state.request.incident_id, 0)
+        assert batch_host not in hostlist.expand(now[0].nodes)
+        assert len(hostlist.expand(now[0].nodes)) == 3
+        # Resumed from the newest checkpoint (the one at the fault, or one the ranks saved on
+        # the requeue's SIGTERM): no step lost beyond it, none skipped.
+        first_run = [d for d in step_lines(log) if d["restart"] == 0]
+        resumed = after[0]["resumed_from"]
+        assert {d["resumed_from"] for d in after} == {resumed}
+        assert saved <= resumed <= max(d["step"] for d in first_run)
+        assert min(d["step"] for d in after) == resumed + 1
+        if effect == "lost":
+            # A lost node's processes never run again, not even as its machine powers off
+            # (its srun, woken there, once asked slurmctld to kill step 0 of the next run).
+            assert "srun: forcing job termination" not in log.read_text(errors="replace")
+    finally:
+        subprocess.run(["scancel", str(job)], env=env, capture_output=True)
+        await asyncio.to_thread(until, lambda: _left_queue(env, job), 90, "the job to go")
+        if batch_host:
+            await asyncio.to_thread(fe.lift, sandbox, batch_host)
 
 
 def _checkpointed_at(slurm: SlurmCli, job_id: int) -> float | None:
