@@ -33,6 +33,7 @@ from autoclusters.core.models import (
     SlurmNode,
     workflow_id,
 )
+from autoclusters.core.node_report import NodeReport
 from autoclusters.core.policy import LADDER, Rung
 from autoclusters.integrations.cloud import CloudError
 from autoclusters.integrations.slurm import SlurmError, SlurmUnavailable
@@ -620,3 +621,16 @@ class RecordingNotifier:
     @property
     def events(self) -> list[str]:
         return [n.event for n in self.notes]
+
+
+class ReportSink:
+    """The agent's reporter, keeping what it would send (the agent's tests)."""
+
+    def __init__(self) -> None:
+        self.reports: list[NodeReport] = []
+
+    def submit(self, reports: list[NodeReport]) -> None:
+        self.reports += reports
+
+    def flush(self) -> None:
+        pass

@@ -23,6 +23,7 @@ from autoclusters.clients.agent.debounce import Debouncer, Transition
 from autoclusters.clients.agent.fake_backend import FakeBackend, FakeInfiniband, healthy_node
 from autoclusters.clients.agent.settings import AgentSettings
 from autoclusters.core.node_report import NodeReport, ReportState
+from tests.fakes import ReportSink
 
 FIRING, RESOLVED = ReportState.FIRING, ReportState.RESOLVED
 
@@ -127,17 +128,6 @@ def test_slow_flapping_is_bounded_by_the_flap_window() -> None:
     assert states(tail) == [("ECC_DBE", RESOLVED)]
 
 
-class ListSink:
-    def __init__(self) -> None:
-        self.reports: list[NodeReport] = []
-
-    def submit(self, reports: list[NodeReport]) -> None:
-        self.reports += reports
-
-    def flush(self) -> None:
-        pass
-
-
 class AgentRig:
     """An agent on the fake backend with a state file, restartable."""
 
@@ -150,7 +140,7 @@ class AgentRig:
         )
         if not self.file.exists():
             fake_backend.write_node(self.file, healthy_node(gpus=2, nvlinks=2, hcas=1))
-        self.sink = ListSink()
+        self.sink = ReportSink()
         self.restart()
 
     def restart(self) -> None:

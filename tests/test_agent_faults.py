@@ -31,6 +31,7 @@ from autoclusters.clients.agent.settings import AgentSettings
 from autoclusters.core.faults import FAULT_PATTERN
 from autoclusters.core.node_report import NodeReport, ReportState
 from autoclusters.core.policy import default_policy
+from tests.fakes import ReportSink
 
 NODE = "gpu-01"
 T0 = 1_800_000_000.0
@@ -51,23 +52,12 @@ class Clock:
         return datetime.fromtimestamp(self.t, UTC)
 
 
-class ListSink:
-    def __init__(self) -> None:
-        self.reports: list[NodeReport] = []
-
-    def submit(self, reports: list[NodeReport]) -> None:
-        self.reports += reports
-
-    def flush(self) -> None:
-        pass
-
-
 class Rig:
     def __init__(
         self, tmp: Path, *, sysfs: Path | None = None, gpu: bool = True, **overrides: Any
     ) -> None:
         self.clock = Clock()
-        self.sink = ListSink()
+        self.sink = ReportSink()
         self.file = tmp / f"{NODE}.json"
         if not self.file.exists():
             fake_backend.write_node(self.file, healthy_node(gpus=4, nvlinks=4, hcas=2))

@@ -28,6 +28,7 @@ from autoclusters.clients.agent.nvml_backend import NvmlBackend
 from autoclusters.clients.agent.settings import AgentSettings
 from autoclusters.clients.agent.watchdog import Hung, Watchdog
 from autoclusters.core.node_report import NodeReport
+from tests.fakes import ReportSink
 
 
 class NVMLError(Exception):
@@ -203,21 +204,10 @@ def eventually(check: Callable[[], Any], what: str, timeout_s: float = 5) -> Any
     raise AssertionError(f"timed out waiting for {what}")
 
 
-class ListSink:
-    def __init__(self) -> None:
-        self.reports: list[NodeReport] = []
-
-    def submit(self, reports: list[NodeReport]) -> None:
-        self.reports += reports
-
-    def flush(self) -> None:
-        pass
-
-
 def agent(backend: NvmlBackend) -> Agent:
     settings = AgentSettings(hold_checks=1, clear_checks=1, hold_checks_by_fault={})
     return Agent(
-        node="gpu-09", settings=settings, backend=backend, infiniband=None, sink=ListSink()
+        node="gpu-09", settings=settings, backend=backend, infiniband=None, sink=ReportSink()
     )
 
 

@@ -25,18 +25,8 @@ from autoclusters.clients.agent.agent import Agent
 from autoclusters.clients.agent.fake_backend import FakeBackend, FakeInfiniband
 from autoclusters.clients.agent.reporter import Answer, HttpSender, Outcome
 from autoclusters.clients.agent.settings import AgentSettings
-from autoclusters.core.node_report import SNAPSHOTS_PATH, HealthSnapshot, NodeReport
-
-
-class Sink:
-    def __init__(self) -> None:
-        self.reports: list[NodeReport] = []
-
-    def submit(self, reports: list[NodeReport]) -> None:
-        self.reports += reports
-
-    def flush(self) -> None:
-        pass
+from autoclusters.core.node_report import SNAPSHOTS_PATH, HealthSnapshot
+from tests.fakes import ReportSink
 
 
 class Snapshots:
@@ -65,7 +55,7 @@ def _agent(path: Path, snapshots: Snapshots, clock: Clock) -> Agent:
     settings = AgentSettings(expected_gpus=8, snapshot_interval_s=10, event_latch_s=60)
     return Agent(
         node="gpu-01", settings=settings, backend=backend, infiniband=FakeInfiniband(path),
-        sink=Sink(), clock=clock, snapshots=snapshots,
+        sink=ReportSink(), clock=clock, snapshots=snapshots,
     )  # fmt: skip
 
 

@@ -27,8 +27,9 @@ from autoclusters.clients.agent.progress_rules import (
 from autoclusters.clients.agent.settings import AgentSettings
 from autoclusters.core.faults import NAMED_FAULTS
 from autoclusters.core.job_progress import ENV_DIR, JobProgress, RankProgress, read_progress
-from autoclusters.core.node_report import NodeReport, ReportState
+from autoclusters.core.node_report import ReportState
 from autoclusters.core.policy import Rung, default_policy
+from tests.fakes import ReportSink
 
 T0 = 1_800_000_000.0
 TH = ProgressThresholds()
@@ -433,19 +434,8 @@ def test_metrics_per_rank_of_this_node(tmp_path: Path) -> None:
     assert not [k for k in samples if {"job", "node"} & dict(k[1]).keys()]
 
 
-class ListSink:
-    def __init__(self) -> None:
-        self.reports: list[NodeReport] = []
-
-    def submit(self, reports: list[NodeReport]) -> None:
-        self.reports += reports
-
-    def flush(self) -> None:
-        pass
-
-
-def agent(tmp: Path, clock: Clock, node: str, **kw: Any) -> tuple[Agent, ListSink]:
-    sink = ListSink()
+def agent(tmp: Path, clock: Clock, node: str, **kw: Any) -> tuple[Agent, ReportSink]:
+    sink = ReportSink()
     settings = AgentSettings(
         progress_dir=tmp, hold_checks=3, clear_checks=2, metrics_port=0, **kw
     )  # fmt: skip
