@@ -230,7 +230,7 @@ def report(run: dict[str, Any]) -> None:
         print(
             f"  +{rec['at_s']:>5.0f}s {rec['fault']:<13}{rec['effect']:<6}{rec['node']:<8}"
             f"{'batch host ' if rec['batch host'] else '           '}"
-            f"{rec.get('recovery path') or '-':<9}{rec.get('status', '?'):<10}"
+            f"{rec.get('recovery path') or '-':<9}{rec.get('status', '?'):<10} "
             f"stepping again {again_s}"
         )
     agains = [a for r in run["injected"] if (a := r.get("job stepping again_s")) is not None]
