@@ -34,7 +34,8 @@ from autoclusters.clients.agent.metrics import AgentMetrics
 from autoclusters.clients.agent.nvml_backend import NvmlBackend
 from autoclusters.clients.agent.settings import AgentSettings
 from autoclusters.integrations.metrics_http import MetricsServer, OpenMetricsRefused
-from tests.test_agent_nvml import FakeNvml, Handle, ListSink, NVMLError, eventually
+from tests.fakes import ReportSink
+from tests.test_agent_nvml import FakeNvml, Handle, NVMLError, eventually
 
 ROOT = Path(__file__).resolve().parents[1]
 T0 = 1_760_000_000.0
@@ -85,7 +86,7 @@ class Rig:
         settings = AgentSettings(hold_checks=1, clear_checks=1, hold_checks_by_fault={})
         self.agent = Agent(
             node=NODE, settings=settings, backend=self.backend,
-            infiniband=FakeInfiniband(self.path, clock=clock), sink=ListSink(),
+            infiniband=FakeInfiniband(self.path, clock=clock), sink=ReportSink(),
             clock=clock, metrics=self.metrics,
         )  # fmt: skip
 
@@ -243,7 +244,7 @@ def test_nvml_readings_become_series() -> None:
         settings = AgentSettings(hold_checks=1, clear_checks=1, hold_checks_by_fault={})
         agent = Agent(
             node="gpu-09", settings=settings, backend=backend, infiniband=None,
-            sink=ListSink(), metrics=metrics,
+            sink=ReportSink(), metrics=metrics,
         )  # fmt: skip
         g = backend.read().gpus[0]
         assert (g.name, g.utilization_gpu, g.power_w, g.energy_mj) == (
@@ -309,7 +310,7 @@ def _agent(tmp_path: Path, settings: AgentSettings) -> Agent:
     backend.open()
     return Agent(
         node="gpu-01", settings=settings, backend=backend, infiniband=FakeInfiniband(path),
-        sink=ListSink(),
+        sink=ReportSink(),
     )  # fmt: skip
 
 

@@ -103,6 +103,12 @@ async def test_hang_stops_and_silences_the_rank_until_the_reboot(
     job_id = _submit_socket_job(sandbox, tmp_path)
     try:
         node, ranks = await _running_on(slurm, sandbox, job_id)
+
+        # The rank runs before it has made its connection (seconds apart under load).
+        async def connected() -> bool:
+            return len(fe.tcp_ports(fe.rank_processes(sandbox, node, job_id))) >= 2
+
+        await eventually(connected, 60, f"job {job_id}'s rank connected to itself")
         rec = fe.apply(sandbox, node, "hang", job_id=job_id)
         # Every rank process still there (a step's short-lived helpers come and go).
         assert {p.pid for p in ranks if _alive(p)} <= {p.pid for p in rec.stopped}

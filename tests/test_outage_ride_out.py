@@ -165,7 +165,16 @@ async def test_a_job_back_on_the_node_is_not_requeued_twice_and_a_human_cancels_
             "the question about job 101",
         )
         assert f.cloud.repair_calls == []
-        asked = [n for n in f.notes() if n.event == "approval_needed"][-1]
+
+        def question() -> list[Any]:  # posted by an activity once the wait began
+            return [
+                n
+                for n in f.notes()
+                if n.event == "approval_needed" and n.text.startswith(RETURNED_JOBS_STEP)
+            ]
+
+        await _until_true(lambda: bool(question()), "the question posted to Slack")
+        asked = question()[-1]
         assert asked.text.startswith(f"{RETURNED_JOBS_STEP} of gpu-01 needs approval")
         assert "[101]" in asked.text
         await handle.execute_update(
