@@ -95,6 +95,14 @@ def training_nodes(job: SlurmJob) -> list[str] | None:
     return [n for n in training.split(",") if n] if training is not None else None
 
 
+def _reformed(job: SlurmJob, before: SlurmJob) -> bool:
+    """The job names other training nodes than when the node was taken: it re-formed and
+    stepped (rank 0 writes `training=` at the first step of a generation, just before
+    `resumed_at=`, which a signal or a slow slurmctld may have kept from landing)."""
+    now, was = job_comment(job, "training"), job_comment(before, "training")
+    return now is not None and was is not None and now != was
+
+
 def standby(job: SlurmJob, node: str) -> bool:
     """The job names the nodes it trains on, and `node` is not one of them."""
     training = training_nodes(job)
@@ -237,7 +245,9 @@ class InJobRecovery:
             return "ended before it stepped again: not requeued"
         if (claimed := requeue_claim(job)) is not None and claimed != self.incident_id:
             return f"being requeued by {claimed}"
-        stepping = standby(before, self.node) or _resumed_since(job, since)
+        stepping = (
+            standby(before, self.node) or _resumed_since(job, since) or _reformed(job, before)
+        )
         if stepping and self.node not in hostlist.expand(job.nodes):
             return ""
         return None

@@ -106,6 +106,26 @@ def test_a_job_with_a_spare_goes_on_without_the_node(slurm: FakeSlurm) -> None:
     assert slurm.requeue_count[7] == 0
 
 
+def test_a_job_naming_new_training_nodes_re_formed_though_its_resumed_at_was_lost(
+    slurm: FakeSlurm, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The survivors re-formed with the standby and rank 0 wrote `training=`, but its
+    `resumed_at=` never landed (the signal ended the scontrol writing it, before the job
+    shielded it): the job is stepping, not one to requeue once the budget runs out."""
+    slurm.add_job(8, nodes="gpu-[1-3]", comment=f"{SPARE} training=gpu-1,gpu-2")
+    told = slurm.signal_steps
+
+    async def re_forms(job_id: int, signal: str) -> None:
+        await told(job_id, signal)
+        slurm._jobs[job_id].comment = f"{SPARE} training=gpu-1,gpu-3"  # noqa: SLF001
+
+    monkeypatch.setattr(slurm, "signal_steps", re_forms)
+    out = requeue(slurm, budget_s=30)
+    assert out.in_job is not None and out.in_job.recovered == [8], out.describe()
+    assert slurm.requeue_count[8] == 0
+    assert out.in_job.waited_s < 30
+
+
 def test_a_standby_node_is_released_without_a_signal_or_a_wait(slurm: FakeSlurm) -> None:
     # gpu-2 is the job's standby: the training ranks never notice its loss, so no resume
     # comes and they are not told to re-form; the node is released and the job left alone.

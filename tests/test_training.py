@@ -809,3 +809,17 @@ async def test_a_degraded_fault_loses_no_step(
     finally:
         subprocess.run(["scancel", str(job)], env=env, capture_output=True)
         await asyncio.to_thread(until, lambda: _left_queue(env, job), 60, "the job to go")
+
+
+def test_the_comment_writer_outlives_the_runbooks_sigusr2() -> None:
+    """`scancel --signal=USR2` reaches every process of the step, the `scontrol` writing
+    `resumed_at=` included: started shielded, it lives on (unshielded, the signal's default
+    action ends it, and the runbook requeued a job that was training)."""
+    child = [sys.executable, "-c",
+             "import os, signal; os.kill(os.getpid(), signal.SIGUSR2); print('alive')"]  # fmt: skip
+    bare = subprocess.run(child, capture_output=True, text=True, timeout=60)
+    assert bare.returncode == -signal.SIGUSR2
+    shielded = subprocess.run(
+        load_train().shielded(child), capture_output=True, text=True, timeout=60
+    )
+    assert (shielded.returncode, shielded.stdout.strip()) == (0, "alive")

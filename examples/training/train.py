@@ -263,6 +263,15 @@ _comment_lock = threading.Lock()
 _publishing: list[threading.Thread] = []
 
 
+def shielded(argv: list[str]) -> list[str]:
+    """`argv`, run with SIGUSR2 ignored: the runbook's SIGUSR2 reaches every process of the
+    step (`scancel --signal=USR2`), and its default action would kill the `scontrol` that is
+    writing `resumed_at=` right then: the runbook would never see the job step again and
+    requeue a job that is training. A shell sets it (an ignored signal stays ignored across
+    exec); a preexec_fn is not safe in a process with threads."""
+    return ["sh", "-c", 'trap "" USR2; exec "$@"', "sh", *argv]
+
+
 def publish(key: str, value: str) -> None:
     """Set `key=value` in the job's Slurm Comment (a field its owner may set): `ckpt_at`,
     when it last checkpointed, so whoever must take a node from running jobs (AutoClusters'
@@ -279,11 +288,11 @@ def publish(key: str, value: str) -> None:
         try:
             with _comment_lock:
                 now = subprocess.run(
-                    [squeue, "-h", "-j", job, "-o", "%k"],
+                    shielded([squeue, "-h", "-j", job, "-o", "%k"]),
                     capture_output=True, text=True, timeout=30, check=True,
                 ).stdout.strip()  # fmt: skip
                 comment = f"Comment={with_token(now, key, value)}"
-                subprocess.run([scontrol, "update", f"JobId={job}", comment],
+                subprocess.run(shielded([scontrol, "update", f"JobId={job}", comment]),
                                capture_output=True, timeout=30, check=False)  # fmt: skip
         except (OSError, subprocess.SubprocessError):
             pass  # the next one tries again
