@@ -749,7 +749,11 @@ async def test_a_fault_on_the_batch_host_requeues_once_and_trains_again(
         first_run = [d for d in step_lines(log) if d["restart"] == 0]
         resumed = after[0]["resumed_from"]
         assert {d["resumed_from"] for d in after} == {resumed}
-        assert saved <= resumed <= max(d["step"] for d in first_run)
+        assert saved <= resumed
+        if effect != "lost":
+            # (Every rank's lines pass through the batch host's srun: a lost batch host
+            # froze it, and the steps the others made meanwhile never reached the log.)
+            assert resumed <= max(d["step"] for d in first_run)
         assert min(d["step"] for d in after) == resumed + 1
         if effect == "lost":
             # A lost node's processes never run again, not even as its machine powers off
