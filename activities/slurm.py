@@ -34,12 +34,7 @@ from autoclusters.core.models import (
     WaitRegisteredInput,
 )
 from autoclusters.core.quarantine import QuarantineStatus, VerifyQuarantineInput
-from autoclusters.integrations.slurm import (
-    SlurmClient,
-    SlurmFencingClient,
-    SlurmInJobClient,
-    SlurmUnavailable,
-)
+from autoclusters.integrations.slurm import SlurmClient, SlurmInJobClient, SlurmUnavailable
 
 
 def _settling(job: SlurmJob) -> bool:
@@ -171,8 +166,6 @@ class SlurmActivities:
                 if job.job_id not in result.holds_released:
                     result.holds_released.append(job.job_id)
             settling = [j.job_id for j in mine if _settling(j)]
-            if settling and inp.drain_reason and not result.marked_down:
-                result.marked_down = await self._fence_if_lost(inp.node, inp.drain_reason)
             quiet = 0 if held or settling else quiet + 1
             if quiet >= 2 or (not settling and time.monotonic() > deadline):
                 break
@@ -286,20 +279,6 @@ class SlurmActivities:
                 return WaitIdleResult(waited_s=waited, cancelled=busy, redrained=redrained)
             activity.heartbeat(f"jobs {busy} still running")
             await asyncio.sleep(inp.poll_s)
-
-    async def _fence_if_lost(self, name: str, reason: str) -> bool:
-        """A requeued job still completes on the incident's node and the node does not
-        answer (power, kernel panic, its link): slurmctld would wait out its RPC timeouts
-        and SlurmdTimeout (300 s by default) before it lets the job go. The node is ours to
-        repair: mark it DOWN now, the drain and its reason kept."""
-        if not isinstance(self._slurm, SlurmFencingClient):
-            return False
-        node = await self._known_node(name)
-        if node.responding or not node.drained:
-            return False
-        activity.logger.warning("%s does not answer: marked DOWN for its jobs to end", name)
-        await self._slurm.mark_down(name, reason)
-        return True
 
     async def _restarted(self, inp: WaitIdleInput) -> str:
         """slurmctld's start, when it is not the one the incident requeued under."""

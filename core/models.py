@@ -493,8 +493,6 @@ class RequeueResult(BaseModel):
     controller_started: str = ""
     records: list[JobRecord] = Field(default_factory=list)  # of the jobs requeued now
     redrained: bool = False  # the drain was gone before the requeue: applied again
-    # The node did not answer while its requeued jobs still completed there: marked DOWN.
-    marked_down: bool = False
 
     def recovery_path(self) -> dict[int, str]:
         """How each job on the node got going again: "in-job" (its standby), or "requeue"
@@ -524,8 +522,6 @@ class RequeueResult(BaseModel):
             parts.append(f"cannot requeue {self.not_requeueable}")
         if self.redrained:
             parts.insert(0, "the drain was gone (a controller restart?): drained again")
-        if self.marked_down:
-            parts.append("the node did not answer: marked DOWN so its jobs could end")
         return "; ".join(parts)
 
 

@@ -155,15 +155,6 @@ class SlurmInJobClient(SlurmClient, Protocol):
     async def signal_steps(self, job_id: int, signal: str) -> None: ...
 
 
-@runtime_checkable
-class SlurmFencingClient(SlurmClient, Protocol):
-    """What fencing a lost node adds: mark it DOWN (the drain and its reason kept), so that
-    slurmctld ends the jobs still completing there at once instead of after its RPC
-    timeouts and SlurmdTimeout."""
-
-    async def mark_down(self, node: str, reason: str) -> None: ...
-
-
 def _flags(raw: Any) -> list[str]:
     return [str(f) for f in raw or []]
 
@@ -318,11 +309,6 @@ class SlurmCli:
 
     async def resume(self, node: str) -> None:
         await self._run("scontrol", "update", f"NodeName={node}", "State=RESUME")
-
-    async def mark_down(self, node: str, reason: str) -> None:
-        # 22.05: a drained node set DOWN shows DOWN+DRAIN; when its slurmd answers again
-        # (ReturnToService=2) it is IDLE+DRAIN, the reason kept (measured on the sandbox).
-        await self._run("scontrol", "update", f"NodeName={node}", "State=DOWN", f"Reason={reason}")
 
     async def requeue(self, job_id: int) -> None:
         await self._run("scontrol", "requeue", str(job_id))

@@ -401,15 +401,6 @@ class FakeSlurm:
             # The survivors abandon their group and step again with the standby.
             job.comment = f"{job.comment} resumed_at={time.time():.3f}".strip()
 
-    async def mark_down(self, node: str, reason: str) -> None:
-        """DOWN, the drain and its reason kept; the jobs still completing there end."""
-        self._reachable("mark_down")
-        self.calls["mark_down"] += 1
-        n = self._nodes[node]
-        n.state, n.reason = "down", reason
-        self.completing_reads.clear()
-        self.record("mark_down", node)
-
     async def cancel(self, job_id: int) -> None:
         self._reachable("cancel")
         self.calls["cancel"] += 1
