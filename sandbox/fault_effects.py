@@ -219,7 +219,8 @@ def node_sessions(cfg: SandboxConfig, node: str) -> set[int]:
     )
 
 
-def _environ(pid: int) -> dict[str, str]:
+def environ(pid: int) -> dict[str, str]:
+    """A process's environment ({} once it is gone or unreadable)."""
     try:
         raw = Path(f"/proc/{pid}/environ").read_bytes()
     except OSError:
@@ -245,7 +246,7 @@ def machine_processes(cfg: SandboxConfig, node: str) -> list[tuple[int, dict[str
                 continue
         except ProcessLookupError:
             continue
-        found.append((pid, _environ(pid)))
+        found.append((pid, environ(pid)))
     return found
 
 

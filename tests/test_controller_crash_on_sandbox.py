@@ -53,6 +53,7 @@ import pytest
 
 from autoclusters.core import hostlist
 from autoclusters.core.models import StepRecord
+from autoclusters.sandbox import fault_effects
 from autoclusters.sandbox.config import SandboxConfig
 from autoclusters.sandbox.controller_crash import (
     ControllerCrash,
@@ -92,19 +93,12 @@ CASE_DOWN_S = 12
 
 def _job_processes(cfg: SandboxConfig, job_id: int) -> list[int]:
     """PIDs of processes of this sandbox's job `job_id` (by their Slurm environment)."""
-    pids = []
-    want = {f"SLURM_JOB_ID={job_id}".encode(), f"SLURM_CONF={cfg.slurm_conf}".encode()}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as f:
-                env = set(f.read().split(b"\0"))
-        except OSError:
-            continue
-        if want <= env:
-            pids.append(int(entry))
-    return pids
+    want = {"SLURM_JOB_ID": str(job_id), "SLURM_CONF": str(cfg.slurm_conf)}
+    return [
+        int(e)
+        for e in os.listdir("/proc")
+        if e.isdigit() and want.items() <= fault_effects.environ(int(e)).items()
+    ]
 
 
 async def _no_processes(cfg: SandboxConfig, job_id: int, timeout_s: float) -> bool:

@@ -30,21 +30,10 @@ from autoclusters.core.job_progress import ENV_DIR, JobProgress, RankProgress, r
 from autoclusters.core.node_report import ReportState
 from autoclusters.core.policy import Rung, default_policy
 from tests.fakes import ReportSink
+from tests.test_agent_faults import T0, Clock
 
-T0 = 1_800_000_000.0
 TH = ProgressThresholds()
 ROOT = Path(__file__).resolve().parents[1]
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = T0
-
-    def __call__(self) -> float:
-        return self.t
-
-    def advance(self, s: float) -> None:
-        self.t += s
 
 
 def writer(tmp: Path, clock: Clock, rank: int, node: str, **kw: Any) -> JobProgress:
