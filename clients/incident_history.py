@@ -123,6 +123,8 @@ class _Reader:
                 self.rec.approvals_asked.append(rung)
             elif note.event in CLOSING_EVENTS:
                 self.closing = note.event
+        elif name == "burn_in_screen" and not self.rec.repairs:
+            self.rec.screened_before_repair = True
         elif name == "return_to_service" and self.rec.repairs:
             self.returned = True
 

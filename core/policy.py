@@ -116,6 +116,12 @@ class FaultRule(_Strict):
     # first and requeue them only once they have (or the budget is spent), so they lose no
     # steps; `drain` requeues them at once, as for a fatal fault.
     on_degraded: Literal["checkpoint_then_drain", "drain"] = "drain"
+    # A fault that is as often software as hardware (a hung job, a straggler): once the
+    # node's jobs are recovered, the node is screened (the burn-in screen, `burn_in`'s
+    # figures) before any repair. Passed: it goes back without a repair, the incident
+    # counted in its lemon record; failed: the repair ladder from `first_rung`, each repair
+    # screened again. Off by default, so a recorded incident replays as it ran.
+    screen_before_repair: bool = False
 
 
 class StepPolicy(_Strict):
@@ -192,6 +198,10 @@ class BurnInScreen(_Strict):
     # The bus bandwidth the all-reduce must reach (GB/s, NCCL-tests' busbw); 0: no floor
     # (the sandbox's gloo over loopback says nothing about a fabric).
     min_bus_gbps: float = Field(default=0, ge=0, le=100000, allow_inf_nan=False)
+    # The matrix-multiply rate every GPU of the screened nodes must reach (TFLOP/s, a bf16
+    # GEMM on GPUs, float32 on CPU); 0: no floor. A slow GPU passes every diagnostic and
+    # still holds back its job: this is the figure that shows it.
+    min_gemm_tflops: float = Field(default=0, ge=0, le=100000, allow_inf_nan=False)
     # Screen with a healthy idle neighbour when Slurm shows one; off: always alone.
     neighbour: bool = True
 
