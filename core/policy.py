@@ -24,6 +24,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from autoclusters.core.faults import FAULT_PATTERN, NODE_PATTERN
+from autoclusters.core.job_thresholds import JobThresholds
 from autoclusters.core.ladder_figures import LadderFigures
 from autoclusters.core.yaml_spec import (
     SpecError,
@@ -259,6 +260,10 @@ class Policy(_Strict):
     # A burn-in screen before return (docs/configuration.md): after the health gate passes,
     # the node is screened in a breakfix reservation; a failed screen is a failed gate.
     burn_in: BurnInScreen = Field(default_factory=BurnInScreen)
+    # The silent-fault rules' thresholds for the jobs each entry matches (by Slurm job name,
+    # partition or account; the first match wins), over the agent's own settings
+    # (core/job_thresholds.py). The agents read them from this file (their policy_file).
+    job_thresholds: list[JobThresholds] = Field(default_factory=list, max_length=1000)
 
     def rule_for(self, fault: str) -> FaultRule:
         return self.faults.get(fault, self.default_rule)
