@@ -8,6 +8,7 @@ Aspects:
   rule's first rung, and that repair is screened again although `burn_in` is off;
 - a rule without the flag repairs at once, as before (the path only a new rule takes);
 - observe mode's plan names the screen;
+- the opening message (and so the Slack card) says why the agent named the node;
 - the lemon record counts an incident screened before repair, and the history reader
   (clients/incident_history.py) tells one from the recorded history.
 """
@@ -23,9 +24,10 @@ from temporalio.client import WorkflowHistory
 from temporalio.testing import WorkflowEnvironment
 
 from autoclusters.clients.incident_history import record_from_history
+from autoclusters.core.fault_evidence import FaultEvidence
 from autoclusters.core.incident_record import IncidentRecord
 from autoclusters.core.lemon import repairs_on_node
-from autoclusters.core.models import ScreenInput, ScreenResult
+from autoclusters.core.models import FaultReport, ScreenInput, ScreenResult
 from autoclusters.core.policy import FaultRule, Rung
 from autoclusters.workflows.burn_in_steps import screen_text
 from tests.test_remediation_workflow import FAULTS, _fleet, _policy, env  # noqa: F401
@@ -152,3 +154,30 @@ def test_the_screen_text_names_the_gemm_rates() -> None:
     )  # fmt: skip
     assert screen_text(res).endswith("GEMM gpu-01 92.5 TFLOP/s")
     assert screen_text(res).startswith("FAILED: GEMM on gpu-01")
+
+
+async def test_the_opening_message_says_why_that_node(
+    env: WorkflowEnvironment,  # noqa: F811
+) -> None:
+    """The agent's evidence (the rule, its figures, the stack groups) reaches the opening
+    notification, which the Slack card shows (tests/test_why_named.py renders it)."""
+    screen, _calls = _screen([True])
+    subject = {
+        "job": "4242", "rank": 3, "node": "gpu-01", "rule": "heartbeat", "stalled_s": 40.0,
+        "threshold_s": 25.0, "pid": 5123, "in_collective": False, "heartbeat_age_s": 40.0,
+        "stacks": {"tool": "py-spy", "detail": "py-spy is not installed on this node: no stacks"},
+    }  # fmt: skip
+    async with _fleet(env, extra_activities=[screen]) as f:
+        req = f.request(fault="JOB_HANG", policy=_policy(faults=SILENT))
+        req.opening = FaultReport(
+            incident_id=req.incident_id, fault="JOB_HANG", source="agent", at=req.opened_at,
+            evidence=FaultEvidence.from_agent(
+                key="agent-1", since=req.opened_at, readings={"subjects": [subject]},
+                message="job 4242 made no step for 40s (threshold 25s): rank 3 on gpu-01",
+            ),
+        )  # fmt: skip
+        await (await f.start(req)).result()
+    [opened] = [n for n in f.notes() if n.event == "opened"]
+    assert "rank 3 on gpu-01" in opened.text
+    assert "Why this node: job 4242 rank 3 (pid 5123), rule heartbeat" in opened.text
+    assert "Stacks: py-spy is not installed on this node" in opened.text
