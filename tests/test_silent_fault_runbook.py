@@ -10,7 +10,8 @@ Aspects:
 - observe mode's plan names the screen;
 - the opening message (and so the Slack card) says why the agent named the node;
 - the lemon record counts an incident screened before repair, and the history reader
-  (clients/incident_history.py) tells one from the recorded history.
+  (clients/incident_history.py) tells one, and its screen's verdict, from the recorded
+  history; a policy replay takes that verdict where the candidate screens first too.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from autoclusters.core.incident_record import IncidentRecord
 from autoclusters.core.lemon import repairs_on_node
 from autoclusters.core.models import FaultReport, ScreenInput, ScreenResult
 from autoclusters.core.policy import FaultRule, Rung
+from autoclusters.core.policy_replay import replay_policy
 from autoclusters.workflows.burn_in_steps import screen_text
 from tests.test_remediation_workflow import FAULTS, _fleet, _policy, env  # noqa: F401
 
@@ -140,11 +142,35 @@ def test_the_lemon_record_counts_a_node_screened_back() -> None:
     assert repairs_on_node(records, "gpu-01", at) == 2
 
 
+def _history(case: str) -> IncidentRecord:
+    path = HISTORIES / f"remediation_0.2_{case}.json"
+    return record_from_history(WorkflowHistory.from_json(case, path.read_text()))
+
+
 def test_the_history_of_a_screened_hang_says_so() -> None:
-    path = HISTORIES / "remediation_0.2_screened_back.json"
-    record = record_from_history(WorkflowHistory.from_json("screened", path.read_text()))
-    assert record.screened_before_repair and record.repairs == []
-    assert record.status == "resolved" and record.fault == "JOB_HANG"
+    back, repaired = _history("screened_back"), _history("screened_then_repaired")
+    assert back.screened_before_repair and back.screen_passed and back.repairs == []
+    assert back.status == "resolved" and back.fault == "JOB_HANG"
+    assert repaired.screened_before_repair and repaired.screen_passed is False
+    assert [(a.rung, a.passed) for a in repaired.repairs] == [(Rung.RESET_GPU, True)]
+
+
+def test_a_policy_replay_knows_the_screen_before_repair() -> None:
+    """Replayed under their own policy, the screened incidents change nothing; without the
+    screen the hang would have been repaired (a rung it never tried: unknown); an incident
+    that was never screened first cannot tell what a screen would have said."""
+    back, repaired = _history("screened_back"), _history("screened_then_repaired")
+    same = replay_policy(back.policy, [back, repaired])
+    assert [d.changes for d in same.incidents] == [[], []]
+    plain = back.policy.model_copy(
+        update={"faults": {**back.policy.faults, "JOB_HANG": FaultRule(
+            severity="critical", first_rung=Rung.RESET_GPU)}}
+    )  # fmt: skip
+    [d] = replay_policy(plain, [back]).incidents
+    assert d.candidate.repairs == ["reset_gpu"] and d.candidate.outcome == "unknown"
+    unscreened = back.model_copy(update={"screened_before_repair": False, "screen_passed": None})
+    [u] = replay_policy(back.policy, [unscreened]).incidents
+    assert u.candidate.outcome == "unknown" and "screen before repair" in u.notes[0]
 
 
 def test_the_screen_text_names_the_gemm_rates() -> None:
