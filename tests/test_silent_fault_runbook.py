@@ -6,7 +6,8 @@ Aspects:
   the close says so; the screen's key is attempt 0;
 - a SLOW_NODE: the jobs checkpoint first; a failed screen climbs the ladder from the
   rule's first rung, and that repair is screened again although `burn_in` is off;
-- a rule without the flag repairs at once, as before (the path only a new rule takes);
+- a rule without the flag repairs at once, as before (the path only a new rule takes); a
+  fault no screen clears, reported during the screen, has the node repaired anyway;
 - observe mode's plan names the screen;
 - the opening message (and so the Slack card) says why the agent named the node;
 - the lemon record counts an incident screened before repair, and the history reader
@@ -16,6 +17,7 @@ Aspects:
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -32,6 +34,7 @@ from autoclusters.core.models import FaultReport, ScreenInput, ScreenResult
 from autoclusters.core.policy import FaultRule, Rung
 from autoclusters.core.policy_replay import replay_policy
 from autoclusters.workflows.burn_in_steps import screen_text
+from autoclusters.workflows.remediation import NodeRemediation
 from tests.test_remediation_workflow import FAULTS, _fleet, _policy, env  # noqa: F401
 
 HISTORIES = Path(__file__).parent / "histories"
@@ -207,3 +210,34 @@ async def test_the_opening_message_says_why_that_node(
     assert "rank 3 on gpu-01" in opened.text
     assert "Why this node: job 4242 rank 3 (pid 5123), rule heartbeat" in opened.text
     assert "Stacks: py-spy is not installed on this node" in opened.text
+
+
+async def test_a_fault_no_screen_clears_repairs_a_node_that_passed(
+    env: WorkflowEnvironment,  # noqa: F811
+) -> None:
+    """An XID_79 reported while the hung job's node is screened: the screen passes, but the
+    node is repaired (the Xid's rung), never returned on the screen's word."""
+    screening, go_on = asyncio.Event(), asyncio.Event()
+
+    @activity.defn(name="burn_in_screen")
+    async def burn_in_screen(inp: ScreenInput) -> ScreenResult:
+        screening.set()
+        await go_on.wait()
+        return ScreenResult(node=inp.node, passed=True, seconds=1.0, detail="passed")
+
+    async with _fleet(env, extra_activities=[burn_in_screen]) as f:
+        req = f.request(fault="JOB_HANG", policy=_policy(faults=SILENT))
+        handle = await f.start(req)
+        await asyncio.wait_for(screening.wait(), timeout=30)
+        xid = FaultReport(incident_id=req.incident_id, fault="XID_79", source="dcgm",
+                          at=req.opened_at)  # fmt: skip
+        await handle.execute_update(NodeRemediation.report_fault, xid)
+        go_on.set()
+        result = await handle.result()
+
+    assert result.status == "resolved" and result.rung == Rung.REBOOT.value
+    assert [r for _, r, _ in f.cloud.repair_calls] == [Rung.REBOOT]
+    escalated = [n for n in f.notes() if n.event == "escalated"]
+    assert escalated and "passed its screen, but the incident now has JOB_HANG, XID_79" in (
+        escalated[0].text
+    )

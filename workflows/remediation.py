@@ -323,10 +323,27 @@ class NodeRemediation:
         True: it passed, and goes back unrepaired (the incident still counts in its lemon
         record). Only a rule with the flag takes this path, so a run opened under a policy
         without it issues what it always did (docs/versioning.md)."""
-        if not self._policy.rule_for(req.fault).screen_before_repair:
+        if not self._screen_decides():
             return False
         await self._quarantine.recheck()  # never screen under a job
-        return await self._burn_in.before_repair()
+        passed = await self._burn_in.before_repair()
+        if passed and not self._screen_decides():
+            # A fault no screen clears (an Xid, a lost link) came in during the screen.
+            seen = ", ".join(f.fault for f in self._state.faults)
+            await self._inc.notify(
+                "escalated",
+                f"{req.node} passed its screen, but the incident now has {seen}: repaired, "
+                f"not returned; next: {self._state.rung}",
+                "warning",
+            )
+            return False
+        return passed
+
+    def _screen_decides(self) -> bool:
+        """Only when every fault of the incident says `screen_before_repair` can a screen
+        send the node back: a hung job beside an Xid is the Xid's to repair."""
+        p = self._policy
+        return all(p.rule_for(f.fault).screen_before_repair for f in self._state.faults)
 
     async def _repair_until_healthy(self, req: IncidentRequest) -> None:
         inc, s, p = self._inc, self._state, self._policy
