@@ -23,7 +23,9 @@ JOB_HANG on a hung job's culprit, SLOW_NODE on a straggler, when they are on thi
 between periodic checks a progress check does only that, every `progress_interval_s`, so
 a hang is reported within that of its threshold. Their findings are immediate (the rules'
 thresholds are their debounce): a progress check fires them like an event check, and they
-resolve as every fault does, after `clear_checks` periodic checks without them.
+resolve as every fault does, after `clear_checks` periodic checks without them. Each job is
+judged with its own thresholds, the cluster policy's `job_thresholds` over the settings
+(`policy_file`), and a hang named here carries its ranks' stacks (job_verdicts.py).
 
 A check never raises out of `run`: a failed check is logged and the next one runs.
 """
