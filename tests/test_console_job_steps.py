@@ -69,20 +69,21 @@ def prometheus(asked: list[str]) -> httpx.MockTransport:
     def answer(request: httpx.Request) -> httpx.Response:
         query = request.url.params["query"]
         asked.append(query)
-        name = query.split("{")[0]
         if "job_id" in query:
             mine = ranks if "4242" in query else []
         else:
             mine = [r for r in ranks if f'Hostname="{r[1]}"' in query]
-        if name == job_steps.THRESHOLD:
-            result = [{"metric": {"job_id": "4242", "Hostname": n}, "value": [1000, "25"]}
-                      for n in sorted({r[1] for r in mine})]  # fmt: skip
-        else:
-            value = {"autoclusters_job_last_step": lambda b: 100.0,
-                     "autoclusters_job_step_seconds": lambda b: 2.0,
-                     "autoclusters_job_step_busy_seconds": lambda b: b,
-                     "autoclusters_job_seconds_since_step": lambda b: 0.5}[name]  # fmt: skip
-            result = [_sample(name, "4242", r, n, value(b)) for r, n, b in mine]
+        result = [
+            {"metric": {"__name__": job_steps.THRESHOLD, "job_id": "4242", "Hostname": n},
+             "value": [1000, "25"]}
+            for n in sorted({r[1] for r in mine})
+        ]  # fmt: skip
+        values = {"autoclusters_job_last_step": lambda b: 100.0,
+                  "autoclusters_job_step_seconds": lambda b: 2.0,
+                  "autoclusters_job_step_busy_seconds": lambda b: b,
+                  "autoclusters_job_seconds_since_step": lambda b: 0.5}  # fmt: skip
+        for name, value in values.items():
+            result += [_sample(name, "4242", r, n, value(b)) for r, n, b in mine]
         return httpx.Response(
             200, json={"status": "success", "data": {"resultType": "vector", "result": result}}
         )
@@ -96,8 +97,12 @@ async def test_a_nodes_jobs_every_rank_with_the_slow_ones_marked() -> None:
         got = await job_steps.read_steps(
             client, "http://prom:9090/", [silent("SLOW_NODE", SLOW)], node="gpu-02"
         )
-    assert asked[0] == 'autoclusters_job_last_step{Hostname="gpu-02"}'
-    assert asked[-1] == 'autoclusters_job_hang_threshold_seconds{job_id=~"4242"}'
+    names = "|".join([*job_steps.SERIES.values(), job_steps.THRESHOLD])
+    # Two queries: the node's jobs, then every rank of them.
+    assert asked == [
+        f'{{__name__=~"{names}",Hostname="gpu-02"}}',
+        f'{{__name__=~"{names}",job_id=~"4242"}}',
+    ]
     [job] = got.jobs
     assert job.job == "4242" and job.hang_threshold_s == 25
     rows = [(r.rank, r.node, r.step, r.busy_s, r.mark) for r in job.ranks]
