@@ -271,6 +271,7 @@ class ScreenInput(BaseModel):
     min_bus_gbps: float = 0
     neighbour: bool = True
     poll_s: float = 1.0
+    min_gemm_tflops: float = 0  # the GEMM rate's floor per rank; 0: none
 
 
 class ScreenResult(BaseModel):
@@ -289,6 +290,8 @@ class ScreenResult(BaseModel):
     busbw_gbps: float | None = None  # algbw * 2(n-1)/n, NCCL-tests' figure
     backend: str | None = None  # gloo | nccl
     diag: dict[str, str] = Field(default_factory=dict)  # node -> "pass" or what failed
+    # node -> the slowest of its ranks' GEMM rate (TFLOP/s); absent: the job printed none.
+    gemm_tflops: dict[str, float] = Field(default_factory=dict)
     detail: str = ""
 
 
