@@ -67,18 +67,20 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, Field
 
+from autoclusters.sandbox import k8s_access as access
+from autoclusters.sandbox import k8s_openapi_v2 as openapi_v2
 from autoclusters.sandbox import k8s_protobuf
 from autoclusters.sandbox.k8s_crd_schema import FieldValidation
 from autoclusters.sandbox.k8s_discovery import CRD_RESOURCE, discover
 from autoclusters.sandbox.k8s_objects import (
     BY_PATH,
-    DEPLOYMENTS,
     PODS,
     ApiError,
     Kind,
     bad_request,
 )
 from autoclusters.sandbox.k8s_openapi import document as openapi_document
+from autoclusters.sandbox.k8s_scale import has_scale
 from autoclusters.sandbox.k8s_store import Store
 from autoclusters.sandbox.k8s_table import table, wanted_table
 from autoclusters.sandbox.k8s_tls import CERT, KEY, certificate, kubeconfig, self_signed, trusting
@@ -173,6 +175,10 @@ def create_app(
     @app.get("/openapi/{path:path}")
     async def openapi(request: Request, path: str) -> JSONResponse:
         authenticate(request)
+        if path.strip("/") == "v2":
+            if openapi_v2.wants_protobuf_only(request.headers.get("accept", "")):
+                raise ApiError(406, "NotAcceptable", "only application/json is served here")
+            return JSONResponse(openapi_v2.document())
         return JSONResponse(openapi_document(path))
 
     @app.api_route("/api", methods=_METHODS)
@@ -187,6 +193,10 @@ def create_app(
                 reason = _FAULT_REASONS.get(fault.code, "InternalError")
                 raise ApiError(fault.code, reason, f"{reason} (injected by the emulator)")
         path = request.url.path
+        if path.rstrip("/") == access.PATH:
+            if request.method != "POST":
+                raise _not_allowed()
+            return JSONResponse(access.review(await _body(request)), status_code=201)
         found = discover(path, request.url.netloc)
         if found is not None:
             if request.method != "GET":
@@ -345,14 +355,14 @@ async def _dispatch(
                 r.kind, r.ns, r.name, options, None if grace is None else int(grace)
             )
         raise _not_allowed()
-    if r.sub == "scale" and r.kind is DEPLOYMENTS and r.ns is not None:
+    if r.sub == "scale" and has_scale(r.kind) and r.ns is not None:
         if method == "GET":
-            return 200, store.get_scale(r.ns, r.name)
+            return 200, store.get_scale(r.kind, r.ns, r.name)
         if method == "PUT":
-            return 200, store.replace_scale(r.ns, r.name, await _body(request))
+            return 200, store.replace_scale(r.kind, r.ns, r.name, await _body(request))
         if method == "PATCH":
             ctype = request.headers.get("content-type", "")
-            return 200, store.patch_scale(r.ns, r.name, ctype, await _body(request))
+            return 200, store.patch_scale(r.kind, r.ns, r.name, ctype, await _body(request))
         raise _not_allowed()
     if r.sub == "eviction" and r.kind is PODS and r.ns is not None:
         if method != "POST":
