@@ -3,7 +3,9 @@
 - `kubectl get events -A` and `kubectl describe node` list the Events the runbook's cordon
   and condition leave on the Node (integrations/k8s_events.py);
 - `kubectl scale nodeset` goes through the NodeSet's scale subresource (Slinky's CRD declares
-  one: sandbox/k8s_scale.py) and a bad replica count is refused;
+  one: sandbox/k8s_scale.py), a bad replica count is refused, and the emulated operator
+  follows the count within the NodeSet's Nodes (drains and removes a slurmd pod, brings it
+  back);
 - `kubectl auth can-i` asks a SelfSubjectAccessReview (protobuf) and is answered for the
   emulator's one token, its admin's;
 - `kubectl get --raw /openapi/v2` is a Swagger 2.0 document whose references resolve.
@@ -30,6 +32,7 @@ from autoclusters.activities.kubernetes import KubernetesActivities
 from autoclusters.core.kubernetes import CordonNodeInput, SetNodeConditionInput
 from autoclusters.sandbox.k8s_emulator import Running
 from autoclusters.sandbox.k8s_tls import kubeconfig
+from autoclusters.sandbox.slinky_operator import SlinkyOperator
 from tests.test_kubectl import (  # noqa: F401  (core, emu, kube_env, kubectl: its fixtures)
     SLURM_NS,
     TOKEN,
@@ -40,6 +43,7 @@ from tests.test_kubectl import (  # noqa: F401  (core, emu, kube_env, kubectl: i
     kube_env,
     kubectl,
 )
+from tests.test_slinky_operator import OperatorFakeSlurm
 
 pytestmark = [
     pytest.mark.integration,
@@ -114,6 +118,41 @@ def test_scale_nodeset_goes_through_its_scale_subresource(
     assert crd["spec"]["versions"][0]["subresources"]["scale"]["specReplicasPath"] == (
         ".spec.replicas"
     )
+
+
+async def test_the_operator_acts_on_kubectl_scale(
+    kubectl: Kubectl,  # noqa: F811
+    core: Core,  # noqa: F811
+) -> None:
+    """The emulated Slinky operator follows the replicas `kubectl scale` writes: scaled in,
+    a Slurm node is drained and its slurmd pod goes; scaled out again, the pod is back."""
+    kubectl("label", "node", "gpu-01", "gpu-02", "nvidia.com/gpu.present=true")
+    slurm = OperatorFakeSlurm()
+    for name in ("gpu-01", "gpu-02"):
+        slurm.add_node(name)
+    operator = SlinkyOperator(core.api_client, slurm)
+    core.create_namespace({"metadata": {"name": SLURM_NS}})
+    custom: Any = client.CustomObjectsApi(core.api_client)
+    custom.create_namespaced_custom_object(
+        "slinky.slurm.net", "v1beta1", SLURM_NS, "nodesets",
+        {"apiVersion": "slinky.slurm.net/v1beta1", "kind": "NodeSet", "metadata": {"name": "gpu"},
+         "spec": {"controllerRef": {"name": "c"}, "scalingMode": "DaemonSet"}},
+    )  # fmt: skip
+
+    def pods() -> list[str]:
+        return kubectl("get", "pods", "-n", SLURM_NS, "-o", "name").stdout.split()
+
+    await operator.reconcile_once()
+    assert pods() == ["pod/slurmd-gpu-01", "pod/slurmd-gpu-02"]
+    kubectl("scale", "nodeset", "gpu", "-n", SLURM_NS, "--replicas=1")
+    report = await operator.reconcile_once()
+    assert report.drained == ["gpu-02"] and report.deleted == [f"{SLURM_NS}/slurmd-gpu-02"]
+    assert pods() == ["pod/slurmd-gpu-01"]
+    assert slurm.node_now("gpu-02").reason.startswith("slurm-operator:")
+    kubectl("scale", "nodeset", "gpu", "-n", SLURM_NS, "--replicas=2")
+    report = await operator.reconcile_once()
+    assert report.created == [f"{SLURM_NS}/slurmd-gpu-02"]
+    assert pods() == ["pod/slurmd-gpu-01", "pod/slurmd-gpu-02"]
 
 
 def test_auth_can_i_answers_for_the_admins_token(
