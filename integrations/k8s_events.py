@@ -37,6 +37,8 @@ NAMESPACE = "default"
 NORMAL, WARNING = "Normal", "Warning"
 # The reasons of the runbook's own changes (a condition's Event takes the condition's reason).
 CORDONED, UNCORDONED, EVICTED = "Cordoned", "Uncordoned", "Evicted"
+# A GPU-sharing move's taint: lifted when the node is lent to inference, put back after.
+POOL_TAINT_LIFTED, POOL_TAINTED = "PoolTaintLifted", "PoolTainted"
 MESSAGE_LIMIT = 1024  # kube-apiserver refuses a longer Event message
 REQUEST_TIMEOUT_S = 10.0
 

@@ -3,6 +3,7 @@ real `kubernetes` client against the loopback emulator:
 
 - a cordon, an uncordon, an eviction and the GpuUnhealthy condition each leave one Event on
   the Node (involvedObject the Node with its uid, in `default`, from `autoclusters`);
+- a GPU-sharing move's pool taint, lifted and put back, leaves one each;
 - a step that changes nothing leaves none, and a repeat counts up on the same Event;
 - an Event the API refuses never fails the step that made the change.
 """
@@ -20,6 +21,7 @@ from kubernetes import client
 from temporalio.testing import ActivityEnvironment
 
 from autoclusters.activities.kubernetes import KubernetesActivities
+from autoclusters.activities.sharing_k8s import ShareKubernetesActivities
 from autoclusters.core.kubernetes import (
     TAINT_KEY,
     CordonNodeInput,
@@ -27,6 +29,7 @@ from autoclusters.core.kubernetes import (
     SetNodeConditionInput,
     UncordonNodeInput,
 )
+from autoclusters.core.sharing import POOL_TAINT_KEY, MoveCall, SharePolicy
 from autoclusters.integrations import k8s_events
 from autoclusters.integrations.k8s import api_client
 from autoclusters.integrations.k8s_events import NodeEvents
@@ -146,3 +149,19 @@ async def test_a_refused_event_never_fails_the_step(
     res = await ActivityEnvironment().run(acts.cordon_node, cordon())
     assert res.changed and client.CoreV1Api(api).read_node(NODE).spec.unschedulable
     assert events(emu) == []  # dropped (and logged), as client-go drops one
+
+
+async def test_a_sharing_move_leaves_an_event_for_the_pool_taint(
+    emu: Running, api: client.ApiClient
+) -> None:
+    """Lending a node lifts the training pool's taint, taking it back restores it: an Event
+    each, none for a step that changed nothing."""
+    share = ShareKubernetesActivities(api, request_timeout_s=5)
+    move = MoveCall(cluster="c", node=NODE, move_id="m-1", policy=SharePolicy())
+    env = ActivityEnvironment()
+    await env.run(share.lend, move)
+    await env.run(share.lend, move)  # already lent: no second Event
+    await env.run(share.reclaim, move)
+    got = [(e["reason"], e["type"]) for e in events(emu)]
+    assert got == [(k8s_events.POOL_TAINT_LIFTED, "Normal"), (k8s_events.POOL_TAINTED, "Normal")]
+    assert f"{POOL_TAINT_KEY}=training:NoSchedule" in events(emu)[1]["message"]
