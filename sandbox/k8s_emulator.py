@@ -6,25 +6,29 @@ and gets what a real API server would answer for what AutoClusters uses:
 - `/api/v1/nodes[/{name}[/status]]`, `/api/v1/namespaces[/{name}]`, `/api/v1/pods`,
   `/api/v1/namespaces/{ns}/pods[/{name}[/status|/eviction]]`,
   `/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets[/{name}]`,
-  `/api/v1/namespaces/{ns}/configmaps|persistentvolumeclaims[/{name}]`,
+  `/api/v1/namespaces/{ns}/configmaps|persistentvolumeclaims|events[/{name}]`,
+  `/api/v1/events` (the Events the product records on Nodes: `kubectl get events -A`),
   `/apis/apps/v1/namespaces/{ns}/deployments[/{name}[/status|/scale]]` (a Deployment
   controller keeps its pods at `spec.replicas`; a scheduler binds pods with no nodeName:
   `sandbox.k8s_deployments`, `sandbox.k8s_scheduler`),
   `/apis/slinky.slurm.net/v1beta1[/namespaces/{ns}]/nodesets|controllers|accountings|
   loginsets[/{name}]` (checked against Slinky's published CRD schemas on every create,
-  update and patch, unknown fields pruned: `k8s_crd_schema`),
+  update and patch, unknown fields pruned: `k8s_crd_schema`; a NodeSet's `/scale` as its
+  CRD declares it: `k8s_scale`),
   `/apis/slurm.crusoe.ai/v1alpha1[/namespaces/{ns}]/slurmclusters|slurmusers[/{name}]`
   (stored as given); no operator acts on any of them here;
-  `/version`;
+  `POST /apis/authorization.k8s.io/v1/selfsubjectaccessreviews` (`kubectl auth can-i`:
+  `k8s_access`); `/version`;
 - list with `labelSelector` / `fieldSelector`; create, get, PUT (409 on a stale
   resourceVersion), PATCH (strategic merge, merge and JSON patch; 415 for a strategic merge
   on a custom resource), delete with a grace period, eviction (429 under a
   PodDisruptionBudget);
 - errors as `Status` objects (401, 404, 405, 409, 415, 422, 429).
 
-- discovery, Tables, watches (`?watch=true`), OpenAPI v3 stubs and protobuf request bodies
-  for the kinds kubectl's typed clients send, so that a real `kubectl` works too
-  (`k8s_discovery`, `k8s_table`, `k8s_watch_stream`, `k8s_openapi`, `k8s_protobuf`); the
+- discovery, Tables, watches (`?watch=true`), OpenAPI v3 stubs, a Swagger 2.0 `/openapi/v2`
+  and protobuf request bodies for the kinds kubectl's typed clients send, so that a real
+  `kubectl` works too (`k8s_discovery`, `k8s_table`, `k8s_watch_stream`, `k8s_openapi`,
+  `k8s_openapi_v2`, `k8s_protobuf`); the
   API is served over HTTPS, since kubectl sends its token only over TLS (`k8s_tls`:
   `--cert-dir` keeps the certificate, `--kubeconfig FILE` writes a kubeconfig for it).
 
