@@ -8,6 +8,10 @@ instead of being overwritten.
 On Slinky, a slurmd pod is never evicted here by default: evicting it tells Slurm nothing.
 The workflow drains through Slurm, waits for IDLE+DRAIN, then deals with that pod.
 
+Each change (cordon and taint, uncordon, evictions, the condition) also leaves an Event on
+the Node, as node-problem-detector does (integrations/k8s_events.py); best effort: an Event
+the API refuses never fails the step.
+
 Each step is given a Slurm node and acts on that node's Kubernetes Node
 (activities/machine_of.py): on CMK the Node carrying its name as Slinky's hostname-override,
 else the Node of its own name. A Slurm node no Node is is `UnknownNode`.
@@ -75,7 +79,7 @@ from autoclusters.core.kubernetes import (
     pod_ref,
     slurmd_pod_of,
 )
-from autoclusters.integrations import k8s_events as events
+from autoclusters.integrations import k8s_events
 from autoclusters.integrations.k8s_events import NodeEvents
 
 # A write computed from a stale read is recomputed this many times before the step fails
@@ -103,7 +107,11 @@ class KubernetesActivities:
         self._core = client.CoreV1Api(api)
         self._timeout = request_timeout_s
         self._machines = machines or MachineOf(api, request_timeout_s=request_timeout_s)
-        self._events = events or NodeEvents(api, request_timeout_s=request_timeout_s)
+        # An Event is worth less than the step: it waits no longer than the recorder's own
+        # bound, even when the step's calls may take longer.
+        self._events = events or NodeEvents(
+            api, request_timeout_s=min(request_timeout_s, k8s_events.REQUEST_TIMEOUT_S)
+        )
 
     async def _note(self, node: Obj, reason: str, message: str, *, warning: bool) -> None:
         """An Event on the Node for a change just made (best effort: never fails the step)."""
@@ -180,7 +188,7 @@ class KubernetesActivities:
             taint = f"{TAINT_KEY}={inp.phase}:NoSchedule"
             await self._note(
                 node,
-                events.CORDONED,
+                k8s_events.CORDONED,
                 f"incident {inp.incident_id}: cordoned and tainted {taint}: {inp.reason}",
                 warning=True,
             )
@@ -198,7 +206,7 @@ class KubernetesActivities:
         if result.changed:
             what = "cordon lifted, taint kept" if inp.keep_taint else "uncordoned, taint removed"
             await self._note(
-                node, events.UNCORDONED, f"incident {inp.incident_id}: {what}", warning=False
+                node, k8s_events.UNCORDONED, f"incident {inp.incident_id}: {what}", warning=False
             )
         return result
 
@@ -263,7 +271,7 @@ class KubernetesActivities:
             message = f"evicted {len(result.evicted)} pod(s): {', '.join(result.evicted)}"
             if result.forced:
                 message += f"; force-deleted after {inp.timeout_s:.0f}s: {', '.join(result.forced)}"
-            await self._note(node, events.EVICTED, message, warning=True)
+            await self._note(node, k8s_events.EVICTED, message, warning=True)
         return result
 
     async def _evict(self, pod: Obj, grace: int | None) -> str | None:

@@ -31,7 +31,7 @@ from autoclusters.core.sharing import (
     Pool,
     StepOutcome,
 )
-from autoclusters.integrations import k8s_events as events
+from autoclusters.integrations import k8s_events
 
 
 def _pool_taint() -> Obj:
@@ -126,7 +126,7 @@ class ShareKubernetesActivities(KubernetesActivities):
                 outcome, node = await self._rewrite(call.node, plan)
             if outcome.changed:
                 text = f"lent to the inference pool: taint {POOL_TAINT_KEY} lifted"
-                await self._note(node, events.POOL_TAINT_LIFTED, text, warning=False)
+                await self._note(node, k8s_events.POOL_TAINT_LIFTED, text, warning=False)
             return outcome
 
     @activity.defn(name="share_scale_inference")
@@ -211,5 +211,5 @@ class ShareKubernetesActivities(KubernetesActivities):
             if outcome.changed:
                 taint = f"{POOL_TAINT_KEY}={Pool.TRAINING.value}:NoSchedule"
                 text = f"back in the training pool: tainted {taint}"
-                await self._note(node, events.POOL_TAINTED, text, warning=False)
+                await self._note(node, k8s_events.POOL_TAINTED, text, warning=False)
             return outcome
