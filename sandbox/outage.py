@@ -307,7 +307,9 @@ def _step_at(log: Sequence[tuple[datetime, str | None]], when: datetime, after: 
 def k8s_cordoned(cfg: SandboxConfig, node: str) -> bool | None:
     if not cfg.k8s:
         return None
-    nodes = httpx.get(f"{cfg.k8s_url}/_emulator/state", timeout=10).json()["nodes"]
+    nodes = httpx.get(f"{cfg.k8s_url}/_emulator/state", timeout=10, verify=cfg.k8s_tls()).json()[
+        "nodes"
+    ]
     return any(
         n["metadata"]["name"] == node and bool(n.get("spec", {}).get("unschedulable"))
         for n in nodes
