@@ -11,7 +11,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from autoclusters.activities.heartbeat import heartbeating
-from autoclusters.activities.in_job import InJobRecovery
+from autoclusters.activities.in_job import InJobRecovery, plan_for
 from autoclusters.activities.job_markers import ACTIVE, BUSY, marked_for, requeue_marker
 from autoclusters.core.cluster_ops import is_ops_reason
 from autoclusters.core.kubernetes import SLINKY_REASON_PREFIX
@@ -126,8 +126,10 @@ class SlurmActivities:
             # Jobs holding a hot spare lose the node and go on; what they could not do is
             # requeued there, under this incident's marker (seen below as requeued once).
             result.in_job = await InJobRecovery(
-                self._slurm, inp.node, inp.incident_id, inp.in_job_budget_s, inp.poll_s
-            ).recover()
+                self._slurm, inp.node, inp.incident_id, inp.in_job_budget_s, inp.poll_s,
+                inp.figures,
+            ).recover()  # fmt: skip
+            result.plans = list(result.in_job.plans)
         # Another incident's requeue of a job is this fault's too: never a second one.
         elsewhere = result.in_job.requeued_elsewhere if result.in_job else {}
         for job in await self._slurm.jobs_on_node(inp.node):
@@ -149,6 +151,13 @@ class SlurmActivities:
             if job.job_id not in {j.job_id for j in seen.records}:
                 seen.records.append(job.record())  # before the write: it may be lost
                 tell()
+            if before is None and job.job_id not in {p.job_id for p in result.plans}:
+                blocked = (
+                    "the policy's job_recovery is requeue"
+                    if not inp.in_job
+                    else "it holds no standby (no injob= in its comment)"
+                )
+                result.plans.append(plan_for(job, blocked, inp.figures, time.time()))
             if before is None:
                 await self._slurm.set_admin_comment(
                     job.job_id, requeue_marker(inp.incident_id, job.restart_cnt)

@@ -14,6 +14,7 @@ from pydantic import BaseModel, Field, field_validator
 from autoclusters.core.fault_evidence import FaultEvidence
 from autoclusters.core.faults import FAULT_PATTERN, NODE_PATTERN
 from autoclusters.core.policy import Policy, Rung
+from autoclusters.core.recovery_cost import RecoveryFigures, RecoveryPlan
 
 REASON_PREFIX = "autoclusters:"
 
@@ -237,6 +238,8 @@ class IncidentState(BaseModel):
     silence_id: str | None = None
     # How each job on the node got going again: "in-job" (its hot spare) or "requeue".
     recovery_path: dict[int, str] = Field(default_factory=dict)
+    # What each path was estimated to cost each job, and the one taken (core/recovery_cost.py).
+    recovery_plans: list[RecoveryPlan] = Field(default_factory=list)
     old_vm_id: str | None = None
     new_vm_id: str | None = None
     # Repaired too often within the policy's lemon window: held out until a person says.
@@ -441,6 +444,8 @@ class InJobResult(BaseModel):
     # No hot spare announced (`injob=` in the comment): left to the requeue step.
     not_capable: list[int] = Field(default_factory=list)
     waited_s: float = 0.0
+    # What each path was estimated to cost the job, and the one taken (core/recovery_cost.py).
+    plans: list[RecoveryPlan] = Field(default_factory=list)
 
     def describe(self) -> str:
         parts = []
@@ -483,6 +488,8 @@ class RequeueInput(BaseModel):
     # once where the node does not answer): the node is marked DOWN for it to end there
     # (activities/slurm.py, `_fence_if_stuck`). None: never.
     fence_after_s: float | None = 3.0
+    # The cluster's seconds to stepping again per path: what the recovery plan weighs.
+    figures: RecoveryFigures = Field(default_factory=RecoveryFigures)
 
 
 class RequeueResult(BaseModel):
@@ -502,6 +509,8 @@ class RequeueResult(BaseModel):
     redrained: bool = False  # the drain was gone before the requeue: applied again
     # The node could not end its requeued jobs (stuck, or not answering): marked DOWN.
     marked_down: bool = False
+    # Every job's recovery plan: the estimates per path and the one taken.
+    plans: list[RecoveryPlan] = Field(default_factory=list)
 
     def recovery_path(self) -> dict[int, str]:
         """How each job on the node got going again: "in-job" (its standby), or "requeue"
@@ -533,6 +542,7 @@ class RequeueResult(BaseModel):
             parts.insert(0, "the drain was gone (a controller restart?): drained again")
         if self.marked_down:
             parts.append("the node could not end its requeued jobs: marked DOWN so they could")
+        parts += [f"plan {p.describe()}" for p in self.plans]
         return "; ".join(parts)
 
 

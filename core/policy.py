@@ -26,6 +26,7 @@ from pydantic_core import PydanticCustomError
 from autoclusters.core.faults import FAULT_PATTERN, NODE_PATTERN
 from autoclusters.core.job_thresholds import JobThresholds
 from autoclusters.core.ladder_figures import LadderFigures
+from autoclusters.core.recovery_cost import RecoveryFigures
 from autoclusters.core.yaml_spec import (
     SpecError,
     SpecFormat,
@@ -237,6 +238,13 @@ class Policy(_Strict):
     # stepped again (`resumed_at=` in its comment) within in_job_budget_s is requeued.
     job_recovery: Literal["in-job", "requeue"] = "in-job"
     in_job_budget_s: float = Field(default=30, gt=0, le=3600, allow_inf_nan=False)
+    # Recovery chosen by its cost (core/recovery_cost.py): this cluster's seconds from a
+    # fault to the job stepping again per path (bench/mttr.py measures them), which with
+    # the job's width and checkpoint age estimate the GPU-hours each path loses; the
+    # cheapest possible path is taken. `announce_recovery`: the estimates and the choice
+    # go to Slack once the jobs are on their way (off in a policy that does not say).
+    recovery_figures: RecoveryFigures = Field(default_factory=RecoveryFigures)
+    announce_recovery: bool = False
     checkpoint_signal: str = Field(default="USR1", pattern=r"^[A-Z0-9]{2,8}$")
     checkpoint_budget_s: float = Field(default=120, gt=0, le=3600, allow_inf_nan=False)
     faults: dict[FaultKind, FaultRule] = Field(default_factory=dict)
