@@ -164,8 +164,8 @@ class GpuRebalance(AgentGate):
     def decide_move(self, decision: MoveDecision) -> None:
         """Kept so that a signal sent to an older run still counts there. A signal carries
         no answer and its proof could not be checked before it counts: on runs with the
-        proof (DECISION_PROOF_PATCH) it decides nothing; decide with `decide_waiting_move`,
-        through the API or Slack."""
+        proof (DECISION_PROOF_PATCH, rebalance/approval.py) it decides nothing; decide with
+        `decide_waiting_move`, through the API or Slack."""
         self._approval.by_signal(decision)
 
     @workflow.update

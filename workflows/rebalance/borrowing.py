@@ -10,7 +10,7 @@ from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
     from autoclusters.core.borrowing import BorrowVerdict, decide_borrow
-    from autoclusters.core.sharing import Borrow, Demand, Move, Verdict
+    from autoclusters.core.sharing import Borrow, Demand, Direction, Move, Verdict
 
 from autoclusters.workflows.rebalance.moves import Moves
 from autoclusters.workflows.rebalance.rebalancer import Rebalancer
@@ -61,13 +61,7 @@ class Borrowing:
         assert b.node is not None and b.for_node is not None
         rb, s = self._rb, self._rb.state
         lost = s.lost[b.for_node]
-        move = Move(
-            move_id=rb.next_move_id(),
-            node=b.node,
-            to="training",
-            reason=f"borrowed for {b.for_node}: {b.why}",
-            demand=demand,
-        )
+        move = self._move(b.node, "training", f"borrowed for {b.for_node}: {b.why}", demand)
         out = Borrow(
             node=b.node,
             for_node=b.for_node,
@@ -109,13 +103,8 @@ class Borrowing:
         asked to checkpoint and requeue (they start again at full width on the repaired
         node), then it serves again. It needs no approval: the borrow was the decision."""
         rb = self._rb
-        move = Move(
-            move_id=rb.next_move_id(),
-            node=out.node,
-            to="inference",
-            reason=f"give back the node borrowed for {out.for_node}: {why}",
-            demand=demand,
-        )
+        reason = f"give back the node borrowed for {out.for_node}: {why}"
+        move = self._move(out.node, "inference", reason, demand)
         out.status, out.give_back_move = "giving_back", move.move_id
         rec = await self._moves.run(move, approval=False)
         if rec.status == "done":
@@ -139,3 +128,6 @@ class Borrowing:
                 f"{': ' + rec.error if rec.error else ''}).",
                 "warning",
             )
+
+    def _move(self, node: str, to: Direction, reason: str, demand: Demand) -> Move:
+        return Move(move_id=self._rb.next_move_id(), node=node, to=to, reason=reason, demand=demand)

@@ -7,8 +7,6 @@ Slurm has drained it and it is idle before Kubernetes gets it.
 
 from __future__ import annotations
 
-from datetime import timedelta
-
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
@@ -29,12 +27,6 @@ async def lend(rb: Rebalancer, rec: MoveRecord) -> None:
     await move_step(rb, rec, "k8s_lend", contracts.share_k8s_lend, call)
     grown = call.model_copy(update={"replicas": rb.inference_count() + 1})
     await move_step(rb, rec, "scale_up_inference", contracts.share_scale_inference, grown)
-    await move_step(
-        rb,
-        rec,
-        "wait_serving",
-        contracts.share_wait_serving,
-        call,
-        timeout=timedelta(seconds=rb.policy.ready_timeout_s + 60),
-    )
+    serving = contracts.share_wait_serving
+    await move_step(rb, rec, "wait_serving", serving, call, timeout=rb.ready_timeout())
     await move_step(rb, rec, "mark_lent", contracts.share_mark_lent, call)

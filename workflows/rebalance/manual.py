@@ -27,6 +27,7 @@ def queue_move(rb: Rebalancer, req: MoveRequest) -> str:
 
 
 def check_move(rb: Rebalancer, req: MoveRequest) -> None:
+    """A known node, bound for the pool it is not in, held by no move, incident or borrow."""
     s = rb.state
     known = s.last_demand.nodes if s.last_demand else []
     node = next((n for n in known if n.name == req.node), None)
@@ -57,6 +58,7 @@ def clear(rb: Rebalancer, req: ClearUnhealthy) -> str:
 
 
 def check_clear(rb: Rebalancer, req: ClearUnhealthy) -> None:
+    """Who cleared it, and a node that did fail its gate."""
     if not req.by.strip():
         raise ValueError("clearing a node needs the name of who cleared it")
     if req.node not in rb.state.unhealthy:

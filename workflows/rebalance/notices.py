@@ -26,17 +26,7 @@ class Notices:
 
     async def move(self, move: Move, event: str, text: str, severity: str) -> None:
         """A move's message (its id in place of an incident's)."""
-        await self.send(
-            Notification(
-                incident_id=move.move_id,
-                cluster=self._cluster,
-                node=move.node,
-                fault=REBALANCE_FAULT,
-                event=event,
-                text=text,
-                severity=severity,
-            )
-        )
+        await self._tell(move.move_id, move.node, REBALANCE_FAULT, event, text, severity)
 
     async def outcome(self, rec: MoveRecord) -> None:
         """How a move people were asked about ended."""
@@ -51,17 +41,23 @@ class Notices:
 
     async def borrow(self, out: Borrow, event: str, text: str, severity: str) -> None:
         """A borrow is told in the incident's own Slack thread (its id), not a move's."""
-        await self.send(
-            Notification(
-                incident_id=out.incident_id,
-                cluster=self._cluster,
-                node=out.for_node,
-                fault=out.fault or "unknown",
-                event=event,
-                text=text,
-                severity=severity,
-            )
+        fault = out.fault or "unknown"
+        await self._tell(out.incident_id, out.for_node, fault, event, text, severity)
+
+    async def _tell(
+        self, thread: str, node: str, fault: str, event: str, text: str, severity: str
+    ) -> None:
+        """`thread`: the id whose Slack thread it goes to (a move's, or an incident's)."""
+        note = Notification(
+            incident_id=thread,
+            cluster=self._cluster,
+            node=node,
+            fault=fault,
+            event=event,
+            text=text,
+            severity=severity,
         )
+        await self.send(note)
 
     async def send(self, note: Notification) -> None:
         try:

@@ -64,6 +64,10 @@ class Rebalancer:
             cluster=self.cluster, node=move.node, move_id=move.move_id, policy=self.policy
         )
 
+    def ready_timeout(self) -> timedelta:
+        """How long a step that waits for inference pods may take (ready, or drained)."""
+        return timedelta(seconds=self.policy.ready_timeout_s + 60)
+
     def moving(self, node: str) -> bool:
         """Is the move running now on `node`?"""
         return self.current is not None and self.current.move.node == node

@@ -8,7 +8,7 @@ node before Slurm resumes it; a node that fails the gate stays drained and a hum
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from temporalio import workflow
 
@@ -30,14 +30,8 @@ async def give_back_to_training(rb: Rebalancer, rec: MoveRecord, agent: AgentChe
     call = rb.call(rec.move)
     # The node is already `moving` (out of the inference count): the others keep theirs.
     shrunk = call.model_copy(update={"replicas": rb.inference_count()})
-    await move_step(
-        rb,
-        rec,
-        "scale_down_inference",
-        contracts.share_k8s_release,
-        shrunk,
-        timeout=timedelta(seconds=rb.policy.ready_timeout_s + 60),
-    )
+    release = contracts.share_k8s_release
+    await move_step(rb, rec, "scale_down_inference", release, shrunk, timeout=rb.ready_timeout())
     await move_step(rb, rec, "k8s_reclaim", contracts.share_k8s_reclaim, call)
     since = workflow.now()
     report = await move_step(
