@@ -28,6 +28,8 @@ with workflow.unsafe.imports_passed_through():
         RegisterCall,
         Registration,
     )
+    from autoclusters.core.handoff import incident_bundle
+    from autoclusters.core.handoff_answer import HandoffAnswer, HandoffReason, HandoffRecord
     from autoclusters.core.ladder import climb, skip_from
     from autoclusters.core.lemon import is_lemon, lemon_text
     from autoclusters.core.models import (
@@ -49,6 +51,7 @@ with workflow.unsafe.imports_passed_through():
         ScreenInput,
         ScreenResult,
         StepRecord,
+        Waiting,
         WaitRegisteredInput,
         drain_reason,
     )
@@ -58,6 +61,7 @@ from autoclusters.workflows.approvals import Approvals
 from autoclusters.workflows.controller_restart import ControllerRestart
 from autoclusters.workflows.fault_intake import FaultIntake
 from autoclusters.workflows.guard_steps import GuardSeat
+from autoclusters.workflows.handoff_steps import Declined, ProviderHandoff
 from autoclusters.workflows.health_gate_steps import Evidence, health_gate
 from autoclusters.workflows.incident import Incident, Rejected, Unattended
 from autoclusters.workflows.kubernetes_steps import KubernetesNode
@@ -105,6 +109,7 @@ class NodeRemediation:
         )
         self._guard = GuardSeat(inc, guard)
         self._spares = Spares(inc, guard)
+        self._handoff = ProviderHandoff(p.handoff, inc.steps, inc.notify, self._show_handoff)
 
     # --- what people and other systems see and send -------------------------------------
 
@@ -205,6 +210,18 @@ class NodeRemediation:
         if notice.incident_id == self._state.request.incident_id:
             self._guard.tickets.add(notice.ticket)
 
+    @workflow.update
+    def handoff_answer(self, answer: HandoffAnswer) -> HandoffRecord:
+        """The provider's answer to the hand-off (the API verified its signature):
+        fixed, replaced or declined (docs/handoff.md)."""
+        return self._handoff.take(answer)
+
+    @handoff_answer.validator
+    def _check_handoff_answer(self, answer: HandoffAnswer) -> None:
+        if self._state.status != "open":
+            raise ValueError(f"incident {self._state.request.incident_id} is closed")
+        self._handoff.check(answer)
+
     # --- the runbook --------------------------------------------------------------------
 
     @workflow.run
@@ -257,11 +274,21 @@ class NodeRemediation:
         try:
             await self._guard.admitted("quarantine", contracts.guard_admit_quarantine)
             await self._quarantine.take()
-            await self._repair_until_healthy(req)
+            if p.handoff.hands_off(req.fault):  # the policy says only the provider can fix it
+                await self._provider_repair(
+                    req, "provider_fault", f"{req.fault} is the provider's to fix (policy)"
+                )
+            else:
+                await self._repair_or_hand_off(req)
             if is_lemon(p, req.prior_repairs):
-                # Repaired again and again: held drained (and cordoned) until a person says.
+                # Repaired again and again: held drained (and cordoned) until a person says,
+                # or the provider has looked at the machine (policy handoff.when: lemon).
                 s.lemon = True
-                await self._approvals.release_lemon(lemon_text(p, req.node, req.prior_repairs or 0))
+                text = lemon_text(p, req.node, req.prior_repairs or 0)
+                if self._handoff.may("lemon"):
+                    await self._provider_repair(req, "lemon", text)
+                else:
+                    await self._approvals.release_lemon(text)
             # The controller may have restarted meanwhile: never return a node with a job
             # Slurm places on it that cannot be running.
             await self._controller.recheck()
@@ -285,6 +312,10 @@ class NodeRemediation:
             )
             if not back.returned:
                 raise ApplicationError(f"{req.node} not returned to service: {back.detail}")
+        except Declined as no:
+            await self._release(back_in_service=False)
+            left = await self._quarantine.left_drained()
+            return await self._close("handed_off", f"{no}; {req.node} {left}", "warning")
         except Rejected as no:
             await self._release(back_in_service=False)
             left = "left drained"
@@ -379,6 +410,64 @@ class NodeRemediation:
                 + "".join(f"; {why}" for why in skipped),
                 "warning",
             )
+
+    # --- the hand-off to the provider (workflows/handoff_steps.py, docs/handoff.md) --------
+
+    async def _repair_or_hand_off(self, req: IncidentRequest) -> None:
+        """The ladder; where it ends with a failed gate and the policy says so, the
+        provider's repair. Without policy.handoff no command changes (docs/versioning.md)."""
+        try:
+            await self._repair_until_healthy(req)
+        except ApplicationError as err:
+            if err.type != "HealthGateFailed" or not self._handoff.may("health_gate_failed"):
+                raise
+            await self._provider_repair(req, "health_gate_failed", err.message)
+
+    async def _provider_repair(self, req: IncidentRequest, why: HandoffReason, text: str) -> None:
+        """Hand the node off and wait for the answer: fixed, the health gate (and burn-in)
+        on the machine as it is; replaced, the bring-up of a new machine, as after our own
+        replacement; declined, `Declined`. A gate failed after the answer fails the
+        incident: one hand-off per incident, a human takes it from there."""
+        inc, s, p = self._inc, self._state, self._policy
+        before = await self._k8s.identity() if self._k8s is not None else None
+        bundle = incident_bundle(s, self._evidence.snapshots, why, text, workflow.now())
+        rec = await self._handoff.hand_off(bundle, req.node)
+        if rec.answer == "declined":
+            raise Declined(
+                "the provider declined the hand-off"
+                + (f" (ticket {rec.ticket})" if rec.ticket else "")
+                + (f": {rec.note}" if rec.note else "")
+            )
+        s.repair_attempts += 1  # the provider's repair: the screen's key is a new one
+        done = RepairResult(
+            node=req.node,
+            rung=Rung.REPLACE if rec.answer == "replaced" else Rung(s.rung or Rung.REBOOT.value),
+            old_vm_id=s.new_vm_id or s.old_vm_id or "",
+            new_vm_id=rec.new_vm_id or "",
+            # Replaced: the new machine's slurmd and agent report from after the hand-off.
+            # Fixed: the machine may not have restarted; evidence from after the answer.
+            stopped_at=rec.started_at.timestamp() if rec.answer == "replaced" else None,
+        )
+        if rec.answer == "replaced":
+            s.old_vm_id, s.new_vm_id = done.old_vm_id or None, done.new_vm_id or None
+            if before is not None and self._k8s is not None:
+                await self._k8s.wait_new_machine(before, done)
+            await self._wait_registered(req, done)
+        await self._controller.recheck()
+        report = await health_gate(inc, self._evidence, done)
+        if report.passed and p.burn_in.enabled:
+            report = await self._screen(req, report)
+        s.health.append(report)
+        if not report.passed:
+            raise ApplicationError(
+                f"health gate failed after the provider's answer {rec.answer}: {report.failures()}",
+                type="HealthGateFailed",
+                non_retryable=True,
+            )
+
+    def _show_handoff(self, rec: HandoffRecord, waiting: Waiting | None) -> None:
+        self._state.handoff, self._state.waiting_for = rec, waiting
+        self._inc.publish()
 
     async def _screen(self, req: IncidentRequest, report: HealthReport) -> HealthReport:
         """The burn-in screen in a breakfix reservation (activities/screen.py): its result
