@@ -140,6 +140,9 @@ class HandoffSent(BaseModel):
     status: int
     ticket: str = ""
     duplicate: bool = False
+    # Epoch seconds, the worker's clock, when the receiver took it: a replacement the
+    # provider answers for is a machine whose slurmd started after this.
+    accepted_at: float = 0.0
 
 
 # How many of the agent's latest readings go with a hand-off: the picture before and after

@@ -36,6 +36,7 @@ class HandoffRecord(BaseModel):
     summary: str
     started_at: datetime
     sent_at: datetime | None = None
+    accepted_at: float | None = None  # epoch seconds, the worker's clock (HandoffSent)
     ticket: str = ""
     answer: AnswerKind | None = None
     answered_at: datetime | None = None

@@ -55,4 +55,6 @@ class HandoffClient:
         if isinstance(said, dict):
             ticket = str(said.get("ticket") or "")[:200]
             duplicate = said.get("duplicate") is True
-        return HandoffSent(status=r.status_code, ticket=ticket, duplicate=duplicate)
+        return HandoffSent(
+            status=r.status_code, ticket=ticket, duplicate=duplicate, accepted_at=self._clock()
+        )

@@ -105,7 +105,8 @@ class ProviderHandoff:
             timeout=SEND_TIMEOUT,
             retry=send_retry(p),
         )  # fmt: skip
-        rec.sent_at, rec.ticket = workflow.now(), rec.ticket or sent.ticket
+        rec.sent_at, rec.accepted_at = workflow.now(), sent.accepted_at
+        rec.ticket = rec.ticket or sent.ticket
         self._show(rec, None)
         ticket = f" (ticket {rec.ticket})" if rec.ticket else ""
         await self._tell(
@@ -139,22 +140,23 @@ class ProviderHandoff:
                 since=workflow.now(),
             ),
         )
-        try:
-            while rec.answer is None:
-                try:
-                    await workflow.wait_condition(
-                        lambda: rec.answer is not None, timeout=timedelta(seconds=every)
-                    )
-                except TimeoutError:
-                    rec.reminders += 1
-                    waited = (workflow.now() - rec.started_at).total_seconds()
-                    await self._tell(
-                        "handoff_reminder",
-                        f"still waiting for the provider's answer on {subject}"
-                        + (f" (ticket {rec.ticket})" if rec.ticket else "")
-                        + f", handed off {waited / 3600:.1f} h ago; it stays drained",
-                        "warning",
-                    )
-        finally:
-            self._show(rec, None)
+        # No `finally`: a run evicted from the worker's cache unwinds through here outside
+        # the workflow's event loop, where nothing may be shown; a cancelled run's close
+        # clears what it waits for itself.
+        while rec.answer is None:
+            try:
+                await workflow.wait_condition(
+                    lambda: rec.answer is not None, timeout=timedelta(seconds=every)
+                )
+            except TimeoutError:
+                rec.reminders += 1
+                waited = (workflow.now() - rec.started_at).total_seconds()
+                await self._tell(
+                    "handoff_reminder",
+                    f"still waiting for the provider's answer on {subject}"
+                    + (f" (ticket {rec.ticket})" if rec.ticket else "")
+                    + f", handed off {waited / 3600:.1f} h ago; it stays drained",
+                    "warning",
+                )
+        self._show(rec, None)
         return rec

@@ -444,9 +444,10 @@ class NodeRemediation:
             rung=Rung.REPLACE if rec.answer == "replaced" else Rung(s.rung or Rung.REBOOT.value),
             old_vm_id=s.new_vm_id or s.old_vm_id or "",
             new_vm_id=rec.new_vm_id or "",
-            # Replaced: the new machine's slurmd and agent report from after the hand-off.
-            # Fixed: the machine may not have restarted; evidence from after the answer.
-            stopped_at=rec.started_at.timestamp() if rec.answer == "replaced" else None,
+            # Replaced: the new machine's slurmd and agent report from after the provider
+            # took the hand-off (the worker's clock, as the machines'). Fixed: the machine
+            # may not have restarted; the gate takes evidence from after its own check.
+            stopped_at=rec.accepted_at if rec.answer == "replaced" else None,
         )
         if rec.answer == "replaced":
             s.old_vm_id, s.new_vm_id = done.old_vm_id or None, done.new_vm_id or None
