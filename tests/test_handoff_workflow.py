@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import time
+import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -106,6 +107,11 @@ class Desked(Fleet):
             ],
             **({} if cached else {"max_cached_workflows": 0}),
         )
+
+    def request(self, node: str = "gpu-01", fault: str = "XID_79", **kw: Any) -> IncidentRequest:
+        """With an id as the API gives them (the answer route refuses any other)."""
+        kw.setdefault("incident_id", f"inc-20260105-{uuid.uuid4().int % 1_000_000:06d}-{node}")
+        return super().request(node, fault, **kw)
 
     def handoff_policy(self, **changes: Any) -> HandoffPolicy:
         return HandoffPolicy(enabled=True, url=self.desk_url + "/tickets", **changes)
@@ -229,7 +235,7 @@ async def test_a_providers_fault_is_handed_off_at_once_and_replaced_is_brought_u
 
 
 async def test_declined_leaves_the_node_drained_and_closes_handed_off(
-    env: WorkflowEnvironment,
+    env: WorkflowEnvironment, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     async with _desked(env) as f, f.worker():
         req = f.request(policy=_policy(handoff=f.handoff_policy(faults=["XID_79"])))
@@ -237,6 +243,24 @@ async def test_declined_leaves_the_node_drained_and_closes_handed_off(
         await _until(handle, _handing_off, "the hand-off")
         await _answer(handle, "declined", note="not a hardware fault")
         result = await handle.result()
+
+        # The provider's retry of the same answer (its response lost) is a 200 `repeat`;
+        # another answer to a closed hand-off is refused.
+        async def found(*_: Any) -> Any:  # the time-skipping server has no visibility
+            return handle
+
+        monkeypatch.setattr(incidents, "find_incident", found)
+        path = ANSWER_PATH.format(incident_id=req.incident_id)
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=_api(f, env.client)), base_url=API_URL
+        ) as http:
+            said = {}
+            for answer in ("declined", "fixed"):
+                body = HandoffAnswer(answer=answer).model_dump_json().encode()
+                said[answer] = await http.post(path, content=body, headers=_signed(body))
+        assert said["declined"].status_code == 200, said["declined"].text
+        assert said["declined"].json()["repeat"] is True
+        assert said["fixed"].status_code == 409, said["fixed"].text
 
     assert result.status == "handed_off"
     assert result.handoff is not None and result.handoff.answer == "declined"

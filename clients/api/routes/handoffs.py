@@ -17,6 +17,7 @@ from temporalio.client import Client
 from autoclusters.clients import handoffs, incidents
 from autoclusters.clients.api.checks import body_schema
 from autoclusters.clients.api.state import ApiState
+from autoclusters.core.faults import INCIDENT_ID_PATTERN
 from autoclusters.core.handoff import (
     ANSWER_PATH,
     SIGNATURE_HEADER,
@@ -61,6 +62,12 @@ def router(api: ApiState) -> APIRouter:
             given = HandoffAnswer.model_validate_json(raw)
         except ValidationError as e:
             raise api.refusals.invalid(e, "hand-off answer", ep) from None
+
+        if not INCIDENT_ID_PATTERN.match(incident_id):  # not one of ours: Temporal need not say
+            raise api.refusals.refuse(
+                404, "not_found", ep, "no such incident",
+                f"{incident_id[:80]!r} is not an incident id (inc-YYYYMMDD-HHMMSS-<node>)",
+            )  # fmt: skip
 
         async def go(client: Client) -> tuple[HandoffRecord, bool]:
             return await handoffs.answer(client, settings, incident_id, given)
