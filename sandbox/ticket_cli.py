@@ -63,6 +63,10 @@ def serve(
     reminder_s: Annotated[
         float, typer.Option("--reminder-s", help="The reminders' interval, seconds.")
     ] = 600,
+    fault: Annotated[
+        list[str] | None,
+        typer.Option("--fault", help="A fault kind handed off at once (handoff.faults); repeat."),
+    ] = None,
 ) -> None:
     """Start the ticket desk and point the sandbox's hand-offs at it."""
     import sys
@@ -95,11 +99,19 @@ def serve(
             "enabled": True,
             "url": url,
             "reminder_interval_s": reminder_s,
+            "when": ["health_gate_failed", "lemon"],
+            "faults": sorted(set(fault or [])),
         }
-        cfg.policy_file.write_text(
-            "# `autoclusters sandbox ticket serve` turned the hand-off on.\n"
-            + yaml.safe_dump(policy, sort_keys=False)
-        )
+        from autoclusters.core.policy import PolicyError, parse_policy
+
+        text = "# `autoclusters sandbox ticket serve` turned the hand-off on.\n"
+        text += yaml.safe_dump(policy, sort_keys=False)
+        try:
+            parse_policy(text, str(cfg.policy_file))  # never leave the API a broken policy
+        except PolicyError as e:
+            typer.echo(str(e), err=True)
+            raise typer.Exit(2) from None
+        cfg.policy_file.write_text(text)
     typer.echo(f"ticket desk: {url} (tickets: autoclusters sandbox ticket list)")
     if enable:
         typer.echo(f"hand-off on in {cfg.policy_file}: incidents opened from now on hand off")
