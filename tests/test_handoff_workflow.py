@@ -234,6 +234,31 @@ async def test_a_providers_fault_is_handed_off_at_once_and_replaced_is_brought_u
     assert not f.slurm.node_now("gpu-01").drained
 
 
+async def test_a_lemon_goes_to_the_provider_instead_of_the_approvers(
+    env: WorkflowEnvironment,
+) -> None:
+    async with _desked(env, fixed_by=Rung.REBOOT) as f, f.worker():
+        policy = _policy(
+            lemon_repairs=2, handoff=f.handoff_policy(when=["health_gate_failed", "lemon"])
+        )
+        req = f.request(policy=policy).model_copy(update={"prior_repairs": 1})
+        handle = await f.start(req)
+        state = await _until(handle, _handing_off, "the hand-off")
+        assert state.lemon and state.step("release_lemon") is None
+        [ticket] = f.tickets()
+        assert ticket.request["reason"] == "lemon"
+        assert ticket.request["summary"].startswith("gpu-01 is a lemon: repaired 2 times")
+        assert [g["passed"] for g in ticket.request["health_gates"]] == [True]
+        # The provider looks at the machine and restarts it (its agent reports a new boot).
+        await f.cloud.repair("gpu-01", Rung.REBOOT, "the-providers-own")
+        await _answer(handle, "fixed")
+        result = await handle.result()
+
+    assert result.status == "resolved"
+    assert [h.passed for h in result.health] == [True, True]  # gated again after the answer
+    assert not f.slurm.node_now("gpu-01").drained
+
+
 async def test_declined_leaves_the_node_drained_and_closes_handed_off(
     env: WorkflowEnvironment, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -284,11 +284,14 @@ class NodeRemediation:
                 # Repaired again and again: held drained (and cordoned) until a person says,
                 # or the provider has looked at the machine (policy handoff.when: lemon).
                 s.lemon = True
-                text = lemon_text(p, req.node, req.prior_repairs or 0)
                 if self._handoff.may("lemon"):
-                    await self._provider_repair(req, "lemon", text)
+                    # The lemon text's first clause: the rest asks the approvers.
+                    why = lemon_text(p, req.node, req.prior_repairs or 0).split(";")[0]
+                    await self._provider_repair(req, "lemon", why)
                 else:
-                    await self._approvals.release_lemon(text)
+                    await self._approvals.release_lemon(
+                        lemon_text(p, req.node, req.prior_repairs or 0)
+                    )
             # The controller may have restarted meanwhile: never return a node with a job
             # Slurm places on it that cannot be running.
             await self._controller.recheck()
