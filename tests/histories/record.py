@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sys
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -32,6 +33,8 @@ from autoclusters.core.guard import (
     guard_workflow_id,
 )
 from autoclusters.core.guard_batch import GuardBatch, GuardCall
+from autoclusters.core.handoff import HandoffCall, HandoffSent
+from autoclusters.core.handoff_answer import HandoffAnswer
 from autoclusters.core.kubernetes import (
     CordonNodeInput,
     CordonNodeResult,
@@ -46,7 +49,7 @@ from autoclusters.core.kubernetes import (
     WaitNewNodeInput,
 )
 from autoclusters.core.models import RETURNED_JOBS_STEP, SPARE_REASON
-from autoclusters.core.policy import GuardPolicy, Rung, StepPolicy
+from autoclusters.core.policy import GuardPolicy, HandoffPolicy, Rung, StepPolicy
 from autoclusters.workflows.fleet_guard import FleetGuard
 from autoclusters.workflows.remediation import NodeRemediation
 from tests.decisions import proof_checks, proven, proven_reset
@@ -281,6 +284,24 @@ async def proven_decision(f: Fleet) -> Incident:
     return handle
 
 
+@activity.defn(name="send_handoff")
+async def _handoff_taken(call: HandoffCall) -> HandoffSent:
+    """The provider's desk, taking the hand-off at once."""
+    return HandoffSent(status=200, ticket="TKT-0001", accepted_at=time.time())
+
+
+async def handoff_fixed(f: Fleet) -> Incident:
+    """The ladder ends with a failed gate and the policy hands off (from 0.2,
+    docs/handoff.md): the provider answers fixed; the node is gated again and returned."""
+    handoff = HandoffPolicy(enabled=True, url="http://desk.test/tickets")
+    handle = await f.start(f.request(policy=_policy(handoff=handoff)))
+    await _until(handle, _waiting("handoff"), "the hand-off", timeout_s=60)
+    f.health.fixed_by = Rung.REBOOT
+    await handle.execute_update(NodeRemediation.handoff_answer, HandoffAnswer(answer="fixed"))
+    await _result(handle)
+    return handle
+
+
 class _No:
     detail = ""
 
@@ -294,6 +315,7 @@ class Case:
     fleet: dict[str, Any] = field(default_factory=dict)
     kubernetes: bool = False
     guard: bool = False  # record the cluster's FleetGuard too
+    handoff: bool = False  # the provider's desk takes hand-offs
 
 
 CASES = {
@@ -315,6 +337,7 @@ CASES = {
     "held_drain_at_floor": Case(
         held_drain_at_floor, {"nodes": 4, "cloud": lambda s: FakeCloud(s, hold=True)}, guard=True
     ),
+    "handoff_fixed": Case(handoff_fixed, {"fixed_by": None}, handoff=True),
 }
 
 
@@ -327,6 +350,8 @@ def _write(name: str, history: WorkflowHistory) -> None:
 async def _record_case(env: WorkflowEnvironment, release: str, name: str, case: Case) -> None:
     k8s = FakeKubernetes()
     extra = k8s.activities() if case.kubernetes else []
+    if case.handoff:
+        extra.append(_handoff_taken)
     async with _fleet(env, extra_activities=extra, **case.fleet) as f:
         handle = await case.run(f)
         _write(f"remediation_{release}_{name}", await handle.fetch_history())
