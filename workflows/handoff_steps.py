@@ -155,8 +155,12 @@ class ProviderHandoff:
                     "handoff_reminder",
                     f"still waiting for the provider's answer on {subject}"
                     + (f" (ticket {rec.ticket})" if rec.ticket else "")
-                    + f", handed off {waited / 3600:.1f} h ago; it stays drained",
+                    + f", handed off {_ago(waited)} ago; it stays drained",
                     "warning",
                 )
         self._show(rec, None)
         return rec
+
+
+def _ago(seconds: float) -> str:
+    return f"{seconds / 60:.0f} min" if seconds < 5400 else f"{seconds / 3600:.1f} h"
