@@ -22,7 +22,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
@@ -52,6 +52,7 @@ from autoclusters.workflows.remediation import NodeRemediation
 from tests.decisions import APPROVAL_KEY
 from tests.fakes import FakeCloud, FakeHealth, FakeSlurm, RecordingNotifier
 from tests.helpers import HermeticSettings, time_skipping_env
+from tests.histories.record import FakeKubernetes
 from tests.test_remediation_workflow import (
     Fleet,
     Incident,
@@ -82,6 +83,7 @@ class Desked(Fleet):
 
     desk: Desk | None = None
     desk_url: str = ""
+    extra: list[Any] = field(default_factory=list)  # more activities (Kubernetes)
 
     def worker(self, *, cached: bool = True) -> Worker:
         """`cached=False`: no sticky cache, so a worker that stopped leaves nothing for the
@@ -104,6 +106,7 @@ class Desked(Fleet):
                     approval_keys=[APPROVAL_KEY],
                 ),  # fmt: skip
                 sender.send_handoff,
+                *self.extra,
             ],
             **({} if cached else {"max_cached_workflows": 0}),
         )
@@ -232,6 +235,32 @@ async def test_a_providers_fault_is_handed_off_at_once_and_replaced_is_brought_u
     assert "repair" not in names
     assert result.new_vm_id == "vm-new-1"
     assert not f.slurm.node_now("gpu-01").drained
+
+
+async def test_replaced_on_kubernetes_waits_for_the_new_node_first(
+    env: WorkflowEnvironment,
+) -> None:
+    k8s = FakeKubernetes()
+    async with _desked(env, fixed_by=Rung.REPLACE) as f:
+        f.extra = k8s.activities()
+        async with f.worker():
+            policy = _policy(handoff=f.handoff_policy(faults=["XID_79"]))
+            req = f.request(policy=policy).model_copy(update={"kubernetes": True})
+            handle = await f.start(req)
+            await _until(handle, _handing_off, "the hand-off")
+            await f.cloud.repair("gpu-01", Rung.REPLACE, "the-providers-own")
+            await _answer(handle, "replaced")
+            result = await handle.result()
+
+    assert result.status == "resolved"
+    names = [s.name for s in result.steps]
+    after = names[names.index("handoff_answer") :]
+    # As after a replacement of ours: the new Node Ready (and cordoned for the gate), then
+    # slurmd, then the gate; the node is given back (uncordoned) only after it passed.
+    assert (
+        after.index("k8s_wait_ready") < after.index("wait_registered") < after.index("health_gate")
+    )
+    assert k8s.calls.count("wait_ready") == 1 and k8s.calls[-1] == "uncordon"
 
 
 async def test_a_lemon_goes_to_the_provider_instead_of_the_approvers(
