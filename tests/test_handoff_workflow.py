@@ -9,7 +9,10 @@ Aspects covered:
   repair of ours; `replaced` runs the new machine's bring-up (registration, the gate);
 - `declined` leaves the node drained and closes the incident `handed_off`;
 - while no answer comes, a reminder every `reminder_interval_s` (a durable timer);
-- a desk that is away (503) is tried again by Temporal's retry policy: one ticket;
+- a desk that is away (503) is tried again by Temporal's retry policy: one ticket; a desk
+  that refuses it (400) is not, and the incident fails with the node drained;
+- a lemon goes to the provider instead of the approvers (policy `when: [lemon]`);
+- `replaced` on Kubernetes waits for the new Node Ready before slurmd and the gate;
 - a worker restart and an API restart between the request and the answer: the run resumes
   on the new worker, the answer comes through a new API, one delivery in all;
 - the answer's validator: nothing to answer before a hand-off.
@@ -28,7 +31,7 @@ from typing import Any
 import httpx
 import pytest
 import pytest_asyncio
-from temporalio.client import Client, WorkflowUpdateFailedError
+from temporalio.client import Client, WorkflowFailureError, WorkflowUpdateFailedError
 from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
@@ -356,6 +359,24 @@ async def test_a_desk_that_is_away_is_tried_again_and_gets_one_ticket(
         await _until(handle, _handing_off, "the hand-off", timeout_s=60)
         assert f.desk.faults == []  # both refusals were met: three tries in all
         assert [t.deliveries for t in f.tickets()] == [1]
+
+
+async def test_a_refused_hand_off_fails_the_incident_with_the_node_drained(
+    env: WorkflowEnvironment,
+) -> None:
+    async with _desked(env) as f, f.worker():
+        assert f.desk is not None
+        f.desk.faults.append(DeskFault(status=400, count=1))  # not a retry's to mend
+        policy = _policy(handoff=f.handoff_policy(faults=["XID_79"]))
+        handle = await f.start(f.request(policy=policy))
+        with pytest.raises(WorkflowFailureError):
+            await handle.result()
+        state = await handle.query(NodeRemediation.status)
+
+    assert state.status == "failed"
+    assert state.error is not None and "refused the hand-off: 400" in state.error
+    assert f.slurm.node_now("gpu-01").drained
+    assert f.tickets() == [] and f.events()[-1] == "failed"
 
 
 async def test_a_worker_and_an_api_restart_between_request_and_answer(
