@@ -276,6 +276,7 @@ class ScreenInput(BaseModel):
     min_bus_gbps: float = 0
     neighbour: bool = True
     poll_s: float = 1.0
+    min_gemm_tflops: float = 0  # the GEMM rate's floor per rank; 0: none
 
 
 class ScreenResult(BaseModel):
@@ -294,6 +295,8 @@ class ScreenResult(BaseModel):
     busbw_gbps: float | None = None  # algbw * 2(n-1)/n, NCCL-tests' figure
     backend: str | None = None  # gloo | nccl
     diag: dict[str, str] = Field(default_factory=dict)  # node -> "pass" or what failed
+    # node -> the slowest of its ranks' GEMM rate (TFLOP/s); absent: the job printed none.
+    gemm_tflops: dict[str, float] = Field(default_factory=dict)
     detail: str = ""
 
 
@@ -481,6 +484,10 @@ class RequeueInput(BaseModel):
     # restarted since the drain step may have forgotten it, and a requeued job would land on
     # the node again. "": not checked.
     drain_reason: str = ""
+    # A job this incident requeued still completing on the node after this long (or at
+    # once where the node does not answer): the node is marked DOWN for it to end there
+    # (activities/slurm.py, `_fence_if_stuck`). None: never.
+    fence_after_s: float | None = 3.0
 
 
 class RequeueResult(BaseModel):
@@ -498,6 +505,8 @@ class RequeueResult(BaseModel):
     controller_started: str = ""
     records: list[JobRecord] = Field(default_factory=list)  # of the jobs requeued now
     redrained: bool = False  # the drain was gone before the requeue: applied again
+    # The node could not end its requeued jobs (stuck, or not answering): marked DOWN.
+    marked_down: bool = False
 
     def recovery_path(self) -> dict[int, str]:
         """How each job on the node got going again: "in-job" (its standby), or "requeue"
@@ -527,6 +536,8 @@ class RequeueResult(BaseModel):
             parts.append(f"cannot requeue {self.not_requeueable}")
         if self.redrained:
             parts.insert(0, "the drain was gone (a controller restart?): drained again")
+        if self.marked_down:
+            parts.append("the node could not end its requeued jobs: marked DOWN so they could")
         return "; ".join(parts)
 
 

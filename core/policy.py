@@ -25,6 +25,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from autoclusters.core.faults import FAULT_PATTERN, NODE_PATTERN
+from autoclusters.core.job_thresholds import JobThresholds
 from autoclusters.core.ladder_figures import LadderFigures
 from autoclusters.core.yaml_spec import (
     SpecError,
@@ -117,6 +118,12 @@ class FaultRule(_Strict):
     # first and requeue them only once they have (or the budget is spent), so they lose no
     # steps; `drain` requeues them at once, as for a fatal fault.
     on_degraded: Literal["checkpoint_then_drain", "drain"] = "drain"
+    # A fault that is as often software as hardware (a hung job, a straggler): once the
+    # node's jobs are recovered, the node is screened (the burn-in screen, `burn_in`'s
+    # figures) before any repair. Passed: it goes back without a repair, the incident
+    # counted in its lemon record; failed: the repair ladder from `first_rung`, each repair
+    # screened again. Off by default, so a recorded incident replays as it ran.
+    screen_before_repair: bool = False
 
 
 class StepPolicy(_Strict):
@@ -193,6 +200,10 @@ class BurnInScreen(_Strict):
     # The bus bandwidth the all-reduce must reach (GB/s, NCCL-tests' busbw); 0: no floor
     # (the sandbox's gloo over loopback says nothing about a fabric).
     min_bus_gbps: float = Field(default=0, ge=0, le=100000, allow_inf_nan=False)
+    # The matrix-multiply rate every GPU of the screened nodes must reach (TFLOP/s, a bf16
+    # GEMM on GPUs, float32 on CPU); 0: no floor. A slow GPU passes every diagnostic and
+    # still holds back its job: this is the figure that shows it.
+    min_gemm_tflops: float = Field(default=0, ge=0, le=100000, allow_inf_nan=False)
     # Screen with a healthy idle neighbour when Slurm shows one; off: always alone.
     neighbour: bool = True
 
@@ -293,6 +304,10 @@ class Policy(_Strict):
     burn_in: BurnInScreen = Field(default_factory=BurnInScreen)
     # The hand-off to the provider when automation has done all it can (docs/handoff.md).
     handoff: HandoffPolicy = Field(default_factory=HandoffPolicy)
+    # The silent-fault rules' thresholds for the jobs each entry matches (by Slurm job name,
+    # partition or account; the first match wins), over the agent's own settings
+    # (core/job_thresholds.py). The agents read them from this file (their policy_file).
+    job_thresholds: list[JobThresholds] = Field(default_factory=list, max_length=1000)
 
     def rule_for(self, fault: str) -> FaultRule:
         return self.faults.get(fault, self.default_rule)

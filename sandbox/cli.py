@@ -107,7 +107,7 @@ def _print_access(cfg: Any) -> None:
         f"login:       ssh -i {provision.ssh_key(cfg)} -p {cfg.login_port} root@127.0.0.1"
     )
     if cfg.k8s:
-        console.print(f"kubectl:     KUBECONFIG={cfg.kubectl_kubeconfig} kubectl get nodes")
+        console.print(f"kubectl:     KUBECONFIG={cfg.kubeconfig} kubectl get nodes")
 
 
 @sandbox_app.command("status")

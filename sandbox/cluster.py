@@ -261,7 +261,7 @@ def _boot(cfg: SandboxConfig, table: ProcessTable, timeout_s: float) -> UpResult
                 slinky.K8S_EMULATOR,
                 slinky.k8s_emulator_argv(cfg) + external,
                 {},
-                lambda: slinky.answers(cfg.k8s_port, "/_emulator/state"),
+                lambda: slinky.k8s_answers(cfg),
                 timeout_s,
                 result,
             )

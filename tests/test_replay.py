@@ -6,6 +6,8 @@ RELEASE`), named <workflow>_<release>_<case>.json; they stay here, and replay, u
 of that release can be open. Aspects covered:
 - every history replays on the current workflows;
 - the histories of the decision proofs (0.2) show the worker's checks behind their patch;
+- the histories of a silent fault screened before repair (0.2) show the screen first: no
+  repair before it, and a repair after it only when it failed;
 - the baseline release (0.1) has a history of every workflow type and of each rung and
   mode of the runbook, and each history shows the path its case names (so a recording
   that went another way is caught, not replayed for nothing);
@@ -80,6 +82,14 @@ PROOF_HISTORIES = [
 ]
 
 
+# Histories of the screen before repair (from 0.2, a rule's `screen_before_repair`): no
+# patch, since only a rule with the flag takes the path -> whether a repair followed.
+SCREEN_FIRST_HISTORIES = {
+    "remediation_0.2_screened_back": False,
+    "remediation_0.2_screened_then_repaired": True,
+}
+
+
 def _path(kind: str, case: str, release: str = BASELINE) -> Path:
     return HERE / f"{kind}_{release}_{case}.json"
 
@@ -133,6 +143,20 @@ def test_each_proof_history_shows_the_checks(name: str) -> None:
         if "markerRecordedEventAttributes" in e
     ]
     assert "core_patch" in markers and markers.count("core_local_activity") == 2, markers
+
+
+@pytest.mark.parametrize("name", sorted(SCREEN_FIRST_HISTORIES))
+def test_each_screen_first_history_screens_before_any_repair(name: str) -> None:
+    scheduled = "activityTaskScheduledEventAttributes"
+    order = [
+        e[scheduled]["activityType"]["name"]
+        for e in _events(HERE / f"{name}.json")
+        if scheduled in e
+    ]
+    first = order.index("burn_in_screen")
+    assert "requeue_jobs" in order[:first] and "repair_node" not in order[:first], order
+    assert ("repair_node" in order) == SCREEN_FIRST_HISTORIES[name], order
+    assert "return_to_service" in order, order
 
 
 @pytest.mark.parametrize("path", HISTORIES, ids=[p.stem for p in HISTORIES])

@@ -23,8 +23,8 @@ from temporalio.worker import ActivityInboundInterceptor, ExecuteActivityInput, 
 
 from autoclusters.core.guard import Admission, AdmitCall
 from autoclusters.core.models import IncidentState, Notification
+from autoclusters.core.recovery import capacity_recovery, job_recovery
 from autoclusters.workers.metrics import WorkerMetrics
-from autoclusters.workers.recovery import capacity_recovery, job_recovery
 
 log = logging.getLogger("autoclusters.worker.metrics")
 

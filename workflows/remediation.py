@@ -2,9 +2,16 @@
 
 register with the fleet guard (recurrence, breaker) → notify → [observe: plan, stop]
 [monitor-only fault: stop] → quarantine when admitted (drain) → requeue the node's jobs so
-they restart at once elsewhere → wait until the node is idle (or force) → per rung of the
-ladder reset_gpu → reboot → replace: [approval] → repair when admitted → wait until it
-registers → health gate, one rung up on failure → return to service → close.
+they restart at once elsewhere → wait until the node is idle (or force) → [a fault that is
+often software (a hung job, a straggler): screen the node; passed: return it unrepaired] →
+per rung of the ladder reset_gpu → reboot → replace: [approval] → repair when admitted →
+wait until it registers → health gate (and screen), one rung up on failure → return to
+service → close.
+
+With the policy's `handoff` (docs/handoff.md), where automation has done all it can (the
+ladder ended with a failed gate, a lemon, a fault that is the provider's, handed off right
+after the drain): hand off to the provider → wait for the answer: fixed → gate and return;
+replaced → bring-up, gate and return; declined → left drained, closed `handed_off`.
 
 Never return a node that failed its health gate: a failed incident leaves the node drained
 under a reason naming the incident and pages a human.
@@ -38,8 +45,6 @@ with workflow.unsafe.imports_passed_through():
         FaultAck,
         FaultReport,
         FaultSeen,
-        HealthCheck,
-        HealthReport,
         IncidentRequest,
         IncidentState,
         IncidentStatus,
@@ -48,8 +53,6 @@ with workflow.unsafe.imports_passed_through():
         RepairInput,
         RepairResult,
         ReturnInput,
-        ScreenInput,
-        ScreenResult,
         StepRecord,
         Waiting,
         WaitRegisteredInput,
@@ -58,6 +61,7 @@ with workflow.unsafe.imports_passed_through():
     from autoclusters.core.policy import LADDER, Policy, Rung
 
 from autoclusters.workflows.approvals import Approvals
+from autoclusters.workflows.burn_in_steps import BurnIn
 from autoclusters.workflows.controller_restart import ControllerRestart
 from autoclusters.workflows.fault_intake import FaultIntake
 from autoclusters.workflows.guard_steps import GuardSeat
@@ -109,6 +113,7 @@ class NodeRemediation:
         )
         self._guard = GuardSeat(inc, guard)
         self._spares = Spares(inc, guard)
+        self._burn_in = BurnIn(inc, self._k8s)
         self._handoff = ProviderHandoff(p.handoff, inc.steps, inc.notify, self._show_handoff)
 
     # --- what people and other systems see and send -------------------------------------
@@ -278,7 +283,7 @@ class NodeRemediation:
                 await self._provider_repair(
                     req, "provider_fault", f"{req.fault} is the provider's to fix (policy)"
                 )
-            else:
+            elif not await self._screened_back(req):
                 await self._repair_or_hand_off(req)
             if is_lemon(p, req.prior_repairs):
                 # Repaired again and again: held drained (and cordoned) until a person says,
@@ -347,7 +352,36 @@ class NodeRemediation:
             ) from err
 
         await self._release(back_in_service=True)
-        return await self._close("resolved", "resolved; " + inc.timeline_text())
+        how = "resolved" if s.repair_attempts else "resolved without a repair (passed its screen)"
+        return await self._close("resolved", f"{how}; " + inc.timeline_text())
+
+    async def _screened_back(self, req: IncidentRequest) -> bool:
+        """A fault that is often software (a hung job, a straggler; its rule says
+        `screen_before_repair`): its jobs recovered, the node is screened before any repair.
+        True: it passed, and goes back unrepaired (the incident still counts in its lemon
+        record). Only a rule with the flag takes this path, so a run opened under a policy
+        without it issues what it always did (docs/versioning.md)."""
+        if not self._screen_decides():
+            return False
+        await self._quarantine.recheck()  # never screen under a job
+        passed = await self._burn_in.before_repair()
+        if passed and not self._screen_decides():
+            # A fault no screen clears (an Xid, a lost link) came in during the screen.
+            seen = ", ".join(f.fault for f in self._state.faults)
+            await self._inc.notify(
+                "escalated",
+                f"{req.node} passed its screen, but the incident now has {seen}: repaired, "
+                f"not returned; next: {self._state.rung}",
+                "warning",
+            )
+            return False
+        return passed
+
+    def _screen_decides(self) -> bool:
+        """Only when every fault of the incident says `screen_before_repair` can a screen
+        send the node back: a hung job beside an Xid is the Xid's to repair."""
+        p = self._policy
+        return all(p.rule_for(f.fault).screen_before_repair for f in self._state.faults)
 
     async def _repair_until_healthy(self, req: IncidentRequest) -> None:
         inc, s, p = self._inc, self._state, self._policy
@@ -388,8 +422,8 @@ class NodeRemediation:
             await self._wait_registered(req, done)
             await self._controller.recheck()  # a controller that forgot: before the gate
             report = await health_gate(inc, self._evidence, done)  # Slurm's and the agent's
-            if report.passed and p.burn_in.enabled:
-                report = await self._screen(req, report)  # a failed screen: a failed gate
+            if report.passed and self._burn_in.after_repair():
+                report = await self._burn_in.gate_check(report)  # failed screen: failed gate
             s.health.append(report)
             if report.passed:
                 return
@@ -431,7 +465,7 @@ class NodeRemediation:
         on the machine as it is; replaced, the bring-up of a new machine, as after our own
         replacement; declined, `Declined`. A gate failed after the answer fails the
         incident: one hand-off per incident, a human takes it from there."""
-        inc, s, p = self._inc, self._state, self._policy
+        inc, s = self._inc, self._state
         before = await self._k8s.identity() if self._k8s is not None else None
         bundle = incident_bundle(s, self._evidence.snapshots, why, text, workflow.now())
         rec = await self._handoff.hand_off(bundle, req.node)
@@ -459,8 +493,8 @@ class NodeRemediation:
             await self._wait_registered(req, done)
         await self._controller.recheck()
         report = await health_gate(inc, self._evidence, done)
-        if report.passed and p.burn_in.enabled:
-            report = await self._screen(req, report)
+        if report.passed and self._burn_in.after_repair():
+            report = await self._burn_in.gate_check(report)  # failed screen: failed gate
         s.health.append(report)
         if not report.passed:
             raise ApplicationError(
@@ -472,43 +506,6 @@ class NodeRemediation:
     def _show_handoff(self, rec: HandoffRecord, waiting: Waiting | None) -> None:
         self._state.handoff, self._state.waiting_for = rec, waiting
         self._inc.publish()
-
-    async def _screen(self, req: IncidentRequest, report: HealthReport) -> HealthReport:
-        """The burn-in screen in a breakfix reservation (activities/screen.py): its result
-        is on the incident, and joins the gate's report as one more check."""
-        s, b = self._state, self._policy.burn_in
-        if self._k8s is not None:
-            # On Slinky the operator turns a cordoned Node into a drained Slurm node, where
-            # the screen's job could never start: uncordoned for the screen (the breakfix
-            # reservation keeps Slurm's jobs off it), cordoned again if it fails. The
-            # remediation taint stays, so that no other pod lands on the node on trial.
-            await self._k8s.uncordon(keep_taint=True)
-        res: ScreenResult = await self._inc.steps.activity(
-            "burn_in_screen",
-            contracts.burn_in_screen,
-            ScreenInput(
-                node=req.node,
-                incident_id=req.incident_id,
-                key=f"{req.incident_id}:{s.repair_attempts}",
-                drain_reason=drain_reason(req.incident_id, req.fault),
-                timeout_s=b.timeout_s,
-                size_mib=b.size_mib,
-                rounds=b.rounds,
-                min_bus_gbps=b.min_bus_gbps,
-                neighbour=b.neighbour,
-            ),
-            f"burn-in screen of {req.node} in a breakfix reservation",
-            screen_text,
-            # The job's bound, plus the reservation, the drain and the clean-up around it.
-            timeout=timedelta(seconds=b.timeout_s + 120),
-            heartbeat=REPAIR_HEARTBEAT,
-        )
-        s.screens.append(res)
-        self._inc.publish()
-        if self._k8s is not None and not res.passed:
-            await self._k8s.cordon("burn-in")
-        check = HealthCheck(name="burn_in_screen", passed=res.passed, detail=screen_text(res))
-        return report.model_copy(update={"passed": res.passed, "checks": [*report.checks, check]})
 
     async def _repair(self, inp: RepairInput, timeout_s: float) -> RepairResult:
         what = {Rung.RESET_GPU: "reset the GPUs of", Rung.REBOOT: "reboot"}.get(
@@ -648,6 +645,11 @@ class NodeRemediation:
             if step.wait_for_idle
             else f"cancel what still runs on {r.node} (force)",
         ]
+        if p.rule_for(r.fault).screen_before_repair:
+            plan.append(
+                f"burn-in screen of {r.node} before any repair: passed, return it unrepaired "
+                "(counted in its lemon record); failed, the ladder below, each repair screened"
+            )
         if p.mode == "approve" or step.needs_approval:
             plan.append(f"wait for approval of {rung.value} by one of {p.approvers}")
         plan += [
@@ -665,15 +667,3 @@ class NodeRemediation:
             "return to service",
         ]
         return plan
-
-
-def screen_text(r: ScreenResult) -> str:
-    """One line for the timeline, Slack and the gate's check."""
-    with_ = f"with {r.neighbour}" if r.neighbour else "alone (no healthy idle neighbour)"
-    bw = (
-        f"; all-reduce {r.busbw_gbps:.2f} GB/s bus, {r.allreduce_s * 1000:.1f} ms/round"
-        if r.busbw_gbps is not None and r.allreduce_s is not None
-        else ""
-    )
-    verdict = "passed" if r.passed else f"FAILED: {r.detail}"
-    return f"{verdict}; {with_}, job {r.job_id}, {r.seconds:.1f}s{bw}"

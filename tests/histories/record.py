@@ -48,8 +48,8 @@ from autoclusters.core.kubernetes import (
     UncordonNodeResult,
     WaitNewNodeInput,
 )
-from autoclusters.core.models import RETURNED_JOBS_STEP, SPARE_REASON
-from autoclusters.core.policy import GuardPolicy, HandoffPolicy, Rung, StepPolicy
+from autoclusters.core.models import RETURNED_JOBS_STEP, SPARE_REASON, ScreenInput, ScreenResult
+from autoclusters.core.policy import FaultRule, GuardPolicy, HandoffPolicy, Rung, StepPolicy
 from autoclusters.workflows.fleet_guard import FleetGuard
 from autoclusters.workflows.remediation import NodeRemediation
 from tests.decisions import proof_checks, proven, proven_reset
@@ -302,6 +302,53 @@ async def handoff_fixed(f: Fleet) -> Incident:
     return handle
 
 
+async def screened_back(f: Fleet) -> Incident:
+    """A hung job's node (JOB_HANG, `screen_before_repair`): its job requeued, then the
+    screen before any repair, which it passes: returned unrepaired (from 0.2)."""
+    handle = await f.start(f.request(fault="JOB_HANG", policy=_policy(faults=SILENT)))
+    await _result(handle)
+    return handle
+
+
+async def screened_then_repaired(f: Fleet) -> Incident:
+    """A straggler (SLOW_NODE): checkpoint, requeue, a failed screen, a GPU reset, the
+    gate and a screen again, which passes (from 0.2)."""
+    f.slurm.checkpointing.add(101)  # job 101 checkpoints when asked
+    handle = await f.start(f.request(fault="SLOW_NODE", policy=_policy(faults=SILENT)))
+    await _result(handle)
+    return handle
+
+
+SILENT = {
+    "JOB_HANG": FaultRule(
+        severity="critical", first_rung=Rung.RESET_GPU, screen_before_repair=True
+    ),
+    "SLOW_NODE": FaultRule(
+        severity="warning",
+        first_rung=Rung.RESET_GPU,
+        on_degraded="checkpoint_then_drain",
+        screen_before_repair=True,
+    ),
+}
+
+
+def fake_screen(verdicts: tuple[bool, ...]) -> Callable[..., Any]:
+    """The burn-in screen's activity answering `verdicts` in turn."""
+    calls: list[ScreenInput] = []
+
+    @activity.defn(name="burn_in_screen")
+    async def burn_in_screen(inp: ScreenInput) -> ScreenResult:
+        calls.append(inp)
+        ok = verdicts[min(len(calls), len(verdicts)) - 1]
+        return ScreenResult(
+            node=inp.node, passed=ok, seconds=9.0, job_id=60 + len(calls), neighbour="gpu-03",
+            gemm_tflops={inp.node: 310.0 if ok else 92.5},
+            detail="passed" if ok else f"GEMM on {inp.node} 92.5 TFLOP/s < 250",
+        )  # fmt: skip
+
+    return burn_in_screen
+
+
 class _No:
     detail = ""
 
@@ -316,6 +363,7 @@ class Case:
     kubernetes: bool = False
     guard: bool = False  # record the cluster's FleetGuard too
     handoff: bool = False  # the provider's desk takes hand-offs
+    screens: tuple[bool, ...] = ()  # the burn-in screen's verdicts, in turn (none: no screen)
 
 
 CASES = {
@@ -338,6 +386,8 @@ CASES = {
         held_drain_at_floor, {"nodes": 4, "cloud": lambda s: FakeCloud(s, hold=True)}, guard=True
     ),
     "handoff_fixed": Case(handoff_fixed, {"fixed_by": None}, handoff=True),
+    "screened_back": Case(screened_back, screens=(True,)),
+    "screened_then_repaired": Case(screened_then_repaired, screens=(False, True)),
 }
 
 
@@ -352,6 +402,8 @@ async def _record_case(env: WorkflowEnvironment, release: str, name: str, case: 
     extra = k8s.activities() if case.kubernetes else []
     if case.handoff:
         extra.append(_handoff_taken)
+    if case.screens:
+        extra.append(fake_screen(case.screens))
     async with _fleet(env, extra_activities=extra, **case.fleet) as f:
         handle = await case.run(f)
         _write(f"remediation_{release}_{name}", await handle.fetch_history())
