@@ -15,7 +15,8 @@ Aspects covered:
 - `replaced` on Kubernetes waits for the new Node Ready before slurmd and the gate;
 - a worker restart and an API restart between the request and the answer: the run resumes
   on the new worker, the answer comes through a new API, one delivery in all;
-- the answer's validator: nothing to answer before a hand-off.
+- the answer's validator: nothing to answer before a hand-off;
+- observe mode plans the hand-off (at once, or at the ladder's end) and sends nothing.
 """
 
 from __future__ import annotations
@@ -443,3 +444,20 @@ def _api(f: Fleet, client: Client) -> Any:
         return client
 
     return create_app(s, connect, StaticInventory(["gpu-01"]))
+
+
+async def test_observe_mode_plans_the_hand_off_and_sends_nothing(
+    env: WorkflowEnvironment,
+) -> None:
+    async with _desked(env) as f, f.worker():
+        at_once = _policy(mode="observe", handoff=f.handoff_policy(faults=["XID_79"]))
+        at_the_end = _policy(mode="observe", handoff=f.handoff_policy())
+        first = await (await f.start(f.request(policy=at_once))).result()
+        second = await (await f.start(f.request("gpu-02", policy=at_the_end))).result()
+
+    assert first.status == second.status == "observed"
+    assert first.planned_steps[-1].startswith("hand gpu-01 off to the provider")
+    assert not any("reboot" in step for step in first.planned_steps)
+    assert second.planned_steps[-2].startswith("where the ladder ends with a failed gate")
+    assert second.planned_steps[-1] == "return to service"
+    assert f.tickets() == []

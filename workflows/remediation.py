@@ -645,6 +645,14 @@ class NodeRemediation:
             if step.wait_for_idle
             else f"cancel what still runs on {r.node} (force)",
         ]
+        h = p.handoff
+        if h.hands_off(r.fault):  # the provider's: no repair of ours (docs/handoff.md)
+            return [
+                *plan,
+                f"hand {r.node} off to the provider ({h.url}); wait, drained, for the answer: "
+                "fixed, the health gate and return; replaced, the bring-up and return; "
+                "declined, left drained",
+            ]
         if p.rule_for(r.fault).screen_before_repair:
             plan.append(
                 f"burn-in screen of {r.node} before any repair: passed, return it unrepaired "
@@ -666,4 +674,8 @@ class NodeRemediation:
             ),
             "return to service",
         ]
+        if h.enabled and "health_gate_failed" in h.when:
+            plan.insert(
+                -1, f"where the ladder ends with a failed gate: hand off to the provider ({h.url})"
+            )
         return plan
