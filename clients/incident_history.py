@@ -57,7 +57,9 @@ from autoclusters.core.policy import LADDER, Policy, Rung
 log = logging.getLogger("autoclusters.incident_history")
 
 WORKFLOW_TYPE = "NodeRemediation"
-CLOSING_EVENTS = {"resolved", "failed", "rejected", "observed", "monitored", "cancelled"}
+CLOSING_EVENTS = {
+    "resolved", "failed", "rejected", "observed", "monitored", "cancelled", "handed_off",
+}  # fmt: skip
 REPAIR_RUNGS = {r.value for r in LADDER if r != Rung.MONITOR}
 
 

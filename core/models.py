@@ -13,6 +13,7 @@ from pydantic import BaseModel, Field, field_validator
 
 from autoclusters.core.fault_evidence import FaultEvidence
 from autoclusters.core.faults import FAULT_PATTERN, NODE_PATTERN
+from autoclusters.core.handoff_answer import HandoffRecord
 from autoclusters.core.policy import Policy, Rung
 from autoclusters.core.recovery_cost import RecoveryFigures, RecoveryPlan
 
@@ -98,16 +99,18 @@ class StepRecord(BaseModel):
 
 # open: in progress; resolved: node back in service; failed: left drained, a human paged;
 # rejected: a human said no, left drained; observed: observe mode, nothing touched;
-# monitored: the fault only warrants watching, the node stayed in service.
+# monitored: the fault only warrants watching, the node stayed in service; handed_off: the
+# provider declined the hand-off (docs/handoff.md), left drained.
 IncidentStatus = Literal[
-    "open", "resolved", "failed", "rejected", "observed", "monitored", "cancelled"
-]
+    "open", "resolved", "failed", "rejected", "observed", "monitored", "cancelled",
+    "handed_off",
+]  # fmt: skip
 # What incidents can be listed by (`incident list --state`, GET /v1/incidents?state=): their
 # own statuses plus the search attribute's `waiting_approval`. Anything else is refused,
 # never an empty list.
 IncidentStateName = Literal[
     "open", "waiting_approval", "resolved", "failed", "rejected", "observed", "monitored",
-    "cancelled",
+    "cancelled", "handed_off",
 ]  # fmt: skip
 
 
@@ -199,7 +202,7 @@ class RefusedApproval(BaseModel):
 
 
 class Waiting(BaseModel):
-    kind: Literal["approval", "admission", "idle", "agent_report", "checkpoint"]
+    kind: Literal["approval", "admission", "idle", "agent_report", "checkpoint", "handoff"]
     step: str | None = None
     detail: str = ""
     since: datetime
@@ -246,6 +249,8 @@ class IncidentState(BaseModel):
     lemon: bool = False
     # The burn-in screens after each repair that passed its health gate (policy burn_in).
     screens: list[ScreenResult] = Field(default_factory=list)
+    # The hand-off to the provider, once the runbook made one (policy handoff).
+    handoff: HandoffRecord | None = None
     error: str | None = None
     closed_at: datetime | None = None
 

@@ -20,6 +20,7 @@ from pydantic import (
     ConfigDict,
     Field,
     StringConstraints,
+    model_validator,
 )
 from pydantic_core import PydanticCustomError
 
@@ -208,6 +209,47 @@ class BurnInScreen(_Strict):
     neighbour: bool = True
 
 
+HandoffWhen = Literal["health_gate_failed", "lemon"]
+
+
+class HandoffPolicy(_Strict):
+    """The hand-off to the provider (docs/handoff.md): when the runbook has done all it can,
+    the incident's evidence goes to `url` (a signed webhook, retried, one per incident) and
+    the incident waits, drained, for the provider's signed answer. Off by default: an
+    incident opened under a policy without it issues exactly the commands it did before
+    (docs/versioning.md)."""
+
+    enabled: bool = False
+    # The provider's (or a ticketing system's) webhook; required when enabled.
+    url: str = Field(default="", max_length=2048, pattern=r"^(https?://\S+)?$")
+    # When the runbook hands off: the ladder's last repair failed its health gate
+    # (`health_gate_failed`), or a lemon node passed its gate (`lemon`, instead of asking
+    # the approvers to release it).
+    when: list[HandoffWhen] = Field(
+        default_factory=lambda: list[HandoffWhen](["health_gate_failed"]), max_length=2
+    )
+    # Fault kinds only the provider can fix (a fabric fault, a leaf switch): handed off once
+    # the node is drained, with no repair of ours first.
+    faults: list[FaultKind] = Field(default_factory=list, max_length=1024)
+    # While no answer comes: a reminder in Slack this often.
+    reminder_interval_s: float = Duration(4 * 3600)
+    # The webhook's delivery: tried this many times, 5 s apart at first, doubling up to
+    # 5 min apart (100 tries: about 8 h); then the incident fails, drained, for a human.
+    send_attempts: int = Count(100, le=10_000)
+
+    @model_validator(mode="after")
+    def _url_when_enabled(self) -> HandoffPolicy:
+        if self.enabled and not self.url:
+            raise PydanticCustomError(
+                "handoff_url", "handoff.url is required when handoff.enabled is true", {}
+            )
+        return self
+
+    def hands_off(self, fault: str) -> bool:
+        """Is `fault` the provider's to fix, with no repair of ours first?"""
+        return self.enabled and fault in self.faults
+
+
 class Policy(_Strict):
     mode: Mode = "auto"
     approvers: list[Approver] = Field(default_factory=list, max_length=1024)
@@ -268,6 +310,8 @@ class Policy(_Strict):
     # A burn-in screen before return (docs/configuration.md): after the health gate passes,
     # the node is screened in a breakfix reservation; a failed screen is a failed gate.
     burn_in: BurnInScreen = Field(default_factory=BurnInScreen)
+    # The hand-off to the provider when automation has done all it can (docs/handoff.md).
+    handoff: HandoffPolicy = Field(default_factory=HandoffPolicy)
     # The silent-fault rules' thresholds for the jobs each entry matches (by Slurm job name,
     # partition or account; the first match wins), over the agent's own settings
     # (core/job_thresholds.py). The agents read them from this file (their policy_file).

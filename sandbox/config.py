@@ -97,6 +97,20 @@ class SandboxConfig(BaseModel):
         """The sandbox workspace's Slack users, as the policy's approvers."""
         return {f"U_{name.upper()}": name for name in self.approvers}
 
+    @property
+    def ticket_desk_port(self) -> int:
+        """The provider's ticket desk (sandbox/ticket_desk.py), when started."""
+        return self.port_base + 97
+
+    @property
+    def ticket_desk_url(self) -> str:
+        return f"http://127.0.0.1:{self.ticket_desk_port}"
+
+    @property
+    def handoff_secret_file(self) -> Path:
+        """The secret the worker, the API and the ticket desk share (docs/handoff.md)."""
+        return self.state_dir / "handoff" / "secret"
+
     def api_token(self) -> str:
         return (self.state_dir / "api" / "token").read_text().strip()
 
@@ -313,6 +327,8 @@ class SandboxConfig(BaseModel):
             lines["api_tokens"] = api_tokens.grants(self)
         # The CLI's way to the API (`autoclusters approve`, with a person's own token).
         lines["api_url"] = self.api_url
+        if self.handoff_secret_file.exists():
+            lines["handoff_secret"] = self.handoff_secret_file.read_text().strip()
         if (self.state_dir / "slack" / "secret").exists():
             lines["api_public_url"] = self.api_url
             lines["slack"] = {

@@ -128,6 +128,13 @@ def test_each_baseline_history_shows_its_case(case: tuple[str, str]) -> None:
     assert BASELINE_CASES[case] <= ran, sorted(ran)
 
 
+def test_the_handoff_history_shows_the_handoff() -> None:
+    """The hand-off to the provider (from 0.2, docs/handoff.md): the ladder's repairs, the
+    webhook, then the gate and the return after the provider's `fixed`."""
+    ran = _activities(HERE / "remediation_0.2_handoff_fixed.json")
+    assert {"repair_node", "send_handoff", "health_gate", "return_to_service"} <= ran, ran
+
+
 @pytest.mark.parametrize("name", PROOF_HISTORIES)
 def test_each_proof_history_shows_the_checks(name: str) -> None:
     markers = [

@@ -29,7 +29,9 @@ from autoclusters.workers.metrics import WorkerMetrics
 log = logging.getLogger("autoclusters.worker.metrics")
 
 # The incident statuses `_close` notifies with (core.models.IncidentStatus, less "open").
-CLOSING_EVENTS = frozenset({"resolved", "failed", "rejected", "observed", "monitored", "cancelled"})
+CLOSING_EVENTS = frozenset(
+    {"resolved", "failed", "rejected", "observed", "monitored", "cancelled", "handed_off"}
+)
 ADMISSIONS = {
     "guard_admit_quarantine": "quarantine",
     "guard_admit_repair": "repair",

@@ -67,7 +67,7 @@ METADATA_EVENT_TYPE = "autoclusters_incident"
 APPROVAL_BLOCK_PREFIX = "approval"
 APPROVAL_EVENTS = frozenset({"approval_needed", "approval_reminder"})
 TERMINAL_EVENTS = frozenset(
-    {"resolved", "failed", "rejected", "observed", "monitored", "cancelled"}
+    {"resolved", "failed", "rejected", "observed", "monitored", "cancelled", "handed_off"}
 )
 
 STATE_WORDS = {
@@ -84,6 +84,10 @@ STATE_WORDS = {
     "observed": "observed: nothing changed",
     "monitored": "monitored: stays in service",
     "cancelled": "cancelled by a human",
+    "handoff_sent": "handed off to the provider",
+    "handoff_reminder": "waiting for the provider",
+    "handoff_answered": "the provider answered",
+    "handed_off": "declined by the provider: left drained",
     "move_done": "moved",
     "move_stopped": "not moved",
     "move_failed": "move failed",
@@ -102,6 +106,10 @@ EVENT_MARKS = {
     "observed": ":eyes:",
     "monitored": ":eyes:",
     "cancelled": ":octagonal_sign:",
+    "handoff_sent": ":outbox_tray:",
+    "handoff_reminder": ":hourglass:",
+    "handoff_answered": ":inbox_tray:",
+    "handed_off": ":no_entry:",
     "move_done": ":white_check_mark:",
     "move_stopped": ":no_entry:",
     "move_failed": ":x:",

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sys
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -32,6 +33,8 @@ from autoclusters.core.guard import (
     guard_workflow_id,
 )
 from autoclusters.core.guard_batch import GuardBatch, GuardCall
+from autoclusters.core.handoff import HandoffCall, HandoffSent
+from autoclusters.core.handoff_answer import HandoffAnswer
 from autoclusters.core.kubernetes import (
     CordonNodeInput,
     CordonNodeResult,
@@ -46,7 +49,7 @@ from autoclusters.core.kubernetes import (
     WaitNewNodeInput,
 )
 from autoclusters.core.models import RETURNED_JOBS_STEP, SPARE_REASON, ScreenInput, ScreenResult
-from autoclusters.core.policy import FaultRule, GuardPolicy, Rung, StepPolicy
+from autoclusters.core.policy import FaultRule, GuardPolicy, HandoffPolicy, Rung, StepPolicy
 from autoclusters.workflows.fleet_guard import FleetGuard
 from autoclusters.workflows.remediation import NodeRemediation
 from tests.decisions import proof_checks, proven, proven_reset
@@ -281,6 +284,24 @@ async def proven_decision(f: Fleet) -> Incident:
     return handle
 
 
+@activity.defn(name="send_handoff")
+async def _handoff_taken(call: HandoffCall) -> HandoffSent:
+    """The provider's desk, taking the hand-off at once."""
+    return HandoffSent(status=200, ticket="TKT-0001", accepted_at=time.time())
+
+
+async def handoff_fixed(f: Fleet) -> Incident:
+    """The ladder ends with a failed gate and the policy hands off (from 0.2,
+    docs/handoff.md): the provider answers fixed; the node is gated again and returned."""
+    handoff = HandoffPolicy(enabled=True, url="http://desk.test/tickets")
+    handle = await f.start(f.request(policy=_policy(handoff=handoff)))
+    await _until(handle, _waiting("handoff"), "the hand-off", timeout_s=60)
+    f.health.fixed_by = Rung.REBOOT
+    await handle.execute_update(NodeRemediation.handoff_answer, HandoffAnswer(answer="fixed"))
+    await _result(handle)
+    return handle
+
+
 async def screened_back(f: Fleet) -> Incident:
     """A hung job's node (JOB_HANG, `screen_before_repair`): its job requeued, then the
     screen before any repair, which it passes: returned unrepaired (from 0.2)."""
@@ -341,6 +362,7 @@ class Case:
     fleet: dict[str, Any] = field(default_factory=dict)
     kubernetes: bool = False
     guard: bool = False  # record the cluster's FleetGuard too
+    handoff: bool = False  # the provider's desk takes hand-offs
     screens: tuple[bool, ...] = ()  # the burn-in screen's verdicts, in turn (none: no screen)
 
 
@@ -363,6 +385,7 @@ CASES = {
     "held_drain_at_floor": Case(
         held_drain_at_floor, {"nodes": 4, "cloud": lambda s: FakeCloud(s, hold=True)}, guard=True
     ),
+    "handoff_fixed": Case(handoff_fixed, {"fixed_by": None}, handoff=True),
     "screened_back": Case(screened_back, screens=(True,)),
     "screened_then_repaired": Case(screened_then_repaired, screens=(False, True)),
 }
@@ -377,6 +400,8 @@ def _write(name: str, history: WorkflowHistory) -> None:
 async def _record_case(env: WorkflowEnvironment, release: str, name: str, case: Case) -> None:
     k8s = FakeKubernetes()
     extra = k8s.activities() if case.kubernetes else []
+    if case.handoff:
+        extra.append(_handoff_taken)
     if case.screens:
         extra.append(fake_screen(case.screens))
     async with _fleet(env, extra_activities=extra, **case.fleet) as f:
