@@ -51,6 +51,8 @@ async def submit(
             f"CKPT_EVERY={CKPT_EVERY}",
             f"RDZV_PORT_BASE={cfg.job_port_base}",
             f"RDZV_PORTS={JOB_PORTS}",
+            # Each rank's progress, for the nodes' agents (their progress_dir, daemons.py).
+            f"AUTOCLUSTERS_PROGRESS_DIR={cfg.progress_dir}",
         ]
         kind = "torchrun"
         if in_job:

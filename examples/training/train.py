@@ -85,6 +85,10 @@ if TYPE_CHECKING:  # in_place.py sits beside this script; imported where in-job 
     from in_place import Generation
 
 MARKER = "latest"
+# --step-sleep's slices: a signal waits at most one; a slice that took longer than its
+# length plus the slack (the process was stopped) counts as its length plus the slack.
+IDLE_SLICE_S = 0.02
+IDLE_SLACK_S = 0.01
 STEP_DIR = re.compile(r"^step-(\d+)$")
 DIM = 32
 # This rank's progress for the node's agent; a no-op without $AUTOCLUSTERS_PROGRESS_DIR.
@@ -102,7 +106,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--ckpt-every", type=int, default=10, help="checkpoint every N steps")
     p.add_argument("--keep", type=int, default=2, help="complete checkpoints to keep (>= 1)")
-    p.add_argument("--step-sleep", type=float, default=0.0, help="seconds to idle per step")
+    p.add_argument(
+        "--step-sleep",
+        type=float,
+        default=0.0,
+        help="seconds to idle per step (the stand-in for GPU work: counted while the process runs)",
+    )
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--batch", type=int, default=64, help="samples per rank per step")
     p.add_argument("--seed", type=int, default=1234)
@@ -194,10 +203,17 @@ class StopRequest:
                 os._exit(128 + signum)  # still here: stuck in a collective
 
     def sleep(self, seconds: float) -> None:
-        # Short slices so a signal during the idle part of a step is acted on promptly.
-        end = time.monotonic() + seconds
-        while not self.signum and (left := end - time.monotonic()) > 0:
-            time.sleep(min(left, 0.1))
+        """Idle `seconds` of the process's running time: the step's stand-in for its GPU
+        work. Short slices, so a signal during the idle part of a step is acted on promptly;
+        a slice counts only up to its length plus a little, so time the process spent
+        stopped (the sandbox's `slow` effect: a SIGSTOP/SIGCONT duty cycle, as a throttled
+        GPU does less work per second) is not work done, and the step takes that much longer."""
+        left = seconds
+        while not self.signum and left > 0:
+            want = min(left, IDLE_SLICE_S)
+            began = time.monotonic()
+            time.sleep(want)
+            left -= min(time.monotonic() - began, want + IDLE_SLACK_S)
 
 
 def _fsync_dir(path: Path) -> None:
