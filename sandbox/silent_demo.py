@@ -72,6 +72,7 @@ class SilentDemoSummary(BaseModel):
     # when they are equal).
     node: str
     named_node: str
+    other_nodes_named: list[str]  # other nodes with an incident since the fault
     right_node: bool
     fault: str  # what the incident opened with: JOB_HANG or SLOW_NODE
     expected_fault: str
@@ -134,6 +135,14 @@ def median_step_s(lines: list[ProgressLine], start: float, end: float) -> float 
     return round(statistics.median(gaps), 3) if gaps else None
 
 
+async def warm(slurm: SlurmCli, job_id: int, log: Path) -> SlurmJob | None:
+    """The in-job job, running, both training nodes past WARM_STEPS; None until then."""
+    job = await job_of(slurm, job_id)
+    if not job or job.job_state != "RUNNING":
+        return None
+    return job if len(training_nodes(log, from_step=WARM_STEPS)) >= 2 else None
+
+
 async def run_silent_demo(
     cfg: SandboxConfig, scenario: str, keep: bool, console: Console, factor: float = 2.0
 ) -> SilentDemoSummary:
@@ -172,13 +181,7 @@ async def _demo(
         f"publishes its progress to {cfg.progress_dir}"
     )
 
-    async def warm() -> SlurmJob | None:
-        job = await job_of(slurm, job_id)
-        if not job or job.job_state != "RUNNING":
-            return None
-        return job if len(training_nodes(log, from_step=WARM_STEPS)) >= 2 else None
-
-    job = await wait_for("the job to train", warm, 240)
+    job = await wait_for("the job to train", lambda: warm(slurm, job_id, log), 240)
     before = hostlist.expand(job.nodes)
     node = max(training_nodes(log))  # a training node, not the batch host (the first)
     console.print(f"   job {job_id} training on {', '.join(sorted(training_nodes(log)))}; {log}")
@@ -198,7 +201,7 @@ async def _demo(
     await asyncio.to_thread(job_faults.inject, cfg, node, effect, factor=factor, job_id=job_id)
     opened, named = await wait_for(
         "the job's progress to open an incident",
-        lambda: _any_incident(client, cfg, fault_at),
+        lambda: first_incident(client, cfg, fault_at),
         DETECT_TIMEOUT_S,
         0.2,
     )
@@ -225,8 +228,9 @@ async def _demo(
         console.print(f"[red]   incident failed: {e.cause}[/red]")
         final, status = await handle.query(NodeRemediation.status), "failed"
     print_new_steps(console, final, shown)
-    recovery = await _recovery(slurm, job_id, log, fault_at, final)
-    job_after, recovered_at, resumed_from = recovery if recovery else (job, None, None)
+    others = [n for _o, n in await incidents_since(client, cfg, fault_at) if n != named]
+    recovered = await recovery(slurm, job_id, log, fault_at, final)
+    job_after, recovered_at, resumed_from = recovered if recovered else (job, None, None)
     lines = progress_lines(log)
     opened_ts = final.request.opened_at.timestamp()
     return SilentDemoSummary(
@@ -236,7 +240,8 @@ async def _demo(
         rung=final.rung,
         node=node,
         named_node=named,
-        right_node=named == node,
+        other_nodes_named=others,
+        right_node=named == node and not others,
         fault=final.request.fault,
         expected_fault=EXPECTED[scenario],
         fault_effect=scenario,
@@ -273,18 +278,26 @@ async def _demo(
     )
 
 
-async def _any_incident(
+async def incidents_since(
     client: Client, cfg: SandboxConfig, since: float
-) -> tuple[incidents.OpenedIncident, str] | None:
-    """The first incident opened on any node of the sandbox since `since`, and its node: the
-    demo reports the node that was named, right or wrong."""
+) -> list[tuple[incidents.OpenedIncident, str]]:
+    """The incidents opened on the sandbox's nodes since `since`, with their nodes: the demo
+    and the bench report every node named, right or wrong."""
+    found = []
     for name in cfg.node_names():
         if (opened := await incident_since(client, cfg.cluster, name, since)) is not None:
-            return opened, name
-    return None
+            found.append((opened, name))
+    return found
 
 
-async def _recovery(
+async def first_incident(
+    client: Client, cfg: SandboxConfig, since: float
+) -> tuple[incidents.OpenedIncident, str] | None:
+    found = await incidents_since(client, cfg, since)
+    return found[0] if found else None
+
+
+async def recovery(
     slurm: SlurmCli, job_id: int, log: Path, fault_at: float, final: IncidentState
 ) -> tuple[SlurmJob, float, int | None] | None:
     """The job going on without the faulty rank: its first step in a re-formed group (in

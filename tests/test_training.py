@@ -184,6 +184,43 @@ def load_train() -> ModuleType:
     return module
 
 
+class _Clock:
+    """train.py's `time` in the test below: a slice sleeps as asked, except the ones listed,
+    during which the process is "stopped" for that many seconds more."""
+
+    def __init__(self, stopped: dict[int, float]) -> None:
+        self.now, self.slices, self.stopped = 0.0, 0, stopped
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.slices += 1
+        self.now += seconds + self.stopped.get(self.slices, 0.0)
+
+
+def test_idle_work_counts_only_while_the_process_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """--step-sleep stands for a step's GPU work: time the rank spent stopped (the sandbox's
+    slow effect, a duty cycle) is not work done, so the step takes that much longer."""
+    train = load_train()
+    idle = train.StopRequest.sleep  # unbound: a StopRequest() would take this process's signals
+
+    class Unsignalled:
+        signum = 0
+
+    running = _Clock({})
+    monkeypatch.setattr(train, "time", running)
+    idle(Unsignalled(), 1.0)
+    assert running.now == pytest.approx(1.0)
+    stopped = _Clock({3: 5.0, 7: 0.004})  # stopped 5 s in one slice; a little late in another
+    monkeypatch.setattr(train, "time", stopped)
+    idle(Unsignalled(), 1.0)
+    # The 5 s counted as one slice and the slack; the 4 ms lateness counted in full.
+    slice_s, slack_s = train.IDLE_SLICE_S, train.IDLE_SLACK_S
+    assert stopped.now == pytest.approx(1.0 + 5.0 - slack_s, abs=slice_s)
+    assert stopped.now > 5.9  # the work still took its whole second besides the stop
+
+
 # Bounds for torch loading on two ranks beside the rest of `make test`, twice over (a
 # slower machine took past 60 s for one run).
 @pytest.mark.timeout(330)

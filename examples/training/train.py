@@ -143,6 +143,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--max-restarts", type=int, default=3, help="in-job mode: groups re-formed before giving up"
     )
+    # A healthy job's pauses, for the silent-fault benchmark's run that must open nothing
+    # (bench/silent.py): an evaluation every rank declares, and a data loader that stalls.
+    p.add_argument(
+        "--eval-every", type=int, default=0, help="pause every N steps for an evaluation (0: none)"
+    )
+    p.add_argument("--eval-s", type=float, default=30.0, help="seconds an evaluation takes")
+    p.add_argument(
+        "--data-stall-at",
+        type=int,
+        default=0,
+        help="rank 0's data loader stalls before this step (0: never), undeclared",
+    )
+    p.add_argument("--data-stall-s", type=float, default=20.0, help="seconds the stall lasts")
     p.add_argument(
         "--abort-grace",
         type=float,
@@ -209,7 +222,7 @@ class StopRequest:
         stopped (the sandbox's `slow` effect: a SIGSTOP/SIGCONT duty cycle, as a throttled
         GPU does less work per second) is not work done, and the step takes that much longer."""
         left = seconds
-        while not self.signum and left > 0:
+        while not self.signum and left > 1e-6:  # not a float's leftover of the subtractions
             want = min(left, IDLE_SLICE_S)
             began = time.monotonic()
             time.sleep(want)
@@ -531,6 +544,10 @@ class Trainer:
         step = self.completed = resumed_from
         while not args.steps or step < args.steps:
             step += 1
+            if step == args.data_stall_at and rank == 0:
+                # A slow data loader: not a declared pause, the others wait for this rank
+                # inside the step's collective (the agent must not take it for a hang).
+                self.stop.sleep(args.data_stall_s)
             x, y = batch(args.seed, step, rank, args.batch)
             loss = nn.functional.mse_loss(model(x.to(device)), y.to(device))
             self.optim.zero_grad(set_to_none=True)
@@ -567,6 +584,9 @@ class Trainer:
             if step % args.ckpt_every == 0:
                 with PROGRESS.paused("checkpoint"):
                     ckpt.save(step, model, self.optim, block=False)
+            if args.eval_every and step % args.eval_every == 0:
+                with PROGRESS.paused("evaluation"):  # every rank, declared: not a hang
+                    self.stop.sleep(args.eval_s)
             self.stop.sleep(args.step_sleep)
         ckpt.save(step, model, self.optim, block=True)
         ckpt.wait()
