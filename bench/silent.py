@@ -57,6 +57,7 @@ from autoclusters.sandbox.silent_demo import (  # noqa: E402
     incidents_since,
     median_step_s,
     recovery,
+    steps_after,
     warm,
 )
 from autoclusters.workflows.remediation import NodeRemediation  # noqa: E402
@@ -92,6 +93,8 @@ async def trial(rig: Rig, cfg: SandboxConfig, kind: str, k: int, factor: float) 
         NodeRemediation.run, opened.workflow_id, run_id=opened.run_id
     ).result()
     recovered = await recovery(slurm, job_id, log, fault_at, state)
+    if recovered:
+        await steps_after(log, recovered[1])
     others = [n for _o, n in await incidents_since(rig.client, cfg, fault_at) if n != named]
     await slurm.cancel(job_id)
     await gone(slurm, job_id)

@@ -120,6 +120,18 @@ def opening_rule(state: IncidentState) -> str | None:
     return None
 
 
+async def steps_after(log: Path, ts: float, steps: int = 6, timeout_s: float = 30) -> None:
+    """Wait (at most `timeout_s`) until the job logged `steps` step lines since `ts`."""
+
+    async def enough() -> bool:
+        return sum(p.ts >= ts for p in progress_lines(log)) >= steps
+
+    try:
+        await wait_for(f"{steps} steps", enough, timeout_s)
+    except DemoError:
+        pass  # the summary says what there was: a step time of None
+
+
 def median_step_s(lines: list[ProgressLine], start: float, end: float) -> float | None:
     """The median time between one node's consecutive step lines (same run and group)
     logged in [start, end): the job's step time there; None with fewer than two."""
@@ -231,6 +243,8 @@ async def _demo(
     others = [n for _o, n in await incidents_since(client, cfg, fault_at) if n != named]
     recovered = await recovery(slurm, job_id, log, fault_at, final)
     job_after, recovered_at, resumed_from = recovered if recovered else (job, None, None)
+    if recovered_at is not None:
+        await steps_after(log, recovered_at)  # for the step time after it
     lines = progress_lines(log)
     opened_ts = final.request.opened_at.timestamp()
     return SilentDemoSummary(
@@ -335,6 +349,8 @@ def print_silent_summary(s: SilentDemoSummary, out: Console) -> None:
         + f"; named {s.named_node} ({verdict}) with {s.fault} by {s.detected_by}"
         + (f", rule {s.rule}" if s.rule else "")
     )
+    if s.other_nodes_named:
+        out.print(f"[red]also named[/red]         {', '.join(s.other_nodes_named)}")
     out.print(f"[bold]detection[/bold]          {secs(s.detect_s)}  (fault → incident)")
     out.print(
         f"[bold]job recovery[/bold]       {secs(s.job_recovery_s)}  (fault → the job steps at "
