@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import typer
+from rich.console import Console
 from typer.testing import CliRunner
 
 from autoclusters.core.fault_evidence import FaultEvidence
@@ -22,7 +23,13 @@ from autoclusters.sandbox.config import SandboxConfig
 from autoclusters.sandbox.daemons import agent_env
 from autoclusters.sandbox.fault_effects import NodeEffect, Proc
 from autoclusters.sandbox.joblog import ProgressLine
-from autoclusters.sandbox.silent_demo import detection_path, median_step_s, opening_rule
+from autoclusters.sandbox.silent_demo import (
+    SilentDemoSummary,
+    detection_path,
+    median_step_s,
+    opening_rule,
+    print_silent_summary,
+)
 
 T0 = datetime(2026, 12, 5, 12, 0, tzinfo=UTC)
 
@@ -153,3 +160,22 @@ def test_the_step_time_is_the_median_gap_between_one_nodes_consecutive_steps() -
     assert median_step_s(lines, 100, 106) == 2.0  # gaps 1, 2, 2 / 1, 2
     assert median_step_s(lines, 139, 200) == 1.0  # only the re-formed group's one gap
     assert median_step_s(lines, 104, 106) is None  # one line: no gap
+
+
+def test_the_summary_prints_the_node_named_and_flags_a_wrong_one() -> None:
+    summary = SilentDemoSummary(
+        scenario="slow", incident_id="inc-1", status="resolved", rung="reset_gpu",
+        node="gpu-03", named_node="gpu-03", other_nodes_named=["gpu-02"], right_node=False,
+        fault="SLOW_NODE", expected_fault="SLOW_NODE", fault_effect="slow", slow_factor=2.0,
+        detected_by="job-progress", rule="slow_steps", detect_s=22.0, job_recovery_s=39.1,
+        recovery_path="requeue", job_id=8, job="in-job", job_restarts=1,
+        resumed_from_step=22, step_s_before=1.0, step_s_faulted=1.9, step_s_after=1.0,
+        job_nodes_before=["gpu-01", "gpu-02", "gpu-03"], job_nodes_after=["gpu-01", "gpu-02"],
+        health_gates=[True], temporal_ui="http://ui", steps=[],
+    )  # fmt: skip
+    out = Console(record=True, width=200)
+    print_silent_summary(summary, out)
+    text = out.export_text()
+    assert "named gpu-03" in text and "SLOW_NODE by job-progress, rule slow_steps" in text
+    assert "also named         gpu-02" in text
+    assert "22.0 s" in text and "39.1 s" in text and "1.9 s faulted" in text
