@@ -15,7 +15,9 @@ in the node's hardware readings: sandbox/job_faults.py):
 - healthy: one job for `--healthy-s` (1800) with its periodic checkpoint saves (every 5
   steps), an evaluation every rank declares (`--eval-s`, 40 s: longer than the hang floor,
   so the declared pause is what keeps it from a hang) and an undeclared stall of rank 0's
-  data loader (`--stall-s`, 20 s) half-way through. Counted: every incident opened.
+  data loader (`--stall-s`, 20 s) before the first evaluation and more than the rules'
+  32-step window after the start (so that the hang floor, not an evaluation's step time,
+  is what it is judged by). Counted: every incident opened.
 
 Any incident on another node than the faulted one counts as a wrong node. A tail is the
 p95 over 20 trials or more, else the largest of the n ("max of n"). Prints a table with
@@ -132,8 +134,10 @@ async def healthy(rig: Rig, cfg: SandboxConfig, args: argparse.Namespace) -> Row
     """A healthy job for `--healthy-s`: its saves, an evaluation, a data-loader stall."""
     seconds = args.healthy_s
     steps = int(seconds)  # ~1 s a step, less the pauses: enough to reach both
-    eval_every = max(20, steps // 4)
-    stall_at = eval_every + eval_every // 2  # between the first two evaluations
+    # The stall first, more than the rules' 32-step window before any evaluation: its own
+    # step-time tail is the checkpoints' (~1 s), so the hang floor is what it is judged by.
+    stall_at = max(40, steps // 4)
+    eval_every = 2 * stall_at
     train_args = (
         "--eval-every", str(eval_every), "--eval-s", str(args.eval_s),
         "--data-stall-at", str(stall_at), "--data-stall-s", str(args.stall_s),

@@ -68,6 +68,10 @@ if __name__ == "__main__":
     # In-job mode: the runbook's SIGUSR2 (abandon the group, in_place.py) must not kill a
     # process still importing torch; in_place.AbortRequest takes it over.
     signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+    # SIGCONT blocked in every thread (those started later inherit the mask): a stop and
+    # continue (the sandbox's `slow` effect) still happens, interrupts no call (gloo's), and
+    # stays pending for StopRequest.work to see that the process was stopped.
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCONT})
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
@@ -85,10 +89,9 @@ if TYPE_CHECKING:  # in_place.py sits beside this script; imported where in-job 
     from in_place import Generation
 
 MARKER = "latest"
-# --step-sleep's slices: a signal waits at most one; a slice that took longer than its
-# length plus the slack (the process was stopped) counts as its length plus the slack.
+# --step-sleep's slices: a signal waits at most one; a slice during which the process was
+# stopped counts for nothing (StopRequest.work).
 IDLE_SLICE_S = 0.02
-IDLE_SLACK_S = 0.01
 STEP_DIR = re.compile(r"^step-(\d+)$")
 DIM = 32
 # This rank's progress for the node's agent; a no-op without $AUTOCLUSTERS_PROGRESS_DIR.
@@ -216,17 +219,35 @@ class StopRequest:
                 os._exit(128 + signum)  # still here: stuck in a collective
 
     def sleep(self, seconds: float) -> None:
-        """Idle `seconds` of the process's running time: the step's stand-in for its GPU
-        work. Short slices, so a signal during the idle part of a step is acted on promptly;
-        a slice counts only up to its length plus a little, so time the process spent
-        stopped (the sandbox's `slow` effect: a SIGSTOP/SIGCONT duty cycle, as a throttled
-        GPU does less work per second) is not work done, and the step takes that much longer."""
+        """Wait `seconds` of wall-clock time (an evaluation, a data loader), in short slices
+        so that a signal is acted on promptly."""
+        end = time.monotonic() + seconds
+        while not self.signum and (left := end - time.monotonic()) > 0:
+            time.sleep(min(left, 0.1))
+
+    def work(self, seconds: float) -> None:
+        """Idle `seconds` of the process's own time: the step's stand-in for its GPU work.
+        A slice during which the process was stopped (the sandbox's `slow` effect: a
+        SIGSTOP/SIGCONT duty cycle, as a throttled GPU does less work per second) counts
+        for nothing, so the step takes that much longer; time spent waiting for a CPU (a
+        loaded machine) counts, as the GPU goes on meanwhile."""
         left = seconds
         while not self.signum and left > 1e-6:  # not a float's leftover of the subtractions
             want = min(left, IDLE_SLICE_S)
             began = time.monotonic()
             time.sleep(want)
-            left -= min(time.monotonic() - began, want + IDLE_SLACK_S)
+            took = time.monotonic() - began
+            if not was_stopped():
+                left -= took
+
+
+def was_stopped() -> bool:
+    """Whether the process was stopped and continued since the last call: the SIGCONT that
+    ended the stop is pending (blocked at start, above), and is taken here."""
+    if signal.SIGCONT not in signal.sigpending():
+        return False
+    signal.sigwait({signal.SIGCONT})  # pending: returns at once
+    return True
 
 
 def _fsync_dir(path: Path) -> None:
@@ -587,7 +608,7 @@ class Trainer:
             if args.eval_every and step % args.eval_every == 0:
                 with PROGRESS.paused("evaluation"):  # every rank, declared: not a hang
                     self.stop.sleep(args.eval_s)
-            self.stop.sleep(args.step_sleep)
+            self.stop.work(args.step_sleep)
         ckpt.save(step, model, self.optim, block=True)
         ckpt.wait()
         return 0
