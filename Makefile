@@ -40,11 +40,8 @@ XDIST := --dist loadgroup --no-loadscope-reorder
 # Everything but the `scenario` lane: lint beside one parallel run of all three lanes (the
 # unit and workflow tests fill the time the integration tests spend waiting on boots and
 # timers; the longest and the timed start first). One collection first writes pytest's
-# rewritten test modules to the bytecode cache (~10 s of CPU on a clean clone), which the
-# workers would each pay for at once otherwise. Five workers: at four the machine of
-# 2026-12-04 was a third idle (896 s of CPU in 665 s); at five it took 561 s. Seven
-# starved each other past their bounds on a slower machine (docs/testing.md), so
-# TEST_WORKERS=4 is the setting for one like that.
+# rewritten test modules to the bytecode cache, which the workers would each pay for at
+# once otherwise. Why five workers, and when to set TEST_WORKERS=4: docs/testing.md.
 TEST_WORKERS ?= 5
 test: system-deps install
 	@$(MAKE) --no-print-directory lint & lint=$$!; \

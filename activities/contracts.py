@@ -48,6 +48,7 @@ from autoclusters.core.guard import (
     SpareCall,
     SpareClaim,
 )
+from autoclusters.core.handoff import HandoffCall, HandoffSent
 from autoclusters.core.kubernetes import (
     CordonNodeInput,
     CordonNodeResult,
@@ -449,4 +450,12 @@ async def share_k8s_reclaim(call: MoveCall) -> StepOutcome:
 
 @activity.defn(name="share_yield_node")
 async def share_yield_node(call: YieldCall) -> YieldResult:
+    raise _stub()
+
+
+# --- the hand-off to the provider -------------------------------------------------------------
+
+
+@activity.defn(name="send_handoff")
+async def send_handoff(call: HandoffCall) -> HandoffSent:
     raise _stub()

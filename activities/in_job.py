@@ -73,6 +73,7 @@ from autoclusters.core.models import (
     SlurmNode,
     job_comment,
 )
+from autoclusters.core.recovery_cost import JobFacts, RecoveryFigures, RecoveryPlan, plan_recovery
 from autoclusters.integrations.slurm import SlurmError, SlurmInJobClient, SlurmUnavailable
 
 # What the survivors' processes are told (`scancel --signal=USR2 <job>`: the job's steps,
@@ -126,6 +127,23 @@ def faulty(node: SlurmNode | None) -> bool:
     return node.drained and ours
 
 
+def plan_for(
+    job: SlurmJob, in_job_blocked: str | None, figures: RecoveryFigures, now: float
+) -> RecoveryPlan:
+    """The job's recovery plan from what Slurm shows of it: its width (GPUs, else nodes)
+    and its checkpoint's age (`ckpt_at=` in its comment; unknown when it does not say)."""
+    stamp = job_comment(job, "ckpt_at")
+    try:
+        age = max(0.0, now - float(stamp)) if stamp is not None else None
+    except ValueError:
+        age = None
+    width = job.gpus or job.node_count or len(hostlist.expand(job.nodes)) or 1
+    facts = JobFacts(
+        job_id=job.job_id, gpus=width, checkpoint_age_s=age, in_job_blocked=in_job_blocked
+    )
+    return plan_recovery(facts, figures)
+
+
 def why_not_in_place(job: SlurmJob, node: str, lost: set[str]) -> str | None:
     """Why the job cannot go on in place without `node` (None: it can). `lost`: this node
     and the job's other nodes that are faulty too."""
@@ -151,11 +169,18 @@ class InJobRecovery:
     """One node's in-job recovery, run inside the requeue activity (which heartbeats)."""
 
     def __init__(
-        self, slurm: SlurmInJobClient, node: str, incident_id: str, budget_s: float, poll_s: float
+        self,
+        slurm: SlurmInJobClient,
+        node: str,
+        incident_id: str,
+        budget_s: float,
+        poll_s: float,
+        figures: RecoveryFigures | None = None,
     ) -> None:
         self._slurm = slurm
         self.node, self.incident_id = node, incident_id
         self.budget_s, self.poll_s = budget_s, poll_s
+        self.figures = figures or RecoveryFigures()
         self.result = InJobResult()
 
     async def recover(self) -> InJobResult:
@@ -184,6 +209,10 @@ class InJobRecovery:
                     nodes = {n.name: n for n in await self._slurm.nodes()}
                 lost |= {n for n in hostlist.expand(job.nodes) if faulty(nodes.get(n))}
             why = why_not_in_place(job, self.node, lost)
+            plan = plan_for(job, why, self.figures, time.time())
+            self.result.plans.append(plan)
+            if why is None and plan.chosen != "in-job":
+                why = f"the cheaper path: {plan.why}"
             if why is not None:
                 # Decided before anything is released or signalled: the job is requeued
                 # now, not after a wait that cannot succeed.

@@ -8,6 +8,10 @@ instead of being overwritten.
 On Slinky, a slurmd pod is never evicted here by default: evicting it tells Slurm nothing.
 The workflow drains through Slurm, waits for IDLE+DRAIN, then deals with that pod.
 
+Each change (cordon and taint, uncordon, evictions, the condition) also leaves an Event on
+the Node, as node-problem-detector does (integrations/k8s_events.py); best effort: an Event
+the API refuses never fails the step.
+
 Each step is given a Slurm node and acts on that node's Kubernetes Node
 (activities/machine_of.py): on CMK the Node carrying its name as Slinky's hostname-override,
 else the Node of its own name. A Slurm node no Node is is `UnknownNode`.
@@ -75,6 +79,8 @@ from autoclusters.core.kubernetes import (
     pod_ref,
     slurmd_pod_of,
 )
+from autoclusters.integrations import k8s_events
+from autoclusters.integrations.k8s_events import NodeEvents
 
 # A write computed from a stale read is recomputed this many times before the step fails
 # (retryably) and Temporal takes over.
@@ -96,10 +102,28 @@ class KubernetesActivities:
         *,
         request_timeout_s: float = 30,
         machines: MachineOf | None = None,
+        events: NodeEvents | None = None,
     ) -> None:
         self._core = client.CoreV1Api(api)
         self._timeout = request_timeout_s
         self._machines = machines or MachineOf(api, request_timeout_s=request_timeout_s)
+        # An Event is worth less than the step: it waits no longer than the recorder's own
+        # bound, even when the step's calls may take longer.
+        self._events = events or NodeEvents(
+            api, request_timeout_s=min(request_timeout_s, k8s_events.REQUEST_TIMEOUT_S)
+        )
+
+    async def _note(self, node: Obj, reason: str, message: str, *, warning: bool) -> None:
+        """An Event on the Node for a change just made (best effort: never fails the step)."""
+        meta = metadata_of(node)
+        await asyncio.to_thread(
+            self._events.record,
+            str(meta["name"]),
+            str(meta.get("uid", "")),
+            reason,
+            message,
+            warning=warning,
+        )
 
     async def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Obj:
         return await call_json(fn, *args, timeout_s=self._timeout, **kwargs)
@@ -126,7 +150,13 @@ class KubernetesActivities:
         return items_of(pods, "pods")
 
     async def _rewrite_node(self, name: str, plan: Callable[[Obj], tuple[Obj | None, R]]) -> R:
-        """Read the node, plan a patch from it, send it with the read's resourceVersion.
+        return (await self._rewrite(name, plan))[0]
+
+    async def _rewrite(
+        self, name: str, plan: Callable[[Obj], tuple[Obj | None, R]]
+    ) -> tuple[R, Obj]:
+        """Read the node, plan a patch from it, send it with the read's resourceVersion:
+        (the plan's result, the node as read).
 
         A 409 means someone wrote in between: read and plan again, a few times.
         """
@@ -134,7 +164,7 @@ class KubernetesActivities:
             node = await self._node(name)
             patch, result = plan(node)
             if patch is None:
-                return result
+                return result, node
             patch["metadata"] = {**patch.get("metadata", {}), "resourceVersion": _rv(node)}
             try:
                 await self._call(self._core.patch_node, name, patch)
@@ -142,7 +172,7 @@ class KubernetesActivities:
                 if e.status == 409 and attempt + 1 < _CONFLICT_ATTEMPTS:
                     continue
                 raise
-            return result
+            return result, node
         raise AssertionError("unreachable")
 
     @activity.defn(name="k8s_cordon")
@@ -153,7 +183,16 @@ class KubernetesActivities:
     async def _cordon_node(self, inp: CordonNodeInput) -> CordonNodeResult:
         with api_errors(inp.node):
             name = await self._node_of(inp.node)
-            return await self._rewrite_node(name, lambda node: _cordon_plan(node, inp))
+            result, node = await self._rewrite(name, lambda node: _cordon_plan(node, inp))
+        if result.changed:
+            taint = f"{TAINT_KEY}={inp.phase}:NoSchedule"
+            await self._note(
+                node,
+                k8s_events.CORDONED,
+                f"incident {inp.incident_id}: cordoned and tainted {taint}: {inp.reason}",
+                warning=True,
+            )
+        return result
 
     @activity.defn(name="k8s_uncordon")
     async def uncordon_node(self, inp: UncordonNodeInput) -> UncordonNodeResult:
@@ -163,7 +202,13 @@ class KubernetesActivities:
     async def _uncordon_node(self, inp: UncordonNodeInput) -> UncordonNodeResult:
         with api_errors(inp.node):
             name = await self._node_of(inp.node)
-            return await self._rewrite_node(name, lambda node: _uncordon_plan(node, inp))
+            result, node = await self._rewrite(name, lambda node: _uncordon_plan(node, inp))
+        if result.changed:
+            what = "cordon lifted, taint kept" if inp.keep_taint else "uncordoned, taint removed"
+            await self._note(
+                node, k8s_events.UNCORDONED, f"incident {inp.incident_id}: {what}", warning=False
+            )
+        return result
 
     @activity.defn(name="k8s_evict_pods")
     async def evict_pods(self, inp: EvictPodsInput) -> EvictPodsResult:
@@ -179,7 +224,7 @@ class KubernetesActivities:
         """
         with api_errors(inp.node):
             name = await self._node_of(inp.node)
-            await self._node(name)
+            node = await self._node(name)
             result = EvictPodsResult()
             wanted: dict[str, Obj] = {}
             for pod in await self._pods_on(name):
@@ -222,7 +267,12 @@ class KubernetesActivities:
             for ref in sorted(left):
                 await self._force_delete(wanted[ref])
                 result.forced.append(ref)
-            return result
+        if result.evicted or result.forced:
+            message = f"evicted {len(result.evicted)} pod(s): {', '.join(result.evicted)}"
+            if result.forced:
+                message += f"; force-deleted after {inp.timeout_s:.0f}s: {', '.join(result.forced)}"
+            await self._note(node, k8s_events.EVICTED, message, warning=True)
+        return result
 
     async def _evict(self, pod: Obj, grace: int | None) -> str | None:
         """None when the pod is on its way out (or already gone); else why it was refused."""
@@ -360,7 +410,10 @@ class KubernetesActivities:
             await self._call(
                 self._core.patch_node_status, name, {"status": {"conditions": [condition]}}
             )
-            return SetNodeConditionResult(changed=True, status=status)
+        # As node-problem-detector does: the condition's reason, Warning for a problem.
+        text = f"{GPU_UNHEALTHY}={status}" + (f": {inp.message}" if inp.message else "")
+        await self._note(node, inp.reason, text, warning=inp.unhealthy)
+        return SetNodeConditionResult(changed=True, status=status)
 
     @activity.defn(name="k8s_node_identity")
     async def node_identity(self, inp: NodeIdentityInput) -> NodeIdentity:

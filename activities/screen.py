@@ -14,10 +14,10 @@ One activity, each of its moves idempotent so a retry (a worker that died) resum
 5. whatever the outcome: the node drained again under the incident's reason (read back),
    then the reservation deleted. The runbook's own return to service returns it.
 
-A job that failed, a diagnostic that failed, an all-reduce missing or below the policy's
-floor: not passed (the runbook treats it as a failed health gate). Slurm not answering
-raises (the step waits the outage out); a node drained by someone else raises, never
-resumed.
+A job that failed, a diagnostic that failed, an all-reduce or a node's GEMM rate missing
+or below the policy's floor: not passed (the runbook treats it as a failed health gate).
+Slurm not answering raises (the step waits the outage out); a node drained by someone else
+raises, never resumed.
 """
 
 from __future__ import annotations
@@ -79,6 +79,20 @@ def parse_output(text: str) -> tuple[dict[str, str] | None, dict[str, str]]:
     return allreduce, diag
 
 
+def parse_gemm(text: str) -> dict[str, float]:
+    """Each node's slowest rank's GEMM rate (TFLOP/s) from the ranks' `gemm` lines."""
+    rates: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line.startswith("gemm "):
+            continue
+        fields = {k: v for k, v in _FIELD.findall(line)}
+        rate = _float(fields.get("tflops"))
+        if "node" in fields and rate is not None:
+            node = fields["node"]
+            rates[node] = min(rate, rates.get(node, rate))
+    return rates
+
+
 def judge(
     inp: ScreenInput,
     *,
@@ -94,7 +108,16 @@ def judge(
             failures.append(f"no diagnostic from {n}")
         elif diag[n] != "pass":
             failures.append(f"diagnostic on {n}: {diag[n]}")
-    res = ScreenResult(node=inp.node, passed=False, seconds=0, diag=diag)
+    res = ScreenResult(
+        node=inp.node, passed=False, seconds=0, diag=diag, gemm_tflops=parse_gemm(output)
+    )
+    if inp.min_gemm_tflops:
+        for n in nodes:
+            rate = res.gemm_tflops.get(n)
+            if rate is None:
+                failures.append(f"no GEMM rate from {n}")
+            elif rate < inp.min_gemm_tflops:
+                failures.append(f"GEMM on {n} {rate:.1f} TFLOP/s < {inp.min_gemm_tflops:g}")
     if allreduce is None:
         failures.append("no all-reduce result")
     else:

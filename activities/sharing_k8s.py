@@ -31,6 +31,7 @@ from autoclusters.core.sharing import (
     Pool,
     StepOutcome,
 )
+from autoclusters.integrations import k8s_events
 
 
 def _pool_taint() -> Obj:
@@ -122,7 +123,11 @@ class ShareKubernetesActivities(KubernetesActivities):
                     }
                     return patch, StepOutcome(changed=True, detail="labelled inference, untainted")
 
-                return await self._rewrite_node(call.node, plan)
+                outcome, node = await self._rewrite(call.node, plan)
+            if outcome.changed:
+                text = f"lent to the inference pool: taint {POOL_TAINT_KEY} lifted"
+                await self._note(node, k8s_events.POOL_TAINT_LIFTED, text, warning=False)
+            return outcome
 
     @activity.defn(name="share_scale_inference")
     async def scale_inference(self, call: MoveCall) -> StepOutcome:
@@ -202,4 +207,9 @@ class ShareKubernetesActivities(KubernetesActivities):
                     }
                     return patch, StepOutcome(changed=True, detail="labelled training, tainted")
 
-                return await self._rewrite_node(call.node, plan)
+                outcome, node = await self._rewrite(call.node, plan)
+            if outcome.changed:
+                taint = f"{POOL_TAINT_KEY}={Pool.TRAINING.value}:NoSchedule"
+                text = f"back in the training pool: tainted {taint}"
+                await self._note(node, k8s_events.POOL_TAINTED, text, warning=False)
+            return outcome

@@ -11,7 +11,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from autoclusters.activities.heartbeat import heartbeating
-from autoclusters.activities.in_job import InJobRecovery
+from autoclusters.activities.in_job import InJobRecovery, plan_for
 from autoclusters.activities.job_markers import ACTIVE, BUSY, marked_for, requeue_marker
 from autoclusters.core.cluster_ops import is_ops_reason
 from autoclusters.core.kubernetes import SLINKY_REASON_PREFIX
@@ -34,7 +34,12 @@ from autoclusters.core.models import (
     WaitRegisteredInput,
 )
 from autoclusters.core.quarantine import QuarantineStatus, VerifyQuarantineInput
-from autoclusters.integrations.slurm import SlurmClient, SlurmInJobClient, SlurmUnavailable
+from autoclusters.integrations.slurm import (
+    SlurmClient,
+    SlurmFencingClient,
+    SlurmInJobClient,
+    SlurmUnavailable,
+)
 
 
 def _settling(job: SlurmJob) -> bool:
@@ -121,8 +126,10 @@ class SlurmActivities:
             # Jobs holding a hot spare lose the node and go on; what they could not do is
             # requeued there, under this incident's marker (seen below as requeued once).
             result.in_job = await InJobRecovery(
-                self._slurm, inp.node, inp.incident_id, inp.in_job_budget_s, inp.poll_s
-            ).recover()
+                self._slurm, inp.node, inp.incident_id, inp.in_job_budget_s, inp.poll_s,
+                inp.figures,
+            ).recover()  # fmt: skip
+            result.plans = list(result.in_job.plans)
         # Another incident's requeue of a job is this fault's too: never a second one.
         elsewhere = result.in_job.requeued_elsewhere if result.in_job else {}
         for job in await self._slurm.jobs_on_node(inp.node):
@@ -144,6 +151,13 @@ class SlurmActivities:
             if job.job_id not in {j.job_id for j in seen.records}:
                 seen.records.append(job.record())  # before the write: it may be lost
                 tell()
+            if before is None and job.job_id not in {p.job_id for p in result.plans}:
+                blocked = (
+                    "the policy's job_recovery is requeue"
+                    if not inp.in_job
+                    else "it holds no standby (no injob= in its comment)"
+                )
+                result.plans.append(plan_for(job, blocked, inp.figures, time.time()))
             if before is None:
                 await self._slurm.set_admin_comment(
                     job.job_id, requeue_marker(inp.incident_id, job.restart_cnt)
@@ -156,6 +170,7 @@ class SlurmActivities:
         # is PENDING. A job requeued while it was still launching gets its hold a moment
         # *after* it shows PENDING, so keep watching until it has been quiet for a while.
         quiet, deadline = 0, time.monotonic() + inp.hold_watch_s
+        settling_since: dict[int, float] = {}
         while True:
             jobs = await self._slurm.jobs()
             read_at = time.time()
@@ -166,6 +181,12 @@ class SlurmActivities:
                 if job.job_id not in result.holds_released:
                     result.holds_released.append(job.job_id)
             settling = [j.job_id for j in mine if _settling(j)]
+            for job_id in settling:
+                settling_since.setdefault(job_id, time.monotonic())
+            if settling and inp.drain_reason and not result.marked_down:
+                result.marked_down = await self._fence_if_stuck(
+                    inp, result.controller_started, settling_since
+                )
             quiet = 0 if held or settling else quiet + 1
             if quiet >= 2 or (not settling and time.monotonic() > deadline):
                 break
@@ -179,6 +200,52 @@ class SlurmActivities:
         result.requeued += [j.job_id for j in lost]
         result.records += lost
         return result
+
+    async def _fence_if_stuck(
+        self, inp: RequeueInput, controller_started: str, settling_since: dict[int, float]
+    ) -> bool:
+        """A requeued job still completes on the incident's node: its rank there is stuck
+        (a GPU rank hung in the driver outlives SIGKILL until the reboot) or the node does
+        not answer (power, a kernel panic, its link), and slurmctld would wait out
+        UnkillableStepTimeout, or its RPC timeouts and SlurmdTimeout, before it lets the job
+        start again. Mark the node DOWN, as an SRE does to free a stuck job: its drain and
+        reason kept, the repair or the node's registration ends what is left there. Only
+        where that ends nothing but what this incident requeued, and the node comes back
+        by itself once repaired:
+        - the node does not answer, or the job has been completing for `fence_after_s`
+          (a healthy node ends a requeued run in a second or two);
+        - the node is drained as this incident's;
+        - every job Slurm shows on it is one this incident requeued, on its way out: DOWN
+          ends every job on the node, and any other (one that cannot be requeued, one a
+          human is asked about) must not end for it;
+        - ReturnToService=2: a node set DOWN by hand returns when its slurmd registers
+          (with 0 or 1 it would stay DOWN after the repair);
+        - the controller has not restarted since the requeue read its start: one that just
+          came back shows every node not responding until its slurmd registers.
+        """
+        if inp.fence_after_s is None or not isinstance(self._slurm, SlurmFencingClient):
+            return False
+        node = await self._known_node(inp.node)
+        if not (node.drained and _ours(node.reason, inp.incident_id)):
+            return False
+        jobs = await self._slurm.jobs_on_node(inp.node)
+        on_node = [j for j in jobs if j.job_state in BUSY or _settling(j)]
+        if not on_node or any(
+            marked_for(j, inp.incident_id) is None or not _settling(j) for j in on_node
+        ):
+            return False
+        now = time.monotonic()
+        waited = min(now - settling_since.get(j.job_id, now) for j in on_node)
+        if node.responding and waited < inp.fence_after_s:
+            return False
+        if await self._slurm.return_to_service() != 2:
+            return False
+        if await self._slurm.controller_started() != controller_started:
+            return False
+        why = "does not answer" if not node.responding else f"still ends it after {waited:.1f}s"
+        activity.logger.warning("%s %s: marked DOWN for its requeued jobs to end", inp.node, why)
+        await self._slurm.mark_down(inp.node, node.reason)
+        return True
 
     @activity.defn(name="wait_node_registered")
     async def wait_node_registered(self, inp: WaitRegisteredInput) -> SlurmNode:

@@ -50,13 +50,16 @@ from autoclusters.core.models import (
     IncidentState,
     Notification,
     RepairInput,
+    ScreenResult,
 )
 from autoclusters.core.policy import LADDER, Policy, Rung
 
 log = logging.getLogger("autoclusters.incident_history")
 
 WORKFLOW_TYPE = "NodeRemediation"
-CLOSING_EVENTS = {"resolved", "failed", "rejected", "observed", "monitored", "cancelled"}
+CLOSING_EVENTS = {
+    "resolved", "failed", "rejected", "observed", "monitored", "cancelled", "handed_off",
+}  # fmt: skip
 REPAIR_RUNGS = {r.value for r in LADDER if r != Rung.MONITOR}
 
 
@@ -123,6 +126,8 @@ class _Reader:
                 self.rec.approvals_asked.append(rung)
             elif note.event in CLOSING_EVENTS:
                 self.closing = note.event
+        elif name == "burn_in_screen" and not self.rec.repairs:
+            self.rec.screened_before_repair = True
         elif name == "return_to_service" and self.rec.repairs:
             self.returned = True
 
@@ -144,6 +149,9 @@ class _Reader:
             )
         elif name == "return_to_service" and self.rec.returned_at is None:
             self.rec.returned_at = _at(e)
+        elif name == "burn_in_screen" and self.rec.screen_passed is None and not self.rec.repairs:
+            screened: ScreenResult = _decode(a.result.payloads, ScreenResult)
+            self.rec.screen_passed = screened.passed  # the screen before any repair
 
     def _on_activity_task_failed_event_attributes(self, e: HistoryEvent, a: Any) -> None:
         name, _ = self.scheduled.get(a.scheduled_event_id, ("", None))

@@ -50,6 +50,11 @@ class IncidentRecord(BaseModel):
     decisions: list[tuple[str, bool]] = Field(default_factory=list)  # (step, approved)
     admissions: list[Admission] = Field(default_factory=list)
     repairs: list[RepairAttempt] = Field(default_factory=list)
+    # Screened before any repair (a silent fault's rule says `screen_before_repair`): a node
+    # that passed went back unrepaired, and the incident still counts in its lemon record.
+    screened_before_repair: bool = False
+    # That screen's verdict (None: no verdict: it never ended, or was not run).
+    screen_passed: bool | None = None
     skipped: list[str] = Field(default_factory=list)  # rungs the live ladder skipped, and why
     returned_at: datetime | None = None  # the node (or its spare) back in service
 

@@ -34,7 +34,9 @@ nothing is written: a job that does not opt in loses nothing, and one that does 
 fails for it (a write that fails is counted in `write_errors`, the next one tries again).
 The job's identity comes from Slurm's and torchrun's environment (SLURM_JOB_ID,
 SLURM_RESTART_COUNT, RANK or SLURM_PROCID, WORLD_SIZE or SLURM_NTASKS, LOCAL_RANK,
-SLURMD_NODENAME); a job that re-forms its group calls `regroup`. `close` (at exit too)
+SLURMD_NODENAME), and its name, partition and account (SLURM_JOB_NAME, SLURM_JOB_PARTITION,
+SLURM_JOB_ACCOUNT: the policy's per-job thresholds match them); a job that re-forms its
+group calls `regroup`. `close` (at exit too)
 removes the file: a job that ended is not a job that hangs.
 """
 
@@ -111,6 +113,10 @@ class JobProgress:
         self.rank = rank if rank is not None else _env_int(e, "RANK", "SLURM_PROCID") or 0
         self.world = world if world is not None else _env_int(e, "WORLD_SIZE", "SLURM_NTASKS")
         self.node = node or e.get("SLURMD_NODENAME") or socket.gethostname()
+        # What the cluster policy's per-job thresholds match (core/job_thresholds.py).
+        self.job_name = e.get("SLURM_JOB_NAME") or None
+        self.partition = e.get("SLURM_JOB_PARTITION") or None
+        self.account = e.get("SLURM_JOB_ACCOUNT") or None
         self.local_rank = (
             local_rank if local_rank is not None else _env_int(e, "LOCAL_RANK", "SLURM_LOCALID")
         )
@@ -282,7 +288,8 @@ class JobProgress:
                 "pause_since": self._pause_since,
                 "recent": [[s, round(t, 6), round(b, 6)] for s, t, b in self._recent],
                 "heartbeat_s": self.heartbeat_s, "hang_floor_s": self.hang_floor_s,
-                "written_at": self.clock(),
+                "job_name": self.job_name, "partition": self.partition,
+                "account": self.account, "written_at": self.clock(),
             }  # fmt: skip
 
     def _maybe_write(self, now_m: float, *, force: bool = False) -> None:
@@ -354,6 +361,9 @@ class RankProgress:
     heartbeat_s: float = 5.0
     hang_floor_s: float | None = None
     path: str = ""
+    job_name: str | None = None  # Slurm's, for the policy's per-job thresholds
+    partition: str | None = None
+    account: str | None = None
 
     @property
     def in_collective(self) -> bool:
@@ -410,6 +420,8 @@ def parse_rank(data: Any, path: str = "") -> RankProgress | None:
         pause=_text(data.get("pause")), pause_since=_num(data.get("pause_since")),
         recent=tuple(recent), heartbeat_s=_num(data.get("heartbeat_s"), low=0.001) or 5.0,
         hang_floor_s=_num(data.get("hang_floor_s"), low=0.001), path=path,
+        job_name=_text(data.get("job_name")), partition=_text(data.get("partition")),
+        account=_text(data.get("account")),
     )  # fmt: skip
 
 

@@ -5,6 +5,8 @@ counted) is a lemon: after its repair passes the health gate it is not returned 
 drained, and an approver decides (release it, or keep it out for the cloud's support). A
 repair loop (reboot, pass, fail again, reboot...) stops at the limit instead of going on
 for ever. The count is read from the node's incident histories when the incident opens.
+A silent fault (a hung job, a straggler) whose node passed its screen and went back
+unrepaired counts too: a node whose jobs keep hanging is a lemon, whatever each screen said.
 """
 
 from __future__ import annotations
@@ -23,8 +25,13 @@ def lemon_window(policy: Policy) -> timedelta:
 
 
 def repairs_on_node(records: Iterable[IncidentRecord], node: str, since: datetime) -> int:
-    """Incidents on `node` started since `since` that repaired it (one at least attempted)."""
-    return sum(1 for r in records if r.node == node and r.started_at >= since and r.repairs)
+    """Incidents on `node` started since `since` that repaired it (one at least attempted)
+    or screened it before any repair (a silent fault)."""
+    return sum(
+        1
+        for r in records
+        if r.node == node and r.started_at >= since and (r.repairs or r.screened_before_repair)
+    )
 
 
 def is_lemon(policy: Policy, prior_repairs: int | None) -> bool:

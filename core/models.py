@@ -13,7 +13,9 @@ from pydantic import BaseModel, Field, field_validator
 
 from autoclusters.core.fault_evidence import FaultEvidence
 from autoclusters.core.faults import FAULT_PATTERN, NODE_PATTERN
+from autoclusters.core.handoff_answer import HandoffRecord
 from autoclusters.core.policy import Policy, Rung
+from autoclusters.core.recovery_cost import RecoveryFigures, RecoveryPlan
 
 REASON_PREFIX = "autoclusters:"
 
@@ -97,16 +99,18 @@ class StepRecord(BaseModel):
 
 # open: in progress; resolved: node back in service; failed: left drained, a human paged;
 # rejected: a human said no, left drained; observed: observe mode, nothing touched;
-# monitored: the fault only warrants watching, the node stayed in service.
+# monitored: the fault only warrants watching, the node stayed in service; handed_off: the
+# provider declined the hand-off (docs/handoff.md), left drained.
 IncidentStatus = Literal[
-    "open", "resolved", "failed", "rejected", "observed", "monitored", "cancelled"
-]
+    "open", "resolved", "failed", "rejected", "observed", "monitored", "cancelled",
+    "handed_off",
+]  # fmt: skip
 # What incidents can be listed by (`incident list --state`, GET /v1/incidents?state=): their
 # own statuses plus the search attribute's `waiting_approval`. Anything else is refused,
 # never an empty list.
 IncidentStateName = Literal[
     "open", "waiting_approval", "resolved", "failed", "rejected", "observed", "monitored",
-    "cancelled",
+    "cancelled", "handed_off",
 ]  # fmt: skip
 
 
@@ -198,7 +202,7 @@ class RefusedApproval(BaseModel):
 
 
 class Waiting(BaseModel):
-    kind: Literal["approval", "admission", "idle", "agent_report", "checkpoint"]
+    kind: Literal["approval", "admission", "idle", "agent_report", "checkpoint", "handoff"]
     step: str | None = None
     detail: str = ""
     since: datetime
@@ -237,12 +241,16 @@ class IncidentState(BaseModel):
     silence_id: str | None = None
     # How each job on the node got going again: "in-job" (its hot spare) or "requeue".
     recovery_path: dict[int, str] = Field(default_factory=dict)
+    # What each path was estimated to cost each job, and the one taken (core/recovery_cost.py).
+    recovery_plans: list[RecoveryPlan] = Field(default_factory=list)
     old_vm_id: str | None = None
     new_vm_id: str | None = None
     # Repaired too often within the policy's lemon window: held out until a person says.
     lemon: bool = False
     # The burn-in screens after each repair that passed its health gate (policy burn_in).
     screens: list[ScreenResult] = Field(default_factory=list)
+    # The hand-off to the provider, once the runbook made one (policy handoff).
+    handoff: HandoffRecord | None = None
     error: str | None = None
     closed_at: datetime | None = None
 
@@ -271,6 +279,7 @@ class ScreenInput(BaseModel):
     min_bus_gbps: float = 0
     neighbour: bool = True
     poll_s: float = 1.0
+    min_gemm_tflops: float = 0  # the GEMM rate's floor per rank; 0: none
 
 
 class ScreenResult(BaseModel):
@@ -289,6 +298,8 @@ class ScreenResult(BaseModel):
     busbw_gbps: float | None = None  # algbw * 2(n-1)/n, NCCL-tests' figure
     backend: str | None = None  # gloo | nccl
     diag: dict[str, str] = Field(default_factory=dict)  # node -> "pass" or what failed
+    # node -> the slowest of its ranks' GEMM rate (TFLOP/s); absent: the job printed none.
+    gemm_tflops: dict[str, float] = Field(default_factory=dict)
     detail: str = ""
 
 
@@ -438,6 +449,8 @@ class InJobResult(BaseModel):
     # No hot spare announced (`injob=` in the comment): left to the requeue step.
     not_capable: list[int] = Field(default_factory=list)
     waited_s: float = 0.0
+    # What each path was estimated to cost the job, and the one taken (core/recovery_cost.py).
+    plans: list[RecoveryPlan] = Field(default_factory=list)
 
     def describe(self) -> str:
         parts = []
@@ -476,6 +489,12 @@ class RequeueInput(BaseModel):
     # restarted since the drain step may have forgotten it, and a requeued job would land on
     # the node again. "": not checked.
     drain_reason: str = ""
+    # A job this incident requeued still completing on the node after this long (or at
+    # once where the node does not answer): the node is marked DOWN for it to end there
+    # (activities/slurm.py, `_fence_if_stuck`). None: never.
+    fence_after_s: float | None = 3.0
+    # The cluster's seconds to stepping again per path: what the recovery plan weighs.
+    figures: RecoveryFigures = Field(default_factory=RecoveryFigures)
 
 
 class RequeueResult(BaseModel):
@@ -493,6 +512,10 @@ class RequeueResult(BaseModel):
     controller_started: str = ""
     records: list[JobRecord] = Field(default_factory=list)  # of the jobs requeued now
     redrained: bool = False  # the drain was gone before the requeue: applied again
+    # The node could not end its requeued jobs (stuck, or not answering): marked DOWN.
+    marked_down: bool = False
+    # Every job's recovery plan: the estimates per path and the one taken.
+    plans: list[RecoveryPlan] = Field(default_factory=list)
 
     def recovery_path(self) -> dict[int, str]:
         """How each job on the node got going again: "in-job" (its standby), or "requeue"
@@ -522,6 +545,9 @@ class RequeueResult(BaseModel):
             parts.append(f"cannot requeue {self.not_requeueable}")
         if self.redrained:
             parts.insert(0, "the drain was gone (a controller restart?): drained again")
+        if self.marked_down:
+            parts.append("the node could not end its requeued jobs: marked DOWN so they could")
+        parts += [f"plan {p.describe()}" for p in self.plans]
         return "; ".join(parts)
 
 

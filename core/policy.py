@@ -20,11 +20,14 @@ from pydantic import (
     ConfigDict,
     Field,
     StringConstraints,
+    model_validator,
 )
 from pydantic_core import PydanticCustomError
 
 from autoclusters.core.faults import FAULT_PATTERN, NODE_PATTERN
+from autoclusters.core.job_thresholds import JobThresholds
 from autoclusters.core.ladder_figures import LadderFigures
+from autoclusters.core.recovery_cost import RecoveryFigures
 from autoclusters.core.yaml_spec import (
     SpecError,
     SpecFormat,
@@ -116,6 +119,12 @@ class FaultRule(_Strict):
     # first and requeue them only once they have (or the budget is spent), so they lose no
     # steps; `drain` requeues them at once, as for a fatal fault.
     on_degraded: Literal["checkpoint_then_drain", "drain"] = "drain"
+    # A fault that is as often software as hardware (a hung job, a straggler): once the
+    # node's jobs are recovered, the node is screened (the burn-in screen, `burn_in`'s
+    # figures) before any repair. Passed: it goes back without a repair, the incident
+    # counted in its lemon record; failed: the repair ladder from `first_rung`, each repair
+    # screened again. Off by default, so a recorded incident replays as it ran.
+    screen_before_repair: bool = False
 
 
 class StepPolicy(_Strict):
@@ -192,8 +201,53 @@ class BurnInScreen(_Strict):
     # The bus bandwidth the all-reduce must reach (GB/s, NCCL-tests' busbw); 0: no floor
     # (the sandbox's gloo over loopback says nothing about a fabric).
     min_bus_gbps: float = Field(default=0, ge=0, le=100000, allow_inf_nan=False)
+    # The matrix-multiply rate every GPU of the screened nodes must reach (TFLOP/s, a bf16
+    # GEMM on GPUs, float32 on CPU); 0: no floor. A slow GPU passes every diagnostic and
+    # still holds back its job: this is the figure that shows it.
+    min_gemm_tflops: float = Field(default=0, ge=0, le=100000, allow_inf_nan=False)
     # Screen with a healthy idle neighbour when Slurm shows one; off: always alone.
     neighbour: bool = True
+
+
+HandoffWhen = Literal["health_gate_failed", "lemon"]
+
+
+class HandoffPolicy(_Strict):
+    """The hand-off to the provider (docs/handoff.md): when the runbook has done all it can,
+    the incident's evidence goes to `url` (a signed webhook, retried, one per incident) and
+    the incident waits, drained, for the provider's signed answer. Off by default: an
+    incident opened under a policy without it issues exactly the commands it did before
+    (docs/versioning.md)."""
+
+    enabled: bool = False
+    # The provider's (or a ticketing system's) webhook; required when enabled.
+    url: str = Field(default="", max_length=2048, pattern=r"^(https?://\S+)?$")
+    # When the runbook hands off: the ladder's last repair failed its health gate
+    # (`health_gate_failed`), or a lemon node passed its gate (`lemon`, instead of asking
+    # the approvers to release it).
+    when: list[HandoffWhen] = Field(
+        default_factory=lambda: list[HandoffWhen](["health_gate_failed"]), max_length=2
+    )
+    # Fault kinds only the provider can fix (a fabric fault, a leaf switch): handed off once
+    # the node is drained, with no repair of ours first.
+    faults: list[FaultKind] = Field(default_factory=list, max_length=1024)
+    # While no answer comes: a reminder in Slack this often.
+    reminder_interval_s: float = Duration(4 * 3600)
+    # The webhook's delivery: tried this many times, 5 s apart at first, doubling up to
+    # 5 min apart (100 tries: about 8 h); then the incident fails, drained, for a human.
+    send_attempts: int = Count(100, le=10_000)
+
+    @model_validator(mode="after")
+    def _url_when_enabled(self) -> HandoffPolicy:
+        if self.enabled and not self.url:
+            raise PydanticCustomError(
+                "handoff_url", "handoff.url is required when handoff.enabled is true", {}
+            )
+        return self
+
+    def hands_off(self, fault: str) -> bool:
+        """Is `fault` the provider's to fix, with no repair of ours first?"""
+        return self.enabled and fault in self.faults
 
 
 class Policy(_Strict):
@@ -226,6 +280,13 @@ class Policy(_Strict):
     # stepped again (`resumed_at=` in its comment) within in_job_budget_s is requeued.
     job_recovery: Literal["in-job", "requeue"] = "in-job"
     in_job_budget_s: float = Field(default=30, gt=0, le=3600, allow_inf_nan=False)
+    # Recovery chosen by its cost (core/recovery_cost.py): this cluster's seconds from a
+    # fault to the job stepping again per path (bench/mttr.py measures them), which with
+    # the job's width and checkpoint age estimate the GPU-hours each path loses; the
+    # cheapest possible path is taken. `announce_recovery`: the estimates and the choice
+    # go to Slack once the jobs are on their way (off in a policy that does not say).
+    recovery_figures: RecoveryFigures = Field(default_factory=RecoveryFigures)
+    announce_recovery: bool = False
     checkpoint_signal: str = Field(default="USR1", pattern=r"^[A-Z0-9]{2,8}$")
     checkpoint_budget_s: float = Field(default=120, gt=0, le=3600, allow_inf_nan=False)
     faults: dict[FaultKind, FaultRule] = Field(default_factory=dict)
@@ -249,6 +310,12 @@ class Policy(_Strict):
     # A burn-in screen before return (docs/configuration.md): after the health gate passes,
     # the node is screened in a breakfix reservation; a failed screen is a failed gate.
     burn_in: BurnInScreen = Field(default_factory=BurnInScreen)
+    # The hand-off to the provider when automation has done all it can (docs/handoff.md).
+    handoff: HandoffPolicy = Field(default_factory=HandoffPolicy)
+    # The silent-fault rules' thresholds for the jobs each entry matches (by Slurm job name,
+    # partition or account; the first match wins), over the agent's own settings
+    # (core/job_thresholds.py). The agents read them from this file (their policy_file).
+    job_thresholds: list[JobThresholds] = Field(default_factory=list, max_length=1000)
 
     def rule_for(self, fault: str) -> FaultRule:
         return self.faults.get(fault, self.default_rule)

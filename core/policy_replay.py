@@ -12,6 +12,9 @@ At each decision point the candidate is judged on the incident's own history:
   rung stands, and a rung nobody decided on is taken as approved (said in the notes);
 - the fleet guard: the live answer when the candidate's limits are the live ones, else
   recounted from the incidents repairing and out of service at that moment;
+- a fault whose candidate rule screens before repair: the incident's own screen verdict
+  (passed: no repair, its outcome as it was; failed: the repairs below), `unknown` where the
+  incident was not screened first;
 - the repairs: a rung the incident tried turns out as it did; one it did not is taken to
   work if a cheaper rung worked and to fail if a dearer one failed; otherwise the outcome is
   `unknown` (a rung that was never tried tells nothing).
@@ -226,6 +229,16 @@ def candidate_decisions(
         out.outcome = "monitored"
         return out, notes
     out.guard = "held" if _held(cand, rec, records, nodes, out.breaker) else "admitted"
+    if cand.rule_for(rec.fault).screen_before_repair:
+        # The screen decides between return and repair: its verdict is the incident's own
+        # only where the live policy screened first too.
+        if rec.screen_passed is None:
+            notes.append("the screen before repair was never run on this incident: unknown")
+            out.outcome = "unknown"
+            return out, notes
+        if rec.screen_passed:
+            out.outcome = rec.status  # returned unrepaired (or held as a lemon), as it was
+            return out, notes
     _repairs_from(cand, rec, choice.rung, out, notes)
     return out, notes
 

@@ -22,6 +22,7 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from autoclusters.core.handoff import MIN_SECRET_CHARS
 from autoclusters.core.policy import Policy, default_policy, load_policy
 from autoclusters.core.process_start import start_ticks
 from autoclusters.core.slack_config import SlackConfig
@@ -190,6 +191,13 @@ class Settings(BaseSettings):
         description="keys that sign (the first) and check (all) the proof of who decided; "
         "none: every decision is refused",
     )
+    # The hand-off to the provider (policy handoff, docs/handoff.md): the secret shared with
+    # the provider. The worker signs the outbound webhook with it, the API verifies the
+    # provider's answers with it; None: no hand-off can be sent, no answer is taken.
+    handoff_secret: SecretStr | None = Field(
+        default=None,
+        description="secret shared with the provider: signs hand-offs, verifies answers",
+    )
     prometheus_url: str | None = Field(
         default=None,
         description="Prometheus root (http://host:9090) whose HTTP API the console's node "
@@ -202,6 +210,13 @@ class Settings(BaseSettings):
         # HS256 with a key shorter than its hash is guessable offline from one proof.
         if any(len(k.get_secret_value()) < 32 for k in v):
             raise ValueError("each approval key needs at least 32 characters")
+        return v
+
+    @field_validator("handoff_secret")
+    @classmethod
+    def _long_handoff_secret(cls, v: SecretStr | None) -> SecretStr | None:
+        if v is not None and len(v.get_secret_value()) < MIN_SECRET_CHARS:
+            raise ValueError(f"the hand-off secret needs at least {MIN_SECRET_CHARS} characters")
         return v
 
     def api_base_url(self) -> str:

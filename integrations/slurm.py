@@ -155,6 +155,17 @@ class SlurmInJobClient(SlurmClient, Protocol):
     async def signal_steps(self, job_id: int, signal: str) -> None: ...
 
 
+@runtime_checkable
+class SlurmFencingClient(SlurmClient, Protocol):
+    """What fencing a lost node adds: mark it DOWN (its drain and reason kept), so that
+    slurmctld ends the requeued jobs still completing there at once instead of after its
+    RPC timeouts and SlurmdTimeout; and the controller's ReturnToService, which decides
+    whether a node set DOWN by hand comes back by itself when its slurmd registers."""
+
+    async def mark_down(self, node: str, reason: str) -> None: ...
+    async def return_to_service(self) -> int | None: ...
+
+
 def _flags(raw: Any) -> list[str]:
     return [str(f) for f in raw or []]
 
@@ -181,13 +192,19 @@ def parse_nodes(doc: dict[str, Any]) -> list[SlurmNode]:
     return out
 
 
-def boot_time(config: str) -> str:
-    """BOOT_TIME from `scontrol show config`'s text (`BOOT_TIME = 2026-12-05T06:00:00`)."""
+def config_value(config: str, name: str) -> str:
+    """One setting from `scontrol show config`'s text (`BOOT_TIME = 2026-12-05T06:00:00`);
+    "" when it is not there."""
     for line in config.splitlines():
         key, sep, value = line.partition("=")
-        if sep and key.strip() == "BOOT_TIME":
+        if sep and key.strip() == name:
             return value.strip()
     return ""
+
+
+def boot_time(config: str) -> str:
+    """BOOT_TIME from `scontrol show config`'s text."""
+    return config_value(config, "BOOT_TIME")
 
 
 def _number(raw: Any) -> int:
@@ -309,6 +326,17 @@ class SlurmCli:
 
     async def resume(self, node: str) -> None:
         await self._run("scontrol", "update", f"NodeName={node}", "State=RESUME")
+
+    async def mark_down(self, node: str, reason: str) -> None:
+        # 22.05: a drained node set DOWN shows DOWN+DRAIN; when its slurmd answers again
+        # (ReturnToService=2) it is IDLE+DRAIN, the reason kept (measured on the sandbox).
+        await self._run("scontrol", "update", f"NodeName={node}", "State=DOWN", f"Reason={reason}")
+
+    async def return_to_service(self) -> int | None:
+        """ReturnToService from `scontrol show config` (None when it does not say)."""
+        config = await self._run("scontrol", "show", "config", read=True)
+        value = config_value(config, "ReturnToService")
+        return int(value) if value.isdigit() else None
 
     async def requeue(self, job_id: int) -> None:
         await self._run("scontrol", "requeue", str(job_id))

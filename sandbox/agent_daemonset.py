@@ -325,7 +325,9 @@ def install(cfg: SandboxConfig) -> None:
         "autoclusters-api-tokens": {"AUTOCLUSTERS_AGENT_TOKEN": cfg.api_token()},
         "autoclusters-metrics": {"token": secrets.token_urlsafe(24)},
     }
-    with httpx.Client(base_url=cfg.k8s_url, timeout=10, headers=headers) as k8s:
+    with httpx.Client(
+        base_url=cfg.k8s_url, timeout=10, headers=headers, verify=cfg.k8s_tls()
+    ) as k8s:
         _create(k8s, "/api/v1/namespaces", {"metadata": {"name": ns}})
         for name, data in secrets_.items():
             encoded = {k: base64.b64encode(v.encode()).decode() for k, v in data.items()}

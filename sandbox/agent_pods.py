@@ -66,7 +66,9 @@ class AgentPods:
             if pods.HOSTNAME_OVERRIDE in (node["metadata"].get("annotations") or {})
         }
         slurm_of |= {pods.node_of(p): pods.slurm_name(p) for p in slurmds}
-        with httpx.Client(base_url=self._cfg.k8s_url, timeout=TIMEOUT_S) as k8s:
+        with httpx.Client(
+            base_url=self._cfg.k8s_url, timeout=TIMEOUT_S, verify=self._cfg.k8s_tls()
+        ) as k8s:
             # A deleted pod's container first: its process may be the one a new pod replaces.
             for pod in [p for p in ours if pods.terminating(p)]:
                 done += self._stop_pod(pod)
@@ -183,6 +185,7 @@ def _pods(cfg: SandboxConfig) -> list[Obj]:
         params={"labelSelector": f"{shipped.APP_LABEL}={shipped.APP}"},
         headers={"Authorization": f"Bearer {cfg.k8s_token()}"},
         timeout=TIMEOUT_S,
+        verify=cfg.k8s_tls(),
     )
     r.raise_for_status()
     items: list[Obj] = r.json().get("items") or []
@@ -216,6 +219,7 @@ def restart(
             f"{cfg.k8s_url}/api/v1/namespaces/{shipped.NAMESPACE}/pods/{pod['metadata']['name']}",
             headers={"Authorization": f"Bearer {cfg.k8s_token()}"},
             timeout=TIMEOUT_S,
+            verify=cfg.k8s_tls(),
         )
         r.raise_for_status()
         if not wait_until(lambda: _exited(rec), timeout_s, 0.1):

@@ -1,5 +1,5 @@
 """The sandbox's commands, added to `autoclusters` through the `autoclusters.cli` entry
-point: `sandbox up|status|down|restart|outage|hardware-fault|slack|load`, `demo` and
+point: `sandbox up|status|down|restart|outage|hardware-fault|slack|ticket|load`, `demo` and
 `chaos`. They live with the sandbox (nothing outside it imports it); they use the CLI's own
 helpers."""
 
@@ -17,9 +17,11 @@ from rich.table import Table
 from autoclusters.clients.cli.output import console, err
 from autoclusters.core.settings import DEFAULT_SANDBOX_DIR
 from autoclusters.sandbox.slack_cli import slack_app
+from autoclusters.sandbox.ticket_cli import ticket_app
 
 sandbox_app = typer.Typer(no_args_is_help=True, help="The local sandbox cluster.")
 sandbox_app.add_typer(slack_app, name="slack")
+sandbox_app.add_typer(ticket_app, name="ticket")
 commands = typer.Typer()
 
 StateDir = Annotated[
@@ -106,7 +108,7 @@ def _print_access(cfg: Any) -> None:
         f"login:       ssh -i {provision.ssh_key(cfg)} -p {cfg.login_port} root@127.0.0.1"
     )
     if cfg.k8s:
-        console.print(f"kubectl:     KUBECONFIG={cfg.kubectl_kubeconfig} kubectl get nodes")
+        console.print(f"kubectl:     KUBECONFIG={cfg.kubeconfig} kubectl get nodes")
 
 
 @sandbox_app.command("status")

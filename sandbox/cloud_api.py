@@ -53,9 +53,9 @@ def crusoe_emulator_argv(cfg: SandboxConfig) -> list[str]:
         "--state", str(cfg.emulator_state(CRUSOE_EMULATOR)),
     ]  # fmt: skip
     if cfg.k8s:
-        # A CMK cluster's get-credentials hands out kubectl's kubeconfig (HTTPS, its CA),
-        # as Crusoe's does; the Kubernetes emulator writes it when it starts.
-        argv += ["--kubeconfig", str(cfg.kubectl_kubeconfig)]
+        # A CMK cluster's get-credentials hands out the sandbox's one kubeconfig (HTTPS, its
+        # CA), as Crusoe's does; `slinky.prepare` writes it before anything starts.
+        argv += ["--kubeconfig", str(cfg.kubeconfig)]
     return argv
 
 

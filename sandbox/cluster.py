@@ -136,6 +136,11 @@ def _prepare(cfg: SandboxConfig) -> None:
         slack_secret.parent.mkdir(parents=True, exist_ok=True)
         slack_secret.write_text(secrets.token_hex(16))
         os.chmod(slack_secret, 0o600)
+    handoff_secret = cfg.handoff_secret_file  # the ticket desk's (sandbox ticket serve)
+    if not handoff_secret.exists():
+        handoff_secret.parent.mkdir(parents=True, exist_ok=True)
+        handoff_secret.write_text(secrets.token_hex(32))
+        os.chmod(handoff_secret, 0o600)
     for node in cfg.node_names():  # every machine starts healthy, as its agent sees it
         (d / "agent").mkdir(parents=True, exist_ok=True)
         fake_backend.write_node(cfg.agent_file(node), fake_backend.healthy_node())
@@ -256,7 +261,7 @@ def _boot(cfg: SandboxConfig, table: ProcessTable, timeout_s: float) -> UpResult
                 slinky.K8S_EMULATOR,
                 slinky.k8s_emulator_argv(cfg) + external,
                 {},
-                lambda: slinky.answers(cfg.k8s_port, "/_emulator/state"),
+                lambda: slinky.k8s_answers(cfg),
                 timeout_s,
                 result,
             )

@@ -54,7 +54,7 @@ def register_system_node(cfg: SandboxConfig) -> None:
     DaemonSet); and what the `autoclusters` add-on installs on the cluster: the agent's
     DaemonSet as shipped (deploy/kubernetes/agent.yaml: sandbox/agent_daemonset.py), whose
     pods the GPU Nodes get as they register."""
-    with httpx.Client(base_url=cfg.k8s_url, timeout=10) as k8s:
+    with httpx.Client(base_url=cfg.k8s_url, timeout=10, verify=cfg.k8s_tls()) as k8s:
         r = k8s.post(
             "/_emulator/nodes",
             json={

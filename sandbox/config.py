@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import ssl
 import tempfile
 from pathlib import Path
 from typing import Literal
@@ -96,6 +97,20 @@ class SandboxConfig(BaseModel):
         """The sandbox workspace's Slack users, as the policy's approvers."""
         return {f"U_{name.upper()}": name for name in self.approvers}
 
+    @property
+    def ticket_desk_port(self) -> int:
+        """The provider's ticket desk (sandbox/ticket_desk.py), when started."""
+        return self.port_base + 97
+
+    @property
+    def ticket_desk_url(self) -> str:
+        return f"http://127.0.0.1:{self.ticket_desk_port}"
+
+    @property
+    def handoff_secret_file(self) -> Path:
+        """The secret the worker, the API and the ticket desk share (docs/handoff.md)."""
+        return self.state_dir / "handoff" / "secret"
+
     def api_token(self) -> str:
         return (self.state_dir / "api" / "token").read_text().strip()
 
@@ -112,14 +127,14 @@ class SandboxConfig(BaseModel):
         return self.port_base + 5
 
     @property
-    def k8s_tls_port(self) -> int:
-        """The same Kubernetes API over HTTPS, for kubectl (it sends a token only over TLS)."""
-        return self.port_base + 96
+    def k8s_ca(self) -> Path:
+        """The emulator's HTTPS certificate (and so its CA: it signs itself); made once by
+        `sandbox up` beside its key, so a restarted emulator presents the same one."""
+        return self.state_dir / "k8s" / "tls.crt"
 
-    @property
-    def kubectl_kubeconfig(self) -> Path:
-        """What `KUBECONFIG=... kubectl get nodes` points at (the emulator writes it)."""
-        return self.state_dir / "k8s" / "kubectl.kubeconfig"
+    def k8s_tls(self) -> ssl.SSLContext:
+        """What httpx's `verify=` needs to talk to the emulator."""
+        return ssl.create_default_context(cafile=self.k8s_ca)
 
     def emulator_state(self, name: str) -> Path:
         """The JSON file an emulator (Kubernetes, Crusoe) keeps its world in, rewritten
@@ -133,7 +148,8 @@ class SandboxConfig(BaseModel):
 
     @property
     def k8s_url(self) -> str:
-        return f"http://127.0.0.1:{self.k8s_port}"
+        """HTTPS only: kubectl sends its token only over TLS (sandbox/k8s_tls.py)."""
+        return f"https://127.0.0.1:{self.k8s_port}"
 
     @property
     def crusoe_url(self) -> str:
@@ -146,6 +162,8 @@ class SandboxConfig(BaseModel):
 
     @property
     def kubeconfig(self) -> Path:
+        """The one kubeconfig (HTTPS, the CA, the token): the worker's, the sandbox's own
+        clients' and `KUBECONFIG=... kubectl get nodes`."""
         return self.state_dir / "k8s" / "kubeconfig"
 
     @property
@@ -318,6 +336,8 @@ class SandboxConfig(BaseModel):
             lines["api_tokens"] = api_tokens.grants(self)
         # The CLI's way to the API (`autoclusters approve`, with a person's own token).
         lines["api_url"] = self.api_url
+        if self.handoff_secret_file.exists():
+            lines["handoff_secret"] = self.handoff_secret_file.read_text().strip()
         if (self.state_dir / "slack" / "secret").exists():
             lines["api_public_url"] = self.api_url
             lines["slack"] = {

@@ -186,7 +186,7 @@ async def run_demo(
             console.print("[bold]sandbox down[/bold]")
             await asyncio.to_thread(cluster.down, cfg)
         elif cfg.k8s:
-            console.print(f"sandbox kept: KUBECONFIG={cfg.kubectl_kubeconfig} kubectl get nodes")
+            console.print(f"sandbox kept: KUBECONFIG={cfg.kubeconfig} kubectl get nodes")
 
 
 async def _demo(

@@ -8,6 +8,8 @@ not terminating, and has a port.
 
 from __future__ import annotations
 
+import base64
+import ssl
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,20 +29,30 @@ Pod = dict[str, Any]
 class Access:
     url: str
     token: str
+    ca_pem: str = ""  # the server's CA, when the kubeconfig names one (the sandbox's does)
 
     @classmethod
     def from_kubeconfig(cls, path: Path) -> Access:
-        """The current context's server and bearer token (what the sandbox's kubeconfig has)."""
+        """The current context's server, CA and bearer token (what the sandbox's kubeconfig
+        has)."""
         doc = yaml.safe_load(path.read_text())
         ctx_name = doc.get("current-context")
         ctx = next(c["context"] for c in doc["contexts"] if c["name"] == ctx_name)
         cluster = next(c["cluster"] for c in doc["clusters"] if c["name"] == ctx["cluster"])
         user = next(u["user"] for u in doc["users"] if u["name"] == ctx["user"])
-        return cls(url=cluster["server"].rstrip("/"), token=user["token"])
+        ca_data = cluster.get("certificate-authority-data") or ""
+        return cls(
+            url=cluster["server"].rstrip("/"),
+            token=user["token"],
+            ca_pem=base64.b64decode(ca_data).decode() if ca_data else "",
+        )
 
     def client(self) -> httpx.AsyncClient:
         return httpx.AsyncClient(
-            base_url=self.url, headers={"Authorization": f"Bearer {self.token}"}, timeout=10
+            base_url=self.url,
+            headers={"Authorization": f"Bearer {self.token}"},
+            timeout=10,
+            verify=ssl.create_default_context(cadata=self.ca_pem) if self.ca_pem else True,
         )
 
 

@@ -94,9 +94,13 @@ def deployment(replicas: int = 0, gpus: int = GPUS_PER_NODE) -> dict[str, Any]:
 
 
 def seed(cfg: SandboxConfig, *, url: str | None = None, token: str | None = None) -> None:
-    """The `inference` namespace and Deployment (replicas 0); idempotent."""
+    """The `inference` namespace and Deployment (replicas 0); idempotent. `url`/`token`:
+    another API server than the sandbox's (a test's plain-HTTP emulator)."""
     headers = {"Authorization": f"Bearer {token or cfg.k8s_token()}"}
-    with httpx.Client(base_url=url or cfg.k8s_url, timeout=10, headers=headers) as k8s:
+    verify = True if url else cfg.k8s_tls()
+    with httpx.Client(
+        base_url=url or cfg.k8s_url, timeout=10, headers=headers, verify=verify
+    ) as k8s:
         r = k8s.post("/api/v1/namespaces", json={"metadata": {"name": NAMESPACE}})
         if r.status_code not in (201, 409):
             r.raise_for_status()

@@ -19,8 +19,10 @@ import copy
 import hashlib
 from dataclasses import dataclass
 
+from autoclusters.sandbox import k8s_access as access
 from autoclusters.sandbox.k8s_crd_schema import schema_for
 from autoclusters.sandbox.k8s_objects import KINDS, ApiError, Kind, Obj, not_found
+from autoclusters.sandbox.k8s_scale import has_scale, paths
 
 # What the store does with every kind (no deletecollection: the emulator refuses it).
 _VERBS = ["create", "delete", "get", "list", "patch", "update", "watch"]
@@ -62,7 +64,7 @@ def _subresources(kind: Kind) -> list[_Sub]:
         # kubectl drain looks for exactly this entry (group policy, version v1, kind
         # Eviction) before it evicts rather than deletes.
         subs.append(_Sub("eviction", "Eviction", ["create"], "policy/v1"))
-    if kind.resource == "deployments":
+    if has_scale(kind):  # Deployments, and a CRD that declares subresources.scale
         subs.append(_Sub("scale", "Scale", _SUB_VERBS, "autoscaling/v1"))
     return subs
 
@@ -124,6 +126,7 @@ def group_versions() -> dict[str, list[str]]:
         if version not in out.setdefault(group, []):
             out[group].append(version)
     out.setdefault("apiextensions.k8s.io", ["v1"])
+    out.setdefault(access.KIND.group, ["v1"])  # kubectl auth can-i
     return out
 
 
@@ -167,6 +170,8 @@ def resource_list(group_version: str) -> Obj:
     ]
     if group_version == CRD_GROUP_VERSION:
         resources.append(_CRD_ENTRY)
+    if group_version == access.GROUP_VERSION:
+        resources.append(access.DISCOVERY)
     if not resources:
         raise _not_served()
     return {
@@ -200,6 +205,7 @@ def _crd(kind: Kind) -> Obj:
         if published is not None
         else {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
     )
+    scale = paths(kind)
     return {
         "apiVersion": CRD_GROUP_VERSION,
         "kind": "CustomResourceDefinition",
@@ -220,6 +226,7 @@ def _crd(kind: Kind) -> Obj:
                     "served": True,
                     "storage": True,
                     "schema": {"openAPIV3Schema": schema},
+                    **({"subresources": {"scale": scale}} if scale else {}),
                 }
             ],
         },

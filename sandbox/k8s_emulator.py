@@ -6,27 +6,31 @@ and gets what a real API server would answer for what AutoClusters uses:
 - `/api/v1/nodes[/{name}[/status]]`, `/api/v1/namespaces[/{name}]`, `/api/v1/pods`,
   `/api/v1/namespaces/{ns}/pods[/{name}[/status|/eviction]]`,
   `/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets[/{name}]`,
-  `/api/v1/namespaces/{ns}/configmaps|persistentvolumeclaims[/{name}]`,
+  `/api/v1/namespaces/{ns}/configmaps|persistentvolumeclaims|events[/{name}]`,
+  `/api/v1/events` (the Events the product records on Nodes: `kubectl get events -A`),
   `/apis/apps/v1/namespaces/{ns}/deployments[/{name}[/status|/scale]]` (a Deployment
   controller keeps its pods at `spec.replicas`; a scheduler binds pods with no nodeName:
   `sandbox.k8s_deployments`, `sandbox.k8s_scheduler`),
   `/apis/slinky.slurm.net/v1beta1[/namespaces/{ns}]/nodesets|controllers|accountings|
   loginsets[/{name}]` (checked against Slinky's published CRD schemas on every create,
-  update and patch, unknown fields pruned: `k8s_crd_schema`),
+  update and patch, unknown fields pruned: `k8s_crd_schema`; a NodeSet's `/scale` as its
+  CRD declares it: `k8s_scale`),
   `/apis/slurm.crusoe.ai/v1alpha1[/namespaces/{ns}]/slurmclusters|slurmusers[/{name}]`
   (stored as given); no operator acts on any of them here;
-  `/version`;
+  `POST /apis/authorization.k8s.io/v1/selfsubjectaccessreviews` (`kubectl auth can-i`:
+  `k8s_access`); `/version`;
 - list with `labelSelector` / `fieldSelector`; create, get, PUT (409 on a stale
   resourceVersion), PATCH (strategic merge, merge and JSON patch; 415 for a strategic merge
   on a custom resource), delete with a grace period, eviction (429 under a
   PodDisruptionBudget);
 - errors as `Status` objects (401, 404, 405, 409, 415, 422, 429).
 
-- discovery, Tables, watches (`?watch=true`), OpenAPI v3 stubs and protobuf request bodies
-  for the kinds kubectl's typed clients send, so that a real `kubectl` works too
-  (`k8s_discovery`, `k8s_table`, `k8s_watch_stream`, `k8s_openapi`, `k8s_protobuf`); with
-  `--tls-port` the same API over HTTPS, since kubectl sends its token only over TLS
-  (`k8s_tls`; `--kubeconfig FILE` writes a kubeconfig for it).
+- discovery, Tables, watches (`?watch=true`), OpenAPI v3 stubs, a Swagger 2.0 `/openapi/v2`
+  and protobuf request bodies for the kinds kubectl's typed clients send, so that a real
+  `kubectl` works too (`k8s_discovery`, `k8s_table`, `k8s_watch_stream`, `k8s_openapi`,
+  `k8s_openapi_v2`, `k8s_protobuf`); the
+  API is served over HTTPS, since kubectl sends its token only over TLS (`k8s_tls`:
+  `--cert-dir` keeps the certificate, `--kubeconfig FILE` writes a kubeconfig for it).
 
 Server-side apply and dryRun are refused explicitly rather than half-done.
 
@@ -41,8 +45,8 @@ external kubelet runs: `--external-kubelet SELECTOR`), `POST
 `POST /_emulator/faults`
 makes the next requests to a path fail (409, 429, 5xx), `GET /_emulator/state` dumps all.
 
-Run: `python -m sandbox.k8s_emulator --port P --token T [--state FILE] [--tls-port Q
---kubeconfig FILE]`.
+Run: `python -m sandbox.k8s_emulator --port P --token T [--state FILE] [--cert-dir DIR]
+[--kubeconfig FILE]`.
 """
 
 from __future__ import annotations
@@ -52,6 +56,7 @@ import asyncio
 import hmac
 import json
 import socket
+import ssl
 import tempfile
 import threading
 import time
@@ -66,21 +71,23 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, Field
 
+from autoclusters.sandbox import k8s_access as access
+from autoclusters.sandbox import k8s_openapi_v2 as openapi_v2
 from autoclusters.sandbox import k8s_protobuf
 from autoclusters.sandbox.k8s_crd_schema import FieldValidation
 from autoclusters.sandbox.k8s_discovery import CRD_RESOURCE, discover
 from autoclusters.sandbox.k8s_objects import (
     BY_PATH,
-    DEPLOYMENTS,
     PODS,
     ApiError,
     Kind,
     bad_request,
 )
 from autoclusters.sandbox.k8s_openapi import document as openapi_document
+from autoclusters.sandbox.k8s_scale import has_scale
 from autoclusters.sandbox.k8s_store import Store
 from autoclusters.sandbox.k8s_table import table, wanted_table
-from autoclusters.sandbox.k8s_tls import kubeconfig, self_signed
+from autoclusters.sandbox.k8s_tls import CERT, KEY, certificate, kubeconfig, self_signed, trusting
 from autoclusters.sandbox.k8s_watch_stream import watch_response
 
 VERSION = {
@@ -172,6 +179,10 @@ def create_app(
     @app.get("/openapi/{path:path}")
     async def openapi(request: Request, path: str) -> JSONResponse:
         authenticate(request)
+        if path.strip("/") == "v2":
+            if openapi_v2.wants_protobuf_only(request.headers.get("accept", "")):
+                raise ApiError(406, "NotAcceptable", "only application/json is served here")
+            return JSONResponse(openapi_v2.document())
         return JSONResponse(openapi_document(path))
 
     @app.api_route("/api", methods=_METHODS)
@@ -186,6 +197,10 @@ def create_app(
                 reason = _FAULT_REASONS.get(fault.code, "InternalError")
                 raise ApiError(fault.code, reason, f"{reason} (injected by the emulator)")
         path = request.url.path
+        if path.rstrip("/") == access.PATH:
+            if request.method != "POST":
+                raise _not_allowed()
+            return JSONResponse(access.review(await _body(request)), status_code=201)
         found = discover(path, request.url.netloc)
         if found is not None:
             if request.method != "GET":
@@ -344,14 +359,14 @@ async def _dispatch(
                 r.kind, r.ns, r.name, options, None if grace is None else int(grace)
             )
         raise _not_allowed()
-    if r.sub == "scale" and r.kind is DEPLOYMENTS and r.ns is not None:
+    if r.sub == "scale" and has_scale(r.kind) and r.ns is not None:
         if method == "GET":
-            return 200, store.get_scale(r.ns, r.name)
+            return 200, store.get_scale(r.kind, r.ns, r.name)
         if method == "PUT":
-            return 200, store.replace_scale(r.ns, r.name, await _body(request))
+            return 200, store.replace_scale(r.kind, r.ns, r.name, await _body(request))
         if method == "PATCH":
             ctype = request.headers.get("content-type", "")
-            return 200, store.patch_scale(r.ns, r.name, ctype, await _body(request))
+            return 200, store.patch_scale(r.kind, r.ns, r.name, ctype, await _body(request))
         raise _not_allowed()
     if r.sub == "eviction" and r.kind is PODS and r.ns is not None:
         if method != "POST":
@@ -366,49 +381,49 @@ async def _dispatch(
 @dataclass
 class Running:
     """A started emulator: where it listens, its token, and its state for direct inspection.
-    With TLS, also its HTTPS address and the certificate that address presents."""
+    With TLS, `url` is `https://` and `ca_pem` the certificate it presents."""
 
     url: str
     token: str
     store: Store
-    tls_url: str = ""
     ca_pem: str = ""
 
+    @property
+    def verify(self) -> ssl.SSLContext | bool:
+        """What httpx's `verify=` needs to talk to it."""
+        return trusting(self.ca_pem) if self.ca_pem else True
 
-def _servers(
-    app: FastAPI, listeners: list[tuple[socket.socket, tuple[Path, Path] | None]]
-) -> list[tuple[uvicorn.Server, socket.socket]]:
-    """One uvicorn server per socket (plain or TLS), all serving the same app and store."""
-    out = []
-    for sock, tls in listeners:
-        cert, key = tls if tls else (None, None)
-        config = uvicorn.Config(
-            app,
-            log_level="warning",
-            lifespan="off",
-            timeout_graceful_shutdown=_SHUTDOWN_S,
-            ssl_certfile=cert,
-            ssl_keyfile=key,
-        )
-        out.append((uvicorn.Server(config), sock))
-    return out
+    def kubeconfig(self) -> str:
+        """A kubeconfig for kubectl and the Python client (TLS only: kubectl's rule)."""
+        return kubeconfig(self.url, self.token, self.ca_pem)
 
 
-async def _serve(servers: list[tuple[uvicorn.Server, socket.socket]], store: Store) -> None:
-    async def stop_together() -> None:
-        # A stop (a signal reaches one server, or `running` exits) stops every listener and
-        # ends the open watches, which would otherwise hold the graceful shutdown up.
-        while not any(server.should_exit for server, _ in servers):
+async def _serve(server: uvicorn.Server, sock: socket.socket, store: Store) -> None:
+    async def close_watches() -> None:
+        # A stop (a signal, or `running` exits) ends the open watches, which would
+        # otherwise hold the graceful shutdown up.
+        while not server.should_exit:
             await asyncio.sleep(0.1)
-        for server, _ in servers:
-            server.should_exit = True
         store.close_watches()
 
-    stopper = asyncio.create_task(stop_together())
+    closer = asyncio.create_task(close_watches())
     try:
-        await asyncio.gather(*(server.serve(sockets=[sock]) for server, sock in servers))
+        await server.serve(sockets=[sock])
     finally:
-        stopper.cancel()
+        closer.cancel()
+
+
+def _server(app: FastAPI, tls: tuple[Path, Path] | None) -> uvicorn.Server:
+    cert, key = tls if tls else (None, None)
+    config = uvicorn.Config(
+        app,
+        log_level="warning",
+        lifespan="off",
+        timeout_graceful_shutdown=_SHUTDOWN_S,
+        ssl_certfile=cert,
+        ssl_keyfile=key,
+    )
+    return uvicorn.Server(config)
 
 
 def _bind(host: str, port: int = 0) -> socket.socket:
@@ -427,45 +442,38 @@ def running(
     external_kubelet: str = "",
     tls: bool = False,
 ) -> Iterator[Running]:
-    """Serve the emulator on a free loopback port in a background thread (and, with `tls`,
-    on a second one over HTTPS, for kubectl); stop it on exit."""
+    """Serve the emulator on a free loopback port in a background thread (over HTTPS with
+    `tls`, as kubectl needs; plain HTTP is enough for the Python client); stop it on exit."""
     app = create_app(
         token, state_file=state_file, kubelet=kubelet, external_kubelet=external_kubelet
     )
     with tempfile.TemporaryDirectory(prefix="k8s-emulator-tls-") as tmp:
-        plain = _bind("127.0.0.1")
-        listeners: list[tuple[socket.socket, tuple[Path, Path] | None]] = [(plain, None)]
-        cert: Path | None = None
-        if tls:
-            cert, key = self_signed(Path(tmp))
-            listeners.append((_bind("127.0.0.1"), (cert, key)))
-        servers = _servers(app, listeners)
+        cert_key = self_signed(Path(tmp)) if tls else None
+        sock = _bind("127.0.0.1")
+        server = _server(app, cert_key)
         thread = threading.Thread(
             target=asyncio.run,
-            args=(_serve(servers, app.state.store),),
+            args=(_serve(server, sock, app.state.store),),
             name=THREAD_NAME,
             daemon=True,
         )
         thread.start()
         try:
-            while not all(server.started for server, _ in servers):
+            while not server.started:
                 if not thread.is_alive():
                     raise RuntimeError("the kubernetes emulator did not start")
                 time.sleep(0.02)
-            ports = [sock.getsockname()[1] for _, sock in servers]
+            port = sock.getsockname()[1]
             yield Running(
-                url=f"http://127.0.0.1:{ports[0]}",
+                url=f"{'https' if tls else 'http'}://127.0.0.1:{port}",
                 token=token,
                 store=app.state.store,
-                tls_url=f"https://127.0.0.1:{ports[1]}" if tls else "",
-                ca_pem=cert.read_text() if cert else "",
+                ca_pem=cert_key[0].read_text() if cert_key else "",
             )
         finally:
-            for server, _ in servers:
-                server.should_exit = True
+            server.should_exit = True
             thread.join(timeout=10)
-            for _, sock in servers:
-                sock.close()
+            sock.close()
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -482,45 +490,31 @@ def main(argv: list[str] | None = None) -> None:
         help="pods matching this label selector are run by a kubelet outside the emulator",
     )
     parser.add_argument(
-        "--tls-port",
-        type=int,
-        help="also serve the API over HTTPS on this port (kubectl sends its token only over TLS)",
+        "--cert-dir",
+        type=Path,
+        help=f"keep the HTTPS certificate here ({CERT}, {KEY}; made if absent; default: a "
+        "temporary one)",
     )
     parser.add_argument(
         "--kubeconfig",
         type=Path,
-        help="with --tls-port: write a kubeconfig for kubectl (HTTPS, the CA, the token) here",
+        help="write a kubeconfig for this server (HTTPS, its CA, the token) here",
     )
     args = parser.parse_args(argv)
-    if args.kubeconfig and not args.tls_port:
-        parser.error("--kubeconfig needs --tls-port")
     app = create_app(
         args.token,
         state_file=args.state,
         kubelet=not args.no_kubelet,
         external_kubelet=args.external_kubelet,
     )
-    if not args.tls_port:
-        # Open watches are cut after _SHUTDOWN_S on a stop.
-        uvicorn.run(
-            app,
-            host=args.host,
-            port=args.port,
-            log_level="warning",
-            timeout_graceful_shutdown=_SHUTDOWN_S,
-        )
-        return
     with tempfile.TemporaryDirectory(prefix="k8s-emulator-tls-") as tmp:
-        cert, key = self_signed(Path(tmp))
-        listeners: list[tuple[socket.socket, tuple[Path, Path] | None]] = [
-            (_bind(args.host, args.port), None),
-            (_bind(args.host, args.tls_port), (cert, key)),
-        ]
+        cert, key = certificate(args.cert_dir or Path(tmp))
         if args.kubeconfig:
-            server = f"https://{args.host}:{args.tls_port}"
+            server = f"https://{args.host}:{args.port}"
             args.kubeconfig.write_text(kubeconfig(server, args.token, cert.read_text()))
             args.kubeconfig.chmod(0o600)
-        asyncio.run(_serve(_servers(app, listeners), app.state.store))
+        sock = _bind(args.host, args.port)
+        asyncio.run(_serve(_server(app, (cert, key)), sock, app.state.store))
 
 
 if __name__ == "__main__":

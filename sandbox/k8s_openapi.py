@@ -86,5 +86,4 @@ def document(path: str) -> Obj:
             return group_version_doc("", rest[1])
         if len(rest) == 3 and rest[0] == "apis" and rest[2] in group_versions().get(rest[1], []):
             return group_version_doc(rest[1], rest[2])
-    # No OpenAPI v2 document: kubectl falls back from it to its built-in types.
     raise ApiError(404, "NotFound", "the server could not find the requested resource", {})

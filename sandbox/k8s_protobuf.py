@@ -1,6 +1,7 @@
 """Request bodies in Kubernetes' protobuf encoding, for the few kinds kubectl sends that way.
 
-kubectl's typed clients (`kubectl create namespace`, the evictions of `kubectl drain`) send
+kubectl's typed clients (`kubectl create namespace`, the evictions of `kubectl drain`, the
+access review of `kubectl auth can-i`) send
 `Content-Type: application/vnd.kubernetes.protobuf` and do not fall back to JSON on a 415.
 The body is the `k8s\\0` magic and a `runtime.Unknown` envelope (typeMeta, raw) whose `raw`
 is the object's own message. Only the fields the emulator acts on are decoded, by the
@@ -40,7 +41,28 @@ _DELETE_OPTIONS: Schema = {
     4: ("propagationPolicy", "string"),
     5: ("dryRun", ["string"]),
 }
+# authorization/v1 `ResourceAttributes`, `NonResourceAttributes` (kubectl auth can-i).
+_RESOURCE_ATTRIBUTES: Schema = {
+    1: ("namespace", "string"),
+    2: ("verb", "string"),
+    3: ("group", "string"),
+    4: ("version", "string"),
+    5: ("resource", "string"),
+    6: ("subresource", "string"),
+    7: ("name", "string"),
+}
+_NON_RESOURCE_ATTRIBUTES: Schema = {1: ("path", "string"), 2: ("verb", "string")}
 KINDS: dict[str, Schema] = {
+    "SelfSubjectAccessReview": {
+        1: ("metadata", _OBJECT_META),
+        2: (
+            "spec",
+            {
+                1: ("resourceAttributes", _RESOURCE_ATTRIBUTES),
+                2: ("nonResourceAttributes", _NON_RESOURCE_ATTRIBUTES),
+            },
+        ),
+    },  # fmt: skip
     "Eviction": {1: ("metadata", _OBJECT_META), 2: ("deleteOptions", _DELETE_OPTIONS)},
     "DeleteOptions": _DELETE_OPTIONS,
     "Namespace": {1: ("metadata", _OBJECT_META), 2: ("spec", {1: ("finalizers", ["string"])})},

@@ -44,7 +44,7 @@ from autoclusters.sandbox import k8s_controllers as controllers
 from autoclusters.sandbox import k8s_crd_schema as crd_schema
 from autoclusters.sandbox import k8s_daemonsets as daemonsets
 from autoclusters.sandbox import k8s_deployments as deployments
-from autoclusters.sandbox import k8s_patch, k8s_scheduler
+from autoclusters.sandbox import k8s_patch, k8s_scale, k8s_scheduler
 from autoclusters.sandbox.k8s_controllers import TERMINAL, is_ready
 from autoclusters.sandbox.k8s_crd_schema import FieldValidation
 from autoclusters.sandbox.k8s_objects import (
@@ -480,43 +480,44 @@ class Store:
 
     # -- the scale subresource (apps/v1 Deployments) ---------------------------------------
 
-    def get_scale(self, ns: str, name: str) -> Obj:
+    def get_scale(self, kind: Kind, ns: str, name: str) -> Obj:
         with self._lock:
-            return deployments.scale(self._find(DEPLOYMENTS, ns, name))
+            return k8s_scale.scale(kind, self._find(kind, ns, name))
 
-    def replace_scale(self, ns: str, name: str, body: Any) -> Obj:
+    def replace_scale(self, kind: Kind, ns: str, name: str, body: Any) -> Obj:
         if not isinstance(body, dict):
             raise bad_request("the body of a Scale update must be a JSON object")
         with self._lock:
-            old = self._find(DEPLOYMENTS, ns, name)
+            old = self._find(kind, ns, name)
             meta = body.get("metadata") or {}
             if meta.get("name") not in (None, "", name):
                 raise bad_request("the name of the object does not match the name on the URL")
             rv = meta.get("resourceVersion")
             if rv and rv != old["metadata"]["resourceVersion"]:
-                raise conflict(DEPLOYMENTS, name)
+                raise conflict(kind, name)
             replicas = (body.get("spec") or {}).get("replicas", 0)
             if isinstance(replicas, bool) or not isinstance(replicas, int):
                 raise bad_request("json: cannot unmarshal spec.replicas into Go type int32")
             if replicas < 0:
                 raise invalid(
-                    DEPLOYMENTS,
+                    kind,
                     name,
                     "spec.replicas",
                     f"Invalid value: {replicas}: must be greater than or equal to 0",
                 )
-            new = copy.deepcopy(old)
-            new["spec"]["replicas"] = replicas
-            self._commit(DEPLOYMENTS, new, old)
+            new = k8s_scale.scaled(kind, old, replicas)
+            if kind.custom:
+                crd_schema.validate(kind, new)
+            self._commit(kind, new, old)
             self._settle()
-            return deployments.scale(self._find(DEPLOYMENTS, ns, name))
+            return k8s_scale.scale(kind, self._find(kind, ns, name))
 
-    def patch_scale(self, ns: str, name: str, content_type: str, body: Any) -> Obj:
+    def patch_scale(self, kind: Kind, ns: str, name: str, content_type: str, body: Any) -> Obj:
         ctype = content_type.split(";")[0].strip().lower()
         if ctype not in (_JSON_PATCH, _MERGE, _SMP):
             raise ApiError(415, "UnsupportedMediaType", f"unsupported media type {ctype}")
         with self._lock:
-            doc = deployments.scale(self._find(DEPLOYMENTS, ns, name))
+            doc = k8s_scale.scale(kind, self._find(kind, ns, name))
             try:
                 if ctype == _SMP:
                     new = k8s_patch.strategic_merge(doc, body, {})
@@ -534,7 +535,7 @@ class Store:
                 "resourceVersion"
             ):
                 new["metadata"].pop("resourceVersion", None)  # a patch needs no precondition
-            return self.replace_scale(ns, name, new)
+            return self.replace_scale(kind, ns, name, new)
 
     # -- internals ------------------------------------------------------------------------
 

@@ -34,7 +34,12 @@ def age(timestamp: str | None, now: datetime | None = None) -> str:
     """apimachinery's HumanDuration, to the precision kubectl shows: `45s`, `12m`, `3h`."""
     if not timestamp:
         return "<unknown>"
-    then = datetime.strptime(timestamp, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+    try:  # RFC 3339, as `...Z` or with an offset (the Python client sends `+00:00`)
+        then = datetime.fromisoformat(timestamp)
+    except ValueError:
+        return "<invalid>"
+    if then.tzinfo is None:
+        then = then.replace(tzinfo=UTC)
     s = max(int(((now or datetime.now(UTC)) - then).total_seconds()), 0)
     if s < 120:
         return f"{s}s"

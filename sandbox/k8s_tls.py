@@ -3,21 +3,23 @@
 client-go merges a kubeconfig user's credentials (token, client certificate, exec plugin)
 into its REST config only when the server's transport is TLS: against `http://` kubectl
 sends no `Authorization` header and every request is a 401 ("You must be logged in to the
-server"). The Python client has no such rule, so the plain-HTTP port stays for it and
-the emulator can also serve the same API over HTTPS, with a certificate made at start-up
-(`openssl`, an EC key, SANs 127.0.0.1 and localhost) and a kubeconfig that trusts it.
+server"). So the emulator serves its API over HTTPS, with a certificate made once
+(`openssl`, an EC key, SANs 127.0.0.1 and localhost) and kept, and one kubeconfig that
+trusts it serves kubectl, the `kubernetes` Python client and the sandbox's own httpx calls.
 """
 
 from __future__ import annotations
 
 import base64
 import shutil
+import ssl
 import subprocess
 from pathlib import Path
 
 import yaml
 
 CERT_DAYS = 3650
+CERT, KEY = "tls.crt", "tls.key"
 
 
 def self_signed(directory: Path) -> tuple[Path, Path]:
@@ -27,7 +29,7 @@ def self_signed(directory: Path) -> tuple[Path, Path]:
         raise RuntimeError(
             "openssl is needed for the emulator's TLS port (apt-get install openssl)"
         )
-    cert, key = directory / "tls.crt", directory / "tls.key"
+    cert, key = directory / CERT, directory / KEY
     subprocess.run(
         [
             openssl, "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
@@ -42,9 +44,25 @@ def self_signed(directory: Path) -> tuple[Path, Path]:
     return cert, key
 
 
-def kubeconfig(server: str, token: str, ca_pem: str, name: str = "emulator") -> str:
-    """A kubeconfig for kubectl: the HTTPS server, its CA and the bearer token."""
+def certificate(directory: Path) -> tuple[Path, Path]:
+    """The certificate and key kept in `directory`, made there the first time: a restarted
+    emulator presents the same one, so the kubeconfigs handed out stay valid."""
+    cert, key = directory / CERT, directory / KEY
+    if cert.exists() and key.exists():
+        return cert, key
+    directory.mkdir(parents=True, exist_ok=True)
+    return self_signed(directory)
+
+
+def trusting(ca_pem: str) -> ssl.SSLContext:
+    """A client TLS context that trusts the emulator's certificate (for httpx `verify=`)."""
+    return ssl.create_default_context(cadata=ca_pem)
+
+
+def kubeconfig(server: str, token: str, ca_pem: str, name: str = "emulator", user: str = "") -> str:
+    """A kubeconfig: the HTTPS server, its CA and the bearer token (user `user`, else `name`)."""
     ca_data = base64.b64encode(ca_pem.encode()).decode()
+    user = user or name
     return yaml.safe_dump(
         {
             "apiVersion": "v1",
@@ -55,8 +73,8 @@ def kubeconfig(server: str, token: str, ca_pem: str, name: str = "emulator") -> 
                     "cluster": {"server": server, "certificate-authority-data": ca_data},
                 }
             ],
-            "users": [{"name": name, "user": {"token": token}}],
-            "contexts": [{"name": name, "context": {"cluster": name, "user": name}}],
+            "users": [{"name": user, "user": {"token": token}}],
+            "contexts": [{"name": name, "context": {"cluster": name, "user": user}}],
             "current-context": name,
         }
     )

@@ -128,7 +128,9 @@ class SandboxMachines:
                 await asyncio.sleep(1)
 
     async def _register_once(self, vm: EmulatedVm) -> None:
-        async with httpx.AsyncClient(base_url=self._cfg.k8s_url, timeout=10) as k8s:
+        async with httpx.AsyncClient(
+            base_url=self._cfg.k8s_url, timeout=10, verify=self._cfg.k8s_tls()
+        ) as k8s:
             r = await k8s.post(
                 "/_emulator/nodes",
                 json={
@@ -170,7 +172,9 @@ class SandboxMachines:
         it again."""
         if not self._cfg.cmk:
             return
-        async with httpx.AsyncClient(base_url=self._cfg.k8s_url, timeout=10) as k8s:
+        async with httpx.AsyncClient(
+            base_url=self._cfg.k8s_url, timeout=10, verify=self._cfg.k8s_tls()
+        ) as k8s:
             r = await k8s.post(
                 f"/_emulator/nodes/{vm.name}/ready",
                 json={"ready": False, "reason": "KubeletNotReady", "message": "machine down"},
@@ -215,7 +219,9 @@ class SandboxMachines:
         await asyncio.to_thread(power_off, self._cfg, node)
         await asyncio.to_thread(stop_agent, self._cfg, node)
         if self._cfg.k8s:
-            async with httpx.AsyncClient(base_url=self._cfg.k8s_url, timeout=10) as k8s:
+            async with httpx.AsyncClient(
+                base_url=self._cfg.k8s_url, timeout=10, verify=self._cfg.k8s_tls()
+            ) as k8s:
                 await k8s.delete(f"/_emulator/nodes/{vm.name}")
 
     # --- Managed Slurm (SlurmBackend) -------------------------------------------------------

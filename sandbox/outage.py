@@ -307,7 +307,9 @@ def _step_at(log: Sequence[tuple[datetime, str | None]], when: datetime, after: 
 def k8s_cordoned(cfg: SandboxConfig, node: str) -> bool | None:
     if not cfg.k8s:
         return None
-    nodes = httpx.get(f"{cfg.k8s_url}/_emulator/state", timeout=10).json()["nodes"]
+    nodes = httpx.get(f"{cfg.k8s_url}/_emulator/state", timeout=10, verify=cfg.k8s_tls()).json()[
+        "nodes"
+    ]
     return any(
         n["metadata"]["name"] == node and bool(n.get("spec", {}).get("unschedulable"))
         for n in nodes
@@ -393,14 +395,17 @@ async def run_outage_case(
     try:
         while final is None:
             if time.monotonic() > deadline:
-                # Stalled: cancel it, so it does not hold the node (and a repair slot)
-                # for whatever runs next.
+                # Stalled: say what Temporal holds for it (a task lost with the server
+                # waits out a timeout: which one, and since when), then cancel it, so it
+                # does not hold the node (and a repair slot) for whatever runs next.
+                last = log[-1][1] if log else None
+                pending = await _pending_activities(handle)
                 with contextlib.suppress(Exception):
                     await handle.cancel()
-                last = log[-1][1] if log else None
                 raise OutageError(
                     f"incident {opened.incident_id} still open after {timeout_s:.0f}s, "
-                    f"last seen at {last} ({component} away at {at}; now cancelled)"
+                    f"last seen at {last} ({component} away at {at}; now cancelled); "
+                    f"pending: {pending}"
                 )
             try:
                 state = await handle.query(NodeRemediation.status)
@@ -470,6 +475,28 @@ async def _completed_at(handle: WorkflowHandle[Any, Any], activity: str) -> date
     except Exception:  # the report matters more than this detail
         return None
     return last
+
+
+async def _pending_activities(handle: WorkflowHandle[Any, Any]) -> str:
+    """The stalled incident's pending activities as Temporal describes them: name, state,
+    attempt, when scheduled, last started and heartbeat, and the last failure."""
+    try:
+        desc = await handle.describe()
+    except Exception as e:  # the server away again: unknown, said so
+        return f"unknown ({e})"
+
+    def at(ts: Any) -> str:
+        return ts.ToDatetime().strftime("%H:%M:%S.%f")[:-3] if ts and ts.seconds else "-"
+
+    rows = []
+    for a in desc.raw_description.pending_activities:
+        failure = a.last_failure.message[:120] if a.HasField("last_failure") else ""
+        rows.append(
+            f"{a.activity_type.name} state={a.state} attempt={a.attempt} "
+            f"scheduled={at(a.scheduled_time)} started={at(a.last_started_time)} "
+            f"heartbeat={at(a.last_heartbeat_time)} failure={failure!r}"
+        )
+    return "; ".join(rows) or "no activity pending (a workflow task, or a timer)"
 
 
 async def _touch_later(path: Path, after_s: float) -> None:

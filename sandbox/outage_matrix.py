@@ -287,7 +287,7 @@ async def restore_node(cfg: SandboxConfig, node: str) -> list[str]:
     if cfg.k8s:
         url = f"{cfg.k8s_url}/api/v1/nodes/{node}"
         auth = {"Authorization": f"Bearer {cfg.k8s_token()}"}
-        async with httpx.AsyncClient(timeout=10, headers=auth) as http:
+        async with httpx.AsyncClient(timeout=10, headers=auth, verify=cfg.k8s_tls()) as http:
             obj = (await http.get(url)).raise_for_status().json()
             spec = obj.get("spec") or {}
             taints = [t for t in spec.get("taints") or [] if t.get("key") != TAINT_KEY]

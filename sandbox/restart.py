@@ -76,7 +76,7 @@ def _spec(cfg: SandboxConfig, name: str) -> _Spec:
         cluster.WORKER: _Spec(worker_env, lambda: cluster._worker_polling(cfg)),
         cluster.API: _Spec(worker_env, lambda: _answers(f"{cfg.api_url}/healthz")),
         cluster.SLACK: _Spec({}, lambda: daemons.port_open(cfg.slack_port)),
-        slinky.K8S_EMULATOR: _Spec({}, lambda: slinky.answers(cfg.k8s_port, "/_emulator/state")),
+        slinky.K8S_EMULATOR: _Spec({}, lambda: slinky.k8s_answers(cfg)),
         # Both come back on their data dirs (Prometheus's TSDB, Alertmanager's silences).
         monitoring.PROMETHEUS: _Spec({}, lambda: monitoring.ready(cfg.prometheus_url)),
         monitoring.ALERTMANAGER: _Spec({}, lambda: monitoring.ready(cfg.alertmanager_url)),

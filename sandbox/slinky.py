@@ -14,8 +14,8 @@ import secrets
 import sys
 
 import httpx
-import yaml
 
+from autoclusters.sandbox import k8s_tls
 from autoclusters.sandbox.cloud_api import (  # noqa: F401  (names other modules use)
     CRUSOE_EMULATOR,
     answers,
@@ -36,27 +36,19 @@ OPERATOR_POLL_S = 2.0
 
 
 def prepare(cfg: SandboxConfig) -> None:
-    """The token and the kubeconfig, as a real cluster hands them to an operator."""
-    (cfg.state_dir / "k8s").mkdir(parents=True, exist_ok=True)
-    token_file = cfg.state_dir / "k8s" / "token"
+    """The token, the emulator's certificate and the one kubeconfig (HTTPS, that CA, the
+    token), as a real cluster hands them out: the worker, the sandbox's own clients and
+    kubectl all use it."""
+    k8s_dir = cfg.state_dir / "k8s"
+    k8s_dir.mkdir(parents=True, exist_ok=True)
+    token_file = k8s_dir / "token"
     if not token_file.exists():
         token_file.write_text(secrets.token_urlsafe(24))
         os.chmod(token_file, 0o600)
+    cert, _ = k8s_tls.certificate(k8s_dir)
     cfg.kubeconfig.write_text(
-        yaml.safe_dump(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "clusters": [{"name": cfg.cluster, "cluster": {"server": cfg.k8s_url}}],
-                "users": [{"name": "autoclusters", "user": {"token": cfg.k8s_token()}}],
-                "contexts": [
-                    {
-                        "name": cfg.cluster,
-                        "context": {"cluster": cfg.cluster, "user": "autoclusters"},
-                    }
-                ],
-                "current-context": cfg.cluster,
-            }
+        k8s_tls.kubeconfig(
+            cfg.k8s_url, cfg.k8s_token(), cert.read_text(), name=cfg.cluster, user="autoclusters"
         )
     )
     os.chmod(cfg.kubeconfig, 0o600)
@@ -68,10 +60,19 @@ def k8s_emulator_argv(cfg: SandboxConfig) -> list[str]:
         # One argument, `--token=...`: a urlsafe token may begin with "-", which argparse
         # reads as the next option when the value stands alone (a 1-in-64 failed start).
         "--port", str(cfg.k8s_port), f"--token={cfg.k8s_token()}",
-        # kubectl's door: the same API over HTTPS, and a kubeconfig for it.
-        "--tls-port", str(cfg.k8s_tls_port), "--kubeconfig", str(cfg.kubectl_kubeconfig),
+        # HTTPS, with the certificate `prepare` made (the kubeconfig trusts that one).
+        "--cert-dir", str(cfg.k8s_ca.parent),
         "--state", str(cfg.emulator_state(K8S_EMULATOR)),
     ]  # fmt: skip
+
+
+def k8s_answers(cfg: SandboxConfig) -> bool:
+    """Is the emulator up (its admin API answers over HTTPS)?"""
+    try:
+        r = httpx.get(f"{cfg.k8s_url}/_emulator/state", timeout=1, verify=cfg.k8s_tls())
+    except httpx.HTTPError:
+        return False
+    return r.status_code == 200
 
 
 def operator_argv(cfg: SandboxConfig) -> list[str]:
@@ -91,7 +92,7 @@ def seed(cfg: SandboxConfig) -> None:
     one, as a real API server does); no Controller object is seeded, since nothing here
     reads it. `scalingMode` is said, since it defaults to StatefulSet on a real cluster."""
     headers = {"Authorization": f"Bearer {cfg.k8s_token()}"}
-    with httpx.Client(base_url=cfg.k8s_url, timeout=10) as k8s:
+    with httpx.Client(base_url=cfg.k8s_url, timeout=10, verify=cfg.k8s_tls()) as k8s:
         k8s.post(
             "/api/v1/namespaces", json={"metadata": {"name": SLURM_NAMESPACE}}, headers=headers
         )

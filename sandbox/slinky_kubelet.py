@@ -285,7 +285,9 @@ class SlinkyKubelet:
         return self._table.alive(f"slurmd-{name}") and daemons.port_open(port)
 
     def _report(self, live: list[Obj], ours: list[Obj]) -> None:
-        with httpx.Client(base_url=self._cfg.k8s_url, timeout=TIMEOUT_S) as k8s:
+        with httpx.Client(
+            base_url=self._cfg.k8s_url, timeout=TIMEOUT_S, verify=self._cfg.k8s_tls()
+        ) as k8s:
             for pod in live:
                 # Probed until Ready, then only its process is watched: each probe is an
                 # empty connection Slurm logs as an error.

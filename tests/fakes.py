@@ -63,6 +63,7 @@ class FakeSlurm:
         # Reads of `jobs()` for which a job that requeued itself still shows COMPLETING
         # (its other nodes not done with it yet), before it is PENDING.
         self.completing_reads: Counter[int] = Counter()
+        self.completing_on: dict[int, str] = {}  # the nodes a completing job still shows
         self.signals: Counter[int] = Counter()
         # In-job recovery (examples/training's hot spare): jobs whose survivors re-form with
         # their standby when their steps get the abandon signal (they write `resumed_at=`);
@@ -78,6 +79,8 @@ class FakeSlurm:
         # slurmctld's start (BOOT_TIME); `crash_to` moves it, as a restart does.
         self.started = "2026-01-01T00:00:00"
         self.restarts = 0
+        # slurm.conf's ReturnToService (the sandbox's: 2); None: `scontrol` does not say.
+        self.return_to_service_setting: int | None = 2
 
     # --- building the cluster -----------------------------------------------------------
 
@@ -284,15 +287,21 @@ class FakeSlurm:
             if self.completing_reads[j.job_id] > 0 and j.job_state == "PENDING":
                 self.completing_reads[j.job_id] -= 1
                 seen.job_state = "COMPLETING"
+                seen.nodes = self.completing_on.get(j.job_id, "")
             out.append(seen)
         return out
 
     async def jobs_on_node(self, name: str) -> list[SlurmJob]:
         self._reachable("jobs_on_node")
         self.calls["jobs_on_node"] += 1
-        return [
-            j.model_copy(deep=True) for j in self._jobs.values() if name in hostlist.expand(j.nodes)
-        ]
+        out = []
+        for j in self._jobs.values():
+            seen = j.model_copy(deep=True)
+            if self.completing_reads[j.job_id] > 0 and j.job_state == "PENDING":
+                seen.job_state, seen.nodes = "COMPLETING", self.completing_on.get(j.job_id, "")
+            if name in hostlist.expand(seen.nodes):
+                out.append(seen)
+        return out
 
     async def drain(self, node: str, reason: str) -> None:
         self._reachable("drain")
@@ -344,6 +353,8 @@ class FakeSlurm:
         if job.job_state not in _REQUEUEABLE_STATES:
             raise SlurmError(f"scontrol requeue {job_id}: Job is pending execution")
         was_on = hostlist.expand(job.nodes)
+        if self.completing_reads[job_id] > 0:
+            self.completing_on[job_id] = job.nodes  # shown there while it completes
         job.job_state, job.state_reason, job.nodes = "PENDING", "BeginTime", ""
         job.batch_host = ""
         job.restart_cnt += 1
@@ -400,6 +411,21 @@ class FakeSlurm:
         if job_id in self.in_job_recovering and signal == "USR2":
             # The survivors abandon their group and step again with the standby.
             job.comment = f"{job.comment} resumed_at={time.time():.3f}".strip()
+
+    async def mark_down(self, node: str, reason: str) -> None:
+        """DOWN, the drain and its reason kept; the jobs still completing there end."""
+        self._reachable("mark_down")
+        self.calls["mark_down"] += 1
+        n = self._node(node)
+        n.state, n.reason = "down", reason
+        for job_id, nodes in list(self.completing_on.items()):
+            if node in hostlist.expand(nodes):
+                del self.completing_reads[job_id], self.completing_on[job_id]
+        self.record("mark_down", node)
+
+    async def return_to_service(self) -> int | None:
+        self._reachable("return_to_service")
+        return self.return_to_service_setting
 
     async def cancel(self, job_id: int) -> None:
         self._reachable("cancel")

@@ -30,7 +30,6 @@ from autoclusters.sandbox import agent_daemonset as shipped
 from autoclusters.sandbox import daemons
 from autoclusters.sandbox.config import SandboxConfig
 from autoclusters.sandbox.k8s_emulator import Running, running
-from tests.test_kubernetes import write_kubeconfig
 
 TOKEN = "test-token"
 NODE = shipped.Node(name="cmk-gpu-1", slurm="gpu-01")
@@ -175,6 +174,7 @@ def _node(emu: Running, name: str, *, gpu: bool = True, taint: bool = False) -> 
         f"{emu.url}/_emulator/nodes",
         json={"name": name, "provider_id": f"crusoe://{name}", "labels": labels,
               "register_taints": taints if taint else []},
+        verify=emu.verify,
     ).raise_for_status()  # fmt: skip
 
 
@@ -186,7 +186,8 @@ def _daemon_pods(core: client.CoreV1Api) -> dict[str, Any]:
 
 
 def test_the_daemonset_controller_keeps_one_pod_per_gpu_node(emu: Running, tmp_path: Path) -> None:
-    api = api_client(kubeconfig=write_kubeconfig(tmp_path / "kubeconfig", emu.url, TOKEN))
+    (tmp_path / "kubeconfig").write_text(emu.kubeconfig())
+    api = api_client(kubeconfig=tmp_path / "kubeconfig")
     core, apps = client.CoreV1Api(api), client.AppsV1Api(api)
     _node(emu, "gpu-1")
     _node(emu, "gpu-2", taint=True)  # under remediation: the shipped tolerations keep it
@@ -213,7 +214,7 @@ def test_the_daemonset_controller_keeps_one_pod_per_gpu_node(emu: Running, tmp_p
     assert again["gpu-1"].metadata.uid != pod.metadata.uid
     _node(emu, "gpu-3")
     assert sorted(_daemon_pods(core)) == ["gpu-1", "gpu-2", "gpu-3"]
-    httpx.delete(f"{emu.url}/_emulator/nodes/gpu-2").raise_for_status()
+    httpx.delete(f"{emu.url}/_emulator/nodes/gpu-2", verify=emu.verify).raise_for_status()
     assert sorted(_daemon_pods(core)) == ["gpu-1", "gpu-3"]
     ds = apps.read_namespaced_daemon_set("autoclusters-agent", "autoclusters")
     assert ds.status.desired_number_scheduled == 2
@@ -225,16 +226,17 @@ def test_the_daemonset_controller_keeps_one_pod_per_gpu_node(emu: Running, tmp_p
 
 @pytest.mark.skipif(shutil.which("kubectl") is None, reason="Debian's kubectl is not installed")
 def test_kubectl_lists_the_daemonset(emu: Running, tmp_path: Path) -> None:
-    from autoclusters.sandbox.k8s_tls import kubeconfig
 
     _node(emu, "gpu-1")
-    admin = httpx.Client(base_url=emu.url, headers={"Authorization": f"Bearer {TOKEN}"})
+    admin = httpx.Client(
+        base_url=emu.url, headers={"Authorization": f"Bearer {TOKEN}"}, verify=emu.verify
+    )
     admin.post("/api/v1/namespaces", json={"metadata": {"name": "autoclusters"}})
     admin.post(
         "/apis/apps/v1/namespaces/autoclusters/daemonsets", json=shipped.load()
     ).raise_for_status()
-    config = tmp_path / "kubectl.kubeconfig"
-    config.write_text(kubeconfig(emu.tls_url, TOKEN, emu.ca_pem))
+    config = tmp_path / "kubeconfig"
+    config.write_text(emu.kubeconfig())
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "KUBECONFIG": str(config)}
     out = subprocess.run(
         ["kubectl", "get", "ds", "-n", "autoclusters"], env=env, capture_output=True, text=True,
@@ -269,16 +271,19 @@ def test_the_kubelet_runs_each_agent_pod_as_its_process(
         (cfg.state_dir / sub).mkdir(parents=True)
         (cfg.state_dir / sub / "token").write_text(text)
     table = ProcessTable(cfg.state_dir)
-    with running(TOKEN, external_kubelet=f"{shipped.APP_LABEL}={shipped.APP}") as emu:
+    selector = f"{shipped.APP_LABEL}={shipped.APP}"
+    with running(TOKEN, external_kubelet=selector, tls=True) as emu:
         monkeypatch.setattr(SandboxConfig, "k8s_url", property(lambda self: emu.url))
-        admin = httpx.Client(base_url=emu.url, timeout=10)
+        cfg.k8s_ca.write_text(emu.ca_pem)
+        admin = httpx.Client(base_url=emu.url, timeout=10, verify=emu.verify)
         admin.post(
             "/_emulator/nodes",
             json={"name": "cmk-gpu-1", "labels": {"nvidia.com/gpu.present": "true"},
                   "annotations": {HOSTNAME_OVERRIDE: "gpu-01"}},
         ).raise_for_status()  # fmt: skip
         shipped.install(cfg)
-        api = api_client(kubeconfig=write_kubeconfig(tmp_path / "kubeconfig", emu.url, TOKEN))
+        (tmp_path / "kubeconfig").write_text(emu.kubeconfig())
+        api = api_client(kubeconfig=tmp_path / "kubeconfig")
         core = client.CoreV1Api(api)
         kubelet = agent_pods.AgentPods(core, cfg)
 

@@ -4,6 +4,7 @@ loopback Kubernetes emulator:
 - a firing fault sets GpuUnhealthy=True with reason Agent<Fault> and the faults as message;
 - no fault sets it False again, but only when the agent set it: the incident's own mark
   (set by the remediation workflow) stays;
+- each change leaves an Event on the Node;
 - unchanged state is not re-patched; an API server that is away is logged, not raised.
 """
 
@@ -68,7 +69,7 @@ def test_reason_names() -> None:
     assert reason_for("GPU_FELL_OFF_BUS") == "AgentGpuFellOffBus"
 
 
-def test_set_while_firing_and_cleared_after(api: client.ApiClient) -> None:
+def test_set_while_firing_and_cleared_after(api: client.ApiClient, emulator: Running) -> None:
     nc = NodeCondition(node=NODE, api_client=api)
     nc.update({})
     assert condition(api) is None  # never set: nothing to clear
@@ -85,6 +86,10 @@ def test_set_while_firing_and_cleared_after(api: client.ApiClient) -> None:
     assert any(
         x.type == "Ready" for x in node(api).status.conditions
     )  # merged by type: the rest stays
+    # One Event on the Node per change of the verdict (the unchanged update made none).
+    events = sorted(emulator.store.dump()["events"], key=lambda e: e["metadata"]["name"])
+    got = sorted((e["reason"], e["type"], e["involvedObject"]["name"]) for e in events)
+    assert got == [("AgentEccDbe", "Warning", NODE), ("AgentHealthy", "Normal", NODE)]
 
 
 def test_the_incidents_own_mark_is_left_alone(api: client.ApiClient) -> None:

@@ -32,6 +32,7 @@ from autoclusters.activities.screen import (
     ScreenActivities,
     healthy_idle,
     judge,
+    parse_gemm,
     parse_output,
     reservation_name,
 )
@@ -181,6 +182,44 @@ def test_the_output_and_the_verdict() -> None:
     nothing = judge(inp, nodes=both, job_state="COMPLETED", output="")
     assert not nothing.passed and "no all-reduce result" in nothing.detail
     assert "no diagnostic from gpu-01" in nothing.detail
+
+
+GEMM = (
+    "gemm node=gpu-01 rank=0 dtype=bfloat16 n=8192 tflops=310.500\n"
+    "gemm node=gpu-01 rank=1 dtype=bfloat16 n=8192 tflops=92.250\n"
+    "gemm node=gpu-03 rank=2 dtype=bfloat16 n=8192 tflops=305.000\n"
+)
+
+
+def test_the_gemm_rate_and_its_floor() -> None:
+    """Each node's slowest rank's rate; under the floor (a slow GPU the diagnostic passes)
+    or missing while a floor is set: not passed; no floor: the rates are only reported."""
+    good = OUTPUT.replace("result=fail", "result=pass")
+    assert parse_gemm(GEMM) == {"gpu-01": 92.25, "gpu-03": 305.0}
+    inp = ScreenInput(node="gpu-01", incident_id="INC-1", key="INC-1:0", drain_reason="r")
+    both = ["gpu-01", "gpu-03"]
+    no_floor = judge(inp, nodes=both, job_state="COMPLETED", output=good + GEMM)
+    assert no_floor.passed and no_floor.gemm_tflops["gpu-01"] == 92.25
+    floor = inp.model_copy(update={"min_gemm_tflops": 250})
+    slow = judge(floor, nodes=both, job_state="COMPLETED", output=good + GEMM)
+    assert not slow.passed and slow.detail == "GEMM on gpu-01 92.2 TFLOP/s < 250"
+    missing = judge(floor, nodes=both, job_state="COMPLETED", output=good + GEMM.splitlines()[2])
+    assert not missing.passed and "no GEMM rate from gpu-01" in missing.detail
+
+
+def test_the_screen_job_prints_its_gemm_rate(capsys: pytest.CaptureFixture[str]) -> None:
+    """examples/training/screen.py's GEMM on this machine's torch (CPU here)."""
+    pytest.importorskip("torch")
+    import importlib.util
+
+    path = Path(__file__).resolve().parent.parent / "examples" / "training" / "screen.py"
+    spec = importlib.util.spec_from_file_location("screen_job", path)
+    assert spec is not None and spec.loader is not None
+    job = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(job)
+    job.gemm_rate(3, "gpu-07")
+    rates = parse_gemm(capsys.readouterr().out)
+    assert list(rates) == ["gpu-07"] and rates["gpu-07"] > 0
 
 
 def test_reservations_read_and_a_failed_read_is_unknown() -> None:

@@ -58,7 +58,8 @@ CASE_TIMEOUT_S = 90
 
 
 def _k8s_cordoned(cfg: SandboxConfig) -> list[str]:
-    nodes = httpx.get(f"{cfg.k8s_url}/_emulator/state", timeout=10).json()["nodes"]
+    state = httpx.get(f"{cfg.k8s_url}/_emulator/state", timeout=10, verify=cfg.k8s_tls())
+    nodes = state.json()["nodes"]
     return [n["metadata"]["name"] for n in nodes if n.get("spec", {}).get("unschedulable")]
 
 

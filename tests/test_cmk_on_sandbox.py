@@ -67,7 +67,7 @@ async def cfg(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Sandbox
 
 
 def _kubectl(cfg: SandboxConfig, *args: str) -> str:
-    env = {**os.environ, "KUBECONFIG": str(cfg.kubectl_kubeconfig)}
+    env = {**os.environ, "KUBECONFIG": str(cfg.kubeconfig)}
     r = subprocess.run([KUBECTL, *args], env=env, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stdout + r.stderr
     return r.stdout

@@ -350,15 +350,15 @@ async def test_get_credentials_hands_out_a_kubeconfig_a_client_uses(
     start: Start, tmp_path: Path
 ) -> None:
     with running("cmk-token", tls=True) as kube:
-        # What the sandbox's Kubernetes emulator writes for kubectl: HTTPS and its CA.
-        path = tmp_path / "kubectl.kubeconfig"
-        path.write_text(k8s_tls.kubeconfig(kube.tls_url, "cmk-token", kube.ca_pem))
+        # What the sandbox writes for every client: HTTPS and its CA.
+        path = tmp_path / "kubeconfig"
+        path.write_text(k8s_tls.kubeconfig(kube.url, "cmk-token", kube.ca_pem))
         emulator = start(kubeconfig=path)
         async with _client(emulator) as crusoe:
             cid = await _create(crusoe)
             creds = await crusoe.get_kubernetes_credentials(cid)
         assert creds.kube_config == path.read_text()
-        assert creds.cluster_name == "train" and creds.cluster_address == kube.tls_url
+        assert creds.cluster_name == "train" and creds.cluster_address == kube.url
         assert creds.cluster_ca_certificate == kube.ca_pem
 
         handed = tmp_path / "handed.kubeconfig"
@@ -432,4 +432,4 @@ def test_kubeconfig_reaches_the_emulator_from_the_sandbox_command_line(
         argv = cloud_api.crusoe_emulator_argv(cfg)
         crusoe_emulator.main(argv[argv.index("autoclusters.sandbox.crusoe_emulator") + 1 :])
     with_k8s, without = (app.state.engine.config.kubeconfig for app in served)
-    assert with_k8s == tmp_path / "k8s" / "kubectl.kubeconfig" and without is None
+    assert with_k8s == tmp_path / "k8s" / "kubeconfig" and without is None

@@ -51,6 +51,9 @@ K8S_CALLS: dict[str, Rule] = {
     "patch_namespaced_pod": ("", "pods", "patch"),
     "delete_namespaced_pod": ("", "pods", "delete"),
     "create_namespaced_pod_eviction": ("", "pods/eviction", "create"),
+    "create_namespaced_event": ("", "events", "create"),
+    "read_namespaced_event": ("", "events", "get"),
+    "patch_namespaced_event": ("", "events", "patch"),
     "create_namespace": ("", "namespaces", "create"),
     "create_namespaced_config_map": ("", "configmaps", "create"),
     "read_namespaced_config_map": ("", "configmaps", "get"),
@@ -81,7 +84,8 @@ CUSTOM_VERBS = {
 COMPONENTS = {
     "autoclusters-worker": ("activities", "integrations"),
     "autoclusters-api": ("clients/api", "clients/console"),
-    "autoclusters-agent": ("clients/agent",),
+    # The agent's condition change leaves an Event through the worker's recorder.
+    "autoclusters-agent": ("clients/agent", "integrations/k8s_events.py"),
 }
 # The objects of the kubernetes client we call through, wherever they are made.
 API_ATTR = re.compile(
@@ -445,7 +449,8 @@ def test_the_setup_job_registers_our_search_attributes(objects: list[dict[str, A
 
 def _python_files(folders: tuple[str, ...]) -> Iterator[Path]:
     for folder in folders:
-        yield from sorted((ROOT / folder).rglob("*.py"))
+        path = ROOT / folder
+        yield from [path] if path.is_file() else sorted(path.rglob("*.py"))
 
 
 def client_calls(
@@ -602,6 +607,9 @@ def test_the_scan_finds_the_calls_we_know() -> None:
         ("", "nodes", "get"),  # clients/agent/slurm_name.py
         ("", "nodes/status", "get"),
         ("", "nodes/status", "patch"),
+        ("", "events", "create"),  # its condition's Event (integrations/k8s_events.py)
+        ("", "events", "get"),
+        ("", "events", "patch"),
     }
 
 

@@ -41,7 +41,6 @@ from autoclusters.sandbox.config import SandboxConfig
 from autoclusters.sandbox.k8s_crd_schema import SCHEMA_DIR, schemas
 from autoclusters.sandbox.k8s_emulator import Running, running
 from tests.test_cluster_provider_cmk import _spec
-from tests.test_kubernetes import write_kubeconfig
 
 TOKEN = "crd-schema-test-token"
 NS = "slurm"
@@ -51,11 +50,12 @@ Obj = dict[str, Any]
 
 @pytest.fixture
 def emu() -> Iterator[Running]:
-    with running(TOKEN) as e:
+    with running(TOKEN, tls=True) as e:
         httpx.post(
             f"{e.url}/api/v1/namespaces",
             json={"metadata": {"name": NS}},
             headers={"Authorization": f"Bearer {TOKEN}"},
+            verify=e.verify,
         ).raise_for_status()
         yield e
 
@@ -63,14 +63,18 @@ def emu() -> Iterator[Running]:
 @pytest.fixture
 def k8s(emu: Running) -> Iterator[httpx.Client]:
     with httpx.Client(
-        base_url=emu.url, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10
+        base_url=emu.url,
+        headers={"Authorization": f"Bearer {TOKEN}"},
+        timeout=10,
+        verify=emu.verify,
     ) as c:
         yield c
 
 
 @pytest.fixture
 def custom(emu: Running, tmp_path: Path) -> Iterator[client.CustomObjectsApi]:
-    api = api_client(kubeconfig=write_kubeconfig(tmp_path / "kubeconfig", emu.url, TOKEN))
+    (tmp_path / "kubeconfig").write_text(emu.kubeconfig())
+    api = api_client(kubeconfig=tmp_path / "kubeconfig")
     yield client.CustomObjectsApi(api)
     api.close()
 
@@ -406,6 +410,7 @@ def test_the_sandboxs_seeded_nodeset_is_valid(
     cfg = SandboxConfig(state_dir=tmp_path)
     (tmp_path / "k8s").mkdir()
     (tmp_path / "k8s" / "token").write_text(TOKEN)
+    cfg.k8s_ca.write_text(emu.ca_pem)
     monkeypatch.setattr(SandboxConfig, "k8s_url", property(lambda _: emu.url))
     slinky.seed(cfg)
     got = k8s.get(_path(NODESET, "gpu")).json()

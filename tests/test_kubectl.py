@@ -50,23 +50,22 @@ def emu() -> Iterator[Running]:
             httpx.post(
                 f"{e.url}/_emulator/nodes",
                 json={"name": name, "provider_id": f"crusoe://{vm}", "gpus": 8},
+                verify=e.verify,
             ).raise_for_status()
         yield e
 
 
 @pytest.fixture
 def kube_env(emu: Running, tmp_path: Path) -> dict[str, str]:
-    config = tmp_path / "kubectl.kubeconfig"
-    config.write_text(kubeconfig(emu.tls_url, TOKEN, emu.ca_pem))
+    config = tmp_path / "kubeconfig"
+    config.write_text(emu.kubeconfig())
     # A HOME of its own: kubectl caches discovery under ~/.kube/cache.
     return {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "KUBECONFIG": str(config)}
 
 
 @pytest.fixture
-def core(emu: Running, tmp_path: Path) -> Iterator[Core]:
-    config = tmp_path / "python.kubeconfig"
-    config.write_text(kubeconfig(emu.url, TOKEN, emu.ca_pem))  # its plain-HTTP port
-    api = api_client(kubeconfig=config)
+def core(emu: Running, kube_env: dict[str, str]) -> Iterator[Core]:
+    api = api_client(kubeconfig=kube_env["KUBECONFIG"])  # kubectl's kubeconfig: one for both
     yield client.CoreV1Api(api)
     api.close()
 
@@ -304,7 +303,7 @@ def test_python_client_watch_gets_events(core: Core) -> None:
 
 def test_a_bad_token_is_refused(emu: Running, tmp_path: Path) -> None:
     config = tmp_path / "bad.kubeconfig"
-    config.write_text(kubeconfig(emu.tls_url, "not-the-token", emu.ca_pem))
+    config.write_text(kubeconfig(emu.url, "not-the-token", emu.ca_pem))
     env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "KUBECONFIG": str(config)}
     done = subprocess.run(
         ["kubectl", "get", "nodes"], env=env, capture_output=True, text=True, timeout=60
@@ -316,7 +315,9 @@ def test_a_bad_token_is_refused(emu: Running, tmp_path: Path) -> None:
 @pytest.mark.parametrize("path", ["/api", "/api/", "/apis", "/apis/", "/api/v1", "/version",
                                   "/openapi/v3", "/apis/slinky.slurm.net/v1beta1"])  # fmt: skip
 def test_discovery_needs_the_token_and_never_redirects(emu: Running, path: str) -> None:
-    with httpx.Client(base_url=emu.url, follow_redirects=False, timeout=5) as http:
+    with httpx.Client(
+        base_url=emu.url, follow_redirects=False, timeout=5, verify=emu.verify
+    ) as http:
         anonymous = http.get(path)
         assert anonymous.status_code == 401
         assert anonymous.json()["kind"] == "Status" and anonymous.json()["code"] == 401
@@ -326,31 +327,29 @@ def test_discovery_needs_the_token_and_never_redirects(emu: Running, path: str) 
 
 def test_discovery_lists_what_drain_needs(emu: Running) -> None:
     headers = {"Authorization": f"Bearer {TOKEN}"}
-    core_v1 = httpx.get(f"{emu.url}/api/v1", headers=headers).json()
+    core_v1 = httpx.get(f"{emu.url}/api/v1", headers=headers, verify=emu.verify).json()
     by_name = {r["name"]: r for r in core_v1["resources"]}
     assert by_name["nodes"]["shortNames"] == ["no"] and not by_name["nodes"]["namespaced"]
     assert by_name["pods"]["namespaced"] and "watch" in by_name["pods"]["verbs"]
     eviction = by_name["pods/eviction"]
     assert (eviction["group"], eviction["version"], eviction["kind"]) == ("policy", "v1",
                                                                           "Eviction")  # fmt: skip
-    groups = httpx.get(f"{emu.url}/apis", headers=headers).json()["groups"]
+    groups = httpx.get(f"{emu.url}/apis", headers=headers, verify=emu.verify).json()["groups"]
     names = {g["name"] for g in groups}
     assert {"apps", "policy", "slinky.slurm.net", "apiextensions.k8s.io"} <= names
 
 
-def test_the_module_writes_a_kubeconfig_kubectl_uses(tmp_path: Path) -> None:
-    """`--tls-port` and `--kubeconfig`: the emulator as a process, as the sandbox runs it."""
-    ports = []
-    for _ in range(2):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            ports.append(s.getsockname()[1])
-    config = tmp_path / "kubectl.kubeconfig"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "autoclusters.sandbox.k8s_emulator", "--port", str(ports[0]),
-         f"--token={TOKEN}", "--tls-port", str(ports[1]), "--kubeconfig", str(config)],
-        cwd=ROOT,
-    )  # fmt: skip
+def test_the_module_writes_one_kubeconfig_kubectl_and_the_client_use(tmp_path: Path) -> None:
+    """`--cert-dir` and `--kubeconfig`: the emulator as a process, as the sandbox runs it, on
+    one HTTPS port; kubectl and the Python client both go through the one kubeconfig, and a
+    restart keeps the certificate it trusts."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    config, certs = tmp_path / "kubeconfig", tmp_path / "certs"
+    argv = [sys.executable, "-m", "autoclusters.sandbox.k8s_emulator", "--port", str(port),
+            f"--token={TOKEN}", "--cert-dir", str(certs), "--kubeconfig", str(config)]  # fmt: skip
+    proc = subprocess.Popen(argv, cwd=ROOT)
     env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "KUBECONFIG": str(config)}
 
     def namespaces() -> str:
@@ -366,6 +365,18 @@ def test_the_module_writes_a_kubeconfig_kubectl_uses(tmp_path: Path) -> None:
         until(lambda: config.exists() and namespaces(), what="kubectl through the kubeconfig")
         assert "namespace/kube-system" in namespaces().split()
         assert oct(config.stat().st_mode & 0o777) == "0o600"
+        api = api_client(kubeconfig=config)
+        names = [n.metadata.name for n in client.CoreV1Api(api).list_namespace().items]
+        api.close()
+        assert "kube-system" in names
+        with pytest.raises(httpx.HTTPError):  # no plain-HTTP door any more
+            httpx.get(f"http://127.0.0.1:{port}/version", timeout=5).raise_for_status()
+        first = (certs / "tls.crt").read_text()
+        proc.terminate()
+        proc.wait(timeout=10)
+        proc = subprocess.Popen(argv, cwd=ROOT)
+        until(namespaces, what="kubectl after a restart, through the same kubeconfig")
+        assert (certs / "tls.crt").read_text() == first
     finally:
         proc.terminate()
         proc.wait(timeout=10)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import ssl
 import subprocess
 import sys
 import threading
@@ -659,8 +660,9 @@ def test_state_file_survives_a_restart(tmp_path: Path) -> None:
 
 
 @pytest.mark.integration
-def test_the_emulator_runs_as_a_module() -> None:
-    """Integration lane: it starts the emulator as a server process (make unit starts none)."""
+def test_the_emulator_runs_as_a_module(tmp_path: Path) -> None:
+    """Integration lane: it starts the emulator as a server process (make unit starts none),
+    over HTTPS with the certificate it keeps in --cert-dir."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -673,25 +675,33 @@ def test_the_emulator_runs_as_a_module() -> None:
             str(port),
             "--token",
             TOKEN,
+            "--cert-dir",
+            str(tmp_path),
         ],
         cwd=Path(__file__).resolve().parent.parent,
     )
     try:
-        url = f"http://127.0.0.1:{port}/version"
-        got = _when_up(proc, url, {"Authorization": f"Bearer {TOKEN}"})
+        url = f"https://127.0.0.1:{port}/version"
+        got = _when_up(proc, url, {"Authorization": f"Bearer {TOKEN}"}, tmp_path / "tls.crt")
         assert got.status_code == 200 and got.json()["major"] == "1"
-        assert httpx.get(url).status_code == 401
+        trusting = ssl.create_default_context(cafile=tmp_path / "tls.crt")
+        assert httpx.get(url, verify=trusting).status_code == 401
     finally:
         proc.terminate()
         proc.wait(timeout=10)
 
 
-def _when_up(proc: subprocess.Popen[bytes], url: str, headers: dict[str, str]) -> httpx.Response:
+def _when_up(
+    proc: subprocess.Popen[bytes], url: str, headers: dict[str, str], cert: Path
+) -> httpx.Response:
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
         try:
-            return httpx.get(url, headers=headers, timeout=1)
-        except httpx.TransportError:
+            if not cert.exists():
+                raise httpx.ConnectError("no certificate yet")
+            trusting = ssl.create_default_context(cafile=cert)
+            return httpx.get(url, headers=headers, timeout=1, verify=trusting)
+        except (httpx.TransportError, ssl.SSLError):
             try:
                 proc.wait(timeout=0.05)  # not up yet: wait a little, unless it died
             except subprocess.TimeoutExpired:

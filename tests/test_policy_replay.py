@@ -52,6 +52,14 @@ def _records() -> list[IncidentRecord]:
     ]
 
 
+def _live() -> Policy:
+    """The policy the cases ran under: the runbook tests' (reboot_resolved's), with the rules
+    of the silent faults that screen before repair (screened_back's, from 0.2)."""
+    base = _record("reboot_resolved").policy
+    silent = _record("screened_back").policy.faults
+    return base.model_copy(update={"faults": {**base.faults, **silent}})
+
+
 def _raised(policy: Policy) -> Policy:
     """`policy` with XID_79 straight to replace."""
     faults = {**policy.faults, "XID_79": FaultRule(severity="critical", first_rung=Rung.REPLACE)}
@@ -103,7 +111,7 @@ def test_an_incident_replayed_under_its_own_policy_changes_nothing(path: Path) -
 
 def test_raising_xid_79_to_replace_shows_the_diff() -> None:
     records = _records()
-    base = _record("reboot_resolved").policy
+    base = _live()
     report = replay_policy(_raised(base), records)
     case_of = {r.incident_id: p.stem for p, r in zip(REMEDIATION, records, strict=True)}
     by_case = {case_of[d.incident_id]: d for d in report.incidents}
@@ -252,13 +260,13 @@ def _history_args(paths: list[Path]) -> list[str]:
 @pytest.fixture
 def live(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """The cluster's policy file, as the settings name it."""
-    path = _policy_file(tmp_path, _record("reboot_resolved").policy, "live.yaml")
+    path = _policy_file(tmp_path, _live(), "live.yaml")
     monkeypatch.setenv("AUTOCLUSTERS_POLICY_FILE", str(path))
     return path
 
 
 def test_replay_prints_the_diff_and_json(tmp_path: Path, live: Path) -> None:
-    cand = _policy_file(tmp_path, _raised(_record("reboot_resolved").policy), "cand.yaml")
+    cand = _policy_file(tmp_path, _raised(_live()), "cand.yaml")
     runner = CliRunner()
     paths = sorted(HISTORIES.glob("remediation_0.2_*.json"))
     out = runner.invoke(app, ["policy", "replay", str(cand), *_history_args(paths)])
@@ -277,7 +285,7 @@ def test_replay_prints_the_diff_and_json(tmp_path: Path, live: Path) -> None:
 
 def test_apply_refuses_a_policy_that_changes_outcomes(tmp_path: Path, live: Path) -> None:
     before = live.read_text()
-    cand = _policy_file(tmp_path, _raised(_record("reboot_resolved").policy), "cand.yaml")
+    cand = _policy_file(tmp_path, _raised(_live()), "cand.yaml")
     paths = sorted(HISTORIES.glob("remediation_0.2_*.json"))
     runner = CliRunner()
     out = runner.invoke(app, ["policy", "apply", str(cand), *_history_args(paths)])
@@ -294,7 +302,7 @@ def test_apply_refuses_a_policy_that_changes_outcomes(tmp_path: Path, live: Path
 
 
 def test_apply_takes_a_policy_that_changes_nothing(tmp_path: Path, live: Path) -> None:
-    policy = _record("reboot_resolved").policy
+    policy = _live()
     same = _policy_file(
         tmp_path, policy.model_copy(update={"approval_timeout_s": 999}), "same.yaml"
     )
@@ -310,7 +318,7 @@ def test_an_unreadable_history_refuses_the_apply(tmp_path: Path, live: Path) -> 
     broken.write_text('{"events": []}')
     paths = [HISTORIES / "remediation_0.2_reboot_resolved.json", broken]
     assert read_history_files(paths).unreadable
-    same = _policy_file(tmp_path, _record("reboot_resolved").policy, "same.yaml")
+    same = _policy_file(tmp_path, _live(), "same.yaml")
     out = CliRunner().invoke(app, ["policy", "apply", str(same), *_history_args(paths)])
     assert out.exit_code == 3, out.output
     assert "broken.json" in out.stderr and "could not be read" in out.stderr

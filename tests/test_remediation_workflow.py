@@ -476,6 +476,37 @@ async def test_a_job_with_a_hot_spare_goes_on_without_a_requeue(
         assert f.slurm.requeue_count[101] == 1 and f.slurm.calls["shrink_job"] == 0
 
 
+@pytest.mark.parametrize("announce", [True, False])
+async def test_the_recovery_chosen_by_its_cost_is_recorded_and_told(
+    env: WorkflowEnvironment, announce: bool
+) -> None:
+    """Issue 42: each job's plan (the GPU-hours each path would lose, the one taken) is on
+    the incident; with `announce_recovery` Slack is told once the jobs are on their way,
+    between the requeue and the repair; without it nothing more is sent."""
+    async with _fleet(env) as f:
+        f.slurm.add_job(
+            101, nodes="gpu-[01,03]", comment="injob=/dev/shm/job-101", batch_host="gpu-03"
+        )
+        f.slurm.in_job_recovering.add(101)
+        f.slurm.add_job(102, nodes="gpu-01")
+        req = f.request(policy=_policy(announce_recovery=announce))
+        result = await (await f.start(req)).result()
+        events = f.events("gpu-01")
+        notes = f.notes("gpu-01")
+
+    assert result.status == "resolved", result.error
+    plans = {p.job_id: p.chosen for p in result.recovery_plans}
+    assert plans == {101: "in-job", 102: "requeue"}
+    assert result.recovery_path == {101: "in-job", 102: "requeue"}
+    if announce:
+        assert events.count("recovery_chosen") == 1
+        assert events.index("opened") < events.index("recovery_chosen") < events.index("resolved")
+        told = next(n for n in notes if n.event == "recovery_chosen")
+        assert "job 101: in-job" in told.text and "job 102: requeue" in told.text
+    else:
+        assert "recovery_chosen" not in events
+
+
 async def test_two_faults_on_one_job_with_one_standby(env: WorkflowEnvironment) -> None:
     """XID_79 on both training nodes of a job (gpu-05, gpu-06; gpu-04 its standby and batch
     host) within a second: one healthy node is left for two seats, so the job is requeued

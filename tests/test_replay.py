@@ -6,6 +6,8 @@ RELEASE`), named <workflow>_<release>_<case>.json; they stay here, and replay, u
 of that release can be open. Aspects covered:
 - every history replays on the current workflows;
 - the histories of the decision proofs (0.2) show the worker's checks behind their patch;
+- the histories of a silent fault screened before repair (0.2) show the screen first: no
+  repair before it, and a repair after it only when it failed;
 - the baseline release (0.1) has a history of every workflow type and of each rung and
   mode of the runbook, and each history shows the path its case names (so a recording
   that went another way is caught, not replayed for nothing);
@@ -80,6 +82,14 @@ PROOF_HISTORIES = [
 ]
 
 
+# Histories of the screen before repair (from 0.2, a rule's `screen_before_repair`): no
+# patch, since only a rule with the flag takes the path -> whether a repair followed.
+SCREEN_FIRST_HISTORIES = {
+    "remediation_0.2_screened_back": False,
+    "remediation_0.2_screened_then_repaired": True,
+}
+
+
 def _path(kind: str, case: str, release: str = BASELINE) -> Path:
     return HERE / f"{kind}_{release}_{case}.json"
 
@@ -118,6 +128,13 @@ def test_each_baseline_history_shows_its_case(case: tuple[str, str]) -> None:
     assert BASELINE_CASES[case] <= ran, sorted(ran)
 
 
+def test_the_handoff_history_shows_the_handoff() -> None:
+    """The hand-off to the provider (from 0.2, docs/handoff.md): the ladder's repairs, the
+    webhook, then the gate and the return after the provider's `fixed`."""
+    ran = _activities(HERE / "remediation_0.2_handoff_fixed.json")
+    assert {"repair_node", "send_handoff", "health_gate", "return_to_service"} <= ran, ran
+
+
 @pytest.mark.parametrize("name", PROOF_HISTORIES)
 def test_each_proof_history_shows_the_checks(name: str) -> None:
     markers = [
@@ -126,6 +143,20 @@ def test_each_proof_history_shows_the_checks(name: str) -> None:
         if "markerRecordedEventAttributes" in e
     ]
     assert "core_patch" in markers and markers.count("core_local_activity") == 2, markers
+
+
+@pytest.mark.parametrize("name", sorted(SCREEN_FIRST_HISTORIES))
+def test_each_screen_first_history_screens_before_any_repair(name: str) -> None:
+    scheduled = "activityTaskScheduledEventAttributes"
+    order = [
+        e[scheduled]["activityType"]["name"]
+        for e in _events(HERE / f"{name}.json")
+        if scheduled in e
+    ]
+    first = order.index("burn_in_screen")
+    assert "requeue_jobs" in order[:first] and "repair_node" not in order[:first], order
+    assert ("repair_node" in order) == SCREEN_FIRST_HISTORIES[name], order
+    assert "return_to_service" in order, order
 
 
 @pytest.mark.parametrize("path", HISTORIES, ids=[p.stem for p in HISTORIES])
@@ -146,8 +177,9 @@ def test_only_the_step_kernel_starts_activities() -> None:
     """Every activity runs through `Steps.call` (workflows/steps.py): the workflow's standard
     timeout, heartbeat and retry, and a summary, which the histories above show."""
     callers = [
-        p.name
-        for p in sorted(WORKFLOWS_DIR.glob("*.py"))
+        str(p.relative_to(WORKFLOWS_DIR))
+        # Every module, the workflows' parts in subpackages too (workflows/rebalance/).
+        for p in sorted(WORKFLOWS_DIR.rglob("*.py"))
         if "workflow.execute_activity(" in p.read_text() or "start_activity(" in p.read_text()
     ]
     assert callers == ["steps.py"], callers

@@ -142,7 +142,7 @@ async def test_emulators_restart_with_their_worlds(matrix_sandbox: SandboxConfig
 
     def world() -> tuple[dict[str, str], list[str]]:
         crusoe = httpx.get(f"http://127.0.0.1:{cfg.crusoe_port}/_emulator/state").json()
-        k8s = httpx.get(f"{cfg.k8s_url}/_emulator/state").json()
+        k8s = httpx.get(f"{cfg.k8s_url}/_emulator/state", verify=cfg.k8s_tls()).json()
         vms = {vm["name"]: vm["id"] for vm in crusoe["vms"].values()}
         return vms, sorted(n["metadata"]["name"] for n in k8s["nodes"])
 
@@ -171,7 +171,9 @@ async def test_a_change_is_on_disk_once_answered_and_a_crash_keeps_it(
         "Content-Type": "application/merge-patch+json",
     }
     url = f"{cfg.k8s_url}/api/v1/nodes/{node}"
-    httpx.patch(url, json={"metadata": {"labels": mark}}, headers=headers).raise_for_status()
+    httpx.patch(
+        url, json={"metadata": {"labels": mark}}, headers=headers, verify=cfg.k8s_tls()
+    ).raise_for_status()
 
     saved = json.loads(cfg.emulator_state(slinky.K8S_EMULATOR).read_text())
     on_disk = {o["metadata"]["name"]: o for o in saved["objects"]["nodes"]}
@@ -180,7 +182,7 @@ async def test_a_change_is_on_disk_once_answered_and_a_crash_keeps_it(
     assert sorted(vm["name"] for vm in crusoe["vms"].values()) == cfg.node_names()
 
     await asyncio.to_thread(restart.restart, cfg, slinky.K8S_EMULATOR, kill=True)
-    labels = httpx.get(url, headers=headers).json()["metadata"]["labels"]
+    labels = httpx.get(url, headers=headers, verify=cfg.k8s_tls()).json()["metadata"]["labels"]
     assert mark.items() <= labels.items()
 
 
@@ -213,10 +215,10 @@ async def test_chaos_kill_worker_at_repair_counts_one_cloud_operation(
 async def test_kubectl_reads_the_sandbox_through_the_kubeconfig_up_prints(
     matrix_sandbox: SandboxConfig,
 ) -> None:
-    """`sandbox up` prints `KUBECONFIG=<state>/k8s/kubectl.kubeconfig kubectl get nodes`: a
-    real kubectl sees the sandbox's Nodes and slurmd pods through it (over the emulator's
-    HTTPS port: kubectl sends its token only over TLS), after the restarts above too."""
-    env = {**os.environ, "KUBECONFIG": str(matrix_sandbox.kubectl_kubeconfig)}
+    """`sandbox up` prints `KUBECONFIG=<state>/k8s/kubeconfig kubectl get nodes`: a real
+    kubectl sees the sandbox's Nodes and slurmd pods through the kubeconfig the worker uses
+    (HTTPS: kubectl sends its token only over TLS), after the restarts above too."""
+    env = {**os.environ, "KUBECONFIG": str(matrix_sandbox.kubeconfig)}
 
     def kubectl(*args: str) -> list[str]:
         done = subprocess.run(
@@ -237,7 +239,7 @@ async def test_kubectl_cordon_drains_the_slurm_node_and_uncordon_undrains_it(
     Slurm node of a cordoned Node (the operator's reason), and undrains it on uncordon,
     because the drain was its own."""
     cfg = matrix_sandbox
-    env = {**os.environ, "KUBECONFIG": str(cfg.kubectl_kubeconfig)}
+    env = {**os.environ, "KUBECONFIG": str(cfg.kubeconfig)}
     slurm = SlurmCli(cfg.slurm_conf)
     node = cfg.node_names()[-1]
 

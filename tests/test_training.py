@@ -809,6 +809,10 @@ async def test_a_fault_on_the_batch_host_requeues_once_and_trains_again(
             # froze it, and the steps the others made meanwhile never reached the log.)
             assert resumed <= max(d["step"] for d in first_run)
         assert min(d["step"] for d in after) == resumed + 1
+        if effect in ("hang", "lost"):
+            # Slurm would have waited for the stuck rank, or out its RPC timeouts, before it
+            # let the job go: the node, ours, was marked DOWN (ReturnToService=2 here).
+            assert "marked DOWN" in requeue.detail, requeue.detail
         if effect == "lost":
             # A lost node's processes never run again, not even as its machine powers off
             # (its srun, woken there, once asked slurmctld to kill step 0 of the next run).

@@ -45,6 +45,7 @@ from autoclusters.core.models import (
     workflow_id,
 )
 from autoclusters.core.policy import FaultRule, GuardPolicy, Policy, Rung, StepPolicy
+from autoclusters.core.recovery import capacity_recovery, job_recovery
 from autoclusters.integrations import temporal
 from autoclusters.integrations.slack import SlackNotifier, slack_web_client
 from autoclusters.sandbox.crusoe_emulator import EmulatorServer
@@ -52,7 +53,6 @@ from autoclusters.sandbox.slack_emulator import EmulatorConfig, create_app
 from autoclusters.workers.metrics import WorkerMetrics
 from autoclusters.workers.metrics_collector import TemporalCollector
 from autoclusters.workers.metrics_interceptor import MetricsInterceptor
-from autoclusters.workers.recovery import capacity_recovery, job_recovery
 from autoclusters.workers.remediation import WORKFLOWS, activities_for, serve_metrics
 from autoclusters.workflows.remediation import NodeRemediation
 from tests.fakes import FakeCloud, FakeHealth, FakeSlurm, RecordingNotifier

@@ -23,13 +23,15 @@ from temporalio.worker import ActivityInboundInterceptor, ExecuteActivityInput, 
 
 from autoclusters.core.guard import Admission, AdmitCall
 from autoclusters.core.models import IncidentState, Notification
+from autoclusters.core.recovery import capacity_recovery, job_recovery
 from autoclusters.workers.metrics import WorkerMetrics
-from autoclusters.workers.recovery import capacity_recovery, job_recovery
 
 log = logging.getLogger("autoclusters.worker.metrics")
 
 # The incident statuses `_close` notifies with (core.models.IncidentStatus, less "open").
-CLOSING_EVENTS = frozenset({"resolved", "failed", "rejected", "observed", "monitored", "cancelled"})
+CLOSING_EVENTS = frozenset(
+    {"resolved", "failed", "rejected", "observed", "monitored", "cancelled", "handed_off"}
+)
 ADMISSIONS = {
     "guard_admit_quarantine": "quarantine",
     "guard_admit_repair": "repair",

@@ -25,6 +25,7 @@ from autoclusters.activities.cluster_provider import ClusterProviderActivities
 from autoclusters.activities.controller_facts import ControllerActivities
 from autoclusters.activities.decisions import DecisionActivities
 from autoclusters.activities.guard import GuardActivities
+from autoclusters.activities.handoff import HandoffActivities
 from autoclusters.activities.health import HealthActivities
 from autoclusters.activities.kubernetes import KubernetesActivities
 from autoclusters.activities.machine_of import MachineOf
@@ -40,6 +41,7 @@ from autoclusters.core.settings import Settings
 from autoclusters.integrations import k8s, temporal
 from autoclusters.integrations.alertmanager import AlertmanagerClient
 from autoclusters.integrations.cloud import CloudProvider
+from autoclusters.integrations.handoff import HandoffClient
 from autoclusters.integrations.health import HealthGate, SlurmHealthGate
 from autoclusters.integrations.metrics_http import MetricsServer
 from autoclusters.integrations.notify import LogNotifier, Notifier
@@ -286,6 +288,18 @@ def screen_activities(settings: Settings, slurm: SlurmClient) -> list[Any]:
     return [screen.burn_in_screen]
 
 
+def handoff_activities(settings: Settings) -> HandoffActivities:
+    """The hand-off's webhook, signed with the settings' secret (none: every send fails
+    at once, saying so; the incident is left drained for a human)."""
+    secret = settings.handoff_secret
+    client = (
+        HandoffClient(httpx.AsyncClient(timeout=20), secret.get_secret_value())
+        if secret is not None
+        else None
+    )
+    return HandoffActivities(client, settings.api_public_url)
+
+
 def build_worker(
     client: Client,
     settings: Settings,
@@ -334,6 +348,7 @@ def build_worker(
             *(provider.activities() if provider is not None else []),
             *sharing_activities(client, settings, slurm, kube_api),
             *screen_activities(settings, slurm),
+            handoff_activities(settings).send_handoff,
         ],
         graceful_shutdown_timeout=timedelta(seconds=5),
         interceptors=[MetricsInterceptor(metrics, client)] if metrics is not None else [],

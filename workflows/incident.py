@@ -23,6 +23,7 @@ with workflow.unsafe.imports_passed_through():
         Notification,
     )
     from autoclusters.core.policy import Policy, Rung
+    from autoclusters.core.why_named import why_named
     from autoclusters.integrations import temporal
 
 from autoclusters.workflows.steps import NOTIFY_RETRY, Defaults, OnState, Steps
@@ -127,11 +128,13 @@ class Incident:
         )
 
     def headline(self) -> str:
-        """The first fault's summary and runbook link, for the UI and the messages."""
+        """The first fault's summary and runbook link, for the UI and the messages; for a
+        silent fault, why the agent named this node (core/why_named.py)."""
         for f in self.state.faults:
             for e in f.evidence:
                 if line := e.headline():
-                    return line
+                    why = why_named(f.fault, e.readings)
+                    return f"{line}\n{why}" if why else line
         return ""
 
     def runbook_url(self) -> str:

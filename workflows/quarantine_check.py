@@ -37,6 +37,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from autoclusters.core.policy import Rung
     from autoclusters.core.quarantine import QuarantineStatus, VerifyQuarantineInput
+    from autoclusters.core.recovery_cost import recovery_text
     from autoclusters.core.sharing import YieldCall, is_sharing_reason
 
 from autoclusters.workflows.approvals import Approvals
@@ -123,6 +124,7 @@ class Quarantine:
                 in_job=in_job,
                 in_job_budget_s=p.in_job_budget_s,
                 drain_reason=drain_reason(req.incident_id, req.fault),
+                figures=p.recovery_figures,
             ),
             f"requeue the jobs on {req.node}",
             lambda r: r.describe(),
@@ -135,6 +137,11 @@ class Quarantine:
         # restarted since (workflows/controller_restart.py compares, and moves it on).
         s.controller_started = s.controller_started or requeued.controller_started
         s.recovery_path = requeued.recovery_path()
+        s.recovery_plans = requeued.plans
+        if p.announce_recovery and requeued.plans:
+            # Only a policy that says so: a run whose snapshot predates the field (False)
+            # issues no new command on replay (docs/versioning.md).
+            await inc.notify("recovery_chosen", recovery_text(requeued.plans), "info")
         if requeued.came_back:
             await self.returned_jobs(requeued.came_back)
         # After the jobs are on their way (their restart never waits for it), before the

@@ -2,9 +2,16 @@
 
 register with the fleet guard (recurrence, breaker) → notify → [observe: plan, stop]
 [monitor-only fault: stop] → quarantine when admitted (drain) → requeue the node's jobs so
-they restart at once elsewhere → wait until the node is idle (or force) → per rung of the
-ladder reset_gpu → reboot → replace: [approval] → repair when admitted → wait until it
-registers → health gate, one rung up on failure → return to service → close.
+they restart at once elsewhere → wait until the node is idle (or force) → [a fault that is
+often software (a hung job, a straggler): screen the node; passed: return it unrepaired] →
+per rung of the ladder reset_gpu → reboot → replace: [approval] → repair when admitted →
+wait until it registers → health gate (and screen), one rung up on failure → return to
+service → close.
+
+With the policy's `handoff` (docs/handoff.md), where automation has done all it can (the
+ladder ended with a failed gate, a lemon, a fault that is the provider's, handed off right
+after the drain): hand off to the provider → wait for the answer: fixed → gate and return;
+replaced → bring-up, gate and return; declined → left drained, closed `handed_off`.
 
 Never return a node that failed its health gate: a failed incident leaves the node drained
 under a reason naming the incident and pages a human.
@@ -28,6 +35,8 @@ with workflow.unsafe.imports_passed_through():
         RegisterCall,
         Registration,
     )
+    from autoclusters.core.handoff import incident_bundle
+    from autoclusters.core.handoff_answer import HandoffAnswer, HandoffReason, HandoffRecord
     from autoclusters.core.ladder import climb, skip_from
     from autoclusters.core.lemon import is_lemon, lemon_text
     from autoclusters.core.models import (
@@ -36,8 +45,6 @@ with workflow.unsafe.imports_passed_through():
         FaultAck,
         FaultReport,
         FaultSeen,
-        HealthCheck,
-        HealthReport,
         IncidentRequest,
         IncidentState,
         IncidentStatus,
@@ -46,18 +53,19 @@ with workflow.unsafe.imports_passed_through():
         RepairInput,
         RepairResult,
         ReturnInput,
-        ScreenInput,
-        ScreenResult,
         StepRecord,
+        Waiting,
         WaitRegisteredInput,
         drain_reason,
     )
     from autoclusters.core.policy import LADDER, Policy, Rung
 
 from autoclusters.workflows.approvals import Approvals
+from autoclusters.workflows.burn_in_steps import BurnIn
 from autoclusters.workflows.controller_restart import ControllerRestart
 from autoclusters.workflows.fault_intake import FaultIntake
 from autoclusters.workflows.guard_steps import GuardSeat
+from autoclusters.workflows.handoff_steps import Declined, ProviderHandoff
 from autoclusters.workflows.health_gate_steps import Evidence, health_gate
 from autoclusters.workflows.incident import Incident, Rejected, Unattended
 from autoclusters.workflows.kubernetes_steps import KubernetesNode
@@ -105,6 +113,8 @@ class NodeRemediation:
         )
         self._guard = GuardSeat(inc, guard)
         self._spares = Spares(inc, guard)
+        self._burn_in = BurnIn(inc, self._k8s)
+        self._handoff = ProviderHandoff(p.handoff, inc.steps, inc.notify, self._show_handoff)
 
     # --- what people and other systems see and send -------------------------------------
 
@@ -205,6 +215,18 @@ class NodeRemediation:
         if notice.incident_id == self._state.request.incident_id:
             self._guard.tickets.add(notice.ticket)
 
+    @workflow.update
+    def handoff_answer(self, answer: HandoffAnswer) -> HandoffRecord:
+        """The provider's answer to the hand-off (the API verified its signature):
+        fixed, replaced or declined (docs/handoff.md)."""
+        return self._handoff.take(answer)
+
+    @handoff_answer.validator
+    def _check_handoff_answer(self, answer: HandoffAnswer) -> None:
+        if self._state.status != "open":
+            raise ValueError(f"incident {self._state.request.incident_id} is closed")
+        self._handoff.check(answer)
+
     # --- the runbook --------------------------------------------------------------------
 
     @workflow.run
@@ -257,11 +279,24 @@ class NodeRemediation:
         try:
             await self._guard.admitted("quarantine", contracts.guard_admit_quarantine)
             await self._quarantine.take()
-            await self._repair_until_healthy(req)
+            if p.handoff.hands_off(req.fault):  # the policy says only the provider can fix it
+                await self._provider_repair(
+                    req, "provider_fault", f"{req.fault} is the provider's to fix (policy)"
+                )
+            elif not await self._screened_back(req):
+                await self._repair_or_hand_off(req)
             if is_lemon(p, req.prior_repairs):
-                # Repaired again and again: held drained (and cordoned) until a person says.
+                # Repaired again and again: held drained (and cordoned) until a person says,
+                # or the provider has looked at the machine (policy handoff.when: lemon).
                 s.lemon = True
-                await self._approvals.release_lemon(lemon_text(p, req.node, req.prior_repairs or 0))
+                if self._handoff.may("lemon"):
+                    # The lemon text's first clause: the rest asks the approvers.
+                    why = lemon_text(p, req.node, req.prior_repairs or 0).split(";")[0]
+                    await self._provider_repair(req, "lemon", why)
+                else:
+                    await self._approvals.release_lemon(
+                        lemon_text(p, req.node, req.prior_repairs or 0)
+                    )
             # The controller may have restarted meanwhile: never return a node with a job
             # Slurm places on it that cannot be running.
             await self._controller.recheck()
@@ -285,6 +320,10 @@ class NodeRemediation:
             )
             if not back.returned:
                 raise ApplicationError(f"{req.node} not returned to service: {back.detail}")
+        except Declined as no:
+            await self._release(back_in_service=False)
+            left = await self._quarantine.left_drained()
+            return await self._close("handed_off", f"{no}; {req.node} {left}", "warning")
         except Rejected as no:
             await self._release(back_in_service=False)
             left = "left drained"
@@ -313,7 +352,36 @@ class NodeRemediation:
             ) from err
 
         await self._release(back_in_service=True)
-        return await self._close("resolved", "resolved; " + inc.timeline_text())
+        how = "resolved" if s.repair_attempts else "resolved without a repair (passed its screen)"
+        return await self._close("resolved", f"{how}; " + inc.timeline_text())
+
+    async def _screened_back(self, req: IncidentRequest) -> bool:
+        """A fault that is often software (a hung job, a straggler; its rule says
+        `screen_before_repair`): its jobs recovered, the node is screened before any repair.
+        True: it passed, and goes back unrepaired (the incident still counts in its lemon
+        record). Only a rule with the flag takes this path, so a run opened under a policy
+        without it issues what it always did (docs/versioning.md)."""
+        if not self._screen_decides():
+            return False
+        await self._quarantine.recheck()  # never screen under a job
+        passed = await self._burn_in.before_repair()
+        if passed and not self._screen_decides():
+            # A fault no screen clears (an Xid, a lost link) came in during the screen.
+            seen = ", ".join(f.fault for f in self._state.faults)
+            await self._inc.notify(
+                "escalated",
+                f"{req.node} passed its screen, but the incident now has {seen}: repaired, "
+                f"not returned; next: {self._state.rung}",
+                "warning",
+            )
+            return False
+        return passed
+
+    def _screen_decides(self) -> bool:
+        """Only when every fault of the incident says `screen_before_repair` can a screen
+        send the node back: a hung job beside an Xid is the Xid's to repair."""
+        p = self._policy
+        return all(p.rule_for(f.fault).screen_before_repair for f in self._state.faults)
 
     async def _repair_until_healthy(self, req: IncidentRequest) -> None:
         inc, s, p = self._inc, self._state, self._policy
@@ -354,8 +422,8 @@ class NodeRemediation:
             await self._wait_registered(req, done)
             await self._controller.recheck()  # a controller that forgot: before the gate
             report = await health_gate(inc, self._evidence, done)  # Slurm's and the agent's
-            if report.passed and p.burn_in.enabled:
-                report = await self._screen(req, report)  # a failed screen: a failed gate
+            if report.passed and self._burn_in.after_repair():
+                report = await self._burn_in.gate_check(report)  # failed screen: failed gate
             s.health.append(report)
             if report.passed:
                 return
@@ -380,42 +448,64 @@ class NodeRemediation:
                 "warning",
             )
 
-    async def _screen(self, req: IncidentRequest, report: HealthReport) -> HealthReport:
-        """The burn-in screen in a breakfix reservation (activities/screen.py): its result
-        is on the incident, and joins the gate's report as one more check."""
-        s, b = self._state, self._policy.burn_in
-        if self._k8s is not None:
-            # On Slinky the operator turns a cordoned Node into a drained Slurm node, where
-            # the screen's job could never start: uncordoned for the screen (the breakfix
-            # reservation keeps Slurm's jobs off it), cordoned again if it fails. The
-            # remediation taint stays, so that no other pod lands on the node on trial.
-            await self._k8s.uncordon(keep_taint=True)
-        res: ScreenResult = await self._inc.steps.activity(
-            "burn_in_screen",
-            contracts.burn_in_screen,
-            ScreenInput(
-                node=req.node,
-                incident_id=req.incident_id,
-                key=f"{req.incident_id}:{s.repair_attempts}",
-                drain_reason=drain_reason(req.incident_id, req.fault),
-                timeout_s=b.timeout_s,
-                size_mib=b.size_mib,
-                rounds=b.rounds,
-                min_bus_gbps=b.min_bus_gbps,
-                neighbour=b.neighbour,
-            ),
-            f"burn-in screen of {req.node} in a breakfix reservation",
-            screen_text,
-            # The job's bound, plus the reservation, the drain and the clean-up around it.
-            timeout=timedelta(seconds=b.timeout_s + 120),
-            heartbeat=REPAIR_HEARTBEAT,
+    # --- the hand-off to the provider (workflows/handoff_steps.py, docs/handoff.md) --------
+
+    async def _repair_or_hand_off(self, req: IncidentRequest) -> None:
+        """The ladder; where it ends with a failed gate and the policy says so, the
+        provider's repair. Without policy.handoff no command changes (docs/versioning.md)."""
+        try:
+            await self._repair_until_healthy(req)
+        except ApplicationError as err:
+            if err.type != "HealthGateFailed" or not self._handoff.may("health_gate_failed"):
+                raise
+            await self._provider_repair(req, "health_gate_failed", err.message)
+
+    async def _provider_repair(self, req: IncidentRequest, why: HandoffReason, text: str) -> None:
+        """Hand the node off and wait for the answer: fixed, the health gate (and burn-in)
+        on the machine as it is; replaced, the bring-up of a new machine, as after our own
+        replacement; declined, `Declined`. A gate failed after the answer fails the
+        incident: one hand-off per incident, a human takes it from there."""
+        inc, s = self._inc, self._state
+        before = await self._k8s.identity() if self._k8s is not None else None
+        bundle = incident_bundle(s, self._evidence.snapshots, why, text, workflow.now())
+        rec = await self._handoff.hand_off(bundle, req.node)
+        if rec.answer == "declined":
+            raise Declined(
+                "the provider declined the hand-off"
+                + (f" (ticket {rec.ticket})" if rec.ticket else "")
+                + (f": {rec.note}" if rec.note else "")
+            )
+        s.repair_attempts += 1  # the provider's repair: the screen's key is a new one
+        done = RepairResult(
+            node=req.node,
+            rung=Rung.REPLACE if rec.answer == "replaced" else Rung(s.rung or Rung.REBOOT.value),
+            old_vm_id=s.new_vm_id or s.old_vm_id or "",
+            new_vm_id=rec.new_vm_id or "",
+            # Replaced: the new machine's slurmd and agent report from after the provider
+            # took the hand-off (the worker's clock, as the machines'). Fixed: the machine
+            # may not have restarted; the gate takes evidence from after its own check.
+            stopped_at=rec.accepted_at if rec.answer == "replaced" else None,
         )
-        s.screens.append(res)
+        if rec.answer == "replaced":
+            s.old_vm_id, s.new_vm_id = done.old_vm_id or None, done.new_vm_id or None
+            if before is not None and self._k8s is not None:
+                await self._k8s.wait_new_machine(before, done)
+            await self._wait_registered(req, done)
+        await self._controller.recheck()
+        report = await health_gate(inc, self._evidence, done)
+        if report.passed and self._burn_in.after_repair():
+            report = await self._burn_in.gate_check(report)  # failed screen: failed gate
+        s.health.append(report)
+        if not report.passed:
+            raise ApplicationError(
+                f"health gate failed after the provider's answer {rec.answer}: {report.failures()}",
+                type="HealthGateFailed",
+                non_retryable=True,
+            )
+
+    def _show_handoff(self, rec: HandoffRecord, waiting: Waiting | None) -> None:
+        self._state.handoff, self._state.waiting_for = rec, waiting
         self._inc.publish()
-        if self._k8s is not None and not res.passed:
-            await self._k8s.cordon("burn-in")
-        check = HealthCheck(name="burn_in_screen", passed=res.passed, detail=screen_text(res))
-        return report.model_copy(update={"passed": res.passed, "checks": [*report.checks, check]})
 
     async def _repair(self, inp: RepairInput, timeout_s: float) -> RepairResult:
         what = {Rung.RESET_GPU: "reset the GPUs of", Rung.REBOOT: "reboot"}.get(
@@ -555,6 +645,19 @@ class NodeRemediation:
             if step.wait_for_idle
             else f"cancel what still runs on {r.node} (force)",
         ]
+        h = p.handoff
+        if h.hands_off(r.fault):  # the provider's: no repair of ours (docs/handoff.md)
+            return [
+                *plan,
+                f"hand {r.node} off to the provider ({h.url}); wait, drained, for the answer: "
+                "fixed, the health gate and return; replaced, the bring-up and return; "
+                "declined, left drained",
+            ]
+        if p.rule_for(r.fault).screen_before_repair:
+            plan.append(
+                f"burn-in screen of {r.node} before any repair: passed, return it unrepaired "
+                "(counted in its lemon record); failed, the ladder below, each repair screened"
+            )
         if p.mode == "approve" or step.needs_approval:
             plan.append(f"wait for approval of {rung.value} by one of {p.approvers}")
         plan += [
@@ -571,16 +674,8 @@ class NodeRemediation:
             ),
             "return to service",
         ]
+        if h.enabled and "health_gate_failed" in h.when:
+            plan.insert(
+                -1, f"where the ladder ends with a failed gate: hand off to the provider ({h.url})"
+            )
         return plan
-
-
-def screen_text(r: ScreenResult) -> str:
-    """One line for the timeline, Slack and the gate's check."""
-    with_ = f"with {r.neighbour}" if r.neighbour else "alone (no healthy idle neighbour)"
-    bw = (
-        f"; all-reduce {r.busbw_gbps:.2f} GB/s bus, {r.allreduce_s * 1000:.1f} ms/round"
-        if r.busbw_gbps is not None and r.allreduce_s is not None
-        else ""
-    )
-    verdict = "passed" if r.passed else f"FAILED: {r.detail}"
-    return f"{verdict}; {with_}, job {r.job_id}, {r.seconds:.1f}s{bw}"

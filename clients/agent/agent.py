@@ -23,7 +23,9 @@ JOB_HANG on a hung job's culprit, SLOW_NODE on a straggler, when they are on thi
 between periodic checks a progress check does only that, every `progress_interval_s`, so
 a hang is reported within that of its threshold. Their findings are immediate (the rules'
 thresholds are their debounce): a progress check fires them like an event check, and they
-resolve as every fault does, after `clear_checks` periodic checks without them.
+resolve as every fault does, after `clear_checks` periodic checks without them. Each job is
+judged with its own thresholds, the cluster policy's `job_thresholds` over the settings
+(`policy_file`), and a hang named here carries its ranks' stacks (job_verdicts.py).
 
 A check never raises out of `run`: a failed check is logged and the next one runs.
 """
@@ -52,18 +54,16 @@ from autoclusters.clients.agent.classify import (
     Finding,
 )
 from autoclusters.clients.agent.debounce import DebounceMemory, Debouncer
+from autoclusters.clients.agent.job_verdicts import JobVerdicts
 from autoclusters.clients.agent.metrics import AgentMetrics
-from autoclusters.clients.agent.progress_rules import (
-    ProgressThresholds,
-    Verdicts,
-    evaluate,
-    findings_for,
-)
+from autoclusters.clients.agent.progress_rules import ProgressThresholds, Verdicts
 from autoclusters.clients.agent.readings import GpuEvent, GpuReadings, IbReadings, state_number
 from autoclusters.clients.agent.reporter import Answer, Outcome, ReportSink, write_atomic
 from autoclusters.clients.agent.settings import AgentSettings
+from autoclusters.clients.agent.stacks import find_py_spy
 from autoclusters.core.job_progress import RankProgress, read_progress
 from autoclusters.core.node_report import ActiveFault, HealthSnapshot, IbPortState, NodeReport
+from autoclusters.core.policy import load_policy
 from autoclusters.integrations.metrics_http import MetricsServer
 
 log = logging.getLogger(__name__)
@@ -181,6 +181,17 @@ class Agent:
         self.alive = alive  # whether a local rank's process still runs
         self.thresholds = progress_thresholds(settings)
         self.verdicts = Verdicts()  # the last progress read's
+        # Per job: the policy's job_thresholds over these settings, and a hung job's stacks.
+        # A policy file that does not load raises here: the agent does not start on a typo.
+        entries = (
+            load_policy(settings.policy_file).job_thresholds
+            if settings.policy_file is not None
+            else []
+        )
+        self.jobs = JobVerdicts(
+            node, self.thresholds, entries,
+            py_spy=find_py_spy(settings.py_spy), stack_dumps=settings.stack_dumps,
+        )  # fmt: skip
         state = self._load_state()
         self.classifier = Classifier(settings, state.classifier if state else None)
         self.debouncer = Debouncer(
@@ -245,10 +256,10 @@ class Agent:
         if directory is None:
             return {}
         ranks = read_progress(directory)
-        self.verdicts = evaluate(ranks, now, self.thresholds, gone=self._gone)
+        self.verdicts, findings = self.jobs.judge(ranks, now, gone=self._gone)
         if self.metrics is not None:
             self.metrics.observe_progress(now, self.verdicts.ranks, self.verdicts.thresholds)
-        return findings_for(self.node, self.verdicts, self.thresholds)
+        return findings
 
     def _gone(self, r: RankProgress) -> bool:
         """A rank of this node whose process has ended (it could not remove its file)."""

@@ -5,8 +5,9 @@ True, its reason `Agent<Fault>` (e.g. AgentXid79) and its message the firing fau
 none fires, the agent sets it False only if the agent set it: a GpuUnhealthy that the
 remediation workflow set (core/kubernetes.py) is the incident's, and stays. Patches go
 through nodes/status (merged by condition type, so other conditions stay), at a change
-and otherwise every `heartbeat_s` to refresh lastHeartbeatTime. Failures are logged and
-retried at the next check; they never stop the agent.
+and otherwise every `heartbeat_s` to refresh lastHeartbeatTime; each change of status or
+reason also leaves an Event on the Node (integrations/k8s_events.py). Failures are logged
+and retried at the next check; they never stop the agent.
 """
 
 from __future__ import annotations
@@ -39,8 +40,12 @@ class NodeCondition:
     ) -> None:
         from kubernetes import client
 
+        from autoclusters.integrations.k8s_events import NodeEvents
+
         self.node = node
         self._core = client.CoreV1Api(api_client)
+        # An Event on the Node at each change of the verdict, as node-problem-detector does.
+        self._events = NodeEvents(api_client)
         self._heartbeat = heartbeat_s
         self._clock = clock
         self._last: tuple[str, str, str] | None = None
@@ -83,6 +88,10 @@ class NodeCondition:
         }
         self._core.patch_node_status(self.node, {"status": {"conditions": [condition]}})
         self._last, self._last_at = want, self._clock()
+        if cur is None or (cur.status, cur.reason) != want[:2]:
+            uid = str(getattr(node.metadata, "uid", "") or "")
+            message = f"{GPU_UNHEALTHY}={want[0]}: {want[2]}"
+            self._events.record(self.node, uid, want[1], message, warning=bool(firing))
 
 
 def _iso(v: Any) -> str | None:

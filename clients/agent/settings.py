@@ -164,6 +164,17 @@ class AgentSettings(BaseSettings):
     # A rank file of this node whose pid is not running is a finished rank's. Off where the
     # agent does not share the jobs' PID namespace.
     progress_pid_check: bool = Field(default=True, description="ignore ranks whose pid is gone")
+    # The cluster's remediation policy (the worker's policy_file): its `job_thresholds` set
+    # the hang and slow thresholds above per job (core/job_thresholds.py). None: these
+    # settings for every job. A file that does not load stops the agent's start: a typo
+    # must not silently fall back to the defaults.
+    policy_file: Path | None = Field(
+        default=None, description="cluster policy YAML; its job_thresholds apply per job"
+    )
+    # A hung job's evidence carries its ranks' Python stacks on this node (py-spy dump,
+    # clients/agent/stacks.py), where py-spy is installed; absent, the evidence says so.
+    stack_dumps: bool = Field(default=True, description="py-spy stacks in JOB_HANG evidence")
+    py_spy: str = Field(default="py-spy", description="py-spy's path or name on PATH")
 
     # --- Kubernetes (optional) --------------------------------------------------------------
     k8s_condition: bool = Field(default=False, description="set the GpuUnhealthy condition")

@@ -7,6 +7,8 @@ to the others):
   POST /v1/health-snapshots      agent: the agent's HealthSnapshot, forwarded to the node's
                                  open incident (the health gate's evidence); starts nothing
   POST /v1/incidents/{id}/decisions  operator: approve or reject, as the token's person
+The provider's answer to a hand-off (signed with the shared secret, no token; docs/handoff.md):
+  POST /v1/handoffs/{id}/answer  fixed, replaced or declined
 Reads (reader or operator; a token only with api_auth_reads):
   GET  /v1/incidents             ?state=&node=&fault=&limit=
   GET  /v1/incidents/{id}        the incident's timeline (the workflow's `status` query)
@@ -57,6 +59,7 @@ from autoclusters.clients.api.routes import (
     agent,
     alerts,
     decisions,
+    handoffs,
     health,
     incidents,
     metrics,
@@ -99,6 +102,7 @@ def create_app(
         app.include_router(router)
     app.include_router(incidents.router(api))
     app.include_router(decisions.router(api))
+    app.include_router(handoffs.router(api))
     app.include_router(health.router(api))
     app.include_router(metrics.router(api))
     if settings.slack is not None and settings.slack.signing_secret is not None:

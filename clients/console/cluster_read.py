@@ -21,7 +21,7 @@ from typing import TypeVar
 
 from autoclusters.clients.console import topology
 from autoclusters.clients.console.sources import ConsoleSource
-from autoclusters.core.models import SlurmNode
+from autoclusters.core.models import IncidentState, SlurmNode
 from autoclusters.core.policy import NodeTopology, Policy
 
 T = TypeVar("T")
@@ -34,6 +34,8 @@ class ClusterRead:
     body: bytes = b""  # the view's JSON
     gzipped: bytes = b""
     etag: str = ""  # the body's hash: the same cluster, the same ETag, whichever read
+    # The open incidents it was built from (the node page's marks on its jobs' ranks).
+    open_incidents: tuple[IncidentState, ...] = ()
 
     def place(self, node: str) -> tuple[topology.Tile, str, str, str] | None:
         """The node's tile and its pod, leaf and node set."""
@@ -106,6 +108,7 @@ async def read_cluster(
             body=body,
             gzipped=gzip.compress(body, compresslevel=6),
             etag=etag,
+            open_incidents=tuple(open_ or []),
         )
 
     # In a thread: 2,000 nodes take tens of milliseconds to build and encode, and the

@@ -4,7 +4,7 @@
 - incidents opened per day, by fault;
 - time to recovery by fault and rung: the jobs back (requeued and released: free to
   restart elsewhere) and the capacity back (a spare in service, or the node returned),
-  as the worker's metrics count them (workers/recovery.py), median and p95;
+  as the worker's metrics count them (core/recovery.py), median and p95;
 - the share of repairs on each rung whose health gate passed;
 - node availability: the node-hours the fleet had, less those its nodes spent out of
   service for an incident (opened -> capacity back; still open: to the range's end);
@@ -25,7 +25,7 @@ from pydantic import BaseModel, Field
 
 from autoclusters.clients.console.ladder import LadderView
 from autoclusters.core.models import IncidentState
-from autoclusters.workers.recovery import capacity_recovery, job_recovery
+from autoclusters.core.recovery import capacity_recovery, job_recovery
 
 RANGES: dict[str, int] = {"1d": 1, "7d": 7, "30d": 30}  # days
 GATE_STEP = "health_gate"

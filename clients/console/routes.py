@@ -26,7 +26,7 @@ from starlette.templating import Jinja2Templates
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from autoclusters.clients.clusters import ui_link
-from autoclusters.clients.console import fleet, prometheus, topology, views
+from autoclusters.clients.console import fleet, job_steps, prometheus, topology, views
 from autoclusters.clients.console.cluster_read import ClusterRead, read_cluster
 from autoclusters.clients.console.ladder import ladder_view
 from autoclusters.clients.console.session import COOKIE, COOKIE_PATH, NotLoggedIn, Sessions
@@ -154,9 +154,12 @@ class Console:
         tile = placed[0] if placed else None
         errors = list(read.view.errors)
         slurm = read.slurm.get(name)
-        found, k8s = await asyncio.gather(
+        found, k8s, steps = await asyncio.gather(
             self._try("incidents", self.source.incidents(node=name, state=None, limit=20), errors),
             self._try("Kubernetes", self.source.kubernetes_node(name), errors),
+            job_steps.read_steps(
+                self.http, self.settings.prometheus_url, list(read.open_incidents), node=name
+            ),
         )
         return {
             "node": name,
@@ -188,8 +191,26 @@ class Console:
                 if i.started_at
             ],
             "prometheus_configured": bool(self.settings.prometheus_url),
+            # The training jobs on it: step time per rank, the hung or slow rank marked.
+            "steps": steps.model_dump(mode="json"),
             "read_at": snap.read_at.isoformat(),
             "errors": errors,
+        }
+
+    async def job(self, job_id: str) -> dict[str, Any]:
+        """One training job's ranks on every node: step time, the hung or slow one marked."""
+        snap = await self.cluster_read()
+        steps = await job_steps.read_steps(
+            self.http, self.settings.prometheus_url, list(snap.value.open_incidents), job=job_id
+        )
+        known = bool(steps.jobs)
+        return {
+            "job": job_id,
+            "known": known,
+            "steps": steps.model_dump(mode="json"),
+            "prometheus_configured": bool(self.settings.prometheus_url),
+            "read_at": snap.read_at.isoformat(),
+            "errors": [*snap.value.view.errors, *([steps.error] if steps.error else [])],
         }
 
     async def incidents(self) -> views.IncidentsPage:
@@ -422,6 +443,18 @@ def router() -> APIRouter:
             return JSONResponse({"error": "bad request", "detail": str(e)}, status_code=400)
         # The per-GPU `charts` stay out: `metrics` holds the same values, one chart a metric.
         return JSONResponse(got.model_dump(mode="json", exclude={"charts"}))
+
+    @r.get("/ui/jobs/{job_id}", include_in_schema=False)
+    async def job_page(request: Request, job_id: str) -> Response:
+        data = await _console(request).job(job_id)
+        api = f"/ui/api/jobs/{quote(job_id, safe='')}"
+        status = 200 if data["known"] else 404
+        return _page(request, "job.html", status, data=data, api=api, errors=data["errors"])
+
+    @r.get("/ui/api/jobs/{job_id}", summary="Console: one training job's ranks")
+    async def job_json(request: Request, job_id: str) -> JSONResponse:
+        data = await _console(request).job(job_id)
+        return JSONResponse(data, status_code=200 if data["known"] else 404)
 
     @r.get("/ui/incidents", include_in_schema=False)
     async def incidents_page(request: Request) -> Response:

@@ -11,7 +11,12 @@ prints
     allreduce ranks=<n> nodes=<a,b> backend=<gloo|nccl> size_mib=<m> rounds=<r>
         mean_s=<s> algbw_gbps=<x> busbw_gbps=<y> correct=<1|0>      (one line)
 
-(bus bandwidth as NCCL-tests report it: algbw * 2(n-1)/n). The task exits 1 when its
+(bus bandwidth as NCCL-tests report it: algbw * 2(n-1)/n). Before the all-reduce, every
+rank times a matrix multiply on its device (bf16 on a GPU, float32 on CPU) and prints
+
+    gemm node=<a> rank=<r> dtype=<bfloat16|float32> n=<n> tflops=<x>
+
+(a GPU that runs slow passes its diagnostic; its GEMM rate shows it). The task exits 1 when its
 node's diagnostic failed (after the all-reduce, so its peers are not left waiting), 3 when
 the all-reduce's result is wrong.
 
@@ -49,6 +54,32 @@ def diagnose(node: str, args: argparse.Namespace) -> int:
         + (["--fake-file", str(fake)] if fake else [])
         + (["--expected-gpus", str(args.expected_gpus)] if args.expected_gpus else [])
     )
+
+
+def gemm_rate(rank: int, node: str) -> None:
+    """One line: this rank's matrix-multiply rate, best of a few timed rounds after a warm-up
+    (the best, not the mean: a rate under the floor must be the GPU's, not a hiccup)."""
+    import torch
+
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda", int(os.environ.get("SLURM_LOCALID", "0"))) if cuda else "cpu"
+    dtype = torch.bfloat16 if cuda else torch.float32
+    n = 8192 if cuda else 512
+    a = torch.randn(n, n, dtype=dtype, device=device)
+    b = torch.randn(n, n, dtype=dtype, device=device)
+    best = float("inf")
+    for i in range(6):
+        if cuda:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        torch.matmul(a, b)
+        if cuda:
+            torch.cuda.synchronize()
+        if i:  # the first round warms up (kernels chosen, memory touched)
+            best = min(best, time.perf_counter() - t0)
+    tflops = 2 * n**3 / best / 1e12
+    name = str(dtype).removeprefix("torch.")
+    print(f"gemm node={node} rank={rank} dtype={name} n={n} tflops={tflops:.3f}", flush=True)
 
 
 def all_reduce(rank: int, world: int, node: str, args: argparse.Namespace) -> bool:
@@ -108,6 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     world = int(os.environ.get("SLURM_NTASKS", "1"))
     node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
     diag_rc = diagnose(node, args) if os.environ.get("SLURM_LOCALID", "0") == "0" else 0
+    gemm_rate(rank, node)
     ok = all_reduce(rank, world, node, args)
     if diag_rc:
         return 1

@@ -67,7 +67,7 @@ METADATA_EVENT_TYPE = "autoclusters_incident"
 APPROVAL_BLOCK_PREFIX = "approval"
 APPROVAL_EVENTS = frozenset({"approval_needed", "approval_reminder"})
 TERMINAL_EVENTS = frozenset(
-    {"resolved", "failed", "rejected", "observed", "monitored", "cancelled"}
+    {"resolved", "failed", "rejected", "observed", "monitored", "cancelled", "handed_off"}
 )
 
 STATE_WORDS = {
@@ -77,12 +77,17 @@ STATE_WORDS = {
     "approval_reminder": "waiting for approval",
     "escalated": "escalated",
     "spare_in_service": "hot spare in service",
+    "recovery_chosen": "jobs recovering",
     "resolved": "resolved: back in service",
     "failed": "failed: left drained, a human is paged",
     "rejected": "rejected: left drained",
     "observed": "observed: nothing changed",
     "monitored": "monitored: stays in service",
     "cancelled": "cancelled by a human",
+    "handoff_sent": "handed off to the provider",
+    "handoff_reminder": "waiting for the provider",
+    "handoff_answered": "the provider answered",
+    "handed_off": "declined by the provider: left drained",
     "move_done": "moved",
     "move_stopped": "not moved",
     "move_failed": "move failed",
@@ -94,12 +99,17 @@ EVENT_MARKS = {
     "approval_reminder": ":raising_hand:",
     "escalated": ":arrow_double_up:",
     "spare_in_service": ":twisted_rightwards_arrows:",
+    "recovery_chosen": ":repeat:",
     "resolved": ":white_check_mark:",
     "failed": ":x:",
     "rejected": ":no_entry:",
     "observed": ":eyes:",
     "monitored": ":eyes:",
     "cancelled": ":octagonal_sign:",
+    "handoff_sent": ":outbox_tray:",
+    "handoff_reminder": ":hourglass:",
+    "handoff_answered": ":inbox_tray:",
+    "handed_off": ":no_entry:",
     "move_done": ":white_check_mark:",
     "move_stopped": ":no_entry:",
     "move_failed": ":x:",

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sys
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -32,6 +33,8 @@ from autoclusters.core.guard import (
     guard_workflow_id,
 )
 from autoclusters.core.guard_batch import GuardBatch, GuardCall
+from autoclusters.core.handoff import HandoffCall, HandoffSent
+from autoclusters.core.handoff_answer import HandoffAnswer
 from autoclusters.core.kubernetes import (
     CordonNodeInput,
     CordonNodeResult,
@@ -45,8 +48,8 @@ from autoclusters.core.kubernetes import (
     UncordonNodeResult,
     WaitNewNodeInput,
 )
-from autoclusters.core.models import RETURNED_JOBS_STEP, SPARE_REASON
-from autoclusters.core.policy import GuardPolicy, Rung, StepPolicy
+from autoclusters.core.models import RETURNED_JOBS_STEP, SPARE_REASON, ScreenInput, ScreenResult
+from autoclusters.core.policy import FaultRule, GuardPolicy, HandoffPolicy, Rung, StepPolicy
 from autoclusters.workflows.fleet_guard import FleetGuard
 from autoclusters.workflows.remediation import NodeRemediation
 from tests.decisions import proof_checks, proven, proven_reset
@@ -281,6 +284,71 @@ async def proven_decision(f: Fleet) -> Incident:
     return handle
 
 
+@activity.defn(name="send_handoff")
+async def _handoff_taken(call: HandoffCall) -> HandoffSent:
+    """The provider's desk, taking the hand-off at once."""
+    return HandoffSent(status=200, ticket="TKT-0001", accepted_at=time.time())
+
+
+async def handoff_fixed(f: Fleet) -> Incident:
+    """The ladder ends with a failed gate and the policy hands off (from 0.2,
+    docs/handoff.md): the provider answers fixed; the node is gated again and returned."""
+    handoff = HandoffPolicy(enabled=True, url="http://desk.test/tickets")
+    handle = await f.start(f.request(policy=_policy(handoff=handoff)))
+    await _until(handle, _waiting("handoff"), "the hand-off", timeout_s=60)
+    f.health.fixed_by = Rung.REBOOT
+    await handle.execute_update(NodeRemediation.handoff_answer, HandoffAnswer(answer="fixed"))
+    await _result(handle)
+    return handle
+
+
+async def screened_back(f: Fleet) -> Incident:
+    """A hung job's node (JOB_HANG, `screen_before_repair`): its job requeued, then the
+    screen before any repair, which it passes: returned unrepaired (from 0.2)."""
+    handle = await f.start(f.request(fault="JOB_HANG", policy=_policy(faults=SILENT)))
+    await _result(handle)
+    return handle
+
+
+async def screened_then_repaired(f: Fleet) -> Incident:
+    """A straggler (SLOW_NODE): checkpoint, requeue, a failed screen, a GPU reset, the
+    gate and a screen again, which passes (from 0.2)."""
+    f.slurm.checkpointing.add(101)  # job 101 checkpoints when asked
+    handle = await f.start(f.request(fault="SLOW_NODE", policy=_policy(faults=SILENT)))
+    await _result(handle)
+    return handle
+
+
+SILENT = {
+    "JOB_HANG": FaultRule(
+        severity="critical", first_rung=Rung.RESET_GPU, screen_before_repair=True
+    ),
+    "SLOW_NODE": FaultRule(
+        severity="warning",
+        first_rung=Rung.RESET_GPU,
+        on_degraded="checkpoint_then_drain",
+        screen_before_repair=True,
+    ),
+}
+
+
+def fake_screen(verdicts: tuple[bool, ...]) -> Callable[..., Any]:
+    """The burn-in screen's activity answering `verdicts` in turn."""
+    calls: list[ScreenInput] = []
+
+    @activity.defn(name="burn_in_screen")
+    async def burn_in_screen(inp: ScreenInput) -> ScreenResult:
+        calls.append(inp)
+        ok = verdicts[min(len(calls), len(verdicts)) - 1]
+        return ScreenResult(
+            node=inp.node, passed=ok, seconds=9.0, job_id=60 + len(calls), neighbour="gpu-03",
+            gemm_tflops={inp.node: 310.0 if ok else 92.5},
+            detail="passed" if ok else f"GEMM on {inp.node} 92.5 TFLOP/s < 250",
+        )  # fmt: skip
+
+    return burn_in_screen
+
+
 class _No:
     detail = ""
 
@@ -294,6 +362,8 @@ class Case:
     fleet: dict[str, Any] = field(default_factory=dict)
     kubernetes: bool = False
     guard: bool = False  # record the cluster's FleetGuard too
+    handoff: bool = False  # the provider's desk takes hand-offs
+    screens: tuple[bool, ...] = ()  # the burn-in screen's verdicts, in turn (none: no screen)
 
 
 CASES = {
@@ -315,6 +385,9 @@ CASES = {
     "held_drain_at_floor": Case(
         held_drain_at_floor, {"nodes": 4, "cloud": lambda s: FakeCloud(s, hold=True)}, guard=True
     ),
+    "handoff_fixed": Case(handoff_fixed, {"fixed_by": None}, handoff=True),
+    "screened_back": Case(screened_back, screens=(True,)),
+    "screened_then_repaired": Case(screened_then_repaired, screens=(False, True)),
 }
 
 
@@ -327,6 +400,10 @@ def _write(name: str, history: WorkflowHistory) -> None:
 async def _record_case(env: WorkflowEnvironment, release: str, name: str, case: Case) -> None:
     k8s = FakeKubernetes()
     extra = k8s.activities() if case.kubernetes else []
+    if case.handoff:
+        extra.append(_handoff_taken)
+    if case.screens:
+        extra.append(fake_screen(case.screens))
     async with _fleet(env, extra_activities=extra, **case.fleet) as f:
         handle = await case.run(f)
         _write(f"remediation_{release}_{name}", await handle.fetch_history())

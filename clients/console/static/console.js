@@ -45,6 +45,27 @@
     ul.replaceChildren(...(errors || []).map((e) => el("li", {}, e)));
   }
 
+  // The training jobs' ranks (node and job pages): the hung or slow rank marked, with why.
+  function fillSteps(steps) {
+    const num = (v) => (v === null || v === undefined ? "" : String(v));
+    const rows = [];
+    for (const j of steps.jobs) {
+      for (const r of j.ranks) {
+        const job = el("td", {}, link("/ui/jobs/" + enc(r.job), r.job),
+          j.hang_threshold_s ? " (hang after " + Math.round(j.hang_threshold_s) + " s)" : "");
+        const named = el("td", {});
+        if (r.mark) {
+          named.append(el("strong", {}, r.mark), ": " + r.why);
+          if (r.incident_id) named.append(" (", link("/ui/incidents/" + enc(r.incident_id), r.incident_id), ")");
+        }
+        const attrs = r.mark ? { class: "rank-" + r.mark, "data-mark": r.mark } : {};
+        rows.push(el("tr", attrs, job, el("td", {}, String(r.rank)), el("td", {}, link("/ui/nodes/" + enc(r.node), r.node)),
+          el("td", {}, num(r.step)), el("td", {}, num(r.step_s)), el("td", {}, num(r.busy_s)), el("td", {}, num(r.since_step_s)), named));
+      }
+    }
+    fillBody("job-steps", rows, 8, "no training job reports its progress here");
+  }
+
   const render = {
     topology(d) {
       const g = d.guard;
@@ -74,6 +95,10 @@
       setText("node-slurm", d.slurm ? d.slurm.state + (d.slurm.reason ? " — " + d.slurm.reason : "") + " (" + (d.slurm.gres || "no GRES") + ")" : "not in Slurm");
       fillBody("node-incidents", d.incidents.map((i) => el("tr", {}, el("td", {}, link("/ui/incidents/" + enc(i.incident_id), i.incident_id)),
         el("td", {}, i.fault), el("td", {}, i.state || i.status), el("td", {}, i.action), el("td", {}, when(i.started_at)), el("td", {}, when(i.closed_at)))), 6, "none");
+      if (d.steps) fillSteps(d.steps);
+    },
+    job(d) {
+      fillSteps(d.steps);
     },
     incidents(d) {
       const row = (i) => el("tr", {}, el("td", {}, link("/ui/incidents/" + enc(i.incident_id), i.incident_id)),
