@@ -138,7 +138,25 @@ ENV_RULES: dict[str, tuple[Obj, EnvRule, str]] = {
         lambda cfg, n: None,
         "on loopback the sandbox's Prometheus scrapes the agents without a token",
     ),
+    "AUTOCLUSTERS_AGENT_PROGRESS_DIR": (
+        {"value": "/run/autoclusters/progress"},
+        lambda cfg, n: str(_progress_dir(cfg, n)),
+        "the progress mount as this machine has it (no mount namespace): the sandbox's own "
+        "directory, which its training jobs write",
+    ),
+    "AUTOCLUSTERS_AGENT_POLICY_FILE": (
+        {"value": "/etc/autoclusters/policy/policy.yaml"},
+        lambda cfg, n: str(cfg.policy_file),
+        "the policy ConfigMap's file as this machine has it: the sandbox's policy",
+    ),
 }
+
+
+def _progress_dir(cfg: SandboxConfig, n: Node) -> Path:
+    # One per sandbox, shared by its nodes as a job's nodes share its directory on shared
+    # storage (docs/detection.md).
+    return cfg.state_dir / "jobs" / "progress"
+
 
 # hostPath volumes: the shipped host path -> the node's directory in the sandbox.
 HOST_DIRS: dict[str, tuple[Callable[[SandboxConfig, Node], Path], str]] = {
@@ -150,7 +168,31 @@ HOST_DIRS: dict[str, tuple[Callable[[SandboxConfig, Node], Path], str]] = {
         lambda cfg, n: cfg.agent_spool(n.slurm),
         "the node's disk: a reboot keeps it, a new machine starts without it",
     ),
+    "/run/autoclusters/progress": (
+        _progress_dir,
+        "the jobs' progress files (silent faults): the sandbox's one directory",
+    ),
 }
+# configMap volumes: the ConfigMap -> the directory on this machine that holds its files.
+CONFIG_MAPS: dict[str, tuple[Callable[[SandboxConfig, Node], Path], str]] = {
+    "autoclusters-policy": (
+        lambda cfg, n: cfg.policy_file.parent,
+        "the sandbox's policy.yaml, the file the ConfigMap is made from in a deployment",
+    ),
+}
+
+
+def _volume_dirs(volumes: list[Obj]) -> dict[str, str | None]:
+    """Each volume's key into HOST_DIRS (a hostPath) or CONFIG_MAPS (a configMap)."""
+    return {
+        v["name"]: (v.get("hostPath") or {}).get("path") or (v.get("configMap") or {}).get("name")
+        for v in volumes
+    }
+
+
+def _volume_dir(key: str, cfg: SandboxConfig, node: Node) -> Path:
+    rule = HOST_DIRS.get(key) or CONFIG_MAPS[key]
+    return rule[0](cfg, node)
 
 
 def sandbox_env(cfg: SandboxConfig) -> dict[str, str]:
@@ -210,13 +252,16 @@ def _check_container(c: Obj, volumes: list[Obj]) -> None:
         elif source != want:
             problems.append(f"env {name}: shipped as {source}, the rule is for {want}")
     problems += [f"env {n}: not shipped" for n in (*KEPT_ENV, *ENV_RULES) if n not in env]
-    host = {v["name"]: (v.get("hostPath") or {}).get("path") for v in volumes}
+    host = _volume_dirs(volumes)
     for m in c.get("volumeMounts") or []:
         path = host.get(m["name"])
-        if path not in HOST_DIRS:
-            problems.append(f"mount {m['mountPath']}: volume {m['name']} is not a known hostPath")
+        if path not in HOST_DIRS and path not in CONFIG_MAPS:
+            problems.append(
+                f"mount {m['mountPath']}: volume {m['name']} is not a known hostPath or ConfigMap"
+            )
     mounted = {host.get(m["name"]) for m in c.get("volumeMounts") or []}
     problems += [f"hostPath {p}: not mounted" for p in HOST_DIRS if p not in mounted]
+    problems += [f"ConfigMap {p}: not mounted" for p in CONFIG_MAPS if p not in mounted]
     if problems:
         raise ManifestDrift(
             "deploy/kubernetes/agent.yaml and the sandbox's rules (sandbox/agent_daemonset.py) "
@@ -270,8 +315,10 @@ def render(
         if value is not None:
             env[name] = value
     env.update(sandbox_env(cfg))
-    host = {v["name"]: v["hostPath"]["path"] for v in pod_spec.get("volumes") or []}
-    mounts = {m["mountPath"]: HOST_DIRS[host[m["name"]]][0](cfg, node) for m in c["volumeMounts"]}
+    host = _volume_dirs(pod_spec.get("volumes") or [])
+    mounts = {
+        m["mountPath"]: _volume_dir(str(host[m["name"]]), cfg, node) for m in c["volumeMounts"]
+    }
     argv = list(ENTRYPOINT)
     for a in c.get("args") or []:
         arg = str(a)

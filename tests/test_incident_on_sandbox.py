@@ -74,6 +74,7 @@ async def test_job_on_faulty_node_requeued_once_and_node_returns_idle(
         assert state.status == "resolved"
         assert [s.name for s in state.steps] == [
             "guard_register", "notify_opened", "admit_quarantine", "drain", "requeue",
+            "notify_recovery_chosen",  # the shipped policy's announce_recovery
             "silence", "wait_idle", "admit_repair", "repair", "wait_registered",
             "health_gate", "return_to_service", "lift_silence", "notify_resolved",
         ]  # fmt: skip

@@ -352,7 +352,9 @@ async def test_on_the_sandbox_a_job_started_during_approval_is_requeued_once_bef
         assert f"running jobs [{job_id}]" in again.detail
         # Drained, requeued and idle again, all before the machine was touched.
         after_approval = names[names.index("requarantine") :]
-        assert after_approval[:5] == ["requarantine", "drain", "requeue", "wait_idle", "repair"]
+        assert after_approval[:6] == [
+            "requarantine", "drain", "requeue", "notify_recovery_chosen", "wait_idle", "repair",
+        ]  # fmt: skip
         idle = [s for s in state.steps if s.name == "wait_idle"][-1]
         assert idle.finished_at is not None and idle.finished_at <= repair.started_at
         assert job_id in state.requeued_jobs
