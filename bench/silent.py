@@ -49,7 +49,7 @@ from autoclusters.activities.job_markers import ACTIVE  # noqa: E402
 from autoclusters.integrations.slurm import SlurmCli  # noqa: E402
 from autoclusters.sandbox import cluster, job_faults, training_job  # noqa: E402
 from autoclusters.sandbox.config import SandboxConfig  # noqa: E402
-from autoclusters.sandbox.demo import wait_for  # noqa: E402
+from autoclusters.sandbox.demo import DemoError, wait_for  # noqa: E402
 from autoclusters.sandbox.joblog import progress_lines, training_nodes  # noqa: E402
 from autoclusters.sandbox.silent_demo import (  # noqa: E402
     DETECT_TIMEOUT_S,
@@ -94,7 +94,11 @@ async def trial(rig: Rig, cfg: SandboxConfig, kind: str, k: int, factor: float) 
     state = await rig.client.get_workflow_handle_for(
         NodeRemediation.run, opened.workflow_id, run_id=opened.run_id
     ).result()
-    recovered = await recovery(slurm, job_id, log, fault_at, state)
+    try:
+        recovered = await recovery(slurm, job_id, log, fault_at, state)
+    except DemoError as e:  # counted as not reached, the run goes on
+        print(f"{kind} {k + 1}: {e}", flush=True)
+        recovered = None
     if recovered:
         await steps_after(log, recovered[1])
     others = [n for _o, n in await incidents_since(rig.client, cfg, fault_at) if n != named]

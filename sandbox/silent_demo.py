@@ -61,6 +61,8 @@ DETECT_TIMEOUT_S = 120
 # Steps the job makes before the fault: past its first checkpoint (a requeue resumes from
 # it) and with a step-time window for the rules to compare.
 WARM_STEPS = training_job.CKPT_EVERY + 3
+# A requeued job may wait out Slurm's 120 s requeue delay when its hold is not released.
+RECOVERY_TIMEOUT_S = 240
 
 
 class SilentDemoSummary(BaseModel):
@@ -312,24 +314,30 @@ async def first_incident(
 
 
 async def recovery(
-    slurm: SlurmCli, job_id: int, log: Path, fault_at: float, final: IncidentState
+    slurm: SlurmCli,
+    job_id: int,
+    log: Path,
+    fault_at: float,
+    final: IncidentState,
+    timeout_s: float = RECOVERY_TIMEOUT_S,
 ) -> tuple[SlurmJob, float, int | None] | None:
     """The job going on without the faulty rank: its first step in a re-formed group (in
-    job) or in its requeued run; None when the runbook did neither."""
+    job) or in its requeued run; None when the runbook did neither. DemoError past
+    `timeout_s`."""
     path = final.recovery_path.get(job_id)
     if path == "in-job":
 
         async def reformed() -> ProgressLine | None:
             return first_progress_after_reforming(log, fault_at)
 
-        line = await wait_for("the job to step again", reformed, 60)
+        line = await wait_for("the job to step again", reformed, timeout_s)
         job = await job_of(slurm, job_id)
         if job is None:
             raise DemoError(f"job {job_id} is gone from Slurm after its recovery")
         return job, line.ts, line.resumed_from
     if final.requeued_jobs:
         again, ts = await wait_for(
-            "the job to step again", lambda: restarted_job(slurm, job_id, log), 120
+            "the job to step again", lambda: restarted_job(slurm, job_id, log), timeout_s
         )
         first = next((p for p in progress_lines(log) if p.restart >= again.restart_cnt), None)
         return again, ts, first.resumed_from if first else None
