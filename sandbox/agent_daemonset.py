@@ -154,8 +154,8 @@ ENV_RULES: dict[str, tuple[Obj, EnvRule, str]] = {
 
 def _progress_dir(cfg: SandboxConfig, n: Node) -> Path:
     # One per sandbox, shared by its nodes as a job's nodes share its directory on shared
-    # storage (docs/detection.md).
-    return cfg.state_dir / "jobs" / "progress"
+    # storage (SandboxConfig.progress_dir, docs/detection.md).
+    return cfg.progress_dir
 
 
 # hostPath volumes: the shipped host path -> the node's directory in the sandbox.

@@ -34,7 +34,8 @@ StateDir = Annotated[
 RepairRung = Literal["reset_gpu", "reboot", "replace"]
 BrokenUntil = Literal["reboot", "replace"]
 DemoMode = Literal["observe", "approve", "auto"]
-Scenario = Literal["remediate", "share", "borrow"]
+Scenario = Literal["remediate", "share", "borrow", "hang", "slow"]
+JobFaultEffect = Literal["hang", "slow"]
 Platform = Literal["managed-slurm", "cmk"]
 JobRecovery = Literal["in-job", "requeue"]
 DemoJob = Literal["auto", "stand-in"]
@@ -304,6 +305,47 @@ def sandbox_hardware_fault(
     )
 
 
+@sandbox_app.command("job-fault")
+def sandbox_job_fault(
+    node: Annotated[str, typer.Option(help="The sandbox node whose training rank fails.")],
+    effect: Annotated[
+        JobFaultEffect,
+        typer.Option(help="hang: the rank stops, its peers wait; slow: its steps take longer."),
+    ],
+    factor: Annotated[
+        float, typer.Option(help="slow: how many times longer each step takes (above 1).")
+    ] = 2.0,
+    job: Annotated[
+        int | None, typer.Option(help="Only this job's ranks (default: every job's on the node).")
+    ] = None,
+    state_dir: StateDir = DEFAULT_SANDBOX_DIR,
+) -> None:
+    """A silent fault: the job's rank on the node hangs or slows down, with nothing wrong in
+    the node's hardware readings (no Xid). Only the job's progress shows it (JOB_HANG,
+    SLOW_NODE). Lifted once those processes are gone, or by the node's repair (docs/sandbox.md)."""
+    from autoclusters.sandbox import cluster as sb
+    from autoclusters.sandbox import job_faults, machine_names
+    from autoclusters.sandbox.daemons import SandboxError
+
+    try:
+        cfg = sb.load(state_dir.absolute())
+        chosen = job_faults.parse_job_effect(effect)
+        job_faults.parse_factor(factor)
+    except (SandboxError, ValueError) as e:
+        err.print(f"[red]refused:[/red] {e}")
+        raise typer.Exit(2) from None
+    if machine_names.vm_of(cfg, node) is None:
+        err.print(f"[red]refused:[/red] {node} is not a node of the sandbox in {cfg.state_dir}")
+        raise typer.Exit(2)
+    try:
+        done = job_faults.inject(cfg, node, chosen, factor=factor, job_id=job)
+    except LookupError as e:
+        err.print(f"[red]refused:[/red] {e}")
+        raise typer.Exit(2) from None
+    what = f"{len(done.stopped)} processes stopped" if chosen == "hang" else f"steps ~{factor:g}x"
+    console.print(f"{node}: the job's rank {'hangs' if chosen == 'hang' else 'slows'} ({what})")
+
+
 @sandbox_app.command("load")
 def sandbox_load(
     rps: Annotated[float, typer.Option("--rps", help="Requests per second (Poisson arrivals).")],
@@ -478,7 +520,8 @@ def demo(
         Scenario,
         typer.Option(
             help="remediate: a GPU fault and its remediation; share: GPU nodes lent to "
-            "inference as its load rises and returned when it falls."
+            "inference as its load rises and returned when it falls; hang, slow: a training "
+            "rank that hangs or slows down with no Xid, found by the job's progress."
         ),
     ] = "remediate",
     platform: Annotated[Platform, typer.Option(help=PLATFORM_HELP)] = "managed-slurm",
@@ -504,15 +547,19 @@ def demo(
             "Unset: the demo's default (sandbox/demo.py, DEMO_FAULT_EFFECT)."
         ),
     ] = None,
+    slow_factor: Annotated[
+        float, typer.Option(help="--scenario slow: how many times longer the rank's steps take.")
+    ] = 2.0,
 ) -> None:
     """Sandbox up, a 2-node training job, a fault on one of its nodes, the remediation, a
     summary (`--scenario share`: training and inference sharing the GPU nodes)."""
     from autoclusters.sandbox.config import SandboxConfig
     from autoclusters.sandbox.demo import DemoError, run_demo
 
-    if scenario not in ("remediate", "share", "borrow"):
+    if scenario not in ("remediate", "share", "borrow", "hang", "slow"):
         err.print(
-            f"[red]refused:[/red] --scenario must be remediate, share or borrow, not {scenario!r}"
+            "[red]refused:[/red] --scenario must be remediate, share, borrow, hang or slow, "
+            f"not {scenario!r}"
         )
         raise typer.Exit(2)
     if scenario == "borrow":  # sandbox/borrow_demo.py: a node lent from inference for a repair
@@ -521,6 +568,9 @@ def demo(
         raise typer.Exit(borrow_demo(as_json, keep, state_dir, port_base, boot_delay))
     if scenario == "share":
         _share_demo(as_json, keep, state_dir, port_base, boot_delay)
+        return
+    if scenario in ("hang", "slow"):
+        _silent_demo(scenario, slow_factor, as_json, keep, state_dir, port_base, boot_delay, k8s)
         return
 
     if mode not in ("observe", "approve", "auto"):
@@ -588,6 +638,42 @@ def _share_demo(
     print_share_summary(summary, out)
     if as_json:
         print(summary.model_dump_json())
+
+
+def _silent_demo(
+    scenario: str,
+    factor: float,
+    as_json: bool,
+    keep: bool,
+    state_dir: Path,
+    port_base: int,
+    boot_delay: float,
+    k8s: bool,
+) -> None:
+    from autoclusters.sandbox.config import SandboxConfig
+    from autoclusters.sandbox.demo import DemoError
+    from autoclusters.sandbox.job_faults import parse_factor
+    from autoclusters.sandbox.silent_demo import print_silent_summary, run_silent_demo
+
+    try:
+        parse_factor(factor)
+    except ValueError as e:
+        err.print(f"[red]refused:[/red] --slow-factor: {e}")
+        raise typer.Exit(2) from None
+    cfg = SandboxConfig(
+        state_dir=state_dir.absolute(), port_base=port_base, boot_delay_s=boot_delay, k8s=k8s
+    )
+    out = err if as_json else console
+    try:
+        summary = asyncio.run(run_silent_demo(cfg, scenario, keep, out, factor))
+    except DemoError as e:
+        err.print(f"[red]demo failed:[/red] {e}")
+        raise typer.Exit(1) from None
+    print_silent_summary(summary, out)
+    if as_json:
+        print(summary.model_dump_json())
+    if summary.status != "resolved" or not summary.right_node:
+        raise typer.Exit(1)
 
 
 def _print_summary(summary: Any, out: Console) -> None:

@@ -272,6 +272,15 @@ class SandboxConfig(BaseModel):
         return self.state_dir / "log"
 
     @property
+    def progress_dir(self) -> Path:
+        """Where the sandbox's training jobs publish their ranks' progress
+        (AUTOCLUSTERS_PROGRESS_DIR) and its agents read it (AUTOCLUSTERS_AGENT_PROGRESS_DIR):
+        one directory per sandbox, since sandboxes share this host and their job ids are the
+        same small numbers. Its nodes share it as a job's nodes would share its directory on
+        shared storage: every agent sees the whole job (docs/detection.md)."""
+        return self.state_dir / "jobs" / "progress"
+
+    @property
     def settings_file(self) -> Path:
         return self.state_dir / CONFIG_FILE_NAME
 

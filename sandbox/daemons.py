@@ -171,6 +171,9 @@ def agent_env(cfg: SandboxConfig) -> dict[str, str]:
         "AUTOCLUSTERS_AGENT_XID_COUNT_WINDOW_S": "20",
         # Off: faults reach the API only through Prometheus and Alertmanager.
         "AUTOCLUSTERS_AGENT_REPORT_FAULTS": "true" if cfg.agent_reports else "false",
+        # The jobs' progress (JOB_HANG, SLOW_NODE): the sandbox's own directory, which its
+        # training jobs write (sandbox/training_job.py).
+        "AUTOCLUSTERS_AGENT_PROGRESS_DIR": str(cfg.progress_dir),
     }
 
 

@@ -142,7 +142,7 @@ async def wait_for(
     raise DemoError(f"timed out after {timeout_s:.0f}s waiting for {what}")
 
 
-async def _job(slurm: SlurmCli, job_id: int) -> SlurmJob | None:
+async def job_of(slurm: SlurmCli, job_id: int) -> SlurmJob | None:
     return next((j for j in await slurm.jobs() if j.job_id == job_id), None)
 
 
@@ -214,7 +214,7 @@ async def _demo(
     )
 
     async def running_with_progress() -> SlurmJob | None:
-        job = await _job(slurm, job_id)
+        job = await job_of(slurm, job_id)
         if not (job and job.job_state == "RUNNING" and first_progress_after_restart(log, 0)):
             return None
         # In-job mode: both training nodes a few steps in (the standby logs nothing until
@@ -276,7 +276,7 @@ async def _demo(
     approver = policy.approvers[0] if policy.approvers else "USER"
     while not result_task.done():
         state = await handle.query(NodeRemediation.status)
-        _print_new_steps(console, state, shown)
+        print_new_steps(console, state, shown)
         if alert_seen is None and alert_path_reported(state):
             alert_seen = time.time() - fault_at
             console.print(f"   the alert path reported it too: {alert_seen:.1f}s after the fault")
@@ -302,7 +302,7 @@ async def _demo(
         console.print(f"[red]   incident failed: {e.cause}[/red]")
         final = await handle.query(NodeRemediation.status)
         status = "failed"
-    _print_new_steps(console, final, shown)
+    print_new_steps(console, final, shown)
     detect_s = round(final.request.opened_at.timestamp() - fault_at, 3)
     if final.request.opened_by == ALERT_SOURCE:
         alert_seen = detect_s
@@ -321,19 +321,19 @@ async def _demo(
             return first_progress_after_reforming(log, fault_at)
 
         line = await wait_for("the job to step again", reformed, 60)
-        job_after = await _job(slurm, job_id) or job
+        job_after = await job_of(slurm, job_id) or job
         recovery_s: float | None = round(line.ts - fault_at, 3)
         resumed_from = line.resumed_from
         before_fault = [p.step for p in progress_lines(log) if p.elastic < line.elastic]
     elif final.requeued_jobs:
         job_after, resumed_ts = await wait_for(
-            "the job to step again", lambda: _restarted_job(slurm, job_id, log), 60
+            "the job to step again", lambda: restarted_job(slurm, job_id, log), 60
         )
         recovery_s = round(resumed_ts - fault_at, 3)
         resumed_from = went_on_from(log, job_after.restart_cnt)
         before_fault = [p.step for p in progress_lines(log) if p.restart < job_after.restart_cnt]
     else:  # observe or monitor: nothing was requeued
-        job_after, recovery_s, before_fault = await _job(slurm, job_id) or job, None, []
+        job_after, recovery_s, before_fault = await job_of(slurm, job_id) or job, None, []
     if before_fault and resumed_from is not None:
         recomputed = max(before_fault) - resumed_from
     node_after = await slurm.node(node)
@@ -375,7 +375,7 @@ async def _demo(
         health_gates=[h.passed for h in final.health],
         spare_node=final.spare_node,
         silence_id=final.silence_id,
-        screen=_screen(final),
+        screen=screen_summary(final),
         planned_steps=final.planned_steps,
         boot_delay_s=cfg.boot_delay_s,
         provision_s=await provision.provision_seconds(client, cfg.cluster),
@@ -395,7 +395,7 @@ async def _demo(
     )
 
 
-def _screen(final: IncidentState) -> ScreenSummary | None:
+def screen_summary(final: IncidentState) -> ScreenSummary | None:
     if not final.screens:
         return None
     last = final.screens[-1]
@@ -459,15 +459,15 @@ async def incident_since(
     )
 
 
-async def _restarted_job(slurm: SlurmCli, job_id: int, log: Path) -> tuple[SlurmJob, float] | None:
-    job = await _job(slurm, job_id)
+async def restarted_job(slurm: SlurmCli, job_id: int, log: Path) -> tuple[SlurmJob, float] | None:
+    job = await job_of(slurm, job_id)
     if job is None or job.job_state != "RUNNING" or job.restart_cnt < 1:
         return None
     ts = first_progress_after_restart(log, job.restart_cnt)
     return (job, ts) if ts else None
 
 
-def _print_new_steps(console: Console, state: IncidentState, shown: set[str]) -> None:
+def print_new_steps(console: Console, state: IncidentState, shown: set[str]) -> None:
     start = state.request.opened_at
     for s in state.steps:
         if s.finished_at is None or s.name in shown:

@@ -12,11 +12,14 @@ processes on that node do:
   after SlurmdTimeout), every process of its jobs (slurmstepd included) stops, and their
   connections go silent as in `hang`.
 - `slow`: the ranks run 1/k of the time (a SIGSTOP/SIGCONT duty cycle run by the process
-  `slow-<node>` of the sandbox's ProcessTable): each step takes about k times longer.
+  `slow-<node>` of the sandbox's ProcessTable): each step takes about k times longer (the
+  example job's idle "GPU work" counts only while its process runs). k is SLOW_FACTOR for
+  a hardware fault, `--factor` for a silent one (sandbox/job_faults.py).
 - `none`: the agent's readings only.
 
 Everything is lifted when the machine is rebooted or replaced (`lift`, called by
-`sandbox/machines.py` after `Hardware.repaired`); what was stopped is SIGKILLed by its PID
+`sandbox/machines.py` after `Hardware.repaired`; a silent fault's also once its processes
+are gone, sandbox/job_faults.py); what was stopped is SIGKILLed by its PID
 when the machine powers off (`power_off`). Each sandbox's rules sit in an nftables table of
 its own (`table_name`), created on demand and deleted at `sandbox down`; no other table is
 ever touched, and every process is signalled by its PID and start time, never by name.
@@ -362,9 +365,15 @@ def silence(cfg: SandboxConfig, node: str, ports: Iterable[int]) -> None:
 
 
 def apply(
-    cfg: SandboxConfig, node: str, effect: Effect, *, job_id: int | None = None
+    cfg: SandboxConfig,
+    node: str,
+    effect: Effect,
+    *,
+    job_id: int | None = None,
+    factor: float = SLOW_FACTOR,
 ) -> NodeEffect:
-    """Do `effect` to the node's jobs now; return what was done (also recorded)."""
+    """Do `effect` to the node's jobs now; return what was done (also recorded). `factor`:
+    how many times longer a step takes under `slow`."""
     rec = NodeEffect(effect=effect)
     if effect == "none":
         return rec
@@ -376,7 +385,7 @@ def apply(
         table = ProcessTable(cfg.state_dir)
         if ranks and not table.alive(slow_name(node)):
             argv = [sys.executable, "-m", "autoclusters.sandbox.fault_effects", "slow",
-                    str(SLOW_FACTOR), *(f"{p.pid}:{p.ticks}" for p in ranks)]  # fmt: skip
+                    str(factor), *(f"{p.pid}:{p.ticks}" for p in ranks)]  # fmt: skip
             table.spawn(slow_name(node), argv)
         _save(cfg, node, rec)
         return rec
@@ -433,7 +442,9 @@ def power_off(cfg: SandboxConfig, node: str) -> None:
     """The machine goes down: what an effect stopped is SIGKILLed by its PID (a stopped
     slurmd would wait out the table's SIGTERM first; a stopped step may hold no file of the
     node's that the power-off's session search finds), and so is the duty cycle."""
-    ProcessTable(cfg.state_dir).stop(slow_name(node))
+    table = ProcessTable(cfg.state_dir)
+    table.stop(slow_name(node))
+    table.stop(release_name(node))
     rec = recorded(cfg, node)
     if rec is None:
         return
@@ -458,6 +469,12 @@ def lift(cfg: SandboxConfig, node: str) -> None:
     """The machine was rebooted or replaced: its processes are gone (power_off), its chains
     go from the sandbox's table, and the table goes when no node has any left."""
     power_off(cfg, node)  # idempotent: anything still recorded is gone first
+    unsilence(cfg, node)
+
+
+def unsilence(cfg: SandboxConfig, node: str) -> None:
+    """The node's record and chains go (its processes are gone), and the sandbox's table
+    when no node has any left."""
     _record_path(cfg, node).unlink(missing_ok=True)
     listing = table_rules(cfg)
     if listing is None:
@@ -482,6 +499,11 @@ def down(cfg: SandboxConfig) -> None:
 
 def slow_name(node: str) -> str:
     return f"slow-{node}"
+
+
+def release_name(node: str) -> str:
+    """The process that lifts a silent hang once its processes are gone (job_faults.py)."""
+    return f"release-{node}"
 
 
 # --- the duty cycle (`slow`) ---------------------------------------------------------------

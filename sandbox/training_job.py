@@ -31,13 +31,15 @@ async def submit(
     *,
     in_job: bool = False,
     stand_in: bool = False,
+    train_args: tuple[str, ...] = (),
 ) -> tuple[int, Path, str]:
     """Submit the job; return its id, its log file and what it is ("torchrun", "in-job" or
     "stand-in"). `sbatch_args` override the script's #SBATCH lines (e.g. `--nodes=2-3`).
     `in_job`: the example's in-job mode, 2 nodes training and a standby in the allocation
     (`SPARES=1 --nodes=3 --no-kill`), where the runbook recovers it without a requeue; the
     stand-in has no such mode. `stand_in`: the stand-in even where torch is installed (a demo
-    whose point is not the training job: observe mode)."""
+    whose point is not the training job: observe mode). `train_args`: train.py's own
+    options (after the script; not for the stand-in)."""
     jobs = cfg.state_dir / "jobs"
     jobs.mkdir(parents=True, exist_ok=True)
     if not stand_in and torch_available() and (TRAINING / "train.sbatch").exists():
@@ -51,6 +53,8 @@ async def submit(
             f"CKPT_EVERY={CKPT_EVERY}",
             f"RDZV_PORT_BASE={cfg.job_port_base}",
             f"RDZV_PORTS={JOB_PORTS}",
+            # Each rank's progress, for the nodes' agents (their progress_dir, daemons.py).
+            f"AUTOCLUSTERS_PROGRESS_DIR={cfg.progress_dir}",
         ]
         kind = "torchrun"
         if in_job:
@@ -61,10 +65,12 @@ async def submit(
         script, argv = TRAINING / "train.sbatch", [f"--export={','.join(env)}"]
     else:
         script, kind, argv = Path(sandbox.__file__).parent / "jobs" / "progress.sh", "stand-in", []
+        train_args = ()
     out = await slurm._run(  # noqa: SLF001 - sbatch is the demo's, not an activity's
         "sbatch", "--parsable", f"--output={jobs}/{name}-%j.log", f"--chdir={REPO}", *argv,
         *sbatch_args,
         str(script),
+        *train_args,
     )  # fmt: skip
     job_id = int(out.strip().split(";")[0])
     return job_id, jobs / f"{name}-{job_id}.log", kind

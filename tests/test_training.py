@@ -184,6 +184,60 @@ def load_train() -> ModuleType:
     return module
 
 
+class _Clock:
+    """train.py's `time` in the test below: a slice sleeps as asked plus `late` (a loaded
+    machine), except the ones in `stopped`, during which the process is stopped for that
+    many seconds more (and continued: `was_stopped` says so once)."""
+
+    def __init__(self, stopped: dict[int, float], late: float = 0.0) -> None:
+        self.now, self.slices, self.stopped, self.late = 0.0, 0, stopped, late
+        self.continued = False
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.slices += 1
+        self.now += seconds + self.late + self.stopped.get(self.slices, 0.0)
+        self.continued = self.slices in self.stopped
+
+    def was_stopped(self) -> bool:
+        was, self.continued = self.continued, False
+        return was
+
+
+def test_idle_work_counts_only_while_the_process_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """--step-sleep stands for a step's GPU work: a slice the rank spent stopped (the
+    sandbox's slow effect, a duty cycle) is no work done, so the step takes that much
+    longer; a slice that was late for a CPU counts in full (the GPU works meanwhile); an
+    evaluation or a data-loader stall is wall-clock time either way."""
+    train = load_train()
+    # Unbound: a StopRequest() would take this process's signals.
+    work, wait = train.StopRequest.work, train.StopRequest.sleep
+
+    class Unsignalled:
+        signum = 0
+
+    def clocked(clock: _Clock) -> _Clock:
+        monkeypatch.setattr(train, "time", clock)
+        monkeypatch.setattr(train, "was_stopped", clock.was_stopped)
+        return clock
+
+    running = clocked(_Clock({}))
+    work(Unsignalled(), 1.0)
+    assert running.now == pytest.approx(1.0)
+    loaded = clocked(_Clock({}, late=0.03))  # each 20 ms slice took 50 ms
+    work(Unsignalled(), 1.0)
+    assert loaded.now == pytest.approx(1.0, abs=0.05)  # not 2.5 s: lateness is not a stop
+    stopped = clocked(_Clock({3: 5.0, 7: 0.25}))
+    work(Unsignalled(), 1.0)
+    # Both stops and their two slices counted for nothing: 1 s of work besides them.
+    assert stopped.now == pytest.approx(1.0 + 5.0 + 0.25 + 2 * train.IDLE_SLICE_S)
+    paused = clocked(_Clock({2: 5.0}))
+    wait(Unsignalled(), 1.0)
+    assert paused.now == pytest.approx(5.2)  # wall-clock: over after two 0.1 s slices
+
+
 # Bounds for torch loading on two ranks beside the rest of `make test`, twice over (a
 # slower machine took past 60 s for one run).
 @pytest.mark.timeout(330)

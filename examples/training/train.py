@@ -68,6 +68,10 @@ if __name__ == "__main__":
     # In-job mode: the runbook's SIGUSR2 (abandon the group, in_place.py) must not kill a
     # process still importing torch; in_place.AbortRequest takes it over.
     signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+    # SIGCONT blocked in every thread (those started later inherit the mask): a stop and
+    # continue (the sandbox's `slow` effect) still happens, interrupts no call (gloo's), and
+    # stays pending for StopRequest.work to see that the process was stopped.
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCONT})
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
@@ -85,6 +89,9 @@ if TYPE_CHECKING:  # in_place.py sits beside this script; imported where in-job 
     from in_place import Generation
 
 MARKER = "latest"
+# --step-sleep's slices: a signal waits at most one; a slice during which the process was
+# stopped counts for nothing (StopRequest.work).
+IDLE_SLICE_S = 0.02
 STEP_DIR = re.compile(r"^step-(\d+)$")
 DIM = 32
 # This rank's progress for the node's agent; a no-op without $AUTOCLUSTERS_PROGRESS_DIR.
@@ -102,7 +109,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--ckpt-every", type=int, default=10, help="checkpoint every N steps")
     p.add_argument("--keep", type=int, default=2, help="complete checkpoints to keep (>= 1)")
-    p.add_argument("--step-sleep", type=float, default=0.0, help="seconds to idle per step")
+    p.add_argument(
+        "--step-sleep",
+        type=float,
+        default=0.0,
+        help="seconds to idle per step (the stand-in for GPU work: counted while the process runs)",
+    )
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--batch", type=int, default=64, help="samples per rank per step")
     p.add_argument("--seed", type=int, default=1234)
@@ -134,6 +146,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--max-restarts", type=int, default=3, help="in-job mode: groups re-formed before giving up"
     )
+    # A healthy job's pauses, for the silent-fault benchmark's run that must open nothing
+    # (bench/silent.py): an evaluation every rank declares, and a data loader that stalls.
+    p.add_argument(
+        "--eval-every", type=int, default=0, help="pause every N steps for an evaluation (0: none)"
+    )
+    p.add_argument("--eval-s", type=float, default=30.0, help="seconds an evaluation takes")
+    p.add_argument(
+        "--data-stall-at",
+        type=int,
+        default=0,
+        help="rank 0's data loader stalls before this step (0: never), undeclared",
+    )
+    p.add_argument("--data-stall-s", type=float, default=20.0, help="seconds the stall lasts")
     p.add_argument(
         "--abort-grace",
         type=float,
@@ -194,10 +219,35 @@ class StopRequest:
                 os._exit(128 + signum)  # still here: stuck in a collective
 
     def sleep(self, seconds: float) -> None:
-        # Short slices so a signal during the idle part of a step is acted on promptly.
+        """Wait `seconds` of wall-clock time (an evaluation, a data loader), in short slices
+        so that a signal is acted on promptly."""
         end = time.monotonic() + seconds
         while not self.signum and (left := end - time.monotonic()) > 0:
             time.sleep(min(left, 0.1))
+
+    def work(self, seconds: float) -> None:
+        """Idle `seconds` of the process's own time: the step's stand-in for its GPU work.
+        A slice during which the process was stopped (the sandbox's `slow` effect: a
+        SIGSTOP/SIGCONT duty cycle, as a throttled GPU does less work per second) counts
+        for nothing, so the step takes that much longer; time spent waiting for a CPU (a
+        loaded machine) counts, as the GPU goes on meanwhile."""
+        left = seconds
+        while not self.signum and left > 1e-6:  # not a float's leftover of the subtractions
+            want = min(left, IDLE_SLICE_S)
+            began = time.monotonic()
+            time.sleep(want)
+            took = time.monotonic() - began
+            if not was_stopped():
+                left -= took
+
+
+def was_stopped() -> bool:
+    """Whether the process was stopped and continued since the last call: the SIGCONT that
+    ended the stop is pending (blocked at start, above), and is taken here."""
+    if signal.SIGCONT not in signal.sigpending():
+        return False
+    signal.sigwait({signal.SIGCONT})  # pending: returns at once
+    return True
 
 
 def _fsync_dir(path: Path) -> None:
@@ -515,6 +565,10 @@ class Trainer:
         step = self.completed = resumed_from
         while not args.steps or step < args.steps:
             step += 1
+            if step == args.data_stall_at and rank == 0:
+                # A slow data loader: not a declared pause, the others wait for this rank
+                # inside the step's collective (the agent must not take it for a hang).
+                self.stop.sleep(args.data_stall_s)
             x, y = batch(args.seed, step, rank, args.batch)
             loss = nn.functional.mse_loss(model(x.to(device)), y.to(device))
             self.optim.zero_grad(set_to_none=True)
@@ -551,7 +605,10 @@ class Trainer:
             if step % args.ckpt_every == 0:
                 with PROGRESS.paused("checkpoint"):
                     ckpt.save(step, model, self.optim, block=False)
-            self.stop.sleep(args.step_sleep)
+            if args.eval_every and step % args.eval_every == 0:
+                with PROGRESS.paused("evaluation"):  # every rank, declared: not a hang
+                    self.stop.sleep(args.eval_s)
+            self.stop.work(args.step_sleep)
         ckpt.save(step, model, self.optim, block=True)
         ckpt.wait()
         return 0
