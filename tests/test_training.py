@@ -607,10 +607,16 @@ def test_sbatch_requeue_resumes_on_sandbox(sandbox: SandboxConfig, tmp_path: Pat
         assert abs(saved_at - marker_at) < 30
         slurm("scontrol", "requeue", str(job))
 
+        cli = SlurmCli(sandbox.slurm_conf)
+
         def restarted() -> list[dict[str, Any]]:
-            # A requeued job is held for a while (BeginTime); release it, as remediation does.
-            subprocess.run(["scontrol", "update", f"jobid={job}", "StartTime=now"], env=env,
-                           capture_output=True)  # fmt: skip
+            # A requeued job is held for a while (BeginTime); release it as remediation does:
+            # once Slurm shows it pending, and past the second its old credential was revoked
+            # in (SlurmCli.release_hold; an earlier StartTime=now restarts it within that
+            # second and Slurm kills it, "Job credential revoked").
+            held = [j for j in asyncio.run(cli.jobs()) if j.job_id == job]
+            if held and held[0].job_state == "PENDING" and held[0].state_reason == "BeginTime":
+                asyncio.run(cli.release_hold(job))
             return [d for d in step_lines(log) if d["restart"] == 1]
 
         # A restart loads torch again on every rank: slow when the suite runs beside it.
