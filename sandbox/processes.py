@@ -67,12 +67,12 @@ class ProcessTable:
             return None
 
     def records(self) -> list[ProcessRecord]:
+        """Every recorded process. A record removed between the listing and its read is
+        a process stopped meanwhile (its stopper removes it): left out, as `get` says None."""
         if not self.dir.exists():
             return []
-        return [
-            ProcessRecord.model_validate_json(p.read_text())
-            for p in sorted(self.dir.glob("*.json"))
-        ]
+        found = (self.get(p.stem) for p in sorted(self.dir.glob("*.json")))
+        return [r for r in found if r is not None]
 
     def alive(self, name: str) -> bool:
         rec = self.get(name)

@@ -168,3 +168,18 @@ def test_down_stops_what_a_stopped_daemon_left_running(state: Path) -> None:
     finally:
         outsider.kill()
         outsider.wait()
+
+
+def test_a_record_removed_while_the_table_is_listed_is_left_out(
+    state: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stop removes its record while another reader lists the table (a cluster's delete
+    beside a poll of what still runs): the reader sees the others, never a crash (CI saw
+    FileNotFoundError on mariadb.json)."""
+    table = ProcessTable(state)
+    table.dir.mkdir(parents=True, exist_ok=True)
+    kept = ProcessRecord(name="slurmd-gpu-01", pid=1, start_ticks=1, argv=["slurmd"], log="x")
+    (table.dir / "slurmd-gpu-01.json").write_text(kept.model_dump_json())
+    listed = [table.dir / "mariadb.json", table.dir / "slurmd-gpu-01.json"]  # one gone since
+    monkeypatch.setattr(type(table.dir), "glob", lambda self, pattern: iter(listed))
+    assert table.records() == [kept]
