@@ -15,7 +15,6 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,6 +24,7 @@ from autoclusters.clients.agent import stacks
 from autoclusters.clients.agent.job_verdicts import JobVerdicts
 from autoclusters.clients.agent.progress_rules import JOB_HANG, ProgressThresholds
 from autoclusters.clients.agent.stacks import RankStack, group_stacks, main_frames
+from autoclusters.sandbox.processes import wait_until
 from tests.test_agent_faults import T0
 from tests.test_job_progress import NODES, rank
 
@@ -151,10 +151,11 @@ def test_a_stopped_rank_is_dumped_too(ranks_running: dict[int, int]) -> None:
     pid = ranks_running[3]
     subprocess.run(["kill", "-STOP", str(pid)], check=True)
     try:
-        deadline = time.monotonic() + 10
-        while Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "T":
-            assert time.monotonic() < deadline, "the rank never showed stopped"
-            time.sleep(0.05)
+        # A guard against a hang, not a speed: the kernel shows the stop within a tick.
+        stopped = wait_until(
+            lambda: Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] == "T", 10, 0.05
+        )
+        assert stopped, "the rank never showed stopped"
         [dumped] = stacks.dump_stacks(PY_SPY, {3: pid})
         assert dumped.error is None and dumped.frames[0].startswith("data_loader")
     finally:
