@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import os
 import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
+from types import ModuleType
 from typing import TypeVar
 
 import pytest_asyncio
@@ -197,3 +199,19 @@ def down_leaving_nothing(cfg: SandboxConfig) -> None:
     assert not left, f"sandbox processes still alive after down: {left}"
     escaped = stop_referencing(cfg.state_dir)
     assert not escaped, f"processes of the sandbox outside its table after down: {escaped}"
+
+
+BENCH = Path(__file__).resolve().parent.parent / "bench"
+
+
+def load_bench(name: str) -> ModuleType:
+    """A bench/ script as a module (bench/ is scripts, not a package; one may import
+    another beside it, e.g. silent imports mttr)."""
+    if str(BENCH) not in sys.path:
+        sys.path.insert(0, str(BENCH))
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module

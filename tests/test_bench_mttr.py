@@ -3,31 +3,16 @@ made-up figures (the bench itself needs a sandbox: its figures are in docs/recov
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
 from autoclusters.sandbox.joblog import event_at
+from tests.helpers import load_bench
 
-BENCH = Path(__file__).resolve().parent.parent / "bench"
-
-
-def _load(name: str) -> ModuleType:
-    sys.path.insert(0, str(BENCH))  # mttr imports mttr_borrowed beside it
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-mttr = _load("mttr")
-plot = _load("recovery_plot")
+mttr = load_bench("mttr")
+plot = load_bench("recovery_plot")
 
 LOG = """\
 ts=100.0 node=gpu-01 restart=0 event=launch job=2 nodes=gpu-[01-02] rdzv=127.0.0.1:1

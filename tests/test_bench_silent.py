@@ -3,28 +3,12 @@ its figures are in docs/detection.md)."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 from autoclusters.sandbox.joblog import ProgressLine
+from tests.helpers import load_bench
 
-BENCH = Path(__file__).resolve().parent.parent / "bench"
-
-
-def _load(name: str) -> ModuleType:
-    sys.path.insert(0, str(BENCH))  # silent imports mttr beside it
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-silent = _load("silent")
+silent = load_bench("silent")
 
 
 def _hang(detect: float, again: float | None, named: str = "gpu-03", **kw: Any) -> dict[str, Any]:
