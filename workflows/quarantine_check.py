@@ -123,6 +123,7 @@ class Quarantine:
                 incident_id=req.incident_id,
                 in_job=in_job,
                 in_job_budget_s=p.in_job_budget_s,
+                standby_holders=p.standby_holders,
                 drain_reason=drain_reason(req.incident_id, req.fault),
                 figures=p.recovery_figures,
             ),
