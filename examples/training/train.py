@@ -72,6 +72,13 @@ if __name__ == "__main__":
     # continue (the sandbox's `slow` effect) still happens, interrupts no call (gloo's), and
     # stays pending for StopRequest.work to see that the process was stopped.
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCONT})
+    # A standby launched into a holder job (train.sbatch HOLDERS=1: `srun --jobid=<holder>
+    # --overlap`) runs as a step of the holder, whose id and restart count Slurm puts in
+    # its environment; it belongs to the training job the launcher named: its store keys,
+    # its Comment (training=, resumed_at=), its log lines and its progress are that job's.
+    for ours in ("TRAIN_JOB_ID", "TRAIN_RESTART_COUNT"):
+        if os.environ.get(ours):
+            os.environ[ours.replace("TRAIN_", "SLURM_", 1)] = os.environ[ours]
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
