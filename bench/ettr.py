@@ -192,6 +192,7 @@ async def one_run(args: argparse.Namespace, with_faults: bool) -> dict[str, Any]
                     "effect": effect,
                     "job nodes": hostlist.expand(job.nodes),
                     "incident": opened.incident_id,
+                    "fault_at": fault_at,
                 }
             )
             print(
@@ -210,9 +211,12 @@ async def one_run(args: argparse.Namespace, with_faults: bool) -> dict[str, Any]
                 continue
             rec["status"] = state.status
             rec["recovery path"] = state.recovery_path.get(job_id)
+            # The fault's detection (the agent's check and debounce), apart from the recovery.
+            rec["detected_s"] = round(state.request.opened_at.timestamp() - rec.pop("fault_at"), 2)
     finally:
         await asyncio.to_thread(cluster.down, cfg)
     for rec in injected:
+        rec.pop("fault_at", None)  # (an incident that did not close)
         again = stepping_again(lines, start + rec["at_s"])
         rec["job stepping again_s"] = round(again, 2) if again is not None else None
     spent, kept, done, period = kept_time(lines)
@@ -242,6 +246,8 @@ def keep_holders(policy_file: Path, n: int) -> None:
 
 def report(run: dict[str, Any]) -> None:
     name = "with faults" if run["faults"] else "no faults (baseline)"
+    if run.get("layout"):
+        name += f", layout {run['layout']}"
     loads = [sample[0] for sample in run["load"]]
     print(
         f"\n{name}: ETTR {run['ettr']:.3f} ({run['kept_s']:.0f} s on kept steps of "
@@ -258,6 +264,7 @@ def report(run: dict[str, Any]) -> None:
             f"{'batch host ' if rec['batch host'] else '           '}"
             f"{rec.get('recovery path') or '-':<9}{rec.get('status', '?'):<10} "
             f"stepping again {again_s}"
+            + (f" (detected +{rec['detected_s']:.1f}s)" if "detected_s" in rec else "")
         )
     agains = [a for r in run["injected"] if (a := r.get("job stepping again_s")) is not None]
     if agains:
