@@ -296,13 +296,33 @@ class InJobRecovery:
                 continue
             if job.job_id in self.result.holders_cancelled:
                 continue  # cancelled by the fence, still on its way out
+            if await self._end_holder(job.job_id):
+                self.result.holders_cancelled.append(job.job_id)
+
+    async def _end_holder(self, holder_id: int) -> bool:
+        """Cancel a holder; False where Slurm refused (it ended meanwhile)."""
+        try:
+            await self._slurm.cancel(holder_id)
+        except SlurmUnavailable:
+            raise
+        except SlurmError:
+            return False
+        return True
+
+    async def _tell_holders(
+        self, job: SlurmJob, everyone: list[SlurmJob], via: SlurmJob | None
+    ) -> None:
+        """USR2 to the steps of the job's other holders (a survivor may run there). One
+        that ended meanwhile has no survivor to tell: its refusal is not the job's."""
+        for held in holders.holders_of(job, everyone):
+            if via is not None and held.job_id == via.job_id:
+                continue
             try:
-                await self._slurm.cancel(job.job_id)
+                await self._slurm.signal_steps(held.job_id, ABANDON_SIGNAL)
             except SlurmUnavailable:
                 raise
             except SlurmError:
-                continue  # it ended meanwhile
-            self.result.holders_cancelled.append(job.job_id)
+                continue
 
     async def _give_holders(self, job_ids: list[int]) -> None:
         """Each job that stepped again without a standby left is given a free holder (its
@@ -338,7 +358,7 @@ class InJobRecovery:
         via = self._via.get(job.job_id)
         try:
             if via is not None:
-                await self._slurm.cancel(via.job_id)
+                await self._end_holder(via.job_id)  # ended already: so is its step
                 self.result.holders_cancelled.append(via.job_id)
             else:
                 await self._slurm.shrink_job(job.job_id, others)
@@ -346,9 +366,7 @@ class InJobRecovery:
                 # A standby's loss is not the training ranks' concern: they keep their group.
                 await self._slurm.signal_steps(job.job_id, ABANDON_SIGNAL)
                 if self.holders:
-                    for held in holders.holders_of(job, everyone):
-                        if held.job_id != (via.job_id if via else None):
-                            await self._slurm.signal_steps(held.job_id, ABANDON_SIGNAL)
+                    await self._tell_holders(job, everyone, via)
         except SlurmUnavailable:
             raise  # an outage: the step is retried, and finds its mark
         except SlurmError as refused:

@@ -35,6 +35,7 @@ from autoclusters.core.models import (
     SlurmJob,
     drain_reason,
 )
+from autoclusters.integrations.slurm import SlurmError
 from tests.fakes import FakeSlurm
 
 INCIDENT = "inc-20261205-160000-gpu-2"
@@ -50,6 +51,12 @@ class HolderSlurm(FakeSlurm):
         super().__init__()
         self.reform_to: dict[int, str] = {}
         self.next_id = 100
+        self.ended: set[int] = set()  # holders Slurm shows running that ended meanwhile
+
+    async def cancel(self, job_id: int) -> None:
+        if job_id in self.ended:
+            raise SlurmError(f"scancel: Kill job error on job id {job_id}: already completed")
+        await super().cancel(job_id)
 
     async def submit_holder(self, node: str) -> int:
         self.calls["submit_holder"] += 1
@@ -64,6 +71,8 @@ class HolderSlurm(FakeSlurm):
         self._job(job_id).comment = text
 
     async def signal_steps(self, job_id: int, signal: str) -> None:
+        if job_id in self.ended:
+            raise SlurmError(f"scancel: Kill job error on job id {job_id}: already completed")
         await super().signal_steps(job_id, signal)
         if signal == "USR2" and job_id in self.reform_to:
             job = self._job(job_id)
@@ -188,6 +197,34 @@ def test_a_second_fault_is_recovered_in_place_from_a_holder(slurm: HolderSlurm) 
     assert slurm.calls["shrink_job"] == 2  # the first two faults only
     assert third.requeued == [] and slurm.requeue_count[7] == 0
     assert third.not_requeueable == []
+
+
+def test_a_holder_that_ended_meanwhile_is_no_reason_to_requeue(slurm: HolderSlurm) -> None:
+    """The job trains on gpu-3 and, in holder 20, on gpu-5; holder 21 (gpu-4) holds its
+    standby. Slurm still shows 21 running but it has ended: its refusal of the signal is
+    not the job's failure."""
+    slurm.add_job(7, nodes="gpu-[1,3]", comment=f"{LAUNCHER_JOB} training=gpu-3,gpu-5")
+    add_holder(slurm, 20, "gpu-5", job(slurm, 7))
+    add_holder(slurm, 21, "gpu-4", job(slurm, 7))
+    slurm.ended.add(21)
+    slurm.reform_to[7] = "gpu-4,gpu-5"
+    out = requeue(slurm, "gpu-3")
+    assert out.in_job is not None and out.in_job.recovered == [7]
+    assert ("signal_steps USR2", "20") in slurm.log and slurm.requeue_count[7] == 0
+
+
+def test_a_fence_on_a_holder_that_ended_is_done(slurm: HolderSlurm) -> None:
+    """The fault's node runs the job's rank in holder 20, which Slurm refuses to cancel (it
+    ended meanwhile, and its step with it): the job goes on in place all the same."""
+    slurm.add_job(7, nodes="gpu-[1,3]", comment=f"{LAUNCHER_JOB} training=gpu-3,gpu-5")
+    add_holder(slurm, 20, "gpu-5", job(slurm, 7))
+    add_holder(slurm, 21, "gpu-4", job(slurm, 7))
+    slurm.ended.add(20)
+    slurm.reform_to[7] = "gpu-3,gpu-4"
+    out = requeue(slurm, "gpu-5")
+    assert out.in_job is not None and out.in_job.recovered == [7]
+    assert out.in_job.fell_back == {} and slurm.requeue_count[7] == 0
+    assert ("signal_steps USR2", "21") in slurm.log  # its other holder, told too
 
 
 def test_a_holder_serving_nobody_on_a_faulty_node_is_cancelled(slurm: HolderSlurm) -> None:
