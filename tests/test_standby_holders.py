@@ -9,7 +9,8 @@ against the in-memory Slurm of tests/fakes.py, with the policy's `standby_holder
 - a second fault, on the node of the holder whose standby took the seat (Slurm lists only
   the holder there), is recovered in place: the holder is cancelled (the fence), the job's
   steps and those of its other holders are told to re-form, nothing is requeued;
-- a holder that serves no job on a faulty node is cancelled, never requeued;
+- a holder that serves no job on a faulty node is cancelled, never requeued; one that ended
+  meanwhile (Slurm refuses its cancel or its signal) is no reason to requeue its job;
 - with no standby and no free holder the job is requeued at once, once;
 - a node returned to service gets a holder when fewer are free than the policy keeps, and
   a job without a standby is given it;
