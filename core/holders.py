@@ -95,8 +95,11 @@ def standbys(job: SlurmJob, jobs: list[SlurmJob], lost: AbstractSet[str]) -> int
     training = job_comment(job, "training")
     if training is None:
         return None
-    seats = {n for n in training.split(",") if n}
-    return len([n for n in world(job, jobs) if n not in lost and n not in seats])
+    # By count, not by name: just after a fault `training=` may still name the lost node
+    # (the job rewrites it at the first step of its re-formed group), and the seat the
+    # standby took would look like a standby still free.
+    seats = len({n for n in training.split(",") if n})
+    return max(0, len([n for n in world(job, jobs) if n not in lost]) - seats)
 
 
 def lacks_standby(job: SlurmJob, jobs: list[SlurmJob], lost: AbstractSet[str]) -> bool:

@@ -147,6 +147,16 @@ def test_a_jobs_world_is_its_seats_and_its_holders(slurm: HolderSlurm) -> None:
     assert holders.world(job(slurm, 7), everyone) == ["gpu-2", "gpu-3"]
 
 
+def test_a_stale_training_token_does_not_hide_a_used_standby(slurm: HolderSlurm) -> None:
+    """Just after gpu-2 was taken from the job (shrunk to gpu-1,gpu-3), before the re-formed
+    group rewrote `training=` (still gpu-2,gpu-3): gpu-1, the standby that took the seat,
+    is not counted as free."""
+    slurm.add_job(8, nodes="gpu-1,gpu-3", comment="injob=/d holders=1 training=gpu-2,gpu-3")
+    everyone = jobs(slurm)
+    assert holders.standbys(job(slurm, 8), everyone, {"gpu-2"}) == 0
+    assert holders.lacks_standby(job(slurm, 8), everyone, {"gpu-2"})
+
+
 def test_without_launcher_or_holders_tokens_nothing_changes(slurm: HolderSlurm) -> None:
     slurm.add_job(7, nodes="gpu-[1-3]", comment="injob=/d training=gpu-1,gpu-2")
     add_holder(slurm, 20, "gpu-5", job(slurm, 7))  # a claim for a job that takes none
