@@ -24,8 +24,9 @@ boots long enough for the job to start on the borrowed node before the repair en
 
     .venv/bin/python bench/mttr.py --incidents 5 --boot-delay 30 --job-recovery borrowed
 
-`--effect crash|hang|lost|slow|none` (default: the fault's realistic one, sandbox/fault_effects.py:
-XID_79 hangs) is what the fault does to the job's ranks on the node; `--batch-host-every N`
+`--effect crash|hang|lost|slow|none` (default: the fault's realistic one,
+sandbox/machines/fault_effects.py: XID_79 hangs) is what the fault does to the job's ranks on
+the node; `--batch-host-every N`
 puts every Nth fault on the job's batch host (the runbook requeues such a job at once, in
 either path), e.g. 5 of 20 with N=4:
 
@@ -76,16 +77,12 @@ from autoclusters.core.policy import Policy  # noqa: E402
 from autoclusters.core.settings import Settings, load_file, policy_for  # noqa: E402
 from autoclusters.integrations import temporal  # noqa: E402
 from autoclusters.integrations.slurm import SlurmCli  # noqa: E402
-from autoclusters.sandbox import (  # noqa: E402
-    cluster,
-    fault_effects,
-    training_job,
-)
-from autoclusters.sandbox.config import SandboxConfig  # noqa: E402
-from autoclusters.sandbox.demo import incident_since, wait_for  # noqa: E402
-from autoclusters.sandbox.fault_effects import Effect  # noqa: E402
-from autoclusters.sandbox.hardware import HardwareFault  # noqa: E402
-from autoclusters.sandbox.joblog import (  # noqa: E402
+from autoclusters.sandbox import cluster  # noqa: E402
+from autoclusters.sandbox.drivers.demo import incident_since, wait_for  # noqa: E402
+from autoclusters.sandbox.machines import fault_effects, training_job  # noqa: E402
+from autoclusters.sandbox.machines.fault_effects import Effect  # noqa: E402
+from autoclusters.sandbox.machines.hardware import HardwareFault  # noqa: E402
+from autoclusters.sandbox.machines.joblog import (  # noqa: E402
     event_at,
     first_progress_after_reforming,
     first_progress_after_restart,
@@ -93,7 +90,8 @@ from autoclusters.sandbox.joblog import (  # noqa: E402
     training_nodes,
     went_on_from,
 )
-from autoclusters.sandbox.vms import VmRegistry  # noqa: E402
+from autoclusters.sandbox.machines.vms import VmRegistry  # noqa: E402
+from autoclusters.sandbox.runtime.config import SandboxConfig  # noqa: E402
 from autoclusters.workflows.remediation import NodeRemediation  # noqa: E402
 
 PHASES = [
@@ -280,7 +278,7 @@ class Rig:
         self, node: str, fault: str, effect: Effect, job_id: int
     ) -> tuple[float, incidents.OpenedIncident]:
         """A fault on the node's machine with its effect on the job's ranks there
-        (sandbox/fault_effects.py); the node's agent detects and reports it. A fault the
+        (sandbox/machines/fault_effects.py); the node's agent detects and reports it. A fault the
         agent cannot see (or a node with no machine) is reported through the API. Returns
         the fault's time and its incident."""
         cfg, vm = self.cfg, VmRegistry(self.cfg.state_dir).get(node)

@@ -18,7 +18,7 @@ command -v chromedriver >/dev/null 2>&1 || missing+=(chromedriver)  # tests/test
 # certificate openssl makes at start-up.
 command -v kubectl >/dev/null 2>&1 || missing+=(kubectl)
 command -v openssl >/dev/null 2>&1 || missing+=(openssl)
-# Sandbox fault effects (sandbox/fault_effects.py): a hung or lost node's connections go
+# Sandbox fault effects (sandbox/machines/fault_effects.py): a hung or lost node's connections go
 # silent through nftables rules in a table of the sandbox's own.
 command -v nft >/dev/null 2>&1 || [ -x /usr/sbin/nft ] || missing+=(nft)
 [ ${#missing[@]} -eq 0 ] && exit 0

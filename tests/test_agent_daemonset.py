@@ -26,10 +26,10 @@ from kubernetes import client
 
 from autoclusters.core.process_start import command_line
 from autoclusters.integrations.k8s import api_client
-from autoclusters.sandbox import agent_daemonset as shipped
-from autoclusters.sandbox import daemons
-from autoclusters.sandbox.config import SandboxConfig
-from autoclusters.sandbox.k8s_emulator import Running, running
+from autoclusters.sandbox.kubernetes.emulator import Running, running
+from autoclusters.sandbox.runtime import daemons
+from autoclusters.sandbox.runtime.config import SandboxConfig
+from autoclusters.sandbox.slinky import agent_daemonset as shipped
 
 TOKEN = "test-token"
 NODE = shipped.Node(name="cmk-gpu-1", slurm="gpu-01")
@@ -250,7 +250,7 @@ def test_kubectl_lists_the_daemonset(emu: Running, tmp_path: Path) -> None:
                                "nvidia.com/gpu.present=true"]  # fmt: skip
 
 
-# --- the kubelet's agent pods (sandbox/agent_pods.py), on the in-process emulator ------------
+# --- the kubelet's agent pods (sandbox/slinky/agent_pods.py), on the in-process emulator --------
 
 
 @pytest.mark.integration
@@ -261,9 +261,10 @@ def test_the_kubelet_runs_each_agent_pod_as_its_process(
     runs again in the same pod, a deleted pod's process stops and the new pod's starts, a
     Node's going stops its agent. Real agent processes (they report to no API here), each
     with its /metrics server: in the integration lane, since `make unit` starts none."""
-    from autoclusters.sandbox import agent_pods, agent_targets
-    from autoclusters.sandbox.processes import ProcessTable
-    from autoclusters.sandbox.slinky_operator_pods import HOSTNAME_OVERRIDE
+    from autoclusters.sandbox.machines import agent_targets
+    from autoclusters.sandbox.runtime.processes import ProcessTable
+    from autoclusters.sandbox.slinky import agent_pods
+    from autoclusters.sandbox.slinky.operator_pods import HOSTNAME_OVERRIDE
     from tests.conftest import free_port_base
 
     cfg = SandboxConfig(state_dir=tmp_path / "sandbox", platform="cmk", port_base=free_port_base())

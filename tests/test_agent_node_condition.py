@@ -23,7 +23,7 @@ from kubernetes import client
 from autoclusters.clients.agent.node_condition import NodeCondition, reason_for
 from autoclusters.core.kubernetes import GPU_UNHEALTHY
 from autoclusters.integrations.k8s import api_client
-from autoclusters.sandbox.k8s_emulator import THREAD_NAME, Running, running
+from autoclusters.sandbox.kubernetes.emulator import THREAD_NAME, Running, running
 
 TOKEN = "agent-token"
 NODE = "gpu-03"

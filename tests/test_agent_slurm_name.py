@@ -26,7 +26,7 @@ from autoclusters.clients.cli import agent as agent_cli
 from autoclusters.core.node_report import NodeReport
 from autoclusters.integrations.k8s import api_client
 from autoclusters.integrations.slinky_crs import HOSTNAME_OVERRIDE
-from autoclusters.sandbox.k8s_emulator import Running, running
+from autoclusters.sandbox.kubernetes.emulator import Running, running
 from tests.helpers import eventually
 from tests.test_agent_cli import cli, needs_no_driver
 from tests.test_kubernetes import write_kubeconfig

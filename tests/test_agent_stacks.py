@@ -24,7 +24,7 @@ from autoclusters.clients.agent import stacks
 from autoclusters.clients.agent.job_verdicts import JobVerdicts
 from autoclusters.clients.agent.progress_rules import JOB_HANG, ProgressThresholds
 from autoclusters.clients.agent.stacks import RankStack, group_stacks, main_frames
-from autoclusters.sandbox.processes import wait_until
+from autoclusters.sandbox.runtime.processes import wait_until
 from tests.test_agent_faults import T0
 from tests.test_job_progress import NODES, rank
 

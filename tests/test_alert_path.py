@@ -23,10 +23,12 @@ from temporalio.service import RPCError
 from autoclusters.core.models import IncidentState, workflow_id
 from autoclusters.core.settings import load_file
 from autoclusters.integrations import temporal
-from autoclusters.sandbox import agent_targets, api_tokens, cluster, monitoring
-from autoclusters.sandbox.config import SandboxConfig
-from autoclusters.sandbox.hardware import Hardware, HardwareFault
-from autoclusters.sandbox.vms import VmRegistry
+from autoclusters.sandbox import cluster, monitoring
+from autoclusters.sandbox.machines import agent_targets
+from autoclusters.sandbox.machines.hardware import Hardware, HardwareFault
+from autoclusters.sandbox.machines.vms import VmRegistry
+from autoclusters.sandbox.runtime import api_tokens
+from autoclusters.sandbox.runtime.config import SandboxConfig
 from autoclusters.workflows.remediation import NodeRemediation
 from tests.conftest import free_port_base
 from tests.helpers import down_leaving_nothing, eventually

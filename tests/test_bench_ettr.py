@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from autoclusters.sandbox.joblog import ProgressLine
+from autoclusters.sandbox.machines.joblog import ProgressLine
 
 BENCH = Path(__file__).resolve().parent.parent / "bench"
 

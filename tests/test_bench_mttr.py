@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from autoclusters.sandbox.joblog import event_at
+from autoclusters.sandbox.machines.joblog import event_at
 from tests.helpers import load_bench
 
 mttr = load_bench("mttr")

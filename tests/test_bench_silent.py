@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from autoclusters.sandbox.joblog import ProgressLine
+from autoclusters.sandbox.machines.joblog import ProgressLine
 from tests.helpers import load_bench
 
 silent = load_bench("silent")

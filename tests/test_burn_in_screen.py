@@ -45,9 +45,9 @@ from autoclusters.integrations.slurm_reservations import (
     SlurmReservationCli,
     parse_reservations,
 )
-from autoclusters.sandbox.config import SandboxConfig
-from autoclusters.sandbox.hardware import Hardware, HardwareFault
-from autoclusters.sandbox.vms import VmRegistry
+from autoclusters.sandbox.machines.hardware import Hardware, HardwareFault
+from autoclusters.sandbox.machines.vms import VmRegistry
+from autoclusters.sandbox.runtime.config import SandboxConfig
 from tests.fakes import FakeCloud
 from tests.helpers import fresh_policy, resolve_incident
 from tests.test_remediation_workflow import _fleet, _policy

@@ -16,8 +16,8 @@ import pytest
 from autoclusters.core import hostlist
 from autoclusters.core.policy import load_policy
 from autoclusters.integrations.slurm import SlurmCli
-from autoclusters.sandbox.chaos import ChaosReport, run_chaos
-from autoclusters.sandbox.config import SandboxConfig
+from autoclusters.sandbox.drivers.chaos import ChaosReport, run_chaos
+from autoclusters.sandbox.runtime.config import SandboxConfig
 from tests.helpers import cancel, eventually, job, running, submit_progress_job
 from tests.matrix_sandbox import matrix_group
 

@@ -27,9 +27,9 @@ import pytest
 from autoclusters.core import hostlist
 from autoclusters.core.policy import Rung
 from autoclusters.integrations.slurm import SlurmCli
-from autoclusters.sandbox.chaos import ChaosReport, run_chaos
-from autoclusters.sandbox.config import SandboxConfig
-from autoclusters.sandbox.outage_matrix import matrix, waves
+from autoclusters.sandbox.drivers.chaos import ChaosReport, run_chaos
+from autoclusters.sandbox.drivers.outage_matrix import matrix, waves
+from autoclusters.sandbox.runtime.config import SandboxConfig
 from tests.helpers import cancel, eventually, job, running, submit_progress_job
 from tests.matrix_sandbox import matrix_group
 

@@ -9,9 +9,9 @@ import httpx
 import pytest
 from pydantic import SecretStr
 
-from autoclusters.sandbox.chaos import AT_CHOICES, ChaosError, parse_at
-from autoclusters.sandbox.crusoe_emulator import EmulatorServer, create_app
-from autoclusters.sandbox.crusoe_world import EmulatorConfig
+from autoclusters.sandbox.crusoe.emulator import EmulatorServer, create_app
+from autoclusters.sandbox.crusoe.world import EmulatorConfig
+from autoclusters.sandbox.drivers.chaos import AT_CHOICES, ChaosError, parse_at
 
 
 def test_at_names_a_step_or_a_side_of_the_repairs_cloud_call() -> None:

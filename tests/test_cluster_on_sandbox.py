@@ -33,7 +33,7 @@ from autoclusters.core.cluster_spec import load_cluster_spec
 from autoclusters.core.evidence import HealthSnapshot
 from autoclusters.integrations.slurm import SlurmCli
 from autoclusters.sandbox import cluster, provision
-from autoclusters.sandbox.config import SandboxConfig
+from autoclusters.sandbox.runtime.config import SandboxConfig
 from autoclusters.workflows.cluster_ops import ScaleNodeSet
 from tests.conftest import free_port_base
 from tests.helpers import eventually, job

@@ -45,9 +45,9 @@ from autoclusters.core.models import SlurmJob
 from autoclusters.core.settings import Settings
 from autoclusters.integrations.crusoe import CrusoeClient
 from autoclusters.integrations.slurm import SlurmCli
-from autoclusters.sandbox.config import SandboxConfig
-from autoclusters.sandbox.crusoe_emulator import EmulatorServer, create_app
-from autoclusters.sandbox.crusoe_world import InMemoryBackend
+from autoclusters.sandbox.crusoe.emulator import EmulatorServer, create_app
+from autoclusters.sandbox.crusoe.world import InMemoryBackend
+from autoclusters.sandbox.runtime.config import SandboxConfig
 from autoclusters.workers.remediation import cluster_provider
 from tests.fakes import FakeSlurm
 from tests.helpers import eventually

@@ -63,9 +63,9 @@ from autoclusters.integrations.slinky_crs import (
     KubeObjects,
     slots_of,
 )
-from autoclusters.sandbox.crusoe_emulator import EmulatorServer, create_app
-from autoclusters.sandbox.crusoe_world import InMemoryBackend
-from autoclusters.sandbox.k8s_emulator import Running, running
+from autoclusters.sandbox.crusoe.emulator import EmulatorServer, create_app
+from autoclusters.sandbox.crusoe.world import InMemoryBackend
+from autoclusters.sandbox.kubernetes.emulator import Running, running
 from autoclusters.workers.remediation import cluster_provider
 from tests.test_cluster_provider import KEY, BatchSlurm
 from tests.test_crusoe import PROJECT, Emulator, _client, _config

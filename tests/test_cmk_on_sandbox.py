@@ -29,14 +29,16 @@ import pytest_asyncio
 
 from autoclusters.core.cluster_spec import load_cluster_spec
 from autoclusters.core.process_start import command_line
-from autoclusters.sandbox import agent_daemonset, cluster, k8s_daemonsets, restart
-from autoclusters.sandbox import slinky_operator_pods as slinky_pods
-from autoclusters.sandbox.config import SandboxConfig
-from autoclusters.sandbox.processes import (
+from autoclusters.sandbox import cluster, restart
+from autoclusters.sandbox.kubernetes import daemonsets as k8s_daemonsets
+from autoclusters.sandbox.runtime.config import SandboxConfig
+from autoclusters.sandbox.runtime.processes import (
     ProcessTable,
     referencing,
     wait_until,
 )
+from autoclusters.sandbox.slinky import agent_daemonset
+from autoclusters.sandbox.slinky import operator_pods as slinky_pods
 from tests.conftest import free_port_base
 from tests.helpers import down_leaving_nothing, eventually
 

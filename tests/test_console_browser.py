@@ -22,11 +22,11 @@ import pytest
 from temporalio.client import Client
 
 from autoclusters.core.settings import Settings
-from autoclusters.sandbox import api_tokens
-from autoclusters.sandbox.config import SandboxConfig
-from autoclusters.sandbox.demo import incident_since
-from autoclusters.sandbox.hardware import Hardware, HardwareFault
-from autoclusters.sandbox.vms import VmRegistry
+from autoclusters.sandbox.drivers.demo import incident_since
+from autoclusters.sandbox.machines.hardware import Hardware, HardwareFault
+from autoclusters.sandbox.machines.vms import VmRegistry
+from autoclusters.sandbox.runtime import api_tokens
+from autoclusters.sandbox.runtime.config import SandboxConfig
 from autoclusters.workflows.remediation import NodeRemediation
 from tests.helpers import eventually
 

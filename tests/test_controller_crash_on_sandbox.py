@@ -1,7 +1,7 @@
 """A controller that forgets (issue 43), on a real Slurm-on-Kubernetes sandbox (one of the
 matrices', tests/matrix_sandbox.py): slurmctld SIGKILLed (no clean state save) in an
 incident, kept down a while, then started again on its own StateSaveLocation, so that it
-comes back without what it had not saved yet (sandbox/controller_crash.py).
+comes back without what it had not saved yet (sandbox/drivers/controller_crash.py).
 
 The issue's two runs: a requeueable job on a node, an incident opened on it (auto mode,
 reboot: the machine's GPU is really broken until a reboot), slurmctld crashed as the repair
@@ -53,15 +53,13 @@ import pytest
 
 from autoclusters.core import hostlist
 from autoclusters.core.models import StepRecord
-from autoclusters.sandbox import fault_effects
-from autoclusters.sandbox.config import SandboxConfig
-from autoclusters.sandbox.controller_crash import (
+from autoclusters.sandbox.drivers.controller_crash import (
     ControllerCrash,
     hold_saves,
     release_saves,
 )
-from autoclusters.sandbox.outage import OutageReport, run_outage_case
-from autoclusters.sandbox.outage_matrix import (
+from autoclusters.sandbox.drivers.outage import OutageReport, run_outage_case
+from autoclusters.sandbox.drivers.outage_matrix import (
     CrashCase,
     OutageCase,
     cancel_job,
@@ -75,6 +73,8 @@ from autoclusters.sandbox.outage_matrix import (
     running_on,
     submit_requeueable_job,
 )
+from autoclusters.sandbox.machines import fault_effects
+from autoclusters.sandbox.runtime.config import SandboxConfig
 from tests.helpers import eventually
 
 # A matrix sandbox, in the scenario lane (the module docstring); the runs and the cases in

@@ -1,4 +1,4 @@
-"""The controller crash's pure parts, without a sandbox (sandbox/controller_crash.py): which
+"""The controller crash's pure parts, without a sandbox (sandbox/drivers/controller_crash.py): which
 moments it takes, how it reads slurmctld's log (the runbook's writes, the times slurmctld
 gives them, the passes it could not save), what it says the restarted controller forgot,
 how the crash cases are laid out, and the checks they add to the outage matrix (a ghost on
@@ -17,8 +17,7 @@ from typer.testing import CliRunner
 
 from autoclusters.core.models import StepRecord
 from autoclusters.sandbox.cli import sandbox_app
-from autoclusters.sandbox.config import SandboxConfig
-from autoclusters.sandbox.controller_crash import (
+from autoclusters.sandbox.drivers.controller_crash import (
     ControllerLog,
     CrashError,
     CrashReport,
@@ -32,8 +31,8 @@ from autoclusters.sandbox.controller_crash import (
     release_saves,
     state_save_dir,
 )
-from autoclusters.sandbox.outage import CloudOp, JobOnNode, OutageDone, OutageReport
-from autoclusters.sandbox.outage_matrix import (
+from autoclusters.sandbox.drivers.outage import CloudOp, JobOnNode, OutageDone, OutageReport
+from autoclusters.sandbox.drivers.outage_matrix import (
     CRASH_MOMENTS,
     CrashCase,
     OutageCase,
@@ -41,6 +40,7 @@ from autoclusters.sandbox.outage_matrix import (
     ghost_jobs,
     problems,
 )
+from autoclusters.sandbox.runtime.config import SandboxConfig
 
 T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 NODE = "gpu-02"

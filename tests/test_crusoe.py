@@ -45,8 +45,8 @@ from autoclusters.integrations.crusoe import (
     CrusoeUnavailable,
 )
 from autoclusters.integrations.crusoe.signing import format_timestamp, sign
-from autoclusters.sandbox.crusoe_emulator import EmulatorServer, create_app
-from autoclusters.sandbox.crusoe_world import EmulatorConfig, InMemoryBackend
+from autoclusters.sandbox.crusoe.emulator import EmulatorServer, create_app
+from autoclusters.sandbox.crusoe.world import EmulatorConfig, InMemoryBackend
 from tests import loopback
 from tests.helpers import eventually
 
@@ -627,9 +627,9 @@ def _free_port() -> int:
 async def test_the_emulator_runs_from_its_command_line() -> None:
     """Integration lane: it starts the emulator as a server process (make unit starts none)."""
     port = _free_port()
-    argv = [sys.executable, "-m", "autoclusters.sandbox.crusoe_emulator", "--port", str(port)]
+    argv = [sys.executable, "-m", "autoclusters.sandbox.crusoe.emulator", "--port", str(port)]
     argv += ["--access-key-id", KEY_ID, "--project", PROJECT, "--operation-s", "0.05"]
-    argv += ["--backend", "autoclusters.sandbox.crusoe_world:InMemoryBackend"]
+    argv += ["--backend", "autoclusters.sandbox.crusoe.world:InMemoryBackend"]
     proc = subprocess.Popen(
         argv,
         env={**os.environ, "CRUSOE_SECRET_KEY": SECRET},

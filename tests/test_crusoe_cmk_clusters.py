@@ -35,11 +35,13 @@ from autoclusters.integrations.crusoe import (
 )
 from autoclusters.integrations.crusoe.signing import format_timestamp, sign
 from autoclusters.integrations.k8s import api_client
-from autoclusters.sandbox import cloud_api, crusoe_emulator, k8s_tls
-from autoclusters.sandbox.config import SandboxConfig
-from autoclusters.sandbox.crusoe_emulator import EmulatorServer, create_app
-from autoclusters.sandbox.crusoe_world import InMemoryBackend
-from autoclusters.sandbox.k8s_emulator import running
+from autoclusters.sandbox.crusoe import cloud_api
+from autoclusters.sandbox.crusoe import emulator as crusoe_emulator
+from autoclusters.sandbox.crusoe.emulator import EmulatorServer, create_app
+from autoclusters.sandbox.crusoe.world import InMemoryBackend
+from autoclusters.sandbox.kubernetes import tls as k8s_tls
+from autoclusters.sandbox.kubernetes.emulator import running
+from autoclusters.sandbox.runtime.config import SandboxConfig
 from tests import loopback
 from tests.test_crusoe import KEY_ID, PROJECT, SECRET, Emulator, _client, _config
 
@@ -430,6 +432,6 @@ def test_kubeconfig_reaches_the_emulator_from_the_sandbox_command_line(
     for k8s_mode in (True, False):
         cfg = SandboxConfig(state_dir=tmp_path, cluster="c", nodes=2, port_base=20000, k8s=k8s_mode)
         argv = cloud_api.crusoe_emulator_argv(cfg)
-        crusoe_emulator.main(argv[argv.index("autoclusters.sandbox.crusoe_emulator") + 1 :])
+        crusoe_emulator.main(argv[argv.index("autoclusters.sandbox.crusoe.emulator") + 1 :])
     with_k8s, without = (app.state.engine.config.kubeconfig for app in served)
     assert with_k8s == tmp_path / "k8s" / "kubeconfig" and without is None

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from autoclusters.integrations.crusoe.signing import format_timestamp, sign
-from autoclusters.sandbox.crusoe_emulator import EmulatorServer, create_app
-from autoclusters.sandbox.crusoe_world import InMemoryBackend
+from autoclusters.sandbox.crusoe.emulator import EmulatorServer, create_app
+from autoclusters.sandbox.crusoe.world import InMemoryBackend
 from tests import loopback
 from tests.helpers import eventually
 from tests.test_crusoe import KEY_ID, SECRET, SEED, VMS, _config

@@ -23,7 +23,7 @@ from autoclusters.integrations.crusoe.signing import (
     decode_secret_key,
     sign,
 )
-from autoclusters.sandbox import crusoe_signature
+from autoclusters.sandbox.crusoe import signature as crusoe_signature
 
 TS = "2026-03-26T12:00:00Z"
 NOW = datetime(2026, 3, 26, 12, 0, 30, tzinfo=UTC)

@@ -38,7 +38,7 @@ from autoclusters.core.decision_proof import (
 )
 from autoclusters.core.models import ApprovalRequest
 from autoclusters.core.policy import GuardPolicy
-from autoclusters.sandbox.crusoe_emulator import EmulatorServer
+from autoclusters.sandbox.crusoe.emulator import EmulatorServer
 from autoclusters.workflows.fleet_guard import FleetGuard
 from autoclusters.workflows.gpu_rebalance import GpuRebalance
 from autoclusters.workflows.remediation import NodeRemediation

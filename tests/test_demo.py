@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from autoclusters.sandbox import cluster
-from autoclusters.sandbox.config import SandboxConfig
+from autoclusters.sandbox.runtime.config import SandboxConfig
 from tests.conftest import free_port_base
 from tests.helpers import CLI, run_demo
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from autoclusters.sandbox.processes import ProcessTable
+from autoclusters.sandbox.runtime.processes import ProcessTable
 from tests.conftest import free_port_base
 from tests.helpers import run_demo
 

@@ -9,7 +9,7 @@ import io
 from rich.console import Console
 
 from autoclusters.sandbox.cli import _print_summary
-from autoclusters.sandbox.demo import DemoSummary, ScreenSummary
+from autoclusters.sandbox.drivers.demo import DemoSummary, ScreenSummary
 
 
 def _summary(screen: ScreenSummary | None) -> DemoSummary:

@@ -337,8 +337,8 @@ def test_the_agent_checks_at_its_own_default_interval_everywhere(
 ) -> None:
     """One check interval for the shipped agent and the sandbox's: the agent's default
     (fatal GPU events wake the agent at once, so the sandbox needs no shorter one)."""
-    from autoclusters.sandbox.config import SandboxConfig
-    from autoclusters.sandbox.daemons import agent_argv
+    from autoclusters.sandbox.runtime.config import SandboxConfig
+    from autoclusters.sandbox.runtime.daemons import agent_argv
 
     [agent] = _one(objects, "DaemonSet", "autoclusters-agent")["spec"]["template"]["spec"][
         "containers"

@@ -1,4 +1,4 @@
-"""The pure parts of sandbox/fault_effects.py: each fault kind's realistic effect on a job,
+"""The pure parts of sandbox/machines/fault_effects.py: each fault kind's realistic effect on a job,
 the choice of `--effect`, and the nftables rules that silence a hung node's connections."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from autoclusters.core.faults import FAULT_PATTERN, NAMED_FAULTS
-from autoclusters.sandbox import fault_effects as fe
-from autoclusters.sandbox.config import SandboxConfig
+from autoclusters.sandbox.machines import fault_effects as fe
+from autoclusters.sandbox.runtime.config import SandboxConfig
 
 
 @pytest.mark.parametrize(
@@ -115,7 +115,7 @@ def test_slow_duty_cycle_stops_the_rank_part_of_the_time_and_lets_it_run_at_the_
     ticks = fe.start_ticks(rank.pid)
     assert ticks is not None
     ticker = subprocess.Popen(
-        [sys.executable, "-m", "autoclusters.sandbox.fault_effects", "slow", "3",
+        [sys.executable, "-m", "autoclusters.sandbox.machines.fault_effects", "slow", "3",
          f"{rank.pid}:{ticks}"]
     )  # fmt: skip
     try:

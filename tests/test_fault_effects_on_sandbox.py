@@ -1,4 +1,4 @@
-"""Fault effects on the real sandbox (sandbox/fault_effects.py): a crash ends the rank's
+"""Fault effects on the real sandbox (sandbox/machines/fault_effects.py): a crash ends the rank's
 process, a hang stops it and silences its connections until the machine's reboot through
 the Crusoe emulator, a lost node's slurmd stops answering and Slurm marks it not responding.
 
@@ -18,10 +18,10 @@ import pytest
 from autoclusters.core import hostlist
 from autoclusters.integrations.crusoe import CrusoeClient, load_credentials
 from autoclusters.integrations.slurm import SlurmCli
-from autoclusters.sandbox import fault_effects as fe
-from autoclusters.sandbox import machine_names
-from autoclusters.sandbox.config import SandboxConfig
-from autoclusters.sandbox.processes import ProcessTable
+from autoclusters.sandbox.machines import fault_effects as fe
+from autoclusters.sandbox.machines import names as machine_names
+from autoclusters.sandbox.runtime.config import SandboxConfig
+from autoclusters.sandbox.runtime.processes import ProcessTable
 from tests.helpers import cancel, eventually, running, submit_progress_job
 
 pytestmark = pytest.mark.integration  # the session's real sandbox

@@ -23,8 +23,8 @@ from autoclusters.core.models import IncidentState, drain_reason, workflow_id
 from autoclusters.core.policy import GuardPolicy
 from autoclusters.core.settings import Settings
 from autoclusters.integrations.slurm import SlurmCli
-from autoclusters.sandbox import api_tokens
-from autoclusters.sandbox.config import SandboxConfig
+from autoclusters.sandbox.runtime import api_tokens
+from autoclusters.sandbox.runtime.config import SandboxConfig
 from autoclusters.workflows.fleet_guard import FleetGuard
 from autoclusters.workflows.remediation import NodeRemediation
 from tests.helpers import eventually, fresh_policy

@@ -45,8 +45,8 @@ from autoclusters.core.handoff import (
 )
 from autoclusters.core.policy import HandoffPolicy, PolicyError, parse_policy
 from autoclusters.integrations.handoff import HandoffClient, HandoffRefused, HandoffUnavailable
-from autoclusters.sandbox.ticket_desk import Desk
-from autoclusters.sandbox.ticket_desk import create_app as desk_app
+from autoclusters.sandbox.crusoe.ticket_desk import Desk
+from autoclusters.sandbox.crusoe.ticket_desk import create_app as desk_app
 from tests.helpers import HermeticSettings
 
 SECRET = "a-shared-secret-of-enough-length-0123"

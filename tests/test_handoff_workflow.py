@@ -48,9 +48,9 @@ from autoclusters.core.handoff_answer import HandoffAnswer
 from autoclusters.core.models import IncidentRequest, IncidentState
 from autoclusters.core.policy import HandoffPolicy, Rung
 from autoclusters.integrations.handoff import HandoffClient
-from autoclusters.sandbox.crusoe_emulator import EmulatorServer
-from autoclusters.sandbox.ticket_desk import Desk, DeskFault
-from autoclusters.sandbox.ticket_desk import create_app as desk_app
+from autoclusters.sandbox.crusoe.emulator import EmulatorServer
+from autoclusters.sandbox.crusoe.ticket_desk import Desk, DeskFault
+from autoclusters.sandbox.crusoe.ticket_desk import create_app as desk_app
 from autoclusters.workers.remediation import WORKFLOWS, activities_for
 from autoclusters.workflows.remediation import NodeRemediation
 from tests.decisions import APPROVAL_KEY

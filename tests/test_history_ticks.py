@@ -1,4 +1,4 @@
-"""What wakes the chaos and outage drivers (sandbox/history_ticks.py), on a dev server: each
+"""What wakes the chaos and outage drivers (sandbox/drivers/history_ticks.py), on a dev server: each
 new event of a run's history wakes the watcher at once, nothing wakes it while the run
 waits, and the run closing is its last wake-up."""
 
@@ -11,7 +11,7 @@ from temporalio import workflow
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from autoclusters.sandbox.history_ticks import HistoryTicks
+from autoclusters.sandbox.drivers.history_ticks import HistoryTicks
 from tests.helpers import dev_server_env
 
 env = dev_server_env

@@ -32,9 +32,9 @@ from autoclusters.core.models import ApprovalRequest, IncidentState, RequeueInpu
 from autoclusters.core.policy import Policy
 from autoclusters.core.settings import Settings
 from autoclusters.integrations.slurm import SlurmCli
-from autoclusters.sandbox import api_tokens
-from autoclusters.sandbox.config import SandboxConfig
-from autoclusters.sandbox.vms import VmRegistry
+from autoclusters.sandbox.machines.vms import VmRegistry
+from autoclusters.sandbox.runtime import api_tokens
+from autoclusters.sandbox.runtime.config import SandboxConfig
 from autoclusters.workflows.remediation import NodeRemediation
 from tests.helpers import (
     cancel,

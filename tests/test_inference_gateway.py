@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import httpx
 
-from autoclusters.sandbox.inference_gateway import Backend, Gateway
-from autoclusters.sandbox.inference_pods import Access
+from autoclusters.sandbox.inference.gateway import Backend, Gateway
+from autoclusters.sandbox.inference.pods import Access
 
 
 def _gateway(*ports: int) -> Gateway:

@@ -18,12 +18,13 @@ import pytest
 import yaml
 
 from autoclusters.core.sharing import POOL_LABEL
-from autoclusters.sandbox import inference_pods, inference_sandbox
-from autoclusters.sandbox.config import SandboxConfig
-from autoclusters.sandbox.inference_kubelet import SERVER_PREFIX
-from autoclusters.sandbox.k8s_emulator import Running, running
-from autoclusters.sandbox.load import Load
-from autoclusters.sandbox.processes import ProcessTable, wait_until
+from autoclusters.sandbox.drivers.load import Load
+from autoclusters.sandbox.inference import launch as inference_sandbox
+from autoclusters.sandbox.inference import pods as inference_pods
+from autoclusters.sandbox.inference.kubelet import SERVER_PREFIX
+from autoclusters.sandbox.kubernetes.emulator import Running, running
+from autoclusters.sandbox.runtime.config import SandboxConfig
+from autoclusters.sandbox.runtime.processes import ProcessTable, wait_until
 from tests.conftest import free_port_base
 from tests.helpers import eventually
 

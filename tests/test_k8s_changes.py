@@ -1,4 +1,4 @@
-"""The watch that wakes the sandbox's inference kubelet and gateway (sandbox/k8s_changes.py),
+"""The watch that wakes the sandbox's inference kubelet and gateway (sandbox/inference/changes.py),
 against the Kubernetes emulator: a change to a watched list wakes the loop at once, a change
 outside the selector does not, and a watch the server ends wakes it too (what changed
 meanwhile is unknown, so the loop reads again)."""
@@ -9,9 +9,9 @@ import asyncio
 
 import httpx
 
-from autoclusters.sandbox.inference_pods import SELECTOR
-from autoclusters.sandbox.k8s_changes import Changes
-from autoclusters.sandbox.k8s_emulator import running
+from autoclusters.sandbox.inference.changes import Changes
+from autoclusters.sandbox.inference.pods import SELECTOR
+from autoclusters.sandbox.kubernetes.emulator import running
 
 TOKEN = "test-token"
 # Long enough that a wait that returns True within WOKEN_S was woken by the watch.

@@ -1,5 +1,6 @@
 """Slinky's custom resources against their published CRD schemas, in the Kubernetes API
-emulator on loopback (sandbox/k8s_crd_schema.py, the schemas in sandbox/slinky_crds/).
+emulator on loopback (sandbox/kubernetes/crd_schema.py, the schemas in
+sandbox/kubernetes/slinky_crds/).
 
 Aspects: the product's Controller, Accounting, LoginSet and NodeSet bodies are accepted as
 they are; a missing required field, a wrong type, a value outside an enum, a broken pattern
@@ -36,10 +37,10 @@ from autoclusters.integrations.slinky_crs import (
     loginset_body,
     nodeset_body,
 )
-from autoclusters.sandbox import slinky
-from autoclusters.sandbox.config import SandboxConfig
-from autoclusters.sandbox.k8s_crd_schema import SCHEMA_DIR, schemas
-from autoclusters.sandbox.k8s_emulator import Running, running
+from autoclusters.sandbox.kubernetes.crd_schema import SCHEMA_DIR, schemas
+from autoclusters.sandbox.kubernetes.emulator import Running, running
+from autoclusters.sandbox.runtime.config import SandboxConfig
+from autoclusters.sandbox.slinky import kubernetes_mode as slinky
 from tests.test_cluster_provider_cmk import _spec
 
 TOKEN = "crd-schema-test-token"

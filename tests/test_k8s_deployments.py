@@ -22,7 +22,7 @@ from autoclusters.core.sharing import (
     POOL_TAINT_KEY,
 )
 from autoclusters.integrations.k8s import api_client
-from autoclusters.sandbox.k8s_emulator import Running, running
+from autoclusters.sandbox.kubernetes.emulator import Running, running
 
 TOKEN = "test-token"
 NS, DEPLOY = "inference", "inference"

@@ -33,7 +33,7 @@ from autoclusters.core.sharing import POOL_TAINT_KEY, MoveCall, SharePolicy
 from autoclusters.integrations import k8s_events
 from autoclusters.integrations.k8s import api_client
 from autoclusters.integrations.k8s_events import NodeEvents
-from autoclusters.sandbox.k8s_emulator import Running, running
+from autoclusters.sandbox.kubernetes.emulator import Running, running
 
 TOKEN = "events-token"
 NODE = "gpu-01"

@@ -29,8 +29,8 @@ from kubernetes import client, watch
 from autoclusters.core.cluster_spec import load_cluster_spec
 from autoclusters.integrations.k8s import api_client
 from autoclusters.integrations.slinky_crs import controller_body, loginset_body, nodeset_body
-from autoclusters.sandbox.k8s_emulator import Running, running
-from autoclusters.sandbox.k8s_tls import kubeconfig
+from autoclusters.sandbox.kubernetes.emulator import Running, running
+from autoclusters.sandbox.kubernetes.tls import kubeconfig
 
 pytestmark = [
     pytest.mark.integration,
@@ -233,7 +233,7 @@ def test_apply_checks_custom_resources_against_the_published_schema(
     kubectl: Kubectl, core: Core, tmp_path: Path
 ) -> None:
     """kubectl sends fieldValidation=Strict: an unknown field is refused, not pruned; a
-    missing required field is the API server's 422 (sandbox/k8s_crd_schema.py)."""
+    missing required field is the API server's 422 (sandbox/kubernetes/crd_schema.py)."""
     core.create_namespace({"metadata": {"name": SLURM_NS}})
     manifest = tmp_path / "nodeset.yaml"
     nodeset: dict[str, Any] = {
@@ -347,7 +347,7 @@ def test_the_module_writes_one_kubeconfig_kubectl_and_the_client_use(tmp_path: P
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     config, certs = tmp_path / "kubeconfig", tmp_path / "certs"
-    argv = [sys.executable, "-m", "autoclusters.sandbox.k8s_emulator", "--port", str(port),
+    argv = [sys.executable, "-m", "autoclusters.sandbox.kubernetes.emulator", "--port", str(port),
             f"--token={TOKEN}", "--cert-dir", str(certs), "--kubeconfig", str(config)]  # fmt: skip
     proc = subprocess.Popen(argv, cwd=ROOT)
     env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "KUBECONFIG": str(config)}

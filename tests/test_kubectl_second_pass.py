@@ -3,7 +3,7 @@
 - `kubectl get events -A` and `kubectl describe node` list the Events the runbook's cordon
   and condition leave on the Node (integrations/k8s_events.py);
 - `kubectl scale nodeset` goes through the NodeSet's scale subresource (Slinky's CRD declares
-  one: sandbox/k8s_scale.py), a bad replica count is refused, and the emulated operator
+  one: sandbox/kubernetes/scale.py), a bad replica count is refused, and the emulated operator
   follows the count within the NodeSet's Nodes (drains and removes a slurmd pod, brings it
   back);
 - `kubectl auth can-i` asks a SelfSubjectAccessReview (protobuf) and is answered for the
@@ -30,9 +30,9 @@ from temporalio.testing import ActivityEnvironment
 
 from autoclusters.activities.kubernetes import KubernetesActivities
 from autoclusters.core.kubernetes import CordonNodeInput, SetNodeConditionInput
-from autoclusters.sandbox.k8s_emulator import Running
-from autoclusters.sandbox.k8s_tls import kubeconfig
-from autoclusters.sandbox.slinky_operator import SlinkyOperator
+from autoclusters.sandbox.kubernetes.emulator import Running
+from autoclusters.sandbox.kubernetes.tls import kubeconfig
+from autoclusters.sandbox.slinky.operator import SlinkyOperator
 from tests.test_kubectl import (  # noqa: F401  (core, emu, kube_env, kubectl: its fixtures)
     SLURM_NS,
     TOKEN,

@@ -52,8 +52,8 @@ from autoclusters.core.kubernetes import (
     WaitNewNodeInput,
 )
 from autoclusters.integrations.k8s import api_client
-from autoclusters.sandbox.k8s_emulator import THREAD_NAME, Running, running
-from autoclusters.sandbox.k8s_objects import NODES
+from autoclusters.sandbox.kubernetes.emulator import THREAD_NAME, Running, running
+from autoclusters.sandbox.kubernetes.objects import NODES
 from tests.helpers import eventually
 
 TOKEN = "test-token"
@@ -670,7 +670,7 @@ def test_the_emulator_runs_as_a_module(tmp_path: Path) -> None:
         [
             sys.executable,
             "-m",
-            "autoclusters.sandbox.k8s_emulator",
+            "autoclusters.sandbox.kubernetes.emulator",
             "--port",
             str(port),
             "--token",

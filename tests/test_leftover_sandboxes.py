@@ -9,7 +9,7 @@ import subprocess
 from pathlib import Path
 
 from autoclusters.core.process_start import start_ticks
-from autoclusters.sandbox.processes import ProcessTable
+from autoclusters.sandbox.runtime.processes import ProcessTable
 from tests.leftover_sandboxes import stop_left_running
 
 

@@ -44,9 +44,9 @@ from autoclusters.core.policy import Rung
 from autoclusters.integrations.crusoe import CrusoeClient
 from autoclusters.integrations.k8s import api_client
 from autoclusters.integrations.slinky_crs import ANN_SLOTS, HOSTNAME_OVERRIDE
-from autoclusters.sandbox.crusoe_emulator import EmulatorServer, create_app
-from autoclusters.sandbox.crusoe_world import InMemoryBackend
-from autoclusters.sandbox.k8s_emulator import Running, running
+from autoclusters.sandbox.crusoe.emulator import EmulatorServer, create_app
+from autoclusters.sandbox.crusoe.world import InMemoryBackend
+from autoclusters.sandbox.kubernetes.emulator import Running, running
 from tests.test_crusoe import Emulator, _client, _cloud, _config
 from tests.test_kubernetes import write_kubeconfig
 

@@ -2,7 +2,7 @@
 with the chaos matrix: tests/matrix_sandbox.py):
 each dependency of the runbook (slurmctld, the Kubernetes and Crusoe APIs, Slack, Temporal,
 and the alert path: Prometheus, Alertmanager, the API) is taken away for OUTAGE_S once a
-step that uses it has started (sandbox/outage_matrix.py `USED_AT`: pairs where the step does
+step that uses it has started (sandbox/drivers/outage_matrix.py `USED_AT`: pairs where the step does
 not use the component are left out). The machine's GPU is really broken until a reboot.
 For the early steps (drain, requeue, wait_idle) a `--no-requeue` job holds the node and
 ends by itself a while after the outage starts, so wait_idle must wait for it through the
@@ -32,8 +32,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from autoclusters.sandbox.config import SandboxConfig
-from autoclusters.sandbox.outage_matrix import (
+from autoclusters.sandbox.drivers.outage_matrix import (
     OutageCase,
     describe,
     matrix,
@@ -41,6 +40,7 @@ from autoclusters.sandbox.outage_matrix import (
     run_matrix_case,
     waves,
 )
+from autoclusters.sandbox.runtime.config import SandboxConfig
 from tests.matrix_sandbox import matrix_group
 
 pytestmark = pytest.mark.integration  # the matrices' real sandboxes

@@ -14,11 +14,11 @@ import pytest
 from typer.testing import CliRunner
 
 from autoclusters.core.models import StepRecord
-from autoclusters.sandbox import cluster, outage
-from autoclusters.sandbox.chaos import STEPS
+from autoclusters.sandbox import cluster
 from autoclusters.sandbox.cli import sandbox_app
-from autoclusters.sandbox.config import SandboxConfig
-from autoclusters.sandbox.outage import (
+from autoclusters.sandbox.drivers import outage
+from autoclusters.sandbox.drivers.chaos import STEPS
+from autoclusters.sandbox.drivers.outage import (
     COMPONENTS,
     CloudOp,
     JobWatch,
@@ -31,7 +31,7 @@ from autoclusters.sandbox.outage import (
     process_name,
     shown_outages,
 )
-from autoclusters.sandbox.outage_matrix import (
+from autoclusters.sandbox.drivers.outage_matrix import (
     HOLD_PAST_OUTAGE_S,
     OutageCase,
     case_timeout_s,
@@ -40,6 +40,7 @@ from autoclusters.sandbox.outage_matrix import (
     skipped,
     waves,
 )
+from autoclusters.sandbox.runtime.config import SandboxConfig
 
 T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 # The pairs the matrix must keep (issue 19, item 5); every other pair is left out.

@@ -17,7 +17,7 @@ from temporalio.api.taskqueue.v1 import TaskQueue
 from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
 from temporalio.client import Client
 
-from autoclusters.sandbox.config import SandboxConfig
+from autoclusters.sandbox.runtime.config import SandboxConfig
 from tests.helpers import eventually
 
 ROOT = Path(__file__).resolve().parents[1]

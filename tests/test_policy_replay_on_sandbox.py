@@ -2,7 +2,7 @@
 incidents it really had (issue 23's last done-when).
 
 Twelve hardware faults are put on the sandbox's four machines through its fault-injection
-path (sandbox/hardware.py, as `sandbox hardware-fault`, the chaos and the bench do): each
+path (sandbox/machines/hardware.py, as `sandbox hardware-fault`, the chaos and the bench do): each
 node's health agent sees the Xid and reports it, the API opens the incident, and the
 runbook repairs the machine; ten are XID_79 (seven cleared by a reboot, three only by a
 new machine: the reboot fails its health gate and the incident climbs to replace), two
@@ -42,10 +42,11 @@ from autoclusters.core.models import IncidentState
 from autoclusters.core.policy import FaultRule, Policy, Rung, load_policy
 from autoclusters.core.settings import load_file
 from autoclusters.integrations import temporal
-from autoclusters.sandbox import cluster, machine_names
-from autoclusters.sandbox.config import SandboxConfig
-from autoclusters.sandbox.demo import incident_since
-from autoclusters.sandbox.hardware import Hardware, HardwareFault
+from autoclusters.sandbox import cluster
+from autoclusters.sandbox.drivers.demo import incident_since
+from autoclusters.sandbox.machines import names as machine_names
+from autoclusters.sandbox.machines.hardware import Hardware, HardwareFault
+from autoclusters.sandbox.runtime.config import SandboxConfig
 from autoclusters.workflows.remediation import NodeRemediation
 from tests.conftest import free_port_base
 from tests.helpers import CLI, down_leaving_nothing, eventually

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from autoclusters.sandbox.port_holders import explain, holders, listens
+from autoclusters.sandbox.runtime.port_holders import explain, holders, listens
 
 
 @pytest.fixture

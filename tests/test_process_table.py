@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from autoclusters.core.process_start import command_line, start_ticks
-from autoclusters.sandbox import processes
-from autoclusters.sandbox.processes import (
+from autoclusters.sandbox.runtime import processes
+from autoclusters.sandbox.runtime.processes import (
     ProcessRecord,
     ProcessTable,
     referencing,
@@ -78,7 +78,7 @@ def test_a_daemon_runs_only_once_it_is_recorded(state: Path) -> None:
     code = (
         "import os, sys\n"
         "from pathlib import Path\n"
-        "from autoclusters.sandbox.processes import ProcessTable\n"
+        "from autoclusters.sandbox.runtime.processes import ProcessTable\n"
         "Path.write_text = lambda *a, **k: os._exit(3)  # dies as it records\n"
         "ProcessTable(Path(sys.argv[1])).spawn('slurmd-gpu-03', sys.argv[2:])\n"
     )

@@ -34,8 +34,8 @@ from autoclusters.core.policy import Rung, StepPolicy
 from autoclusters.core.quarantine import VerifyQuarantineInput
 from autoclusters.core.settings import Settings
 from autoclusters.integrations.slurm import SlurmCli
-from autoclusters.sandbox import api_tokens
-from autoclusters.sandbox.config import SandboxConfig
+from autoclusters.sandbox.runtime import api_tokens
+from autoclusters.sandbox.runtime.config import SandboxConfig
 from autoclusters.workflows.remediation import NodeRemediation
 from tests.decisions import proven
 from tests.fakes import FakeSlurm

@@ -33,11 +33,13 @@ from autoclusters.core.models import IncidentState, SlurmNode
 from autoclusters.core.settings import Settings, load_file
 from autoclusters.integrations import temporal
 from autoclusters.integrations.slurm import SlurmCli
-from autoclusters.sandbox import cloud_api, restart, slinky
-from autoclusters.sandbox.chaos import ChaosError, run_chaos
-from autoclusters.sandbox.config import SandboxConfig
-from autoclusters.sandbox.daemons import SandboxError
-from autoclusters.sandbox.processes import ProcessTable
+from autoclusters.sandbox import restart
+from autoclusters.sandbox.crusoe import cloud_api
+from autoclusters.sandbox.drivers.chaos import ChaosError, run_chaos
+from autoclusters.sandbox.runtime.config import SandboxConfig
+from autoclusters.sandbox.runtime.daemons import SandboxError
+from autoclusters.sandbox.runtime.processes import ProcessTable
+from autoclusters.sandbox.slinky import kubernetes_mode as slinky
 from autoclusters.workflows.remediation import NodeRemediation
 from tests.helpers import cancel, eventually, job, running, submit_progress_job
 from tests.matrix_sandbox import matrix_group

@@ -1,6 +1,6 @@
-"""The Crusoe emulator's routes are built once per process (sandbox/route_table.py): every app
-answers with its own state, parses parameters and bodies as its handlers declare them, and a
-factory that records other routes than the first time is refused."""
+"""The Crusoe emulator's routes are built once per process (sandbox/crusoe/route_table.py):
+every app answers with its own state, parses parameters and bodies as its handlers declare
+them, and a factory that records other routes than the first time is refused."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import pytest
 from fastapi import FastAPI
 from pydantic import SecretStr
 
-from autoclusters.sandbox.crusoe_emulator import create_app
-from autoclusters.sandbox.crusoe_world import EmulatorConfig
-from autoclusters.sandbox.route_table import Handlers, RouteTable
+from autoclusters.sandbox.crusoe.emulator import create_app
+from autoclusters.sandbox.crusoe.route_table import Handlers, RouteTable
+from autoclusters.sandbox.crusoe.world import EmulatorConfig
 
 
 def _app(project: str) -> FastAPI:

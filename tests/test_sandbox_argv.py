@@ -12,8 +12,9 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
-from autoclusters.sandbox import k8s_emulator, slinky
-from autoclusters.sandbox.config import SandboxConfig
+from autoclusters.sandbox.kubernetes import emulator as k8s_emulator
+from autoclusters.sandbox.runtime.config import SandboxConfig
+from autoclusters.sandbox.slinky import kubernetes_mode as slinky
 
 
 def test_a_token_that_begins_with_a_dash_reaches_the_emulator(
@@ -42,7 +43,7 @@ def test_a_token_that_begins_with_a_dash_reaches_the_emulator(
     monkeypatch.setattr(k8s_emulator, "_server", lambda app, tls: None)
     monkeypatch.setattr(k8s_emulator, "_serve", serve)
     argv = slinky.k8s_emulator_argv(cfg)
-    k8s_emulator.main(argv[argv.index("autoclusters.sandbox.k8s_emulator") + 1 :])
+    k8s_emulator.main(argv[argv.index("autoclusters.sandbox.kubernetes.emulator") + 1 :])
     assert seen["token"] == "-Xy_z-token" and seen["served"]
     assert seen["cert_dir"] == cfg.k8s_ca.parent  # the certificate the kubeconfig trusts
 

@@ -13,8 +13,8 @@ import typer
 from typer.testing import CliRunner
 
 from autoclusters.core.policy import LADDER, Rung
-from autoclusters.sandbox import chaos
 from autoclusters.sandbox import cli as sandbox_cli
+from autoclusters.sandbox.drivers import chaos
 
 runner = CliRunner()
 app = typer.Typer()

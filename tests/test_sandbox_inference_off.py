@@ -10,8 +10,10 @@ import typer
 from typer.testing import CliRunner
 
 from autoclusters.sandbox import cli as sandbox_cli
-from autoclusters.sandbox import cluster, inference_sandbox, monitoring, slinky
-from autoclusters.sandbox.config import SandboxConfig
+from autoclusters.sandbox import cluster, monitoring
+from autoclusters.sandbox.inference import launch as inference_sandbox
+from autoclusters.sandbox.runtime.config import SandboxConfig
+from autoclusters.sandbox.slinky import kubernetes_mode as slinky
 
 INFERENCE = {inference_sandbox.KUBELET, inference_sandbox.GATEWAY}
 INFERENCE_JOBS = {monitoring.GATEWAY_JOB, monitoring.SERVER_JOB}

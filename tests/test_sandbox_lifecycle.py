@@ -22,9 +22,9 @@ import pytest
 
 from autoclusters.core.process_start import start_ticks
 from autoclusters.sandbox import cluster
-from autoclusters.sandbox.config import SandboxConfig
-from autoclusters.sandbox.daemons import SandboxError
-from autoclusters.sandbox.processes import ProcessTable
+from autoclusters.sandbox.runtime.config import SandboxConfig
+from autoclusters.sandbox.runtime.daemons import SandboxError
+from autoclusters.sandbox.runtime.processes import ProcessTable
 from tests.conftest import free_port_base
 
 pytestmark = pytest.mark.integration  # real sandboxes

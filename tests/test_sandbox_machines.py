@@ -5,9 +5,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from autoclusters.sandbox.config import SandboxConfig
-from autoclusters.sandbox.machines import forget_old_machine
-from autoclusters.sandbox.processes import ProcessTable
+from autoclusters.sandbox.machines.backend import forget_old_machine
+from autoclusters.sandbox.runtime.config import SandboxConfig
+from autoclusters.sandbox.runtime.processes import ProcessTable
 
 
 def _old_memory(cfg: SandboxConfig, node: str) -> Path:

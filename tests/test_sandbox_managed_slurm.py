@@ -21,12 +21,17 @@ import pytest
 
 from autoclusters.core.process_start import start_ticks
 from autoclusters.integrations.crusoe.signing import format_timestamp, sign
-from autoclusters.sandbox import daemons
-from autoclusters.sandbox.config import SandboxConfig
-from autoclusters.sandbox.crusoe_emulator import EmulatorServer, create_app
-from autoclusters.sandbox.crusoe_world import InMemoryBackend, VmBackend
-from autoclusters.sandbox.machines import SandboxMachines
-from autoclusters.sandbox.processes import ProcessTable, kill_sessions, sessions_holding, wait_until
+from autoclusters.sandbox.crusoe.emulator import EmulatorServer, create_app
+from autoclusters.sandbox.crusoe.world import InMemoryBackend, VmBackend
+from autoclusters.sandbox.machines.backend import SandboxMachines
+from autoclusters.sandbox.runtime import daemons
+from autoclusters.sandbox.runtime.config import SandboxConfig
+from autoclusters.sandbox.runtime.processes import (
+    ProcessTable,
+    kill_sessions,
+    sessions_holding,
+    wait_until,
+)
 from tests import loopback
 from tests.conftest import free_port_base
 from tests.helpers import eventually

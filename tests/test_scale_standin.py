@@ -32,9 +32,9 @@ from autoclusters.core.policy import Rung
 from autoclusters.integrations.cloud import CloudError, CloudProvider
 from autoclusters.integrations.health import SlurmHealthGate
 from autoclusters.integrations.slurm import SlurmBatchClient, SlurmError
-from autoclusters.sandbox.standin_clients import StandInCloud, StandInSlurm
-from autoclusters.sandbox.standin_cluster import StandInCluster
-from autoclusters.sandbox.standin_server import make_app
+from autoclusters.sandbox.standin.clients import StandInCloud, StandInSlurm
+from autoclusters.sandbox.standin.cluster import StandInCluster
+from autoclusters.sandbox.standin.server import make_app
 from tests.helpers import eventually
 
 

@@ -52,9 +52,9 @@ from autoclusters.core.sharing import MoveDecision, MoveRecord, Pool, ShareStatu
 from autoclusters.core.slack_config import SlackConfig
 from autoclusters.integrations.slack import Links, SlackNotifier, slack_web_client
 from autoclusters.integrations.slack.cards import IncidentCard, card_message
-from autoclusters.sandbox.crusoe_emulator import EmulatorServer
-from autoclusters.sandbox.slack_emulator import EmulatorConfig
-from autoclusters.sandbox.slack_emulator import create_app as slack_emulator
+from autoclusters.sandbox.crusoe.emulator import EmulatorServer
+from autoclusters.sandbox.slack.emulator import EmulatorConfig
+from autoclusters.sandbox.slack.emulator import create_app as slack_emulator
 from autoclusters.workflows.gpu_rebalance import GpuRebalance
 from tests.decisions import APPROVAL_KEY, signed_move
 from tests.fake_share import LEND_STEPS, ShareWorld

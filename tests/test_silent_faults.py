@@ -1,5 +1,5 @@
-"""The sandbox's silent faults (sandbox/job_faults.py: `sandbox job-fault`) and what the
-silent demos read (sandbox/silent_demo.py), without a sandbox: the choices and bounds, the
+"""The sandbox's silent faults (sandbox/machines/job_faults.py: `sandbox job-fault`) and what the
+silent demos read (sandbox/drivers/silent_demo.py), without a sandbox: the choices and bounds, the
 watcher that lifts a hang once its processes are gone, and the summary's pure readings."""
 
 from __future__ import annotations
@@ -18,18 +18,18 @@ from autoclusters.core.fault_evidence import FaultEvidence
 from autoclusters.core.models import FaultSeen, IncidentRequest, IncidentState
 from autoclusters.core.process_start import start_ticks
 from autoclusters.sandbox import cli as sandbox_cli
-from autoclusters.sandbox import fault_effects, job_faults
-from autoclusters.sandbox.config import SandboxConfig
-from autoclusters.sandbox.daemons import agent_env
-from autoclusters.sandbox.fault_effects import NodeEffect, Proc
-from autoclusters.sandbox.joblog import ProgressLine
-from autoclusters.sandbox.silent_demo import (
+from autoclusters.sandbox.drivers.silent_demo import (
     SilentDemoSummary,
     detection_path,
     median_step_s,
     opening_rule,
     print_silent_summary,
 )
+from autoclusters.sandbox.machines import fault_effects, job_faults
+from autoclusters.sandbox.machines.fault_effects import NodeEffect, Proc
+from autoclusters.sandbox.machines.joblog import ProgressLine
+from autoclusters.sandbox.runtime.config import SandboxConfig
+from autoclusters.sandbox.runtime.daemons import agent_env
 
 T0 = datetime(2026, 12, 5, 12, 0, tzinfo=UTC)
 

@@ -56,9 +56,9 @@ from autoclusters.integrations.slack import (
 )
 from autoclusters.integrations.slack.cards import IncidentCard
 from autoclusters.integrations.slack.fanout import webhook_signature
-from autoclusters.sandbox.crusoe_emulator import EmulatorServer
-from autoclusters.sandbox.slack_cli import slack_app
-from autoclusters.sandbox.slack_emulator import EmulatorConfig, create_app
+from autoclusters.sandbox.crusoe.emulator import EmulatorServer
+from autoclusters.sandbox.slack.cli import slack_app
+from autoclusters.sandbox.slack.emulator import EmulatorConfig, create_app
 
 TOKEN = "xoxb-test-token"
 SECRET = "test-signing-secret"

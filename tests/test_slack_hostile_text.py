@@ -37,8 +37,8 @@ from autoclusters.core.fault_evidence import FaultEvidence
 from autoclusters.core.models import FaultReport, Notification
 from autoclusters.integrations.slack import ApproverDirectory, InteractionHandler, slack_web_client
 from autoclusters.integrations.slack.cards import parse_approval_value
-from autoclusters.sandbox.crusoe_emulator import EmulatorServer
-from autoclusters.sandbox.slack_emulator import EmulatorConfig, create_app
+from autoclusters.sandbox.crusoe.emulator import EmulatorServer
+from autoclusters.sandbox.slack.emulator import EmulatorConfig, create_app
 from autoclusters.workflows.remediation import NodeRemediation
 from tests.test_remediation_workflow import _fleet, _policy, _until, _waiting
 from tests.test_slack import API, PAGERS, SECRET, TOKEN, UI, Slack, notifier_for

@@ -1,4 +1,4 @@
-"""The emulated Slinky NodeSet controller (sandbox/slinky_operator.py) against the in-process
+"""The emulated Slinky NodeSet controller (sandbox/slinky/operator.py) against the in-process
 Kubernetes emulator (a thread) and the in-memory Slurm:
 
 - each GPU Node gets one slurmd pod the NodeSet controls, and a second pass adds none;
@@ -24,10 +24,10 @@ import yaml
 from kubernetes import client
 
 from autoclusters.integrations.k8s import api_client
-from autoclusters.sandbox.k8s_emulator import Running, running
-from autoclusters.sandbox.slinky_operator import SlinkyOperator
-from autoclusters.sandbox.slinky_operator_pods import NODE_CORDON_REASON, POD_CORDON, POD_HOSTNAME
-from autoclusters.sandbox.slinky_operator_slurm import TERMINATING_REASON
+from autoclusters.sandbox.kubernetes.emulator import Running, running
+from autoclusters.sandbox.slinky.operator import SlinkyOperator
+from autoclusters.sandbox.slinky.operator_pods import NODE_CORDON_REASON, POD_CORDON, POD_HOSTNAME
+from autoclusters.sandbox.slinky.operator_slurm import TERMINATING_REASON
 from tests.fakes import FakeSlurm
 
 TOKEN = "test-token"

@@ -1,4 +1,4 @@
-"""When the sandbox calls Temporal ready (sandbox/daemons.py `temporal_ready`): its ports
+"""When the sandbox calls Temporal ready (sandbox/runtime/daemons.py `temporal_ready`): its ports
 answering is not enough (the dev server takes them before its frontend is healthy); the
 frontend must answer its health check. A listener that is not Temporal is not ready; a real
 dev server is."""
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from autoclusters.sandbox import daemons
-from autoclusters.sandbox.config import SandboxConfig
+from autoclusters.sandbox.runtime import daemons
+from autoclusters.sandbox.runtime.config import SandboxConfig
 from tests.conftest import free_port_base
 from tests.helpers import start_temporal
 

@@ -1,4 +1,4 @@
-"""The sandbox's ticket desk plays the provider (sandbox/ticket_desk.py, docs/handoff.md):
+"""The sandbox's ticket desk plays the provider (sandbox/crusoe/ticket_desk.py, docs/handoff.md):
 
 - its answer reaches the API signed as the API verifies (the API gets past its 401 and
   looks the incident up), carries the ticket it opened, and is recorded on the ticket;
@@ -21,9 +21,9 @@ from autoclusters.clients.api.app import create_app
 from autoclusters.clients.inventory import StaticInventory
 from autoclusters.core.handoff import IDEMPOTENCY_HEADER, signed_headers
 from autoclusters.sandbox import cli as sandbox_cli
-from autoclusters.sandbox.crusoe_emulator import EmulatorServer
-from autoclusters.sandbox.ticket_desk import Desk
-from autoclusters.sandbox.ticket_desk import create_app as desk_app
+from autoclusters.sandbox.crusoe.emulator import EmulatorServer
+from autoclusters.sandbox.crusoe.ticket_desk import Desk
+from autoclusters.sandbox.crusoe.ticket_desk import create_app as desk_app
 from tests.helpers import HermeticSettings
 from tests.test_handoff_signing import SECRET, _request
 

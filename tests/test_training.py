@@ -39,8 +39,8 @@ from autoclusters.core import hostlist  # noqa: E402
 from autoclusters.core.process_start import command_line  # noqa: E402
 from autoclusters.core.settings import Settings  # noqa: E402
 from autoclusters.integrations.slurm import SlurmCli  # noqa: E402
-from autoclusters.sandbox import fault_effects as fe  # noqa: E402
-from autoclusters.sandbox.config import JOB_PORTS, SandboxConfig  # noqa: E402
+from autoclusters.sandbox.machines import fault_effects as fe  # noqa: E402
+from autoclusters.sandbox.runtime.config import JOB_PORTS, SandboxConfig  # noqa: E402
 from tests.helpers import fresh_policy, resolve_incident  # noqa: E402
 
 pytestmark = pytest.mark.integration  # torchrun runs and the session's real sandbox
@@ -260,7 +260,7 @@ def test_trains_logs_and_checkpoints_then_resumes(tmp_path: Path, runs: list[Tor
     assert all(len(losses) == 1 for losses in by_step.values())  # the all-reduced mean
 
     # The demo reads these lines as it read the placeholder job's.
-    from autoclusters.sandbox.demo import first_progress_after_restart
+    from autoclusters.sandbox.drivers.demo import first_progress_after_restart
 
     assert first_progress_after_restart(log, 0) == lines[0]["ts"]
 
@@ -732,7 +732,7 @@ async def test_in_job_recovery_by_the_runbook_on_sandbox(
         await asyncio.to_thread(until, lambda: _left_queue(env, job), 60, "the job to go")
 
 
-# One case a fault effect (sandbox/fault_effects.py), each with a fault whose realistic
+# One case a fault effect (sandbox/machines/fault_effects.py), each with a fault whose realistic
 # effect it is.
 BATCH_HOST_FAULTS = {"crash": "ECC_DBE", "hang": "XID_79", "lost": "NODE_NOT_READY"}
 

@@ -27,7 +27,7 @@ from autoclusters.core.faults import NAMED_FAULTS, UnknownFaultError, check_know
 from autoclusters.core.models import workflow_id
 from autoclusters.core.node_report import NodeReport
 from autoclusters.core.policy import default_policy
-from autoclusters.sandbox.config import SandboxConfig
+from autoclusters.sandbox.runtime.config import SandboxConfig
 from tests.helpers import HermeticSettings
 
 CLI = [sys.executable, "-m", "autoclusters.clients.cli"]

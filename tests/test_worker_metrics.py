@@ -48,8 +48,8 @@ from autoclusters.core.policy import FaultRule, GuardPolicy, Policy, Rung, StepP
 from autoclusters.core.recovery import capacity_recovery, job_recovery
 from autoclusters.integrations import temporal
 from autoclusters.integrations.slack import SlackNotifier, slack_web_client
-from autoclusters.sandbox.crusoe_emulator import EmulatorServer
-from autoclusters.sandbox.slack_emulator import EmulatorConfig, create_app
+from autoclusters.sandbox.crusoe.emulator import EmulatorServer
+from autoclusters.sandbox.slack.emulator import EmulatorConfig, create_app
 from autoclusters.workers.metrics import WorkerMetrics
 from autoclusters.workers.metrics_collector import TemporalCollector
 from autoclusters.workers.metrics_interceptor import MetricsInterceptor

@@ -8,7 +8,7 @@ from temporalio.client import Client
 
 from autoclusters.core.settings import Settings
 from autoclusters.integrations.slurm import SlurmCli
-from autoclusters.sandbox.standin_clients import StandInSlurm
+from autoclusters.sandbox.standin.clients import StandInSlurm
 from autoclusters.workers.remediation import sharing_activities
 
 
