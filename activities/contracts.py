@@ -2,8 +2,8 @@
 
 Workflows call these stubs, so importing a workflow loads no client library (Kubernetes,
 Slack, HTTP) and replays stay cheap. The worker registers the implementations
-(the classes next to this module) under the same names; `tests/test_contracts.py` checks that
-every stub has an implementation with the same input and result types.
+(the classes next to this module) under the same names; `tests/activities/test_contracts.py` checks
+that every stub has an implementation with the same input and result types.
 """
 
 from __future__ import annotations

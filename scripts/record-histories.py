@@ -4,7 +4,7 @@
 
 Run it on the release's own code (the tag), from the repository root. Each recorder runs
 its cases on the time-skipping test server against in-memory fakes and writes
-tests/histories/<workflow>_<RELEASE>_<case>.json; tests/test_replay.py replays every file
+tests/histories/<workflow>_<RELEASE>_<case>.json; tests/workers/test_replay.py replays every file
 there. Recorders: remediation (NodeRemediation and FleetGuard), cluster
 (ClusterProvisioning), cluster_ops (ScaleNodeSet, ClusterTeardown), share (GpuRebalance).
 """

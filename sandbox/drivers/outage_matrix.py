@@ -1,6 +1,6 @@
 """The outage matrix: which (component, step) pairs are worth a case, the job each case
 runs on its node, one case end to end (sandbox/drivers/outage.py's `run_outage_case` between the
-job's start and its cleanup), and what a case must show. tests/test_outage_matrix.py runs
+job's start and its cleanup), and what a case must show. tests/on_sandbox/test_outage_matrix.py runs
 it with 12 s outages, bench/outages.py with 60 s ones.
 
 The crash cases (`crash_matrix`) are a different fault of slurmctld: SIGKILLed (no clean

@@ -14,7 +14,7 @@ What the sandbox cannot run as shipped, it substitutes here, and only here, each
 naming the exact shipped text it replaces and why (`ARG_RULES`, `ENV_RULES`, `HOST_DIRS`).
 `render` refuses (`ManifestDrift`) a container with anything no rule and no `KEPT_*` entry
 accounts for, or a rule whose shipped text is gone: a change to the manifest's command,
-args, env or mounts stops the sandbox's agents (and fails tests/test_agent_daemonset.py)
+args, env or mounts stops the sandbox's agents (and fails tests/emulators/test_agent_daemonset.py)
 until this file says how the sandbox runs it. The Service and the ServiceAccount are not
 applied: the emulator serves neither kind, and nothing in the sandbox reads them.
 """
@@ -97,7 +97,7 @@ ARG_RULES: dict[str, tuple[ArgRule, str]] = {
         lambda cfg, n: [],
         "the agent's own GpuUnhealthy would sit beside the runbook's mark on the same Node; "
         "the sandbox shows the runbook's (the agent's is tested on its own, "
-        "tests/test_agent_node_condition.py)",
+        "tests/agent/test_agent_node_condition.py)",
     ),
     "--slurm-name-from-node": (
         lambda cfg, n: ["--slurm-name-from-node", f"--kubeconfig={cfg.kubeconfig}"],

@@ -1,7 +1,7 @@
 """A Slurm cluster and its cloud in memory, for a scale benchmark: thousands of nodes
 where the sandbox can run only a handful of real slurmd.
 
-It keeps what the activities rely on, as tests/fakes.py does for the workflow tests:
+It keeps what the activities rely on, as tests/fakes/systems.py does for the workflow tests:
 `scontrol` refuses to resume a node that is not drained and to requeue a job that is not
 running; a requeued job waits PENDING (BeginTime) until its hold is released, then starts
 again on idle nodes; a reboot takes the machine down (NOT_RESPONDING, its jobs die) and

@@ -1,0 +1,124 @@
+"""Recovery chosen by its cost (issue 42; core/recovery_cost.py): each path's estimated
+GPU-hours lost (the job's GPUs × (seconds to stepping again + work since its newest
+checkpoint)), the cheapest possible path taken, and the plans on the requeue step's result
+and in its description (what the incident, the Temporal UI and Slack show)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from autoclusters.activities.slurm import SlurmActivities
+from autoclusters.core.models import RequeueResult
+from autoclusters.core.policy import Policy, default_policy
+from autoclusters.core.recovery_cost import (
+    JobFacts,
+    RecoveryFigures,
+    plan_recovery,
+    recovery_text,
+)
+from tests.activities.test_in_job_recovery import SPARE, _input, run
+from tests.fakes.systems import FakeSlurm
+
+FIGURES = RecoveryFigures(in_job_s=1.5, requeue_s=20)
+
+
+def test_in_job_is_taken_where_possible_and_cheapest() -> None:
+    plan = plan_recovery(JobFacts(job_id=7, gpus=16, checkpoint_age_s=240), FIGURES)
+    assert plan.chosen == "in-job"
+    in_job, requeue = plan.estimate("in-job"), plan.estimate("requeue")
+    assert in_job is not None and requeue is not None
+    assert in_job.gpu_hours == pytest.approx(16 * 1.5 / 3600)
+    # The requeue restarts from the checkpoint: its 240 s of work are done again.
+    assert (requeue.resume_s, requeue.redo_s) == (20, 240)
+    assert requeue.gpu_hours == pytest.approx(16 * (20 + 240) / 3600)
+    assert "cheapest" in plan.why
+
+
+def test_a_job_that_cannot_recover_in_place_is_requeued_and_says_why() -> None:
+    facts = JobFacts(job_id=8, gpus=8, checkpoint_age_s=10, in_job_blocked="the batch host")
+    plan = plan_recovery(facts, FIGURES)
+    assert plan.chosen == "requeue" and "in-job not possible: the batch host" in plan.why
+    in_job = plan.estimate("in-job")
+    assert in_job is not None and not in_job.possible and in_job.why_not == "the batch host"
+    assert "not possible (the batch host)" in plan.describe()
+
+
+def test_the_cluster_figures_decide_a_tie_or_a_slower_in_place_recovery() -> None:
+    """A cluster whose in-place re-forming takes longer than a requeue from a fresh
+    checkpoint requeues: the figures, not a fixed preference, decide."""
+    slow = RecoveryFigures(in_job_s=30, requeue_s=20)
+    fresh = plan_recovery(JobFacts(job_id=9, gpus=8, checkpoint_age_s=5), slow)
+    assert fresh.chosen == "requeue" and "costs no more" in fresh.why
+    old = plan_recovery(JobFacts(job_id=9, gpus=8, checkpoint_age_s=60), slow)
+    assert old.chosen == "in-job"  # 30 s in place against 20 + 60 s
+
+
+def test_an_unknown_checkpoint_age_is_said_not_guessed() -> None:
+    plan = plan_recovery(JobFacts(job_id=10, gpus=4), FIGURES)
+    requeue = plan.estimate("requeue")
+    assert requeue is not None and requeue.redo_s == 0
+    assert "checkpoint age unknown" in plan.why
+
+
+def test_slack_is_told_each_jobs_choice_and_estimates() -> None:
+    plans = [
+        plan_recovery(JobFacts(job_id=7, gpus=16, checkpoint_age_s=240), FIGURES),
+        plan_recovery(JobFacts(job_id=8, gpus=8, in_job_blocked="no standby"), FIGURES),
+    ]
+    text = recovery_text(plans)
+    assert "job 7: in-job (in-job 0.00667 GPU-h; requeue 1.16 GPU-h)" in text
+    assert "job 8: requeue (in-job not possible (no standby); requeue 0.0444 GPU-h)" in text
+
+
+def test_the_shipped_policy_announces_and_a_bare_one_does_not() -> None:
+    """An incident opened before the field existed replays with False: no new command."""
+    assert default_policy().announce_recovery is True
+    assert Policy().announce_recovery is False
+    assert default_policy().recovery_figures == FIGURES
+
+
+def test_the_requeue_step_plans_every_job_it_recovers() -> None:
+    """The requeue step (activities/in_job.py, activities/slurm.py) plans each job on the
+    node from Slurm's view of it: its width and its checkpoint's age (`ckpt_at=`)."""
+    slurm = FakeSlurm()
+    for n in ("gpu-1", "gpu-2", "gpu-3"):
+        slurm.add_node(n)
+    saved = time.time() - 100
+    slurm.add_job(7, nodes="gpu-[1-3]", comment=f"ckpt_at={saved:.0f} {SPARE}")
+    slurm.in_job_recovering.add(7)
+    slurm.add_job(10, nodes="gpu-[2-3]", comment=f"ckpt_at={saved:.0f}")
+    out: RequeueResult = run(SlurmActivities(slurm).requeue_jobs, _input("gpu-2", "inc-1", True, 5))
+    plans = {p.job_id: p for p in out.plans}
+    assert plans[7].chosen == "in-job" and out.recovery_path()[7] == "in-job"
+    assert plans[10].chosen == "requeue" and out.requeued == [10]
+    assert "no standby" in plans[10].why
+    age = plans[10].checkpoint_age_s
+    assert age is not None and 99 <= age <= 160
+    assert plans[10].gpus == 2  # no GPUs asked for: its nodes
+    assert "plan job 7: in-job" in out.describe() and "plan job 10: requeue" in out.describe()
+
+
+def test_the_slack_card_shows_the_estimates_and_keeps_its_repair() -> None:
+    from autoclusters.core.models import Notification
+    from autoclusters.integrations.slack.cards import IncidentCard, Links, card_message
+
+    def note(event: str, text: str) -> Notification:
+        return Notification(
+            incident_id="INC-7", cluster="c1", node="gpu-01", fault="XID_79", event=event,
+            text=text,
+        )  # fmt: skip
+
+    opened = note("opened", "XID_79 on gpu-01: plan reboot (mode auto)")
+    plans = [plan_recovery(JobFacts(job_id=7, gpus=16, checkpoint_age_s=240), FIGURES)]
+    card = (
+        IncidentCard.for_note(opened)
+        .apply(opened)
+        .apply(note("recovery_chosen", recovery_text(plans)))
+    )
+    assert card.rung == "reboot" and card.state == "jobs recovering"
+    fallback, blocks = card_message(card, Links())
+    shown = str(blocks)
+    assert "job 7: in-job" in shown and "requeue 1.16 GPU-h" in shown
+    assert ":repeat:" in shown and "jobs recovering" in fallback
