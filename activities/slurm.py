@@ -36,10 +36,23 @@ from autoclusters.core.models import (
 from autoclusters.core.quarantine import QuarantineStatus, VerifyQuarantineInput
 from autoclusters.integrations.slurm import (
     SlurmClient,
+    SlurmError,
     SlurmFencingClient,
     SlurmInJobClient,
     SlurmUnavailable,
 )
+
+# A requeued job's begin time is ~2 minutes on; a pending job eligible later than this is
+# held, whatever reason Slurm shows yet (it names BeginTime at its next scheduling pass).
+HELD_AHEAD_S = 5
+
+
+def _held(job: SlurmJob, read_at: float) -> bool:
+    """Pending on a requeue's begin-time delay: by Slurm's reason, or by its eligible time
+    before Slurm has named the reason."""
+    if job.job_state != "PENDING":
+        return False
+    return job.state_reason == "BeginTime" or job.eligible_time > read_at + HELD_AHEAD_S
 
 
 def _settling(job: SlurmJob) -> bool:
@@ -162,8 +175,10 @@ class SlurmActivities:
                 await self._slurm.set_admin_comment(
                     job.job_id, requeue_marker(inp.incident_id, job.restart_cnt)
                 )
-            await self._slurm.requeue(job.job_id)
-            result.requeued_now.append(job.job_id)
+            if await self._requeue(job):
+                result.requeued_now.append(job.job_id)
+            else:
+                result.requeued_itself.append(job.job_id)
         # Release the requeue hold of every job this incident requeued, including those an
         # earlier attempt requeued before it was interrupted. A requeued job passes through
         # COMPLETING while its processes are killed; the hold can only be released once it
@@ -175,7 +190,7 @@ class SlurmActivities:
             jobs = await self._slurm.jobs()
             read_at = time.time()
             mine = [j for j in jobs if marked_for(j, inp.incident_id) is not None]
-            held = [j for j in mine if j.job_state == "PENDING" and j.state_reason == "BeginTime"]
+            held = [j for j in mine if _held(j, read_at)]
             for job in held:
                 await self._slurm.release_hold(job.job_id, read_at)
                 if job.job_id not in result.holds_released:
@@ -200,6 +215,22 @@ class SlurmActivities:
         result.requeued += [j.job_id for j in lost]
         result.records += lost
         return result
+
+    async def _requeue(self, job: SlurmJob) -> bool:
+        """Requeue a job this incident marked; False: it requeued itself in the same
+        instant (its checkpoint signal's `scontrol requeue`, train.sbatch's USR1), and
+        Slurm refused the second one ("Job is pending execution"). Read back, not assumed:
+        only a job whose restart count moved on since it was read running counts so; any
+        other refusal stands."""
+        try:
+            await self._slurm.requeue(job.job_id)
+            return True
+        except SlurmError:
+            now = {j.job_id: j for j in await self._slurm.jobs()}.get(job.job_id)
+            if now is None or now.restart_cnt <= job.restart_cnt or now.job_state in ACTIVE:
+                raise
+            activity.logger.info("job %s requeued itself as it was requeued", job.job_id)
+            return False
 
     async def _fence_if_stuck(
         self, inp: RequeueInput, controller_started: str, settling_since: dict[int, float]

@@ -351,6 +351,9 @@ class SlurmJob(BaseModel):
     batch_host: str = ""
     restart_cnt: int = 0
     state_reason: str = ""
+    # When a pending job may start (epoch seconds; 0: not said). A requeued job's is ~2
+    # minutes on, and Slurm names the reason (BeginTime) only at its next scheduling pass.
+    eligible_time: int = 0
     admin_comment: str = ""
     requeue: bool = False
     batch_flag: bool = True
@@ -502,6 +505,9 @@ class RequeueResult(BaseModel):
     not_requeueable: list[int] = Field(default_factory=list)
     holds_released: list[int] = Field(default_factory=list)
     requeued_now: list[int] = Field(default_factory=list)  # by this call
+    # Requeued by themselves (their checkpoint signal's requeue) in the instant this call
+    # requeued them, under this incident's marker: its one requeue all the same.
+    requeued_itself: list[int] = Field(default_factory=list)
     # Requeued once for this incident and running on the node again (left running unless
     # `requeue_again`): the runbook asks what to do with them.
     came_back: list[int] = Field(default_factory=list)
@@ -537,6 +543,8 @@ class RequeueResult(BaseModel):
         earlier = [j for j in self.requeued if j not in self.requeued_now]
         if earlier:
             parts.append(f"requeued earlier for this incident {earlier}")
+        if self.requeued_itself:
+            parts.append(f"requeued by themselves at that instant {self.requeued_itself}")
         if self.requeued_again:
             parts.append(f"requeued a second time {self.requeued_again}")
         if self.came_back:

@@ -128,6 +128,46 @@ def test_slow_flapping_is_bounded_by_the_flap_window() -> None:
     assert states(tail) == [("ECC_DBE", RESOLVED)]
 
 
+def _slow(run: str) -> dict[str, Finding]:
+    """A job-progress finding, as progress_rules.findings_for makes it."""
+    return {"SLOW_NODE": Finding("SLOW_NODE", immediate=True, messages=[run], episodes=[run])}
+
+
+def test_a_job_progress_fault_of_another_run_fires_again_even_when_damped() -> None:
+    """Seen in bench/silent.py: a node slow for three jobs within the hour was damped, and
+    the fourth job slow on it (its incidents long closed) opened no incident."""
+    d = debouncer(hold=1, clear=2, window=3600, flaps=3)
+    t, fired = 0.0, []
+    for k in range(3):  # three jobs in turn, each slow for a while, then gone
+        for _ in range(3):
+            t += 10
+            fired += d.update(t, _slow(f"{k}/0/0"))
+        for _ in range(3):
+            t += 10
+            fired += d.update(t, {})
+    assert [x.state for x in fired] == [FIRING, RESOLVED] * 3  # never damped
+    t += 10
+    again = d.update(t, _slow("9/0/0"))
+    assert states(again) == [("SLOW_NODE", FIRING)]
+
+
+def test_a_new_run_while_still_firing_is_a_new_fault_and_the_same_run_is_not() -> None:
+    d = debouncer(hold=1, clear=3)
+    assert states(d.update(1.0, _slow("5/0/0"))) == [("SLOW_NODE", FIRING)]
+    assert d.update(2.0, _slow("5/0/0")) == []  # the same run: the same fault
+    requeued = d.update(3.0, _slow("5/1/0"))  # the job's next run, slow here again
+    assert states(requeued) == [("SLOW_NODE", FIRING)] and requeued[0].sequence == 1
+    assert requeued[0].since == 3.0
+    assert d.update(4.0, _slow("5/1/0")) == []
+
+
+def test_findings_with_no_run_keep_the_flap_damping() -> None:
+    """The damping still holds for hardware findings (no episodes)."""
+    d = debouncer(hold=1, clear=1, window=3600, flaps=2)
+    got = feed(d, "x.x.x.x.", step=10)
+    assert len([x for x in got if x.state is FIRING]) == 2, states(got)
+
+
 class AgentRig:
     """An agent on the fake backend with a state file, restartable."""
 

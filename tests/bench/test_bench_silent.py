@@ -57,6 +57,21 @@ def test_a_trial_not_reached_fails_its_target_and_a_wrong_node_is_counted() -> N
     assert s["straggler -> full speed"]["n"] == 1
 
 
+def test_a_fault_never_found_is_a_miss_not_a_wrong_node() -> None:
+    """A trial whose fault opened no incident (the bench's row for it) fails the detection
+    target as not reached, and names no node."""
+    missed = {
+        "kind": "slow", "node": "gpu-02", "named": None, "other_nodes_named": [], "fault": None,
+        "expected_fault": "SLOW_NODE", "status": "not opened", "recovery_path": None,
+        "straggler -> SLOW_NODE": None, "straggler -> full speed": None,
+    }  # fmt: skip
+    s = silent.summarise([_slow(22.0, 39.0), missed], None)
+    found = s["straggler -> SLOW_NODE"]
+    assert found["n"] == 1 and found["missing"] == 1 and found["met"] is False
+    assert s["right node"]["slow"] == "1/2" and s["wrong nodes named"] == 0
+    assert s["resolved"] == "1/2"
+
+
 def test_the_longest_gaps_show_the_healthy_runs_evaluation_and_stall() -> None:
     lines = [
         ProgressLine(ts=t, node="gpu-01", restart=0, step=i)

@@ -39,6 +39,8 @@ from autoclusters.integrations.cloud import CloudError
 from autoclusters.integrations.slurm import SlurmError, SlurmUnavailable
 
 _REQUEUEABLE_STATES = {"RUNNING", "CONFIGURING", "SUSPENDED"}
+# A requeued job may start this long after (slurm.conf CredExpire + 1, by default ~2 min).
+REQUEUE_DELAY_S = 121
 
 
 class FakeSlurm:
@@ -337,6 +339,7 @@ class FakeSlurm:
             job.comment = f"ckpt_at={time.time():.0f}"
             was_on = hostlist.expand(job.nodes)
             job.job_state, job.state_reason, job.nodes = "PENDING", "BeginTime", ""
+            job.eligible_time = int(time.time()) + REQUEUE_DELAY_S
             job.batch_host = ""
             job.restart_cnt += 1
             for n in was_on:
@@ -356,6 +359,7 @@ class FakeSlurm:
         if self.completing_reads[job_id] > 0:
             self.completing_on[job_id] = job.nodes  # shown there while it completes
         job.job_state, job.state_reason, job.nodes = "PENDING", "BeginTime", ""
+        job.eligible_time = int(time.time()) + REQUEUE_DELAY_S
         job.batch_host = ""
         job.restart_cnt += 1
         self.requeue_count[job_id] += 1
@@ -372,7 +376,7 @@ class FakeSlurm:
         job = self._job(job_id)
         if job.job_state != "PENDING":
             raise SlurmError(f"scontrol update JobId={job_id}: Job is no longer pending execution")
-        job.state_reason = "None"
+        job.state_reason, job.eligible_time = "None", int(time.time())
         self.release_count[job_id] += 1
         self.record("release_hold", str(job_id))
 
