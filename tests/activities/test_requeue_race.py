@@ -18,7 +18,7 @@ from autoclusters.activities.job_markers import requeue_marker
 from autoclusters.activities.slurm import SlurmActivities
 from autoclusters.core.models import RequeueInput, RequeueResult, drain_reason
 from autoclusters.integrations.slurm import SlurmError
-from tests.fakes import REQUEUE_DELAY_S, FakeSlurm
+from tests.fakes.systems import REQUEUE_DELAY_S, FakeSlurm
 
 REASON = drain_reason("INC-1", "SLOW_NODE")
 
