@@ -103,7 +103,9 @@ class NodePoolAutoscaler:
                 waiting = sorted(
                     (p for p in every_pod if pods.owned_by(p, nodeset)
                      and pods.waiting_for_node(p) and not pods.terminating(p)),
-                    key=lambda p: p["metadata"]["name"],
+                    # As the operator keeps them: the oldest Pending pods stay longest.
+                    key=lambda p: (p["metadata"].get("creationTimestamp") or "",
+                                   p["metadata"]["name"]),
                 )  # fmt: skip
                 if await self._scale_up(nodeset, waiting, nodes, done):
                     self._owed.discard(key)
@@ -143,6 +145,9 @@ class NodePoolAutoscaler:
             if need <= 0:
                 return True
             target = min(pool.count + need, self.max_nodes)
+            # The pods no Node will come for are the ones the operator keeps (the oldest);
+            # a new Node takes the place of the newest.
+            short = waiting[: max(need - max(target - pool.count, 0), 0)]
             if target > pool.count:
                 await self._crusoe.patch_node_pool(pool.id, {"count": target})
                 after = await self._crusoe.node_pool_vms(pool.id)
@@ -150,12 +155,11 @@ class NodePoolAutoscaler:
                 new = sorted(vm.name for vm in after if vm.id not in old)
                 self._added.update({name: pool.id for name in new})
                 group = f"{{{pool.name} {pool.count}->{target} (max: {self.max_nodes})}}"
-                triggered = waiting[len(booting) : len(booting) + target - pool.count]
+                triggered = waiting[len(short) : len(short) + target - pool.count]
                 self._tell(triggered, "TriggeredScaleUp", f"pod triggered scale-up: [{group}]")
                 done.append(
                     f"node pool {pool.name}: {pool.count} -> {target} VMs ({', '.join(new)})"
                 )
-            short = waiting[len(booting) + max(target - pool.count, 0) :]
             if short:
                 why = f"node pool {pool.name} is at its max size ({self.max_nodes} VMs)"
                 self._tell(short, "NotTriggerScaleUp", f"pod didn't trigger scale-up: {why}",

@@ -18,6 +18,7 @@ from kubernetes import client
 from autoclusters.core.sharing import POOL_TAINT_KEY
 from autoclusters.sandbox.k8s_objects import now
 from autoclusters.sandbox.slinky_operator import SlinkyOperator
+from autoclusters.sandbox.slurm_topology import place_unplaced
 from tests.test_slinky_operator import (  # noqa: F401  (its fixtures)
     NODESET,
     NS,
@@ -124,3 +125,17 @@ async def test_scale_in_takes_the_newest_node_first(
     report = await operator.reconcile_once()
 
     assert report.drained == ["gpu-01"] and report.downed == ["gpu-01"]
+
+
+def test_a_node_no_switch_places_gets_a_switch_of_its_own() -> None:
+    conf = (
+        "# provisioning's\nSwitchName=leaf-01 Nodes=gpu-[01-02]\n"
+        "SwitchName=pod-01 Switches=leaf-01\n"
+    )
+    assert place_unplaced(conf, ["gpu-01", "gpu-02"]) == conf
+    assert place_unplaced("", ["cmk-gpu-3"]) == ""  # no topology/tree: nothing to place
+    placed = place_unplaced(conf, ["gpu-01", "gpu-02", "cmk-gpu-3"]).splitlines()
+    assert placed[-2:] == [
+        "SwitchName=unplaced Nodes=cmk-gpu-3",
+        "SwitchName=unplaced-root Switches=pod-01,unplaced",
+    ]
