@@ -9,11 +9,13 @@ where no pod of the same namespace matches a required pod anti-affinity term of 
 NodeSet's slurmd pods are kept). Among
 the nodes that fit, the one with the most GPUs free, then by name (LeastAllocated scoring,
 made deterministic). No fit: the pod stays Pending with PodScheduled=False and the
-scheduler's kind of message ("0/3 nodes are available: ...").
+scheduler's kind of message ("0/3 nodes are available: ..."), and a `FailedScheduling`
+Warning Event on the pod each time that message changes (as kube-scheduler records one).
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections import Counter
 
 from autoclusters.sandbox.k8s_controllers import TERMINAL, is_ready
@@ -155,3 +157,32 @@ def scheduled(status: Obj) -> Obj:
     conds.append({"type": "PodScheduled", "status": "True", "lastTransitionTime": now()})
     out["conditions"] = conds
     return out
+
+
+def unschedulable_message(status: Obj) -> str | None:
+    """The message of the pod's PodScheduled=False condition, if it has one."""
+    for c in status.get("conditions") or []:
+        if c.get("type") == "PodScheduled" and c.get("status") == "False":
+            return str(c.get("message") or "")
+    return None
+
+
+def failed_scheduling(pod: Obj, message: str) -> Obj:
+    """kube-scheduler's Event for a pod it cannot place (its name: one per message)."""
+    meta, stamp = pod["metadata"], now()
+    digest = hashlib.sha256(message.encode()).hexdigest()[:12]
+    return {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"name": f"{meta['name']}.{digest}", "namespace": meta["namespace"]},
+        "involvedObject": {"apiVersion": "v1", "kind": "Pod", "name": meta["name"],
+                           "namespace": meta["namespace"], "uid": meta.get("uid", "")},
+        "reason": "FailedScheduling",
+        "message": message,
+        "type": "Warning",
+        "source": {"component": "default-scheduler"},
+        "reportingComponent": "default-scheduler",
+        "firstTimestamp": stamp,
+        "lastTimestamp": stamp,
+        "count": 1,
+    }  # fmt: skip

@@ -2,7 +2,8 @@
 against the in-process Kubernetes emulator and the in-memory Slurm:
 
 - each missing Node is a Pending slurmd pod the default scheduler cannot place (one slurmd
-  per Node: its required pod anti-affinity), with the scheduler's reason;
+  per Node: its required pod anti-affinity), with the scheduler's reason on the pod and in
+  a `FailedScheduling` Event;
 - a new Node gets its own slurmd pod and a Pending pod goes; scaled back, the Pending pods go.
 """
 
@@ -73,6 +74,16 @@ async def test_replicas_beyond_the_nodes_leave_pending_pods_until_a_node_comes(
     )
     again = await operator.reconcile_once()
     assert again.created == [] and again.deleted == []  # steady: nothing made twice
+    # The scheduler says so, once per pod and reason, as kube-scheduler's Event does.
+    raw: Any = core.list_namespaced_event(NS, _preload_content=False)
+    said = sorted(
+        (e["involvedObject"]["name"], e["reason"], e["type"], e["message"])
+        for e in json.loads(raw.data)["items"]
+    )
+    assert said == [
+        (name, "FailedScheduling", "Warning", cond["message"])
+        for name in ("slurmd-gpu-new-1", "slurmd-gpu-new-2")
+    ]
 
     # The autoscaler's machine registers as a sandbox machine does (sandbox/machines.py):
     # in the training pool, tainted, so no Pending pod is bound to it by the scheduler.
