@@ -22,14 +22,13 @@ from autoclusters.activities.crusoe_machines import op_meta
 from autoclusters.core.sharing import INFERENCE_APP, INFERENCE_APP_LABEL
 from autoclusters.integrations.crusoe import CrusoeClient, load_credentials
 from autoclusters.integrations.crusoe.resources import SLURM_OPERATOR_ADD_ON
+from autoclusters.sandbox import slinky_autoscaler
 from autoclusters.sandbox.agent_daemonset import APP as AGENT_APP
 from autoclusters.sandbox.agent_daemonset import install as install_agent
-from autoclusters.sandbox.config import MAX_AGENT_PORTS, SandboxConfig
+from autoclusters.sandbox.config import SandboxConfig
 from autoclusters.sandbox.daemons import SandboxError
 
 AUTOCLUSTERS_ADD_ON = "autoclusters"
-# Machines `kubectl scale nodeset` may add beyond the sandbox's own (sandbox/slinky_autoscaler.py).
-SCALE_OUT_ROOM = 2
 CMK_VERSION = "1.33.4-cmk.1"
 # The pods the emulated kubelet runs (sandbox/slinky_kubelet.py: the Slurm daemons and the
 # agent's DaemonSet pods), beside the inference pods the inference kubelet runs: the
@@ -47,17 +46,10 @@ def emulator_args() -> list[str]:
     return ["--external-kubelet", EXTERNAL_PODS]
 
 
-def max_pool_nodes(cfg: SandboxConfig) -> int:
-    """How many VMs the cluster autoscaler lets the gpu node pool grow to: the sandbox's
-    machines and SCALE_OUT_ROOM more (each is a slurmd and an agent on this host; and never
-    past the sandbox's slurmd and agent ports)."""
-    return min(cfg.nodes + cfg.spares + SCALE_OUT_ROOM, MAX_AGENT_PORTS)
-
-
 def operator_args(cfg: SandboxConfig) -> list[str]:
     return [
         "--state-dir", str(cfg.state_dir), "--system-node", system_node(cfg),
-        "--max-pool-nodes", str(max_pool_nodes(cfg)),
+        "--max-pool-nodes", str(slinky_autoscaler.max_nodes(cfg)),
     ]  # fmt: skip
 
 

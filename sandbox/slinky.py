@@ -15,7 +15,7 @@ import sys
 
 import httpx
 
-from autoclusters.sandbox import k8s_tls
+from autoclusters.sandbox import k8s_tls, slinky_autoscaler
 from autoclusters.sandbox.cloud_api import (  # noqa: F401  (names other modules use)
     CRUSOE_EMULATOR,
     answers,
@@ -76,11 +76,16 @@ def k8s_answers(cfg: SandboxConfig) -> bool:
 
 
 def operator_argv(cfg: SandboxConfig) -> list[str]:
-    return [
+    argv = [
         sys.executable, "-m", "autoclusters.sandbox.slinky_operator",
         "--kubeconfig", str(cfg.kubeconfig), "--slurm-conf", str(cfg.slurm_conf),
         "--poll-s", str(OPERATOR_POLL_S),
     ]  # fmt: skip
+    if not cfg.cmk:  # (CMK: with the platform's own arguments, the autoscaler's included)
+        # The cluster autoscaler grows the Managed Slurm cluster's node set on a scale-out.
+        argv += ["--cloud-state-dir", str(cfg.state_dir),
+                 "--max-pool-nodes", str(slinky_autoscaler.max_nodes(cfg))]  # fmt: skip
+    return argv
 
 
 def seed(cfg: SandboxConfig) -> None:

@@ -1,25 +1,29 @@
-"""The cluster autoscaler of a CMK-platform sandbox: `kubectl scale nodeset` beyond the
-NodeSet's Nodes gets a machine from the NodeSet's node pool, and a scale back removes it.
+"""The sandbox's cluster autoscaler: `kubectl scale nodeset` beyond the NodeSet's Nodes
+gets a machine from the NodeSet's node group, and a scale back removes it.
 
-What the cloud's autoscaler does for a node group with a max size, through the Crusoe API as
-Crusoe's own does (a node pool's `count`, §2.4): when a NodeSet's `replicas` rises above its
-eligible Nodes, the emulated operator leaves a Pending slurmd pod per missing Node
-(`slinky_operator_pods.new_node_pod`) and this grows the pool whose `node_labels` the
-NodeSet selects by the shortfall, up to `max_nodes` VMs (the machines the sandbox has room
-for); its new VMs boot (sandbox/machines.py), register their Nodes, and the operator gives
-each a slurmd pod, whose daemon the kubelet declares and starts (sandbox/slinky_kubelet.py).
-It says so on the Pending pods, as cluster-autoscaler does: `TriggeredScaleUp`, or
-`NotTriggerScaleUp` (the pool at its max, the cloud refusing, no pool for the selector).
+What a cloud's autoscaler does for a node group with a max size, through the Crusoe API as
+Crusoe's own does: when a NodeSet's `replicas` rises above its eligible Nodes, the emulated
+operator leaves a Pending slurmd pod per missing Node (`slinky_operator_pods.new_node_pod`)
+and this grows the NodeSet's node group (sandbox/node_groups.py: the CMK node pool whose
+`node_labels` the NodeSet selects, or the Managed Slurm cluster's node set) by the
+shortfall, up to `max_nodes` machines (the machines the sandbox has room for). Its new VMs
+boot (sandbox/machines.py) and register their Nodes, and the operator gives each a slurmd
+pod; on CMK the kubelet declares the Slurm node and starts `slurmd -N` for it
+(sandbox/slinky_kubelet.py), on Managed Slurm the configuration lists it and the machine
+starts its slurmd. It says so on the Pending pods, as cluster-autoscaler does:
+`TriggeredScaleUp`, or `NotTriggerScaleUp` (the group at its max, the cloud refusing, no
+group for the NodeSet).
 
 It acts on a rise of `replicas` (kubectl scale), not on every Pending pod: a Node that went
 with its machine (a replacement under way) or one the product's `cluster scale` removed
-before it lowers `replicas` leaves a Pending pod too, and the pool is already being
+before it lowers `replicas` leaves a Pending pod too, and the group is already being
 refilled or shrunk by its owner there.
 
 Scaled back, the operator drains the newest Nodes' Slurm nodes and deletes their pods once
-idle; a Node this added that runs no slurmd pod then goes: the pool's count is lowered (so
-it does not refill) and its VM deleted (`ScaleDown` on the Node), which stops its daemons by
-PID. What it added is kept in `<state>/k8s/autoscaled.json` across restarts.
+idle; a Node this added that runs no slurmd pod then goes (`NodeGroup.remove`: out of the
+pool's count or the configuration, its VM deleted; `ScaleDown` on the Node), which stops its
+daemons by PID. What it added is kept in `<state>/k8s/autoscaled.json` across restarts;
+nothing it did not add is removed by it.
 """
 
 from __future__ import annotations
@@ -29,21 +33,24 @@ import json
 import logging
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
+import httpx
 from kubernetes import client
 from kubernetes.client import ApiException
 
 from autoclusters.integrations.crusoe import CrusoeClient, load_credentials
 from autoclusters.integrations.crusoe.errors import CrusoeError
-from autoclusters.integrations.crusoe.resources import NodePool
 from autoclusters.sandbox import slinky_operator_pods as pods
-from autoclusters.sandbox.config import SandboxConfig
+from autoclusters.sandbox.config import MAX_AGENT_PORTS, SandboxConfig
+from autoclusters.sandbox.node_groups import ManagedCloud, NodeGroup, PoolCloud
 
 log = logging.getLogger(__name__)
 
 Obj = dict[str, Any]
 COMPONENT = "cluster-autoscaler"
+# Machines `kubectl scale nodeset` may add beyond the sandbox's own.
+SCALE_OUT_ROOM = 2
 TIMEOUT_S = 10
 
 
@@ -51,17 +58,20 @@ def _key(nodeset: Obj) -> str:
     return f"{nodeset['metadata']['namespace']}/{nodeset['metadata']['name']}"
 
 
-def pool_labels(pool: NodePool) -> dict[str, str]:
-    labels = (pool.model_extra or {}).get("node_labels") or {}
-    return {str(k): str(v) for k, v in labels.items()} if isinstance(labels, dict) else {}
+class Cloud(Protocol):
+    """Where a NodeSet's machines come from (sandbox/node_groups.py)."""
+
+    async def group_for(self, selector: dict[str, str], nodes: list[str]) -> NodeGroup | None: ...
+
+    async def group(self, group_id: str) -> NodeGroup | None: ...
 
 
 class NodePoolAutoscaler:
     def __init__(
-        self, api: client.ApiClient, crusoe: CrusoeClient, max_nodes: int, state_file: Path
+        self, api: client.ApiClient, cloud: Cloud, max_nodes: int, state_file: Path
     ) -> None:
         self._core = client.CoreV1Api(api)
-        self._crusoe = crusoe
+        self._cloud = cloud
         self.max_nodes = max_nodes
         self._file = state_file
         saved = self._load()
@@ -117,56 +127,46 @@ class NodePoolAutoscaler:
             self._save()
         return done
 
-    async def _pool_for(self, nodeset: Obj) -> NodePool | None:
-        selector = pods.node_selector(nodeset)
-        for pool in await self._crusoe.list_node_pools():
-            labels = pool_labels(pool)
-            if all(labels.get(k) == v for k, v in selector.items()):
-                return pool
-        return None
-
     async def _scale_up(
         self, nodeset: Obj, waiting: list[Obj], nodes: dict[str, Obj], done: list[str]
     ) -> bool:
-        """Grow the pool by the Pending pods not already covered by a booting VM; True once
-        nothing more is owed (done, or nothing can be done)."""
+        """Grow the NodeSet's node group by the Pending pods not already covered by a booting
+        machine; True once nothing more is owed (done, or nothing can be done)."""
         if not waiting:
             return True
+        selector = pods.node_selector(nodeset)
+        mine = [n for n, node in nodes.items() if pods.eligible(node, selector)]
         try:
-            pool = await self._pool_for(nodeset)
-            if pool is None:
-                why = f"no node pool has the NodeSet's node labels {pods.node_selector(nodeset)}"
-                self._tell(waiting, "NotTriggerScaleUp", f"pod didn't trigger scale-up: {why}")
+            group = await self._cloud.group_for(selector, mine)
+            if group is None:
+                why = f"no node group has the NodeSet's Nodes (node labels {selector})"
+                self._tell(waiting, "NotTriggerScaleUp", f"pod didn't trigger scale-up: {why}",
+                           warning=True)  # fmt: skip
                 done.append(f"{_key(nodeset)}: {why}")
                 return True
-            before = await self._crusoe.node_pool_vms(pool.id)
-            booting = [vm for vm in before if vm.name not in nodes]
+            booting = [m for m in await group.machines() if m not in nodes]
             need = len(waiting) - len(booting)
             if need <= 0:
                 return True
-            target = min(pool.count + need, self.max_nodes)
+            target = min(group.size + need, self.max_nodes)
             # The pods no Node will come for are the ones the operator keeps (the oldest);
             # a new Node takes the place of the newest.
-            short = waiting[: max(need - max(target - pool.count, 0), 0)]
-            if target > pool.count:
-                await self._crusoe.patch_node_pool(pool.id, {"count": target})
-                after = await self._crusoe.node_pool_vms(pool.id)
-                old = {vm.id for vm in before}
-                new = sorted(vm.name for vm in after if vm.id not in old)
-                self._added.update({name: pool.id for name in new})
-                group = f"{{{pool.name} {pool.count}->{target} (max: {self.max_nodes})}}"
-                triggered = waiting[len(short) : len(short) + target - pool.count]
-                self._tell(triggered, "TriggeredScaleUp", f"pod triggered scale-up: [{group}]")
-                done.append(
-                    f"node pool {pool.name}: {pool.count} -> {target} VMs ({', '.join(new)})"
-                )
+            short = waiting[: max(need - max(target - group.size, 0), 0)]
+            if target > group.size:
+                new = await group.grow(target)
+                self._added.update({name: group.id for name in new})
+                size = f"{{{group.name} {group.size}->{target} (max: {self.max_nodes})}}"
+                triggered = waiting[len(short) : len(short) + target - group.size]
+                self._tell(triggered, "TriggeredScaleUp", f"pod triggered scale-up: [{size}]")
+                done.append(f"{group.name}: {group.size} -> {target} ({', '.join(new)})")
             if short:
-                why = f"node pool {pool.name} is at its max size ({self.max_nodes} VMs)"
+                why = f"node group {group.name} is at its max size ({self.max_nodes})"
                 self._tell(short, "NotTriggerScaleUp", f"pod didn't trigger scale-up: {why}",
                            warning=True)  # fmt: skip
                 done.append(f"{_key(nodeset)}: {len(short)} pod(s) left Pending: {why}")
             return True
-        except CrusoeError as e:  # refused (quota: 403) or away: said, and tried again
+        except (CrusoeError, httpx.HTTPError, LookupError) as e:
+            # Refused (quota: 403), away, or no machine to copy: said, and tried again.
             self._tell(waiting, "NotTriggerScaleUp", f"pod didn't trigger scale-up: {e}",
                        warning=True)  # fmt: skip
             done.append(f"{_key(nodeset)}: scale-up failed: {e}")
@@ -180,10 +180,10 @@ class NodePoolAutoscaler:
         done: list[str] = []
         running = {pods.node_of(p) for p in every_pod
                    if any(pods.owned_by(p, ns) for ns in nodesets)}  # fmt: skip
-        for name, pool_id in sorted(self._added.items()):
+        for name, group_id in sorted(self._added.items()):
             node = nodes.get(name)
             if node is None or name in running:
-                continue  # still booting (or gone with its VM: see below), or in use
+                continue  # still booting (or gone with its machine), or in use
             scaled_in = False
             for ns in nodesets:
                 selector, cap = pods.node_selector(ns), pods.replicas(ns)
@@ -193,19 +193,15 @@ class NodePoolAutoscaler:
             if not scaled_in:
                 continue
             try:
-                pool = await self._crusoe.get_node_pool(pool_id)
-                vm = next((v for v in await self._crusoe.node_pool_vms(pool_id)
-                           if v.name == name), None)  # fmt: skip
-                if vm is not None:
-                    # The count first: the pool must not refill what is deleted.
-                    await self._crusoe.patch_node_pool(pool_id, {"count": max(pool.count - 1, 0)})
-                    await self._crusoe.delete_vm(vm.id)
-            except CrusoeError as e:
+                group = await self._cloud.group(group_id)
+                if group is not None:
+                    await group.remove(name)
+            except (CrusoeError, httpx.HTTPError) as e:
                 done.append(f"remove {name}: {e}")
                 continue
             del self._added[name]
             self._tell([node], "ScaleDown", "node removed by cluster autoscaler")
-            done.append(f"node pool {pool.name}: removed {name}")
+            done.append(f"{group.name if group else group_id}: removed {name}")
         return done
 
     def _tell(self, objs: list[Obj], reason: str, message: str, *, warning: bool = False) -> None:
@@ -251,12 +247,22 @@ class NodePoolAutoscaler:
                 log.warning("no Event %s on %s: %s", reason, meta["name"], e)
 
 
+def max_nodes(cfg: SandboxConfig) -> int:
+    """How many machines the autoscaler lets a NodeSet's node group grow to: the sandbox's
+    and SCALE_OUT_ROOM more (each is a slurmd and an agent on this host; and never past the
+    sandbox's slurmd and agent ports)."""
+    return min(cfg.nodes + cfg.spares + SCALE_OUT_ROOM, MAX_AGENT_PORTS)
+
+
 def for_sandbox(api: client.ApiClient, cfg: SandboxConfig, max_nodes: int) -> NodePoolAutoscaler:
     """The sandbox's autoscaler: the Crusoe emulator through the sandbox's own credentials
-    (one quick retry: a pass must not wait out a long backoff; the next pass tries again)."""
+    (one quick retry: a pass must not wait out a long backoff; the next pass tries again);
+    node pools on CMK, the Managed Slurm cluster's node sets otherwise."""
     creds = load_credentials(config_path=cfg.crusoe_config)
     crusoe = CrusoeClient(
         credentials=creds, project_id=cfg.crusoe_project, timeout_s=TIMEOUT_S, max_attempts=2,
         backoff_s=0.5, poll_s=0.5,
     )  # fmt: skip
-    return NodePoolAutoscaler(api, crusoe, max_nodes, cfg.state_dir / "k8s" / "autoscaled.json")
+    state = f"http://127.0.0.1:{cfg.crusoe_port}/_emulator/state"
+    cloud: Cloud = PoolCloud(crusoe) if cfg.cmk else ManagedCloud(crusoe, state)
+    return NodePoolAutoscaler(api, cloud, max_nodes, cfg.state_dir / "k8s" / "autoscaled.json")

@@ -398,20 +398,27 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--system-node", default="", help="where the Slurm control pods run")
     parser.add_argument(
         "--max-pool-nodes", type=int, default=0,
-        help="CMK platform: the cluster autoscaler grows a NodeSet's node pool up to this many "
-        "VMs (0: no autoscaler)",
+        help="the cluster autoscaler grows a NodeSet's node group up to this many machines "
+        "(0: no autoscaler); its cloud is the sandbox's (--state-dir or --cloud-state-dir)",
     )  # fmt: skip
+    parser.add_argument(
+        "--cloud-state-dir", type=Path, help="Managed Slurm: the sandbox the autoscaler is of"
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # the kubelet's status reports
     api = api_client(kubeconfig=args.kubeconfig)
     workloads = kubelet = autoscaler = None
     if args.state_dir is not None:
-        cfg = SandboxConfig.load(args.state_dir)
         workloads = SlurmWorkloads(api, args.system_node)
-        kubelet = SlinkyKubelet(api, cfg)
-        if args.max_pool_nodes > 0:
-            autoscaler = slinky_autoscaler.for_sandbox(api, cfg, args.max_pool_nodes)
+        kubelet = SlinkyKubelet(api, SandboxConfig.load(args.state_dir))
+    if args.max_pool_nodes > 0:
+        sandbox = args.state_dir or args.cloud_state_dir
+        if sandbox is None:
+            parser.error("--max-pool-nodes needs --state-dir or --cloud-state-dir")
+        autoscaler = slinky_autoscaler.for_sandbox(
+            api, SandboxConfig.load(sandbox), args.max_pool_nodes
+        )
     # A slurmctld that is not up yet holds sinfo until its timeout: on the CMK platform that
     # would hold the kubelet's next pass too, so the wait is shorter there.
     slurm_cli = OperatorSlurmCli(

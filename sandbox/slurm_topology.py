@@ -36,6 +36,9 @@ def place_unplaced(topology: str, nodes: list[str]) -> str:
     it places them all, or is empty: no topology/tree)."""
     if not topology.strip():
         return topology
+    # Placed again from what provisioning wrote: a node gone from the list leaves it.
+    if HEADER in topology:
+        topology = topology[: topology.index(HEADER)]
     placed: set[str] = set()
     switches: list[str] = []
     children: set[str] = set()

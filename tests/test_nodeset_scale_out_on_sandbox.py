@@ -25,7 +25,7 @@ import httpx
 import pytest
 import pytest_asyncio
 
-from autoclusters.sandbox import cluster, cmk_platform
+from autoclusters.sandbox import cluster, slinky_autoscaler
 from autoclusters.sandbox.config import SandboxConfig
 from autoclusters.sandbox.processes import ProcessTable
 from tests.conftest import free_port_base
@@ -133,7 +133,7 @@ async def test_scale_out_adds_a_node_that_slurm_shows(cfg: SandboxConfig) -> Non
 
 
 async def test_beyond_the_pools_max_a_pod_stays_pending_and_says_why(cfg: SandboxConfig) -> None:
-    top = cmk_platform.max_pool_nodes(cfg)
+    top = slinky_autoscaler.max_nodes(cfg)
     assert top == 4
 
     _scale(cfg, top + 1)
@@ -152,7 +152,7 @@ async def test_beyond_the_pools_max_a_pod_stays_pending_and_says_why(cfg: Sandbo
     assert cond["reason"] == "Unschedulable"
     described = _kubectl(cfg, "describe", "pod", "-n", NS, name)
     assert "NotTriggerScaleUp" in described
-    assert f"node pool {NODESET} is at its max size ({top} VMs)" in described
+    assert f"node group {NODESET} is at its max size ({top})" in described
 
 
 async def test_scaling_back_removes_the_added_nodes(cfg: SandboxConfig) -> None:
