@@ -37,6 +37,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from autoclusters.core.policy import Rung
     from autoclusters.core.quarantine import QuarantineStatus, VerifyQuarantineInput
+    from autoclusters.core.recovery_capacity import capacity_for
     from autoclusters.core.recovery_cost import recovery_text
     from autoclusters.core.sharing import YieldCall, is_sharing_reason
 
@@ -125,6 +126,7 @@ class Quarantine:
                 in_job_budget_s=p.in_job_budget_s,
                 drain_reason=drain_reason(req.incident_id, req.fault),
                 figures=p.recovery_figures,
+                capacity=capacity_for(p, req.fault, s.rung),
             ),
             f"requeue the jobs on {req.node}",
             lambda r: r.describe(),
