@@ -21,8 +21,9 @@ the new rank 0 is one that completed the newest step, its parameters and optimiz
 broadcast, so no step is lost and nothing is restarted or imported again. Rank 0 then writes
 `resumed_at=<epoch s>` to the Comment, which is how the runbook learns that the job steps
 again (a run Slurm started again after a requeue writes it at its first step too: the
-runbook measures what the fault cost the job from it, core/recovery_loss.py). In this mode the gradients are all-reduced by hand, not by DDP: its reducer waits for
-them inside backward(), where a signal cannot reach the rank.
+runbook measures what the fault cost the job from it, core/recovery_loss.py). In this mode
+the gradients are all-reduced by hand, not by DDP: its reducer waits for them inside
+backward(), where a signal cannot reach the rank.
 
 SIGTERM (Slurm requeue/cancel, torchrun shutting down) and SIGUSR1 (Slurm's warning before
 the time limit) make every rank stop at the same step boundary, save, and exit 128+signal.
