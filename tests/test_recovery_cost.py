@@ -82,6 +82,7 @@ def test_the_shipped_policy_announces_and_a_bare_one_does_not() -> None:
     assert default_policy().announce_recovery is True
     assert Policy().announce_recovery is False
     assert default_policy().recovery_figures == FIGURES
+    assert default_policy().measure_recovery is True and Policy().measure_recovery is False
 
 
 def test_the_requeue_step_plans_every_job_it_recovers() -> None:
