@@ -180,3 +180,35 @@ class MeasureRecoveryResult(BaseModel):
         if unknown:
             parts.append(f"unknown: {', '.join(unknown)}")
         return "; ".join(parts) + f" ({self.waited_s:.1f}s)"
+
+
+class PathFigures(BaseModel):
+    """What the closed incidents measured on one path: the policy's recovery figure for it
+    (`autoclusters stats recovery`)."""
+
+    path: str  # as estimated: in-job, requeue, spare, borrow, repair
+    measured: int
+    median_resume_s: float | None = None  # fault -> stepping again, the figure itself
+    median_redo_s: float | None = None
+
+
+def figures_by_path(losses: Iterable[RecoveryLoss]) -> list[PathFigures]:
+    """Per path the plan expected, the median seconds to stepping again the incidents
+    measured: what `recovery_figures` should say for this cluster."""
+    resume: dict[str, list[float]] = {}
+    redo: dict[str, list[float]] = {}
+    for loss in losses:
+        if loss.resume_s is None or loss.redo_s is None:
+            continue
+        path = loss.estimated_path or loss.path
+        resume.setdefault(path, []).append(loss.resume_s)
+        redo.setdefault(path, []).append(loss.redo_s)
+    return [
+        PathFigures(
+            path=path,
+            measured=len(resume[path]),
+            median_resume_s=round(statistics.median(resume[path]), 2),
+            median_redo_s=round(statistics.median(redo[path]), 2),
+        )
+        for path in sorted(resume)
+    ]

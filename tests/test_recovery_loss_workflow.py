@@ -7,13 +7,17 @@ history gives (clients/incident_history.py); a policy without it adds no step.""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 from temporalio.testing import WorkflowEnvironment
+from typer.testing import CliRunner
 
+from autoclusters.clients.cli.app import app
 from autoclusters.clients.incident_history import record_from_history
 from tests.test_remediation_workflow import RUNBOOK, _fleet, _policy
 
@@ -27,7 +31,7 @@ async def _until(check: Callable[[], bool], what: str, timeout_s: float = 30) ->
 
 @pytest.mark.parametrize("measure", [True, False])
 async def test_the_incident_records_the_actual_loss_beside_the_estimate(
-    env: WorkflowEnvironment, measure: bool
+    env: WorkflowEnvironment, measure: bool, tmp_path: Path
 ) -> None:
     async with _fleet(env, nodes=4) as f:  # gpu-04 is free: job 101 restarts at once
         saved = time.time() - 30
@@ -66,3 +70,14 @@ async def test_the_incident_records_the_actual_loss_beside_the_estimate(
     # The record read back from the history carries both, as the fleet page reads them.
     record = record_from_history(history)
     assert record.recovery_losses == result.recovery_losses
+    # `autoclusters stats recovery` reads the same from the exported history.
+    exported = tmp_path / "incident.json"
+    exported.write_text(history.to_json())
+    out = CliRunner().invoke(app, ["stats", "recovery", "--json", "--from-history", str(exported)])
+    assert out.exit_code == 0, out.output
+    body = json.loads(out.stdout)
+    assert body["paths"] == [
+        {"path": "requeue", "measured": 1, "median_resume_s": round(loss.resume_s, 2),
+         "median_redo_s": round(loss.redo_s, 2)}  # type: ignore[arg-type]
+    ]  # fmt: skip
+    assert body["estimates"]["measured"] == 1 and body["incidents"] == 1
