@@ -3,6 +3,8 @@
 Prints, per phase, the median and p95 seconds from the fault (detection, quarantine, job
 requeued, job running again, repair, health gate, back in service); the steps the job did
 again and the work lost per fault (seconds until it ran again plus its recomputed steps);
+per fault, the recovery planner's estimate beside that loss in GPU-hours, and how many
+faults' estimates were within ±30 % of it (bench/mttr_planner.py);
 the orchestration overhead (incident time spent outside every external call and deliberate
 wait); and, on the requeue path, the job's effective training time ratio over the whole run.
 Writes a PNG timeline.
@@ -64,6 +66,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # mttr_borrowed
 
 from mttr_borrowed import BorrowedFault, borrowed_faults  # noqa: E402
+from mttr_planner import planner_line, planner_row, planner_summary  # noqa: E402
 from rich.console import Console  # noqa: E402
 from temporalio.client import Client  # noqa: E402
 
@@ -399,6 +402,7 @@ async def _bench(
                 "status": state.status,
             }
         )
+        rows[-1]["planner"] = planner_row(state, job_id, path, rows[-1]["work lost (s)"])
         overheads.append(overhead(state))
         timelines.append((f"#{k + 1} {node}", fault_at, state, resumed - fault_at))
         print(
@@ -407,6 +411,7 @@ async def _bench(
             f"job again +{rows[-1]['job running again']:.1f}s, "
             f"node back +{rows[-1]['back in service'] or float('nan'):.1f}s"
         )
+        print(planner_line(rows[-1]["planner"]))
     run_end = time.time()
     ratio = None if in_job else _effective_ratio(log, run_start, run_end)
     if not in_job:
@@ -481,6 +486,10 @@ def report(rows: list[Row], overheads: list[float], ratio: float | None) -> dict
         print(f"inference requests over the faults: {sum(sent):.0f} sent, {failed:.0f} failed")
     if ratio is not None:
         print(f"effective training time ratio over the run: {ratio:.3f}")
+    planned = [r["planner"] for r in rows if "planner" in r]
+    if planned:
+        line, summary["planner"] = planner_summary(planned)
+        print(line)
     return summary
 
 
