@@ -76,6 +76,7 @@ from autoclusters.clients.agent import fake_backend  # noqa: E402
 from autoclusters.core import hostlist  # noqa: E402
 from autoclusters.core.models import IncidentState, SlurmJob  # noqa: E402
 from autoclusters.core.policy import Policy  # noqa: E402
+from autoclusters.core.recovery_cost import RecoveryFigures  # noqa: E402
 from autoclusters.core.settings import Settings, load_file, policy_for  # noqa: E402
 from autoclusters.integrations import temporal  # noqa: E402
 from autoclusters.integrations.slurm import SlurmCli  # noqa: E402
@@ -249,6 +250,7 @@ async def run(args: argparse.Namespace) -> int:
             "rows": rows,
             "summary": summary,
             "effective_training_ratio": ratio,
+            "recovery_figures": args.recovery_figures,
         }
         Path(args.record).write_text(json.dumps(record, indent=1) + "\n")
         print(f"record: {args.record}")
@@ -272,10 +274,17 @@ class Rig:
         self.slurm = SlurmCli(cfg.slurm_conf)
 
     @classmethod
-    async def connect(cls, cfg: SandboxConfig) -> Rig:
+    async def connect(cls, cfg: SandboxConfig, figures: dict[str, float] | None = None) -> Rig:
+        """`figures`: the recovery planner's seconds per path (`--recovery-figures`), over
+        the shipped policy's, e.g. this machine's medians from an earlier run."""
         settings = load_file(cfg.settings_file)
         # Each incident is a fresh fault: no recurrence escalation between bench incidents.
         policy = policy_for(settings).model_copy(update={"recurrence_window_s": 0.001})
+        if figures:
+            merged = {**policy.recovery_figures.model_dump(), **figures}
+            policy = policy.model_copy(
+                update={"recovery_figures": RecoveryFigures.model_validate(merged)}
+            )
         cfg.policy_file.write_text(yaml.safe_dump(policy.model_dump(mode="json"), sort_keys=False))
         return cls(cfg, settings, policy, await temporal.connect(settings))
 
@@ -324,7 +333,7 @@ def on_batch_host(k: int, every: int) -> bool:
 async def _bench(
     cfg: SandboxConfig, args: argparse.Namespace
 ) -> tuple[list[Row], list[float], list[Timeline], str, float | None]:
-    rig = await Rig.connect(cfg)
+    rig = await Rig.connect(cfg, json.loads(args.recovery_figures or "{}"))
     slurm = rig.slurm
     effect = fault_effects.parse_effect(args.effect, args.fault)
     in_job = args.job_recovery == "in-job"
@@ -662,6 +671,13 @@ def main() -> None:
     p.add_argument("--state-dir", default=None)
     p.add_argument("--out", default=None, help="folder for the PNG timeline")
     p.add_argument("--record", default=None, help="JSON file for the per-fault figures")
+    p.add_argument(
+        "--recovery-figures",
+        default=None,
+        metavar="JSON",
+        help="the recovery planner's seconds per path over the shipped policy's, e.g. "
+        '\'{"in_job_s": 1.3, "requeue_s": 15}\' (this machine\'s medians from an earlier run)',
+    )
     args = p.parse_args()
     # A bench stopped with SIGTERM (a timeout, a CI job cancelled) still takes its sandbox
     # down: the signal becomes the KeyboardInterrupt that asyncio.run turns into the main
