@@ -156,8 +156,9 @@ def plan_for(
     free: int | None = None,
 ) -> RecoveryPlan:
     """The job's recovery plan from what Slurm shows of it: its width (GPUs, else nodes),
-    its checkpoint's age (`ckpt_at=` in its comment; unknown when it does not say) and the
-    free nodes it could start again on (`free`: None, unknown)."""
+    its checkpoint's age at `now` (the fault, where the incident says when; `ckpt_at=` in
+    its comment; unknown when it does not say) and the free nodes it could start again on
+    (`free`: None, unknown)."""
     stamp = job_comment(job, "ckpt_at")
     try:
         saved = float(stamp) if stamp is not None else None
@@ -209,12 +210,14 @@ class InJobRecovery:
         poll_s: float,
         figures: RecoveryFigures | None = None,
         capacity: RecoveryCapacity | None = None,
+        fault_at: float | None = None,
     ) -> None:
         self._slurm = slurm
         self.node, self.incident_id = node, incident_id
         self.budget_s, self.poll_s = budget_s, poll_s
         self.figures = figures or RecoveryFigures()
         self.capacity = capacity
+        self.fault_at = fault_at  # the checkpoints' ages are counted to it (None: now)
         self.result = InJobResult()
 
     async def recover(self) -> InJobResult:
@@ -244,7 +247,8 @@ class InJobRecovery:
                 lost |= {n for n in hostlist.expand(job.nodes) if faulty(nodes.get(n))}
             why = why_not_in_place(job, self.node, lost)
             free = free_nodes(list(nodes.values()), job, self.node)
-            plan = plan_for(job, why, self.figures, time.time(), capacity=self.capacity, free=free)
+            at = self.fault_at or time.time()
+            plan = plan_for(job, why, self.figures, at, capacity=self.capacity, free=free)
             self.result.plans.append(plan)
             if why is None and plan.chosen != "in-job":
                 why = f"the cheaper path: {plan.why}"

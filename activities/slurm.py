@@ -128,7 +128,7 @@ class SlurmActivities:
             # requeued there, under this incident's marker (seen below as requeued once).
             result.in_job = await InJobRecovery(
                 self._slurm, inp.node, inp.incident_id, inp.in_job_budget_s, inp.poll_s,
-                inp.figures, inp.capacity,
+                inp.figures, inp.capacity, inp.fault_at,
             ).recover()  # fmt: skip
             result.plans = list(result.in_job.plans)
         # Another incident's requeue of a job is this fault's too: never a second one.
@@ -166,8 +166,13 @@ class SlurmActivities:
                 free = free_nodes(nodes, job, inp.node)
                 result.plans.append(
                     plan_for(
-                        job, blocked, inp.figures, time.time(), capacity=inp.capacity, free=free
-                    )
+                        job,
+                        blocked,
+                        inp.figures,
+                        inp.fault_at or time.time(),
+                        capacity=inp.capacity,
+                        free=free,
+                    )  # fmt: skip
                 )
             if before is None:
                 await self._slurm.set_admin_comment(

@@ -502,6 +502,10 @@ class RequeueInput(BaseModel):
     # What the incident knows of the capacity the jobs may restart on (a hot spare, the
     # repair's length from the cluster's history): the other paths the plan weighs.
     capacity: RecoveryCapacity = Field(default_factory=RecoveryCapacity)
+    # The incident's opening (epoch s): a job's work since its checkpoint is counted to the
+    # fault, when it stopped making progress, not to the plan a second or two later.
+    # None: to now.
+    fault_at: float | None = None
 
 
 class RequeueResult(BaseModel):

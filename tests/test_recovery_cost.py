@@ -191,3 +191,19 @@ def test_a_requeue_after_a_failed_in_place_recovery_is_judged_by_its_own_estimat
     assert fell_back is not None and fell_back.path == "requeue"
     in_place = plan.expected_for("in-job")
     assert in_place is not None and in_place.path == "in-job"
+
+
+def test_the_checkpoints_age_is_counted_to_the_fault_not_to_the_plan() -> None:
+    """The job stopped making progress at the fault: the work redone is since its
+    checkpoint until then, not until the requeue step planned a second or two later."""
+    slurm = FakeSlurm()
+    for n in ("gpu-1", "gpu-2", "gpu-3"):
+        slurm.add_node(n)
+    saved = float(int(time.time()) - 100)
+    slurm.add_job(10, nodes="gpu-[1-2]", comment=f"ckpt_at={saved:.0f}")
+    inp = _input("gpu-2", "inc-1", False, 5).model_copy(update={"fault_at": saved + 40})
+    out: RequeueResult = run(SlurmActivities(slurm).requeue_jobs, inp)
+    (plan,) = out.plans
+    assert plan.checkpoint_age_s == 40 and plan.checkpoint_at == saved
+    requeue = plan.estimate("requeue")
+    assert requeue is not None and requeue.possible and requeue.redo_s == 40  # gpu-3 is free

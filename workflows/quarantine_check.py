@@ -127,6 +127,7 @@ class Quarantine:
                 drain_reason=drain_reason(req.incident_id, req.fault),
                 figures=p.recovery_figures,
                 capacity=capacity_for(p, req.fault, s.rung),
+                fault_at=req.opened_at.timestamp(),
             ),
             f"requeue the jobs on {req.node}",
             lambda r: r.describe(),
