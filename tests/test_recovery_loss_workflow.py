@@ -9,17 +9,27 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+import pytest_asyncio
 from temporalio.testing import WorkflowEnvironment
 from typer.testing import CliRunner
 
 from autoclusters.clients.cli.app import app
 from autoclusters.clients.incident_history import record_from_history
+from tests.helpers import time_skipping_env
 from tests.test_remediation_workflow import RUNBOOK, _fleet, _policy
+
+
+@pytest_asyncio.fixture
+async def env() -> AsyncIterator[WorkflowEnvironment]:
+    """A time-skipping server per test, as tests/test_remediation_workflow.py's (a fresh
+    one keeps whatever one test leaves behind from locking time for the next)."""
+    async with await time_skipping_env() as environment:
+        yield environment
 
 
 async def _until(check: Callable[[], bool], what: str, timeout_s: float = 30) -> None:
