@@ -140,7 +140,10 @@ class Quarantine:
         # restarted since (workflows/controller_restart.py compares, and moves it on).
         s.controller_started = s.controller_started or requeued.controller_started
         s.recovery_path = requeued.recovery_path()
-        s.recovery_plans = requeued.plans
+        # A second quarantine (the node was undrained meanwhile) plans only the jobs it
+        # requeues: the first one's plans stay, for the loss measured at the close.
+        again = {p.job_id for p in requeued.plans}
+        s.recovery_plans = [p for p in s.recovery_plans if p.job_id not in again] + requeued.plans
         if p.announce_recovery and requeued.plans:
             # Only a policy that says so: a run whose snapshot predates the field (False)
             # issues no new command on replay (docs/versioning.md).
