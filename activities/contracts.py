@@ -98,6 +98,7 @@ from autoclusters.core.models import (
     WaitRegisteredInput,
 )
 from autoclusters.core.quarantine import QuarantineStatus, VerifyQuarantineInput
+from autoclusters.core.recovery_loss import MeasureRecoveryInput, MeasureRecoveryResult
 from autoclusters.core.sharing import (
     CheckpointResult,
     Demand,
@@ -458,4 +459,9 @@ async def share_yield_node(call: YieldCall) -> YieldResult:
 
 @activity.defn(name="send_handoff")
 async def send_handoff(call: HandoffCall) -> HandoffSent:
+    raise _stub()
+
+
+@activity.defn(name="measure_recovery")
+async def measure_recovery(inp: MeasureRecoveryInput) -> MeasureRecoveryResult:
     raise _stub()

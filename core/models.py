@@ -15,7 +15,8 @@ from autoclusters.core.fault_evidence import FaultEvidence
 from autoclusters.core.faults import FAULT_PATTERN, NODE_PATTERN
 from autoclusters.core.handoff_answer import HandoffRecord
 from autoclusters.core.policy import Policy, Rung
-from autoclusters.core.recovery_cost import RecoveryFigures, RecoveryPlan
+from autoclusters.core.recovery_cost import RecoveryCapacity, RecoveryFigures, RecoveryPlan
+from autoclusters.core.recovery_loss import RecoveryLoss
 
 REASON_PREFIX = "autoclusters:"
 
@@ -243,6 +244,9 @@ class IncidentState(BaseModel):
     recovery_path: dict[int, str] = Field(default_factory=dict)
     # What each path was estimated to cost each job, and the one taken (core/recovery_cost.py).
     recovery_plans: list[RecoveryPlan] = Field(default_factory=list)
+    # Measured when it closed (policy measure_recovery): each planned job's actual loss
+    # beside the estimate of the path it took (core/recovery_loss.py).
+    recovery_losses: list[RecoveryLoss] = Field(default_factory=list)
     old_vm_id: str | None = None
     new_vm_id: str | None = None
     # Repaired too often within the policy's lemon window: held out until a person says.
@@ -498,6 +502,13 @@ class RequeueInput(BaseModel):
     fence_after_s: float | None = 3.0
     # The cluster's seconds to stepping again per path: what the recovery plan weighs.
     figures: RecoveryFigures = Field(default_factory=RecoveryFigures)
+    # What the incident knows of the capacity the jobs may restart on (a hot spare, the
+    # repair's length from the cluster's history): the other paths the plan weighs.
+    capacity: RecoveryCapacity = Field(default_factory=RecoveryCapacity)
+    # The incident's opening (epoch s): a job's work since its checkpoint is counted to the
+    # fault, when it stopped making progress, not to the plan a second or two later.
+    # None: to now.
+    fault_at: float | None = None
 
 
 class RequeueResult(BaseModel):

@@ -287,6 +287,12 @@ class Policy(_Strict):
     # go to Slack once the jobs are on their way (off in a policy that does not say).
     recovery_figures: RecoveryFigures = Field(default_factory=RecoveryFigures)
     announce_recovery: bool = False
+    # When the incident closes, measure what each planned job lost (when it stepped again,
+    # the work it redid: core/recovery_loss.py) and set it beside the estimate, on the
+    # incident and in the closing message; a requeued job is waited for up to
+    # measure_recovery_s. Off in a policy that does not say: one more step at the close.
+    measure_recovery: bool = False
+    measure_recovery_s: float = Field(default=300, gt=0, le=3600, allow_inf_nan=False)
     checkpoint_signal: str = Field(default="USR1", pattern=r"^[A-Z0-9]{2,8}$")
     checkpoint_budget_s: float = Field(default=120, gt=0, le=3600, allow_inf_nan=False)
     faults: dict[FaultKind, FaultRule] = Field(default_factory=dict)

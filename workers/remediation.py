@@ -30,6 +30,7 @@ from autoclusters.activities.health import HealthActivities
 from autoclusters.activities.kubernetes import KubernetesActivities
 from autoclusters.activities.machine_of import MachineOf
 from autoclusters.activities.notify import NotifyActivities
+from autoclusters.activities.recovery_loss import RecoveryLossActivities
 from autoclusters.activities.screen import ScreenActivities
 from autoclusters.activities.sharing_demand import ShareDemandActivities
 from autoclusters.activities.sharing_k8s import ShareKubernetesActivities
@@ -211,6 +212,7 @@ def activities_for(
         s.park_as_spare,
         s.verify_quarantine,
         s.cancel_jobs,
+        RecoveryLossActivities(slurm).measure_recovery,
         guard.claim_spare,
         guard.refill_spare,
         c.plan_repair,

@@ -71,6 +71,7 @@ from autoclusters.workflows.incident import Incident, Rejected, Unattended
 from autoclusters.workflows.kubernetes_steps import KubernetesNode
 from autoclusters.workflows.quarantine_check import Quarantine
 from autoclusters.workflows.recorded_vm import with_recorded_vm
+from autoclusters.workflows.recovery_loss_steps import measure_losses
 from autoclusters.workflows.spare_steps import Spares
 from autoclusters.workflows.steps import cause_of
 
@@ -580,6 +581,9 @@ class NodeRemediation:
         self, status: IncidentStatus, text: str, severity: str = "info"
     ) -> IncidentState:
         s = self._state
+        # Before the silence is lifted (the jobs' own restarts are what is read); a cancel
+        # closes at once.
+        measured = await measure_losses(self._inc) if status != "cancelled" else ""
         if s.silence_id is not None:
             lifted = await self._inc.steps.activity(
                 "lift_silence",
@@ -589,6 +593,7 @@ class NodeRemediation:
                 lambda r: r,
             )
             text += f"; {lifted}"
+        text += measured
         s.status, s.closed_at, s.current_step, s.waiting_for = status, workflow.now(), None, None
         self._inc.publish()
         await self._inc.notify(status, text, severity)
