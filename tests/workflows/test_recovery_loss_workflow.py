@@ -21,7 +21,7 @@ from typer.testing import CliRunner
 from autoclusters.clients.cli.app import app
 from autoclusters.clients.incident_history import record_from_history
 from tests.helpers import time_skipping_env
-from tests.test_remediation_workflow import RUNBOOK, _fleet, _policy
+from tests.workflows.test_remediation_workflow import RUNBOOK, _fleet, _policy
 
 
 @pytest_asyncio.fixture

@@ -32,7 +32,7 @@ from autoclusters.core.recovery_loss import (
     estimate_quality,
     loss_text,
 )
-from tests.fakes import FakeSlurm
+from tests.fakes.systems import FakeSlurm
 
 FIGURES = RecoveryFigures(in_job_s=1.5, requeue_s=20)
 OPENED = 1_800_000_000.0

@@ -13,7 +13,7 @@ from autoclusters.clients.console import fleet
 from autoclusters.core.models import IncidentRequest, IncidentState
 from autoclusters.core.recovery_cost import JobFacts, RecoveryFigures, plan_recovery
 from autoclusters.core.recovery_loss import JobSighting, actual_loss
-from tests.test_console_shared_read import AUTH, fleet_app
+from tests.console.test_console_shared_read import AUTH, fleet_app
 
 FIGURES = RecoveryFigures(in_job_s=1.5, requeue_s=20)
 
