@@ -62,6 +62,7 @@ from autoclusters.workflows.cluster_provisioning import ClusterProvisioning
 from autoclusters.workflows.fleet_guard import FleetGuard
 from autoclusters.workflows.gpu_rebalance import GpuRebalance
 from autoclusters.workflows.remediation import NodeRemediation
+from autoclusters.workflows.systemic_incident import SystemicIncident
 
 log = logging.getLogger("autoclusters.worker")
 
@@ -78,6 +79,7 @@ WORKFLOWS = [
     ScaleNodeSet,
     ClusterTeardown,
     GpuRebalance,
+    SystemicIncident,
 ]
 
 
@@ -224,6 +226,7 @@ def activities_for(
         guard.release,
         guard.slurm_view,
         guard.attach_policy,
+        *guard.systemic().activities(),
         n.notify,
         DecisionActivities(approval_keys).check_decision_proof,
         ControllerActivities(slurm).controller_facts,
