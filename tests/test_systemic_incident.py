@@ -13,8 +13,11 @@ Aspects covered:
 - a member that fails the screen (together, then alone) gets its own incident: its ladder,
   screened again after its repair; the others return;
 - `declined`: every member stays drained, closed `handed_off`;
-- a member whose reboot had already started when the leaf went systemic: the reboot runs
-  to its end, then the member yields (no gate, no next rung) and is screened with the others.
+- a member whose reboot had already started when the leaf went systemic (its incident
+  opened before the topology was known): the reboot runs to its end, then the member yields
+  (no gate, no next rung) and is screened with the others;
+- a lone fault of a kind the leaf counts waits out the window before its own repair, then
+  climbs its ladder as before.
 """
 
 from __future__ import annotations
@@ -292,7 +295,10 @@ async def test_a_reboot_already_running_ends_and_the_member_yields(
 ) -> None:
     async with _leaf(env, hold=True) as (f, screens):
         policy = _leaf_policy(f)
-        [first] = await _open(f, ["gpu-01"], policy)
+        # gpu-01's incident opened before the topology was known (its snapshot has none): it
+        # does not wait for a window and reboots; the later ones bring the topology, and
+        # the guard, adopting it, counts gpu-01 in.
+        [first] = await _open(f, ["gpu-01"], policy.model_copy(update={"topology": {}}))
         await asyncio.wait_for(f.cloud.started.wait(), 30)  # its reboot is in flight
         others = await _open(f, ["gpu-02", "gpu-03"], policy)
         await _until(first, lambda s: s.systemic is not None, "gpu-01 to be told")
@@ -311,3 +317,19 @@ async def test_a_reboot_already_running_ends_and_the_member_yields(
     assert all(r.repair_attempts == 0 and r.status == "resolved" for r in results[1:])
     [together] = screens.calls
     assert sorted([together.node, *together.others]) == ["gpu-01", "gpu-02", "gpu-03"]
+
+
+async def test_a_lone_fault_waits_out_the_window_then_is_its_own(env: WorkflowEnvironment) -> None:
+    async with _leaf(env) as (f, screens):
+        [alone] = await _open(f, ["gpu-02"], _leaf_policy(f))
+        await _until(alone, lambda s: s.current_step == "systemic_window", "the window")
+        assert f.cloud.repair_calls == []
+        await env.sleep(61)  # no other fault on the leaf within it
+        result = await _until(alone, lambda s: s.status != "open", "the lone incident's end")
+
+    names = [s.name for s in result.steps]
+    assert names.index("wait_idle") < names.index("systemic_window") < names.index("repair")
+    assert "no systemic incident within 60s" in (result.step("systemic_window").detail or "")
+    assert result.status == "resolved" and result.systemic is None
+    assert [(n, r) for n, r, _ in f.cloud.repair_calls] == [("gpu-02", Rung.REBOOT)]
+    assert f.tickets() == [] and screens.calls == []

@@ -279,6 +279,7 @@ class NodeRemediation:
             ),
         )
         inc.recent = reg.recent_on_node
+        self._systemic.registered_at = workflow.now()
         s.rung = inc.worst_rung().value
         self._note_skipped(inc.skipped)
         inc.publish()

@@ -20,6 +20,7 @@ unchanged (docs/versioning.md).
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from datetime import datetime, timedelta
 
 from temporalio import workflow
 from temporalio.exceptions import ActivityError, ApplicationError
@@ -27,6 +28,7 @@ from temporalio.exceptions import ActivityError, ApplicationError
 with workflow.unsafe.imports_passed_through():
     from autoclusters.activities import contracts
     from autoclusters.core.models import IncidentRequest, Waiting
+    from autoclusters.core.policy import TOPOLOGY_LEVELS
     from autoclusters.core.systemic import JoinCall, MemberJoin, SystemicRequest
     from autoclusters.core.systemic_member import Membership, SystemicVerdict
 
@@ -57,6 +59,7 @@ class SystemicSeat:
         self._evidence = evidence
         self._burn_in = burn_in
         self._decided = False  # the verdict was acted on: nothing yields again
+        self.registered_at: datetime | None = None  # when the guard counted its fault
 
     # --- what the guard and the systemic incident tell it (signals) ----------------------
 
@@ -83,9 +86,54 @@ class SystemicSeat:
         while it waited for its drain). True: back to service without a repair (passed a
         screen); False: not a member, or its own ladder from here."""
         s = self.incident.state
-        if not self.on or self._decided or (s.systemic is None and s.systemic_verdict is None):
+        if not self.on:
+            return False
+        await self._window(req)
+        if self._decided or (s.systemic is None and s.systemic_verdict is None):
             return False
         return await self._yield(req, None)
+
+    def _window_s(self, req: IncidentRequest) -> float:
+        """The longest window of a level that would count this fault on this node (0:
+        none: no domain known, or no level counts the fault)."""
+        p = self.incident.policy
+        topo = p.topology.get(req.node)
+        windows = [
+            rule.window_s
+            for level in TOPOLOGY_LEVELS
+            if (rule := p.guard.systemic.level(level)) is not None
+            and topo is not None
+            and topo.domain(level)
+            and any(rule.counts(f.fault) for f in self.incident.state.faults)
+        ]
+        return max(windows, default=0.0)
+
+    async def _window(self, req: IncidentRequest) -> None:
+        """A fault that may yet be part of a systemic incident (its node's leaf or rack
+        counts it) is not repaired or handed off on its own before its window is over:
+        the guard groups the faults of a bad switch as they come in (seconds apart), and
+        the first ones must not reboot their machines meanwhile."""
+        s = self.incident.state
+        window_s = self._window_s(req)
+        if s.systemic is not None or s.systemic_verdict is not None or not window_s:
+            return
+        since = self.registered_at or s.request.opened_at
+        left = since + timedelta(seconds=window_s) - workflow.now()
+        if left <= timedelta(0):
+            return
+
+        async def wait() -> str:
+            try:
+                await workflow.wait_condition(
+                    lambda: s.systemic is not None or s.systemic_verdict is not None,
+                    timeout=left,
+                )
+            except TimeoutError:
+                return f"no systemic incident within {window_s:.0f}s: its own incident"
+            m = s.systemic
+            return f"a member of {m.incident_id}" if m is not None else "told a verdict"
+
+        await self.incident.steps.step("systemic_window", wait, lambda why: why)
 
     async def unless_yielding(
         self,
