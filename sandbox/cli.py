@@ -34,7 +34,7 @@ StateDir = Annotated[
 RepairRung = Literal["reset_gpu", "reboot", "replace"]
 BrokenUntil = Literal["reboot", "replace"]
 DemoMode = Literal["observe", "approve", "auto"]
-Scenario = Literal["remediate", "share", "borrow", "hang", "slow"]
+Scenario = Literal["remediate", "share", "borrow", "hang", "slow", "leaf"]
 JobFaultEffect = Literal["hang", "slow"]
 Platform = Literal["managed-slurm", "cmk"]
 JobRecovery = Literal["in-job", "requeue"]
@@ -521,7 +521,8 @@ def demo(
         typer.Option(
             help="remediate: a GPU fault and its remediation; share: GPU nodes lent to "
             "inference as its load rises and returned when it falls; hang, slow: a training "
-            "rank that hangs or slows down with no Xid, found by the job's progress."
+            "rank that hangs or slows down with no Xid, found by the job's progress; leaf: "
+            "a bad InfiniBand leaf, one systemic incident for its four nodes."
         ),
     ] = "remediate",
     platform: Annotated[Platform, typer.Option(help=PLATFORM_HELP)] = "managed-slurm",
@@ -556,12 +557,16 @@ def demo(
     from autoclusters.sandbox.config import SandboxConfig
     from autoclusters.sandbox.demo import DemoError, run_demo
 
-    if scenario not in ("remediate", "share", "borrow", "hang", "slow"):
+    if scenario not in ("remediate", "share", "borrow", "hang", "slow", "leaf"):
         err.print(
-            "[red]refused:[/red] --scenario must be remediate, share, borrow, hang or slow, "
-            f"not {scenario!r}"
+            "[red]refused:[/red] --scenario must be remediate, share, borrow, hang, slow or "
+            f"leaf, not {scenario!r}"
         )
         raise typer.Exit(2)
+    if scenario == "leaf":  # sandbox/leaf_demo.py: a bad leaf, one systemic incident
+        from autoclusters.sandbox.leaf_demo import main as leaf_demo
+
+        raise typer.Exit(leaf_demo(as_json, keep, state_dir, port_base, boot_delay, k8s))
     if scenario == "borrow":  # sandbox/borrow_demo.py: a node lent from inference for a repair
         from autoclusters.sandbox.borrow_demo import main as borrow_demo
 
