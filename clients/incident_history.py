@@ -53,6 +53,8 @@ from autoclusters.core.models import (
     ScreenResult,
 )
 from autoclusters.core.policy import LADDER, Policy, Rung
+from autoclusters.core.systemic import JoinCall
+from autoclusters.core.systemic_member import SYSTEMIC_VERDICT_SIGNAL, SystemicVerdict
 
 log = logging.getLogger("autoclusters.incident_history")
 
@@ -130,6 +132,14 @@ class _Reader:
             self.rec.screened_before_repair = True
         elif name == "return_to_service" and self.rec.repairs:
             self.returned = True
+        elif name == "systemic_join" and self.rec.systemic is None:
+            join: JoinCall = _decode(a.input.payloads, JoinCall)
+            self.rec.systemic = join.start.incident_id
+
+    def _on_workflow_execution_signaled_event_attributes(self, e: HistoryEvent, a: Any) -> None:
+        if a.signal_name == SYSTEMIC_VERDICT_SIGNAL and self.rec.systemic_verdict is None:
+            told: SystemicVerdict = _decode(a.input.payloads, SystemicVerdict)
+            self.rec.systemic_verdict = told.verdict
 
     def _on_activity_task_completed_event_attributes(self, e: HistoryEvent, a: Any) -> None:
         name, scheduled = self.scheduled.get(a.scheduled_event_id, ("", None))

@@ -57,6 +57,10 @@ class IncidentRecord(BaseModel):
     screen_passed: bool | None = None
     skipped: list[str] = Field(default_factory=list)  # rungs the live ladder skipped, and why
     returned_at: datetime | None = None  # the node (or its spare) back in service
+    # A member of a systemic incident (docs/systemic.md): its id, and the verdict it told
+    # the member (returned, screen_failed, fixed, declined, failed; None: none came).
+    systemic: str | None = None
+    systemic_verdict: str | None = None
 
     @property
     def held(self) -> bool:
