@@ -17,7 +17,9 @@ Aspects covered:
   opened before the topology was known): the reboot runs to its end, then the member yields
   (no gate, no next rung) and is screened with the others;
 - a lone fault of a kind the leaf counts waits out the window before its own repair, then
-  climbs its ladder as before.
+  climbs its ladder as before;
+- a systemic incident cancelled (the Temporal UI) tells its members: none waits for ever,
+  each is left drained for a human.
 """
 
 from __future__ import annotations
@@ -333,3 +335,21 @@ async def test_a_lone_fault_waits_out_the_window_then_is_its_own(env: WorkflowEn
     assert result.status == "resolved" and result.systemic is None
     assert [(n, r) for n, r, _ in f.cloud.repair_calls] == [("gpu-02", Rung.REBOOT)]
     assert f.tickets() == [] and screens.calls == []
+
+
+async def test_a_cancelled_systemic_incident_leaves_its_members_drained_for_a_human(
+    env: WorkflowEnvironment,
+) -> None:
+    async with _leaf(env) as (f, _screens):
+        handles = await _open(f, LEAF_01[:3], _leaf_policy(f))
+        await _systemic_until(f, _handed_off, "the hand-off")
+        await _systemic(f).cancel()
+        results = await _results(handles)
+        final = await _ended(f)
+        guard = await f.guard_status()
+
+    assert final.status == "cancelled"
+    assert [r.status for r in results] == ["failed"] * 3, "none waits for ever"
+    assert all(r.systemic_verdict and r.systemic_verdict.verdict == "failed" for r in results)
+    assert all(f.slurm.node_now(n).drained for n in LEAF_01[:3])
+    assert f.cloud.repair_calls == [] and guard.state.systemic == []

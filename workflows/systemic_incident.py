@@ -18,10 +18,16 @@ member screens itself), `declined` (left drained), `failed` (left drained for a 
 
 from __future__ import annotations
 
+import asyncio
 from datetime import timedelta
 
 from temporalio import workflow
-from temporalio.exceptions import ActivityError, ApplicationError, FailureError
+from temporalio.exceptions import (
+    ActivityError,
+    ApplicationError,
+    FailureError,
+    is_cancelled_exception,
+)
 
 with workflow.unsafe.imports_passed_through():
     from autoclusters.activities import contracts
@@ -152,11 +158,28 @@ class SystemicIncident:
                 + "; ".join(f"{m.node}: {m.verdict}" for m in s.members),
             )
         except (ActivityError, ApplicationError) as err:
+            if s.status == "open" and is_cancelled_exception(err):
+                return await self._cancelled()
             cause = cause_of(err)
             s.error = str(cause)
             return await self._close(
                 "failed", "failed", f"{cause}; the members stay drained for a human", "critical"
             )
+        except asyncio.CancelledError:
+            if s.status != "open":
+                raise
+            return await self._cancelled()
+
+    async def _cancelled(self) -> SystemicState:
+        """Cancelled (the Temporal UI): the members must not wait for ever: each is told
+        `failed` (left drained for a human), the guard that it is over."""
+        self._state.waiting_for = None
+        return await self._close(
+            "cancelled",
+            "failed",
+            "the systemic incident was cancelled; the members stay drained for a human",
+            "warning",
+        )
 
     async def _settle(self) -> str:
         """Wait until every member known is drained, at most `settle_s`: a member the floor
