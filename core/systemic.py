@@ -47,6 +47,7 @@ class MemberJoin(BaseModel):
     # A repair of its own that had already started when it learnt it was a member (it
     # ran to its end; the member parks after it).
     repaired: str | None = None
+    kubernetes: bool = False  # its Node is cordoned (Slinky): uncordoned for the screen
 
 
 class JoinCall(BaseModel):
@@ -88,6 +89,7 @@ class SystemicMember(BaseModel):
     joined_at: datetime | None = None  # None: known from the guard, not joined yet
     drained: bool = False
     repaired: str | None = None
+    kubernetes: bool = False
     faults: list[FaultSeen] = Field(default_factory=list)
     readings: list[HealthSnapshot] = Field(default_factory=list)
     screened: bool | None = None  # None: not screened with the others

@@ -19,7 +19,9 @@ Aspects covered:
 - a lone fault of a kind the leaf counts waits out the window before its own repair, then
   climbs its ladder as before;
 - a systemic incident cancelled (the Temporal UI) tells its members: none waits for ever,
-  each is left drained for a human.
+  each is left drained for a human;
+- on Slurm on Kubernetes the members' Nodes are uncordoned (taint kept) for the screen
+  together, as a node's own screen does.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ from autoclusters.core.systemic import SystemicState, systemic_workflow_id
 from autoclusters.workflows.systemic_incident import SystemicIncident
 from tests.fakes import FakeCloud
 from tests.helpers import time_skipping_env
+from tests.histories.record import FakeKubernetes
 from tests.test_handoff_workflow import Desked, _desked
 from tests.test_remediation_workflow import FAULTS, Incident, _policy, _until, _waiting
 
@@ -114,7 +117,11 @@ def _leaf_policy(f: Desked, *, fraction: float = 0.5, **changes: Any) -> Policy:
 
 @asynccontextmanager
 async def _leaf(
-    env: WorkflowEnvironment, *, fails: set[str] | None = None, hold: bool = False
+    env: WorkflowEnvironment,
+    *,
+    fails: set[str] | None = None,
+    hold: bool = False,
+    extra: list[Callable[..., Any]] | None = None,
 ) -> AsyncIterator[tuple[Desked, Screens]]:
     """8 nodes, two leaves (job 105 on the other leaf), the desk, a worker."""
     async with _desked(env, fixed_by=Rung.REBOOT) as f:
@@ -123,16 +130,18 @@ async def _leaf(
         f.slurm.add_job(105, nodes="gpu-[05-06]")
         f.cloud.hold = hold
         screens = Screens(f.cloud, fails)
-        f.extra = [screens.activity()]
+        f.extra = [screens.activity(), *(extra or [])]
         f.started.append(systemic_workflow_id(f.cluster, "leaf", "leaf-01"))
         async with f.worker():
             yield f, screens
 
 
-async def _open(f: Desked, nodes: list[str], policy: Policy) -> list[Incident]:
-    return list(
-        await asyncio.gather(*(f.start(f.request(n, "IB_LINK_DOWN", policy=policy)) for n in nodes))
-    )
+async def _open(
+    f: Desked, nodes: list[str], policy: Policy, *, kubernetes: bool = False
+) -> list[Incident]:
+    reqs = [f.request(n, "IB_LINK_DOWN", policy=policy) for n in nodes]
+    reqs = [r.model_copy(update={"kubernetes": kubernetes}) for r in reqs]
+    return list(await asyncio.gather(*(f.start(r) for r in reqs)))
 
 
 def _systemic(f: Desked) -> Systemic:
@@ -353,3 +362,24 @@ async def test_a_cancelled_systemic_incident_leaves_its_members_drained_for_a_hu
     assert all(r.systemic_verdict and r.systemic_verdict.verdict == "failed" for r in results)
     assert all(f.slurm.node_now(n).drained for n in LEAF_01[:3])
     assert f.cloud.repair_calls == [] and guard.state.systemic == []
+
+
+async def test_on_kubernetes_the_members_nodes_are_uncordoned_for_the_screen(
+    env: WorkflowEnvironment,
+) -> None:
+    k8s = FakeKubernetes()
+    async with _leaf(env, extra=k8s.activities()) as (f, screens):
+        handles = await _open(f, LEAF_01[:3], _leaf_policy(f), kubernetes=True)
+        await _systemic_until(f, _handed_off, "the hand-off")
+        assert k8s.calls.count("cordon quarantine") == 3
+        await _answer(f, "fixed")
+        results = await _results(handles)
+        final = await _ended(f)
+
+    assert [r.status for r in results] == ["resolved"] * 3
+    names = [s.name for s in final.steps]
+    assert names.count("k8s_uncordon") == 3
+    assert names.index("k8s_uncordon") < names.index("burn_in_screen")
+    assert "k8s_cordon" not in names  # the screen passed: the members give their Nodes back
+    [together] = screens.calls
+    assert len(together.others) == 2 and f.cloud.repair_calls == []

@@ -32,6 +32,7 @@ from temporalio.exceptions import (
 with workflow.unsafe.imports_passed_through():
     from autoclusters.activities import contracts
     from autoclusters.core.handoff_answer import HandoffAnswer, HandoffRecord
+    from autoclusters.core.kubernetes import CordonNodeInput, UncordonNodeInput
     from autoclusters.core.models import (
         Notification,
         ScreenInput,
@@ -56,6 +57,7 @@ with workflow.unsafe.imports_passed_through():
 
 from autoclusters.workflows.burn_in_steps import SCREEN_HEARTBEAT, screen_text
 from autoclusters.workflows.handoff_steps import ProviderHandoff
+from autoclusters.workflows.kubernetes_steps import K8S_CALL
 from autoclusters.workflows.steps import NOTIFY_RETRY, Defaults, OnState, Steps, cause_of
 
 NOTIFY_TIMEOUT = timedelta(seconds=30)
@@ -99,6 +101,7 @@ class SystemicIncident:
         m.joined_at = m.joined_at or workflow.now()
         m.drained = m.drained or j.drained
         m.repaired = m.repaired or j.repaired
+        m.kubernetes = m.kubernetes or j.kubernetes
         if j.faults:
             m.faults = list(j.faults)
         if j.readings:
@@ -265,6 +268,19 @@ class SystemicIncident:
             min_gemm_tflops=b.min_gemm_tflops,
             others={m.node: drain_reason(m.incident_id, m.fault) for m in others},
         )
+        # On Slinky the operator drains a cordoned Node's slurmd, where the screen's job could
+        # never start: the cordon is lifted for the screen (the remediation taint stays, so
+        # no other pod lands on a node on trial), put back if it fails (as BurnIn does).
+        on_k8s = [m for m in members if m.kubernetes]
+        for m in on_k8s:
+            await self._steps.activity(
+                "k8s_uncordon",
+                contracts.k8s_uncordon,
+                UncordonNodeInput(node=m.node, incident_id=m.incident_id, keep_taint=True),
+                f"uncordon Kubernetes Node {m.node} for the screen (taint kept)",
+                lambda u: u.detail,
+                timeout=K8S_CALL,
+            )
         res: ScreenResult = await self._steps.activity(
             "burn_in_screen",
             contracts.burn_in_screen,
@@ -275,6 +291,21 @@ class SystemicIncident:
             heartbeat=SCREEN_HEARTBEAT,
         )
         s.screens.append(res)
+        if not res.passed:
+            for m in on_k8s:
+                await self._steps.activity(
+                    "k8s_cordon",
+                    contracts.k8s_cordon,
+                    CordonNodeInput(
+                        node=m.node,
+                        incident_id=m.incident_id,
+                        phase="burn-in",
+                        reason=drain_reason(m.incident_id, m.fault),
+                    ),
+                    f"cordon Kubernetes Node {m.node} again (the screen failed)",
+                    lambda c: c.detail or ("cordoned" if c.cordoned else ""),
+                    timeout=K8S_CALL,
+                )
         return res
 
     # --- the end -------------------------------------------------------------------------

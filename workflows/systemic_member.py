@@ -179,6 +179,7 @@ class SystemicSeat:
                 faults=list(s.faults),
                 readings=list(self._evidence.snapshots)[-1:],
                 repaired=repaired,
+                kubernetes=r.kubernetes,
             ),
         )
         try:
