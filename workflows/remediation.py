@@ -437,6 +437,10 @@ class NodeRemediation:
                 await self._release(back_in_service=False, slot_only=True)
                 continue
             await self._quarantine.recheck()  # after every wait: never repair under a job
+            if self._systemic.pending():
+                # Told it is a member since its admission: the repair never starts.
+                await self._release(back_in_service=False, slot_only=True)
+                raise YieldToSystemic(None)
             self._repairing = True
             s.repair_attempts += 1
             # One key per attempt: a retried activity resumes it, a new rung is a new repair.
