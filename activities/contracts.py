@@ -109,6 +109,7 @@ from autoclusters.core.sharing import (
     YieldCall,
     YieldResult,
 )
+from autoclusters.core.systemic import CloseSystemicCall, JoinAck, JoinCall
 
 
 def _stub() -> NotImplementedError:
@@ -256,6 +257,19 @@ async def guard_release(call: ReleaseCall) -> None:
 
 @activity.defn(name="guard_slurm_view")
 async def guard_slurm_view(call: SlurmViewCall) -> SlurmView:
+    raise _stub()
+
+
+# --- systemic incidents (docs/systemic.md) -----------------------------------------------
+
+
+@activity.defn(name="systemic_join")
+async def systemic_join(call: JoinCall) -> JoinAck:
+    raise _stub()
+
+
+@activity.defn(name="systemic_close")
+async def systemic_close(call: CloseSystemicCall) -> list[str]:
     raise _stub()
 
 

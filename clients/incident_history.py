@@ -60,6 +60,8 @@ from autoclusters.core.recovery_loss import (
     MeasureRecoveryResult,
     actual_loss,
 )
+from autoclusters.core.systemic import JoinCall
+from autoclusters.core.systemic_member import SYSTEMIC_VERDICT_SIGNAL, SystemicVerdict
 
 log = logging.getLogger("autoclusters.incident_history")
 
@@ -144,6 +146,14 @@ class _Reader:
             self.returned = True
         elif name == "measure_recovery":
             self.measuring = _decode(a.input.payloads, MeasureRecoveryInput)
+        elif name == "systemic_join" and self.rec.systemic is None:
+            join: JoinCall = _decode(a.input.payloads, JoinCall)
+            self.rec.systemic = join.start.incident_id
+
+    def _on_workflow_execution_signaled_event_attributes(self, e: HistoryEvent, a: Any) -> None:
+        if a.signal_name == SYSTEMIC_VERDICT_SIGNAL and self.rec.systemic_verdict is None:
+            told: SystemicVerdict = _decode(a.input.payloads, SystemicVerdict)
+            self.rec.systemic_verdict = told.verdict
 
     def _on_activity_task_completed_event_attributes(self, e: HistoryEvent, a: Any) -> None:
         name, scheduled = self.scheduled.get(a.scheduled_event_id, ("", None))

@@ -62,6 +62,10 @@ class IncidentRecord(BaseModel):
     # measure_recovery; core/recovery_loss.py): what `autoclusters stats recovery` and the
     # console's fleet page judge the estimates by.
     recovery_losses: list[RecoveryLoss] = Field(default_factory=list)
+    # A member of a systemic incident (docs/systemic.md): its id, and the verdict it told
+    # the member (returned, screen_failed, fixed, declined, failed; None: none came).
+    systemic: str | None = None
+    systemic_verdict: str | None = None
 
     @property
     def held(self) -> bool:

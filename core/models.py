@@ -17,6 +17,7 @@ from autoclusters.core.handoff_answer import HandoffRecord
 from autoclusters.core.policy import Policy, Rung
 from autoclusters.core.recovery_cost import RecoveryCapacity, RecoveryFigures, RecoveryPlan
 from autoclusters.core.recovery_loss import RecoveryLoss
+from autoclusters.core.systemic_member import Membership, SystemicVerdict
 
 REASON_PREFIX = "autoclusters:"
 
@@ -203,7 +204,9 @@ class RefusedApproval(BaseModel):
 
 
 class Waiting(BaseModel):
-    kind: Literal["approval", "admission", "idle", "agent_report", "checkpoint", "handoff"]
+    kind: Literal[
+        "approval", "admission", "idle", "agent_report", "checkpoint", "handoff", "systemic"
+    ]
     step: str | None = None
     detail: str = ""
     since: datetime
@@ -255,6 +258,10 @@ class IncidentState(BaseModel):
     screens: list[ScreenResult] = Field(default_factory=list)
     # The hand-off to the provider, once the runbook made one (policy handoff).
     handoff: HandoffRecord | None = None
+    # The systemic incident this node's fault belongs to (policy guard.systemic), and what
+    # it told the incident (docs/systemic.md).
+    systemic: Membership | None = None
+    systemic_verdict: SystemicVerdict | None = None
     error: str | None = None
     closed_at: datetime | None = None
 
@@ -284,6 +291,9 @@ class ScreenInput(BaseModel):
     neighbour: bool = True
     poll_s: float = 1.0
     min_gemm_tflops: float = 0  # the GEMM rate's floor per rank; 0: none
+    # Screened in the same job (a systemic incident's members, screened together): each
+    # other node with its own incident's drain reason, put back as for `node`.
+    others: dict[str, str] = Field(default_factory=dict)
 
 
 class ScreenResult(BaseModel):

@@ -63,6 +63,7 @@ from autoclusters.workflows.cluster_provisioning import ClusterProvisioning
 from autoclusters.workflows.fleet_guard import FleetGuard
 from autoclusters.workflows.gpu_rebalance import GpuRebalance
 from autoclusters.workflows.remediation import NodeRemediation
+from autoclusters.workflows.systemic_incident import SystemicIncident
 
 log = logging.getLogger("autoclusters.worker")
 
@@ -79,6 +80,7 @@ WORKFLOWS = [
     ScaleNodeSet,
     ClusterTeardown,
     GpuRebalance,
+    SystemicIncident,
 ]
 
 
@@ -226,6 +228,7 @@ def activities_for(
         guard.release,
         guard.slurm_view,
         guard.attach_policy,
+        *guard.systemic().activities(),
         n.notify,
         DecisionActivities(approval_keys).check_decision_proof,
         ControllerActivities(slurm).controller_facts,
