@@ -52,11 +52,11 @@ from autoclusters.core.policy import (
 )
 from autoclusters.core.systemic import SystemicState, systemic_workflow_id
 from autoclusters.workflows.systemic_incident import SystemicIncident
-from tests.fakes import FakeCloud
+from tests.fakes.systems import FakeCloud
 from tests.helpers import time_skipping_env
 from tests.histories.record import FakeKubernetes
-from tests.test_handoff_workflow import Desked, _desked
-from tests.test_remediation_workflow import FAULTS, Incident, _policy, _until, _waiting
+from tests.workflows.test_handoff_workflow import Desked, _desked
+from tests.workflows.test_remediation_workflow import FAULTS, Incident, _policy, _until, _waiting
 
 LEAF_01 = ["gpu-01", "gpu-02", "gpu-03", "gpu-04"]
 TOPOLOGY = {
