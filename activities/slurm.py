@@ -12,7 +12,7 @@ from temporalio.exceptions import ApplicationError
 
 from autoclusters.activities.heartbeat import heartbeating
 from autoclusters.activities.holders import refill
-from autoclusters.activities.in_job import InJobRecovery, plan_for
+from autoclusters.activities.in_job import InJobRecovery, free_nodes, plan_for
 from autoclusters.activities.job_markers import ACTIVE, BUSY, marked_for, requeue_marker
 from autoclusters.core.cluster_ops import is_ops_reason
 from autoclusters.core.holders import is_holder
@@ -38,11 +38,24 @@ from autoclusters.core.models import (
 from autoclusters.core.quarantine import QuarantineStatus, VerifyQuarantineInput
 from autoclusters.integrations.slurm import (
     SlurmClient,
+    SlurmError,
     SlurmFencingClient,
     SlurmHolderClient,
     SlurmInJobClient,
     SlurmUnavailable,
 )
+
+# A requeued job's begin time is ~2 minutes on; a pending job eligible later than this is
+# held, whatever reason Slurm shows yet (it names BeginTime at its next scheduling pass).
+HELD_AHEAD_S = 5
+
+
+def _held(job: SlurmJob, read_at: float) -> bool:
+    """Pending on a requeue's begin-time delay: by Slurm's reason, or by its eligible time
+    before Slurm has named the reason."""
+    if job.job_state != "PENDING":
+        return False
+    return job.state_reason == "BeginTime" or job.eligible_time > read_at + HELD_AHEAD_S
 
 
 def _settling(job: SlurmJob) -> bool:
@@ -130,11 +143,14 @@ class SlurmActivities:
             # requeued there, under this incident's marker (seen below as requeued once).
             result.in_job = await InJobRecovery(
                 self._slurm, inp.node, inp.incident_id, inp.in_job_budget_s, inp.poll_s,
-                inp.figures, inp.standby_holders,
+                inp.figures, inp.capacity, inp.fault_at, inp.standby_holders,
             ).recover()  # fmt: skip
             result.plans = list(result.in_job.plans)
         # Another incident's requeue of a job is this fault's too: never a second one.
         elsewhere = result.in_job.requeued_elsewhere if result.in_job else {}
+        # The partition's nodes, read once and only to plan a job (None: the read failed).
+        nodes: list[SlurmNode] | None = None
+        unread = True
         for job in await self._slurm.jobs_on_node(inp.node):
             if job.job_state not in ACTIVE or job.job_id in elsewhere:
                 continue
@@ -162,13 +178,27 @@ class SlurmActivities:
                     if not inp.in_job
                     else "it holds no standby (no injob= in its comment)"
                 )
-                result.plans.append(plan_for(job, blocked, inp.figures, time.time()))
+                if unread:
+                    nodes, unread = await self._nodes_for_plan(), False
+                free = free_nodes(nodes, job, inp.node)
+                result.plans.append(
+                    plan_for(
+                        job,
+                        blocked,
+                        inp.figures,
+                        inp.fault_at or time.time(),
+                        capacity=inp.capacity,
+                        free=free,
+                    )  # fmt: skip
+                )
             if before is None:
                 await self._slurm.set_admin_comment(
                     job.job_id, requeue_marker(inp.incident_id, job.restart_cnt)
                 )
-            await self._slurm.requeue(job.job_id)
-            result.requeued_now.append(job.job_id)
+            if await self._requeue(job):
+                result.requeued_now.append(job.job_id)
+            else:
+                result.requeued_itself.append(job.job_id)
         # Release the requeue hold of every job this incident requeued, including those an
         # earlier attempt requeued before it was interrupted. A requeued job passes through
         # COMPLETING while its processes are killed; the hold can only be released once it
@@ -180,7 +210,7 @@ class SlurmActivities:
             jobs = await self._slurm.jobs()
             read_at = time.time()
             mine = [j for j in jobs if marked_for(j, inp.incident_id) is not None]
-            held = [j for j in mine if j.job_state == "PENDING" and j.state_reason == "BeginTime"]
+            held = [j for j in mine if _held(j, read_at)]
             for job in held:
                 await self._slurm.release_hold(job.job_id, read_at)
                 if job.job_id not in result.holds_released:
@@ -205,6 +235,22 @@ class SlurmActivities:
         result.requeued += [j.job_id for j in lost]
         result.records += lost
         return result
+
+    async def _requeue(self, job: SlurmJob) -> bool:
+        """Requeue a job this incident marked; False: it requeued itself in the same
+        instant (its checkpoint signal's `scontrol requeue`, train.sbatch's USR1), and
+        Slurm refused the second one ("Job is pending execution"). Read back, not assumed:
+        only a job whose restart count moved on since it was read running counts so; any
+        other refusal stands."""
+        try:
+            await self._slurm.requeue(job.job_id)
+            return True
+        except SlurmError:
+            now = {j.job_id: j for j in await self._slurm.jobs()}.get(job.job_id)
+            if now is None or now.restart_cnt <= job.restart_cnt or now.job_state in ACTIVE:
+                raise
+            activity.logger.info("job %s requeued itself as it was requeued", job.job_id)
+            return False
 
     async def _fence_if_stuck(
         self, inp: RequeueInput, controller_started: str, settling_since: dict[int, float]
@@ -251,6 +297,15 @@ class SlurmActivities:
         activity.logger.warning("%s %s: marked DOWN for its requeued jobs to end", inp.node, why)
         await self._slurm.mark_down(inp.node, node.reason)
         return True
+
+    async def _nodes_for_plan(self) -> list[SlurmNode] | None:
+        """The nodes, for the recovery plan's free count; a failed read is unknown (None),
+        never a reason to hold the requeue up."""
+        try:
+            return await self._slurm.nodes()
+        except SlurmError as e:
+            activity.logger.warning("no node list for the recovery plan: %s", e)
+            return None
 
     @activity.defn(name="wait_node_registered")
     async def wait_node_registered(self, inp: WaitRegisteredInput) -> SlurmNode:

@@ -4,7 +4,7 @@ own progress, on the right node, and a healthy run that opens nothing.
 In one sandbox (Managed Slurm, 4 nodes), each trial a fresh job of examples/training's
 in-job mode (2 nodes train, a standby in the allocation: one standby covers one fault),
 faulted on a training node (not the batch host) with `sandbox job-fault` (no Xid, nothing
-in the node's hardware readings: sandbox/job_faults.py):
+in the node's hardware readings: sandbox/machines/job_faults.py):
 
 - hang: the rank stops (SIGSTOP, its connections silent). Measured: the fault -> the
   incident (JOB_HANG) on the right node, and -> the job stepping again without it;
@@ -47,11 +47,9 @@ from mttr import Rig, load, sandbox_config, stats, tail_name  # noqa: E402
 
 from autoclusters.activities.job_markers import ACTIVE  # noqa: E402
 from autoclusters.integrations.slurm import SlurmCli  # noqa: E402
-from autoclusters.sandbox import cluster, job_faults, training_job  # noqa: E402
-from autoclusters.sandbox.config import SandboxConfig  # noqa: E402
-from autoclusters.sandbox.demo import DemoError, wait_for  # noqa: E402
-from autoclusters.sandbox.joblog import progress_lines, training_nodes  # noqa: E402
-from autoclusters.sandbox.silent_demo import (  # noqa: E402
+from autoclusters.sandbox import cluster  # noqa: E402
+from autoclusters.sandbox.drivers.demo import DemoError, wait_for  # noqa: E402
+from autoclusters.sandbox.drivers.silent_demo import (  # noqa: E402
     DETECT_TIMEOUT_S,
     EXPECTED,
     detection_path,
@@ -62,6 +60,9 @@ from autoclusters.sandbox.silent_demo import (  # noqa: E402
     steps_after,
     warm,
 )
+from autoclusters.sandbox.machines import job_faults, training_job
+from autoclusters.sandbox.machines.joblog import progress_lines, training_nodes  # noqa: E402
+from autoclusters.sandbox.runtime.config import SandboxConfig  # noqa: E402
 from autoclusters.workflows.remediation import NodeRemediation  # noqa: E402
 
 # The targets (seconds from the fault).
@@ -88,9 +89,20 @@ async def trial(rig: Rig, cfg: SandboxConfig, kind: str, k: int, factor: float) 
     fault_at = time.time()
     effect = job_faults.parse_job_effect(kind)
     await asyncio.to_thread(job_faults.inject, cfg, node, effect, factor=factor, job_id=job_id)
-    opened, named = await wait_for(
-        "an incident", lambda: first_incident(rig.client, cfg, fault_at), DETECT_TIMEOUT_S, 0.1
-    )
+    detect, again = MEASURES[kind]
+    try:
+        opened, named = await wait_for(
+            "an incident", lambda: first_incident(rig.client, cfg, fault_at), DETECT_TIMEOUT_S, 0.1
+        )
+    except DemoError as e:  # a fault never found counts as not reached; the run goes on
+        print(f"{kind} {k + 1}: {e} (on {node})", flush=True)
+        await slurm.cancel(job_id)  # the fault ends with the job's processes
+        await gone(slurm, job_id)
+        return {
+            "kind": kind, "node": node, "named": None, "other_nodes_named": [], "fault": None,
+            "expected_fault": EXPECTED[kind], "status": "not opened", "recovery_path": None,
+            detect: None, again: None,
+        }  # fmt: skip
     state = await rig.client.get_workflow_handle_for(
         NodeRemediation.run, opened.workflow_id, run_id=opened.run_id
     ).result()
@@ -104,7 +116,6 @@ async def trial(rig: Rig, cfg: SandboxConfig, kind: str, k: int, factor: float) 
     others = [n for _o, n in await incidents_since(rig.client, cfg, fault_at) if n != named]
     await slurm.cancel(job_id)
     await gone(slurm, job_id)
-    detect, again = MEASURES[kind]
     at = recovered[1] if recovered else None
     lines = progress_lines(log)
     return {
@@ -223,7 +234,7 @@ def summarise(rows: list[Row], health: Row | None) -> dict[str, Any]:
         for kind in MEASURES
     }
     out["wrong nodes named"] = sum(
-        (r["named"] != r["node"]) + len(r["other_nodes_named"]) for r in rows
+        (r["named"] not in (None, r["node"])) + len(r["other_nodes_named"]) for r in rows
     )
     out["resolved"] = f"{sum(r['status'] == 'resolved' for r in rows)}/{len(rows)}"
     if health is not None:
@@ -278,7 +289,7 @@ async def run(args: argparse.Namespace) -> int:
                 detect, again = MEASURES[kind]
                 print(
                     f"{kind} {k + 1}/{args.trials}: {row['fault']} on {row['named']} (faulted "
-                    f"{row['node']}) +{row[detect]:.1f}s, stepping again "
+                    f"{row['node']}) +{row[detect] or float('nan'):.1f}s, stepping again "
                     f"+{row[again] or float('nan'):.1f}s ({row['recovery_path']}), "
                     f"{row['status']}",
                     flush=True,

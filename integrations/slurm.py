@@ -250,6 +250,7 @@ def parse_jobs(doc: dict[str, Any]) -> list[SlurmJob]:
                 batch_host=j.get("batch_host") or "",
                 restart_cnt=_number(j.get("restart_cnt")),
                 state_reason=j.get("state_reason") or "",
+                eligible_time=_number(j.get("eligible_time")),
                 admin_comment=j.get("admin_comment") or "",
                 requeue=bool(j.get("requeue")),
                 batch_flag=bool(j.get("batch_flag", True)),

@@ -70,6 +70,9 @@ class Finding:
     immediate: bool = False
     subjects: list[dict[str, Any]] = field(default_factory=list)
     messages: list[str] = field(default_factory=list)
+    # What a job-progress finding is about: one entry per job run (job/restart/generation).
+    # Another run is another fault, never the old one still firing (debounce.py).
+    episodes: list[str] = field(default_factory=list)
 
     @property
     def message(self) -> str:

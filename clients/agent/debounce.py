@@ -13,6 +13,11 @@ Per fault kind:
   is a new fault, not the old one still firing: it is reported at once, with the next
   `sequence`. Without this, an Xid soon after a repair waited for the last boot's to clear
   (`clear_checks` periodic checks) and reached the API only through the alert path.
+- A job-progress finding (JOB_HANG, SLOW_NODE) of another job run than the one it fires
+  for is a new fault too: reported at once, with the next `sequence`. Such findings are
+  never damped: each firing is another run slow or hung on this node (a repeat offender,
+  which the lemon record counts), not a sensor flapping; the rules' thresholds are their
+  debounce.
 - It resolves after `clear_checks` consecutive clean checks: one "resolved" report.
 - Up/down/up within the hold never fires; down/up while firing neither resolves nor
   re-fires. A fault that fires for the `max_flaps`-th time within `flap_window_s` is damped:
@@ -47,6 +52,7 @@ class Track(BaseModel):
     fired_at: list[float] = Field(default_factory=list)  # firing starts inside the flap window
     damped: bool = False  # fired max_flaps times in the window: resolves only after a clean one
     boot: str | None = None  # the machine's boot id when it (last) fired; None: not known
+    episodes: list[str] = Field(default_factory=list)  # the job runs it fired for (if any)
     message: str = ""
     evidence: dict[str, Any] = Field(default_factory=dict)
 
@@ -133,11 +139,21 @@ class Debouncer:
             t.firing, t.sequence, t.last_sent, t.boot = True, 0, now, self._boot
             t.since = t.streak_start if t.streak_start is not None else now
             t.fired_at.append(now)
-            t.damped = len(t.fired_at) >= self._max_flaps
+            # A job-progress fault of a new job run each time is a node slow or hung again,
+            # for another job: a repeat offender for its lemon record, not a flapping sensor.
+            t.damped = len(t.fired_at) >= self._max_flaps and not f.episodes
+            t.episodes = list(f.episodes)
             return [self._transition(fault, t, ReportState.FIRING)]
         if f.immediate and self._boot is not None and t.boot not in (None, self._boot):
             # Fired on an earlier boot, seen again on this one: a new fault (module doc).
             t.sequence, t.last_sent, t.since, t.boot = t.sequence + 1, now, now, self._boot
+            return [self._transition(fault, t, ReportState.FIRING)]
+        if set(f.episodes) - set(t.episodes):
+            # Still firing (damped, or not yet clear) for one job run when another shows it:
+            # a new fault, reported at once (its incident may be long closed).
+            t.sequence, t.last_sent, t.since = t.sequence + 1, now, now
+            t.episodes = list(f.episodes)
+            t.fired_at.append(now)
             return [self._transition(fault, t, ReportState.FIRING)]
         if t.last_sent is not None and now - t.last_sent >= self._rereport:
             t.sequence += 1

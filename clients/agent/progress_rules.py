@@ -30,7 +30,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -125,6 +125,7 @@ class SlowNode:
     node_busy_s: tuple[float, ...]
     peers_busy_s: tuple[float, ...]
     ranks: tuple[int, ...]
+    run: str = ""  # the job's run judged: job/restart/generation
 
     def subject(self, slow_ratio: float) -> dict[str, Any]:
         return {
@@ -182,6 +183,12 @@ def current_jobs(
             (r for r in rs if (r.restart, r.generation) == newest), key=lambda r: r.rank
         )
     return out
+
+
+def run_of(ranks: Sequence[RankProgress]) -> str:
+    """The job's run its ranks belong to (current_jobs keeps one run per job)."""
+    r = ranks[0]
+    return f"{r.job}/{r.restart}/{r.generation}"
 
 
 def hang_threshold(ranks: list[RankProgress], th: ProgressThresholds) -> tuple[float, float | None]:
@@ -267,7 +274,7 @@ def find_slow_nodes(
             out.append(
                 SlowNode(
                     ranks[0].job, node, min(ratios), tuple(steps), tuple(mine), tuple(theirs),
-                    tuple(r.rank for r in nodes[node]),
+                    tuple(r.rank for r in nodes[node]), run_of(ranks),
                 )
             )  # fmt: skip
     return out
@@ -300,9 +307,11 @@ def findings_for(node: str, v: Verdicts, th: ProgressThresholds) -> dict[str, Fi
             f = out.setdefault(JOB_HANG, Finding(JOB_HANG, immediate=True))
             f.subjects += subjects
             f.messages.append(stall.message(node))
+            f.episodes.append(run_of(stall.ranks))
     for slow in v.slow:
         if slow.node == node:
             f = out.setdefault(SLOW_NODE, Finding(SLOW_NODE, immediate=True))
             f.subjects.append(slow.subject(th.slow_ratio))
             f.messages.append(slow.message())
+            f.episodes.append(slow.run)
     return out
