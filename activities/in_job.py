@@ -421,11 +421,24 @@ class InJobRecovery:
         if (claimed := requeue_claim(job)) is not None and claimed != self.incident_id:
             return f"being requeued by {claimed}"
         stepping = (
-            standby(before, self.node) or _resumed_since(job, since) or _reformed(job, before)
+            standby(before, self.node)
+            or (_resumed_since(job, since) and not self._resumed_before_fault(job, before))
+            or _reformed(job, before)
         )
         if stepping and self.node not in hostlist.expand(job.nodes):
             return ""
         return None
+
+    def _resumed_before_fault(self, job: SlurmJob, before: SlurmJob) -> bool:
+        """Its `resumed_at=` is still the one the runbook read before it acted, and that one
+        is older than the incident: the previous generation's first step (a job faulted
+        within a second of it sits in the fence's second of slack), not the re-forming. A
+        stamp the same as before but after the incident is a re-forming an earlier attempt
+        of this step saw."""
+        stamp = job_comment(job, "resumed_at")
+        if self.fault_at is None or stamp is None or stamp != job_comment(before, "resumed_at"):
+            return False
+        return not _resumed_since(job, self.fault_at)
 
     async def _fall_back(self, job: SlurmJob, why: str) -> None:
         """Requeue it, once, as the incident's requeue (the requeue step releases its hold
