@@ -21,7 +21,7 @@ from autoclusters.core import hostlist
 from autoclusters.core.guard import GuardStatus, floor_of
 from autoclusters.core.models import REASON_PREFIX, SPARE_REASON, IncidentState, SlurmNode
 from autoclusters.core.policy import NodeTopology
-from autoclusters.core.sharing import LENT_REASON, is_sharing_reason
+from autoclusters.core.sharing import LENT_REASON, MOVE_REASON_PREFIX, is_sharing_reason
 
 NodeState = Literal[
     "in_service",
@@ -173,7 +173,9 @@ def node_state(
     if slurm.drained and slurm.reason == LENT_REASON:
         return "lent", "serving inference (Kubernetes), drained in Slurm"
     if slurm.drained and is_sharing_reason(slurm.reason):
-        return "moving", shown
+        # The drain reason keeps the feature's old name (core/sharing.py): say the new one.
+        move = slurm.reason.removeprefix(MOVE_REASON_PREFIX).strip()
+        return "moving", f"GPU sharing: move {move}, {slurm.display_state} in Slurm"
     if not slurm.responding:
         return "failed", shown
     if slurm.drained:
