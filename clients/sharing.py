@@ -60,8 +60,8 @@ async def share_status(client: Client, cluster: str) -> ShareStatus:
         )
     except RPCError as e:
         raise SharingNotRunning(
-            f"no GPU sharing for cluster {cluster} ({e.message}); "
-            f"start one with `autoclusters share start`"
+            f"GPU sharing is not running for cluster {cluster} ({e.message}); "
+            f"start it with `autoclusters share start`"
         ) from None
     return status
 
@@ -77,7 +77,7 @@ async def _update(client: Client, cluster: str, name: str, arg: object, nobody: 
         raise MoveRefused(cause.message if isinstance(cause, FailureError) else str(e)) from e
     except RPCError as e:
         if e.status == RPCStatusCode.NOT_FOUND:
-            raise MoveRefused(f"no GPU sharing for cluster {cluster}{nobody}") from e
+            raise MoveRefused(f"GPU sharing is not running for cluster {cluster}{nobody}") from e
         raise
     return answer
 

@@ -107,7 +107,7 @@ class Quarantine:
                     f"was {r.pool_before}"
                     + (f"; waited for {r.waited_for_step}" if r.waited_for_step else "")
                     if r.held
-                    else "no sharing workflow held it"
+                    else "GPU sharing did not hold it"
                 ),
                 timeout=timedelta(minutes=15),
             )

@@ -431,7 +431,7 @@ async def test_the_update_refuses_a_move_not_waiting(setup: Setup) -> None:
         await setup.r.handle.execute_update(
             GpuSharing.decide_waiting_move, signed_move(cluster, "x", "a")
         )
-    with pytest.raises(MoveRefused, match="no GPU sharing for cluster elsewhere"):
+    with pytest.raises(MoveRefused, match="GPU sharing is not running for cluster elsewhere"):
         await decide_move(client, "elsewhere", signed_move("elsewhere", move_id, "a"))
     assert (await setup.status()).current == rec  # none of that changed anything
 

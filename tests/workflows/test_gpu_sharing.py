@@ -852,7 +852,7 @@ async def test_a_human_clears_a_node_that_failed_its_gate(env: WorkflowEnvironme
         # Twice is refused: it is no longer listed.
         with pytest.raises(MoveRefused, match="not listed"):
             await clear_unhealthy(env.client, r.cluster, ClearUnhealthy(node="gpu-03", by="ann"))
-    with pytest.raises(MoveRefused, match="no GPU sharing"):
+    with pytest.raises(MoveRefused, match="GPU sharing is not running"):
         await clear_unhealthy(env.client, "nowhere", ClearUnhealthy(node="gpu-03", by="ann"))
 
 
