@@ -11,9 +11,11 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from autoclusters.activities.heartbeat import heartbeating
-from autoclusters.activities.in_job import InJobRecovery, plan_for
+from autoclusters.activities.holders import refill
+from autoclusters.activities.in_job import InJobRecovery, free_nodes, plan_for
 from autoclusters.activities.job_markers import ACTIVE, BUSY, marked_for, requeue_marker
 from autoclusters.core.cluster_ops import is_ops_reason
+from autoclusters.core.holders import is_holder
 from autoclusters.core.kubernetes import SLINKY_REASON_PREFIX
 from autoclusters.core.models import (
     REASON_PREFIX,
@@ -38,6 +40,7 @@ from autoclusters.integrations.slurm import (
     SlurmClient,
     SlurmError,
     SlurmFencingClient,
+    SlurmHolderClient,
     SlurmInJobClient,
     SlurmUnavailable,
 )
@@ -140,14 +143,19 @@ class SlurmActivities:
             # requeued there, under this incident's marker (seen below as requeued once).
             result.in_job = await InJobRecovery(
                 self._slurm, inp.node, inp.incident_id, inp.in_job_budget_s, inp.poll_s,
-                inp.figures,
+                inp.figures, inp.capacity, inp.fault_at, inp.standby_holders,
             ).recover()  # fmt: skip
             result.plans = list(result.in_job.plans)
         # Another incident's requeue of a job is this fault's too: never a second one.
         elsewhere = result.in_job.requeued_elsewhere if result.in_job else {}
+        # The partition's nodes, read once and only to plan a job (None: the read failed).
+        nodes: list[SlurmNode] | None = None
+        unread = True
         for job in await self._slurm.jobs_on_node(inp.node):
             if job.job_state not in ACTIVE or job.job_id in elsewhere:
                 continue
+            if inp.standby_holders and is_holder(job):
+                continue  # a holder is cancelled (in-job recovery above), never requeued
             if not (job.requeue and job.batch_flag):
                 result.not_requeueable.append(job.job_id)
                 continue
@@ -170,7 +178,19 @@ class SlurmActivities:
                     if not inp.in_job
                     else "it holds no standby (no injob= in its comment)"
                 )
-                result.plans.append(plan_for(job, blocked, inp.figures, time.time()))
+                if unread:
+                    nodes, unread = await self._nodes_for_plan(), False
+                free = free_nodes(nodes, job, inp.node)
+                result.plans.append(
+                    plan_for(
+                        job,
+                        blocked,
+                        inp.figures,
+                        inp.fault_at or time.time(),
+                        capacity=inp.capacity,
+                        free=free,
+                    )  # fmt: skip
+                )
             if before is None:
                 await self._slurm.set_admin_comment(
                     job.job_id, requeue_marker(inp.incident_id, job.restart_cnt)
@@ -277,6 +297,15 @@ class SlurmActivities:
         activity.logger.warning("%s %s: marked DOWN for its requeued jobs to end", inp.node, why)
         await self._slurm.mark_down(inp.node, node.reason)
         return True
+
+    async def _nodes_for_plan(self) -> list[SlurmNode] | None:
+        """The nodes, for the recovery plan's free count; a failed read is unknown (None),
+        never a reason to hold the requeue up."""
+        try:
+            return await self._slurm.nodes()
+        except SlurmError as e:
+            activity.logger.warning("no node list for the recovery plan: %s", e)
+            return None
 
     @activity.defn(name="wait_node_registered")
     async def wait_node_registered(self, inp: WaitRegisteredInput) -> SlurmNode:
@@ -485,9 +514,14 @@ class SlurmActivities:
         while True:
             node = await self._known_node(inp.node)
             if node.responding or node.drained:
-                return ReturnResult(returned=not node.drained, state_after=node.display_state)
+                break
             activity.heartbeat(node.display_state)
             await asyncio.sleep(inp.poll_s)
+        back = ReturnResult(returned=not node.drained, state_after=node.display_state)
+        if back.returned and inp.standby_holders and isinstance(self._slurm, SlurmHolderClient):
+            # The pool of standbys held outside the jobs refills on the node just returned.
+            back.detail = await refill(self._slurm, inp.node, inp.standby_holders, inp.poll_s)
+        return back
 
     @activity.defn(name="verify_quarantine")
     async def verify_quarantine(self, inp: VerifyQuarantineInput) -> QuarantineStatus:

@@ -34,7 +34,7 @@ StateDir = Annotated[
 RepairRung = Literal["reset_gpu", "reboot", "replace"]
 BrokenUntil = Literal["reboot", "replace"]
 DemoMode = Literal["observe", "approve", "auto"]
-Scenario = Literal["remediate", "share", "borrow", "hang", "slow"]
+Scenario = Literal["remediate", "share", "borrow", "hang", "slow", "leaf"]
 JobFaultEffect = Literal["hang", "slow"]
 Platform = Literal["managed-slurm", "cmk"]
 JobRecovery = Literal["in-job", "requeue"]
@@ -523,7 +523,8 @@ def demo(
         typer.Option(
             help="remediate: a GPU fault and its remediation; share: GPU nodes lent to "
             "inference as its load rises and returned when it falls; hang, slow: a training "
-            "rank that hangs or slows down with no Xid, found by the job's progress."
+            "rank that hangs or slows down with no Xid, found by the job's progress; leaf: "
+            "a bad InfiniBand leaf, one systemic incident for its four nodes."
         ),
     ] = "remediate",
     platform: Annotated[Platform, typer.Option(help=PLATFORM_HELP)] = "managed-slurm",
@@ -558,12 +559,16 @@ def demo(
     from autoclusters.sandbox.drivers.demo import DemoError, run_demo
     from autoclusters.sandbox.runtime.config import SandboxConfig
 
-    if scenario not in ("remediate", "share", "borrow", "hang", "slow"):
+    if scenario not in ("remediate", "share", "borrow", "hang", "slow", "leaf"):
         err.print(
-            "[red]refused:[/red] --scenario must be remediate, share, borrow, hang or slow, "
-            f"not {scenario!r}"
+            "[red]refused:[/red] --scenario must be remediate, share, borrow, hang, slow or "
+            f"leaf, not {scenario!r}"
         )
         raise typer.Exit(2)
+    if scenario == "leaf":  # sandbox/drivers/leaf_demo.py: a bad leaf, one systemic incident
+        from autoclusters.sandbox.drivers.leaf_demo import main as leaf_demo
+
+        raise typer.Exit(leaf_demo(as_json, keep, state_dir, port_base, boot_delay, k8s))
     # sandbox/drivers/sharing_borrow_demo.py: a node lent from inference for a repair
     if scenario == "borrow":
         from autoclusters.sandbox.drivers.sharing_borrow_demo import main as sharing_borrow_demo

@@ -147,19 +147,24 @@ def _prepare(cfg: SandboxConfig) -> None:
     cfg.save()
 
 
-def sandbox_policy(cfg: SandboxConfig, mode: str = "auto", *, burn_in: bool = False) -> str:
+def sandbox_policy(
+    cfg: SandboxConfig, mode: str = "auto", *, burn_in: bool = False, systemic: bool = False
+) -> str:
     """The shipped default policy, with the sandbox's approvers; a small sandbox may have
     half its nodes out (the default 0.75 would freeze a 2-node sandbox). `burn_in`: the
     burn-in screen on, small (an 8 MiB gloo all-reduce on CPU: the screen's path, not a
     fabric's figures); the demo's policy has it. Off in the policy `sandbox up` writes,
     which the test suite's incidents and matrices run under (their timelines and bounds
-    were measured without a screen)."""
+    were measured without a screen). `systemic`: systemic incidents as shipped (on);
+    off in the policy `sandbox up` writes, whose suites fault several nodes of one leaf
+    at once to test each node's incident (`demo --scenario leaf` turns them on)."""
     policy = default_policy()
     guard = policy.guard.model_copy(
         update={
             "min_in_service_fraction": 0.5,
             "spares": cfg.spare_names(),
             "breaker_threshold": cfg.breaker_threshold,
+            "systemic": policy.guard.systemic.model_copy(update={"enabled": systemic}),
         }
     )
     update: dict[str, object] = {"approvers": cfg.approvers, "guard": guard, "mode": mode}

@@ -3,14 +3,19 @@
 A pod with no `spec.nodeName` goes to a node that is Ready, not cordoned, whose labels match
 the pod's `nodeSelector`, whose NoSchedule/NoExecute taints the pod tolerates, and whose
 allocatable `nvidia.com/gpu` covers the pod's request on top of what the node's
-non-terminated pods (terminating ones included: they still hold their GPUs) request. Among
+non-terminated pods (terminating ones included: they still hold their GPUs) request, and
+where no pod of the same namespace matches a required pod anti-affinity term of the pod's
+(`topologyKey: kubernetes.io/hostname`, `matchLabels`: one per node, as a Slinky
+NodeSet's slurmd pods are kept). Among
 the nodes that fit, the one with the most GPUs free, then by name (LeastAllocated scoring,
 made deterministic). No fit: the pod stays Pending with PodScheduled=False and the
-scheduler's kind of message ("0/3 nodes are available: ...").
+scheduler's kind of message ("0/3 nodes are available: ..."), and a `FailedScheduling`
+Warning Event on the pod each time that message changes (as kube-scheduler records one).
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections import Counter
 
 from autoclusters.sandbox.kubernetes.controllers import TERMINAL, is_ready
@@ -66,6 +71,27 @@ def gpus_free(node: Obj, pods: list[Obj]) -> int:
     return allocatable - used
 
 
+def _repelled(pod: Obj, node: Obj, pods: list[Obj]) -> bool:
+    """Does a non-terminated pod on `node` match one of the pod's required anti-affinity
+    terms (per node: topologyKey kubernetes.io/hostname)?"""
+    anti = ((pod.get("spec") or {}).get("affinity") or {}).get("podAntiAffinity") or {}
+    terms = anti.get("requiredDuringSchedulingIgnoredDuringExecution") or []
+    here = [
+        p for p in pods
+        if p["spec"].get("nodeName") == node["metadata"]["name"]
+        and p["metadata"].get("namespace") == pod["metadata"].get("namespace")
+        and (p.get("status") or {}).get("phase") not in TERMINAL
+    ]  # fmt: skip
+    for term in terms:
+        if term.get("topologyKey") != "kubernetes.io/hostname":
+            continue  # zones and racks: not modelled (a node is its own topology here)
+        want = (term.get("labelSelector") or {}).get("matchLabels") or {}
+        reqs = [(k, "In", [v]) for k, v in want.items()]
+        if any(labels_match(p["metadata"].get("labels") or {}, reqs) for p in here):
+            return True
+    return False
+
+
 def why_not(pod: Obj, node: Obj, pods: list[Obj]) -> str | None:
     """None when `pod` fits `node`, else the scheduler's reason for that node."""
     spec = node.get("spec") or {}
@@ -77,6 +103,8 @@ def why_not(pod: Obj, node: Obj, pods: list[Obj]) -> str | None:
     labels = node["metadata"].get("labels") or {}
     if not labels_match(labels, [(k, "In", [v]) for k, v in selector.items()]):
         return "node(s) didn't match Pod's node affinity/selector"
+    if _repelled(pod, node, pods):
+        return "node(s) didn't match pod anti-affinity rules"
     taint = _untolerated(pod, node)
     if taint is not None:
         value = f": {taint['value']}" if taint.get("value") else ""
@@ -129,3 +157,32 @@ def scheduled(status: Obj) -> Obj:
     conds.append({"type": "PodScheduled", "status": "True", "lastTransitionTime": now()})
     out["conditions"] = conds
     return out
+
+
+def unschedulable_message(status: Obj) -> str | None:
+    """The message of the pod's PodScheduled=False condition, if it has one."""
+    for c in status.get("conditions") or []:
+        if c.get("type") == "PodScheduled" and c.get("status") == "False":
+            return str(c.get("message") or "")
+    return None
+
+
+def failed_scheduling(pod: Obj, message: str) -> Obj:
+    """kube-scheduler's Event for a pod it cannot place (its name: one per message)."""
+    meta, stamp = pod["metadata"], now()
+    digest = hashlib.sha256(message.encode()).hexdigest()[:12]
+    return {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"name": f"{meta['name']}.{digest}", "namespace": meta["namespace"]},
+        "involvedObject": {"apiVersion": "v1", "kind": "Pod", "name": meta["name"],
+                           "namespace": meta["namespace"], "uid": meta.get("uid", "")},
+        "reason": "FailedScheduling",
+        "message": message,
+        "type": "Warning",
+        "source": {"component": "default-scheduler"},
+        "reportingComponent": "default-scheduler",
+        "firstTimestamp": stamp,
+        "lastTimestamp": stamp,
+        "count": 1,
+    }  # fmt: skip

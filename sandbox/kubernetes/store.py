@@ -55,6 +55,7 @@ from autoclusters.sandbox.kubernetes.crd_schema import FieldValidation
 from autoclusters.sandbox.kubernetes.objects import (
     DAEMONSETS,
     DEPLOYMENTS,
+    EVENTS,
     KINDS,
     NAMESPACES,
     NODES,
@@ -820,6 +821,8 @@ class Store:
                 new["status"] = k8s_scheduler.unschedulable(pod.get("status") or {}, message)
                 if new != pod:
                     self._commit(PODS, new, pod)
+                if k8s_scheduler.unschedulable_message(pod.get("status") or {}) != message:
+                    self._record(k8s_scheduler.failed_scheduling(new, message))
                 continue
             new["spec"]["nodeName"] = node
             new["status"] = k8s_scheduler.scheduled(pod.get("status") or {})
@@ -827,6 +830,15 @@ class Store:
             self._kubelet(node)
             bound = True
         return bound
+
+    def _record(self, event: Obj) -> None:
+        """An Event the API server's own controllers leave (the scheduler's); one already
+        there (the same name) is kept."""
+        try:
+            self._create(EVENTS, event["metadata"]["namespace"], event)
+        except ApiError as e:
+            if e.code != 409:
+                raise
 
     def _deployment_statuses(self) -> None:
         for deploy in list(self._objs["deployments"].values()):

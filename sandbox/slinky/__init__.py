@@ -6,6 +6,8 @@
 - operator_slurm: what the operator may do to a Slurm node, and how it reads one
 - operator_workloads: Controller, Accounting and LoginSet as pods; orphans collected
 - kubelet: runs the operator's pods as the real daemons and reports them Ready
+- autoscaler: the cluster autoscaler: a NodeSet scaled beyond its Nodes gets machines
+- node_groups: where those machines come from (a CMK node pool, the Managed Slurm node set)
 - agent_daemonset: the node agent as the DaemonSet it ships as
 - agent_pods: the kubelet's part for the agent's DaemonSet pods
 - cmk_platform: `sandbox up --platform cmk`: Slurm as Slinky on a CMK cluster

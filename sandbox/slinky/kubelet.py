@@ -64,6 +64,7 @@ from autoclusters.sandbox.slurm.controller import (
     ssh_answers,
 )
 from autoclusters.sandbox.slurm.files import Layout, NodeDef
+from autoclusters.sandbox.slurm.topology import place_unplaced
 
 Obj = dict[str, Any]
 HEADER = "Written by the emulated Slinky kubelet (slurmctld's pod)"
@@ -210,6 +211,8 @@ class SlinkyKubelet:
             controller = self._get("controllers", ns, owner["name"]) if owner else None
             topology = self._config_files(controller, ns).get("topology.conf", "")
             layout = self._layout(slurmds, nodes, bool(acct), topology)
+            # A scaled-out node is in no switch of the ConfigMap's: on one of its own.
+            topology = place_unplaced(topology, [d.name for d in layout.nodes])
             if not self._cfg.slurm_conf.exists():
                 self._slurm.prepare(bool(acct), HEADER)
             if acct and not self._table.alive(SLURMDBD):

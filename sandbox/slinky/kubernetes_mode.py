@@ -24,6 +24,7 @@ from autoclusters.sandbox.crusoe.cloud_api import (  # noqa: F401  (names other 
 from autoclusters.sandbox.kubernetes import tls as k8s_tls
 from autoclusters.sandbox.machines.backend import NODESET, SLURM_NAMESPACE
 from autoclusters.sandbox.runtime.config import SandboxConfig
+from autoclusters.sandbox.slinky import autoscaler as slinky_autoscaler
 
 K8S_EMULATOR = "k8s-emulator"
 # The emulated Slinky NodeSet controller (sandbox/slinky/operator.py): it keeps one slurmd
@@ -76,11 +77,16 @@ def k8s_answers(cfg: SandboxConfig) -> bool:
 
 
 def operator_argv(cfg: SandboxConfig) -> list[str]:
-    return [
+    argv = [
         sys.executable, "-m", "autoclusters.sandbox.slinky.operator",
         "--kubeconfig", str(cfg.kubeconfig), "--slurm-conf", str(cfg.slurm_conf),
         "--poll-s", str(OPERATOR_POLL_S),
     ]  # fmt: skip
+    if not cfg.cmk:  # (CMK: with the platform's own arguments, the autoscaler's included)
+        # The cluster autoscaler grows the Managed Slurm cluster's node set on a scale-out.
+        argv += ["--cloud-state-dir", str(cfg.state_dir),
+                 "--max-pool-nodes", str(slinky_autoscaler.max_nodes(cfg))]  # fmt: skip
+    return argv
 
 
 def seed(cfg: SandboxConfig) -> None:

@@ -11,10 +11,14 @@ Each pass (`SlinkyOperator.reconcile_once`), for every NodeSet:
   (`internal/builder/workerbuilder/worker_app.go`). A pod the API server already removed with
   its Node (the emulator collects them at once) is remembered from the previous pass;
 - `spec.replicas` caps the pods (the real operator ignores it in DaemonSet mode; here it is
-  the way to exercise a scale-in): a pod beyond it, or on a Node no longer eligible, is
-  cordoned and its Slurm node drained, and the pod goes only once the node is not busy
-  (`nodeset_sync.go` `processCondemned`, `slurmcontrol.go` `IsNodeDrained`). Unlike the real
-  one, a drain set by someone else is kept as it is rather than overwritten;
+  the way to exercise a scale-in and a scale-out): a pod beyond it (the newest Nodes' first),
+  or on a Node no longer eligible, is cordoned and its Slurm node drained, and the pod goes
+  only once the node is not busy (`nodeset_sync.go` `processCondemned`, `slurmcontrol.go`
+  `IsNodeDrained`). Unlike the real one, a drain set by someone else is kept as it is rather
+  than overwritten. More replicas than eligible Nodes: a Pending pod per missing Node
+  (`operator_pods.new_node_pod`), which the cluster autoscaler makes a Node for
+  (`autoscaler.py`, on the CMK platform); the new Node gets its own pod, and a
+  Pending pod no longer needed goes;
 - syncCordon (`nodeset_sync.go` `syncCordon`, `syncPodUncordon`): a cordoned Node's pod gets
   `nodeset.slinky.slurm.net/pod-cordon=true` and its Slurm node is drained with
   `slurm-operator: <the Node's node-cordon-reason annotation>`, else
@@ -23,9 +27,9 @@ Each pass (`SlinkyOperator.reconcile_once`), for every NodeSet:
   the operator's. A node whose reason is someone else's, or DOWN / not responding, is skipped.
 
 On the CMK platform (`--state-dir`) it also runs the operator's other controllers
-(`operator_workloads.py`: Controller, Accounting and LoginSet into pods) and, after
-each pass, the emulated kubelet that runs the pods' containers as the real daemons
-(`kubelet.py`).
+(`operator_workloads.py`: Controller, Accounting and LoginSet into pods), the emulated
+kubelet that runs the pods' containers as the real daemons (`kubelet.py`), and, after each
+pass, the cluster autoscaler of the node pools (`autoscaler.py`).
 
 When Slurm cannot be read the pass only creates missing pods (which never asks Slurm):
 nothing is drained, undrained, marked DOWN or deleted, and the report says "unknown".
@@ -37,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import logging
 from collections.abc import Callable
@@ -49,8 +54,10 @@ from kubernetes.client import ApiException
 
 from autoclusters.integrations.k8s import api_client
 from autoclusters.sandbox.runtime.config import SandboxConfig
+from autoclusters.sandbox.slinky import autoscaler as slinky_autoscaler
 from autoclusters.sandbox.slinky import operator_pods as pods
 from autoclusters.sandbox.slinky import operator_slurm as slurm
+from autoclusters.sandbox.slinky.autoscaler import NodePoolAutoscaler
 from autoclusters.sandbox.slinky.kubelet import SlinkyKubelet
 from autoclusters.sandbox.slinky.operator_slurm import OperatorSlurm, OperatorSlurmCli, SlurmView
 from autoclusters.sandbox.slinky.operator_workloads import WORKLOADS, SlurmWorkloads
@@ -76,9 +83,11 @@ class Report:
     undrained: list[str] = field(default_factory=list)
     downed: list[str] = field(default_factory=list)
     waiting: list[str] = field(default_factory=list)  # scale-ins whose node is still busy
+    pending: list[str] = field(default_factory=list)  # pods waiting for a Node (scale-out)
     errors: list[str] = field(default_factory=list)
     workloads: list[str] = field(default_factory=list)  # Controller/Accounting/LoginSet pods
     kubelet: list[str] = field(default_factory=list)  # daemons started and stopped
+    autoscaler: list[str] = field(default_factory=list)  # machines asked for and removed
 
 
 def _key(pod: Obj) -> PodKey:
@@ -106,9 +115,11 @@ class SlinkyOperator:
         slurm_client: OperatorSlurm,
         workloads: SlurmWorkloads | None = None,
         kubelet: SlinkyKubelet | None = None,
+        autoscaler: NodePoolAutoscaler | None = None,
     ) -> None:
         self._workloads = workloads
         self._kubelet = kubelet
+        self._autoscaler = autoscaler
         self._core = client.CoreV1Api(api)
         self._crs = client.CustomObjectsApi(api)
         self._slurm = slurm_client
@@ -154,8 +165,10 @@ class SlinkyOperator:
         self._seen = {
             _key(p): (pods.node_of(p), pods.slurm_name(p))
             for p in after
-            if any(pods.owned_by(p, ns) for ns in nodesets)
+            if any(pods.owned_by(p, ns) for ns in nodesets) and not pods.waiting_for_node(p)
         }
+        if self._autoscaler is not None:
+            report.autoscaler = await self._autoscaler.sync(nodesets, after, nodes)
         report.errors += view.refused
         if not view.known:
             report.slurm, report.slurm_error = "unknown", view.error
@@ -183,22 +196,31 @@ class SlinkyOperator:
         view: SlurmView,
         report: Report,
     ) -> None:
+        waiting = [p for p in mine if pods.waiting_for_node(p)]
         by_node: dict[str, list[Obj]] = {}
         for p in mine:
-            by_node.setdefault(pods.node_of(p), []).append(p)
+            if p not in waiting:
+                by_node.setdefault(pods.node_of(p), []).append(p)
         for node_name, here in by_node.items():
             if node_name not in nodes:
                 for p in here:
                     await self._node_gone(p, view, report)
         selector, cap = pods.node_selector(nodeset), pods.replicas(nodeset)
-        # Nodes that already run a pod first: a new Node never displaces a running pod.
+        # Nodes that already run a pod first: a new Node never displaces a running pod; the
+        # oldest Nodes first, so a scale-in takes the newest (a scaled-out one) first.
         candidates = sorted(
             (n for n in nodes.values() if pods.eligible(n, selector)),
-            key=lambda n: (n["metadata"]["name"] not in by_node, n["metadata"]["name"]),
+            key=lambda n: (
+                n["metadata"]["name"] not in by_node,
+                n["metadata"].get("creationTimestamp") or "",
+                n["metadata"]["name"],
+            ),
         )
         keep = {n["metadata"]["name"] for n in (candidates if cap is None else candidates[:cap])}
         for name in sorted(keep - by_node.keys()):
             self._create(nodeset, nodes[name], report)
+        missing = 0 if cap is None else max(cap - len(candidates), 0)
+        self._sync_waiting(nodeset, waiting, missing, {_key(p)[1] for p in mine}, report)
         for node_name, here in sorted(by_node.items()):
             if node_name not in nodes:
                 continue
@@ -220,6 +242,28 @@ class SlinkyOperator:
                 await self._sync_cordon(here[0], nodes[node_name], view, report)
             else:
                 await self._scale_in(here[0], view, report)
+
+    def _sync_waiting(
+        self, nodeset: Obj, waiting: list[Obj], missing: int, taken: set[str], report: Report
+    ) -> None:
+        """One Pending pod per missing Node: the oldest kept, those beyond go (scaled back,
+        or a Node came and got its own pod), those lacking are made under a free name (a
+        Pending pod the scheduler bound to a new, untainted Node keeps its name there)."""
+        live = sorted(
+            (p for p in waiting if not pods.terminating(p)),
+            key=lambda p: (p["metadata"].get("creationTimestamp") or "", p["metadata"]["name"]),
+        )
+        for p in live[missing:]:
+            self._delete(p, report)
+        ns, name = nodeset["metadata"]["namespace"], nodeset["metadata"]["name"]
+        report.pending += [f"{ns}/{p['metadata']['name']}" for p in live[:missing]]
+        k = 0
+        for _ in range(missing - len(live)):
+            k = next(
+                i for i in itertools.count(k + 1) if pods.new_node_pod_name(name, i) not in taken
+            )
+            self._create_pod(ns, pods.new_node_pod(nodeset, k), report)
+            report.pending.append(f"{ns}/{pods.new_node_pod_name(name, k)}")
 
     async def _node_gone(self, pod: Obj, view: SlurmView, report: Report) -> None:
         """The pod's Node is gone: the preStop hook's DOWN, then the pod (kept while Slurm is
@@ -290,13 +334,15 @@ class SlinkyOperator:
 
     def _create(self, nodeset: Obj, node: Obj, report: Report) -> None:
         body = pods.slurmd_pod(nodeset, node["metadata"]["name"], pods.hostname_of(node))
+        self._create_pod(nodeset["metadata"]["namespace"], body, report)
+
+    def _create_pod(self, ns: str, body: Obj, report: Report) -> None:
         try:
-            ns = nodeset["metadata"]["namespace"]
             self._core.create_namespaced_pod(ns, body)  # type: ignore[arg-type]  # JSON as it is
         except ApiException as e:
             report.errors.append(f"create pod {body['metadata']['name']}: {e.status} {e.reason}")
             return
-        report.created.append(f"{nodeset['metadata']['namespace']}/{body['metadata']['name']}")
+        report.created.append(f"{ns}/{body['metadata']['name']}")
 
     def _delete(self, pod: Obj, report: Report) -> None:
         ns, name = _key(pod)
@@ -332,7 +378,7 @@ class SlinkyOperator:
                     log.warning("Slurm unknown: %s", report.slurm_error)
                 for line in report.errors:
                     log.warning("%s", line)
-                for line in report.workloads + report.kubelet:
+                for line in report.workloads + report.kubelet + report.autoscaler:
                     log.info("%s", line)
             await asyncio.sleep(poll_s)
 
@@ -350,20 +396,35 @@ def main(argv: list[str] | None = None) -> None:
         "--state-dir", type=Path, help="CMK platform: run the pods' daemons for this sandbox"
     )
     parser.add_argument("--system-node", default="", help="where the Slurm control pods run")
+    parser.add_argument(
+        "--max-pool-nodes", type=int, default=0,
+        help="the cluster autoscaler grows a NodeSet's node group up to this many machines "
+        "(0: no autoscaler); its cloud is the sandbox's (--state-dir or --cloud-state-dir)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--cloud-state-dir", type=Path, help="Managed Slurm: the sandbox the autoscaler is of"
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # the kubelet's status reports
     api = api_client(kubeconfig=args.kubeconfig)
-    workloads = kubelet = None
+    workloads = kubelet = autoscaler = None
     if args.state_dir is not None:
         workloads = SlurmWorkloads(api, args.system_node)
         kubelet = SlinkyKubelet(api, SandboxConfig.load(args.state_dir))
+    if args.max_pool_nodes > 0:
+        sandbox = args.state_dir or args.cloud_state_dir
+        if sandbox is None:
+            parser.error("--max-pool-nodes needs --state-dir or --cloud-state-dir")
+        autoscaler = slinky_autoscaler.for_sandbox(
+            api, SandboxConfig.load(sandbox), args.max_pool_nodes
+        )
     # A slurmctld that is not up yet holds sinfo until its timeout: on the CMK platform that
     # would hold the kubelet's next pass too, so the wait is shorter there.
     slurm_cli = OperatorSlurmCli(
         args.slurm_conf, args.slurm_bin, timeout_s=30 if kubelet is None else 10
     )
-    operator = SlinkyOperator(api, slurm_cli, workloads, kubelet)
+    operator = SlinkyOperator(api, slurm_cli, workloads, kubelet, autoscaler)
     if args.once:
         print(asyncio.run(operator.reconcile_once()))
         return

@@ -10,6 +10,11 @@ Sources (github SlinkyProject/slurm-operator, HEAD f2ed3fc, 2026-08-20):
 
 The pod is `slurmd-<node>` with Slinky's labels and an ownerReference to its NodeSet:
 what the product's code that finds a node's slurmd pod reads.
+
+A NodeSet scaled beyond its Nodes gets a Pending pod per missing Node,
+`slurmd-<nodeset>-new-<k>` (no Node, one slurmd per Node by a required pod anti-affinity,
+as a StatefulSet-mode NodeSet's pods are kept apart), for the cluster autoscaler to see and
+make a Node for (sandbox/slinky_autoscaler.py); the Node's own pod then takes its place.
 """
 
 from __future__ import annotations
@@ -33,6 +38,10 @@ Obj = dict[str, Any]
 
 def pod_name(node: str) -> str:
     return f"slurmd-{node}"
+
+
+def new_node_pod_name(nodeset: str, k: int) -> str:
+    return f"slurmd-{nodeset}-new-{k}"
 
 
 def node_selector(nodeset: Obj) -> dict[str, str]:
@@ -67,7 +76,7 @@ def owned_by(pod: Obj, nodeset: Obj) -> bool:
 def slurm_name(pod: Obj) -> str:
     """The Slurm node the pod's slurmd registers: its hostname (DaemonSet mode: the Node's)."""
     labels, spec = pod["metadata"].get("labels") or {}, pod.get("spec") or {}
-    return str(labels.get(POD_HOSTNAME) or spec.get("hostname") or spec.get("nodeName"))
+    return str(labels.get(POD_HOSTNAME) or spec.get("hostname") or spec.get("nodeName") or "")
 
 
 def cordoned(pod: Obj) -> bool:
@@ -120,3 +129,29 @@ def slurmd_pod(nodeset: Obj, node: str, hostname: str | None = None) -> Obj:
             "containers": [{"name": "slurmd", "image": SLURMD_IMAGE}],
         },
     }
+
+
+def new_node_pod(nodeset: Obj, k: int) -> Obj:
+    """The NodeSet's k-th Pending pod, waiting for a Node: its node selector, and kept off
+    every Node that runs one of the NodeSet's slurmd pods (kubernetes.io/hostname)."""
+    pod = slurmd_pod(nodeset, "")
+    meta = nodeset["metadata"]
+    pod["metadata"]["name"] = new_node_pod_name(meta["name"], k)
+    del pod["metadata"]["labels"][POD_HOSTNAME]  # its Slurm node is its future Node's
+    spec = pod["spec"]
+    del spec["nodeName"], spec["hostname"]
+    spec["nodeSelector"] = node_selector(nodeset)
+    mine = {"app.kubernetes.io/name": "slurmd", "app.kubernetes.io/instance": meta["name"]}
+    spec["affinity"] = {
+        "podAntiAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": [
+                {"labelSelector": {"matchLabels": mine}, "topologyKey": "kubernetes.io/hostname"}
+            ]
+        }
+    }
+    return pod
+
+
+def waiting_for_node(pod: Obj) -> bool:
+    """A Pending pod with no Node (one of `new_node_pod`'s)."""
+    return not node_of(pod)

@@ -140,3 +140,14 @@ def test_a_policy_file_that_does_not_load_stops_the_agent(tmp_path: Path) -> Non
     with pytest.raises(PolicyError, match="hang_flor_s"):
         Agent(node="gpu-02", settings=settings, backend=None, infiniband=None,
               sink=ReportSink())  # fmt: skip
+
+
+def test_the_judges_findings_name_the_job_runs_they_are_about() -> None:
+    """What the debouncer tells one fault from the next by (debounce.py: another job run is
+    another fault): the judge keeps each rule's episodes when it puts the jobs together.
+    bench/silent.py lost two trials to the judge dropping them (the old run still firing)."""
+    judge = JobVerdicts("gpu-02", TH, [], py_spy=None)
+    one = straggling(2.0, 10)
+    other = [dataclasses.replace(r, job="4343", restart=1) for r in straggling(2.0, 10)]
+    found = judge.judge(one + other, T0 + 1)[1]
+    assert sorted(found[SLOW_NODE].episodes) == ["4242/0/0", "4343/1/0"]

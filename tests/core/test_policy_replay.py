@@ -39,6 +39,10 @@ from autoclusters.core.policy_replay import replay_policy
 
 HISTORIES = Path(__file__).parents[1] / "histories"
 REMEDIATION = sorted(HISTORIES.glob("remediation_*.json"))
+# The runbook tests' cases, all opened under one policy (the raised-XID_79 candidates
+# below change only XID_79 there). A systemic member's history was opened under a policy
+# with systemic incidents on: a candidate without them repairs it on its own (its own test).
+NODE_BY_NODE = [p for p in REMEDIATION if "systemic" not in p.stem]
 
 
 def _record(case: str, release: str = "0.2") -> IncidentRecord:
@@ -48,7 +52,7 @@ def _record(case: str, release: str = "0.2") -> IncidentRecord:
 
 def _records() -> list[IncidentRecord]:
     return [
-        record_from_history(WorkflowHistory.from_json(p.stem, p.read_text())) for p in REMEDIATION
+        record_from_history(WorkflowHistory.from_json(p.stem, p.read_text())) for p in NODE_BY_NODE
     ]
 
 
@@ -113,7 +117,7 @@ def test_raising_xid_79_to_replace_shows_the_diff() -> None:
     records = _records()
     base = _live()
     report = replay_policy(_raised(base), records)
-    case_of = {r.incident_id: p.stem for p, r in zip(REMEDIATION, records, strict=True)}
+    case_of = {r.incident_id: p.stem for p, r in zip(NODE_BY_NODE, records, strict=True)}
     by_case = {case_of[d.incident_id]: d for d in report.incidents}
 
     escalated = by_case["remediation_0.2_replace_escalated"]
@@ -268,7 +272,7 @@ def live(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def test_replay_prints_the_diff_and_json(tmp_path: Path, live: Path) -> None:
     cand = _policy_file(tmp_path, _raised(_live()), "cand.yaml")
     runner = CliRunner()
-    paths = sorted(HISTORIES.glob("remediation_0.2_*.json"))
+    paths = [p for p in NODE_BY_NODE if p.stem.startswith("remediation_0.2_")]
     out = runner.invoke(app, ["policy", "replay", str(cand), *_history_args(paths)])
     assert out.exit_code == 0, out.output
     text = " ".join(out.stdout.split())
@@ -286,7 +290,7 @@ def test_replay_prints_the_diff_and_json(tmp_path: Path, live: Path) -> None:
 def test_apply_refuses_a_policy_that_changes_outcomes(tmp_path: Path, live: Path) -> None:
     before = live.read_text()
     cand = _policy_file(tmp_path, _raised(_live()), "cand.yaml")
-    paths = sorted(HISTORIES.glob("remediation_0.2_*.json"))
+    paths = [p for p in NODE_BY_NODE if p.stem.startswith("remediation_0.2_")]
     runner = CliRunner()
     out = runner.invoke(app, ["policy", "apply", str(cand), *_history_args(paths)])
     assert out.exit_code == 3, out.output
@@ -323,3 +327,16 @@ def test_an_unreadable_history_refuses_the_apply(tmp_path: Path, live: Path) -> 
     assert out.exit_code == 3, out.output
     assert "broken.json" in out.stderr and "could not be read" in out.stderr
     assert live.read_text() == before
+
+
+def test_a_systemic_member_replayed_without_systemic_incidents_is_repaired_alone() -> None:
+    rec = _record("systemic_member")
+    assert rec.systemic is not None and rec.systemic.endswith("-leaf-01")
+    assert rec.systemic_verdict == "returned" and rec.repairs == [] and rec.status == "resolved"
+    off = rec.policy.guard.model_copy(
+        update={"systemic": rec.policy.guard.systemic.model_copy(update={"enabled": False})}
+    )
+    report = replay_policy(rec.policy.model_copy(update={"guard": off}), [rec])
+    [d] = report.incidents
+    assert d.candidate.repairs == ["reboot"] and d.candidate.outcome == "unknown"
+    assert any("systemic incident" in n for n in d.notes)

@@ -172,6 +172,11 @@ class FakeSlurm:
         n.reason = ""
         self.record("admin_resume", node)
 
+    def set_comment(self, job_id: int, comment: str) -> None:
+        """What the job's own processes write (`scontrol update Comment=`: ckpt_at,
+        resumed_at), as examples/training does."""
+        self._jobs[job_id].comment = comment
+
     def run_again(self, job_id: int, *, nodes: str) -> None:
         """Slurm starts a pending (requeued) job, on `nodes`."""
         job = self._jobs[job_id]

@@ -76,7 +76,9 @@ async def test_job_on_faulty_node_requeued_once_and_node_returns_idle(
             "guard_register", "notify_opened", "admit_quarantine", "drain", "requeue",
             "notify_recovery_chosen",  # the shipped policy's announce_recovery
             "silence", "wait_idle", "admit_repair", "repair", "wait_registered",
-            "health_gate", "return_to_service", "lift_silence", "notify_resolved",
+            "health_gate", "return_to_service",
+            "measure_recovery",  # the shipped policy's measure_recovery
+            "lift_silence", "notify_resolved",
         ]  # fmt: skip
         # The sandbox's real Alertmanager held the node's other alerts silent meanwhile.
         assert state.silence_id is not None

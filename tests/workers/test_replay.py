@@ -44,6 +44,7 @@ WORKFLOW_TYPES = {
     "ScaleNodeSet",
     "ClusterTeardown",
     "GpuRebalance",
+    "SystemicIncident",
 }
 # case -> activities its history must have run (the path the case is about).
 BASELINE_CASES: dict[tuple[str, str], set[str]] = {

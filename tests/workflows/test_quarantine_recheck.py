@@ -116,6 +116,8 @@ async def test_undrained_during_approval_is_quarantined_again_before_the_repair(
     assert f.slurm.job_now(201).admin_comment == requeue_marker(req.incident_id, 0)
     assert f.slurm.job_now(201).restart_cnt == 1
     assert sorted(result.requeued_jobs) == [101, 201]
+    # Each requeue's plans are kept (issue 42: the close measures every planned job).
+    assert sorted(p.job_id for p in result.recovery_plans) == [101, 201]
     # The order on the cluster: drained again, requeued, idle, and only then the reboot.
     log = f.slurm.log
     assert log.index(("admin_resume", "gpu-01")) < log.index(("requeue", "201"))

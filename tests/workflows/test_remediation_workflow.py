@@ -482,8 +482,9 @@ async def test_the_recovery_chosen_by_its_cost_is_recorded_and_told(
 ) -> None:
     """Issue 42: each job's plan (the GPU-hours each path would lose, the one taken) is on
     the incident; with `announce_recovery` Slack is told once the jobs are on their way,
-    between the requeue and the repair; without it nothing more is sent."""
-    async with _fleet(env) as f:
+    between the requeue and the repair; without it nothing more is sent. gpu-04 is free:
+    job 102 can start again at once (the requeue path)."""
+    async with _fleet(env, nodes=4) as f:
         f.slurm.add_job(
             101, nodes="gpu-[01,03]", comment="injob=/dev/shm/job-101", batch_host="gpu-03"
         )
