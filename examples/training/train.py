@@ -334,7 +334,7 @@ def shielded(argv: list[str]) -> list[str]:
 def publish(key: str, value: str) -> None:
     """Set `key=value` in the job's Slurm Comment (a field its owner may set): `ckpt_at`,
     when it last checkpointed, so whoever must take a node from running jobs (AutoClusters'
-    GPU rebalancer lending a node to inference) picks the job that loses least work;
+    GPU sharing lending a node to inference) picks the job that loses least work;
     `resumed_at`, when it stepped again after an in-job restart. Best effort, off the
     training thread: a slow or absent slurmctld never stalls a step. Outside Slurm (no
     SLURM_JOB_ID, or no scontrol/squeue) nothing is done."""
