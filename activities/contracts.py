@@ -2,8 +2,8 @@
 
 Workflows call these stubs, so importing a workflow loads no client library (Kubernetes,
 Slack, HTTP) and replays stay cheap. The worker registers the implementations
-(the classes next to this module) under the same names; `tests/test_contracts.py` checks that
-every stub has an implementation with the same input and result types.
+(the classes next to this module) under the same names; `tests/activities/test_contracts.py` checks
+that every stub has an implementation with the same input and result types.
 """
 
 from __future__ import annotations
@@ -98,6 +98,7 @@ from autoclusters.core.models import (
     WaitRegisteredInput,
 )
 from autoclusters.core.quarantine import QuarantineStatus, VerifyQuarantineInput
+from autoclusters.core.recovery_loss import MeasureRecoveryInput, MeasureRecoveryResult
 from autoclusters.core.sharing import (
     CheckpointResult,
     Demand,
@@ -108,6 +109,7 @@ from autoclusters.core.sharing import (
     YieldCall,
     YieldResult,
 )
+from autoclusters.core.systemic import CloseSystemicCall, JoinAck, JoinCall
 
 
 def _stub() -> NotImplementedError:
@@ -255,6 +257,19 @@ async def guard_release(call: ReleaseCall) -> None:
 
 @activity.defn(name="guard_slurm_view")
 async def guard_slurm_view(call: SlurmViewCall) -> SlurmView:
+    raise _stub()
+
+
+# --- systemic incidents (docs/systemic.md) -----------------------------------------------
+
+
+@activity.defn(name="systemic_join")
+async def systemic_join(call: JoinCall) -> JoinAck:
+    raise _stub()
+
+
+@activity.defn(name="systemic_close")
+async def systemic_close(call: CloseSystemicCall) -> list[str]:
     raise _stub()
 
 
@@ -458,4 +473,9 @@ async def share_yield_node(call: YieldCall) -> YieldResult:
 
 @activity.defn(name="send_handoff")
 async def send_handoff(call: HandoffCall) -> HandoffSent:
+    raise _stub()
+
+
+@activity.defn(name="measure_recovery")
+async def measure_recovery(inp: MeasureRecoveryInput) -> MeasureRecoveryResult:
     raise _stub()

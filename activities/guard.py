@@ -26,6 +26,7 @@ from temporalio.exceptions import ApplicationError
 
 from autoclusters.activities.guard_batch import GuardBatcher
 from autoclusters.activities.heartbeat import heartbeating
+from autoclusters.activities.systemic import SystemicActivities
 from autoclusters.core.guard import (
     GUARD_WORKFLOW,
     Admission,
@@ -112,6 +113,12 @@ class GuardActivities:
                 type="GuardRejected",
                 non_retryable=True,
             ) from e
+
+    def systemic(self) -> SystemicActivities:
+        """The systemic incidents' activities, on the same client and task queue."""
+        return SystemicActivities(
+            self._client, self._task_queue, execution_timeout=self._execution_timeout
+        )
 
     @activity.defn(name="guard_register")
     async def register(self, call: RegisterCall) -> Registration:

@@ -73,7 +73,13 @@ from autoclusters.core.models import (
     SlurmNode,
     job_comment,
 )
-from autoclusters.core.recovery_cost import JobFacts, RecoveryFigures, RecoveryPlan, plan_recovery
+from autoclusters.core.recovery_cost import (
+    JobFacts,
+    RecoveryCapacity,
+    RecoveryFigures,
+    RecoveryPlan,
+    plan_recovery,
+)
 from autoclusters.integrations.slurm import SlurmError, SlurmInJobClient, SlurmUnavailable
 
 # What the survivors' processes are told (`scancel --signal=USR2 <job>`: the job's steps,
@@ -127,21 +133,48 @@ def faulty(node: SlurmNode | None) -> bool:
     return node.drained and ours
 
 
+def free_nodes(nodes: list[SlurmNode] | None, job: SlurmJob, node: str) -> int | None:
+    """Idle healthy nodes outside the job (and other than the faulty one) that it could
+    start again on at once; None when the nodes could not be read (unknown, not none)."""
+    if nodes is None:
+        return None
+    mine = {*hostlist.expand(job.nodes), node}
+    return sum(
+        1
+        for n in nodes
+        if n.name not in mine and n.state == "idle" and n.responding and not n.drained
+    )
+
+
 def plan_for(
-    job: SlurmJob, in_job_blocked: str | None, figures: RecoveryFigures, now: float
+    job: SlurmJob,
+    in_job_blocked: str | None,
+    figures: RecoveryFigures,
+    now: float,
+    *,
+    capacity: RecoveryCapacity | None = None,
+    free: int | None = None,
 ) -> RecoveryPlan:
-    """The job's recovery plan from what Slurm shows of it: its width (GPUs, else nodes)
-    and its checkpoint's age (`ckpt_at=` in its comment; unknown when it does not say)."""
+    """The job's recovery plan from what Slurm shows of it: its width (GPUs, else nodes),
+    its checkpoint's age at `now` (the fault, where the incident says when; `ckpt_at=` in
+    its comment; unknown when it does not say) and the free nodes it could start again on
+    (`free`: None, unknown)."""
     stamp = job_comment(job, "ckpt_at")
     try:
-        age = max(0.0, now - float(stamp)) if stamp is not None else None
+        saved = float(stamp) if stamp is not None else None
     except ValueError:
-        age = None
+        saved = None
     width = job.gpus or job.node_count or len(hostlist.expand(job.nodes)) or 1
     facts = JobFacts(
-        job_id=job.job_id, gpus=width, checkpoint_age_s=age, in_job_blocked=in_job_blocked
+        job_id=job.job_id,
+        gpus=width,
+        checkpoint_age_s=max(0.0, now - saved) if saved is not None else None,
+        in_job_blocked=in_job_blocked,
+        free_nodes=free,
+        restart_cnt=job.restart_cnt,
+        checkpoint_at=saved,
     )
-    return plan_recovery(facts, figures)
+    return plan_recovery(facts, figures, capacity)
 
 
 def why_not_in_place(job: SlurmJob, node: str, lost: set[str]) -> str | None:
@@ -176,11 +209,15 @@ class InJobRecovery:
         budget_s: float,
         poll_s: float,
         figures: RecoveryFigures | None = None,
+        capacity: RecoveryCapacity | None = None,
+        fault_at: float | None = None,
     ) -> None:
         self._slurm = slurm
         self.node, self.incident_id = node, incident_id
         self.budget_s, self.poll_s = budget_s, poll_s
         self.figures = figures or RecoveryFigures()
+        self.capacity = capacity
+        self.fault_at = fault_at  # the checkpoints' ages are counted to it (None: now)
         self.result = InJobResult()
 
     async def recover(self) -> InJobResult:
@@ -203,13 +240,15 @@ class InJobRecovery:
                 # written before its requeue): that requeue is this fault's too.
                 self.result.requeued_elsewhere[job.job_id] = f"being requeued by {claimed}"
                 continue
+            if nodes is None:  # read once: who else is lost, and what is free (the plan)
+                nodes = {n.name: n for n in await self._slurm.nodes()}
             lost = {self.node}
-            if job.batch_host != self.node:  # the batch host needs no other read
-                if nodes is None:
-                    nodes = {n.name: n for n in await self._slurm.nodes()}
+            if job.batch_host != self.node:
                 lost |= {n for n in hostlist.expand(job.nodes) if faulty(nodes.get(n))}
             why = why_not_in_place(job, self.node, lost)
-            plan = plan_for(job, why, self.figures, time.time())
+            free = free_nodes(list(nodes.values()), job, self.node)
+            at = self.fault_at or time.time()
+            plan = plan_for(job, why, self.figures, at, capacity=self.capacity, free=free)
             self.result.plans.append(plan)
             if why is None and plan.chosen != "in-job":
                 why = f"the cheaper path: {plan.why}"

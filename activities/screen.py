@@ -173,48 +173,55 @@ class ScreenActivities:
     async def screen(self, inp: ScreenInput) -> ScreenResult:
         started = time.monotonic()
         slurm, name = self._slurm, reservation_name(inp.node)
-        node = await known_node(slurm, inp.node)
-        # Ours: the incident's reason, or the Slinky operator's copy of it (its cordon sync).
-        ours = node.reason == inp.drain_reason or node.reason.endswith(f": {inp.drain_reason}")
-        if node.drained and not ours:
-            raise ApplicationError(
-                f"{inp.node} is drained by someone else ({node.reason!r}): not screened",
-                type="NotOurs",
-                non_retryable=True,
-            )
+        reasons = {inp.node: inp.drain_reason, **inp.others}
+        drained: list[str] = []
+        for screened, reason in reasons.items():
+            node = await known_node(slurm, screened)
+            # Ours: the incident's reason, or the Slinky operator's copy of it (its cordon
+            # sync).
+            ours = node.reason == reason or node.reason.endswith(f": {reason}")
+            if node.drained and not ours:
+                raise ApplicationError(
+                    f"{screened} is drained by someone else ({node.reason!r}): not screened",
+                    type="NotOurs",
+                    non_retryable=True,
+                )
+            if node.drained:
+                drained.append(screened)
         held = await slurm.reservation(name)
         if held is None:
             neighbour = None
-            if inp.neighbour:
+            if inp.neighbour and not inp.others:
                 neighbour = healthy_idle(await slurm.nodes(), inp.node)
-            nodes = [inp.node, *([neighbour] if neighbour else [])]
+            nodes = [*reasons, *([neighbour] if neighbour else [])]
             await slurm.create_reservation(name, nodes, getpass.getuser(), inp.timeout_s + 300)
             held = await slurm.reservation(name)
             if held is None:
                 raise SlurmUnavailable(f"reservation {name} did not show when read back")
         nodes = sorted(_expand(held.get("Nodes", inp.node)))
-        neighbour = next((n for n in nodes if n != inp.node), None)
+        neighbour = next((n for n in nodes if n not in reasons), None)
         job_id: int | None = None
         state, output = "not submitted", ""
         try:
-            if node.drained:
-                await slurm.resume(inp.node)
+            for screened in drained:
+                await slurm.resume(screened)
             job_id = await self._submit(inp, name, nodes)
             state, output = await self._wait(inp, job_id)
         finally:
-            # Never leave the node undrained outside a runbook step: drained under the
+            # Never leave a node undrained outside a runbook step: drained under its
             # incident's reason again before the reservation goes.
-            await slurm.drain(inp.node, inp.drain_reason)
-            back = await known_node(slurm, inp.node)
-            if not back.drained:
-                raise SlurmUnavailable(f"the drain of {inp.node} did not show when read back")
+            for screened, reason in reasons.items():
+                await slurm.drain(screened, reason)
+                back = await known_node(slurm, screened)
+                if not back.drained:
+                    raise SlurmUnavailable(f"the drain of {screened} did not show when read back")
             kept = await self._release(name, job_id, inp.poll_s)
         res = judge(inp, nodes=nodes, job_state=state, output=output)
         if kept:
             res.detail += f"; {kept}"
         res.seconds = round(time.monotonic() - started, 3)
         res.reservation, res.job_id, res.neighbour = name, job_id, neighbour
-        if neighbour is None:
+        if neighbour is None and not inp.others:
             res.detail += "; no healthy idle neighbour: screened alone"
         return res
 

@@ -11,7 +11,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from autoclusters.activities.heartbeat import heartbeating
-from autoclusters.activities.in_job import InJobRecovery, plan_for
+from autoclusters.activities.in_job import InJobRecovery, free_nodes, plan_for
 from autoclusters.activities.job_markers import ACTIVE, BUSY, marked_for, requeue_marker
 from autoclusters.core.cluster_ops import is_ops_reason
 from autoclusters.core.kubernetes import SLINKY_REASON_PREFIX
@@ -140,11 +140,14 @@ class SlurmActivities:
             # requeued there, under this incident's marker (seen below as requeued once).
             result.in_job = await InJobRecovery(
                 self._slurm, inp.node, inp.incident_id, inp.in_job_budget_s, inp.poll_s,
-                inp.figures,
+                inp.figures, inp.capacity, inp.fault_at,
             ).recover()  # fmt: skip
             result.plans = list(result.in_job.plans)
         # Another incident's requeue of a job is this fault's too: never a second one.
         elsewhere = result.in_job.requeued_elsewhere if result.in_job else {}
+        # The partition's nodes, read once and only to plan a job (None: the read failed).
+        nodes: list[SlurmNode] | None = None
+        unread = True
         for job in await self._slurm.jobs_on_node(inp.node):
             if job.job_state not in ACTIVE or job.job_id in elsewhere:
                 continue
@@ -170,7 +173,19 @@ class SlurmActivities:
                     if not inp.in_job
                     else "it holds no standby (no injob= in its comment)"
                 )
-                result.plans.append(plan_for(job, blocked, inp.figures, time.time()))
+                if unread:
+                    nodes, unread = await self._nodes_for_plan(), False
+                free = free_nodes(nodes, job, inp.node)
+                result.plans.append(
+                    plan_for(
+                        job,
+                        blocked,
+                        inp.figures,
+                        inp.fault_at or time.time(),
+                        capacity=inp.capacity,
+                        free=free,
+                    )  # fmt: skip
+                )
             if before is None:
                 await self._slurm.set_admin_comment(
                     job.job_id, requeue_marker(inp.incident_id, job.restart_cnt)
@@ -277,6 +292,15 @@ class SlurmActivities:
         activity.logger.warning("%s %s: marked DOWN for its requeued jobs to end", inp.node, why)
         await self._slurm.mark_down(inp.node, node.reason)
         return True
+
+    async def _nodes_for_plan(self) -> list[SlurmNode] | None:
+        """The nodes, for the recovery plan's free count; a failed read is unknown (None),
+        never a reason to hold the requeue up."""
+        try:
+            return await self._slurm.nodes()
+        except SlurmError as e:
+            activity.logger.warning("no node list for the recovery plan: %s", e)
+            return None
 
     @activity.defn(name="wait_node_registered")
     async def wait_node_registered(self, inp: WaitRegisteredInput) -> SlurmNode:

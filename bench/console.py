@@ -2,7 +2,7 @@
 and what each viewer costs the API.
 
 Starts the API with its console (`clients/server.py`, uvicorn, its own process) reading a
-synthetic fleet of `--nodes` nodes (tests/fake_fleet.py: no sandbox; every cluster read
+synthetic fleet of `--nodes` nodes (tests/fakes/fleet.py: no sandbox; every cluster read
 parses a 22.05 `sinfo --json` of that many nodes with the product's parser and takes
 `--read-ms`, as sinfo and Temporal's round trips would), then:
 
@@ -74,7 +74,7 @@ def serve(
     from autoclusters.clients.inventory import StaticInventory
     from autoclusters.clients.server import create_server
     from autoclusters.core.settings_groups import ConsoleSettings, MonitoringSettings
-    from tests.fake_fleet import FleetSource, node_name
+    from tests.fakes.fleet import FleetSource, node_name
     from tests.helpers import HermeticSettings
 
     settings = HermeticSettings(

@@ -4,7 +4,7 @@
     .venv/bin/python bench/ettr.py --minutes 30 --every-s 120 --baseline
     .venv/bin/python bench/ettr.py --minutes 10 --every-s 120 --baseline --record /tmp/ettr.json
 
-The faults go round-robin over `--faults` (kind:effect, sandbox/fault_effects.py; default
+The faults go round-robin over `--faults` (kind:effect, sandbox/machines/fault_effects.py; default
 XID_79:hang, ECC_DBE:crash, IB_LINK_DOWN:lost), each on a node the job is stepping on at the
 time (the batch host included), chosen at random (`--seed`). The node's agent detects it and
 the runbook drains the node, recovers the job (in-job: the standby takes the seat; or a
@@ -49,8 +49,9 @@ import mttr  # noqa: E402
 
 from autoclusters.core import hostlist  # noqa: E402
 from autoclusters.core.models import IncidentState  # noqa: E402
-from autoclusters.sandbox import cluster, fault_effects, training_job  # noqa: E402
-from autoclusters.sandbox.joblog import ProgressLine, progress_lines  # noqa: E402
+from autoclusters.sandbox import cluster  # noqa: E402
+from autoclusters.sandbox.machines import fault_effects, training_job
+from autoclusters.sandbox.machines.joblog import ProgressLine, progress_lines  # noqa: E402
 
 DEFAULT_FAULTS = "XID_79:hang,ECC_DBE:crash,IB_LINK_DOWN:lost"
 STEPPING_S = 5.0  # a node is training when it logged a step this recently

@@ -3,6 +3,8 @@
 Prints, per phase, the median and p95 seconds from the fault (detection, quarantine, job
 requeued, job running again, repair, health gate, back in service); the steps the job did
 again and the work lost per fault (seconds until it ran again plus its recomputed steps);
+per fault, the recovery planner's estimate beside that loss in GPU-hours, and how many
+faults' estimates were within ±30 % of it (bench/mttr_planner.py);
 the orchestration overhead (incident time spent outside every external call and deliberate
 wait); and, on the requeue path, the job's effective training time ratio over the whole run.
 Writes a PNG timeline.
@@ -24,8 +26,9 @@ boots long enough for the job to start on the borrowed node before the repair en
 
     .venv/bin/python bench/mttr.py --incidents 5 --boot-delay 30 --job-recovery borrowed
 
-`--effect crash|hang|lost|slow|none` (default: the fault's realistic one, sandbox/fault_effects.py:
-XID_79 hangs) is what the fault does to the job's ranks on the node; `--batch-host-every N`
+`--effect crash|hang|lost|slow|none` (default: the fault's realistic one,
+sandbox/machines/fault_effects.py: XID_79 hangs) is what the fault does to the job's ranks on
+the node; `--batch-host-every N`
 puts every Nth fault on the job's batch host (the runbook requeues such a job at once, in
 either path), e.g. 5 of 20 with N=4:
 
@@ -64,6 +67,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # mttr_borrowed
 
 from mttr_borrowed import BorrowedFault, borrowed_faults  # noqa: E402
+from mttr_planner import planner_line, planner_row, planner_summary  # noqa: E402
 from rich.console import Console  # noqa: E402
 from temporalio.client import Client  # noqa: E402
 
@@ -73,19 +77,16 @@ from autoclusters.clients.agent import fake_backend  # noqa: E402
 from autoclusters.core import hostlist  # noqa: E402
 from autoclusters.core.models import IncidentState, SlurmJob  # noqa: E402
 from autoclusters.core.policy import Policy  # noqa: E402
+from autoclusters.core.recovery_cost import RecoveryFigures  # noqa: E402
 from autoclusters.core.settings import Settings, load_file, policy_for  # noqa: E402
 from autoclusters.integrations import temporal  # noqa: E402
 from autoclusters.integrations.slurm import SlurmCli  # noqa: E402
-from autoclusters.sandbox import (  # noqa: E402
-    cluster,
-    fault_effects,
-    training_job,
-)
-from autoclusters.sandbox.config import SandboxConfig  # noqa: E402
-from autoclusters.sandbox.demo import incident_since, wait_for  # noqa: E402
-from autoclusters.sandbox.fault_effects import Effect  # noqa: E402
-from autoclusters.sandbox.hardware import HardwareFault  # noqa: E402
-from autoclusters.sandbox.joblog import (  # noqa: E402
+from autoclusters.sandbox import cluster  # noqa: E402
+from autoclusters.sandbox.drivers.demo import incident_since, wait_for  # noqa: E402
+from autoclusters.sandbox.machines import fault_effects, training_job  # noqa: E402
+from autoclusters.sandbox.machines.fault_effects import Effect  # noqa: E402
+from autoclusters.sandbox.machines.hardware import HardwareFault  # noqa: E402
+from autoclusters.sandbox.machines.joblog import (  # noqa: E402
     event_at,
     first_progress_after_reforming,
     first_progress_after_restart,
@@ -93,7 +94,8 @@ from autoclusters.sandbox.joblog import (  # noqa: E402
     training_nodes,
     went_on_from,
 )
-from autoclusters.sandbox.vms import VmRegistry  # noqa: E402
+from autoclusters.sandbox.machines.vms import VmRegistry  # noqa: E402
+from autoclusters.sandbox.runtime.config import SandboxConfig  # noqa: E402
 from autoclusters.workflows.remediation import NodeRemediation  # noqa: E402
 
 PHASES = [
@@ -246,6 +248,7 @@ async def run(args: argparse.Namespace) -> int:
             "rows": rows,
             "summary": summary,
             "effective_training_ratio": ratio,
+            "recovery_figures": args.recovery_figures,
         }
         Path(args.record).write_text(json.dumps(record, indent=1) + "\n")
         print(f"record: {args.record}")
@@ -269,10 +272,17 @@ class Rig:
         self.slurm = SlurmCli(cfg.slurm_conf)
 
     @classmethod
-    async def connect(cls, cfg: SandboxConfig) -> Rig:
+    async def connect(cls, cfg: SandboxConfig, figures: dict[str, float] | None = None) -> Rig:
+        """`figures`: the recovery planner's seconds per path (`--recovery-figures`), over
+        the shipped policy's, e.g. this machine's medians from an earlier run."""
         settings = load_file(cfg.settings_file)
         # Each incident is a fresh fault: no recurrence escalation between bench incidents.
         policy = policy_for(settings).model_copy(update={"recurrence_window_s": 0.001})
+        if figures:
+            merged = {**policy.recovery_figures.model_dump(), **figures}
+            policy = policy.model_copy(
+                update={"recovery_figures": RecoveryFigures.model_validate(merged)}
+            )
         cfg.policy_file.write_text(yaml.safe_dump(policy.model_dump(mode="json"), sort_keys=False))
         return cls(cfg, settings, policy, await temporal.connect(settings))
 
@@ -280,7 +290,7 @@ class Rig:
         self, node: str, fault: str, effect: Effect, job_id: int
     ) -> tuple[float, incidents.OpenedIncident]:
         """A fault on the node's machine with its effect on the job's ranks there
-        (sandbox/fault_effects.py); the node's agent detects and reports it. A fault the
+        (sandbox/machines/fault_effects.py); the node's agent detects and reports it. A fault the
         agent cannot see (or a node with no machine) is reported through the API. Returns
         the fault's time and its incident."""
         cfg, vm = self.cfg, VmRegistry(self.cfg.state_dir).get(node)
@@ -321,7 +331,7 @@ def on_batch_host(k: int, every: int) -> bool:
 async def _bench(
     cfg: SandboxConfig, args: argparse.Namespace
 ) -> tuple[list[Row], list[float], list[Timeline], str, float | None]:
-    rig = await Rig.connect(cfg)
+    rig = await Rig.connect(cfg, json.loads(args.recovery_figures or "{}"))
     slurm = rig.slurm
     effect = fault_effects.parse_effect(args.effect, args.fault)
     in_job = args.job_recovery == "in-job"
@@ -399,6 +409,7 @@ async def _bench(
                 "status": state.status,
             }
         )
+        rows[-1]["planner"] = planner_row(state, job_id, path, rows[-1]["work lost (s)"])
         overheads.append(overhead(state))
         timelines.append((f"#{k + 1} {node}", fault_at, state, resumed - fault_at))
         print(
@@ -407,6 +418,7 @@ async def _bench(
             f"job again +{rows[-1]['job running again']:.1f}s, "
             f"node back +{rows[-1]['back in service'] or float('nan'):.1f}s"
         )
+        print(planner_line(rows[-1]["planner"]))
     run_end = time.time()
     ratio = None if in_job else _effective_ratio(log, run_start, run_end)
     if not in_job:
@@ -481,6 +493,10 @@ def report(rows: list[Row], overheads: list[float], ratio: float | None) -> dict
         print(f"inference requests over the faults: {sum(sent):.0f} sent, {failed:.0f} failed")
     if ratio is not None:
         print(f"effective training time ratio over the run: {ratio:.3f}")
+    planned = [r["planner"] for r in rows if "planner" in r]
+    if planned:
+        line, summary["planner"] = planner_summary(planned)
+        print(line)
     return summary
 
 
@@ -653,6 +669,13 @@ def main() -> None:
     p.add_argument("--state-dir", default=None)
     p.add_argument("--out", default=None, help="folder for the PNG timeline")
     p.add_argument("--record", default=None, help="JSON file for the per-fault figures")
+    p.add_argument(
+        "--recovery-figures",
+        default=None,
+        metavar="JSON",
+        help="the recovery planner's seconds per path over the shipped policy's, e.g. "
+        '\'{"in_job_s": 1.3, "requeue_s": 15}\' (this machine\'s medians from an earlier run)',
+    )
     args = p.parse_args()
     # A bench stopped with SIGTERM (a timeout, a CI job cancelled) still takes its sandbox
     # down: the signal becomes the KeyboardInterrupt that asyncio.run turns into the main

@@ -1,7 +1,7 @@
 """bench/mttr.py's borrowed path: the job goes on, on a node borrowed from inference, while
 its failed node is repaired.
 
-The borrow demo's set-up (sandbox/borrow_demo.py `set_up_borrow`: the rebalancer with
+The borrow demo's set-up (sandbox/drivers/borrow_demo.py `set_up_borrow`: the rebalancer with
 `borrow_from_inference`, two nodes serving inference, a 2-node job at its width on the
 other two, the incident policy's requeue path), inference serving a steady load
 throughout, then K faults one after the other on the same job. Each fault's GPU stays
@@ -23,8 +23,7 @@ from rich.console import Console
 
 from autoclusters.core import hostlist
 from autoclusters.core.models import IncidentState
-from autoclusters.sandbox import machine_names
-from autoclusters.sandbox.borrow_demo import (
+from autoclusters.sandbox.drivers.borrow_demo import (
     FAULT,
     FIXED_BY,
     LENT,
@@ -35,16 +34,17 @@ from autoclusters.sandbox.borrow_demo import (
     _on,
     set_up_borrow,
 )
-from autoclusters.sandbox.config import SandboxConfig
-from autoclusters.sandbox.demo import DemoError, incident_since, wait_for
-from autoclusters.sandbox.hardware import Hardware, HardwareFault
-from autoclusters.sandbox.joblog import (
+from autoclusters.sandbox.drivers.demo import DemoError, incident_since, wait_for
+from autoclusters.sandbox.drivers.load import Load
+from autoclusters.sandbox.drivers.share_demo import CALM_RPS, _width
+from autoclusters.sandbox.machines import names as machine_names
+from autoclusters.sandbox.machines.hardware import Hardware, HardwareFault
+from autoclusters.sandbox.machines.joblog import (
     first_progress_after_restart,
     progress_lines,
     went_on_from,
 )
-from autoclusters.sandbox.load import Load
-from autoclusters.sandbox.share_demo import CALM_RPS, _width
+from autoclusters.sandbox.runtime.config import SandboxConfig
 from autoclusters.workflows.remediation import NodeRemediation
 
 # A borrow's whole cycle (lent, the job on it, the repair of a replacement, the give-back,

@@ -1,5 +1,5 @@
 """The outage matrix with long outages: every dependency of the runbook taken away for
---outage-s (60 s) at each step that uses it (sandbox/outage_matrix.py), on a sandbox of its
+--outage-s (60 s) at each step that uses it (sandbox/drivers/outage_matrix.py), on a sandbox of its
 own (started here, stopped by PID at the end). Prints one row per case: where the outage
 landed, how the incident ended, the repairs and the Crusoe emulator's operations, the job's
 requeues, the longest outage the incident's timeline shows, the case's duration and what
@@ -31,9 +31,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from autoclusters.sandbox import cluster  # noqa: E402
-from autoclusters.sandbox.config import SandboxConfig  # noqa: E402
-from autoclusters.sandbox.outage import OutageReport, ops_cut_short  # noqa: E402
-from autoclusters.sandbox.outage_matrix import (  # noqa: E402
+from autoclusters.sandbox.drivers.outage import OutageReport, ops_cut_short  # noqa: E402
+from autoclusters.sandbox.drivers.outage_matrix import (  # noqa: E402
     CrashCase,
     OutageCase,
     crash_matrix,
@@ -44,6 +43,7 @@ from autoclusters.sandbox.outage_matrix import (  # noqa: E402
     run_matrix_case,
     waves,
 )
+from autoclusters.sandbox.runtime.config import SandboxConfig  # noqa: E402
 from tests.conftest import free_port_base  # noqa: E402
 
 DOCS = ROOT / "docs" / "operations.md"

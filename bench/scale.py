@@ -8,7 +8,7 @@ inventory, at most --concurrency calls in flight as the API's api_max_in_flight)
 incidents per minute, step latency p50/p99 against the lone incident, the fleet guard's
 admission latency, history per incident (events, bytes) and memory and CPU per worker.
 
-STAND-INS (said in the output too): Slurm and the cloud are `sandbox/standin_cluster.py`
+STAND-INS (said in the output too): Slurm and the cloud are `sandbox/standin/cluster.py`
 over HTTP (one process, shared by every worker): this machine cannot run 2,000 slurmd.
 Its nodes' agents report a healthy snapshot when a machine comes back, forwarded as the
 API forwards an agent's. Real: Temporal, our workflows and activities, the worker entry
@@ -54,12 +54,12 @@ from autoclusters.core.policy import MAX_COUNT, GuardPolicy, Policy, Rung, defau
 from autoclusters.core.settings import Settings  # noqa: E402
 from autoclusters.core.settings_groups import TemporalSettings  # noqa: E402
 from autoclusters.integrations import temporal  # noqa: E402
-from autoclusters.sandbox.standin_cluster import node_name  # noqa: E402
+from autoclusters.sandbox.standin.cluster import node_name  # noqa: E402
 
 CLUSTER, QUEUE = "bench", "bench"
 OPEN_ATTEMPTS = 6
 STANDIN = (
-    "STAND-IN: Slurm and the cloud are sandbox/standin_cluster.py over HTTP (one process for "
+    "STAND-IN: Slurm and the cloud are sandbox/standin/cluster.py over HTTP (one process for "
     "all workers; this machine cannot run that many slurmd), and its node agents report a "
     "healthy snapshot after each boot. Real: Temporal dev server, workflows, activities, "
     "worker entry, incident opening, fleet guard."
@@ -159,7 +159,7 @@ async def one_run(workers: int, args: argparse.Namespace, tmp: Path) -> RunResul
         address = env.client.service_client.config.target_host
         child = _child_env(address, tmp)
         standin = procs.start(
-            [sys.executable, "-m", "autoclusters.sandbox.standin_server",
+            [sys.executable, "-m", "autoclusters.sandbox.standin.server",
              "--nodes", str(args.nodes), "--boot-delay", str(args.boot_delay),
              "--temporal", address, "--cluster", CLUSTER],
             child,

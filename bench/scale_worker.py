@@ -1,6 +1,6 @@
 """The scale benchmark's worker: `autoclusters worker` (workers/remediation.run: our
 workflows, activities, metrics, settings from AUTOCLUSTERS_*), with Slurm and the cloud
-replaced by the stand-in cluster at URL (sandbox/standin_server.py).
+replaced by the stand-in cluster at URL (sandbox/standin/server.py).
 
     python bench/scale_worker.py http://127.0.0.1:PORT
 """
@@ -16,7 +16,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from autoclusters.core.settings import load  # noqa: E402
-from autoclusters.sandbox.standin_clients import StandInCloud, StandInSlurm  # noqa: E402
+from autoclusters.sandbox.standin.clients import StandInCloud, StandInSlurm  # noqa: E402
 from autoclusters.workers.remediation import run  # noqa: E402
 
 

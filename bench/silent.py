@@ -4,7 +4,7 @@ own progress, on the right node, and a healthy run that opens nothing.
 In one sandbox (Managed Slurm, 4 nodes), each trial a fresh job of examples/training's
 in-job mode (2 nodes train, a standby in the allocation: one standby covers one fault),
 faulted on a training node (not the batch host) with `sandbox job-fault` (no Xid, nothing
-in the node's hardware readings: sandbox/job_faults.py):
+in the node's hardware readings: sandbox/machines/job_faults.py):
 
 - hang: the rank stops (SIGSTOP, its connections silent). Measured: the fault -> the
   incident (JOB_HANG) on the right node, and -> the job stepping again without it;
@@ -47,11 +47,9 @@ from mttr import Rig, load, sandbox_config, stats, tail_name  # noqa: E402
 
 from autoclusters.activities.job_markers import ACTIVE  # noqa: E402
 from autoclusters.integrations.slurm import SlurmCli  # noqa: E402
-from autoclusters.sandbox import cluster, job_faults, training_job  # noqa: E402
-from autoclusters.sandbox.config import SandboxConfig  # noqa: E402
-from autoclusters.sandbox.demo import DemoError, wait_for  # noqa: E402
-from autoclusters.sandbox.joblog import progress_lines, training_nodes  # noqa: E402
-from autoclusters.sandbox.silent_demo import (  # noqa: E402
+from autoclusters.sandbox import cluster  # noqa: E402
+from autoclusters.sandbox.drivers.demo import DemoError, wait_for  # noqa: E402
+from autoclusters.sandbox.drivers.silent_demo import (  # noqa: E402
     DETECT_TIMEOUT_S,
     EXPECTED,
     detection_path,
@@ -62,6 +60,9 @@ from autoclusters.sandbox.silent_demo import (  # noqa: E402
     steps_after,
     warm,
 )
+from autoclusters.sandbox.machines import job_faults, training_job
+from autoclusters.sandbox.machines.joblog import progress_lines, training_nodes  # noqa: E402
+from autoclusters.sandbox.runtime.config import SandboxConfig  # noqa: E402
 from autoclusters.workflows.remediation import NodeRemediation  # noqa: E402
 
 # The targets (seconds from the fault).

@@ -32,12 +32,13 @@ from autoclusters.core.policy import Rung  # noqa: E402
 from autoclusters.core.settings import load_file, policy_for  # noqa: E402
 from autoclusters.integrations.slurm import SlurmCli  # noqa: E402
 from autoclusters.sandbox import cluster  # noqa: E402
-from autoclusters.sandbox.chaos import ChaosReport, run_chaos  # noqa: E402
-from autoclusters.sandbox.config import SandboxConfig  # noqa: E402
-from autoclusters.sandbox.demo import wait_for  # noqa: E402
+from autoclusters.sandbox.drivers.chaos import ChaosReport, run_chaos  # noqa: E402
+from autoclusters.sandbox.drivers.demo import wait_for  # noqa: E402
+from autoclusters.sandbox.runtime.config import SandboxConfig  # noqa: E402
 
 STEPS = ("drain", "requeue")
-PROGRESS_JOB = Path(cluster.__file__).parent / "jobs" / "progress.sh"  # 2 nodes, --requeue
+# 2 nodes, --requeue
+PROGRESS_JOB = Path(cluster.__file__).parent / "machines" / "jobs" / "progress.sh"
 
 
 def submit_job(cfg: SandboxConfig) -> int:

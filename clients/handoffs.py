@@ -12,6 +12,7 @@ from autoclusters.clients import incidents
 from autoclusters.core.handoff_answer import HandoffAnswer, HandoffRecord
 from autoclusters.core.settings import Settings
 from autoclusters.workflows.remediation import NodeRemediation
+from autoclusters.workflows.systemic_incident import SystemicIncident
 
 
 class AnswerRefused(Exception):
@@ -29,8 +30,11 @@ async def answer(
         return await handle.execute_update(NodeRemediation.handoff_answer, given), False
     except (WorkflowUpdateFailedError, RPCError) as e:
         why = str(e.cause) if isinstance(e, WorkflowUpdateFailedError) else e.message
-    state = await handle.query(NodeRemediation.status)
-    rec = state.handoff
+    # A systemic incident (docs/systemic.md) takes answers too, with a state of its own.
+    if (await handle.describe()).workflow_type == "SystemicIncident":
+        rec = (await handle.query(SystemicIncident.status)).handoff
+    else:
+        rec = (await handle.query(NodeRemediation.status)).handoff
     if rec is not None and rec.answer == given.answer:
         return rec, True
     raise AnswerRefused(f"incident {incident_id}: {why}")

@@ -50,9 +50,18 @@ from autoclusters.core.models import (
     IncidentState,
     Notification,
     RepairInput,
+    RequeueResult,
     ScreenResult,
 )
 from autoclusters.core.policy import LADDER, Policy, Rung
+from autoclusters.core.recovery_cost import RecoveryPlan
+from autoclusters.core.recovery_loss import (
+    MeasureRecoveryInput,
+    MeasureRecoveryResult,
+    actual_loss,
+)
+from autoclusters.core.systemic import JoinCall
+from autoclusters.core.systemic_member import SYSTEMIC_VERDICT_SIGNAL, SystemicVerdict
 
 log = logging.getLogger("autoclusters.incident_history")
 
@@ -104,6 +113,11 @@ class _Reader:
         self.result: IncidentState | None = None
         self.workflow_failed = False
         self.returned = False
+        # The plans of the last requeue that made any, and the measuring step's input: a
+        # failed incident returns no state, and its losses are still read from its steps.
+        self.plans: list[RecoveryPlan] = []
+        self.paths: dict[int, str] = {}
+        self.measuring: MeasureRecoveryInput | None = None
 
     def event(self, e: HistoryEvent) -> None:
         kind = e.WhichOneof("attributes")
@@ -130,6 +144,16 @@ class _Reader:
             self.rec.screened_before_repair = True
         elif name == "return_to_service" and self.rec.repairs:
             self.returned = True
+        elif name == "measure_recovery":
+            self.measuring = _decode(a.input.payloads, MeasureRecoveryInput)
+        elif name == "systemic_join" and self.rec.systemic is None:
+            join: JoinCall = _decode(a.input.payloads, JoinCall)
+            self.rec.systemic = join.start.incident_id
+
+    def _on_workflow_execution_signaled_event_attributes(self, e: HistoryEvent, a: Any) -> None:
+        if a.signal_name == SYSTEMIC_VERDICT_SIGNAL and self.rec.systemic_verdict is None:
+            told: SystemicVerdict = _decode(a.input.payloads, SystemicVerdict)
+            self.rec.systemic_verdict = told.verdict
 
     def _on_activity_task_completed_event_attributes(self, e: HistoryEvent, a: Any) -> None:
         name, scheduled = self.scheduled.get(a.scheduled_event_id, ("", None))
@@ -149,9 +173,24 @@ class _Reader:
             )
         elif name == "return_to_service" and self.rec.returned_at is None:
             self.rec.returned_at = _at(e)
+        elif name == "requeue_jobs":
+            requeued: RequeueResult = _decode(a.result.payloads, RequeueResult)
+            if requeued.plans:
+                self.plans, self.paths = requeued.plans, requeued.recovery_path()
+        elif name == "measure_recovery" and self.measuring is not None:
+            done = _decode(a.result.payloads, MeasureRecoveryResult)
+            self._measured(done, self.measuring.opened_at)
         elif name == "burn_in_screen" and self.rec.screen_passed is None and not self.rec.repairs:
             screened: ScreenResult = _decode(a.result.payloads, ScreenResult)
             self.rec.screen_passed = screened.passed  # the screen before any repair
+
+    def _measured(self, done: MeasureRecoveryResult, opened_at: float) -> None:
+        seen = {x.job_id: x for x in done.seen}
+        self.rec.recovery_losses = [
+            actual_loss(p, self.paths.get(p.job_id, "requeue"), seen[p.job_id], opened_at)
+            for p in self.plans
+            if p.job_id in seen
+        ]  # fmt: skip
 
     def _on_activity_task_failed_event_attributes(self, e: HistoryEvent, a: Any) -> None:
         name, _ = self.scheduled.get(a.scheduled_event_id, ("", None))
@@ -203,6 +242,7 @@ class _Reader:
         if self.result is not None:
             rec.status = self.result.status
             rec.skipped = [s.detail for s in self.result.steps if s.name == "skip_rung"]
+            rec.recovery_losses = self.result.recovery_losses or rec.recovery_losses
         elif self.closing is not None:
             rec.status = self.closing
         elif self.workflow_failed:

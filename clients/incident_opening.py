@@ -19,6 +19,7 @@ from temporalio.common import (
     WorkflowIDReusePolicy,
 )
 
+from autoclusters.clients.fabric_topology import with_fabric_topology
 from autoclusters.clients.incident_history import ladder_at_open, repairs_before
 from autoclusters.clients.inventory import NodeInventory, SlurmInventory
 from autoclusters.core.fault_evidence import FaultEvidence
@@ -69,6 +70,8 @@ async def opening(
     # The ladder's figures from the cluster's history, when the policy skips rungs (a policy
     # that does not reads nothing; a slow or failed read opens with the plain ladder).
     policy = await ladder_at_open(client).policy_for_open(settings.cluster, policy)
+    # Where the node sits (topology.conf), for systemic incidents (docs/systemic.md).
+    policy = with_fabric_topology(settings, policy)
     # A node repaired too often is held after its repair (lemon nodes): its count, read now.
     prior_repairs = await repairs_before(client, settings.cluster, node, policy)
     opened_at = datetime.now(UTC)

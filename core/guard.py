@@ -15,7 +15,8 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from autoclusters.core.policy import GuardPolicy, NodeTopology
+from autoclusters.core.policy import GuardPolicy, NodeTopology, TopologyLevel
+from autoclusters.core.systemic_member import Membership
 
 # The fleet guard's workflow type, as activities and clients name it.
 GUARD_WORKFLOW = "FleetGuard"
@@ -62,6 +63,31 @@ class OpenRecord(BaseModel):
     # False once a human reset the breaker after it opened: the sliding window restarts
     # from the reset, so the burst that tripped it does not trip it again at once.
     counts_for_breaker: bool = True
+    # The incident's workflow, told when it becomes a member of a systemic incident (None:
+    # an incident registered before systemic incidents: never told).
+    workflow_id: str | None = None
+    # Counted in a systemic incident already: never again in another.
+    grouped: bool = False
+
+
+class SystemicGroup(BaseModel):
+    """An open systemic incident (policy guard.systemic): its members, node -> the
+    member's incident id and workflow id."""
+
+    membership: Membership
+    members: dict[str, str] = Field(default_factory=dict)
+    workflows: dict[str, str] = Field(default_factory=dict)
+
+    def told(self) -> Membership:
+        return self.membership.model_copy(update={"nodes": sorted(self.members)})
+
+
+class SystemicNotice(BaseModel):
+    """A member to tell that it belongs to a systemic incident (the `systemic_member`
+    signal, sent from the guard's run loop)."""
+
+    workflow_id: str
+    membership: Membership
 
 
 class BreakerStatus(BaseModel):
@@ -137,6 +163,22 @@ class GuardState(BaseModel):
     left_out: dict[str, str] = Field(default_factory=dict)
     cluster_nodes: int = 0  # the cluster's size, as Slurm last showed it (0: not yet known)
     reconciled_at: datetime | None = None
+    # Open systemic incidents, and the members not told yet (policy guard.systemic).
+    systemic: list[SystemicGroup] = Field(default_factory=list)
+    systemic_notices: list[SystemicNotice] = Field(default_factory=list)
+
+    def group_of(self, node: str) -> SystemicGroup | None:
+        return next((g for g in self.systemic if node in g.members), None)
+
+    def group(self, level: TopologyLevel, domain: str) -> SystemicGroup | None:
+        return next(
+            (
+                g
+                for g in self.systemic
+                if (g.membership.level, g.membership.domain) == (level, domain)
+            ),
+            None,
+        )
 
     def counted_out(self) -> set[str]:
         """The nodes the floor counts out of service: quarantined, left out, held drained."""
@@ -159,11 +201,15 @@ class IncidentOpened(BaseModel):
     topology: dict[str, NodeTopology] | None = None
     approvers: list[str] | None = None
     slurm: SlurmView | None = None  # Slurm's view when it registered
+    # The incident's workflow id: told if it becomes a member of a systemic incident.
+    workflow_id: str | None = None
 
 
 class Registration(BaseModel):
     recent_on_node: int  # earlier incidents on this node within the recurrence window
     breaker: BreakerStatus
+    # The systemic incident the node's fault belongs to (policy guard.systemic), if any.
+    systemic: Membership | None = None
 
 
 class AdmitRequest(BaseModel):
@@ -182,6 +228,9 @@ class Admission(BaseModel):
     queued: bool = False  # held and queued: a `guard_admitted` signal will follow
     position: int | None = None  # 1: next in line for this kind of admission
     ticket: int | None = None  # the queue ticket the signal will carry
+    # A repair refused because the node is a member of an open systemic incident: the
+    # incident yields to it (not queued).
+    systemic: Membership | None = None
 
 
 class ReleaseRequest(BaseModel):
@@ -190,6 +239,12 @@ class ReleaseRequest(BaseModel):
     back_in_service: bool  # False: the node stays out (left drained for a human)
     # True: only the repair slot is given back, the incident still holds the node.
     slot_only: bool = False
+
+
+class CloseSystemic(BaseModel):
+    """A systemic incident is over: its members repair (or not) on their own again."""
+
+    incident_id: str
 
 
 class SpareRequest(BaseModel):

@@ -119,6 +119,10 @@ class HandoffRequest(BaseModel):
     screens: list[ScreenResult] = Field(default_factory=list)
     steps: list[StepRecord] = Field(default_factory=list)  # what the runbook did
     repair_attempts: int = 0
+    # A systemic incident's hand-off (docs/systemic.md): the topology level (leaf, rack)
+    # whose domain is `node`, and the member nodes (empty: one node's incident).
+    level: str | None = None
+    members: list[str] = Field(default_factory=list)
 
     model_config = ConfigDict(populate_by_name=True)
 

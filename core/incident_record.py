@@ -11,6 +11,7 @@ from datetime import datetime
 from pydantic import BaseModel, Field
 
 from autoclusters.core.policy import Policy, Rung
+from autoclusters.core.recovery_loss import RecoveryLoss
 
 
 class RepairAttempt(BaseModel):
@@ -57,6 +58,14 @@ class IncidentRecord(BaseModel):
     screen_passed: bool | None = None
     skipped: list[str] = Field(default_factory=list)  # rungs the live ladder skipped, and why
     returned_at: datetime | None = None  # the node (or its spare) back in service
+    # Each planned job's measured loss beside the planner's estimate (policy
+    # measure_recovery; core/recovery_loss.py): what `autoclusters stats recovery` and the
+    # console's fleet page judge the estimates by.
+    recovery_losses: list[RecoveryLoss] = Field(default_factory=list)
+    # A member of a systemic incident (docs/systemic.md): its id, and the verdict it told
+    # the member (returned, screen_failed, fixed, declined, failed; None: none came).
+    systemic: str | None = None
+    systemic_verdict: str | None = None
 
     @property
     def held(self) -> bool:

@@ -15,7 +15,9 @@ from autoclusters.core.fault_evidence import FaultEvidence
 from autoclusters.core.faults import FAULT_PATTERN, NODE_PATTERN
 from autoclusters.core.handoff_answer import HandoffRecord
 from autoclusters.core.policy import Policy, Rung
-from autoclusters.core.recovery_cost import RecoveryFigures, RecoveryPlan
+from autoclusters.core.recovery_cost import RecoveryCapacity, RecoveryFigures, RecoveryPlan
+from autoclusters.core.recovery_loss import RecoveryLoss
+from autoclusters.core.systemic_member import Membership, SystemicVerdict
 
 REASON_PREFIX = "autoclusters:"
 
@@ -202,7 +204,9 @@ class RefusedApproval(BaseModel):
 
 
 class Waiting(BaseModel):
-    kind: Literal["approval", "admission", "idle", "agent_report", "checkpoint", "handoff"]
+    kind: Literal[
+        "approval", "admission", "idle", "agent_report", "checkpoint", "handoff", "systemic"
+    ]
     step: str | None = None
     detail: str = ""
     since: datetime
@@ -243,6 +247,9 @@ class IncidentState(BaseModel):
     recovery_path: dict[int, str] = Field(default_factory=dict)
     # What each path was estimated to cost each job, and the one taken (core/recovery_cost.py).
     recovery_plans: list[RecoveryPlan] = Field(default_factory=list)
+    # Measured when it closed (policy measure_recovery): each planned job's actual loss
+    # beside the estimate of the path it took (core/recovery_loss.py).
+    recovery_losses: list[RecoveryLoss] = Field(default_factory=list)
     old_vm_id: str | None = None
     new_vm_id: str | None = None
     # Repaired too often within the policy's lemon window: held out until a person says.
@@ -251,6 +258,10 @@ class IncidentState(BaseModel):
     screens: list[ScreenResult] = Field(default_factory=list)
     # The hand-off to the provider, once the runbook made one (policy handoff).
     handoff: HandoffRecord | None = None
+    # The systemic incident this node's fault belongs to (policy guard.systemic), and what
+    # it told the incident (docs/systemic.md).
+    systemic: Membership | None = None
+    systemic_verdict: SystemicVerdict | None = None
     error: str | None = None
     closed_at: datetime | None = None
 
@@ -280,6 +291,9 @@ class ScreenInput(BaseModel):
     neighbour: bool = True
     poll_s: float = 1.0
     min_gemm_tflops: float = 0  # the GEMM rate's floor per rank; 0: none
+    # Screened in the same job (a systemic incident's members, screened together): each
+    # other node with its own incident's drain reason, put back as for `node`.
+    others: dict[str, str] = Field(default_factory=dict)
 
 
 class ScreenResult(BaseModel):
@@ -498,6 +512,13 @@ class RequeueInput(BaseModel):
     fence_after_s: float | None = 3.0
     # The cluster's seconds to stepping again per path: what the recovery plan weighs.
     figures: RecoveryFigures = Field(default_factory=RecoveryFigures)
+    # What the incident knows of the capacity the jobs may restart on (a hot spare, the
+    # repair's length from the cluster's history): the other paths the plan weighs.
+    capacity: RecoveryCapacity = Field(default_factory=RecoveryCapacity)
+    # The incident's opening (epoch s): a job's work since its checkpoint is counted to the
+    # fault, when it stopped making progress, not to the plan a second or two later.
+    # None: to now.
+    fault_at: float | None = None
 
 
 class RequeueResult(BaseModel):

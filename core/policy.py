@@ -143,6 +143,42 @@ class StepPolicy(_Strict):
 BelowFloorPath = Literal["drain_held_critical"]
 
 
+# The topology levels a systemic incident groups by: an InfiniBand leaf switch, a rack
+# (an NVLink domain).
+TopologyLevel = Literal["leaf", "rack"]
+TOPOLOGY_LEVELS: tuple[TopologyLevel, ...] = ("leaf", "rack")
+
+
+class SystemicLevel(_Strict):
+    """Faults on at least `min_nodes` nodes of one domain of this level within `window_s`
+    are one systemic incident (a bad leaf switch, a rack's power or NVLink fabric)."""
+
+    min_nodes: int = Count(3, ge=2)
+    window_s: float = Duration(60)
+    # The fault kinds that count at this level (empty: every fault).
+    faults: list[FaultKind] = Field(default_factory=list, max_length=1024)
+
+    def counts(self, fault: str) -> bool:
+        return not self.faults or fault in self.faults
+
+
+class SystemicPolicy(_Strict):
+    """Systemic incidents (docs/systemic.md): faults that cluster in the topology become one
+    incident that owns its members: drained within the floor, none rebooted or replaced
+    while it is open, one hand-off to the provider, screened together once it is fixed.
+    Off by default: an incident opened under a policy without it runs as it always did."""
+
+    enabled: bool = False
+    leaf: SystemicLevel | None = Field(default_factory=SystemicLevel)
+    rack: SystemicLevel | None = None
+    # How long a systemic incident waits for its members to be drained before it hands
+    # off (a member held at the floor joins the screen only if drained by then).
+    settle_s: float = Duration(60)
+
+    def level(self, name: TopologyLevel) -> SystemicLevel | None:
+        return self.leaf if name == "leaf" else self.rack
+
+
 class GuardPolicy(_Strict):
     """Blast-radius limits, enforced by the cluster's fleet guard."""
 
@@ -173,6 +209,8 @@ class GuardPolicy(_Strict):
     spares: list[Annotated[str, AfterValidator(_node_name)]] = Field(
         default_factory=list, max_length=1024
     )
+    # Faults that cluster in the topology are one systemic incident (off by default).
+    systemic: SystemicPolicy = Field(default_factory=SystemicPolicy)
 
     def breaker_limit(self, cluster_nodes: int) -> int:
         """K: the breaker trips on more than K opens within the window."""
@@ -184,6 +222,10 @@ class GuardPolicy(_Strict):
 class NodeTopology(_Strict):
     leaf: str | None = Field(default=None, max_length=256)  # InfiniBand leaf switch
     pod: str | None = Field(default=None, max_length=256)  # scalable unit / pod
+    rack: str | None = Field(default=None, max_length=256)  # rack / NVLink domain
+
+    def domain(self, level: TopologyLevel) -> str | None:
+        return self.leaf if level == "leaf" else self.rack
 
 
 class BurnInScreen(_Strict):
@@ -287,6 +329,12 @@ class Policy(_Strict):
     # go to Slack once the jobs are on their way (off in a policy that does not say).
     recovery_figures: RecoveryFigures = Field(default_factory=RecoveryFigures)
     announce_recovery: bool = False
+    # When the incident closes, measure what each planned job lost (when it stepped again,
+    # the work it redid: core/recovery_loss.py) and set it beside the estimate, on the
+    # incident and in the closing message; a requeued job is waited for up to
+    # measure_recovery_s. Off in a policy that does not say: one more step at the close.
+    measure_recovery: bool = False
+    measure_recovery_s: float = Field(default=300, gt=0, le=3600, allow_inf_nan=False)
     checkpoint_signal: str = Field(default="USR1", pattern=r"^[A-Z0-9]{2,8}$")
     checkpoint_budget_s: float = Field(default=120, gt=0, le=3600, allow_inf_nan=False)
     faults: dict[FaultKind, FaultRule] = Field(default_factory=dict)

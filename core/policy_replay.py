@@ -15,6 +15,8 @@ At each decision point the candidate is judged on the incident's own history:
 - a fault whose candidate rule screens before repair: the incident's own screen verdict
   (passed: no repair, its outcome as it was; failed: the repairs below), `unknown` where the
   incident was not screened first;
+- a member of a systemic incident: with the candidate's systemic incidents on, its verdict
+  as it was (returned or declined: no repair of its own); off, repaired on its own below;
 - the repairs: a rung the incident tried turns out as it did; one it did not is taken to
   work if a cheaper rung worked and to fail if a dearer one failed; otherwise the outcome is
   `unknown` (a rung that was never tried tells nothing).
@@ -229,6 +231,18 @@ def candidate_decisions(
         out.outcome = "monitored"
         return out, notes
     out.guard = "held" if _held(cand, rec, records, nodes, out.breaker) else "admitted"
+    if rec.systemic is not None:
+        # A member of a systemic incident: with systemic incidents on, its verdict decided
+        # as it did (returned, declined, failed: no repair of its own); without them, it
+        # is repaired on its own below (a rung never tried: unknown).
+        if cand.guard.systemic.enabled and rec.systemic_verdict in ("returned", "declined"):
+            out.outcome = rec.status
+            return out, notes
+        if not cand.guard.systemic.enabled:
+            notes.append(
+                f"a member of systemic incident {rec.systemic}: without systemic incidents "
+                "it is repaired on its own"
+            )
     if cand.rule_for(rec.fault).screen_before_repair:
         # The screen decides between return and repair: its verdict is the incident's own
         # only where the live policy screened first too.

@@ -47,8 +47,8 @@ from autoclusters.core.slack_config import SlackConfig
 
 DEFAULT_SANDBOX_DIR = Path.home() / ".autoclusters" / "sandbox"
 CONFIG_FILE_NAME = "autoclusters.toml"
-# What `sandbox up` writes into its state dir (sandbox/config.py, sandbox/processes.py):
-# the sandbox's record, and one JSON record per process under pids/.
+# What `sandbox up` writes into its state dir (sandbox/runtime/config.py,
+# sandbox/runtime/processes.py): the sandbox's record, and one JSON record per process under pids/.
 SANDBOX_RECORD_NAME = "autoclusters.sandbox.json"
 SANDBOX_LIVENESS_PROCESS = "temporal"  # every client of a sandbox talks to it
 
@@ -62,7 +62,7 @@ def sandbox_running(state_dir: Path) -> bool:
     """Whether the sandbox in `state_dir` runs: its record exists and its Temporal server's
     recorded PID is alive with the recorded start time (a reused PID is not ours).
 
-    A minimal, read-only copy of sandbox/processes.py's check: core imports no sandbox code.
+    A minimal, read-only copy of sandbox/runtime/processes.py's check: core imports no sandbox code.
     """
     if not (state_dir / SANDBOX_RECORD_NAME).is_file():
         return False

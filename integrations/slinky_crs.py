@@ -10,7 +10,7 @@ label `autoclusters.crusoe.ai/cluster: <cluster>`.
 
 The Slinky bodies match the published v1beta1 CRD schemas (github SlinkyProject/
 slurm-operator f2ed3fc, `config/crd/bases/slinky.slurm.net_*.yaml`; the sandbox's Kubernetes
-emulator checks them: `sandbox/k8s_crd_schema.py`): `controllerRef`, `accountingRef`,
+emulator checks them: `sandbox/kubernetes/crd_schema.py`): `controllerRef`, `accountingRef`,
 `configFileRefs` (ConfigMap references by `name`), `replicas`, `scalingMode`,
 `partition {enabled, config}`, the LoginSet's `rootSshAuthorizedKeys` (a string) and its
 required `sssdConfRef`, the Accounting's `storageConfig` with its required `host` and

@@ -16,8 +16,8 @@ from rich.table import Table
 
 from autoclusters.clients.cli.output import console, err
 from autoclusters.core.settings import DEFAULT_SANDBOX_DIR
-from autoclusters.sandbox.slack_cli import slack_app
-from autoclusters.sandbox.ticket_cli import ticket_app
+from autoclusters.sandbox.drivers.ticket_cli import ticket_app
+from autoclusters.sandbox.slack.cli import slack_app
 
 sandbox_app = typer.Typer(no_args_is_help=True, help="The local sandbox cluster.")
 sandbox_app.add_typer(slack_app, name="slack")
@@ -34,7 +34,7 @@ StateDir = Annotated[
 RepairRung = Literal["reset_gpu", "reboot", "replace"]
 BrokenUntil = Literal["reboot", "replace"]
 DemoMode = Literal["observe", "approve", "auto"]
-Scenario = Literal["remediate", "share", "borrow", "hang", "slow"]
+Scenario = Literal["remediate", "share", "borrow", "hang", "slow", "leaf"]
 JobFaultEffect = Literal["hang", "slow"]
 Platform = Literal["managed-slurm", "cmk"]
 JobRecovery = Literal["in-job", "requeue"]
@@ -75,8 +75,8 @@ def sandbox_up(
 ) -> None:
     """Start Temporal, munge, Slurm (slurmctld + one slurmd per node) and a worker."""
     from autoclusters.sandbox import cluster as sb
-    from autoclusters.sandbox.config import SandboxConfig
-    from autoclusters.sandbox.daemons import SandboxError
+    from autoclusters.sandbox.runtime.config import SandboxConfig
+    from autoclusters.sandbox.runtime.daemons import SandboxError
 
     try:
         cfg = SandboxConfig(
@@ -115,7 +115,7 @@ def _print_access(cfg: Any) -> None:
 def sandbox_status(state_dir: StateDir = DEFAULT_SANDBOX_DIR) -> None:
     """Show the sandbox's processes and Slurm nodes."""
     from autoclusters.sandbox import cluster as sb
-    from autoclusters.sandbox.daemons import SandboxError
+    from autoclusters.sandbox.runtime.daemons import SandboxError
 
     try:
         cfg = sb.load(state_dir.absolute())
@@ -139,7 +139,7 @@ def sandbox_status(state_dir: StateDir = DEFAULT_SANDBOX_DIR) -> None:
 def sandbox_down(state_dir: StateDir = DEFAULT_SANDBOX_DIR) -> None:
     """Stop every process the sandbox started, by its recorded PID."""
     from autoclusters.sandbox import cluster as sb
-    from autoclusters.sandbox.daemons import SandboxError
+    from autoclusters.sandbox.runtime.daemons import SandboxError
 
     try:
         cfg = sb.load(state_dir.absolute())
@@ -168,7 +168,7 @@ def sandbox_restart(
     """Restart one process of a running sandbox; jobs, drains and incidents stay as they are."""
     from autoclusters.sandbox import cluster as sb
     from autoclusters.sandbox import restart as rs
-    from autoclusters.sandbox.daemons import SandboxError
+    from autoclusters.sandbox.runtime.daemons import SandboxError
 
     try:
         cfg = sb.load(state_dir.absolute())
@@ -222,8 +222,8 @@ def sandbox_outage(
     """Take one component of a running sandbox away for a while, then start it again on the
     same state; returns once it is ready. Jobs, drains and incidents stay as they are."""
     from autoclusters.sandbox import cluster as sb
-    from autoclusters.sandbox import controller_crash, outage
-    from autoclusters.sandbox.daemons import SandboxError
+    from autoclusters.sandbox.drivers import controller_crash, outage
+    from autoclusters.sandbox.runtime.daemons import SandboxError
 
     try:  # refuse a name before touching anything
         name = outage.process_name(component)
@@ -281,9 +281,10 @@ def sandbox_hardware_fault(
     and the jobs on it crash, hang, lose the node, slow down or notice nothing (`effect`)."""
     from autoclusters.core.policy import Rung
     from autoclusters.sandbox import cluster as sb
-    from autoclusters.sandbox import fault_effects, machine_names
-    from autoclusters.sandbox.daemons import SandboxError
-    from autoclusters.sandbox.hardware import HardwareFault
+    from autoclusters.sandbox.machines import fault_effects
+    from autoclusters.sandbox.machines import names as machine_names
+    from autoclusters.sandbox.machines.hardware import HardwareFault
+    from autoclusters.sandbox.runtime.daemons import SandboxError
 
     try:
         cfg = sb.load(state_dir.absolute())
@@ -324,8 +325,9 @@ def sandbox_job_fault(
     the node's hardware readings (no Xid). Only the job's progress shows it (JOB_HANG,
     SLOW_NODE). Lifted once those processes are gone, or by the node's repair (docs/sandbox.md)."""
     from autoclusters.sandbox import cluster as sb
-    from autoclusters.sandbox import job_faults, machine_names
-    from autoclusters.sandbox.daemons import SandboxError
+    from autoclusters.sandbox.machines import job_faults
+    from autoclusters.sandbox.machines import names as machine_names
+    from autoclusters.sandbox.runtime.daemons import SandboxError
 
     try:
         cfg = sb.load(state_dir.absolute())
@@ -359,8 +361,8 @@ def sandbox_load(
     import asyncio
 
     from autoclusters.sandbox import cluster as sb
-    from autoclusters.sandbox.daemons import SandboxError
-    from autoclusters.sandbox.load import Load
+    from autoclusters.sandbox.drivers.load import Load
+    from autoclusters.sandbox.runtime.daemons import SandboxError
 
     try:
         cfg = sb.load(state_dir.absolute())
@@ -466,8 +468,8 @@ def chaos_cmd(
     repeat)."""
     from autoclusters.core.policy import Rung
     from autoclusters.sandbox import cluster as sb
-    from autoclusters.sandbox.chaos import ChaosError, run_chaos
-    from autoclusters.sandbox.daemons import SandboxError
+    from autoclusters.sandbox.drivers.chaos import ChaosError, run_chaos
+    from autoclusters.sandbox.runtime.daemons import SandboxError
 
     try:
         cfg = sb.load(state_dir.absolute())
@@ -521,7 +523,8 @@ def demo(
         typer.Option(
             help="remediate: a GPU fault and its remediation; share: GPU nodes lent to "
             "inference as its load rises and returned when it falls; hang, slow: a training "
-            "rank that hangs or slows down with no Xid, found by the job's progress."
+            "rank that hangs or slows down with no Xid, found by the job's progress; leaf: "
+            "a bad InfiniBand leaf, one systemic incident for its four nodes."
         ),
     ] = "remediate",
     platform: Annotated[Platform, typer.Option(help=PLATFORM_HELP)] = "managed-slurm",
@@ -544,7 +547,7 @@ def demo(
         typer.Option(
             help="What the fault does to the job's rank on the node: crash, hang, lost, slow, "
             "none, or default (the fault's realistic effect; XID_79: hang). "
-            "Unset: the demo's default (sandbox/demo.py, DEMO_FAULT_EFFECT)."
+            "Unset: the demo's default (sandbox/drivers/demo.py, DEMO_FAULT_EFFECT)."
         ),
     ] = None,
     slow_factor: Annotated[
@@ -553,17 +556,22 @@ def demo(
 ) -> None:
     """Sandbox up, a 2-node training job, a fault on one of its nodes, the remediation, a
     summary (`--scenario share`: training and inference sharing the GPU nodes)."""
-    from autoclusters.sandbox.config import SandboxConfig
-    from autoclusters.sandbox.demo import DemoError, run_demo
+    from autoclusters.sandbox.drivers.demo import DemoError, run_demo
+    from autoclusters.sandbox.runtime.config import SandboxConfig
 
-    if scenario not in ("remediate", "share", "borrow", "hang", "slow"):
+    if scenario not in ("remediate", "share", "borrow", "hang", "slow", "leaf"):
         err.print(
-            "[red]refused:[/red] --scenario must be remediate, share, borrow, hang or slow, "
-            f"not {scenario!r}"
+            "[red]refused:[/red] --scenario must be remediate, share, borrow, hang, slow or "
+            f"leaf, not {scenario!r}"
         )
         raise typer.Exit(2)
-    if scenario == "borrow":  # sandbox/borrow_demo.py: a node lent from inference for a repair
-        from autoclusters.sandbox.borrow_demo import main as borrow_demo
+    if scenario == "leaf":  # sandbox/drivers/leaf_demo.py: a bad leaf, one systemic incident
+        from autoclusters.sandbox.drivers.leaf_demo import main as leaf_demo
+
+        raise typer.Exit(leaf_demo(as_json, keep, state_dir, port_base, boot_delay, k8s))
+    # sandbox/drivers/borrow_demo.py: a node lent from inference for a repair
+    if scenario == "borrow":
+        from autoclusters.sandbox.drivers.borrow_demo import main as borrow_demo
 
         raise typer.Exit(borrow_demo(as_json, keep, state_dir, port_base, boot_delay))
     if scenario == "share":
@@ -590,7 +598,7 @@ def demo(
         spares=spares,
         platform=platform,
     )
-    from autoclusters.sandbox.fault_effects import EFFECTS
+    from autoclusters.sandbox.machines.fault_effects import EFFECTS
 
     if fault_effect is not None and fault_effect not in (*EFFECTS, "default"):
         choices = ", ".join(EFFECTS)
@@ -622,9 +630,9 @@ def demo(
 def _share_demo(
     as_json: bool, keep: bool, state_dir: Path, port_base: int, boot_delay: float
 ) -> None:
-    from autoclusters.sandbox.config import SandboxConfig
-    from autoclusters.sandbox.demo import DemoError
-    from autoclusters.sandbox.share_demo import print_share_summary, run_share_demo
+    from autoclusters.sandbox.drivers.demo import DemoError
+    from autoclusters.sandbox.drivers.share_demo import print_share_summary, run_share_demo
+    from autoclusters.sandbox.runtime.config import SandboxConfig
 
     cfg = SandboxConfig(
         state_dir=state_dir.absolute(), port_base=port_base, boot_delay_s=boot_delay, k8s=True
@@ -650,10 +658,10 @@ def _silent_demo(
     boot_delay: float,
     k8s: bool,
 ) -> None:
-    from autoclusters.sandbox.config import SandboxConfig
-    from autoclusters.sandbox.demo import DemoError
-    from autoclusters.sandbox.job_faults import parse_factor
-    from autoclusters.sandbox.silent_demo import print_silent_summary, run_silent_demo
+    from autoclusters.sandbox.drivers.demo import DemoError
+    from autoclusters.sandbox.drivers.silent_demo import print_silent_summary, run_silent_demo
+    from autoclusters.sandbox.machines.job_faults import parse_factor
+    from autoclusters.sandbox.runtime.config import SandboxConfig
 
     try:
         parse_factor(factor)

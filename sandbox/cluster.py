@@ -1,7 +1,7 @@
 """`sandbox up | status | down`: bring a whole local cluster up, report on it, stop it.
 
 Order up: munged → Temporal dev server → [Kubernetes API emulator → inference kubelet →
-inference gateway (sandbox/inference_sandbox.py; unless `inference` is off)] → Crusoe Cloud API
+inference gateway (sandbox/inference/launch.py; unless `inference` is off)] → Crusoe Cloud API
 emulator (every mode: the machines are its VMs) → Slack emulator → worker → API →
 Alertmanager → Prometheus (sandbox/monitoring.py: the alert path to the API); then the
 worker's `ClusterProvisioning` creates the Slurm cluster through the Crusoe emulator (the
@@ -30,31 +30,25 @@ from autoclusters.clients.agent import fake_backend
 from autoclusters.core.models import SPARE_REASON, SlurmNode
 from autoclusters.core.policy import BurnInScreen, default_policy, load_policy
 from autoclusters.integrations.slurm import parse_jobs, parse_nodes
-from autoclusters.sandbox import (
-    api_tokens,
-    cloud_api,
-    cmk_platform,
-    daemons,
-    fault_effects,
-    inference_sandbox,
-    monitoring,
-    port_holders,
-    previous_runs,
-    provision,
-    slinky,
-    slurm_controller,
-)
+from autoclusters.sandbox import monitoring, previous_runs, provision
 from autoclusters.sandbox.boot_slots import boot_slot
-from autoclusters.sandbox.config import GPUS_PER_NODE, SandboxConfig
-from autoclusters.sandbox.daemons import SandboxError
-from autoclusters.sandbox.processes import (
+from autoclusters.sandbox.crusoe import cloud_api
+from autoclusters.sandbox.inference import launch as inference_sandbox
+from autoclusters.sandbox.machines import fault_effects
+from autoclusters.sandbox.machines.vms import VmRegistry
+from autoclusters.sandbox.runtime import api_tokens, daemons, port_holders
+from autoclusters.sandbox.runtime.config import GPUS_PER_NODE, SandboxConfig
+from autoclusters.sandbox.runtime.daemons import SandboxError
+from autoclusters.sandbox.runtime.processes import (
     ProcessTable,
     kill_sessions,
     sessions_holding,
     stop_left_behind,
     wait_until,
 )
-from autoclusters.sandbox.vms import VmRegistry
+from autoclusters.sandbox.slinky import cmk_platform
+from autoclusters.sandbox.slinky import kubernetes_mode as slinky
+from autoclusters.sandbox.slurm import controller as slurm_controller
 
 WORKER = "worker"
 API = "api"
@@ -153,19 +147,24 @@ def _prepare(cfg: SandboxConfig) -> None:
     cfg.save()
 
 
-def sandbox_policy(cfg: SandboxConfig, mode: str = "auto", *, burn_in: bool = False) -> str:
+def sandbox_policy(
+    cfg: SandboxConfig, mode: str = "auto", *, burn_in: bool = False, systemic: bool = False
+) -> str:
     """The shipped default policy, with the sandbox's approvers; a small sandbox may have
     half its nodes out (the default 0.75 would freeze a 2-node sandbox). `burn_in`: the
     burn-in screen on, small (an 8 MiB gloo all-reduce on CPU: the screen's path, not a
     fabric's figures); the demo's policy has it. Off in the policy `sandbox up` writes,
     which the test suite's incidents and matrices run under (their timelines and bounds
-    were measured without a screen)."""
+    were measured without a screen). `systemic`: systemic incidents as shipped (on);
+    off in the policy `sandbox up` writes, whose suites fault several nodes of one leaf
+    at once to test each node's incident (`demo --scenario leaf` turns them on)."""
     policy = default_policy()
     guard = policy.guard.model_copy(
         update={
             "min_in_service_fraction": 0.5,
             "spares": cfg.spare_names(),
             "breaker_threshold": cfg.breaker_threshold,
+            "systemic": policy.guard.systemic.model_copy(update={"enabled": systemic}),
         }
     )
     update: dict[str, object] = {"approvers": cfg.approvers, "guard": guard, "mode": mode}
@@ -351,7 +350,7 @@ def start_inference(
     cfg: SandboxConfig, table: ProcessTable, timeout_s: float, result: UpResult
 ) -> None:
     """The inference namespace and Deployment (replicas 0), the kubelet that runs its pods'
-    servers, and the gateway in front of them (sandbox/inference_sandbox.py)."""
+    servers, and the gateway in front of them (sandbox/inference/launch.py)."""
     inference_sandbox.seed(cfg)
     _start(
         table,
@@ -480,7 +479,7 @@ def down(cfg: SandboxConfig) -> list[str]:
     """Stop exactly the processes this sandbox recorded, newest first; return their names."""
     table = ProcessTable(cfg.state_dir)
     # Faults' effects end first: a stopped slurmd or step is killed by its PID, the duty
-    # cycles stop, the sandbox's nftables table goes (sandbox/fault_effects.py).
+    # cycles stop, the sandbox's nftables table goes (sandbox/machines/fault_effects.py).
     fault_effects.down(cfg)
     if table.alive("slurmctld"):
         cancel_all_jobs(cfg)

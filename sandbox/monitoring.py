@@ -4,7 +4,7 @@ system services.
 
 - Prometheus (port_base + 92) scrapes, every 2 s, each running node agent's
   dcgm-exporter-named /metrics (the file_sd list `monitoring/agents.json`, labelled `node` =
-  the node's name: the shipped rules and the API read the node from it; agent_targets.py),
+  the node's name: the shipped rules and the API read the node from it; machines/agent_targets.py),
   and, every 10 s, the worker's /metrics and the API's (what no sandbox alert waits on:
   the worker's is ~80 KB to render), and evaluates the shipped
   `deploy/prometheus/gpu-alerts.yml` itself (not a copy: the rules, their `for:` and labels,
@@ -21,7 +21,7 @@ system services.
   request counts, latency histogram, queue), job `inference-server` every inference pod's
   server, from the file_sd list `monitoring/inference-servers.json` the kubelet keeps.
 
-The agents count an Xid for 20 s in the sandbox (dcgm-exporter: 5 min; sandbox/daemons.py),
+The agents count an Xid for 20 s in the sandbox (dcgm-exporter: 5 min; sandbox/runtime/daemons.py),
 so the alert resolves and the next injected Xid on that GPU fires a new one.
 """
 
@@ -35,9 +35,11 @@ from urllib.parse import urlsplit
 import httpx
 import yaml
 
-from autoclusters.sandbox import agent_targets, api_tokens, inference_sandbox
-from autoclusters.sandbox.config import SandboxConfig
-from autoclusters.sandbox.daemons import SandboxError
+from autoclusters.sandbox.inference import launch as inference_sandbox
+from autoclusters.sandbox.machines import agent_targets
+from autoclusters.sandbox.runtime import api_tokens
+from autoclusters.sandbox.runtime.config import SandboxConfig
+from autoclusters.sandbox.runtime.daemons import SandboxError
 
 PROMETHEUS = "prometheus"
 ALERTMANAGER = "alertmanager"
@@ -49,7 +51,7 @@ RULES = DEPLOY / "prometheus" / "gpu-alerts.yml"
 ROUTING = DEPLOY / "alertmanager" / "alertmanager.yml"
 AGENT_JOB, WORKER_JOB, API_JOB = agent_targets.JOB, "autoclusters-worker", "autoclusters-api"
 # Kubernetes mode: the inference gateway, and each inference pod's server through the
-# file_sd list the inference kubelet keeps (sandbox/inference_kubelet.py).
+# file_sd list the inference kubelet keeps (sandbox/inference/kubelet.py).
 GATEWAY_JOB, SERVER_JOB = "inference-gateway", "inference-server"
 
 
@@ -97,7 +99,8 @@ def prometheus_config(cfg: SandboxConfig) -> dict[str, Any]:
         "scrape_configs": [
             {
                 "job_name": AGENT_JOB,
-                # The agents that run now: a scale up's new machines join (agent_targets.py).
+                # The agents that run now: a scale up's new machines join
+                # (machines/agent_targets.py).
                 "file_sd_configs": [{"files": [str(agent_targets.path(cfg))]}],
             },
             {

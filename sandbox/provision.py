@@ -28,8 +28,8 @@ from autoclusters.core.cluster import (
 )
 from autoclusters.core.cluster_spec import ClusterSpec, parse_cluster_spec
 from autoclusters.core.policy import Policy
-from autoclusters.sandbox.config import SandboxConfig
-from autoclusters.sandbox.daemons import SandboxError
+from autoclusters.sandbox.runtime.config import SandboxConfig
+from autoclusters.sandbox.runtime.daemons import SandboxError
 
 # The repo's examples (autoclusters/sandbox links to <repo>/sandbox): the Managed Slurm
 # platform's, and the CMK platform's (provider crusoe-cmk).

@@ -8,11 +8,11 @@ the emulated clouds' worlds are left as they are:
 - the Temporal dev server comes back on the same SQLite file, only after the old PID exited
   (it holds that file);
 - the emulators come back on their state files, which they rewrite after every change
-  (sandbox/config.py `emulator_state`): what a request changed before the stop is there,
+  (sandbox/runtime/config.py `emulator_state`): what a request changed before the stop is there,
   even one answered a moment before the signal;
 - on CMK an agent is its DaemonSet's pod: SIGTERM deletes the pod (the DaemonSet makes a
   new one, whose process is the new agent), SIGKILL crashes its container (the kubelet
-  starts it again in the same pod): sandbox/agent_pods.py.
+  starts it again in the same pod): sandbox/slinky/agent_pods.py.
 """
 
 from __future__ import annotations
@@ -24,18 +24,15 @@ from dataclasses import dataclass
 import httpx
 
 from autoclusters.core.process_start import start_ticks
-from autoclusters.sandbox import (
-    agent_pods,
-    cloud_api,
-    cluster,
-    daemons,
-    inference_sandbox,
-    monitoring,
-    slinky,
-)
-from autoclusters.sandbox.config import SandboxConfig
-from autoclusters.sandbox.daemons import SandboxError
-from autoclusters.sandbox.processes import ProcessRecord, ProcessTable, _signal
+from autoclusters.sandbox import cluster, monitoring
+from autoclusters.sandbox.crusoe import cloud_api
+from autoclusters.sandbox.inference import launch as inference_sandbox
+from autoclusters.sandbox.runtime import daemons
+from autoclusters.sandbox.runtime.config import SandboxConfig
+from autoclusters.sandbox.runtime.daemons import SandboxError
+from autoclusters.sandbox.runtime.processes import ProcessRecord, ProcessTable, _signal
+from autoclusters.sandbox.slinky import agent_pods
+from autoclusters.sandbox.slinky import kubernetes_mode as slinky
 
 SLURMD_PREFIX = "slurmd-"
 AGENT_PREFIX = "agent-"
@@ -116,7 +113,7 @@ def _argv(cfg: SandboxConfig, rec: ProcessRecord) -> list[str]:
 
 
 def _wait_exited(rec: ProcessRecord, timeout_s: float) -> bool:
-    from autoclusters.sandbox.processes import _exited, wait_until
+    from autoclusters.sandbox.runtime.processes import _exited, wait_until
 
     return wait_until(lambda: _exited(rec), timeout_s, 0.05)
 

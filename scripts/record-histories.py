@@ -4,9 +4,10 @@
 
 Run it on the release's own code (the tag), from the repository root. Each recorder runs
 its cases on the time-skipping test server against in-memory fakes and writes
-tests/histories/<workflow>_<RELEASE>_<case>.json; tests/test_replay.py replays every file
+tests/histories/<workflow>_<RELEASE>_<case>.json; tests/workers/test_replay.py replays every file
 there. Recorders: remediation (NodeRemediation and FleetGuard), cluster
-(ClusterProvisioning), cluster_ops (ScaleNodeSet, ClusterTeardown), share (GpuRebalance).
+(ClusterProvisioning), cluster_ops (ScaleNodeSet, ClusterTeardown), share (GpuRebalance), systemic
+(SystemicIncident, a member's NodeRemediation, its FleetGuard).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ RECORDERS = {
     "cluster": "tests.histories.record_cluster",
     "cluster_ops": "tests.histories.record_cluster_ops",
     "share": "tests.histories.record_share",
+    "systemic": "tests.histories.record_systemic",
 }
 
 

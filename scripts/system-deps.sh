@@ -13,12 +13,12 @@ done
 # Debian names Alertmanager's binary prometheus-alertmanager; upstream's is alertmanager.
 command -v prometheus-alertmanager >/dev/null 2>&1 || command -v alertmanager >/dev/null 2>&1 \
   || missing+=(prometheus-alertmanager)
-command -v chromedriver >/dev/null 2>&1 || missing+=(chromedriver)  # tests/test_console_browser.py
-# tests/test_kubectl.py: a real kubectl against the Kubernetes emulator's HTTPS port, whose
+command -v chromedriver >/dev/null 2>&1 || missing+=(chromedriver)  # tests/console/test_console_browser.py
+# tests/emulators/test_kubectl.py: a real kubectl against the Kubernetes emulator's HTTPS port, whose
 # certificate openssl makes at start-up.
 command -v kubectl >/dev/null 2>&1 || missing+=(kubectl)
 command -v openssl >/dev/null 2>&1 || missing+=(openssl)
-# Sandbox fault effects (sandbox/fault_effects.py): a hung or lost node's connections go
+# Sandbox fault effects (sandbox/machines/fault_effects.py): a hung or lost node's connections go
 # silent through nftables rules in a table of the sandbox's own.
 command -v nft >/dev/null 2>&1 || [ -x /usr/sbin/nft ] || missing+=(nft)
 [ ${#missing[@]} -eq 0 ] && exit 0

@@ -30,7 +30,7 @@ from autoclusters.core.settings import Settings
 from autoclusters.core.settings_groups import SandboxSettings, SlurmSettings, TemporalSettings
 from autoclusters.integrations import temporal
 from autoclusters.integrations.slurm import SlurmCli
-from autoclusters.sandbox.config import PORT_SPAN, SandboxConfig
+from autoclusters.sandbox.runtime.config import PORT_SPAN, SandboxConfig
 from tests import default_tls
 from tests.helpers import down_leaving_nothing, time_skipping_env
 from tests.leftover_sandboxes import stop_left_running
@@ -308,4 +308,4 @@ def cli_env(sandbox: SandboxConfig) -> dict[str, str]:
     }
 
 
-JOB_SCRIPT = Path(__file__).resolve().parent.parent / "sandbox" / "jobs" / "progress.sh"
+JOB_SCRIPT = Path(__file__).resolve().parents[1] / "sandbox" / "machines" / "jobs" / "progress.sh"

@@ -32,14 +32,16 @@ from autoclusters.integrations import temporal
 from autoclusters.integrations.slurm import SlurmCli
 from autoclusters.sandbox import cluster
 from autoclusters.sandbox.cluster import sandbox_policy
-from autoclusters.sandbox.config import SandboxConfig
-from autoclusters.sandbox.processes import ProcessTable, stop_referencing
+from autoclusters.sandbox.runtime.config import SandboxConfig
+from autoclusters.sandbox.runtime.processes import ProcessTable, stop_referencing
 from autoclusters.workflows.remediation import NodeRemediation
 
 T = TypeVar("T")
 CLI = [sys.executable, "-m", "autoclusters.clients.cli"]
 
-JOB_SCRIPT = os.path.join(os.path.dirname(__file__), "..", "sandbox", "jobs", "progress.sh")
+JOB_SCRIPT = os.path.join(
+    os.path.dirname(__file__), "..", "sandbox", "machines", "jobs", "progress.sh"
+)
 
 
 async def eventually(

@@ -13,8 +13,8 @@ from pathlib import Path
 
 from autoclusters.core.process_start import parent_pid
 from autoclusters.sandbox import cluster
-from autoclusters.sandbox.config import SandboxConfig
-from autoclusters.sandbox.processes import ProcessTable
+from autoclusters.sandbox.runtime.config import SandboxConfig
+from autoclusters.sandbox.runtime.processes import ProcessTable
 
 
 def _self_and_ancestors() -> set[int]:

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from autoclusters.sandbox.config import SandboxConfig
-from autoclusters.sandbox.outage_matrix import every_case_a_first_incident
+from autoclusters.sandbox.drivers.outage_matrix import every_case_a_first_incident
+from autoclusters.sandbox.runtime.config import SandboxConfig
 from tests.worker_sandbox import WorkerSandbox
 
 FIXTURE = "matrix_sandbox"

@@ -16,7 +16,7 @@ from collections.abc import Callable
 import pytest
 
 from autoclusters.sandbox import cluster
-from autoclusters.sandbox.config import SandboxConfig
+from autoclusters.sandbox.runtime.config import SandboxConfig
 
 
 class WorkerSandbox:

@@ -14,7 +14,7 @@ comes from the worker's side:
 - stuck runs and what was done about them: the stuck-run doctor (`workers/stuck_runs.py`).
 
 Names follow `autoclusters_<stage>_<noun>_<unit|total>`; the Grafana dashboard's queries
-name only series these registries export (tests/test_grafana_dashboard.py).
+name only series these registries export (tests/project/test_grafana_dashboard.py).
 """
 
 from __future__ import annotations

@@ -30,6 +30,7 @@ from autoclusters.activities.health import HealthActivities
 from autoclusters.activities.kubernetes import KubernetesActivities
 from autoclusters.activities.machine_of import MachineOf
 from autoclusters.activities.notify import NotifyActivities
+from autoclusters.activities.recovery_loss import RecoveryLossActivities
 from autoclusters.activities.screen import ScreenActivities
 from autoclusters.activities.sharing_demand import ShareDemandActivities
 from autoclusters.activities.sharing_k8s import ShareKubernetesActivities
@@ -62,6 +63,7 @@ from autoclusters.workflows.cluster_provisioning import ClusterProvisioning
 from autoclusters.workflows.fleet_guard import FleetGuard
 from autoclusters.workflows.gpu_rebalance import GpuRebalance
 from autoclusters.workflows.remediation import NodeRemediation
+from autoclusters.workflows.systemic_incident import SystemicIncident
 
 log = logging.getLogger("autoclusters.worker")
 
@@ -78,6 +80,7 @@ WORKFLOWS = [
     ScaleNodeSet,
     ClusterTeardown,
     GpuRebalance,
+    SystemicIncident,
 ]
 
 
@@ -211,6 +214,7 @@ def activities_for(
         s.park_as_spare,
         s.verify_quarantine,
         s.cancel_jobs,
+        RecoveryLossActivities(slurm).measure_recovery,
         guard.claim_spare,
         guard.refill_spare,
         c.plan_repair,
@@ -224,6 +228,7 @@ def activities_for(
         guard.release,
         guard.slurm_view,
         guard.attach_policy,
+        *guard.systemic().activities(),
         n.notify,
         DecisionActivities(approval_keys).check_decision_proof,
         ControllerActivities(slurm).controller_facts,

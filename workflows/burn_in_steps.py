@@ -113,6 +113,8 @@ class BurnIn:
 def screen_text(r: ScreenResult) -> str:
     """One line for the timeline, Slack and the gate's check."""
     with_ = f"with {r.neighbour}" if r.neighbour else "alone (no healthy idle neighbour)"
+    if not r.neighbour and len(r.diag) > 1:  # a systemic incident's members, together
+        with_ = f"together: {', '.join(sorted(r.diag))}"
     bw = (
         f"; all-reduce {r.busbw_gbps:.2f} GB/s bus, {r.allreduce_s * 1000:.1f} ms/round"
         if r.busbw_gbps is not None and r.allreduce_s is not None

@@ -55,6 +55,7 @@ with workflow.unsafe.imports_passed_through():
         AdmitRequest,
         AdmittedNotice,
         BreakerStatus,
+        CloseSystemic,
         GuardInput,
         GuardState,
         GuardStatus,
@@ -69,12 +70,21 @@ with workflow.unsafe.imports_passed_through():
         SlurmViewCall,
         SpareClaim,
         SpareRequest,
+        SystemicGroup,
+        SystemicNotice,
         Waiter,
         floor_of,
         reset_subject,
     )
     from autoclusters.core.guard_batch import GuardAnswer, GuardBatch, GuardCall
     from autoclusters.core.models import ProofCheck
+    from autoclusters.core.policy import TOPOLOGY_LEVELS
+    from autoclusters.core.systemic_member import (
+        SYSTEMIC_MEMBER_SIGNAL,
+        Membership,
+        systemic_incident_id,
+        systemic_workflow_id,
+    )
 
 from autoclusters.workflows.steps import Defaults, Steps, Unrecorded
 
@@ -116,6 +126,9 @@ class FleetGuard:
             if self._state.notices:
                 await self._send_notice(self._state.notices[0])
                 continue
+            if self._state.systemic_notices:
+                await self._tell_member(self._state.systemic_notices[0])
+                continue
             due = self._reconcile_in()
             try:
                 await workflow.wait_condition(self._woken(due is None), timeout=due)
@@ -126,6 +139,7 @@ class FleetGuard:
         """Something to tell, time to continue as new, or reconciling starts/stops mattering."""
         return lambda: (
             bool(self._state.notices)
+            or bool(self._state.systemic_notices)
             or self._should_continue_as_new()
             or (self._reconcile_in() is None) != idle
         )
@@ -144,6 +158,23 @@ class FleetGuard:
             )
             self._forget(pending.notice.incident_id, pending.notice.kind)
         self._state.notices = [n for n in self._state.notices if n is not pending]
+
+    async def _tell_member(self, pending: SystemicNotice) -> None:
+        try:
+            await workflow.get_external_workflow_handle(pending.workflow_id).signal(
+                SYSTEMIC_MEMBER_SIGNAL, pending.membership
+            )
+        except FailureError as e:
+            # The member's incident is gone: nothing to tell (the systemic incident tells
+            # each member it knows of its verdict anyway).
+            workflow.logger.warning(
+                "fleet guard could not tell %s of %s (%s)",
+                pending.workflow_id,
+                pending.membership.incident_id,
+                e,
+            )
+        st = self._state
+        st.systemic_notices = [n for n in st.systemic_notices if n is not pending]
 
     def _forget(self, incident_id: str, kind: AdmissionKind) -> None:
         st = self._state
@@ -241,7 +272,12 @@ class FleetGuard:
         self._prune(now)
         known = next((o for o in state.opens if o.incident_id == req.incident_id), None)
         if known is not None:  # a retried registration: same answer, nothing new
-            return Registration(recent_on_node=known.recent_on_node, breaker=state.breaker)
+            group = state.group_of(req.node)
+            return Registration(
+                recent_on_node=known.recent_on_node,
+                breaker=state.breaker,
+                systemic=group.told() if group is not None else None,
+            )
 
         if req.policy is not None:  # the newest incident's policy is the cluster's now
             self._adopt(
@@ -259,12 +295,14 @@ class FleetGuard:
                 fault=req.fault,
                 at=now,
                 recent_on_node=recent,
+                workflow_id=req.workflow_id,
             )
         )
         self._check_breaker(req.node, now)
+        systemic = self._systemic(req, now)
         if req.policy is not None:
             self._serve()  # a newer policy may admit more
-        return Registration(recent_on_node=recent, breaker=state.breaker)
+        return Registration(recent_on_node=recent, breaker=state.breaker, systemic=systemic)
 
     @register.validator
     def _validate_register(self, req: IncidentOpened) -> None:
@@ -295,6 +333,102 @@ class FleetGuard:
             policy.breaker_window_s,
             ", ".join(breaker.nodes),
         )
+
+    # --- systemic incidents (policy guard.systemic, docs/systemic.md) -----------------
+
+    def _systemic(self, req: IncidentOpened, now: datetime) -> Membership | None:
+        """Does this fault make (or join) a systemic incident? At least `min_nodes` nodes
+        of one leaf (or rack) with a fault within the level's window are one: each member
+        is told (the registering one by its answer, the others by a signal)."""
+        st, sp = self._state, self._input.policy.systemic
+        group = st.group_of(req.node)
+        if group is not None:  # a member already: a second incident on the node joins too
+            self._add_members(group, [self._open_of(req.incident_id)], req.incident_id)
+            return group.told()
+        topo = self._input.topology.get(req.node)
+        if not sp.enabled or topo is None:
+            return None
+        for level in TOPOLOGY_LEVELS:
+            rule, domain = sp.level(level), topo.domain(level)
+            if rule is None or not domain or not rule.counts(req.fault):
+                continue
+            group = st.group(level, domain)
+            if group is not None:
+                self._add_members(group, [self._open_of(req.incident_id)], req.incident_id)
+                return group.told()
+            since = now - timedelta(seconds=rule.window_s)
+            latest: dict[str, OpenRecord] = {}
+            for o in st.opens:
+                where = self._input.topology.get(o.node)
+                if (
+                    o.at > since
+                    and where is not None
+                    and where.domain(level) == domain
+                    and rule.counts(o.fault)
+                    and not o.grouped
+                    and st.group_of(o.node) is None
+                ):
+                    latest[o.node] = o
+            if len(latest) < rule.min_nodes:
+                continue
+            group = SystemicGroup(
+                membership=Membership(
+                    incident_id=systemic_incident_id(domain, now),
+                    workflow_id=systemic_workflow_id(self._input.cluster, level, domain),
+                    level=level,
+                    domain=domain,
+                    opened_at=now,
+                )
+            )
+            st.systemic.append(group)
+            self._add_members(group, list(latest.values()), req.incident_id)
+            workflow.logger.warning(
+                "systemic incident %s: %d nodes of %s %s within %.0f s (%s)",
+                group.membership.incident_id,
+                len(latest),
+                level,
+                domain,
+                rule.window_s,
+                ", ".join(sorted(latest)),
+            )
+            return group.told()
+        return None
+
+    def _open_of(self, incident_id: str) -> OpenRecord:
+        return next(o for o in self._state.opens if o.incident_id == incident_id)
+
+    def _add_members(self, group: SystemicGroup, opens: list[OpenRecord], asking: str) -> None:
+        """Members from now on: no repair while the group is open. Each one but the asking
+        incident (its registration's answer tells it) is told by a signal."""
+        st = self._state
+        for o in opens:
+            o.grouped = True
+            group.members[o.node] = o.incident_id
+            if o.workflow_id is not None:
+                group.workflows[o.node] = o.workflow_id
+            self._dequeue(o.incident_id, "repair")  # the signal wakes it: it yields
+        told = group.told()
+        for o in opens:
+            if o.incident_id != asking and o.workflow_id is not None:
+                st.systemic_notices.append(
+                    SystemicNotice(workflow_id=o.workflow_id, membership=told)
+                )
+
+    @workflow.update
+    def close_systemic(self, req: CloseSystemic) -> list[str]:
+        """A systemic incident is over: its members may be repaired again (a member that
+        failed its screen climbs its own ladder). Returns the members it had."""
+        st = self._state
+        group = next((g for g in st.systemic if g.membership.incident_id == req.incident_id), None)
+        if group is None:
+            return []
+        st.systemic = [g for g in st.systemic if g is not group]
+        self._serve()
+        return sorted(group.members)
+
+    @close_systemic.validator
+    def _validate_close_systemic(self, req: CloseSystemic) -> None:
+        _require(incident_id=req.incident_id)
 
     def _describe_topology(self, breaker: BreakerStatus) -> None:
         """Do all the breaker's nodes share an InfiniBand leaf, or a pod?"""
@@ -421,6 +555,18 @@ class FleetGuard:
 
     def _admit_repair(self, req: AdmitRequest) -> Admission:
         self._take_view(req)
+        group = self._state.group_of(req.node)
+        if group is not None:
+            # The fault is the fabric's: no reboot or replacement while the systemic
+            # incident is open. Not queued: the incident yields to it.
+            self._dequeue(req.incident_id, "repair")
+            m = group.membership
+            return Admission(
+                admitted=False,
+                reason=f"{req.node} is a member of systemic incident {m.incident_id} "
+                f"({m.level} {m.domain}): no repair while it is open",
+                systemic=group.told(),
+            )
         repairing = self._state.repairing
         if repairing.get(req.node) == req.incident_id:
             self._dequeue(req.incident_id, "repair")
@@ -516,6 +662,8 @@ class FleetGuard:
                             break
                         st.held_drained[w.node] = w.incident_id
                 else:
+                    if st.group_of(w.node) is not None:
+                        continue  # a member of a systemic incident: told by its signal
                     if st.repairing.get(w.node) != w.incident_id:
                         if self._repair_refusal(w.node) is not None:
                             break

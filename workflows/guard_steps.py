@@ -36,6 +36,7 @@ with workflow.unsafe.imports_passed_through():
         ReleaseRequest,
     )
     from autoclusters.core.models import DrainInput, Waiting, drain_reason
+    from autoclusters.core.systemic_member import Membership
 
 from autoclusters.workflows.incident import Incident
 from autoclusters.workflows.steps import RETRY
@@ -56,15 +57,21 @@ def held_drain_reason(incident_id: str, fault: str) -> str:
 class GuardSeat:
     """The incident's place with its cluster's fleet guard: admissions and their release.
     `tickets` are the queue tickets the guard said were admitted (the workflow's
-    `guard_admitted` signal adds them)."""
+    `guard_admitted` signal adds them). `systemic`: the systemic incident the guard said
+    the node belongs to (the workflow's `systemic_member` signal sets it): a repair held
+    in the queue is given up for it (docs/systemic.md)."""
 
     def __init__(self, incident: Incident, guard: GuardContext) -> None:
         self.incident = incident
         self.guard = guard
         self.tickets: set[int] = set()
+        self.systemic: Membership | None = None
 
-    async def admitted(self, what: str, act: Callable[[AdmitCall], Awaitable[Admission]]) -> None:
-        """Ask the fleet guard once; held, wait for its signal; tell the humans once."""
+    async def admitted(
+        self, what: str, act: Callable[[AdmitCall], Awaitable[Admission]]
+    ) -> Admission:
+        """Ask the fleet guard once; held, wait for its signal; tell the humans once. A
+        repair refused for a systemic incident (`Admission.systemic`) returns at once."""
         inc = self.incident
         req = inc.request
         call = AdmitCall(
@@ -81,7 +88,7 @@ class GuardSeat:
 
         async def wait() -> Admission:
             adm = await ask()
-            if adm.admitted:
+            if adm.admitted or adm.systemic is not None:
                 return adm
             since = workflow.now()
             waiting = inc.state.waiting_for = Waiting(
@@ -100,7 +107,7 @@ class GuardSeat:
                 if adm.queued and adm.ticket is not None:
                     try:
                         await workflow.wait_condition(
-                            self._told(adm.ticket, drain), timeout=ADMISSION_REASK
+                            self._told(adm.ticket, drain, what), timeout=ADMISSION_REASK
                         )
                     except TimeoutError:
                         adm = await ask()  # idempotent: a lost signal shows here
@@ -108,6 +115,15 @@ class GuardSeat:
                             drain = await self._drain_if_admitted(call)
                         waiting.detail = _held(adm, drain)
                         continue
+                    if what == "repair" and self.systemic is not None:
+                        # A member of a systemic incident now: the guard dropped this
+                        # repair from its queue; the incident yields.
+                        adm = Admission(
+                            admitted=False,
+                            reason=f"a member of systemic incident {self.systemic.incident_id}",
+                            systemic=self.systemic,
+                        )
+                        break
                     if adm.ticket in self.tickets:
                         waited = (workflow.now() - since).total_seconds()
                         adm = Admission(
@@ -125,12 +141,16 @@ class GuardSeat:
             inc.publish()
             return adm
 
-        await inc.steps.step(f"admit_{what}", wait, _reason)
+        return await inc.steps.step(f"admit_{what}", wait, _reason)
 
-    def _told(self, ticket: int, drain: Admission | None) -> Callable[[], bool]:
-        """The guard's signal came: for the quarantine, or for the held drain."""
+    def _told(self, ticket: int, drain: Admission | None, what: str) -> Callable[[], bool]:
+        """The guard's signal came: for the quarantine, or for the held drain; for a repair,
+        also that the node belongs to a systemic incident (no command: only a run told it
+        ever wakes for it)."""
         tickets = {ticket} if drain is None or drain.ticket is None else {ticket, drain.ticket}
-        return lambda: not tickets.isdisjoint(self.tickets)
+        return lambda: (
+            not tickets.isdisjoint(self.tickets) or (what == "repair" and self.systemic is not None)
+        )
 
     async def _drain_if_admitted(self, call: AdmitCall) -> Admission | None:
         """Ask the guard for the held drain (it counts against the floor) and drain if

@@ -59,6 +59,10 @@ class ProviderHandoff:
         self._tell = tell
         self._show = show
         self.record: HandoffRecord | None = None
+        # True ends the wait for an answer unanswered (a member of a systemic incident
+        # yields to it, docs/systemic.md); `given_up` says why, and no answer is taken then.
+        self.interrupt: Callable[[], bool] = lambda: False
+        self.given_up = ""
 
     def may(self, when: str) -> bool:
         """Does the policy hand off at `when` (health_gate_failed, lemon), and is none made
@@ -74,6 +78,8 @@ class ProviderHandoff:
             raise ValueError("no hand-off was made: there is nothing to answer")
         if rec.answer is not None:
             raise ValueError(f"the hand-off was answered already: {rec.answer}")
+        if self.given_up:
+            raise ValueError(f"the hand-off was given up: {self.given_up}")
 
     def take(self, answer: HandoffAnswer) -> HandoffRecord:
         rec = self.record
@@ -89,12 +95,32 @@ class ProviderHandoff:
         """Send `request` and wait, for as long as it takes, for the answer; the record
         with its answer. A send that fails for good raises (the caller fails the incident:
         a human is paged)."""
-        p = self.policy
         rec = HandoffRecord(
             reason=request.reason, summary=request.summary, started_at=request.handed_off_at
         )
         self.record = rec
         self._show(rec, None)
+        await self._send(request, subject, rec)
+        return await self._await_answer(rec, subject)
+
+    async def ask_a_human(self, request: HandoffRequest, subject: str) -> HandoffRecord:
+        """No provider's webhook (policy handoff off): page a human and wait, as for the
+        provider, for the same answer (`handoff_answer`: the Temporal UI, the API)."""
+        rec = HandoffRecord(
+            reason=request.reason, summary=request.summary, started_at=request.handed_off_at
+        )
+        self.record = rec
+        self._show(rec, None)
+        await self._tell(
+            "handoff_sent",
+            f"{subject}: {request.summary}; no provider hand-off is configured (policy "
+            "handoff): a human fixes it and answers fixed or declined",
+            "critical",
+        )
+        return await self._await_answer(rec, subject)
+
+    async def _send(self, request: HandoffRequest, subject: str, rec: HandoffRecord) -> None:
+        p = self.policy
         sent: HandoffSent = await self._steps.activity(
             STEP,
             contracts.send_handoff,
@@ -115,11 +141,18 @@ class ProviderHandoff:
             "it stays drained until the provider answers fixed, replaced or declined",
             "warning",
         )
+
+    async def _await_answer(self, rec: HandoffRecord, subject: str) -> HandoffRecord:
+        ticket = f" (ticket {rec.ticket})" if rec.ticket else ""
         await self._steps.step(
             ANSWER_STEP,
             lambda: self._answered(rec, subject),
-            detail=lambda r: f"{r.answer}" + (f": {r.note}" if r.note else ""),
+            detail=lambda r: (
+                f"{r.answer or 'none: the wait was given up'}" + (f": {r.note}" if r.note else "")
+            ),
         )
+        if rec.answer is None:  # interrupted: the caller says why
+            return rec
         await self._tell(
             "handoff_answered",
             f"the provider answered {rec.answer} for {subject}{ticket}"
@@ -143,10 +176,11 @@ class ProviderHandoff:
         # No `finally`: a run evicted from the worker's cache unwinds through here outside
         # the workflow's event loop, where nothing may be shown; a cancelled run's close
         # clears what it waits for itself.
-        while rec.answer is None:
+        while rec.answer is None and not self.interrupt():
             try:
                 await workflow.wait_condition(
-                    lambda: rec.answer is not None, timeout=timedelta(seconds=every)
+                    lambda: rec.answer is not None or self.interrupt(),
+                    timeout=timedelta(seconds=every),
                 )
             except TimeoutError:
                 rec.reminders += 1

@@ -37,6 +37,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from autoclusters.core.policy import Rung
     from autoclusters.core.quarantine import QuarantineStatus, VerifyQuarantineInput
+    from autoclusters.core.recovery_capacity import capacity_for
     from autoclusters.core.recovery_cost import recovery_text
     from autoclusters.core.sharing import YieldCall, is_sharing_reason
 
@@ -125,6 +126,8 @@ class Quarantine:
                 in_job_budget_s=p.in_job_budget_s,
                 drain_reason=drain_reason(req.incident_id, req.fault),
                 figures=p.recovery_figures,
+                capacity=capacity_for(p, req.fault, s.rung),
+                fault_at=req.opened_at.timestamp(),
             ),
             f"requeue the jobs on {req.node}",
             lambda r: r.describe(),
@@ -137,7 +140,10 @@ class Quarantine:
         # restarted since (workflows/controller_restart.py compares, and moves it on).
         s.controller_started = s.controller_started or requeued.controller_started
         s.recovery_path = requeued.recovery_path()
-        s.recovery_plans = requeued.plans
+        # A second quarantine (the node was undrained meanwhile) plans only the jobs it
+        # requeues: the first one's plans stay, for the loss measured at the close.
+        again = {p.job_id for p in requeued.plans}
+        s.recovery_plans = [p for p in s.recovery_plans if p.job_id not in again] + requeued.plans
         if p.announce_recovery and requeued.plans:
             # Only a policy that says so: a run whose snapshot predates the field (False)
             # issues no new command on replay (docs/versioning.md).

@@ -59,6 +59,7 @@ with workflow.unsafe.imports_passed_through():
         drain_reason,
     )
     from autoclusters.core.policy import LADDER, Policy, Rung
+    from autoclusters.core.systemic_member import Membership, SystemicVerdict
 
 from autoclusters.workflows.approvals import Approvals
 from autoclusters.workflows.burn_in_steps import BurnIn
@@ -71,8 +72,10 @@ from autoclusters.workflows.incident import Incident, Rejected, Unattended
 from autoclusters.workflows.kubernetes_steps import KubernetesNode
 from autoclusters.workflows.quarantine_check import Quarantine
 from autoclusters.workflows.recorded_vm import with_recorded_vm
+from autoclusters.workflows.recovery_loss_steps import measure_losses
 from autoclusters.workflows.spare_steps import Spares
 from autoclusters.workflows.steps import cause_of
+from autoclusters.workflows.systemic_member import SystemicSeat, YieldToSystemic
 
 # The repair activity beats every 2 s: a dead worker is noticed within 10 s and the retry
 # resumes the same keyed operation on another worker.
@@ -115,6 +118,10 @@ class NodeRemediation:
         self._spares = Spares(inc, guard)
         self._burn_in = BurnIn(inc, self._k8s)
         self._handoff = ProviderHandoff(p.handoff, inc.steps, inc.notify, self._show_handoff)
+        # Policy guard.systemic: a member of a systemic incident yields to it
+        # (workflows/systemic_member.py, docs/systemic.md).
+        self._systemic = SystemicSeat(inc, self._guard, self._evidence, self._burn_in)
+        self._handoff.interrupt = self._systemic.pending
 
     # --- what people and other systems see and send -------------------------------------
 
@@ -215,6 +222,16 @@ class NodeRemediation:
         if notice.incident_id == self._state.request.incident_id:
             self._guard.tickets.add(notice.ticket)
 
+    @workflow.signal
+    def systemic_member(self, membership: Membership) -> None:
+        """The fleet guard: this node's fault is part of a systemic incident."""
+        self._systemic.told(membership)
+
+    @workflow.signal
+    def systemic_verdict(self, verdict: SystemicVerdict) -> None:
+        """The systemic incident: what becomes of this node now that it is over."""
+        self._systemic.verdict(verdict)
+
     @workflow.update
     def handoff_answer(self, answer: HandoffAnswer) -> HandoffRecord:
         """The provider's answer to the hand-off (the API verified its signature):
@@ -252,6 +269,8 @@ class NodeRemediation:
                     incident_id=req.incident_id,
                     fault=req.fault,
                     recurrence_window_s=p.recurrence_window_s,
+                    # To be told it belongs to a systemic incident (policy guard.systemic).
+                    workflow_id=workflow.info().workflow_id if self._systemic.on else None,
                 ),
             ),
             f"open incident {req.incident_id} on {req.node} ({req.fault}) with the fleet guard",
@@ -261,6 +280,7 @@ class NodeRemediation:
             ),
         )
         inc.recent = reg.recent_on_node
+        self._systemic.registered_at = workflow.now()
         s.rung = inc.worst_rung().value
         self._note_skipped(inc.skipped)
         inc.publish()
@@ -275,16 +295,29 @@ class NodeRemediation:
             return await self._close(
                 "monitored", f"{req.fault} is watched only; {req.node} stays in service"
             )
+        if reg.systemic is not None:
+            # The fault makes (or joins) a systemic incident: join it now, so that it
+            # starts even while this node waits for the floor.
+            self._systemic.told(reg.systemic)
+            await self._systemic.join()
 
         try:
             await self._guard.admitted("quarantine", contracts.guard_admit_quarantine)
             await self._quarantine.take()
-            if p.handoff.hands_off(req.fault):  # the policy says only the provider can fix it
-                await self._provider_repair(
-                    req, "provider_fault", f"{req.fault} is the provider's to fix (policy)"
+            if await self._systemic.owns_it(req):
+                pass  # screened with the other members and passed: returned below
+            elif p.handoff.hands_off(req.fault):  # only the provider can fix it (policy)
+                await self._systemic.unless_yielding(
+                    lambda: self._provider_repair(
+                        req, "provider_fault", f"{req.fault} is the provider's to fix (policy)"
+                    ),
+                    req,
+                    self._repair_or_hand_off,
                 )
             elif not await self._screened_back(req):
-                await self._repair_or_hand_off(req)
+                await self._systemic.unless_yielding(
+                    lambda: self._repair_or_hand_off(req), req, self._repair_or_hand_off
+                )
             if is_lemon(p, req.prior_repairs):
                 # Repaired again and again: held drained (and cordoned) until a person says,
                 # or the provider has looked at the machine (policy handoff.when: lemon).
@@ -353,6 +386,8 @@ class NodeRemediation:
 
         await self._release(back_in_service=True)
         how = "resolved" if s.repair_attempts else "resolved without a repair (passed its screen)"
+        if not s.repair_attempts and (v := s.systemic_verdict) is not None:
+            how = f"resolved without a repair (systemic incident {v.incident_id}: {v.verdict})"
         return await self._close("resolved", f"{how}; " + inc.timeline_text())
 
     async def _screened_back(self, req: IncidentRequest) -> bool:
@@ -393,7 +428,9 @@ class NodeRemediation:
                 # while we wait asks again, for the new rung.
                 approved = await self._approvals.repair(rung)
                 continue
-            await self._guard.admitted("repair", contracts.guard_admit_repair)
+            adm = await self._guard.admitted("repair", contracts.guard_admit_repair)
+            if adm.systemic is not None:  # the fabric's fault: no repair of ours for now
+                raise YieldToSystemic(adm.systemic)
             if rung == Rung.REPLACE and p.guard.spares and s.spare_node is None:
                 s.spare_node = await self._spares.into_service()
             if s.rung != rung.value:
@@ -401,6 +438,10 @@ class NodeRemediation:
                 await self._release(back_in_service=False, slot_only=True)
                 continue
             await self._quarantine.recheck()  # after every wait: never repair under a job
+            if self._systemic.pending():
+                # Told it is a member since its admission: the repair never starts.
+                await self._release(back_in_service=False, slot_only=True)
+                raise YieldToSystemic(None)
             self._repairing = True
             s.repair_attempts += 1
             # One key per attempt: a retried activity resumes it, a new rung is a new repair.
@@ -417,6 +458,10 @@ class NodeRemediation:
             finally:
                 await self._release(back_in_service=False, slot_only=True)
             s.old_vm_id, s.new_vm_id = done.old_vm_id, done.new_vm_id
+            if self._systemic.pending():
+                # Told it is a member while this repair ran (it was not stopped midway):
+                # no gate and no next rung of its own; it yields with the repair done.
+                raise YieldToSystemic(None, repaired=rung.value)
             if before is not None and self._k8s is not None:
                 await self._k8s.wait_new_machine(before, done)
             await self._wait_registered(req, done)
@@ -469,6 +514,9 @@ class NodeRemediation:
         before = await self._k8s.identity() if self._k8s is not None else None
         bundle = incident_bundle(s, self._evidence.snapshots, why, text, workflow.now())
         rec = await self._handoff.hand_off(bundle, req.node)
+        if rec.answer is None:  # told it is a member of a systemic incident meanwhile
+            self._handoff.given_up = "the node is a member of a systemic incident"
+            raise YieldToSystemic(None)
         if rec.answer == "declined":
             raise Declined(
                 "the provider declined the hand-off"
@@ -580,6 +628,9 @@ class NodeRemediation:
         self, status: IncidentStatus, text: str, severity: str = "info"
     ) -> IncidentState:
         s = self._state
+        # Before the silence is lifted (the jobs' own restarts are what is read); a cancel
+        # closes at once.
+        measured = await measure_losses(self._inc) if status != "cancelled" else ""
         if s.silence_id is not None:
             lifted = await self._inc.steps.activity(
                 "lift_silence",
@@ -589,6 +640,7 @@ class NodeRemediation:
                 lambda r: r,
             )
             text += f"; {lifted}"
+        text += measured
         s.status, s.closed_at, s.current_step, s.waiting_for = status, workflow.now(), None, None
         self._inc.publish()
         await self._inc.notify(status, text, severity)

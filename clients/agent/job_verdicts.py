@@ -103,6 +103,7 @@ class JobVerdicts:
                 mine = findings.setdefault(kind, Finding(kind, immediate=f.immediate))
                 mine.subjects += f.subjects
                 mine.messages += f.messages
+                mine.episodes += f.episodes
         # Forget the stacks of stalls that ended (the job stepped, or is gone).
         self._stacks = {k: v for k, v in self._stacks.items() if k in stalls}
         return verdicts, findings

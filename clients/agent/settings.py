@@ -44,7 +44,7 @@ class AgentSettings(BaseSettings):
     # --- the loop and the debounce --------------------------------------------------------
     # Fatal events do not wait for it (the backend wakes the agent): the interval paces the
     # conditions' debounce (hold_checks x interval), their resolving, snapshots and /metrics.
-    # The sandbox runs the same interval (sandbox/daemons.py passes none).
+    # The sandbox runs the same interval (sandbox/runtime/daemons.py passes none).
     interval_s: float = Field(default=10.0, gt=0, description="seconds between periodic checks")
     # An Xid storm (thousands a second from a misbehaving job) must not turn into back-to-back
     # NVML reads: the first event of a burst is checked at once, the rest of it together.

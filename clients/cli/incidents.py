@@ -24,7 +24,7 @@ incident_app = typer.Typer(no_args_is_help=True, help="Open, list and read incid
 # Options whose value is one of a fixed set are typed as that set: anything else is Typer's
 # usage error (exit 2, naming the allowed values) before a query or a workflow sees it.
 # The incident's own states plus the search attribute's `waiting_approval`
-# (core.models.IncidentStateName); tests/test_cli_choices.py keeps them in step.
+# (core.models.IncidentStateName); tests/cli/test_cli_choices.py keeps them in step.
 # What a human approves: the rungs (core.policy.LADDER less `monitor`, which repairs
 # nothing), and jobs back on the node after their requeue (approve: cancel them; reject:
 # wait for them; core.models.RETURNED_JOBS_STEP).

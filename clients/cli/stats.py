@@ -4,6 +4,11 @@
 (the node passed its health gate and had no new incident within the recurrence window) and
 the median time from the incident's start to the node back in service. A policy's
 `skip_rung_below` is judged on these figures.
+
+`stats recovery`: what the closed incidents measured of their jobs' recovery (policy
+`measure_recovery`): per path, the median seconds from the fault to the job stepping again
+(the policy's `recovery_figures` for this cluster), and how good the planner's estimates
+have been (median and worst |actual - estimate| / actual, how many within ±30 %).
 """
 
 from __future__ import annotations
@@ -52,5 +57,47 @@ def ladder(
         table.add_row(escape(r.fault), r.rung, str(r.attempts), rate, cap)
     console.print(table)
     console.print(f"{figures.incidents} incidents read (cluster {escape(read.cluster)})")
+    for bad in read.unreadable:
+        err.print(f"[yellow]not read:[/yellow] {escape(bad)}")
+
+
+@stats_app.command("recovery")
+def recovery(
+    since: SinceOption = "30d",
+    cluster: ClusterOption = None,
+    from_history: HistoryOption = None,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object.")] = False,
+) -> None:
+    """Measured seconds to stepping again per recovery path, and the estimates' error."""
+    from autoclusters.core.recovery_loss import estimate_quality, figures_by_path
+
+    read = read_records(since, cluster, from_history)
+    losses = [x for r in read.records for x in r.recovery_losses]
+    paths = figures_by_path(losses)
+    quality = estimate_quality(losses)
+    if as_json:
+        body = {
+            "paths": [p.model_dump(mode="json") for p in paths],
+            "estimates": quality.model_dump(mode="json"),
+            "incidents": len(read.records),
+            "cluster": read.cluster,
+            "unreadable": read.unreadable,
+        }
+        print(json.dumps(body))
+        return
+    table = Table("path", "measured", "median to stepping again", "median redone")
+    for p in paths:
+        table.add_row(p.path, str(p.measured), f"{p.median_resume_s:.1f} s",
+                      f"{p.median_redo_s:.0f} s")  # fmt: skip
+    console.print(table)
+    if quality.measured:
+        console.print(
+            f"estimates: {quality.within} of {quality.measured} within ±30 %, median off by "
+            f"{quality.median_error:.0%}, worst {quality.worst_error:.0%}; "
+            f"{quality.unknown} not measured"
+        )
+    else:
+        console.print(f"no measured loss ({quality.unknown} not measured)")
+    console.print(f"{len(read.records)} incidents read (cluster {escape(read.cluster)})")
     for bad in read.unreadable:
         err.print(f"[yellow]not read:[/yellow] {escape(bad)}")

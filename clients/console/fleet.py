@@ -9,7 +9,10 @@
 - node availability: the node-hours the fleet had, less those its nodes spent out of
   service for an incident (opened -> capacity back; still open: to the range's end);
 - the work lost to faults: GPU-hours out of service, and job-hours waiting for the
-  requeue (each requeued job, opened -> requeued).
+  requeue (each requeued job, opened -> requeued);
+- how good the recovery planner's estimates have been: over the jobs whose loss the
+  closed incidents measured, the median and worst |actual - estimate| / actual and how
+  many were within ±30 % (core/recovery_loss.py).
 
 The same series the worker exports to Prometheus (deploy/grafana/ has these figures for
 Grafana); here they come from the incidents themselves, so the page needs no Prometheus.
@@ -26,6 +29,7 @@ from pydantic import BaseModel, Field
 from autoclusters.clients.console.ladder import LadderView
 from autoclusters.core.models import IncidentState
 from autoclusters.core.recovery import capacity_recovery, job_recovery
+from autoclusters.core.recovery_loss import EstimateQuality, estimate_quality
 
 RANGES: dict[str, int] = {"1d": 1, "7d": 7, "30d": 30}  # days
 GATE_STEP = "health_gate"
@@ -70,6 +74,8 @@ class FleetView(BaseModel):
     # The repair ladder from the incidents' histories (None: it could not be read; the
     # errors say why). Set by the console beside these figures (clients/console/ladder.py).
     ladder: LadderView | None = None
+    # The planner's estimates against the losses the closed incidents measured.
+    estimates: EstimateQuality = Field(default_factory=EstimateQuality)
     errors: list[str] = Field(default_factory=list)
 
 
@@ -163,5 +169,6 @@ def figures(
         node_hours_out=round(node_hours_out, 2),
         gpu_hours_lost=round(node_hours_out * gpus_per_node, 2),
         job_hours_waiting=round(job_wait_s / 3600, 3),
+        estimates=estimate_quality(x for s in mine for x in s.recovery_losses),
         errors=errors or [],
     )

@@ -17,11 +17,11 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from autoclusters.core import hostlist
 from autoclusters.core.guard import GuardStatus, floor_of
 from autoclusters.core.models import REASON_PREFIX, SPARE_REASON, IncidentState, SlurmNode
 from autoclusters.core.policy import NodeTopology
 from autoclusters.core.sharing import LENT_REASON, is_sharing_reason
+from autoclusters.core.topology_conf import parse_topology_conf as parse_topology_conf
 
 NodeState = Literal[
     "in_service",
@@ -109,44 +109,6 @@ class TopologyView(BaseModel):
 def gpu_count(gres: str) -> int | None:
     found = _GPUS.search(gres or "")
     return int(found.group(1)) if found else None
-
-
-def parse_topology_conf(text: str) -> dict[str, NodeTopology]:
-    """node -> pod/leaf from a `topology/tree` topology.conf (core.cluster.render_topology):
-    a switch with Nodes= is a leaf; the switch listing it is its pod, unless that switch is
-    only the root over other switches with switches."""
-    leaves: dict[str, list[str]] = {}
-    parents: dict[str, list[str]] = {}
-    for line in text.splitlines():
-        fields = dict(
-            f.split("=", 1) for f in line.split() if "=" in f and not line.startswith("#")
-        )
-        name = fields.get("SwitchName")
-        if not name:
-            continue
-        if "Nodes" in fields:
-            leaves[name] = [n for part in _split(fields["Nodes"]) for n in hostlist.expand(part)]
-        if "Switches" in fields:
-            parents[name] = _split(fields["Switches"])
-    out: dict[str, NodeTopology] = {}
-    for leaf, nodes in leaves.items():
-        pod = next((p for p, kids in parents.items() if leaf in kids), None)
-        for node in nodes:
-            out[node] = NodeTopology(leaf=leaf, pod=pod)
-    return out
-
-
-def _split(hostlist_text: str) -> list[str]:
-    """Split a comma list at top level (gpu-[01-02],gpu-05 is two parts)."""
-    parts, depth, cur = [], 0, ""
-    for ch in hostlist_text:
-        depth += (ch == "[") - (ch == "]")
-        if ch == "," and depth == 0:
-            parts.append(cur)
-            cur = ""
-        else:
-            cur += ch
-    return [p for p in [*parts, cur] if p]
 
 
 def node_state(

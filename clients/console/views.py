@@ -21,6 +21,8 @@ from autoclusters.core.models import (
     RefusedApproval,
     StepRecord,
 )
+from autoclusters.core.recovery_cost import RecoveryPlan
+from autoclusters.core.recovery_loss import RecoveryLoss
 
 NOTIFY_PREFIX = "notify_"
 
@@ -69,6 +71,11 @@ class IncidentPage(BaseModel):
     notifications: list[NotificationRow]
     # Jobs the incident requeued that a restarted Slurm controller no longer knows.
     vanished_jobs: list[JobRecord] = Field(default_factory=list)
+    # Each job's recovery plan (every path's estimate, the one chosen), the path it took,
+    # and, once the incident closed, its measured loss beside the estimate.
+    recovery_plans: list[RecoveryPlan] = Field(default_factory=list)
+    recovery_path: dict[int, str] = Field(default_factory=dict)
+    recovery_losses: dict[int, RecoveryLoss] = Field(default_factory=dict)
 
 
 class IncidentsPage(BaseModel):
@@ -152,6 +159,9 @@ def incident_page(
         refusals=state.refusals,
         notifications=notifications(state),
         vanished_jobs=state.vanished_jobs,
+        recovery_plans=state.recovery_plans,
+        recovery_path=state.recovery_path,
+        recovery_losses={x.job_id: x for x in state.recovery_losses},
     )
 
 

@@ -20,8 +20,10 @@ collective fails at once), they re-form the group with a standby in their runnin
 the new rank 0 is one that completed the newest step, its parameters and optimizer state are
 broadcast, so no step is lost and nothing is restarted or imported again. Rank 0 then writes
 `resumed_at=<epoch s>` to the Comment, which is how the runbook learns that the job steps
-again. In this mode the gradients are all-reduced by hand, not by DDP: its reducer waits for
-them inside backward(), where a signal cannot reach the rank.
+again (a run Slurm started again after a requeue writes it at its first step too: the
+runbook measures what the fault cost the job from it, core/recovery_loss.py). In this mode
+the gradients are all-reduced by hand, not by DDP: its reducer waits for them inside
+backward(), where a signal cannot reach the rank.
 
 SIGTERM (Slurm requeue/cancel, torchrun shutting down) and SIGUSR1 (Slurm's warning before
 the time limit) make every rank stop at the same step boundary, save, and exit 128+signal.
@@ -560,6 +562,8 @@ class Trainer:
             ckpt = Checkpointer(args.ckpt_dir, None, False, args.keep, rank=rank)
             resumed_from = self._start_generation(comm, ckpt)
         elastic = "" if gen is None else f" elastic={gen}"
+        # A run Slurm started again (a requeue): its first step says when it stepped again.
+        restarted = (os.environ.get("SLURM_RESTART_COUNT") or "0") != "0"
         PROGRESS.regroup(rank=rank, world=world, generation=gen or 0)
         logs = {"all": True, "node": self.local_rank == 0, "zero": rank == 0}[args.log_ranks]
         step = self.completed = resumed_from
@@ -591,10 +595,12 @@ class Trainer:
                     f"{_prefix()} step={step} rank={rank} resumed_from={resumed_from} "
                     f"loss={stats[0].item() / world:.6f}{elastic}"
                 )
-            if gen is not None and rank == 0 and step == resumed_from + 1:
+            if rank == 0 and step == resumed_from + 1 and (gen is not None or restarted):
                 # Who trains (a standby's loss needs no re-forming), then that it steps:
-                # the runbook waits for resumed_at after it took a training node.
-                publish("training", ",".join(training))
+                # the runbook waits for resumed_at after it took a training node, and
+                # reads it after a requeue to measure what the fault cost the job.
+                if gen is not None:
+                    publish("training", ",".join(training))
                 publish("resumed_at", f"{time.time():.3f}")
             ckpt.poll()
             if stats[1].item() > 0:

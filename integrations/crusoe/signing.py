@@ -14,7 +14,7 @@ be sent at all (Go's URL parser refuses it), the method is signed exactly as sen
 secret key is decoded as Go's `base64.RawURLEncoding` does (no `=` padding; CR and LF are
 skipped; anything else outside the alphabet is an error).
 
-The emulator checks signatures with its own implementation (sandbox/crusoe_signature.py),
+The emulator checks signatures with its own implementation (sandbox/crusoe/signature.py),
 so a mistake here cannot hide behind the same mistake there.
 """
 

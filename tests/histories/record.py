@@ -1,10 +1,11 @@
-"""Record NodeRemediation and FleetGuard histories for the replay test (tests/test_replay.py).
+"""Record NodeRemediation and FleetGuard histories for the replay test
+(tests/workers/test_replay.py).
 
 Run for each release, with the released code (docs/versioning.md):
     .venv/bin/python scripts/record-histories.py 0.1            # every workflow type
     .venv/bin/python -m tests.histories.record 0.1 [case ...]   # these two only
 It runs incidents on the time-skipping server against the in-memory Slurm, cloud and health
-gate of the workflow tests (tests/test_remediation_workflow.py's harness) and writes
+gate of the workflow tests (tests/workflows/test_remediation_workflow.py's harness) and writes
 remediation_<release>_<case>.json and fleet_guard_<release>_<case>.json beside this file.
 """
 
@@ -53,9 +54,9 @@ from autoclusters.core.policy import FaultRule, GuardPolicy, HandoffPolicy, Rung
 from autoclusters.workflows.fleet_guard import FleetGuard
 from autoclusters.workflows.remediation import NodeRemediation
 from tests.decisions import proof_checks, proven, proven_reset
-from tests.fakes import FakeCloud
+from tests.fakes.systems import FakeCloud
 from tests.helpers import time_skipping_env
-from tests.test_remediation_workflow import (
+from tests.workflows.test_remediation_workflow import (
     Fleet,
     Incident,
     _fleet,

@@ -1,10 +1,10 @@
-"""Record ClusterProvisioning histories for the replay test (tests/test_replay.py).
+"""Record ClusterProvisioning histories for the replay test (tests/workers/test_replay.py).
 
 Run for each release, with the released code (docs/versioning.md):
     .venv/bin/python scripts/record-histories.py 0.1
     .venv/bin/python -m tests.histories.record_cluster 0.1 [case ...]
 It provisions clusters on the time-skipping server against the in-memory provider
-(tests/fake_provider.py) and writes cluster_provisioning_<version>_<case>.json beside this file.
+(tests/fakes/provider.py) and writes cluster_provisioning_<version>_<case>.json beside this file.
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from autoclusters.core.guard import guard_workflow_id
 from autoclusters.core.policy import GuardPolicy, Policy
 from autoclusters.workers.remediation import WORKFLOWS
 from autoclusters.workflows.cluster_provisioning import ClusterProvisioning
-from tests.fake_provider import FakeProvider, feed_agents
-from tests.fakes import FakeSlurm
+from tests.fakes.provider import FakeProvider, feed_agents
+from tests.fakes.systems import FakeSlurm
 from tests.helpers import time_skipping_env
 
 HERE = Path(__file__).resolve().parent

@@ -1,11 +1,11 @@
 """Record ScaleNodeSet and ClusterTeardown histories for the replay test
-(tests/test_replay.py).
+(tests/workers/test_replay.py).
 
 Run for each release, with the released code (docs/versioning.md):
     .venv/bin/python scripts/record-histories.py 0.1
     .venv/bin/python -m tests.histories.record_cluster_ops 0.1 [case ...]
 It runs them on the time-skipping server against the in-memory provider and Slurm
-(tests/fake_ops.py) and writes cluster_ops_<version>_<case>.json beside this file.
+(tests/fakes/ops.py) and writes cluster_ops_<version>_<case>.json beside this file.
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from autoclusters.core.cluster_ops import ScaleNodeSetInput, TeardownInput, ops_
 from autoclusters.core.cluster_spec import parse_cluster_spec
 from autoclusters.workers.remediation import WORKFLOWS
 from autoclusters.workflows.cluster_ops import ClusterTeardown, ScaleNodeSet
-from tests.fake_ops import OpsProvider
-from tests.fakes import FakeSlurm
+from tests.fakes.ops import OpsProvider
+from tests.fakes.systems import FakeSlurm
 from tests.helpers import time_skipping_env
 
 HERE = Path(__file__).resolve().parent

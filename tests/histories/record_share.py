@@ -1,13 +1,13 @@
-"""Record GpuRebalance histories for the replay test (tests/test_replay.py).
+"""Record GpuRebalance histories for the replay test (tests/workers/test_replay.py).
 
 Run for each release, with the released code (docs/versioning.md):
     .venv/bin/python scripts/record-histories.py 0.1
     .venv/bin/python -m tests.histories.record_share 0.1 [case ...]
 It runs the rebalancer on the time-skipping server against the in-memory world of
-tests/fake_share.py: a sustained breach lends a node (its job checkpointed and requeued), a
+tests/fakes/share.py: a sustained breach lends a node (its job checkpointed and requeued), a
 calm spell returns it (gate, resume, regrow); a manual move and a rejected approval follow;
 `proven_decision` (from 0.2): a forged decision refused, the old signal ignored, a proven
-approval lends; `borrow` (tests/fake_borrow.py): an incident takes a node of a 2-node job,
+approval lends; `borrow` (tests/fakes/borrow.py): an incident takes a node of a 2-node job,
 an inference node is lent to the job, and given back once the node is repaired.
 Writes gpu_rebalance_<version>_<case>.json beside this file.
 """
@@ -35,9 +35,9 @@ from autoclusters.core.sharing import (
 )
 from autoclusters.workflows.gpu_rebalance import GpuRebalance
 from tests.decisions import proof_checks, signed_move
-from tests.fake_borrow import IncidentWorld
-from tests.fake_borrow import world as incident_world
-from tests.fake_share import Node, ShareWorld
+from tests.fakes.borrow import IncidentWorld
+from tests.fakes.borrow import world as incident_world
+from tests.fakes.share import Node, ShareWorld
 from tests.helpers import eventually, time_skipping_env
 
 HERE = Path(__file__).resolve().parent

@@ -147,8 +147,8 @@ def _capture_queries(http: httpx.Client) -> None:
 
 def crusoe_emulator() -> None:
     from autoclusters.integrations.crusoe.signing import CrusoeAuth
-    from autoclusters.sandbox.crusoe_emulator import EmulatorServer, create_app
-    from autoclusters.sandbox.crusoe_world import EmulatorConfig
+    from autoclusters.sandbox.crusoe.emulator import EmulatorServer, create_app
+    from autoclusters.sandbox.crusoe.world import EmulatorConfig
 
     secret = base64.urlsafe_b64encode(os.urandom(32)).decode().rstrip("=")
     config = EmulatorConfig(access_key_id="ak", secret_key=SecretStr(secret), project_id="p")

@@ -1,0 +1,1 @@
+"""The activities' and cluster providers' tests (activities/)."""

@@ -1,0 +1,1 @@
+"""The HTTP API's tests (clients/api/, clients/web/, clients/server.py)."""

@@ -1,0 +1,1 @@
+"""The `autoclusters` CLI's tests (clients/cli/)."""

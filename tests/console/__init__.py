@@ -1,0 +1,1 @@
+"""The web console's tests (clients/console/), in process and in headless Chromium."""

@@ -1,0 +1,1 @@
+"""The tests of the sandbox's stand-ins: Kubernetes (and kubectl), Crusoe, Slinky, inference."""

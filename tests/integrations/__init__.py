@@ -1,0 +1,1 @@
+"""The tests of the clients of the systems we act on (integrations/)."""

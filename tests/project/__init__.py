@@ -1,0 +1,1 @@
+"""The repository's own checks: docs, lanes, packaging, imports, deployment files."""

@@ -1,0 +1,1 @@
+"""The worker's tests, the replay of recorded histories included (workers/)."""

@@ -1,0 +1,1 @@
+"""The workflows' tests, on the time-skipping test server (workflows/)."""
