@@ -405,7 +405,7 @@ async def cluster_workflow_running(probe: WorkflowProbe) -> bool:
     raise _stub()
 
 
-# --- sharing GPUs between training and inference (GpuRebalance) ---------------------------
+# --- sharing GPUs between training and inference (GpuSharing) ---------------------------
 
 
 @activity.defn(name="share_read_demand")

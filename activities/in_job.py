@@ -45,6 +45,17 @@ marker on it, or Slurm refusing our requeue because the job is already pending) 
 requeued again: it is recorded in `requeued_elsewhere`, and counts as the requeue path for
 this incident too. Jobs without `injob=` are left to the requeue step.
 
+With the policy's `standby_holders` above 0, standbys may also be held outside the job, by
+holder jobs on spare nodes (core/holders.py): a job that says `holders=1` counts the nodes
+of the holders claimed for it as its own; a fault on a holder's node is the fault of the
+job it serves (Slurm lists only the holder there): the holder is cancelled (the fence: its
+steps, the job's rank, end there) instead of the node released from the job, and the
+job's steps *and* those in its other holders are told to abandon their group. A job that
+stepped again without a standby left is given a free holder, and its batch shell SIGUSR2
+(it launches a standby into it); holders on the faulty node that serve no job are
+cancelled, never requeued (the node's return submits a new one: activities/holders.py).
+With `standby_holders` 0 nothing of this runs.
+
 It is part of the requeue step, not a step of its own: a job that cannot recover in place
 pays nothing for it (the step lists the node's jobs anyway), and the runbook issues the
 same commands as before (docs/versioning.md).
@@ -64,7 +75,7 @@ from autoclusters.activities.job_markers import (
     requeue_claim,
     requeue_marker,
 )
-from autoclusters.core import hostlist
+from autoclusters.core import holders, hostlist
 from autoclusters.core.models import (
     REASON_PREFIX,
     SPARE_REASON,
@@ -80,7 +91,12 @@ from autoclusters.core.recovery_cost import (
     RecoveryPlan,
     plan_recovery,
 )
-from autoclusters.integrations.slurm import SlurmError, SlurmInJobClient, SlurmUnavailable
+from autoclusters.integrations.slurm import (
+    SlurmError,
+    SlurmHolderClient,
+    SlurmInJobClient,
+    SlurmUnavailable,
+)
 
 # What the survivors' processes are told (`scancel --signal=USR2 <job>`: the job's steps,
 # never its batch shell): abandon this generation of the group and re-form with a standby
@@ -177,14 +193,17 @@ def plan_for(
     return plan_recovery(facts, figures, capacity)
 
 
-def why_not_in_place(job: SlurmJob, node: str, lost: set[str]) -> str | None:
+def why_not_in_place(
+    job: SlurmJob, node: str, lost: set[str], world: list[str] | None = None
+) -> str | None:
     """Why the job cannot go on in place without `node` (None: it can). `lost`: this node
-    and the job's other nodes that are faulty too."""
+    and the job's other nodes that are faulty too. `world`: the nodes that may train for
+    it (core/holders.py `world`); its allocation when not given."""
     if job.batch_host == node:
         return "the batch host: requeued"
     if job.batch_host in lost:
         return f"its batch host {job.batch_host} is lost too: requeued"
-    everyone = hostlist.expand(job.nodes)
+    everyone = world if world is not None else hostlist.expand(job.nodes)
     kept = [n for n in everyone if n not in lost]
     training = training_nodes(job)
     # A job that names no training nodes holds one spare (its `injob=` says so).
@@ -211,6 +230,7 @@ class InJobRecovery:
         figures: RecoveryFigures | None = None,
         capacity: RecoveryCapacity | None = None,
         fault_at: float | None = None,
+        standby_holders: int = 0,
     ) -> None:
         self._slurm = slurm
         self.node, self.incident_id = node, incident_id
@@ -218,7 +238,11 @@ class InJobRecovery:
         self.figures = figures or RecoveryFigures()
         self.capacity = capacity
         self.fault_at = fault_at  # the checkpoints' ages are counted to it (None: now)
+        # Standbys held outside the jobs (core/holders.py): only where the policy keeps a
+        # pool of them and the client can act on holders.
+        self.holders = standby_holders > 0 and isinstance(slurm, SlurmHolderClient)
         self.result = InJobResult()
+        self._via: dict[int, SlurmJob] = {}  # job -> the holder on the node that serves it
 
     async def recover(self) -> InJobResult:
         started, fenced_at = time.monotonic(), time.time()
@@ -227,9 +251,7 @@ class InJobRecovery:
         everyone = await self._slurm.jobs()
         acting = {j.job_id: j for j in everyone if in_job_marked(j, self.incident_id)}
         nodes: dict[str, SlurmNode] | None = None  # read once, for the first capable job
-        for job in everyone:
-            if self.node not in hostlist.expand(job.nodes):
-                continue
+        for job in self._jobs_on_node(everyone):
             if job.job_state not in ACTIVE or job.job_id in acting:
                 continue
             if not capable(job, self.node):
@@ -243,9 +265,10 @@ class InJobRecovery:
             if nodes is None:  # read once: who else is lost, and what is free (the plan)
                 nodes = {n.name: n for n in await self._slurm.nodes()}
             lost = {self.node}
+            mine = holders.world(job, everyone) if self.holders else hostlist.expand(job.nodes)
             if job.batch_host != self.node:
-                lost |= {n for n in hostlist.expand(job.nodes) if faulty(nodes.get(n))}
-            why = why_not_in_place(job, self.node, lost)
+                lost |= {n for n in {*hostlist.expand(job.nodes), *mine} if faulty(nodes.get(n))}
+            why = why_not_in_place(job, self.node, lost, mine if self.holders else None)
             free = free_nodes(list(nodes.values()), job, self.node)
             at = self.fault_at or time.time()
             plan = plan_for(job, why, self.figures, at, capacity=self.capacity, free=free)
@@ -258,7 +281,9 @@ class InJobRecovery:
                 await self._fall_back(job, why)
                 continue
             acting[job.job_id] = job
-            await self._take_node(job)
+            await self._take_node(job, everyone)
+        if self.holders:
+            await self._cancel_holders()
         pending = {
             j for j in acting if j not in self.result.fell_back | self.result.requeued_elsewhere
         }
@@ -283,22 +308,104 @@ class InJobRecovery:
                 activity.heartbeat(f"waiting for {sorted(pending)} to step again")
                 await asyncio.sleep(self.poll_s)
         self.result.waited_s = round(time.monotonic() - started, 2)
+        if self.holders and self.result.recovered:
+            await self._give_holders(self.result.recovered)
         return self.result
 
-    async def _take_node(self, job: SlurmJob) -> None:
+    def _jobs_on_node(self, everyone: list[SlurmJob]) -> list[SlurmJob]:
+        """The node's jobs; with holders, a holder's place taken by the job it serves."""
+        out = []
+        for job in everyone:
+            if self.node not in hostlist.expand(job.nodes):
+                continue
+            if self.holders and holders.is_holder(job):
+                served = holders.served_by(job, everyone)
+                if served is not None:
+                    self._via[served.job_id] = job
+                    out.append(served)
+                continue  # a holder that serves no job is cancelled (_cancel_holders)
+            out.append(job)
+        return out
+
+    async def _cancel_holders(self) -> None:
+        """Holders on the faulty node are never requeued: cancelled (a fence where one
+        serves a job whose rank ran there), and a new one comes with the node's return."""
+        for job in await self._slurm.jobs_on_node(self.node):
+            if not holders.is_holder(job) or job.job_state not in holders.LIVE:
+                continue
+            if job.job_id in self.result.holders_cancelled:
+                continue  # cancelled by the fence, still on its way out
+            if await self._end_holder(job.job_id):
+                self.result.holders_cancelled.append(job.job_id)
+
+    async def _end_holder(self, holder_id: int) -> bool:
+        """Cancel a holder; False where Slurm refused (it ended meanwhile)."""
+        try:
+            await self._slurm.cancel(holder_id)
+        except SlurmUnavailable:
+            raise
+        except SlurmError:
+            return False
+        return True
+
+    async def _tell_holders(
+        self, job: SlurmJob, everyone: list[SlurmJob], via: SlurmJob | None
+    ) -> None:
+        """USR2 to the steps of the job's other holders (a survivor may run there). One
+        that ended meanwhile has no survivor to tell: its refusal is not the job's."""
+        for held in holders.holders_of(job, everyone):
+            if via is not None and held.job_id == via.job_id:
+                continue
+            try:
+                await self._slurm.signal_steps(held.job_id, ABANDON_SIGNAL)
+            except SlurmUnavailable:
+                raise
+            except SlurmError:
+                continue
+
+    async def _give_holders(self, job_ids: list[int]) -> None:
+        """Each job that stepped again without a standby left is given a free holder (its
+        claim written first), and told so: SIGUSR2 to its batch shell, which launches a
+        standby into it (`srun --jobid=<holder> --overlap`)."""
+        assert isinstance(self._slurm, SlurmHolderClient)
+        everyone = await self._slurm.jobs()
+        lost = {self.node}
+        for job in (j for j in everyone if j.job_id in job_ids):
+            if not holders.lacks_standby(job, everyone, lost):
+                continue
+            spare = next(
+                (h for h in holders.free(everyone, lost) if h.job_state == "RUNNING"), None
+            )
+            if spare is None:
+                continue  # the pool is empty: the next node returned refills it
+            await self._slurm.set_comment(spare.job_id, holders.holder_comment(job))
+            await self._slurm.signal_job(job.job_id, ABANDON_SIGNAL)
+            self.result.holders_given[job.job_id] = spare.job_id
+            everyone = [j for j in everyone if j.job_id != spare.job_id]
+
+    async def _take_node(self, job: SlurmJob, everyone: list[SlurmJob]) -> None:
         """Mark the job, fence the faulty node (release it from the job: Slurm kills the
-        job's processes there, once its slurmd answers), and tell the survivors' processes
-        to abandon their group (USR2 to the job's steps, not its batch shell). Never waits
-        for the victim: a rank hung in the driver, or a node gone silent, frees nobody."""
+        job's processes there, once its slurmd answers; or, where the job's rank there runs
+        in a holder, cancel the holder), and tell the survivors' processes to abandon their
+        group (USR2 to the job's steps, and to those in its other holders; never its batch
+        shell). Never waits for the victim: a rank hung in the driver, or a node gone
+        silent, frees nobody."""
         await self._slurm.set_admin_comment(
             job.job_id, in_job_marker(self.incident_id, job.restart_cnt)
         )
         others = [n for n in hostlist.expand(job.nodes) if n != self.node]
+        via = self._via.get(job.job_id)
         try:
-            await self._slurm.shrink_job(job.job_id, others)
+            if via is not None:
+                await self._end_holder(via.job_id)  # ended already: so is its step
+                self.result.holders_cancelled.append(via.job_id)
+            else:
+                await self._slurm.shrink_job(job.job_id, others)
             if not standby(job, self.node):
                 # A standby's loss is not the training ranks' concern: they keep their group.
                 await self._slurm.signal_steps(job.job_id, ABANDON_SIGNAL)
+                if self.holders:
+                    await self._tell_holders(job, everyone, via)
         except SlurmUnavailable:
             raise  # an outage: the step is retried, and finds its mark
         except SlurmError as refused:
@@ -314,11 +421,24 @@ class InJobRecovery:
         if (claimed := requeue_claim(job)) is not None and claimed != self.incident_id:
             return f"being requeued by {claimed}"
         stepping = (
-            standby(before, self.node) or _resumed_since(job, since) or _reformed(job, before)
+            standby(before, self.node)
+            or (_resumed_since(job, since) and not self._resumed_before_fault(job, before))
+            or _reformed(job, before)
         )
         if stepping and self.node not in hostlist.expand(job.nodes):
             return ""
         return None
+
+    def _resumed_before_fault(self, job: SlurmJob, before: SlurmJob) -> bool:
+        """Its `resumed_at=` is still the one the runbook read before it acted, and that one
+        is older than the incident: the previous generation's first step (a job faulted
+        within a second of it sits in the fence's second of slack), not the re-forming. A
+        stamp the same as before but after the incident is a re-forming an earlier attempt
+        of this step saw."""
+        stamp = job_comment(job, "resumed_at")
+        if self.fault_at is None or stamp is None or stamp != job_comment(before, "resumed_at"):
+            return False
+        return not _resumed_since(job, self.fault_at)
 
     async def _fall_back(self, job: SlurmJob, why: str) -> None:
         """Requeue it, once, as the incident's requeue (the requeue step releases its hold

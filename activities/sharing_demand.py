@@ -1,4 +1,4 @@
-"""What the rebalancer decides from: inference demand from Prometheus (the policy's PromQL,
+"""What the sharing workflow decides from: inference demand from Prometheus (the policy's PromQL,
 through the HTTP API), training demand from Slurm (GPUs asked for by pending jobs, held by
 running ones), and every GPU node with its pool, jobs and pods.
 

@@ -179,7 +179,7 @@ class ShareSlurmActivities:
 
     @activity.defn(name="share_resume_training")
     async def resume_training(self, call: MoveCall) -> StepOutcome:
-        """Back to Slurm: resume the node, but only from a drain the rebalancer wrote."""
+        """Back to Slurm: resume the node, but only from a drain the sharing workflow wrote."""
         async with heartbeating(f"share_resume_training {call.node}"):
             node = await self._node(call.node)
             if not node.drained:
@@ -198,7 +198,7 @@ class ShareSlurmActivities:
         """Jobs a lend narrowed (`call.regrow`: job -> its width before) that still run
         narrower are asked to checkpoint and requeue once, so they start again at full
         width now that the node is back; ended ones need nothing, pending ones are named so
-        the rebalancer asks again at its next return (a lend in between narrows them)."""
+        the sharing workflow asks again at its next return (a lend in between narrows them)."""
         async with heartbeating(f"share_regrow_jobs {call.node}"):
             result = RegrowResult()
             prefix = f"{REASON_PREFIX}regrow:{call.move_id}:"

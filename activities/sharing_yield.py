@@ -1,6 +1,6 @@
-"""An incident asks the cluster's rebalancer for a node it holds (lent to inference, or in
+"""An incident asks the cluster's sharing workflow for a node it holds (lent to inference, or in
 a move). A workflow cannot send an update to another workflow, so the incident does it
-through this activity; no rebalancer running means nobody holds the node."""
+through this activity; no sharing workflow running means nobody holds the node."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from temporalio.client import Client, RPCError, WorkflowUpdateFailedError
 from temporalio.service import RPCStatusCode
 
 from autoclusters.activities.heartbeat import heartbeating
-from autoclusters.core.sharing import YieldCall, YieldResult, rebalance_workflow_id
+from autoclusters.core.sharing import YieldCall, YieldResult, sharing_workflow_id
 
 
 class ShareYieldActivities:
@@ -19,7 +19,7 @@ class ShareYieldActivities:
     @activity.defn(name="share_yield_node")
     async def yield_node(self, call: YieldCall) -> YieldResult:
         async with heartbeating(f"share_yield_node {call.node}"):
-            handle = self._client.get_workflow_handle(rebalance_workflow_id(call.cluster))
+            handle = self._client.get_workflow_handle(sharing_workflow_id(call.cluster))
             try:
                 result: YieldResult = await handle.execute_update(
                     "yield_node",

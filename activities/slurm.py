@@ -11,9 +11,11 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from autoclusters.activities.heartbeat import heartbeating
+from autoclusters.activities.holders import refill
 from autoclusters.activities.in_job import InJobRecovery, free_nodes, plan_for
 from autoclusters.activities.job_markers import ACTIVE, BUSY, marked_for, requeue_marker
 from autoclusters.core.cluster_ops import is_ops_reason
+from autoclusters.core.holders import is_holder
 from autoclusters.core.kubernetes import SLINKY_REASON_PREFIX
 from autoclusters.core.models import (
     REASON_PREFIX,
@@ -38,6 +40,7 @@ from autoclusters.integrations.slurm import (
     SlurmClient,
     SlurmError,
     SlurmFencingClient,
+    SlurmHolderClient,
     SlurmInJobClient,
     SlurmUnavailable,
 )
@@ -140,7 +143,7 @@ class SlurmActivities:
             # requeued there, under this incident's marker (seen below as requeued once).
             result.in_job = await InJobRecovery(
                 self._slurm, inp.node, inp.incident_id, inp.in_job_budget_s, inp.poll_s,
-                inp.figures, inp.capacity, inp.fault_at,
+                inp.figures, inp.capacity, inp.fault_at, inp.standby_holders,
             ).recover()  # fmt: skip
             result.plans = list(result.in_job.plans)
         # Another incident's requeue of a job is this fault's too: never a second one.
@@ -151,6 +154,8 @@ class SlurmActivities:
         for job in await self._slurm.jobs_on_node(inp.node):
             if job.job_state not in ACTIVE or job.job_id in elsewhere:
                 continue
+            if inp.standby_holders and is_holder(job):
+                continue  # a holder is cancelled (in-job recovery above), never requeued
             if not (job.requeue and job.batch_flag):
                 result.not_requeueable.append(job.job_id)
                 continue
@@ -509,9 +514,14 @@ class SlurmActivities:
         while True:
             node = await self._known_node(inp.node)
             if node.responding or node.drained:
-                return ReturnResult(returned=not node.drained, state_after=node.display_state)
+                break
             activity.heartbeat(node.display_state)
             await asyncio.sleep(inp.poll_s)
+        back = ReturnResult(returned=not node.drained, state_after=node.display_state)
+        if back.returned and inp.standby_holders and isinstance(self._slurm, SlurmHolderClient):
+            # The pool of standbys held outside the jobs refills on the node just returned.
+            back.detail = await refill(self._slurm, inp.node, inp.standby_holders, inp.poll_s)
+        return back
 
     @activity.defn(name="verify_quarantine")
     async def verify_quarantine(self, inp: VerifyQuarantineInput) -> QuarantineStatus:

@@ -24,6 +24,14 @@ average is sampled at each fault tick and printed.
 standby (`SPARES=1`, 3 of the sandbox's 4 nodes); the first fault is recovered in the job,
 the next one (no standby left) by a requeue that brings back a standby, and so on.
 `--job-recovery requeue`: the 2-node torchrun job, requeued at each fault.
+
+`--layout holders` (with in-job): standbys held outside the job (core/holders.py,
+docs/recovery.md): 5 nodes; a holder job on the last one (the fleet's pool, the policy's
+`standby_holders: 1`); the job on the other 4, its batch host a launcher that never trains
+(`LAUNCHER=1`), 2 nodes training and its own standby. Once that standby is used the runbook
+gives the job the free holder, into which its launcher starts a new standby; each node
+returned to service gets a new holder, so every fault off the batch host is recovered in
+place. The batch host runs no rank, so no fault lands there (faults go to nodes stepping).
 """
 
 from __future__ import annotations
@@ -46,6 +54,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # mttr
 
 import mttr  # noqa: E402
+import yaml  # noqa: E402
 
 from autoclusters.core import hostlist  # noqa: E402
 from autoclusters.core.models import IncidentState  # noqa: E402
@@ -135,14 +144,23 @@ async def one_run(args: argparse.Namespace, with_faults: bool) -> dict[str, Any]
     window = args.minutes * 60
     # A fault every `every_s` from the first step, the last one before the window's end.
     ticks = math.ceil(window / args.every_s) - 1 if faults else 0
-    cfg = mttr.sandbox_config(args, ticks, "ettr-")
+    in_job = args.job_recovery == "in-job"
+    held = in_job and args.layout == "holders"
+    cfg = mttr.sandbox_config(args, ticks, "ettr-", nodes=max(args.nodes, 5) if held else None)
     load_samples = [mttr.load()]
     await asyncio.to_thread(cluster.up, cfg)
     try:
-        rig = await mttr.Rig.connect(cfg)
-        in_job = args.job_recovery == "in-job"
+        rig = await mttr.Rig.connect(cfg)  # (writes the policy file)
+        if held:
+            keep_holders(cfg.policy_file, 1)
+            rig.policy = rig.policy.model_copy(update={"standby_holders": 1})
         submitted = time.time()
-        job_id, log, kind = await training_job.submit(rig.slurm, cfg, "ettr", in_job=in_job)
+        if held:  # the fleet's pool: one holder, on the last node
+            holder = await rig.slurm.submit_holder(cfg.node_names()[-1])
+            print(f"holder job {holder} on {cfg.node_names()[-1]}")
+        job_id, log, kind = await training_job.submit(
+            rig.slurm, cfg, "ettr", in_job=in_job, holders=held
+        )
         print(f"job {job_id} ({kind}), log {log}")
         start = await mttr.job_stepping(rig.slurm, job_id, log, 0)
         end = start + window
@@ -175,6 +193,7 @@ async def one_run(args: argparse.Namespace, with_faults: bool) -> dict[str, Any]
                     "effect": effect,
                     "job nodes": hostlist.expand(job.nodes),
                     "incident": opened.incident_id,
+                    "fault_at": fault_at,
                 }
             )
             print(
@@ -193,9 +212,12 @@ async def one_run(args: argparse.Namespace, with_faults: bool) -> dict[str, Any]
                 continue
             rec["status"] = state.status
             rec["recovery path"] = state.recovery_path.get(job_id)
+            # The fault's detection (the agent's check and debounce), apart from the recovery.
+            rec["detected_s"] = round(state.request.opened_at.timestamp() - rec.pop("fault_at"), 2)
     finally:
         await asyncio.to_thread(cluster.down, cfg)
     for rec in injected:
+        rec.pop("fault_at", None)  # (an incident that did not close)
         again = stepping_again(lines, start + rec["at_s"])
         rec["job stepping again_s"] = round(again, 2) if again is not None else None
     spent, kept, done, period = kept_time(lines)
@@ -203,6 +225,7 @@ async def one_run(args: argparse.Namespace, with_faults: bool) -> dict[str, Any]
         "faults": bool(faults),
         "job": kind,
         "job recovery": args.job_recovery,
+        "layout": args.layout if in_job else None,
         "startup_s": round(start - submitted, 1),
         "wall_s": round(window, 1),
         "kept_s": round(spent, 1),
@@ -215,8 +238,17 @@ async def one_run(args: argparse.Namespace, with_faults: bool) -> dict[str, Any]
     }
 
 
+def keep_holders(policy_file: Path, n: int) -> None:
+    """The sandbox's policy with `standby_holders: n` (read at every incident's opening)."""
+    policy = yaml.safe_load(policy_file.read_text())
+    policy["standby_holders"] = n
+    policy_file.write_text(yaml.safe_dump(policy, sort_keys=False))
+
+
 def report(run: dict[str, Any]) -> None:
     name = "with faults" if run["faults"] else "no faults (baseline)"
+    if run.get("layout"):
+        name += f", layout {run['layout']}"
     loads = [sample[0] for sample in run["load"]]
     print(
         f"\n{name}: ETTR {run['ettr']:.3f} ({run['kept_s']:.0f} s on kept steps of "
@@ -233,6 +265,7 @@ def report(run: dict[str, Any]) -> None:
             f"{'batch host ' if rec['batch host'] else '           '}"
             f"{rec.get('recovery path') or '-':<9}{rec.get('status', '?'):<10} "
             f"stepping again {again_s}"
+            + (f" (detected +{rec['detected_s']:.1f}s)" if "detected_s" in rec else "")
         )
     agains = [a for r in run["injected"] if (a := r.get("job stepping again_s")) is not None]
     if agains:
@@ -274,6 +307,13 @@ def main() -> None:
     p.add_argument("--every-s", type=float, default=120, help="seconds between faults")
     p.add_argument("--faults", default=DEFAULT_FAULTS, help="KIND[:EFFECT],... round-robin")
     p.add_argument("--job-recovery", choices=["in-job", "requeue"], default="in-job")
+    p.add_argument(
+        "--layout",
+        choices=["in-job", "holders"],
+        default="in-job",
+        help="in-job: the standby inside the job; holders: a launcher that never trains, "
+        "and standbys held outside the job by holder jobs (5 nodes at least)",
+    )
     p.add_argument("--baseline", action="store_true", help="also the same run with no faults")
     p.add_argument("--baseline-only", action="store_true", help="only the run with no faults")
     p.add_argument("--seed", type=int, default=39)

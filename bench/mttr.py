@@ -20,7 +20,7 @@ nodes train, a standby in the allocation: one standby covers one fault), faulted
 training node; the runbook takes the node from the job and the standby takes its seat.
 `--job-recovery borrowed` (bench/mttr_borrowed.py: Kubernetes mode, 4 nodes, 2 of them
 serving inference under a steady load): one 2-node job, no spare; each fault's GPU stays
-broken until a replacement, the rebalancer lends the job an inference node for the repair
+broken until a replacement, the sharing workflow lends the job an inference node for the repair
 and gives it back after; the requests inference failed are counted per fault. It needs
 boots long enough for the job to start on the borrowed node before the repair ends:
 

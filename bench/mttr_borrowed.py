@@ -1,14 +1,14 @@
 """bench/mttr.py's borrowed path: the job goes on, on a node borrowed from inference, while
 its failed node is repaired.
 
-The borrow demo's set-up (sandbox/drivers/borrow_demo.py `set_up_borrow`: the rebalancer with
-`borrow_from_inference`, two nodes serving inference, a 2-node job at its width on the
-other two, the incident policy's requeue path), inference serving a steady load
+The borrow demo's set-up (sandbox/drivers/sharing_borrow_demo.py `set_up_borrow`: the
+sharing workflow with `borrow_from_inference`, two nodes serving inference, a 2-node job at
+its width on the other two, the incident policy's requeue path), inference serving a steady load
 throughout, then K faults one after the other on the same job. Each fault's GPU stays
 broken until a replacement (the reboot fails its gate), a repair that outlasts the borrow:
-the incident requeues the job, which cannot start on one node; the rebalancer lends it an
+the incident requeues the job, which cannot start on one node; the sharing workflow lends it an
 inference node and it starts there at full width from its checkpoint; the repaired node
-returns, the rebalancer gives the borrowed node back (the job checkpoints and requeues onto
+returns, the sharing workflow gives the borrowed node back (the job checkpoints and requeues onto
 the repaired node) and the next fault comes once the job steps there.
 """
 
@@ -23,7 +23,9 @@ from rich.console import Console
 
 from autoclusters.core import hostlist
 from autoclusters.core.models import IncidentState
-from autoclusters.sandbox.drivers.borrow_demo import (
+from autoclusters.sandbox.drivers.demo import DemoError, incident_since, wait_for
+from autoclusters.sandbox.drivers.load import Load
+from autoclusters.sandbox.drivers.sharing_borrow_demo import (
     FAULT,
     FIXED_BY,
     LENT,
@@ -34,9 +36,7 @@ from autoclusters.sandbox.drivers.borrow_demo import (
     _on,
     set_up_borrow,
 )
-from autoclusters.sandbox.drivers.demo import DemoError, incident_since, wait_for
-from autoclusters.sandbox.drivers.load import Load
-from autoclusters.sandbox.drivers.share_demo import CALM_RPS, _width
+from autoclusters.sandbox.drivers.sharing_demo import CALM_RPS, _width
 from autoclusters.sandbox.machines import names as machine_names
 from autoclusters.sandbox.machines.hardware import Hardware, HardwareFault
 from autoclusters.sandbox.machines.joblog import (

@@ -5,7 +5,7 @@ subject, one step (the kind of decision), one approver and one verdict:
     incident approval   subject: the incident id      step: the rung (reset_gpu, reboot...)
     breaker reset       subject: core.guard.reset_subject (the guard and the trip)
                         step: core.guard.BREAKER_RESET_STEP
-    rebalancer's move   subject: core.sharing.move_subject (the rebalancer and the move)
+    sharing workflow's move   subject: core.sharing.move_subject (the sharing workflow and the move)
                         step: core.sharing.MOVE_APPROVAL_STEP
 
 Why a proof at all: approvals are Temporal updates, and anyone who can reach Temporal's

@@ -468,6 +468,10 @@ class InJobResult(BaseModel):
     waited_s: float = 0.0
     # What each path was estimated to cost the job, and the one taken (core/recovery_cost.py).
     plans: list[RecoveryPlan] = Field(default_factory=list)
+    # Standbys held outside the jobs (core/holders.py): holders on the node cancelled (a
+    # fence, or one that served nobody), and the holder each recovered job was given.
+    holders_cancelled: list[int] = Field(default_factory=list)
+    holders_given: dict[int, int] = Field(default_factory=dict)
 
     def describe(self) -> str:
         parts = []
@@ -477,6 +481,9 @@ class InJobResult(BaseModel):
         parts += [f"{j} {why}" for j, why in self.requeued_elsewhere.items()]
         if self.not_capable:
             parts.append(f"no hot spare in {self.not_capable}: requeue")
+        parts += [f"{j} given holder {h}" for j, h in self.holders_given.items()]
+        if self.holders_cancelled:
+            parts.append(f"holders {self.holders_cancelled} cancelled")
         return "; ".join(parts) or "no job on the node"
 
 
@@ -502,6 +509,9 @@ class RequeueInput(BaseModel):
     # on instead (activities/in_job.py), or is requeued after in_job_budget_s.
     in_job: bool = False
     in_job_budget_s: float = 30.0
+    # The policy's standby_holders: standbys held outside the jobs, by holder jobs
+    # (core/holders.py); 0: none (holders are neither looked at nor given).
+    standby_holders: int = 0
     # The incident's drain, read back right before the first requeue: a controller that
     # restarted since the drain step may have forgotten it, and a requeued job would land on
     # the node again. "": not checked.
@@ -660,6 +670,9 @@ class ReturnInput(BaseModel):
     node: str
     incident_id: str
     poll_s: float = 0.25
+    # The policy's standby_holders: once returned, a holder job is submitted on the node
+    # when fewer than this many are free (activities/holders.py); 0: never.
+    standby_holders: int = 0
 
 
 class ReturnResult(BaseModel):

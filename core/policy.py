@@ -322,6 +322,11 @@ class Policy(_Strict):
     # stepped again (`resumed_at=` in its comment) within in_job_budget_s is requeued.
     job_recovery: Literal["in-job", "requeue"] = "in-job"
     in_job_budget_s: float = Field(default=30, gt=0, le=3600, allow_inf_nan=False)
+    # Standbys held outside the jobs (in-job only; core/holders.py, docs/recovery.md): how
+    # many free holder jobs the pool keeps. A job that says `holders=1` and has used up its
+    # standby is given a free holder, into which its launcher starts a new standby; a node
+    # returned to service gets a holder when fewer are free. 0: off (holders untouched).
+    standby_holders: int = Field(default=0, ge=0, le=64)
     # Recovery chosen by its cost (core/recovery_cost.py): this cluster's seconds from a
     # fault to the job stepping again per path (bench/mttr.py measures them), which with
     # the job's width and checkpoint age estimate the GPU-hours each path loses; the

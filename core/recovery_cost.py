@@ -18,7 +18,7 @@ The paths, each estimated wherever the policy allows it (else "not possible", wi
     of them idle (an unknown count is not zero: possible, and said);
   - `spare`: on a hot spare put into service for the node (the policy lists spares and
     the incident replaces the machine);
-  - `borrow`: on an inference node the GPU rebalancer lends for the repair (only where
+  - `borrow`: on an inference node GPU sharing lends for the repair (only where
     the cluster borrows: the figures carry `borrow_s`);
   - `repair`: on the node itself once it is repaired: the repair's median from the
     cluster's history for this fault and rung (`autoclusters stats ladder`) where the
@@ -49,7 +49,7 @@ class RecoveryFigures(BaseModel):
     # A hot spare in service for the node (at its replacement), the job started on it.
     spare_s: float = Field(default=45.0, ge=0, le=86400, allow_inf_nan=False)
     # An inference node lent for the repair, the job started on it; None: this cluster
-    # does not borrow (the rebalancer's borrow_from_inference is off).
+    # does not borrow (GPU sharing's borrow_from_inference is off).
     borrow_s: float | None = Field(default=None, ge=0, le=86400, allow_inf_nan=False)
     # The node back in service after its repair, where the history has no figure for the
     # fault and rung (a reboot or a replacement on a cloud: minutes).

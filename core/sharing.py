@@ -1,13 +1,13 @@
 """Sharing GPU nodes between Slurm training and Kubernetes inference: pools, the policy, the
-demand figures and the decision the rebalancer takes from them.
+demand figures and the decision the sharing workflow takes from them.
 
 A node is in exactly one pool at a time. `training`: a Slurm node that takes jobs (and a
 Kubernetes node tainted so inference pods never land there). `inference`: a Kubernetes node
 that takes inference pods, drained in Slurm with `LENT_REASON`. `moving`: between the two,
-owned by the rebalancer's current move. Slinky's slurm-bridge states the rule this keeps: a
+owned by the sharing workflow's current move. Slinky's slurm-bridge states the rule this keeps: a
 node runs Slurm user work or Kubernetes user work, never both at once.
 
-`decide` is pure (no clock, no I/O) so the workflow, the tests and `bench/share.py` take the
+`decide` is pure (no clock, no I/O) so the workflow, the tests and `bench/sharing.py` take the
 same decision from the same figures.
 """
 
@@ -30,6 +30,8 @@ POOL_TAINT_KEY = "autoclusters.io/pool"
 # Slurm: a lent node is drained under this reason; the runbook's return-to-service never
 # undrains it (it is not an incident's reason) and a move's drain names the move.
 LENT_REASON = f"{REASON_PREFIX} lent to inference"
+# Keeps the feature's old name: nodes drained mid-move carry it in Slurm, and a retried
+# drain or the runbook must still recognise them after an upgrade.
 MOVE_REASON_PREFIX = f"{REASON_PREFIX} gpu-rebalance"
 # The inference Deployment's pods carry this label; the sandbox's gateway routes to them.
 INFERENCE_APP_LABEL = "app.kubernetes.io/name"
@@ -37,24 +39,29 @@ INFERENCE_APP = "autoclusters-inference"
 # Kubernetes' own hint for which pod a scale-down removes first (ReplicaSet controller).
 POD_DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
 
-REBALANCE_WORKFLOW = "GpuRebalance"
-REBALANCE_ID_PREFIX = "gpu-rebalance-"
-# The rebalancer's notifications carry this fault; a move's Approve / Reject buttons carry
-# this step (never a remediation rung), so a click is routed to the rebalancer, not to an
-# incident.
-REBALANCE_FAULT = "gpu-rebalance"
+# The GPU sharing workflow (`GpuSharing`) is registered, started and found under the
+# feature's old name, "rebalance": recorded histories (tests/histories) and the workflows
+# running now carry this type name, the id finds the running one per cluster, and Slack
+# messages already sent carry the fault in their buttons. Renaming any of them would orphan
+# what runs, so they stay.
+SHARING_WORKFLOW = "GpuRebalance"
+SHARING_ID_PREFIX = "gpu-rebalance-"
+# The sharing workflow's notifications carry this fault; a move's Approve / Reject buttons
+# carry this step (never a remediation rung), so a click is routed to the sharing workflow,
+# not to an incident.
+SHARING_FAULT = "gpu-rebalance"
 MOVE_APPROVAL_STEP = "move"
 
 
-def rebalance_workflow_id(cluster: str) -> str:
-    """One rebalancer per cluster."""
-    return f"{REBALANCE_ID_PREFIX}{cluster}"
+def sharing_workflow_id(cluster: str) -> str:
+    """One sharing workflow per cluster."""
+    return f"{SHARING_ID_PREFIX}{cluster}"
 
 
 def move_subject(cluster: str, move_id: str) -> str:
     """What a proof of a person's decision on a move names (core/decision_proof.py, with
-    the step MOVE_APPROVAL_STEP): that move of that cluster's rebalancer, nothing else."""
-    return f"{rebalance_workflow_id(cluster)}/{move_id}"
+    the step MOVE_APPROVAL_STEP): that move of that cluster's sharing workflow, nothing else."""
+    return f"{sharing_workflow_id(cluster)}/{move_id}"
 
 
 def move_reason(move_id: str) -> str:
@@ -64,7 +71,7 @@ def move_reason(move_id: str) -> str:
 
 
 def is_sharing_reason(reason: str) -> bool:
-    """A drain written by the rebalancer (a move under way, or a node lent)."""
+    """A drain written by the sharing workflow (a move under way, or a node lent)."""
     return reason == LENT_REASON or reason.startswith(MOVE_REASON_PREFIX)
 
 
@@ -101,7 +108,7 @@ class InferenceTarget(_Strict):
 
 
 class SharePolicy(_Strict):
-    """What the operator allows the rebalancer to do."""
+    """What the operator allows the sharing workflow to do."""
 
     enabled: bool = True
     inference: InferenceTarget = Field(default_factory=InferenceTarget)
@@ -133,7 +140,7 @@ class SharePolicy(_Strict):
     ready_timeout_s: float = Field(default=600, gt=0, le=7200, allow_inf_nan=False)
     # Borrowed from inference: a training node an incident drained, no spare free, and
     # inference calm enough to spare a node: lend one of its nodes to training for the
-    # repair, given back when the repaired node returns (core/borrowing.py).
+    # repair, given back when the repaired node returns (core/sharing_borrow.py).
     borrow_from_inference: bool = False
     # The share of the SLO inference must leave free to lend a node: its demand figure
     # at most slo * (1 - borrow_headroom), measured with that node still serving.
@@ -162,7 +169,7 @@ class SharePolicy(_Strict):
 
 
 class NodeShare(BaseModel):
-    """One GPU node as the rebalancer sees it."""
+    """One GPU node as the sharing workflow sees it."""
 
     name: str
     pool: Pool
@@ -201,6 +208,11 @@ class Demand(BaseModel):
 Direction = Literal["inference", "training"]
 
 
+# Who asked for a move GPU sharing decided on itself (a person's move names the person).
+# Moves recorded before the feature had one name say "rebalancer".
+BY_SHARING = "GPU sharing"
+
+
 class Move(BaseModel):
     """One node from one pool to the other, and why."""
 
@@ -208,7 +220,7 @@ class Move(BaseModel):
     node: str
     to: Direction
     reason: str
-    requested_by: str = "rebalancer"  # or the person who asked (`share move`)
+    requested_by: str = BY_SHARING  # or the person who asked (`share move`)
     demand: Demand | None = None
 
 
@@ -333,7 +345,7 @@ class DemandCall(BaseModel):
     cluster: str
     policy: SharePolicy
     prometheus_url: str | None = None  # None: the worker's own setting
-    # Nodes the rebalancer knows and the pool it holds them in (it is the owner of that
+    # Nodes the sharing workflow knows and the pool it holds them in (it is the owner of that
     # fact); nodes it has not seen yet are read from Kubernetes labels and Slurm reasons.
     pools: dict[str, Pool] = Field(default_factory=dict)
 
@@ -371,12 +383,12 @@ class RegrowResult(BaseModel):
     requeued: list[int] = Field(default_factory=list)  # asked to checkpoint and requeue
     settled: list[int] = Field(default_factory=list)  # ended, or at full width
     # Not started again yet: it may start at full width, or narrower if a node is lent
-    # again first, so the rebalancer keeps it to regrow at a later return.
+    # again first, so the sharing workflow keeps it to regrow at a later return.
     pending: list[int] = Field(default_factory=list)
 
 
 class YieldCall(BaseModel):
-    """An incident asks the rebalancer for a node it holds (lent, or in a move)."""
+    """An incident asks the sharing workflow for a node it holds (lent, or in a move)."""
 
     cluster: str
     node: str
@@ -384,7 +396,7 @@ class YieldCall(BaseModel):
 
 
 class YieldResult(BaseModel):
-    held: bool  # the rebalancer held the node (lent or moving) and now lets it go
+    held: bool  # the sharing workflow held the node (lent or moving) and now lets it go
     pool_before: Pool | None = None
     waited_for_step: str | None = None  # the move step the incident waited for, if any
 
@@ -398,7 +410,7 @@ class MoveRequest(BaseModel):
 
 
 class ClearUnhealthy(BaseModel):
-    """A human says a node that failed its gate on the way back is fixed: the rebalancer
+    """A human says a node that failed its gate on the way back is fixed: the sharing workflow
     may move it again (`autoclusters share clear NODE`)."""
 
     node: str
@@ -412,7 +424,7 @@ class MoveDecision(BaseModel):
     approve: bool
     by: str
     # Who decided, proven: the API's signed proof for this move, person and verdict
-    # (core/decision_proof.py). The rebalancer refuses a decision without a valid one.
+    # (core/decision_proof.py). The sharing workflow refuses a decision without a valid one.
     proof: str = ""
 
 
@@ -480,8 +492,8 @@ class Borrow(BaseModel):
         return self.status in ("borrowing", "lent", "giving_back")
 
 
-class RebalanceState(BaseModel):
-    """Everything the rebalancer carries across continue-as-new."""
+class SharingState(BaseModel):
+    """Everything the sharing workflow carries across continue-as-new."""
 
     pools: dict[str, Pool] = Field(default_factory=dict)
     breach_streak: int = 0
@@ -493,7 +505,7 @@ class RebalanceState(BaseModel):
     last_verdict: Verdict | None = None
     evaluations: int = 0
     seq: int = 0  # moves started (for move ids)
-    # Nodes an incident took from the rebalancer, and whether their Kubernetes side has
+    # Nodes an incident took from the sharing workflow, and whether their Kubernetes side has
     # been put back in the training pool since.
     yielded: dict[str, str] = Field(default_factory=dict)  # node -> incident id
     unhealthy: list[str] = Field(default_factory=list)  # failed the gate on return
@@ -505,10 +517,10 @@ class RebalanceState(BaseModel):
     last_borrow_verdict: str = ""
 
 
-class RebalanceInput(BaseModel):
+class SharingInput(BaseModel):
     cluster: str
     policy: SharePolicy = Field(default_factory=SharePolicy)
-    state: RebalanceState | None = None
+    state: SharingState | None = None
 
 
 class ShareStatus(BaseModel):

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from autoclusters.core import hostlist
+from autoclusters.core.holders import HOLDER_NAME, holder_comment
 from autoclusters.core.models import SlurmJob, SlurmNode
 from autoclusters.core.unavailable import Unavailable
 
@@ -153,6 +154,17 @@ class SlurmInJobClient(SlurmClient, Protocol):
 
     async def shrink_job(self, job_id: int, nodes: list[str]) -> None: ...
     async def signal_steps(self, job_id: int, signal: str) -> None: ...
+
+
+@runtime_checkable
+class SlurmHolderClient(SlurmInJobClient, Protocol):
+    """What standbys held outside the job add (core/holders.py): submit a holder job on a
+    node, write a job's Comment (a holder's claim), and signal a job's batch shell (the
+    training job's launcher, told that a holder was assigned to it)."""
+
+    async def submit_holder(self, node: str) -> int: ...
+    async def set_comment(self, job_id: int, text: str) -> None: ...
+    async def signal_job(self, job_id: int, signal: str) -> None: ...
 
 
 @runtime_checkable
@@ -361,6 +373,20 @@ class SlurmCli:
 
     async def set_admin_comment(self, job_id: int, text: str) -> None:
         await self._run("scontrol", "update", f"JobId={job_id}", f"AdminComment={text}")
+
+    async def set_comment(self, job_id: int, text: str) -> None:
+        await self._run("scontrol", "update", f"JobId={job_id}", f"Comment={text}")
+
+    async def submit_holder(self, node: str) -> int:
+        """A holder job on `node` (core/holders.py): one node, a `sleep` as its batch
+        script, never requeued (a holder on a faulty node is cancelled and a new one
+        submitted once the node is back), `--overlap` steps launched into it later."""
+        out = await self._run(
+            "sbatch", "--parsable", f"--job-name={HOLDER_NAME}", "--nodes=1",
+            f"--nodelist={node}", "--exclusive", "--no-requeue", "--output=/dev/null",
+            f"--comment={holder_comment(None)}", "--wrap=exec sleep infinity",
+        )  # fmt: skip
+        return int(out.strip().split(";")[0])
 
     async def controller_started(self) -> str:
         """slurmctld's BOOT_TIME from `scontrol show config` ("" when it prints none)."""

@@ -569,13 +569,13 @@ def demo(
         from autoclusters.sandbox.drivers.leaf_demo import main as leaf_demo
 
         raise typer.Exit(leaf_demo(as_json, keep, state_dir, port_base, boot_delay, k8s))
-    # sandbox/drivers/borrow_demo.py: a node lent from inference for a repair
+    # sandbox/drivers/sharing_borrow_demo.py: a node lent from inference for a repair
     if scenario == "borrow":
-        from autoclusters.sandbox.drivers.borrow_demo import main as borrow_demo
+        from autoclusters.sandbox.drivers.sharing_borrow_demo import main as sharing_borrow_demo
 
-        raise typer.Exit(borrow_demo(as_json, keep, state_dir, port_base, boot_delay))
+        raise typer.Exit(sharing_borrow_demo(as_json, keep, state_dir, port_base, boot_delay))
     if scenario == "share":
-        _share_demo(as_json, keep, state_dir, port_base, boot_delay)
+        _sharing_demo(as_json, keep, state_dir, port_base, boot_delay)
         return
     if scenario in ("hang", "slow"):
         _silent_demo(scenario, slow_factor, as_json, keep, state_dir, port_base, boot_delay, k8s)
@@ -627,11 +627,11 @@ def demo(
         print(summary.model_dump_json())
 
 
-def _share_demo(
+def _sharing_demo(
     as_json: bool, keep: bool, state_dir: Path, port_base: int, boot_delay: float
 ) -> None:
     from autoclusters.sandbox.drivers.demo import DemoError
-    from autoclusters.sandbox.drivers.share_demo import print_share_summary, run_share_demo
+    from autoclusters.sandbox.drivers.sharing_demo import print_share_summary, run_sharing_demo
     from autoclusters.sandbox.runtime.config import SandboxConfig
 
     cfg = SandboxConfig(
@@ -639,7 +639,7 @@ def _share_demo(
     )
     out = err if as_json else console
     try:
-        summary = asyncio.run(run_share_demo(cfg, keep=keep, console=out))
+        summary = asyncio.run(run_sharing_demo(cfg, keep=keep, console=out))
     except DemoError as e:
         err.print(f"[red]demo failed:[/red] {e}")
         raise typer.Exit(1) from None

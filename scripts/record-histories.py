@@ -6,7 +6,7 @@ Run it on the release's own code (the tag), from the repository root. Each recor
 its cases on the time-skipping test server against in-memory fakes and writes
 tests/histories/<workflow>_<RELEASE>_<case>.json; tests/workers/test_replay.py replays every file
 there. Recorders: remediation (NodeRemediation and FleetGuard), cluster
-(ClusterProvisioning), cluster_ops (ScaleNodeSet, ClusterTeardown), share (GpuRebalance), systemic
+(ClusterProvisioning), cluster_ops (ScaleNodeSet, ClusterTeardown), sharing (GpuSharing), systemic
 (SystemicIncident, a member's NodeRemediation, its FleetGuard).
 """
 
@@ -22,7 +22,7 @@ RECORDERS = {
     "remediation": "tests.histories.record",
     "cluster": "tests.histories.record_cluster",
     "cluster_ops": "tests.histories.record_cluster_ops",
-    "share": "tests.histories.record_share",
+    "sharing": "tests.histories.record_sharing",
     "systemic": "tests.histories.record_systemic",
 }
 

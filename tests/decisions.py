@@ -1,5 +1,5 @@
 """Decisions as the API makes them: an ApprovalRequest (an incident's step), a ResetRequest
-(the fleet guard's breaker) or a MoveDecision (a rebalancer's move) with a proof signed by
+(the fleet guard's breaker) or a MoveDecision (a sharing workflow's move) with a proof signed by
 the key the test's worker checks (core/decision_proof.py). A test that decides without going
 through the API signs here; one that means to be refused leaves the proof out or forges it."""
 

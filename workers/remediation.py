@@ -61,7 +61,7 @@ from autoclusters.workers.stuck_runs import StuckRunDoctor
 from autoclusters.workflows.cluster_ops import ClusterTeardown, ScaleNodeSet
 from autoclusters.workflows.cluster_provisioning import ClusterProvisioning
 from autoclusters.workflows.fleet_guard import FleetGuard
-from autoclusters.workflows.gpu_rebalance import GpuRebalance
+from autoclusters.workflows.gpu_sharing import GpuSharing
 from autoclusters.workflows.remediation import NodeRemediation
 from autoclusters.workflows.systemic_incident import SystemicIncident
 
@@ -79,7 +79,7 @@ WORKFLOWS = [
     ClusterProvisioning,
     ScaleNodeSet,
     ClusterTeardown,
-    GpuRebalance,
+    GpuSharing,
     SystemicIncident,
 ]
 
@@ -238,9 +238,9 @@ def activities_for(
 def sharing_activities(
     client: Client, settings: Settings, slurm: SlurmClient, kube_api: ApiClient | None
 ) -> list[Any]:
-    """GpuRebalance's steps. Its Kubernetes steps need a kubeconfig and its Slurm steps a
+    """GpuSharing's steps. Its Kubernetes steps need a kubeconfig and its Slurm steps a
     client that can signal jobs (the real one can; the scale benchmark's stand-in cannot);
-    without them only the incident's side (`share_yield_node`) is served, and a rebalancer's
+    without them only the incident's side (`share_yield_node`) is served, and a sharing workflow's
     moves wait for a worker that has them."""
     out: list[Any] = [ShareYieldActivities(client).yield_node]
     if not isinstance(slurm, SlurmSignalClient):

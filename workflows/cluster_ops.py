@@ -298,7 +298,7 @@ class ScaleNodeSet(_Ops, MachineBringUp):
             free: list[str] = []
             for node in mine:
                 if node in loads and is_sharing_reason(loads[node].reason):
-                    # GpuRebalance holds it (lent to inference, or moving): not ours.
+                    # GpuSharing holds it (lent to inference, or moving): not ours.
                     self._state.skipped[node] = "lent to inference (or moving)"
                 elif await self._incident_open(node):
                     self._state.skipped[node] = "a remediation incident is open"

@@ -97,18 +97,18 @@ class Quarantine:
         if drain.already_drained and is_ops_reason(drain.previous_reason):
             raise Rejected(f"{req.node} is owned by {drain.previous_reason!r} (scale/teardown)")
         if drain.already_drained and is_sharing_reason(drain.previous_reason):
-            # Lent to inference or moving: the rebalancer lets the node go once its move's
+            # Lent to inference or moving: the sharing workflow lets the node go once its move's
             # current step is done; the move stops there and the runbook goes on.
             await inc.steps.activity(
-                "take_from_rebalancer",
+                "take_from_sharing",
                 contracts.share_yield_node,
                 YieldCall(cluster=req.cluster, node=req.node, incident_id=req.incident_id),
-                f"take {req.node} back from the GPU rebalancer",
+                f"take {req.node} back from GPU sharing",
                 lambda r: (
                     f"was {r.pool_before}"
                     + (f"; waited for {r.waited_for_step}" if r.waited_for_step else "")
                     if r.held
-                    else "no rebalancer held it"
+                    else "GPU sharing did not hold it"
                 ),
                 timeout=timedelta(minutes=15),
             )
@@ -124,6 +124,7 @@ class Quarantine:
                 incident_id=req.incident_id,
                 in_job=in_job,
                 in_job_budget_s=p.in_job_budget_s,
+                standby_holders=p.standby_holders,
                 drain_reason=drain_reason(req.incident_id, req.fault),
                 figures=p.recovery_figures,
                 capacity=capacity_for(p, req.fault, s.rung),

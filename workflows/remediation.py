@@ -347,7 +347,9 @@ class NodeRemediation:
             back = await inc.steps.activity(
                 "return_to_service",
                 contracts.return_to_service,
-                ReturnInput(node=req.node, incident_id=req.incident_id),
+                ReturnInput(
+                    node=req.node, incident_id=req.incident_id, standby_holders=p.standby_holders
+                ),
                 f"return {req.node} to service",
                 lambda r: r.state_after + (f" ({r.detail})" if r.detail else ""),
             )

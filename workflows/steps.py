@@ -100,7 +100,7 @@ class OnState:
 
 
 class Unrecorded:
-    """The StepLog of a workflow that keeps no timeline (FleetGuard; GpuRebalance outside a
+    """The StepLog of a workflow that keeps no timeline (FleetGuard; GpuSharing outside a
     move): its activities run as `Steps.call`, and a step it ran would be kept nowhere."""
 
     def __init__(self) -> None:

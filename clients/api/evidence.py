@@ -3,7 +3,7 @@
 A snapshot never starts anything: with an incident open on the node it becomes that
 incident's `health_evidence` update (the health gate waits for a fresh healthy one after
 each repair); without one, it goes the same way to the cluster's ClusterProvisioning,
-ScaleNodeSet or GpuRebalance (a node back from inference) if its gate waits for this node's
+ScaleNodeSet or GpuSharing (a node back from inference) if its gate waits for this node's
 agent; else it is accepted and dropped.
 The update id is derived from the snapshot, so a resend is answered with the first answer
 instead of being recorded twice.
@@ -29,7 +29,7 @@ from autoclusters.core.cluster import provisioning_workflow_id
 from autoclusters.core.cluster_ops import ops_workflow_id
 from autoclusters.core.evidence import EvidenceAck, HealthSnapshot
 from autoclusters.core.models import workflow_id
-from autoclusters.core.sharing import rebalance_workflow_id
+from autoclusters.core.sharing import sharing_workflow_id
 
 UPDATE = "health_evidence"  # NodeRemediation.health_evidence, by name
 QUERY = "wants_evidence"  # NodeRemediation.wants_evidence
@@ -74,7 +74,7 @@ async def _cluster_gates(client: Client, cluster: str) -> list[str]:
         return cached[1]
     running = []
     gates = (provisioning_workflow_id(cluster), ops_workflow_id(cluster))
-    for wf_id in (*gates, rebalance_workflow_id(cluster)):
+    for wf_id in (*gates, sharing_workflow_id(cluster)):
         try:
             desc = await client.get_workflow_handle(wf_id).describe()
         except RPCError as e:

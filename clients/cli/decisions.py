@@ -2,7 +2,7 @@
 (AUTOCLUSTERS_API_TOKEN): the API knows who they are from it and signs the proof the worker
 checks. The CLI signs nothing and names nobody, so reaching Temporal is not enough. So go
 `approve`/`reject` (an incident's step), `breaker reset` and `share approve|reject` (a
-rebalancer's move)."""
+sharing workflow's move)."""
 
 from __future__ import annotations
 

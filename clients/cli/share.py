@@ -1,13 +1,13 @@
 """`autoclusters share`: GPU nodes shared between Slurm training and Kubernetes inference.
 
-`share start` runs the cluster's rebalancer (GpuRebalance) with a share policy;
+`share start` runs the cluster's sharing workflow (GpuSharing) with a share policy;
 `share status` shows nodes per pool, the demand it last saw and the last moves;
 `share move --to inference|training --node N` moves one node through the same workflow;
 `share approve|reject MOVE` answers a move waiting for a human (as the Approve / Reject
 buttons of its Slack message do), through the API with the person's own operator token
-(AUTOCLUSTERS_API_TOKEN): the API says who decides and signs the proof the rebalancer's
+(AUTOCLUSTERS_API_TOKEN): the API says who decides and signs the proof the sharing workflow's
 worker checks; `share clear NODE` takes a node that failed its health gate on return off the
-list of nodes neither pool may take. Exit codes: 0 done; 1 refused (no rebalancer, a node it
+list of nodes neither pool may take. Exit codes: 0 done; 1 refused (no sharing workflow, a node it
 cannot move or clear, a move not waiting for approval); 2 a policy file that does not
 validate, or no operator token (or one of another role).
 """
@@ -35,7 +35,7 @@ from autoclusters.core.sharing import (
     SharePolicyError,
     ShareStatus,
     load_share_policy,
-    rebalance_workflow_id,
+    sharing_workflow_id,
 )
 
 share_app = typer.Typer(no_args_is_help=True, help="GPU nodes shared by training and inference.")
@@ -51,7 +51,7 @@ def _cluster(s: Settings, cluster: str | None) -> str:
 
 
 def _ui(s: Settings, cluster: str) -> str:
-    return f"{s.temporal.ui_url}/namespaces/default/workflows/{rebalance_workflow_id(cluster)}"
+    return f"{s.temporal.ui_url}/namespaces/default/workflows/{sharing_workflow_id(cluster)}"
 
 
 @share_app.command("start")
@@ -61,8 +61,8 @@ def start(
     ] = None,
     cluster: ClusterOpt = None,
 ) -> None:
-    """Start the cluster's rebalancer (or give the running one this policy)."""
-    from autoclusters.clients.sharing import start_rebalancer
+    """Start the cluster's sharing workflow (or give the running one this policy)."""
+    from autoclusters.clients.sharing import start_sharing
 
     try:
         policy = load_share_policy(policy_file) if policy_file else SharePolicy()
@@ -72,8 +72,8 @@ def start(
 
     async def go(client: Client, s: Settings) -> str:
         c = _cluster(s, cluster)
-        await start_rebalancer(client, c, policy, s.temporal.task_queue)
-        return f"rebalancer of {c} running; Temporal UI: {_ui(s, c)}"
+        await start_sharing(client, c, policy, s.temporal.task_queue)
+        return f"sharing workflow of {c} running; Temporal UI: {_ui(s, c)}"
 
     console.print(connect.run_client(go))
 
@@ -81,12 +81,12 @@ def start(
 @share_app.command("status")
 def status(cluster: ClusterOpt = None, as_json: JsonOpt = False) -> None:
     """Nodes per pool, the demand last seen, the moves."""
-    from autoclusters.clients.sharing import RebalancerNotRunning, share_status
+    from autoclusters.clients.sharing import SharingNotRunning, share_status
 
     async def go(client: Client, s: Settings) -> ShareStatus | None:
         try:
             return await share_status(client, _cluster(s, cluster))
-        except RebalancerNotRunning as e:
+        except SharingNotRunning as e:
             err.print(f"[red]{e}[/red]")
             return None
 
@@ -157,7 +157,7 @@ def move(
     cluster: ClusterOpt = None,
     by: Annotated[str, typer.Option("--by", help="Who asks (recorded).")] = "cli",
 ) -> None:
-    """Move one node now, through the rebalancer (the same steps as its own moves)."""
+    """Move one node now, through the sharing workflow (the same steps as its own moves)."""
     from autoclusters.clients.sharing import request_move
 
     req = MoveRequest(node=node, to=to, requested_by=by)
@@ -168,7 +168,7 @@ def move(
 
 
 def _refusable(call: Callable[[Client, Settings], Awaitable[str]]) -> str:
-    """Run one of the rebalancer's updates; a refusal is printed with its reason, exit 1."""
+    """Run one of the sharing workflow's updates; a refusal is printed with its reason, exit 1."""
     from autoclusters.clients.sharing import MoveRefused
 
     async def go(client: Client, s: Settings) -> str | None:
@@ -234,7 +234,7 @@ def clear(
     cluster: ClusterOpt = None,
 ) -> None:
     """A node that failed its health gate on the way back from inference is fixed: the
-    rebalancer may move it again. Resume it in Slurm yourself when it should take jobs."""
+    sharing workflow may move it again. Resume it in Slurm yourself when it should take jobs."""
     from autoclusters.clients.sharing import clear_unhealthy
 
     req = ClearUnhealthy(node=node, by=by)

@@ -20,7 +20,7 @@ from pydantic import BaseModel, Field
 from autoclusters.core.guard import GuardStatus, floor_of
 from autoclusters.core.models import REASON_PREFIX, SPARE_REASON, IncidentState, SlurmNode
 from autoclusters.core.policy import NodeTopology
-from autoclusters.core.sharing import LENT_REASON, is_sharing_reason
+from autoclusters.core.sharing import LENT_REASON, MOVE_REASON_PREFIX, is_sharing_reason
 from autoclusters.core.topology_conf import parse_topology_conf as parse_topology_conf
 
 NodeState = Literal[
@@ -135,7 +135,9 @@ def node_state(
     if slurm.drained and slurm.reason == LENT_REASON:
         return "lent", "serving inference (Kubernetes), drained in Slurm"
     if slurm.drained and is_sharing_reason(slurm.reason):
-        return "moving", shown
+        # The drain reason keeps the feature's old name (core/sharing.py): say the new one.
+        move = slurm.reason.removeprefix(MOVE_REASON_PREFIX).strip()
+        return "moving", f"GPU sharing: move {move}, {slurm.display_state} in Slurm"
     if not slurm.responding:
         return "failed", shown
     if slurm.drained:

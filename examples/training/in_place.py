@@ -151,6 +151,11 @@ class InPlaceGroup:
         self.gen = 0
         # Generation 0's leader is whoever starts first; later ones, the first to fail.
         self.lead = self.store.add(self._k(0, "opened"), 1) == 1
+        # A standby started later (in a holder job, train.sbatch HOLDERS=1) joins the newest
+        # generation, not the first: on a repaired node its name may be seated in an old
+        # plan, whose abandoned group it must not try to form.
+        while not self.lead and self._has(self._k(self.gen + 1, "open")):
+            self.gen += 1
 
     def _k(self, *parts: object) -> str:
         return "/".join([self.prefix, *map(str, parts)])

@@ -74,6 +74,13 @@ if __name__ == "__main__":
     # continue (the sandbox's `slow` effect) still happens, interrupts no call (gloo's), and
     # stays pending for StopRequest.work to see that the process was stopped.
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCONT})
+    # A standby launched into a holder job (train.sbatch HOLDERS=1: `srun --jobid=<holder>
+    # --overlap`) runs as a step of the holder, whose id and restart count Slurm puts in
+    # its environment; it belongs to the training job the launcher named: its store keys,
+    # its Comment (training=, resumed_at=), its log lines and its progress are that job's.
+    for ours in ("TRAIN_JOB_ID", "TRAIN_RESTART_COUNT"):
+        if os.environ.get(ours):
+            os.environ[ours.replace("TRAIN_", "SLURM_", 1)] = os.environ[ours]
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
@@ -327,7 +334,7 @@ def shielded(argv: list[str]) -> list[str]:
 def publish(key: str, value: str) -> None:
     """Set `key=value` in the job's Slurm Comment (a field its owner may set): `ckpt_at`,
     when it last checkpointed, so whoever must take a node from running jobs (AutoClusters'
-    GPU rebalancer lending a node to inference) picks the job that loses least work;
+    GPU sharing lending a node to inference) picks the job that loses least work;
     `resumed_at`, when it stepped again after an in-job restart. Best effort, off the
     training thread: a slow or absent slurmctld never stalls a step. Outside Slurm (no
     SLURM_JOB_ID, or no scontrol/squeue) nothing is done."""

@@ -8,9 +8,9 @@ always gives the same message, so an update repeated after a retry changes nothi
 Approve / Reject buttons are on the card only while the incident waits for a decision;
 the next event's update takes them away, so an old button can never decide a later step.
 
-The GPU rebalancer's moves use the same card (fault `gpu-rebalance`, the move id in place
+GPU sharing's moves use the same card (fault `gpu-rebalance`, the move id in place
 of the incident id): a move waiting for approval carries the buttons with the step `move`,
-which no incident has, so the API sends such a click to the rebalancer, never to an
+which no incident has, so the API sends such a click to the sharing workflow, never to an
 incident.
 
 Everything on the card but our own labels came from outside (the alert's words, node and
@@ -30,7 +30,7 @@ from urllib.parse import quote
 from pydantic import BaseModel
 
 from autoclusters.core.models import RETURNED_JOBS_STEP, Notification, workflow_id
-from autoclusters.core.sharing import MOVE_APPROVAL_STEP, REBALANCE_FAULT, rebalance_workflow_id
+from autoclusters.core.sharing import MOVE_APPROVAL_STEP, SHARING_FAULT, sharing_workflow_id
 from autoclusters.integrations.slack.escape import (
     MAX_BUTTON,
     MAX_CONFIRM_BUTTON,
@@ -185,8 +185,14 @@ class IncidentCard(BaseModel):
 
     @property
     def is_move(self) -> bool:
-        """The card of a GPU rebalancer's move (its id in `incident_id`), not an incident."""
-        return self.fault == REBALANCE_FAULT
+        """The card of GPU sharing's move (its id in `incident_id`), not an incident."""
+        return self.fault == SHARING_FAULT
+
+    @property
+    def subject(self) -> str:
+        """What the message is about, in the operator's words: the fault, or GPU sharing for
+        a move (whose `fault` keeps the feature's old code: core/sharing.py says why)."""
+        return "GPU sharing" if self.is_move else self.fault
 
 
 class Links(BaseModel):
@@ -199,7 +205,7 @@ class Links(BaseModel):
     def workflow(self, card: IncidentCard) -> str | None:
         if not self.temporal_ui_url:
             return None
-        wid = rebalance_workflow_id(card.cluster) if card.is_move else None
+        wid = sharing_workflow_id(card.cluster) if card.is_move else None
         wf = quote(wid or workflow_id(card.cluster, card.node), safe="")
         ns = quote(self.temporal_namespace, safe="")
         return f"{self.temporal_ui_url.rstrip('/')}/namespaces/{ns}/workflows/{wf}"
@@ -254,19 +260,19 @@ def card_message(
     mention = _mention(card.severity, page_group_id)
     fallback = markup(
         "{mention}[{state}] {fault} on {node} ({cluster}): {text}",
-        mention=mention, state=card.state, fault=card.fault, node=card.node,
+        mention=mention, state=card.state, fault=card.subject, node=card.node,
         cluster=card.cluster, text=card.text,
     )  # fmt: skip
     field: list[tuple[str, object]] = [
         ("Node", code(card.node)),
         ("Cluster", card.cluster),
-        ("Fault", code(card.fault)),
+        ("Feature", card.subject) if card.is_move else ("Fault", code(card.fault)),
         ("Action", card.rung or "to be decided"),
         ("State", card.state),
         ("Severity", card.severity),
     ]
     blocks: list[dict[str, Any]] = [
-        {"type": "header", "text": plain_object(f"{card.fault} on {card.node}", MAX_HEADER)},
+        {"type": "header", "text": plain_object(f"{card.subject} on {card.node}", MAX_HEADER)},
         {
             "type": "section",
             "text": text_object(

@@ -19,8 +19,8 @@ Slack POSTs a click as `application/x-www-form-urlencoded` with one field, `payl
 5. on success replaces the buttons with "Approved by <user> at <time>" (`chat.update`)
    and says so in the incident's thread.
 
-A GPU rebalancer's move waiting for approval has the same buttons, with the move id in
-`incident_id` and the step `move`; `decide` routes those to the rebalancer (the API's
+A GPU sharing's move waiting for approval has the same buttons, with the move id in
+`incident_id` and the step `move`; `decide` routes those to the sharing workflow (the API's
 does), which refuses a move that is not waiting, and the messages name the move.
 
 Each authentic request is processed at most once: a byte-identical request seen within the

@@ -2,8 +2,8 @@
 
 - demo: the demo (a job, a fault on one of its nodes, the remediation)
 - silent_demo: `demo --scenario hang|slow`
-- share_demo: `demo --scenario share` (GPU nodes lent to inference and back)
-- borrow_demo: `demo --scenario borrow` (an inference node lent for a repair)
+- sharing_demo: `demo --scenario share` (GPU nodes lent to inference and back)
+- sharing_borrow_demo: `demo --scenario borrow` (an inference node lent for a repair)
 - leaf_demo: `demo --scenario leaf` (a bad leaf: one systemic incident, no machine repaired)
 - load: inference load at the gateway (open-loop Poisson arrivals)
 - chaos: `autoclusters chaos`: a named fault, optionally a process killed mid-step

@@ -1,4 +1,4 @@
-"""The inference service the GPU rebalancer lends nodes to, in Kubernetes mode.
+"""The inference service GPU sharing lends nodes to, in Kubernetes mode.
 
 - launch: the `inference` namespace and Deployment, its kubelet and its gateway, started
 - kubelet: runs the inference pods' servers, one process for every node

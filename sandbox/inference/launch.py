@@ -1,5 +1,5 @@
 """The sandbox's inference side in Kubernetes mode: the `inference` namespace and
-Deployment on the emulator (replicas 0: the rebalancer scales it), the inference kubelet
+Deployment on the emulator (replicas 0: the sharing workflow scales it), the inference kubelet
 that runs its pods' servers, and the gateway in front of them. `sandbox up --k8s` starts
 both processes after the emulator; `sandbox down` stops them and every server, by PID.
 

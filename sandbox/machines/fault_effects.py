@@ -262,7 +262,9 @@ def rank_processes(cfg: SandboxConfig, node: str, job_id: int | None = None) -> 
             continue
         if env.get("SLURMD_NODENAME", node) != node:
             continue
-        if job_id is not None and env["SLURM_JOB_ID"] != str(job_id):
+        # A standby launched into a holder job runs as the holder's step, on behalf of
+        # the training job its launcher names (TRAIN_JOB_ID, examples/training HOLDERS=1).
+        if job_id is not None and str(job_id) not in (env["SLURM_JOB_ID"], env.get("TRAIN_JOB_ID")):
             continue
         if (ticks := start_ticks(pid)) is not None:
             out.append(Proc(pid=pid, ticks=ticks))

@@ -18,6 +18,9 @@ PROGRESS_JOB = Path(__file__).resolve().with_name("jobs") / "progress.sh"
 
 # Steps between the job's checkpoints (train.sbatch CKPT_EVERY).
 CKPT_EVERY = 5
+# Re-formings a job with standbys from holders may make before it gives up (MAX_RESTARTS):
+# each fault is one, and the pool refills.
+HOLDER_RESTARTS = 1000
 
 
 def torch_available() -> bool:
@@ -33,6 +36,7 @@ async def submit(
     in_job: bool = False,
     stand_in: bool = False,
     train_args: tuple[str, ...] = (),
+    holders: bool = False,
 ) -> tuple[int, Path, str]:
     """Submit the job; return its id, its log file and what it is ("torchrun", "in-job" or
     "stand-in"). `sbatch_args` override the script's #SBATCH lines (e.g. `--nodes=2-3`).
@@ -40,7 +44,11 @@ async def submit(
     (`SPARES=1 --nodes=3 --no-kill`), where the runbook recovers it without a requeue; the
     stand-in has no such mode. `stand_in`: the stand-in even where torch is installed (a demo
     whose point is not the training job: observe mode). `train_args`: train.py's own
-    options (after the script; not for the stand-in)."""
+    options (after the script; not for the stand-in). `holders` (with `in_job`): the layout
+    of standbys held outside the job (core/holders.py): a batch host that never trains
+    (`LAUNCHER=1`) beside the 2 training nodes and the standby (`--nodes=4`), and standbys
+    taken from holder jobs once its own is used (`HOLDERS=1`; the policy's
+    `standby_holders` gives them), re-forming as often as faults come."""
     jobs = cfg.state_dir / "jobs"
     jobs.mkdir(parents=True, exist_ok=True)
     if not stand_in and torch_available() and (TRAINING / "train.sbatch").exists():
@@ -63,6 +71,10 @@ async def submit(
             env += ["SPARES=1", f"INJOB_DIR={jobs / f'injob-{name}'}"]
             sbatch_args = ("--nodes=3", "--no-kill", *sbatch_args)
             kind = "in-job"
+            if holders:
+                env += ["LAUNCHER=1", "HOLDERS=1", f"MAX_RESTARTS={HOLDER_RESTARTS}"]
+                sbatch_args = ("--nodes=4", *sbatch_args[1:])
+                kind = "in-job+holders"
         script, argv = TRAINING / "train.sbatch", [f"--export={','.join(env)}"]
     else:
         script, kind, argv = PROGRESS_JOB, "stand-in", []

@@ -21,6 +21,7 @@ Slurm of tests/fakes/systems.py:
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -44,10 +45,12 @@ def run(fn: Callable[[Any], Awaitable[Any]], arg: Any) -> Any:
     return asyncio.run(ActivityEnvironment().run(fn, arg))
 
 
-def _input(node: str, incident: str, in_job: bool, budget_s: float) -> RequeueInput:
+def _input(
+    node: str, incident: str, in_job: bool, budget_s: float, fault_at: float | None = None
+) -> RequeueInput:
     return RequeueInput(
         node=node, incident_id=incident, poll_s=0.01, hold_watch_s=0.05,
-        in_job=in_job, in_job_budget_s=budget_s,
+        in_job=in_job, in_job_budget_s=budget_s, fault_at=fault_at,
     )  # fmt: skip
 
 
@@ -58,9 +61,10 @@ def requeue(
     budget_s: float = 5,
     node: str = FAULTY,
     incident: str = INCIDENT,
+    fault_at: float | None = None,
 ) -> RequeueResult:
     result: RequeueResult = run(
-        SlurmActivities(slurm).requeue_jobs, _input(node, incident, in_job, budget_s)
+        SlurmActivities(slurm).requeue_jobs, _input(node, incident, in_job, budget_s, fault_at)
     )
     return result
 
@@ -143,6 +147,21 @@ def test_a_training_node_waits_for_the_resume(slurm: FakeSlurm) -> None:
     out = requeue(slurm, budget_s=0.05)
     assert slurm.step_signals == [(5, ABANDON_SIGNAL)]
     assert out.in_job is not None and "not stepping again within" in out.in_job.fell_back[5]
+    assert out.requeued == [5]
+
+
+def test_a_resume_from_just_before_the_fault_is_not_the_re_forming(slurm: FakeSlurm) -> None:
+    """Faulted within a second of its first step: its generation 0's `resumed_at=` is
+    within the fence's second of slack, but it was written before the runbook read the job;
+    only a stamp written after that read is the survivors' re-forming (found by the holders'
+    sandbox test: the job was "recovered" before it re-formed)."""
+    just_now = time.time() - 0.5
+    slurm.add_job(
+        5, nodes="gpu-[1-3]", comment=f"{SPARE} training=gpu-1,gpu-2 resumed_at={just_now:.3f}"
+    )
+    out = requeue(slurm, budget_s=0.05, fault_at=time.time())  # the incident opens after it
+    assert out.in_job is not None and out.in_job.recovered == [], out.describe()
+    assert "not stepping again within" in out.in_job.fell_back[5]
     assert out.requeued == [5]
 
 

@@ -124,7 +124,7 @@ def test_mark_lent_needs_an_idle_node_drained_by_the_move(slurm: FakeSlurm) -> N
     assert slurm.node_now("gpu-1").reason == LENT_REASON
 
 
-def test_resume_only_undoes_the_rebalancers_drain(slurm: FakeSlurm) -> None:
+def test_resume_only_undoes_the_sharing_drain(slurm: FakeSlurm) -> None:
     slurm.set_reason("gpu-1", LENT_REASON)
     assert run(acts(slurm).resume_training(call())).changed
     assert not slurm.node_now("gpu-1").drained

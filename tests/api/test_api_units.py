@@ -242,7 +242,7 @@ async def test_slurm_inventory_caches_and_refreshes_for_a_node_it_does_not_know(
 
 def test_prometheus_rules_name_faults_the_api_and_the_policy_understand() -> None:
     doc = yaml.safe_load((ROOT / "deploy/prometheus/gpu-alerts.yml").read_text())
-    # The sharing group's rule rebalances GPUs; it names no fault (below).
+    # The sharing group's rule asks GPU sharing to evaluate; it names no fault (below).
     rules = [r for g in doc["groups"] if g["name"] != "autoclusters-sharing" for r in g["rules"]]
     policy = default_policy()
     names = {r["alert"] for r in rules}
@@ -272,14 +272,14 @@ def test_the_inference_slo_alert_reaches_the_sharing_webhook_with_the_policys_sl
     rules = yaml.safe_load((ROOT / "deploy/prometheus/gpu-alerts.yml").read_text())
     group = next(g for g in rules["groups"] if g["name"] == "autoclusters-sharing")
     (rule,) = group["rules"]
-    assert rule["labels"]["autoclusters"] == "rebalance" and "fault" not in rule["labels"]
-    # The rule fires on what the rebalancer decides from: the default demand query, above
+    assert rule["labels"]["autoclusters"] == "share" and "fault" not in rule["labels"]
+    # The rule fires on what the sharing workflow decides from: the default demand query, above
     # the default SLO.
     policy = SharePolicy()
     assert rule["expr"].strip() == f"{policy.inference.demand_query} > {policy.inference.slo:g}"
     doc = yaml.safe_load((ROOT / "deploy/alertmanager/alertmanager.yml").read_text())
     route = next(r for r in doc["route"]["routes"] if r["receiver"] == "autoclusters-sharing")
-    assert route["matchers"] == ['autoclusters = "rebalance"']
+    assert route["matchers"] == ['autoclusters = "share"']
     receiver = next(r for r in doc["receivers"] if r["name"] == "autoclusters-sharing")
     (hook,) = receiver["webhook_configs"]
     assert hook["url"].endswith("/v1/alerts/sharing")

@@ -561,7 +561,10 @@ def test_a_node_lent_to_inference_or_moving_has_its_own_tile_state() -> None:
     moving = SlurmNode(
         name="gpu-02", state="mixed", state_flags=["DRAIN"], reason=move_reason("c-move-3")
     )
-    assert topology.node_state(moving, None, None)[0] == "moving"
+    assert topology.node_state(moving, None, None) == (
+        "moving",
+        f"GPU sharing: move c-move-3, {moving.display_state} in Slurm",
+    )
     # An incident on a lent node is the incident's tile, not the pool's.
     inc = incident("gpu-02", step="repair")
     assert topology.node_state(lent, inc, None)[0] == "repairing"

@@ -1,6 +1,6 @@
 """apps/v1 Deployments on the Kubernetes emulator, through the official client: the scale
 subresource, the Deployment controller (pods, status, scale-down order) and the scheduler
-(node selector, taints, cordons, GPUs), as the GPU-sharing rebalancer drives them."""
+(node selector, taints, cordons, GPUs), as GPU sharing drives them."""
 
 from __future__ import annotations
 
@@ -65,7 +65,7 @@ class Cluster:
             self.lend(name)
 
     def lend(self, name: str) -> None:
-        """What the rebalancer does to lend a node: relabel, untaint, uncordon."""
+        """What the sharing workflow does to lend a node: relabel, untaint, uncordon."""
         node = self.core.read_node(name)
         taints = [t.to_dict() for t in node.spec.taints or [] if t.key != POOL_TAINT_KEY]
         self.core.patch_node(

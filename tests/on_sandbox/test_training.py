@@ -597,7 +597,7 @@ def test_sbatch_requeue_resumes_on_sandbox(sandbox: SandboxConfig, tmp_path: Pat
             90,
             "steps on both nodes and a checkpoint",
         )
-        # The job told Slurm when it checkpointed, in the form the GPU rebalancer reads.
+        # The job told Slurm when it checkpointed, in the form GPU sharing reads.
         saved_at = until(
             lambda: _checkpointed_at(SlurmCli(sandbox.slurm_conf), job),
             30,

@@ -71,8 +71,8 @@ def test_make_test_leaves_out_only_the_scenario_lane_and_ci_runs_it() -> None:
         ):  # fmt: skip
             scenarios[path.stem] = " ".join((ast.get_docstring(tree) or "").split())
     assert set(scenarios) == {
-        "test_share_demo", "test_borrow_demo", "test_demo_cmk", "test_controller_crash_on_sandbox",
-        "test_silent_demo", "test_leaf_demo",
+        "test_sharing_demo", "test_sharing_borrow_demo", "test_demo_cmk",
+        "test_controller_crash_on_sandbox", "test_silent_demo", "test_leaf_demo",
     }  # fmt: skip
     for stem, doc in scenarios.items():
         assert "`scenarios` lane" in doc and "not in `make test`" in doc, stem

@@ -69,8 +69,8 @@ BASELINE_CASES: dict[tuple[str, str], set[str]] = {
     ("cluster_ops", "scale_up_replaced"): {"cluster_wait_booted", "return_to_service"},
     ("cluster_ops", "scale_down_requeue"): {"drain_node", "requeue_jobs", "cluster_delete"},
     ("cluster_ops", "teardown"): {"drain_node", "wait_node_idle", "cluster_delete"},
-    ("gpu_rebalance", "lend_and_return"): {"share_k8s_lend", "share_k8s_reclaim", "health_gate"},
-    ("gpu_rebalance", "manual_and_rejected"): {"notify", "share_k8s_lend"},
+    ("gpu_sharing", "lend_and_return"): {"share_k8s_lend", "share_k8s_reclaim", "health_gate"},
+    ("gpu_sharing", "manual_and_rejected"): {"notify", "share_k8s_lend"},
 }
 
 
@@ -79,7 +79,7 @@ BASELINE_CASES: dict[tuple[str, str], set[str]] = {
 PROOF_HISTORIES = [
     "remediation_0.2_proven_decision",
     "fleet_guard_0.2_proven_reset",
-    "gpu_rebalance_0.2_proven_decision",
+    "gpu_sharing_0.2_proven_decision",
 ]
 
 
@@ -179,7 +179,7 @@ def test_only_the_step_kernel_starts_activities() -> None:
     timeout, heartbeat and retry, and a summary, which the histories above show."""
     callers = [
         str(p.relative_to(WORKFLOWS_DIR))
-        # Every module, the workflows' parts in subpackages too (workflows/rebalance/).
+        # Every module, the workflows' parts in subpackages too (workflows/sharing/).
         for p in sorted(WORKFLOWS_DIR.rglob("*.py"))
         if "workflow.execute_activity(" in p.read_text() or "start_activity(" in p.read_text()
     ]

@@ -41,15 +41,15 @@ from autoclusters.core.policy import GuardPolicy
 from autoclusters.core.settings_groups import ApprovalSettings, TemporalSettings
 from autoclusters.sandbox.crusoe.emulator import EmulatorServer
 from autoclusters.workflows.fleet_guard import FleetGuard
-from autoclusters.workflows.gpu_rebalance import GpuRebalance
+from autoclusters.workflows.gpu_sharing import GpuSharing
 from autoclusters.workflows.remediation import NodeRemediation
 from tests.decisions import APPROVAL_KEY, signed
-from tests.fakes.share import ShareWorld
+from tests.fakes.sharing import ShareWorld
 from tests.helpers import HermeticSettings, eventually
 from tests.workflows.test_fleet_guard import _guard, _register
-from tests.workflows.test_gpu_rebalance import HIGH, rebalancer, waiting_approval
-from tests.workflows.test_gpu_rebalance import nodes as share_nodes
-from tests.workflows.test_gpu_rebalance import policy as share_policy
+from tests.workflows.test_gpu_sharing import HIGH, running_sharing, waiting_approval
+from tests.workflows.test_gpu_sharing import nodes as share_nodes
+from tests.workflows.test_gpu_sharing import policy as share_policy
 from tests.workflows.test_remediation_workflow import (
     _approval_pending,
     _fleet,
@@ -222,7 +222,7 @@ async def test_an_operator_decides_through_the_api_as_the_person_their_token_nam
     assert [x.approver for x in result.refusals] == ["mallory"]
 
 
-# --- the breaker's reset and a rebalancer's move: the same door ------------------------------
+# --- the breaker's reset and a sharing move: the same door -------------------------------------
 
 
 @pytest.mark.workflow
@@ -295,12 +295,12 @@ async def test_a_move_decision_through_the_api_is_the_token_persons(
     carol, reader = "carols-own-token-0123456", "r" * 20
     world = ShareWorld(share_nodes(4), [HIGH])
     pol = share_policy(needs_approval=True, max_inference_nodes=3)
-    async with rebalancer(env, world, pol) as rb:
-        await rb.evaluate()
-        await rb.handle.signal(GpuRebalance.evaluate_now, "breach")
-        rec = await waiting_approval(rb)
+    async with running_sharing(env, world, pol) as sh:
+        await sh.evaluate()
+        await sh.handle.signal(GpuSharing.evaluate_now, "breach")
+        rec = await waiting_approval(sh)
         s = HermeticSettings(
-            cluster=rb.cluster,
+            cluster=sh.cluster,
             api_tokens={"reader": reader},
             api_operators={"carol": hashlib.sha256(carol.encode()).hexdigest()},
             api_inventory="static",
@@ -328,12 +328,12 @@ async def test_a_move_decision_through_the_api_is_the_token_persons(
             r = await http.post(path, json={"approve": False}, headers=as_carol)
             assert r.status_code == 200, r.text
             assert r.json() == {
-                "cluster": rb.cluster, "move_id": rec.move.move_id, "outcome": "rejected",
+                "cluster": sh.cluster, "move_id": rec.move.move_id, "outcome": "rejected",
                 "by": "carol",
             }  # fmt: skip
 
         async def ended() -> Any:
-            st = await rb.status()
+            st = await sh.status()
             return st.moves[-1] if st.current is None and st.moves else None
 
         done = await eventually(ended, what="the rejected move")

@@ -1306,7 +1306,7 @@ async def test_foreign_drain_is_kept(env: WorkflowEnvironment, before: bool) -> 
 
 
 @pytest.mark.parametrize("lent", [True, False], ids=["lent-to-inference", "in-training"])
-async def test_a_lent_node_is_taken_from_the_rebalancer_before_requeue(
+async def test_a_lent_node_is_taken_from_sharing_before_requeue(
     env: WorkflowEnvironment, lent: bool
 ) -> None:
     yields: list[YieldCall] = []
@@ -1344,10 +1344,10 @@ async def test_a_lent_node_is_taken_from_the_rebalancer_before_requeue(
         ]
         assert [s.name for s in result.steps] == [
             *RUNBOOK[:4],
-            "take_from_rebalancer",
+            "take_from_sharing",
             *RUNBOOK[4:],
         ]
-        took = result.step("take_from_rebalancer")
+        took = result.step("take_from_sharing")
         assert took is not None and took.outcome == "ok" and "inference" in took.detail
     else:
         assert yields == []

@@ -12,9 +12,9 @@ buttons are the only ways a decision counts:
   checks the person is one of the cluster's approvers). 200 the breaker as reset; 404 no
   guard runs; 409 refused (`error`: "not tripped", or "reset refused": not an approver, a
   proof that does not hold).
-- `POST /v1/moves/{id}/decisions`: approve or reject a GPU rebalancer's move waiting for a
+- `POST /v1/moves/{id}/decisions`: approve or reject GPU sharing's move waiting for a
   human. 200 what it did; 409 refused (no such move, not waiting, already decided, no
-  rebalancer).
+  sharing workflow).
 
 All: 401/403 no operator token; 422 a bad body; 503 Temporal away."""
 
@@ -130,7 +130,7 @@ def router(api: ApiState) -> APIRouter:
     @r.post(
         MOVE_PATH,
         response_model=MoveDecided,
-        summary="Approve or reject a GPU rebalancer's move (an operator's own token)",
+        summary="Approve or reject GPU sharing's move (an operator's own token)",
         openapi_extra=body_schema(MoveDecisionBody),
     )
     async def decide_move(request: Request, move_id: str) -> MoveDecided:

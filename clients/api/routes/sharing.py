@@ -1,7 +1,7 @@
 """`POST /v1/alerts/sharing`: Alertmanager says the inference SLO is at risk (the shipped
 rule `InferenceSLOAtRisk`, routed here by deploy/alertmanager/alertmanager.yml); the
-cluster's GpuRebalance evaluates at once instead of at its next timer. Nothing is started:
-without a running rebalancer the answer says so. Resolved alerts change nothing."""
+cluster's GpuSharing evaluates at once instead of at its next timer. Nothing is started:
+without a running sharing workflow the answer says so. Resolved alerts change nothing."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from autoclusters.clients.sharing import evaluate_now
 
 class SharingAnswer(BaseModel):
     firing: int
-    signalled: bool  # the rebalancer was told (False: none runs, or nothing firing)
+    signalled: bool  # the sharing workflow was told (False: none runs, or nothing firing)
     cluster: str
 
 
@@ -27,7 +27,7 @@ def router(api: ApiState) -> APIRouter:
         "/v1/alerts/sharing",
         status_code=202,
         response_model=SharingAnswer,
-        summary="Alertmanager webhook: the inference SLO is at risk, rebalance now",
+        summary="Alertmanager webhook: the inference SLO is at risk, GPU sharing evaluates now",
     )
     async def sharing_alert(request: Request) -> SharingAnswer:
         ep = "sharing"

@@ -1,7 +1,7 @@
 """`POST /slack/interactions`: Approve / Reject clicks. The Slack signature over the raw
 body is the authentication (no bearer token); the click becomes the Temporal Update: the
-incident's, or, for a button of a GPU rebalancer's move (step `move`, which no incident
-has), the cluster's rebalancer's `decide_waiting_move`, each with the API's proof that
+incident's, or, for a button of GPU sharing's move (step `move`, which no incident
+has), the cluster's sharing workflow's `decide_waiting_move`, each with the API's proof that
 the clicker (their Slack id, verified by the signature) decided (core/decision_proof.py).
 Either refusal is a PermissionError, which the handler shows to the clicker. Served only
 with a Slack signing secret."""

@@ -9,45 +9,45 @@ from temporalio import workflow
 from temporalio.exceptions import ActivityError
 
 with workflow.unsafe.imports_passed_through():
-    from autoclusters.core.sharing import Move, MoveRecord, Pool
+    from autoclusters.core.sharing import BY_SHARING, Move, MoveRecord, Pool
 
-from autoclusters.workflows.rebalance.approval import MoveApproval
-from autoclusters.workflows.rebalance.lending import lend
-from autoclusters.workflows.rebalance.move_steps import MoveStopped
-from autoclusters.workflows.rebalance.rebalancer import Rebalancer
-from autoclusters.workflows.rebalance.returning import AgentCheck, give_back_to_training
+from autoclusters.workflows.sharing.approval import MoveApproval
+from autoclusters.workflows.sharing.lending import lend
+from autoclusters.workflows.sharing.move_steps import MoveStopped
+from autoclusters.workflows.sharing.returning import AgentCheck, return_to_training
+from autoclusters.workflows.sharing.run import SharingRun
 from autoclusters.workflows.steps import cause_of
 
 KEEP_MOVES = 50
 
 
 class Moves:
-    """Runs the rebalancer's moves, one at a time."""
+    """Runs the sharing workflow's moves, one at a time."""
 
-    def __init__(self, rb: Rebalancer, approval: MoveApproval, agent: AgentCheck) -> None:
-        self._rb = rb
+    def __init__(self, sh: SharingRun, approval: MoveApproval, agent: AgentCheck) -> None:
+        self._sh = sh
         self._approval = approval
         self._agent = agent  # the agent's half of a return's health gate
 
     async def run(self, move: Move, *, approval: bool = True) -> MoveRecord:
         """Carry `move` out; its record says how it ended."""
-        rb, s = self._rb, self._rb.state
+        sh, s = self._sh, self._sh.state
         rec = MoveRecord(move=move, started_at=workflow.now().timestamp())
-        rb.current = rec
+        sh.current = rec
         s.moves.append(rec)
         del s.moves[:-KEEP_MOVES]
         before = s.pools.get(move.node, Pool.TRAINING)
         s.pools[move.node] = Pool.MOVING
-        asked = approval and rb.policy.needs_approval and move.requested_by == "rebalancer"
+        asked = approval and sh.policy.needs_approval and move.requested_by == BY_SHARING
         try:
             if asked:
                 await self._approval.wait(rec)
             rec.status = "running"
             if move.to == "inference":
-                await lend(rb, rec)
+                await lend(sh, rec)
                 s.pools[move.node] = Pool.INFERENCE
             else:
-                passed = await give_back_to_training(rb, rec, self._agent)
+                passed = await return_to_training(sh, rec, self._agent)
                 s.pools[move.node] = Pool.TRAINING if passed else Pool.MOVING
                 if not passed:
                     rec.status = "failed"
@@ -67,17 +67,17 @@ class Moves:
             rec.error = str(cause_of(e))
             # Where the node is now is read again at the next evaluation.
             s.pools.pop(move.node, None)
-            await rb.notices.move(move, "move_failed", f"{move.node}: {rec.error}", "warning")
+            await sh.notices.move(move, "move_failed", f"{move.node}: {rec.error}", "warning")
         finally:
             rec.finished_at = workflow.now().timestamp()
             s.last_move_end = rec.finished_at
-            rb.current = None
-            rb.running_step = None
+            sh.current = None
+            sh.running_step = None
             if move.node in s.yielded:
                 s.pools.pop(move.node, None)
         # People were asked about this move: its message says how it ended (and loses its
         # buttons: a decision on another channel, or none in time, leaves none to click).
         # A failure has told them already.
         if asked and rec.status != "failed":
-            await rb.notices.outcome(rec)
+            await sh.notices.outcome(rec)
         return rec

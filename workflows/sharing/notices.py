@@ -1,4 +1,4 @@
-"""What the rebalancer tells people: a move's messages under the move's id, a borrow's in
+"""What the sharing workflow tells people: a move's messages under the move's id, a borrow's in
 the Slack thread of the incident it serves. A notification never blocks a move.
 """
 
@@ -12,13 +12,13 @@ from temporalio.exceptions import ActivityError
 with workflow.unsafe.imports_passed_through():
     from autoclusters.activities import contracts
     from autoclusters.core.models import Notification
-    from autoclusters.core.sharing import REBALANCE_FAULT, Borrow, Move, MoveRecord
+    from autoclusters.core.sharing import SHARING_FAULT, Borrow, Move, MoveRecord
 
 from autoclusters.workflows.steps import NOTIFY_RETRY, Steps
 
 
 class Notices:
-    """The rebalancer's notifications, sent through its step kernel."""
+    """The sharing workflow's notifications, sent through its step kernel."""
 
     def __init__(self, cluster: str, steps: Steps) -> None:
         self._cluster = cluster
@@ -26,7 +26,7 @@ class Notices:
 
     async def move(self, move: Move, event: str, text: str, severity: str) -> None:
         """A move's message (its id in place of an incident's)."""
-        await self._tell(move.move_id, move.node, REBALANCE_FAULT, event, text, severity)
+        await self._tell(move.move_id, move.node, SHARING_FAULT, event, text, severity)
 
     async def outcome(self, rec: MoveRecord) -> None:
         """How a move people were asked about ended."""

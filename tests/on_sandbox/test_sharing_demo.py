@@ -8,7 +8,7 @@ In the `scenarios` lane (`make scenarios`; CI runs it after `make test`), not in
 its inference load keeps a core busy for two minutes (~70 s of CPU alone, ~110 s beside the
 suite), which `make test`'s ten minutes on two cores cannot carry. What it checks of the
 runbook's lend and return is checked in `make test` too: on fakes and the time-skipping
-server (tests/workflows/test_gpu_rebalance.py), in the recorded histories
+server (tests/workflows/test_gpu_sharing.py), in the recorded histories
 (tests/workers/test_replay.py), and the inference side's kubelet and gateway on loopback
 (tests/emulators/test_inference_sandbox.py); this adds the whole scenario under a real load."""
 
@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from autoclusters.core.sharing import BY_SHARING
 from tests.conftest import free_port_base
 from tests.helpers import run_demo
 
@@ -36,7 +37,7 @@ def test_share_scenario_lends_and_returns_a_node(tmp_path: Path) -> None:
     )  # fmt: skip
     assert r.returncode == 0, r.stderr[-3000:]
     s = json.loads(r.stdout.strip().splitlines()[-1])
-    own = [m for m in s["moves"] if m["by"] == "rebalancer"]
+    own = [m for m in s["moves"] if m["by"] == BY_SHARING]
     assert [(m["to"], m["status"]) for m in own] == [("inference", "done"), ("training", "done")]
     lend, back = own
     assert lend["node"] == back["node"]

@@ -1,4 +1,4 @@
-"""Borrowed from inference (core/borrowing.py): while a training node is repaired, an
+"""Borrowed from inference (core/sharing_borrow.py): while a training node is repaired, an
 inference node is lent to the training job the incident narrowed, and given back once the
 repaired node serves again. Each is a move through the other direction's steps, told in the
 incident's own Slack thread.
@@ -9,34 +9,34 @@ from __future__ import annotations
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
-    from autoclusters.core.borrowing import BorrowVerdict, decide_borrow
     from autoclusters.core.sharing import Borrow, Demand, Direction, Move, Verdict
+    from autoclusters.core.sharing_borrow import BorrowVerdict, decide_borrow
 
-from autoclusters.workflows.rebalance.moves import Moves
-from autoclusters.workflows.rebalance.rebalancer import Rebalancer
+from autoclusters.workflows.sharing.moves import Moves
+from autoclusters.workflows.sharing.run import SharingRun
 
 KEEP_BORROWS = 20
 
 
 class Borrowing:
-    """Decides and carries out borrows, through the rebalancer's moves."""
+    """Decides and carries out borrows, through the sharing workflow's moves."""
 
-    def __init__(self, rb: Rebalancer, moves: Moves) -> None:
-        self._rb = rb
+    def __init__(self, sh: SharingRun, moves: Moves) -> None:
+        self._sh = sh
         self._moves = moves
 
     async def turn(self, demand: Demand, verdict: Verdict) -> bool:
         """Lend an inference node to a training job an incident narrowed, or give one
         back; True when a node moved (the evaluation's move)."""
-        rb, s = self._rb, self._rb.state
+        sh, s = self._sh, self._sh.state
         b = decide_borrow(
             demand,
-            rb.policy,
+            sh.policy,
             lost=s.lost,
             borrows=s.borrows,
             barred=set(s.unhealthy) | set(s.yielded),
             inference_breached=(
-                verdict.to == "inference" or verdict.breach_streak >= rb.policy.sustain
+                verdict.to == "inference" or verdict.breach_streak >= sh.policy.sustain
             ),
             now=workflow.now().timestamp(),
         )
@@ -49,7 +49,7 @@ class Borrowing:
         out = next(x for x in s.borrows if x.status == "lent" and x.node == b.node)
         if b.action == "taken":
             out.status, out.ended_why = "taken", b.why
-            await rb.notices.borrow(out, "borrow_ended", f"{b.why}.", "warning")
+            await sh.notices.borrow(out, "borrow_ended", f"{b.why}.", "warning")
             return False
         await self._give_back(demand, out, b.why)
         return True
@@ -59,7 +59,7 @@ class Borrowing:
         in the training pool, the health gate (a node is never lent sick), resumed, and
         the lost node's jobs regrown onto it from their checkpoint (pending ones start)."""
         assert b.node is not None and b.for_node is not None
-        rb, s = self._rb, self._rb.state
+        sh, s = self._sh, self._sh.state
         lost = s.lost[b.for_node]
         move = self._move(b.node, "training", f"borrowed for {b.for_node}: {b.why}", demand)
         out = Borrow(
@@ -80,7 +80,7 @@ class Borrowing:
         jobs = ", ".join(str(j) for j in sorted(out.jobs))
         if rec.status == "done":
             out.status, out.lent_at = "lent", rec.finished_at
-            await rb.notices.borrow(
+            await sh.notices.borrow(
                 out,
                 "borrowed_from_inference",
                 f"{b.node} lent from inference to training while {b.for_node} is repaired "
@@ -90,7 +90,7 @@ class Borrowing:
             )
         else:
             out.status, out.ended_why = "failed", rec.error or rec.status
-            await rb.notices.borrow(
+            await sh.notices.borrow(
                 out,
                 "borrow_failed",
                 f"no node borrowed from inference for {b.for_node}: move {move.move_id} "
@@ -102,14 +102,14 @@ class Borrowing:
         """The borrowed node goes back to inference through a lend's steps: its jobs are
         asked to checkpoint and requeue (they start again at full width on the repaired
         node), then it serves again. It needs no approval: the borrow was the decision."""
-        rb = self._rb
+        sh = self._sh
         reason = f"give back the node borrowed for {out.for_node}: {why}"
         move = self._move(out.node, "inference", reason, demand)
         out.status, out.give_back_move = "giving_back", move.move_id
         rec = await self._moves.run(move, approval=False)
         if rec.status == "done":
             out.status, out.returned_at = "returned", rec.finished_at
-            await rb.notices.borrow(
+            await sh.notices.borrow(
                 out,
                 "borrow_returned",
                 f"{out.node} given back to inference (move {move.move_id}): {why}; its "
@@ -121,7 +121,7 @@ class Borrowing:
                 "taken" if rec.status == "yielded" else "failed",
                 rec.error or rec.status,
             )
-            await rb.notices.borrow(
+            await sh.notices.borrow(
                 out,
                 "borrow_failed",
                 f"{out.node} not given back to inference (move {move.move_id} {rec.status}"
@@ -130,4 +130,4 @@ class Borrowing:
             )
 
     def _move(self, node: str, to: Direction, reason: str, demand: Demand) -> Move:
-        return Move(move_id=self._rb.next_move_id(), node=node, to=to, reason=reason, demand=demand)
+        return Move(move_id=self._sh.next_move_id(), node=node, to=to, reason=reason, demand=demand)

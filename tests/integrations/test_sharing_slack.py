@@ -1,13 +1,13 @@
 """A GPU-sharing move waiting for approval, decided from its Slack message.
 
-The real GpuRebalance on the time-skipping test server (the fake world of tests/fakes/share.py,
+The real GpuSharing on the time-skipping test server (the fake world of tests/fakes/sharing.py,
 its `notify` also posting through the real SlackNotifier to the Slack emulator), the real
 API app (`create_app`, in uvicorn on loopback) serving `POST /slack/interactions`, clicks
 signed as Slack signs them (by the emulator, or here with HMAC-SHA256 over the raw body).
 
 Aspects covered:
 - a move needing approval posts one message with Approve / Reject (confirm dialogs), the
-  buttons' value naming the move and the step `move`; the links go to the rebalancer;
+  buttons' value naming the move and the step `move`; the links go to the sharing workflow;
 - an Approve click lets the move proceed and records the Slack approver; the message is
   marked decided; a Reject click (a member of the approver group) stops it, `rejected by
   <name>`, the node stays in training;
@@ -56,11 +56,11 @@ from autoclusters.integrations.slack.cards import IncidentCard, card_message
 from autoclusters.sandbox.crusoe.emulator import EmulatorServer
 from autoclusters.sandbox.slack.emulator import EmulatorConfig
 from autoclusters.sandbox.slack.emulator import create_app as slack_emulator
-from autoclusters.workflows.gpu_rebalance import GpuRebalance
+from autoclusters.workflows.gpu_sharing import GpuSharing
 from tests.decisions import APPROVAL_KEY, signed_move
-from tests.fakes.share import LEND_STEPS, ShareWorld
+from tests.fakes.sharing import LEND_STEPS, ShareWorld
 from tests.helpers import HermeticSettings, eventually
-from tests.workflows.test_gpu_rebalance import HIGH, Rebalancer, nodes, policy, rebalancer
+from tests.workflows.test_gpu_sharing import HIGH, RunningSharing, nodes, policy, running_sharing
 
 pytestmark = pytest.mark.workflow
 
@@ -98,7 +98,7 @@ class SlackWorld(ShareWorld):
 
 @dataclass
 class Setup:
-    r: Rebalancer
+    r: RunningSharing
     world: SlackWorld
     admin: httpx.AsyncClient  # the emulator's controls
     interactions_url: str  # the real API's /slack/interactions
@@ -166,7 +166,7 @@ def actions_of(message: dict[str, Any]) -> list[dict[str, Any]]:
 
 @pytest_asyncio.fixture
 async def setup(env: WorkflowEnvironment, emulator: EmulatorServer) -> AsyncIterator[Setup]:
-    """A rebalancer in approval mode whose first move waits for a human, its message in
+    """A sharing workflow in approval mode whose first move waits for a human, its message in
     Slack, and the API ready for the clicks."""
     world = SlackWorld(nodes(4), [HIGH])
     world.notifier = SlackNotifier(
@@ -182,7 +182,7 @@ async def setup(env: WorkflowEnvironment, emulator: EmulatorServer) -> AsyncIter
 
     pol = policy(needs_approval=True, max_inference_nodes=3)
     async with (
-        rebalancer(env, world, pol) as r,
+        running_sharing(env, world, pol) as r,
         httpx.AsyncClient(base_url=emulator.url, timeout=30, trust_env=False) as admin,
     ):
         settings = HermeticSettings(
@@ -208,7 +208,7 @@ async def setup(env: WorkflowEnvironment, emulator: EmulatorServer) -> AsyncIter
             await admin.put("/_emulator/config", json={"interactivity_url": url})
             s = Setup(r=r, world=world, admin=admin, interactions_url=url, api_url=api.url)
             await r.evaluate()
-            await r.handle.signal(GpuRebalance.evaluate_now, "breach")
+            await r.handle.signal(GpuSharing.evaluate_now, "breach")
             yield s
 
 
@@ -265,7 +265,7 @@ async def test_a_move_needing_approval_posts_both_buttons(setup: Setup) -> None:
 
 
 def test_an_incidents_card_is_not_a_moves() -> None:
-    """Only the rebalancer's notification gets the `move` step; an incident's keeps its
+    """Only the sharing workflow's notification gets the `move` step; an incident's keeps its
     rung, parsed as before."""
     common = {"cluster": "sandbox", "node": "gpu-01", "severity": "warning"}
     inc = Notification(
@@ -278,9 +278,14 @@ def test_an_incidents_card_is_not_a_moves() -> None:
     assert IncidentCard.for_note(inc).apply(inc).waiting_step == "reboot"
     card = IncidentCard.for_note(move).apply(move)
     assert card.waiting_step == "move" and card.is_move
-    _, blocks = card_message(card, Links())
+    fallback, blocks = card_message(card, Links())
     (block,) = [b for b in blocks if b["type"] == "actions"]
     assert block["block_id"] == "approval:move"
+    # A move is shown as the feature's name; the old fault code stays in the payload only.
+    assert blocks[0]["text"]["text"] == "GPU sharing on gpu-01"
+    assert "GPU sharing on gpu-01" in fallback and "gpu-rebalance" not in json.dumps(blocks)
+    _, inc_blocks = card_message(IncidentCard.for_note(inc).apply(inc), Links())
+    assert inc_blocks[0]["text"]["text"] == "XID_79 on gpu-01"
 
 
 # --- clicks ------------------------------------------------------------------------------
@@ -425,9 +430,9 @@ async def test_the_update_refuses_a_move_not_waiting(setup: Setup) -> None:
     )
     with pytest.raises(WorkflowUpdateFailedError):  # the raw update refuses as well
         await setup.r.handle.execute_update(
-            GpuRebalance.decide_waiting_move, signed_move(cluster, "x", "a")
+            GpuSharing.decide_waiting_move, signed_move(cluster, "x", "a")
         )
-    with pytest.raises(MoveRefused, match="no GPU rebalancer for cluster elsewhere"):
+    with pytest.raises(MoveRefused, match="GPU sharing is not running for cluster elsewhere"):
         await decide_move(client, "elsewhere", signed_move("elsewhere", move_id, "a"))
     assert (await setup.status()).current == rec  # none of that changed anything
 

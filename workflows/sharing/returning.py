@@ -17,30 +17,30 @@ with workflow.unsafe.imports_passed_through():
     from autoclusters.core.models import HealthCheck, HealthGateInput
     from autoclusters.core.sharing import MoveRecord, MoveStep
 
-from autoclusters.workflows.rebalance.move_steps import move_step
-from autoclusters.workflows.rebalance.rebalancer import Rebalancer
+from autoclusters.workflows.sharing.move_steps import move_step
+from autoclusters.workflows.sharing.run import SharingRun
 
 # The agent's half of the gate (workflows/agent_gate.py `AgentGate._agent_gate`): node,
 # booted since, GPUs expected, how long to wait -> the judgement's checks.
 AgentCheck = Callable[[str, datetime, int, float], Awaitable[list[HealthCheck]]]
 
 
-async def give_back_to_training(rb: Rebalancer, rec: MoveRecord, agent: AgentCheck) -> bool:
+async def return_to_training(sh: SharingRun, rec: MoveRecord, agent: AgentCheck) -> bool:
     """True when the node passed its gate and is back in Slurm; False: left drained."""
-    call = rb.call(rec.move)
+    call = sh.call(rec.move)
     # The node is already `moving` (out of the inference count): the others keep theirs.
-    shrunk = call.model_copy(update={"replicas": rb.inference_count()})
+    shrunk = call.model_copy(update={"replicas": sh.inference_count()})
     release = contracts.share_k8s_release
-    await move_step(rb, rec, "scale_down_inference", release, shrunk, timeout=rb.ready_timeout())
-    await move_step(rb, rec, "k8s_reclaim", contracts.share_k8s_reclaim, call)
+    await move_step(sh, rec, "scale_down_inference", release, shrunk, timeout=sh.ready_timeout())
+    await move_step(sh, rec, "k8s_reclaim", contracts.share_k8s_reclaim, call)
     since = workflow.now()
     report = await move_step(
-        rb, rec, "health_gate", contracts.health_gate, HealthGateInput(node=rec.move.node)
+        sh, rec, "health_gate", contracts.health_gate, HealthGateInput(node=rec.move.node)
     )
     checks = report.checks
     if report.passed:
         checks = await agent(
-            rec.move.node, since, report.expected_gpus or 0, rb.policy.ready_timeout_s
+            rec.move.node, since, report.expected_gpus or 0, sh.policy.ready_timeout_s
         )
     failed = [c for c in checks if not c.passed]
     rec.steps.append(
@@ -53,7 +53,7 @@ async def give_back_to_training(rb: Rebalancer, rec: MoveRecord, agent: AgentChe
         )
     )
     if not report.passed or failed:
-        await rb.notices.move(
+        await sh.notices.move(
             rec.move,
             "health_gate_failed",
             f"{rec.move.node} failed its health gate on its way back from inference; "
@@ -61,10 +61,10 @@ async def give_back_to_training(rb: Rebalancer, rec: MoveRecord, agent: AgentChe
             "critical",
         )
         return False
-    await move_step(rb, rec, "resume_in_slurm", contracts.share_resume_training, call)
-    if rb.policy.regrow_training_jobs:
-        regrow = call.model_copy(update={"regrow": dict(rb.state.narrowed)})
-        grown = await move_step(rb, rec, "regrow_jobs", contracts.share_regrow_jobs, regrow)
+    await move_step(sh, rec, "resume_in_slurm", contracts.share_resume_training, call)
+    if sh.policy.regrow_training_jobs:
+        regrow = call.model_copy(update={"regrow": dict(sh.state.narrowed)})
+        grown = await move_step(sh, rec, "regrow_jobs", contracts.share_regrow_jobs, regrow)
         for job_id in grown.requeued + grown.settled:
-            rb.state.narrowed.pop(job_id, None)
+            sh.state.narrowed.pop(job_id, None)
     return True

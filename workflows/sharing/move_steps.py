@@ -16,7 +16,7 @@ with workflow.unsafe.imports_passed_through():
     from autoclusters.core.models import StepRecord
     from autoclusters.core.sharing import MoveRecord, MoveStep
 
-from autoclusters.workflows.rebalance.rebalancer import STEP_TIMEOUT, Rebalancer
+from autoclusters.workflows.sharing.run import STEP_TIMEOUT, SharingRun
 from autoclusters.workflows.steps import Steps
 
 T = TypeVar("T")
@@ -45,17 +45,17 @@ class MoveLog:
     """The StepLog of a move: its steps are MoveSteps on the move's record, and the step
     running now is what a yielding incident waits for."""
 
-    def __init__(self, rb: Rebalancer, rec: MoveRecord) -> None:
-        self._rb, self._rec = rb, rec
+    def __init__(self, sh: SharingRun, rec: MoveRecord) -> None:
+        self._sh, self._rec = sh, rec
         self._open: dict[int, MoveStep] = {}
 
     @property
     def current_step(self) -> str | None:
-        return self._rb.running_step
+        return self._sh.running_step
 
     @current_step.setter
     def current_step(self, name: str | None) -> None:
-        self._rb.running_step = name
+        self._sh.running_step = name
 
     def begin(self, name: str) -> StepRecord:
         step = MoveStep(name=name, started_at=workflow.now().timestamp())
@@ -70,14 +70,14 @@ class MoveLog:
         step.finished_at = workflow.now().timestamp()
 
 
-def stop_if_taken(rb: Rebalancer, node: str) -> None:
+def stop_if_taken(sh: SharingRun, node: str) -> None:
     """An incident took the node: the move stops here."""
-    if node in rb.state.yielded:
-        raise MoveStopped(f"incident {rb.state.yielded[node]} took the node")
+    if node in sh.state.yielded:
+        raise MoveStopped(f"incident {sh.state.yielded[node]} took the node")
 
 
 async def move_step(
-    rb: Rebalancer,
+    sh: SharingRun,
     rec: MoveRecord,
     name: str,
     fn: Callable[..., Awaitable[T]],
@@ -87,8 +87,8 @@ async def move_step(
 ) -> T:
     """One step of a move, recorded on it (the step kernel); an incident that took the
     node meanwhile stops the move before the next step starts."""
-    stop_if_taken(rb, rec.move.node)
-    steps = Steps(MoveLog(rb, rec), rb.steps.defaults)
+    stop_if_taken(sh, rec.move.node)
+    steps = Steps(MoveLog(sh, rec), sh.steps.defaults)
     what = MOVE_SUMMARIES.get(name, name.replace("_", " ") + " {node}")
     summary = f"{what.format(node=rec.move.node)} (move {rec.move.move_id})"
     return await steps.activity(

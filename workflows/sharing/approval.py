@@ -20,28 +20,29 @@ with workflow.unsafe.imports_passed_through():
         move_subject,
     )
 
-from autoclusters.workflows.rebalance.move_steps import MoveStopped, stop_if_taken
-from autoclusters.workflows.rebalance.rebalancer import Rebalancer
+from autoclusters.workflows.sharing.move_steps import MoveStopped, stop_if_taken
+from autoclusters.workflows.sharing.run import SharingRun
 
 # docs/versioning.md: a decision on a move counted on the name it gave (by the update, or the
 # `decide_move` signal); now the worker checks the API's proof of who decided
 # (`check_decision_proof`, a local activity) first, and the signal decides nothing.
+# Patch ids keep the workflow's old module name: recorded histories carry them.
 DECISION_PROOF_PATCH = "gpu_rebalance-0.2-decision-proof"
 
 
 class MoveApproval:
     """The decisions taken on waiting moves, by move id, until their move reads them."""
 
-    def __init__(self, rb: Rebalancer) -> None:
-        self._rb = rb
+    def __init__(self, sh: SharingRun) -> None:
+        self._sh = sh
         self._decisions: dict[str, MoveDecision] = {}
 
     async def wait(self, rec: MoveRecord) -> None:
         """Ask people, and wait for their decision: raises MoveStopped on a no, on none
         in time, or when an incident takes the node meanwhile."""
-        rb, move = self._rb, rec.move
+        sh, move = self._sh, rec.move
         rec.status = "waiting_approval"
-        await rb.notices.move(
+        await sh.notices.move(
             move,
             "approval_needed",
             f"move {move.move_id}: {move.node} to {move.to} ({move.reason}) needs approval. "
@@ -51,12 +52,12 @@ class MoveApproval:
         )
         try:
             await workflow.wait_condition(
-                lambda: move.move_id in self._decisions or move.node in rb.state.yielded,
-                timeout=timedelta(seconds=rb.policy.approval_timeout_s),
+                lambda: move.move_id in self._decisions or move.node in sh.state.yielded,
+                timeout=timedelta(seconds=sh.policy.approval_timeout_s),
             )
         except TimeoutError:
             raise MoveStopped("nobody approved in time") from None
-        stop_if_taken(rb, move.node)
+        stop_if_taken(sh, move.node)
         decision = self._decisions.pop(move.move_id)
         if not decision.approve:
             raise MoveStopped(f"rejected by {decision.by}")
@@ -84,7 +85,7 @@ class MoveApproval:
                 contracts.check_decision_proof,
                 ProofCheck(
                     proof=decision.proof,
-                    subject=move_subject(self._rb.cluster, decision.move_id),
+                    subject=move_subject(self._sh.cluster, decision.move_id),
                     step=MOVE_APPROVAL_STEP,
                     approver=decision.by,
                     approve=decision.approve,
@@ -114,10 +115,10 @@ class MoveApproval:
 
     def check_state(self, decision: MoveDecision) -> None:
         """Refuses, with the reason, a decision on a move that is not waiting for one."""
-        rb, s = self._rb, self._rb.state
+        sh, s = self._sh, self._sh.state
         if not decision.by.strip():
             raise ValueError("a decision needs the name of who decides")
-        cur = rb.current
+        cur = sh.current
         if cur is not None and cur.move.move_id == decision.move_id:
             if cur.status != "waiting_approval":
                 raise ValueError(
@@ -135,7 +136,7 @@ class MoveApproval:
         if past is None:
             if any(m.move_id == decision.move_id for m in s.queued):
                 raise ValueError(f"move {decision.move_id} is queued, not waiting for approval")
-            raise ValueError(f"no move {decision.move_id} on cluster {rb.cluster}")
+            raise ValueError(f"no move {decision.move_id} on cluster {sh.cluster}")
         by = f" by {past.approved_by}" if past.approved_by else ""
         why = f" ({past.error})" if past.error else ""
         raise ValueError(

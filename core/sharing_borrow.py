@@ -1,5 +1,5 @@
 """Borrowed from inference: when a remediation incident takes a training node that ran jobs
-and no hot spare is free, the rebalancer may lend one of inference's nodes to training for
+and no hot spare is free, the sharing workflow may lend one of inference's nodes to training for
 the repair, and gives it back once the repaired node is in service again.
 
 The rules, all pure (no clock, no I/O) like `decide`, so the workflow and the tests take the
@@ -127,7 +127,7 @@ def decide_borrow(
 ) -> BorrowVerdict:
     """One evaluation's borrowing decision. `barred`: nodes no move may take (failed their
     gate on return, yielded to an incident); `inference_breached`: the SLO breached for
-    `sustain` evaluations in a row (the rebalancer's own streak)."""
+    `sustain` evaluations in a row (the sharing workflow's own streak)."""
     if not policy.enabled:
         return BorrowVerdict(action=None, why="sharing is disabled by policy")
     by_name = {n.name: n for n in demand.nodes}

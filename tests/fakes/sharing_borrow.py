@@ -1,5 +1,5 @@
-"""The in-memory world of tests/fakes/share.py with a remediation incident's side added,
-for GpuRebalance's borrowing tests and the recorded borrow history: a fault drains a
+"""The in-memory world of tests/fakes/sharing.py with a remediation incident's side added,
+for GpuSharing's borrowing tests and the recorded borrow history: a fault drains a
 training node under an incident (its job requeued, waiting to start), a repair brings it
 back, and a resumed node starts the waiting jobs at full width (as Slurm schedules them)."""
 
@@ -10,8 +10,8 @@ from typing import Any
 from temporalio import activity
 
 from autoclusters.core.sharing import Demand, DemandCall, MoveCall, Pool, StepOutcome
-from tests.fakes.share import Node as N
-from tests.fakes.share import ShareWorld
+from tests.fakes.sharing import Node as N
+from tests.fakes.sharing import ShareWorld
 
 OK, HIGH = 0.2, 0.9  # within a 0.5 headroom of the 0.5 SLO; a breach
 JOB = 7

@@ -1,9 +1,9 @@
-"""The parts of `GpuRebalance` (workflows/gpu_rebalance.py), each one idea of its runbook.
-Each takes the rebalancer (`Rebalancer`: its cluster, policy, carried state and step
+"""The parts of `GpuSharing` (workflows/gpu_sharing.py), each one idea of its runbook.
+Each takes the run (`SharingRun`: its cluster, policy, carried state and step
 kernel) explicitly and never calls back into the workflow.
 
-- `rebalancer.py`: what every part is given, and the move's call, ids and counts.
-- `notices.py`: what the rebalancer tells people: a move's messages, a borrow's in its
+- `run.py`: what every part is given, and the move's call, ids and counts.
+- `notices.py`: what the sharing workflow tells people: a move's messages, a borrow's in its
   incident's thread.
 - `evaluation.py`: one evaluation's figures and verdict (`core.sharing.decide`).
 - `move_steps.py`: one step of a move on the step kernel, recorded on the move.

@@ -13,14 +13,15 @@ from temporalio.exceptions import ActivityError
 
 with workflow.unsafe.imports_passed_through():
     from autoclusters.activities import contracts
-    from autoclusters.core.borrowing import note_lost
     from autoclusters.core.sharing import Demand, DemandCall, Verdict, decide
+    from autoclusters.core.sharing_borrow import note_lost
 
 from autoclusters.workflows.outage import outage_of
-from autoclusters.workflows.rebalance.rebalancer import Rebalancer
+from autoclusters.workflows.sharing.run import SharingRun
 from autoclusters.workflows.steps import cause_of
 
 # docs/versioning.md: a return also waits for the request rate to fall (core/sharing.py decide).
+# Patch ids keep the workflow's old module name: recorded histories carry them.
 RETURN_WAITS_FOR_THE_RATE = "gpu_rebalance-0.2-return-waits-for-the-rate"
 
 
@@ -34,13 +35,13 @@ class Evaluation:
     borrowing: bool
 
 
-async def read_demand(rb: Rebalancer) -> Demand | None:
+async def read_demand(sh: SharingRun) -> Demand | None:
     """The demand now; None when a source is away (no figure is not a calm figure)."""
     try:
-        return await rb.steps.call(
+        return await sh.steps.call(
             contracts.share_read_demand,
-            DemandCall(cluster=rb.cluster, policy=rb.policy, pools=dict(rb.state.pools)),
-            f"read inference and training demand on cluster {rb.cluster}",
+            DemandCall(cluster=sh.cluster, policy=sh.policy, pools=dict(sh.state.pools)),
+            f"read inference and training demand on cluster {sh.cluster}",
             timeout=timedelta(minutes=1),
         )
     except ActivityError as err:
@@ -48,13 +49,13 @@ async def read_demand(rb: Rebalancer) -> Demand | None:
             raise
         # Prometheus, Slurm or Kubernetes away: hold this evaluation (no move, streaks
         # unchanged) and look again next interval.
-        workflow.logger.warning("rebalancer holds: demand unreadable (%s)", cause_of(err))
+        workflow.logger.warning("sharing workflow holds: demand unreadable (%s)", cause_of(err))
         return None
 
 
-def evaluate(rb: Rebalancer, demand: Demand) -> Evaluation:
+def evaluate(sh: SharingRun, demand: Demand) -> Evaluation:
     """The verdict on `demand`, kept on the state with the figures it was made on."""
-    s = rb.state
+    s = sh.state
     if s.unhealthy:
         # A node that failed its gate on the way back is drained, idle and labelled
         # training: to the figures, the cheapest node to lend. It is a human's until
@@ -71,7 +72,7 @@ def evaluate(rb: Rebalancer, demand: Demand) -> Evaluation:
         s.pools.setdefault(n.name, n.pool)
     # Borrowed from inference: only a policy that allows it, or a borrow still out,
     # reaches this (no command before a borrow: older histories replay as they were).
-    borrowing = rb.policy.borrow_from_inference or any(b.active for b in s.borrows)
+    borrowing = sh.policy.borrow_from_inference or any(b.active for b in s.borrows)
     if borrowing:
         s.lost = note_lost(
             s.last_demand,
@@ -85,20 +86,20 @@ def evaluate(rb: Rebalancer, demand: Demand) -> Evaluation:
     rate_guard = workflow.patched(RETURN_WAITS_FOR_THE_RATE)
     verdict = decide(
         demand,
-        rb.policy,
+        sh.policy,
         breach_streak=s.breach_streak,
         calm_streak=s.calm_streak,
         seconds_since_last_move=since,
-        lend_rps=last_lend_rps(rb) if rate_guard else None,
+        lend_rps=last_lend_rps(sh) if rate_guard else None,
     )
     s.breach_streak, s.calm_streak = verdict.breach_streak, verdict.calm_streak
     s.last_demand, s.last_verdict = demand, verdict
     return Evaluation(demand=demand, verdict=verdict, borrowing=borrowing)
 
 
-def last_lend_rps(rb: Rebalancer) -> float | None:
-    """The request rate that needed the latest lend the rebalancer made."""
-    for rec in reversed(rb.state.moves):
+def last_lend_rps(sh: SharingRun) -> float | None:
+    """The request rate that needed the latest lend the sharing workflow made."""
+    for rec in reversed(sh.state.moves):
         if rec.move.to == "inference" and rec.status == "done":
             return rec.move.demand.inference_rps if rec.move.demand else None
     return None

@@ -1,4 +1,4 @@
-"""What every part of the rebalancer is given (workflows/rebalance/): its cluster, policy
+"""What every part of the sharing workflow is given (workflows/sharing/): its cluster, policy
 and the state it carries across continue-as-new, the move running now, and the step kernel
 its activities run on outside a move. The parts take this explicitly and return what the
 workflow acts on.
@@ -17,11 +17,11 @@ with workflow.unsafe.imports_passed_through():
         MoveCall,
         MoveRecord,
         Pool,
-        RebalanceInput,
-        RebalanceState,
+        SharingInput,
+        SharingState,
     )
 
-from autoclusters.workflows.rebalance.notices import Notices
+from autoclusters.workflows.sharing.notices import Notices
 from autoclusters.workflows.steps import Defaults, Steps, Unrecorded
 
 RETRY = RetryPolicy(
@@ -34,22 +34,22 @@ RETRY = RetryPolicy(
 STEP_TIMEOUT = timedelta(minutes=5)
 
 
-class Rebalancer:
-    """One cluster's rebalancer: what it carries, and the move it runs now."""
+class SharingRun:
+    """One cluster's sharing workflow: what it carries, and the move it runs now."""
 
-    def __init__(self, inp: RebalanceInput) -> None:
+    def __init__(self, inp: SharingInput) -> None:
         self.cluster = inp.cluster
         self.policy = inp.policy  # a person may set another (`set_policy`)
-        self.state = inp.state or RebalanceState()
+        self.state = inp.state or SharingState()
         self.current: MoveRecord | None = None  # the move running now
         self.running_step: str | None = None  # its step running now
-        # The rebalancer's activities outside a move; a move's steps are on its record.
+        # The sharing workflow's activities outside a move; a move's steps are on its record.
         self.steps = Steps(Unrecorded(), Defaults(STEP_TIMEOUT, RETRY))
         self.notices = Notices(self.cluster, self.steps)
 
-    def carried(self) -> RebalanceInput:
+    def carried(self) -> SharingInput:
         """What the next run starts from (continue-as-new)."""
-        return RebalanceInput(cluster=self.cluster, policy=self.policy, state=self.state)
+        return SharingInput(cluster=self.cluster, policy=self.policy, state=self.state)
 
     def inference_count(self) -> int:
         return sum(1 for p in self.state.pools.values() if p == Pool.INFERENCE)

@@ -1,10 +1,10 @@
 """`autoclusters demo --scenario share`: GPU nodes lent to inference and back, on the sandbox.
 
-The sandbox comes up in Kubernetes mode; the cluster's GpuRebalance starts with a demo
+The sandbox comes up in Kubernetes mode; the cluster's GpuSharing starts with a demo
 policy; one node is moved to inference by hand (the initial split, through the same
 workflow); a training job runs on every other node (`--nodes=MIN-MAX`: it may run narrower
 and grows back when requeued). Then inference load rises past one replica's capacity: the
-SLO is breached, the rebalancer lends a training node (the job checkpoints, requeues and
+SLO is breached, the sharing workflow lends a training node (the job checkpoints, requeues and
 runs narrower), the new replica serves. The load falls: the node returns through the
 health gate, and the job is requeued to regrow to full width.
 
@@ -27,11 +27,12 @@ from rich.console import Console
 from temporalio.client import Client
 
 from autoclusters.activities.sharing_demand import prometheus_value
-from autoclusters.clients.sharing import request_move, share_status, start_rebalancer
+from autoclusters.clients.sharing import request_move, share_status, start_sharing
 from autoclusters.core import hostlist
 from autoclusters.core.models import SlurmJob
 from autoclusters.core.settings import load_file
 from autoclusters.core.sharing import (
+    BY_SHARING,
     INFERENCE_APP,
     INFERENCE_APP_LABEL,
     InferenceTarget,
@@ -139,7 +140,7 @@ async def on_sandbox(
             await asyncio.to_thread(cluster.down, cfg)
 
 
-async def run_share_demo(cfg: SandboxConfig, keep: bool, console: Console) -> ShareSummary:
+async def run_sharing_demo(cfg: SandboxConfig, keep: bool, console: Console) -> ShareSummary:
     return await on_sandbox(cfg, keep, console, _share)
 
 
@@ -156,8 +157,8 @@ async def _share(cfg: SandboxConfig, console: Console) -> ShareSummary:
     nodes = sorted(n.name for n in await slurm.nodes())[: cfg.nodes]
     ui = f"{cfg.temporal_ui_url}/namespaces/default/workflows/gpu-rebalance-{settings.cluster}"
 
-    console.print(f"[bold]2. rebalancer[/bold] GpuRebalance for {settings.cluster}: {ui}")
-    await start_rebalancer(tc, settings.cluster, policy, settings.temporal.task_queue)
+    console.print(f"[bold]2. sharing workflow[/bold] GpuSharing for {settings.cluster}: {ui}")
+    await start_sharing(tc, settings.cluster, policy, settings.temporal.task_queue)
     await wait_for("its first look at the nodes", lambda: _known(tc, settings.cluster), 60)
     first = nodes[-1]
     console.print(f"   inference starts on {first}: moved by hand through the same workflow")
@@ -195,7 +196,7 @@ async def _share(cfg: SandboxConfig, console: Console) -> ShareSummary:
             lambda: _breach(http, cfg, policy, True),
             120,
         )
-        console.print("   SLO breached; waiting for the rebalancer to lend a node")
+        console.print("   SLO breached; waiting for the sharing workflow to lend a node")
         lend = await wait_for(
             "a node lent to inference",
             lambda: _move_done(tc, settings.cluster, "inference", after=breach_at),
@@ -345,9 +346,9 @@ async def _breach(
 
 
 async def _move_done(tc: Client, cluster_name: str, to: str, after: float) -> MoveRecord | None:
-    """The rebalancer's own move `to` a pool, finished after `after`."""
+    """The sharing workflow's own move `to` a pool, finished after `after`."""
     st = await share_status(tc, cluster_name)
-    own = [m for m in st.moves if m.move.to == to and m.move.requested_by == "rebalancer"]
+    own = [m for m in st.moves if m.move.to == to and m.move.requested_by == BY_SHARING]
     for m in own:
         if m.status == "done" and m.finished_at and m.finished_at >= after:
             return m

@@ -1,4 +1,4 @@
-"""One small in-memory world for GpuRebalance's tests: GPU nodes with their pool, jobs and
+"""One small in-memory world for GpuSharing's tests: GPU nodes with their pool, jobs and
 pods, a scripted inference demand, and fake activities under the real activity names
 (`share_*`, `health_gate`, `notify`) that act on it and log every call with the workflow's
 (the test server's) time.
@@ -190,7 +190,7 @@ class ShareWorld:
             nodes=[
                 NodeShare(
                     name=n.name,
-                    # As the real activity: the rebalancer's own word, else the label.
+                    # As the real activity: the sharing workflow's own word, else the label.
                     pool=call.pools.get(n.name, Pool(n.k8s_pool)),
                     gpus=GPUS,
                     jobs=list(n.jobs),

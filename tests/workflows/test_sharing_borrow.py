@@ -1,4 +1,4 @@
-"""Borrowed from inference, the pure rules (core/borrowing.py) and the policy's fields.
+"""Borrowed from inference, the pure rules (core/sharing_borrow.py) and the policy's fields.
 
 Aspects covered:
 - a training node is lost when an incident holds it after it ran jobs (widths from the
@@ -22,7 +22,6 @@ import pytest
 from temporalio.testing import ActivityEnvironment
 
 from autoclusters.activities.sharing_demand import ShareDemandActivities
-from autoclusters.core.borrowing import BorrowVerdict, decide_borrow, note_lost, short_jobs
 from autoclusters.core.models import SPARE_REASON, drain_reason
 from autoclusters.core.sharing import (
     LENT_REASON,
@@ -37,6 +36,7 @@ from autoclusters.core.sharing import (
     SharePolicyError,
     load_share_policy,
 )
+from autoclusters.core.sharing_borrow import BorrowVerdict, decide_borrow, note_lost, short_jobs
 from tests.fakes.systems import FakeSlurm
 
 SLO = 0.5

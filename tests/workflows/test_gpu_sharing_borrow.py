@@ -1,11 +1,11 @@
-"""GpuRebalance borrowing from inference, on the time-skipping test server against the
-in-memory world of tests/fakes/share.py, with a remediation incident's side added: a fault
+"""GpuSharing borrowing from inference, on the time-skipping test server against the
+in-memory world of tests/fakes/sharing.py, with a remediation incident's side added: a fault
 drains a training node and requeues its job (it waits to start), a repair brings it back.
 
 Aspects covered:
 - an incident takes a node of a 2-node job, no spare: the inference node serving least goes
   to training through a return's steps (health gate included), the job starts on it at
-  its width, the incident's Slack thread says so, the rebalancer's status shows it;
+  its width, the incident's Slack thread says so, the sharing workflow's status shows it;
 - re-evaluating borrows nothing more (one borrow per incident);
 - the repaired node back: the borrowed node goes back to inference through a lend's steps
   (its job asked to checkpoint and requeue once), within one evaluation interval (timer
@@ -24,10 +24,10 @@ from temporalio.testing import WorkflowEnvironment
 
 from autoclusters.clients.sharing import MoveRefused, request_move
 from autoclusters.core.sharing import MoveRequest, Pool
-from tests.fakes.borrow import HIGH, JOB, OK, world
-from tests.fakes.share import LEND_STEPS, RETURN_STEPS
+from tests.fakes.sharing import LEND_STEPS, RETURN_STEPS
+from tests.fakes.sharing_borrow import HIGH, JOB, OK, world
 from tests.helpers import eventually
-from tests.workflows.test_gpu_rebalance import policy, rebalancer
+from tests.workflows.test_gpu_sharing import policy, running_sharing
 
 pytestmark = pytest.mark.workflow
 
@@ -46,7 +46,7 @@ async def test_an_incident_borrows_an_inference_node_and_the_repair_gives_it_bac
     env: WorkflowEnvironment,
 ) -> None:
     w = world()
-    async with rebalancer(env, w, borrowing()) as r:
+    async with running_sharing(env, w, borrowing()) as r:
         s = await r.evaluate()
         assert w.names() == [] and s.lost == []
         w.fault("gpu-01", "inc-1")
@@ -105,7 +105,7 @@ async def test_the_node_goes_back_within_one_interval_of_the_repair(
 ) -> None:
     w = world()
     every = 30.0
-    async with rebalancer(env, w, borrowing(evaluate_every_s=every)) as r:
+    async with running_sharing(env, w, borrowing(evaluate_every_s=every)) as r:
         await env.sleep(timedelta(seconds=every + 1))
         w.fault("gpu-01", "inc-1")
 
@@ -133,7 +133,7 @@ async def test_inference_breaching_takes_its_node_back_before_the_repair_ends(
     env: WorkflowEnvironment,
 ) -> None:
     w = world([OK, OK, OK, HIGH, HIGH])
-    async with rebalancer(env, w, borrowing()) as r:
+    async with running_sharing(env, w, borrowing()) as r:
         await r.evaluate()
         w.fault("gpu-01", "inc-1")
         s = await r.evaluate()
@@ -150,7 +150,7 @@ async def test_a_free_spare_or_the_policy_off_borrows_nothing(
 ) -> None:
     w = world(spares=1 if case == "spare" else 0)
     pol = borrowing(borrow_from_inference=case != "off")
-    async with rebalancer(env, w, pol) as r:
+    async with running_sharing(env, w, pol) as r:
         await r.evaluate()
         w.fault("gpu-01", "inc-1")
         s = await r.evaluate(2)

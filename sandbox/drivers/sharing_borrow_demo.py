@@ -1,16 +1,16 @@
 """`autoclusters demo --scenario borrow`: a training job loses a node, no spare is free, and
-the GPU rebalancer lends it an inference node for the repair's duration.
+GPU sharing lends it an inference node for the repair's duration.
 
-The sandbox comes up in Kubernetes mode with 4 nodes; the rebalancer starts with
+The sandbox comes up in Kubernetes mode with 4 nodes; the sharing workflow starts with
 `borrow_from_inference` on; two nodes are moved to inference by hand (the initial split);
 a 2-node training job (`--nodes=2`: it runs at its width or not at all) runs on the other
 two, and inference serves a steady load throughout. Then an Xid on one of the job's nodes:
 the incident drains it and requeues the job, which cannot start on one node. The
-rebalancer sees a training node lost to an incident, no spare, inference with room to
+sharing workflow sees a training node lost to an incident, no spare, inference with room to
 spare: it lends the inference node serving least (off inference, gated, resumed in Slurm)
 and the job starts on it at full width from its checkpoint. The GPU stays broken until a
 replacement (the reboot fails its gate, the incident escalates, a new VM boots), then the
-incident returns the node to service; at its next evaluation the rebalancer gives the node
+incident returns the node to service; at its next evaluation the sharing workflow gives the node
 back (the job checkpoints and requeues onto the repaired node, the replica serves again).
 
 Throughout, every node is sampled (a Slurm job and an inference pod never on one node),
@@ -32,7 +32,7 @@ from pydantic import BaseModel, Field
 from rich.console import Console
 from temporalio.client import Client, WorkflowFailureError
 
-from autoclusters.clients.sharing import request_move, share_status, start_rebalancer
+from autoclusters.clients.sharing import request_move, share_status, start_sharing
 from autoclusters.core import hostlist
 from autoclusters.core.models import IncidentState, SlurmJob
 from autoclusters.core.policy import Rung
@@ -43,7 +43,7 @@ from autoclusters.integrations.slurm import SlurmCli
 from autoclusters.sandbox.cluster import sandbox_policy
 from autoclusters.sandbox.drivers.demo import DemoError, incident_since, wait_for
 from autoclusters.sandbox.drivers.load import Load
-from autoclusters.sandbox.drivers.share_demo import (
+from autoclusters.sandbox.drivers.sharing_demo import (
     CALM_RPS,
     Sample,
     _in_pool,
@@ -126,7 +126,9 @@ class BorrowSummary(BaseModel):
     overlaps: list[Sample] = Field(default_factory=list)
 
 
-async def run_borrow_demo(cfg: SandboxConfig, keep: bool, console: Console) -> BorrowSummary:
+async def run_sharing_borrow_demo(
+    cfg: SandboxConfig, keep: bool, console: Console
+) -> BorrowSummary:
     return await on_sandbox(cfg, keep, console, _borrow)
 
 
@@ -140,7 +142,7 @@ def _requeue_policy(cfg: SandboxConfig) -> str:
 
 @dataclass
 class BorrowRig:
-    """The scenario's set-up, ready for a fault: the rebalancer with borrowing on, two nodes
+    """The scenario's set-up, ready for a fault: the sharing workflow with borrowing on, two nodes
     serving inference, the 2-node job stepping on the other two (bench/mttr.py's borrowed
     path faults it again and again)."""
 
@@ -150,7 +152,7 @@ class BorrowRig:
     policy: SharePolicy
     nodes: list[str]
     name: str  # the cluster's
-    ui: str  # the rebalancer in the Temporal UI
+    ui: str  # the sharing workflow in the Temporal UI
     job_id: int
     log: Path
     kind: str  # torchrun or stand-in
@@ -173,8 +175,8 @@ async def set_up_borrow(cfg: SandboxConfig, console: Console) -> BorrowRig:
     ui = f"{cfg.temporal_ui_url}/namespaces/default/workflows/gpu-rebalance-{name}"
     cfg.policy_file.write_text(_requeue_policy(cfg))
 
-    console.print(f"[bold]2. rebalancer[/bold] GpuRebalance, borrow_from_inference on: {ui}")
-    await start_rebalancer(tc, name, policy, settings.temporal.task_queue)
+    console.print(f"[bold]2. sharing workflow[/bold] GpuSharing, borrow_from_inference on: {ui}")
+    await start_sharing(tc, name, policy, settings.temporal.task_queue)
     await wait_for("its first look at the nodes", lambda: _known(tc, name), 60)
     serving = nodes[-2:]
     for node in serving:
@@ -355,12 +357,14 @@ async def _explained(
     check: Callable[[], Awaitable[Borrow | None]],
     timeout_s: float,
 ) -> Borrow:
-    """Wait; a timeout says why the rebalancer did not borrow (its last verdict)."""
+    """Wait; a timeout says why the sharing workflow did not borrow (its last verdict)."""
     try:
         return await wait_for(what, check, timeout_s)
     except DemoError as e:
         st = await share_status(tc, cluster_name)
-        raise DemoError(f"{e}; the rebalancer: {st.last_borrow_verdict or 'no verdict'}") from None
+        raise DemoError(
+            f"{e}; the sharing workflow: {st.last_borrow_verdict or 'no verdict'}"
+        ) from None
 
 
 async def _on(slurm: SlurmCli, job_id: int, node: str, there: bool) -> SlurmJob | None:
@@ -379,7 +383,7 @@ def main(as_json: bool, keep: bool, state_dir: Path, port_base: int, boot_delay:
     )
     out = err if as_json else Console()
     try:
-        summary = asyncio.run(run_borrow_demo(cfg, keep=keep, console=out))
+        summary = asyncio.run(run_sharing_borrow_demo(cfg, keep=keep, console=out))
     except DemoError as e:
         err.print(f"[red]demo failed:[/red] {e}")
         return 1

@@ -1,11 +1,11 @@
-"""Sharing benchmark: the rebalancer against a static split, on one modelled demand trace.
+"""Sharing benchmark: GPU sharing against a static split, on one modelled demand trace.
 
 Replays a day of inference traffic, compressed into `--day-s` seconds (a diurnal request-rate
 curve, trough at 02:00 and peak at 14:00 of the day, with `--bursts` bursts on top and
 per-evaluation noise; deterministic from `--seed`), twice:
 
-- **rebalanced**: every `evaluate_every_s` the modelled p95 latency goes to
-  `autoclusters.core.sharing.decide` as the demand figure, as the GpuRebalance workflow
+- **shared**: every `evaluate_every_s` the modelled p95 latency goes to
+  `autoclusters.core.sharing.decide` as the demand figure, as the GpuSharing workflow
   gives it: the breach and calm streaks carried from one evaluation to the next, the seconds
   since the last move's *end*, no evaluation while a move is under way (the workflow runs
   one move at a time), and the node `decide` names moves;
@@ -42,8 +42,8 @@ and over time (the fraction of seconds whose p95 is within it); training GPU-hou
 of serving nodes, over all GPU time); node moves; work lost to moves (GPU-hours redone
 since the last checkpoint, and GPU-hours of nodes moving or restarting their job).
 
-    .venv/bin/python bench/share.py
-    .venv/bin/python bench/share.py --static-inference 3 --seed 7 --json
+    .venv/bin/python bench/sharing.py
+    .venv/bin/python bench/sharing.py --static-inference 3 --seed 7 --json
 """
 
 from __future__ import annotations
@@ -259,7 +259,7 @@ def _share(node: _Node, now: float, every: float) -> NodeShare:
     return NodeShare(name=node.name, pool=node.pool, pods=int(node.pool == Pool.INFERENCE))
 
 
-def replay_rebalanced(
+def replay_shared(
     trace: list[float],
     policy: SharePolicy,
     cluster: ClusterModel,
@@ -280,7 +280,7 @@ def replay_rebalanced(
     ]
     by_name = {n.name: n for n in nodes}
     tally = _Tally(cluster, policy.inference.slo)
-    col = Column(name="rebalanced", min_training_nodes_seen=cluster.nodes)
+    col = Column(name="shared", min_training_nodes_seen=cluster.nodes)
     breach = calm = 0
     last_move_end: int | None = None
     moving: _Node | None = None
@@ -338,7 +338,7 @@ def replay_rebalanced(
 
 @dataclass
 class Comparison:
-    rebalanced: Column
+    shared: Column
     static: Column
     trace: TraceSpec
     cluster: ClusterModel
@@ -355,7 +355,7 @@ class Comparison:
             "move_times_modelled": asdict(self.times),
             "policy": self.policy.model_dump(exclude={"inference"})
             | {"slo": self.policy.inference.slo},
-            "rebalanced": self.rebalanced.summary(),
+            "shared": self.shared.summary(),
             "static": self.static.summary(),
         }
 
@@ -367,11 +367,11 @@ def compare(
     times: MoveTimes,
     static_inference: int,
 ) -> Comparison:
-    """Both replays of one trace. The rebalancer starts from the policy's minimum
+    """Both replays of one trace. The sharing workflow starts from the policy's minimum
     inference nodes; the static split keeps `static_inference` all day."""
     trace = make_trace(spec)
     return Comparison(
-        rebalanced=replay_rebalanced(trace, policy, cluster, times, policy.min_inference_nodes),
+        shared=replay_shared(trace, policy, cluster, times, policy.min_inference_nodes),
         static=replay_static(trace, policy, cluster, static_inference),
         trace=spec,
         cluster=cluster,
@@ -386,7 +386,7 @@ def compare(
 
 
 def _rows(c: Comparison) -> list[tuple[str, str, str]]:
-    r, s = c.rebalanced, c.static
+    r, s = c.shared, c.static
 
     def pct(v: float) -> str:
         return f"{100 * v:.1f} %"
@@ -445,9 +445,9 @@ def print_table(c: Comparison) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title="GPU sharing: rebalancer vs static split (modelled)")
+    table = Table(title="GPU sharing vs a static split (modelled)")
     table.add_column("")
-    table.add_column(c.rebalanced.name, justify="right")
+    table.add_column(c.shared.name, justify="right")
     table.add_column(c.static.name, justify="right")
     for row in _rows(c):
         table.add_row(*row)

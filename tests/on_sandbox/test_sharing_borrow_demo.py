@@ -1,7 +1,7 @@
 """`autoclusters demo --scenario borrow --json` on its own Kubernetes-mode sandbox: an Xid
-on a node of a 2-node training job, no spare free; the rebalancer lends an inference node
+on a node of a 2-node training job, no spare free; the sharing workflow lends an inference node
 to the job for the repair (the job runs at full width on it); the node is replaced (its
-reboot fails the gate) and the incident returns it; the rebalancer gives the borrowed node
+reboot fails the gate) and the incident returns it; the sharing workflow gives the borrowed node
 back to inference within about one evaluation (the job requeued from its checkpoint onto
 the repaired node); no inference request failed and no node ran a Slurm job and an
 inference pod at once.
@@ -10,7 +10,7 @@ In the `scenarios` lane (`make scenarios`; CI runs it after `make test`), not in
 two 30 s machine boots, an inference load and a torchrun job make it ~200 s long and ~70 s of
 CPU (~80 s beside the suite), which `make test`'s ten minutes on two cores cannot carry. The
 borrow itself is checked in `make test` on fakes and the time-skipping server
-(tests/workflows/test_gpu_rebalance_borrow.py); this adds the whole scenario under a real load."""
+(tests/workflows/test_gpu_sharing_borrow.py); this adds the whole scenario under a real load."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from autoclusters.core.sharing import BY_SHARING
 from tests.conftest import free_port_base
 from tests.helpers import run_demo
 
@@ -41,12 +42,12 @@ def test_borrow_scenario_lends_an_inference_node_for_the_repair(tmp_path: Path) 
     assert borrowed and borrowed != s["fault_node"] and s["borrow_status"] == "returned"
     assert "no spare free" in s["borrow_why"]
     # Lent after the fault, given back after the repair: the give-back starts at the
-    # rebalancer's next look (one interval, plus its read of Prometheus, Kubernetes and
+    # sharing workflow's next look (one interval, plus its read of Prometheus, Kubernetes and
     # Slurm on a busy machine); the move's own steps follow.
     assert 0 < s["lent_at_s"] < s["repaired_at_s"] < s["returned_at_s"]
     assert s["give_back_after_repair_s"] is not None
     assert 0 <= s["give_back_after_repair_s"] <= s["evaluate_every_s"] + 3
-    own = [(m["node"], m["to"], m["status"]) for m in s["moves"] if m["by"] == "rebalancer"]
+    own = [(m["node"], m["to"], m["status"]) for m in s["moves"] if m["by"] == BY_SHARING]
     assert own == [(borrowed, "training", "done"), (borrowed, "inference", "done")]
     # Full width throughout: on the borrowed node during the repair, off it after.
     assert (s["job_width_before"], s["job_width_during"], s["job_width_after"]) == (2, 2, 2)

@@ -1,15 +1,15 @@
-"""Record GpuRebalance histories for the replay test (tests/workers/test_replay.py).
+"""Record GpuSharing histories for the replay test (tests/workers/test_replay.py).
 
 Run for each release, with the released code (docs/versioning.md):
     .venv/bin/python scripts/record-histories.py 0.1
-    .venv/bin/python -m tests.histories.record_share 0.1 [case ...]
-It runs the rebalancer on the time-skipping server against the in-memory world of
-tests/fakes/share.py: a sustained breach lends a node (its job checkpointed and requeued), a
+    .venv/bin/python -m tests.histories.record_sharing 0.1 [case ...]
+It runs the sharing workflow on the time-skipping server against the in-memory world of
+tests/fakes/sharing.py: a sustained breach lends a node (its job checkpointed and requeued), a
 calm spell returns it (gate, resume, regrow); a manual move and a rejected approval follow;
 `proven_decision` (from 0.2): a forged decision refused, the old signal ignored, a proven
-approval lends; `borrow` (tests/fakes/borrow.py): an incident takes a node of a 2-node job,
+approval lends; `borrow` (tests/fakes/sharing_borrow.py): an incident takes a node of a 2-node job,
 an inference node is lent to the job, and given back once the node is repaired.
-Writes gpu_rebalance_<version>_<case>.json beside this file.
+Writes gpu_sharing_<version>_<case>.json beside this file.
 """
 
 from __future__ import annotations
@@ -29,15 +29,15 @@ from autoclusters.core.sharing import (
     InferenceTarget,
     MoveDecision,
     MoveRequest,
-    RebalanceInput,
     SharePolicy,
-    rebalance_workflow_id,
+    SharingInput,
+    sharing_workflow_id,
 )
-from autoclusters.workflows.gpu_rebalance import GpuRebalance
+from autoclusters.workflows.gpu_sharing import GpuSharing
 from tests.decisions import proof_checks, signed_move
-from tests.fakes.borrow import IncidentWorld
-from tests.fakes.borrow import world as incident_world
-from tests.fakes.share import Node, ShareWorld
+from tests.fakes.sharing import Node, ShareWorld
+from tests.fakes.sharing_borrow import IncidentWorld
+from tests.fakes.sharing_borrow import world as incident_world
 from tests.helpers import eventually, time_skipping_env
 
 HERE = Path(__file__).resolve().parent
@@ -76,23 +76,23 @@ async def _run(case: str, version: str) -> None:
         async with Worker(
             env.client,
             task_queue=tq,
-            workflows=[GpuRebalance],
+            workflows=[GpuSharing],
             activities=[*world.activities(), *proof_checks()],
         ):
             handle = await env.client.start_workflow(
-                GpuRebalance.run,
-                RebalanceInput(cluster=cluster, policy=policy),
-                id=rebalance_workflow_id(cluster),
+                GpuSharing.run,
+                SharingInput(cluster=cluster, policy=policy),
+                id=sharing_workflow_id(cluster),
                 task_queue=tq,
                 execution_timeout=timedelta(days=1),
             )
 
             async def evaluations(n: int) -> bool | None:
-                s = await handle.query(GpuRebalance.status)
+                s = await handle.query(GpuSharing.status)
                 return True if s.evaluations >= n and s.current is None else None
 
             async def waiting() -> str | None:
-                s = await handle.query(GpuRebalance.status)
+                s = await handle.query(GpuSharing.status)
                 cur = s.current
                 return cur.move.move_id if cur and cur.status == "waiting_approval" else None
 
@@ -103,47 +103,47 @@ async def _run(case: str, version: str) -> None:
                         world.fault("gpu-01", "inc-rec-1")
                     elif then == "repair":
                         world.repair("gpu-01")
-                    await handle.signal(GpuRebalance.evaluate_now, "record")
+                    await handle.signal(GpuSharing.evaluate_now, "record")
                     await eventually(functools.partial(evaluations, n), what=f"evaluation {n}")
-                s = await handle.query(GpuRebalance.status)
+                s = await handle.query(GpuSharing.status)
                 assert [b.status for b in s.borrows] == ["returned"], s.borrows
             elif not (approval or proven):
                 for n in range(1, 5):
-                    await handle.signal(GpuRebalance.evaluate_now, "record")
+                    await handle.signal(GpuSharing.evaluate_now, "record")
                     await eventually(functools.partial(evaluations, n), what=f"evaluation {n}")
             elif approval:
-                await handle.signal(GpuRebalance.evaluate_now, "record")
+                await handle.signal(GpuSharing.evaluate_now, "record")
                 await eventually(lambda: evaluations(1), what="a first look at the nodes")
                 move_id = await handle.execute_update(
-                    GpuRebalance.request_move,
+                    GpuSharing.request_move,
                     MoveRequest(node="gpu-03", to="inference", requested_by="alice"),
                 )
-                await handle.signal(GpuRebalance.evaluate_now, "record")
+                await handle.signal(GpuSharing.evaluate_now, "record")
                 pending = await eventually(waiting, what="a move waiting for approval")
                 decision = signed_move(cluster, pending, "bob", approve=False)
-                await handle.execute_update(GpuRebalance.decide_waiting_move, decision)
+                await handle.execute_update(GpuSharing.decide_waiting_move, decision)
                 await eventually(lambda: evaluations(2), what="the rejection")
                 assert move_id and pending != move_id
             elif proven:
-                await handle.signal(GpuRebalance.evaluate_now, "record")
+                await handle.signal(GpuSharing.evaluate_now, "record")
                 await eventually(lambda: evaluations(1), what="a first look at the nodes")
-                await handle.signal(GpuRebalance.evaluate_now, "record")
+                await handle.signal(GpuSharing.evaluate_now, "record")
                 pending = await eventually(waiting, what="a move waiting for approval")
                 forged = signed_move(cluster, pending, "alice", key="forged-" + "k" * 32)
                 with contextlib.suppress(WorkflowUpdateFailedError):
-                    await handle.execute_update(GpuRebalance.decide_waiting_move, forged)
+                    await handle.execute_update(GpuSharing.decide_waiting_move, forged)
                 # The old signal decides nothing on a run with proofs.
                 await handle.signal(
-                    GpuRebalance.decide_move, MoveDecision(move_id=pending, approve=True, by="x")
+                    GpuSharing.decide_move, MoveDecision(move_id=pending, approve=True, by="x")
                 )
                 ok = signed_move(cluster, pending, "alice")
-                await handle.execute_update(GpuRebalance.decide_waiting_move, ok)
+                await handle.execute_update(GpuSharing.decide_waiting_move, ok)
                 await eventually(lambda: evaluations(2), what="the approved lend")
-                s = await handle.query(GpuRebalance.status)
+                s = await handle.query(GpuSharing.status)
                 assert s.moves[-1].approved_by == "alice", s.moves
             await handle.terminate(reason="recorded")
             history = await handle.fetch_history()
-    out = HERE / f"gpu_rebalance_{version}_{case}.json"
+    out = HERE / f"gpu_sharing_{version}_{case}.json"
     out.write_text(history.to_json())
     print(f"wrote {out} ({len(history.events)} events)")
 

@@ -1,5 +1,5 @@
-"""GpuRebalance on the time-skipping test server, the real workflow against the in-memory
-world of tests/fakes/share.py (fake activities under the real names).
+"""GpuSharing on the time-skipping test server, the real workflow against the in-memory
+world of tests/fakes/sharing.py (fake activities under the real names).
 
 Aspects covered:
 - lend on a sustained SLO breach: drain, checkpoint, hand-over, scale, serve, mark lent, in
@@ -11,8 +11,8 @@ Aspects covered:
 - hysteresis and cooldown on noisy signals over a long simulated period; a spike lends
   nothing; the minimum training and maximum inference nodes hold in a long breach;
 - a fault during a move: the incident gets the node after the move's current step, the
-  move ends `yielded`, and the rebalancer settles the node's Kubernetes side; a lent node
-  is yielded at once and leaves the pool; a node not held (or no rebalancer) is not;
+  move ends `yielded`, and the sharing workflow settles the node's Kubernetes side; a lent node
+  is yielded at once and leaves the pool; a node not held (or no sharing workflow) is not;
 - approval mode, manual moves and their validation; `evaluate_now`; continue-as-new.
 
 Evaluations are driven by `evaluate_now` (real time; the timer is an hour away) except in
@@ -43,6 +43,7 @@ from autoclusters.clients.sharing import MoveRefused, clear_unhealthy, request_m
 from autoclusters.core.decision_proof import LIFETIME_S, Decision, sign
 from autoclusters.core.evidence import HealthSnapshot
 from autoclusters.core.sharing import (
+    BY_SHARING,
     LENT_REASON,
     MOVE_APPROVAL_STEP,
     ClearUnhealthy,
@@ -53,20 +54,20 @@ from autoclusters.core.sharing import (
     MoveRequest,
     NodeShare,
     Pool,
-    RebalanceInput,
     SharePolicy,
     ShareStatus,
+    SharingInput,
     YieldCall,
     YieldResult,
     decide,
     move_subject,
-    rebalance_workflow_id,
+    sharing_workflow_id,
 )
-from autoclusters.workflows import gpu_rebalance
-from autoclusters.workflows.gpu_rebalance import GpuRebalance
+from autoclusters.workflows import gpu_sharing
+from autoclusters.workflows.gpu_sharing import GpuSharing
 from tests.decisions import APPROVAL_KEY, FORGED_KEY, proof_checks, signed_move
-from tests.fakes.share import LEND_STEPS, RETURN_STEPS, ShareWorld
-from tests.fakes.share import Node as N
+from tests.fakes.sharing import LEND_STEPS, RETURN_STEPS, ShareWorld
+from tests.fakes.sharing import Node as N
 from tests.fakes.systems import agent_snapshot
 from tests.helpers import eventually
 
@@ -90,21 +91,21 @@ def policy(**changes: Any) -> SharePolicy:
 
 
 @dataclass
-class Rebalancer:
+class RunningSharing:
     env: WorkflowEnvironment
     world: ShareWorld
     cluster: str
     task_queue: str
-    handle: WorkflowHandle[GpuRebalance, None]
+    handle: WorkflowHandle[GpuSharing, None]
 
     async def status(self) -> ShareStatus:
-        return await self.handle.query(GpuRebalance.status)
+        return await self.handle.query(GpuSharing.status)
 
     async def evaluate(self, times: int = 1) -> ShareStatus:
         """Evaluate now, `times` over, each time until its move (if any) has ended."""
         for _ in range(times):
             before = (await self.status()).evaluations
-            await self.handle.signal(GpuRebalance.evaluate_now, "test")
+            await self.handle.signal(GpuSharing.evaluate_now, "test")
 
             async def done(before: int = before) -> ShareStatus | None:
                 s = await self.status()
@@ -120,7 +121,7 @@ class Rebalancer:
 
 
 @asynccontextmanager
-async def rebalancer(
+async def running_sharing(
     env: WorkflowEnvironment,
     world: ShareWorld,
     pol: SharePolicy,
@@ -128,30 +129,28 @@ async def rebalancer(
     workflows: Sequence[type] = (),
     activities: Sequence[Callable[..., Any]] = (),
     runner: WorkflowRunner | None = None,
-) -> AsyncIterator[Rebalancer]:
+) -> AsyncIterator[RunningSharing]:
     cluster = f"c-{uuid.uuid4().hex[:8]}"
     tq = f"tq-{uuid.uuid4()}"
     extra: dict[str, Any] = {"workflow_runner": runner} if runner else {}
     async with Worker(
         env.client,
         task_queue=tq,
-        workflows=[GpuRebalance, *workflows],
+        workflows=[GpuSharing, *workflows],
         activities=[*world.activities(), *activities, *proof_checks()],
         **extra,
     ):
         await env.client.start_workflow(
-            GpuRebalance.run,
-            RebalanceInput(cluster=cluster, policy=pol),
-            id=rebalance_workflow_id(cluster),
+            GpuSharing.run,
+            SharingInput(cluster=cluster, policy=pol),
+            id=sharing_workflow_id(cluster),
             task_queue=tq,
             execution_timeout=timedelta(days=30),
         )
         # Whichever run is the latest (it continues as new).
-        handle = env.client.get_workflow_handle_for(
-            GpuRebalance.run, rebalance_workflow_id(cluster)
-        )
+        handle = env.client.get_workflow_handle_for(GpuSharing.run, sharing_workflow_id(cluster))
         try:
-            yield Rebalancer(env, world, cluster, tq, handle)
+            yield RunningSharing(env, world, cluster, tq, handle)
         finally:
             try:
                 await handle.terminate(reason="test over")
@@ -177,7 +176,7 @@ async def test_lend_on_sustained_breach_runs_the_steps_in_order(env: WorkflowEnv
     world.nodes["gpu-02"].last_checkpoint_at = 3000.0  # the least work lost
     world.nodes["gpu-03"].last_checkpoint_at = 2000.0
     world.fail_checkpoint_once = True
-    async with rebalancer(env, world, policy()) as r:
+    async with running_sharing(env, world, policy()) as r:
         s = await r.evaluate(2)
         assert world.names() == []  # one breach is not sustained
         s = await r.evaluate()
@@ -200,7 +199,7 @@ async def test_lend_on_sustained_breach_runs_the_steps_in_order(env: WorkflowEnv
     assert world.replicas == 1
     # The demand that justified it: the second breach in a row.
     assert rec.move.demand is not None and rec.move.demand.inference_value == HIGH
-    assert rec.move.requested_by == "rebalancer"
+    assert rec.move.requested_by == BY_SHARING
     assert s.pools["gpu-02"] == Pool.INFERENCE
     assert world.nodes["gpu-02"].pods == 1 and not world.nodes["gpu-02"].jobs
     assert world.violations == []
@@ -213,7 +212,9 @@ async def test_lend_picks_idle_first_then_latest_checkpoint_never_an_incident(
     world.nodes["gpu-01"].last_checkpoint_at = 2000.0
     world.nodes["gpu-04"].last_checkpoint_at = 1000.0
     world.nodes["gpu-02"].in_incident = True  # idle, but a remediation incident owns it
-    async with rebalancer(env, world, policy(max_inference_nodes=5, min_training_nodes=1)) as r:
+    async with running_sharing(
+        env, world, policy(max_inference_nodes=5, min_training_nodes=1)
+    ) as r:
         s = await r.evaluate(8)
 
     lent = [c.node for c in world.of("share_drain_for_move")]
@@ -236,7 +237,7 @@ async def test_a_return_regrows_the_jobs_its_lend_narrowed(env: WorkflowEnvironm
     world = ShareWorld(
         nodes(3, gpu_01=[101], gpu_02=[102], gpu_03=[103]), [HIGH, HIGH, LOW], agent=False
     )
-    async with rebalancer(env, world, policy()) as r:
+    async with running_sharing(env, world, policy()) as r:
         s = await r.evaluate(2)
         assert r.move(s, "gpu-01").status == "done" and world.regrown == []
         s = await r.evaluate(2)
@@ -253,7 +254,7 @@ async def test_a_return_waits_for_the_load_that_needed_the_lend_to_fall(
     # With the lent node serving, latency is calm at once; the request rate is not.
     world = ShareWorld(nodes(3), [HIGH, HIGH, LOW, LOW, LOW, LOW], agent=False)
     world.rates = [40, 40, 40, 40, 5, 5]
-    async with rebalancer(env, world, policy()) as r:
+    async with running_sharing(env, world, policy()) as r:
         s = await r.evaluate(2)
         assert [m.move.to for m in s.moves] == ["inference"]
         s = await r.evaluate(2)
@@ -287,7 +288,7 @@ async def test_a_job_not_started_again_at_a_return_is_regrown_at_the_next(
         agent=False,
     )
     world.not_started = {101}
-    async with rebalancer(env, world, policy()) as r:
+    async with running_sharing(env, world, policy()) as r:
         await r.evaluate(2)
         await r.evaluate(2)
         assert world.regrown == [{101: 2}]
@@ -313,23 +314,23 @@ async def test_return_when_demand_falls_and_a_node_failing_the_gate_stays_draine
         [N("gpu-01", jobs=[101]), lent("gpu-02"), lent("gpu-03")], [LOW], gate_fails={"gpu-03"}
     )
     world.replicas = 2
-    async with rebalancer(env, world, policy()) as r:
+    async with running_sharing(env, world, policy()) as r:
         await r.evaluate()
-        await r.handle.signal(GpuRebalance.evaluate_now, "calm")  # the second calm: a return
+        await r.handle.signal(GpuSharing.evaluate_now, "calm")  # the second calm: a return
 
         async def gate_waits() -> HealthSnapshot | None:
             gates = world.of("health_gate")
             if not gates:
                 return None
             snap = agent_snapshot("gpu-02", observed_at=datetime.fromtimestamp(gates[-1].at, UTC))
-            return snap if await r.handle.query(GpuRebalance.wants_evidence, snap) else None
+            return snap if await r.handle.query(GpuSharing.wants_evidence, snap) else None
 
         snap = await eventually(gate_waits, what="the return's gate to wait for evidence")
         # Without the agent's word the node is not resumed.
         during = await r.status()
         assert during.current is not None and during.current.move.node == "gpu-02"
         assert not world.of("share_resume_training")
-        ack = await r.handle.execute_update(GpuRebalance.health_evidence, snap)
+        ack = await r.handle.execute_update(GpuSharing.health_evidence, snap)
         assert ack.kept
         s = await r.evaluate(2)  # the next return: gpu-03, which fails its gate
 
@@ -376,8 +377,8 @@ COOLDOWN_S = 120
 async def run_for(
     world: ShareWorld, env: WorkflowEnvironment, pol: SharePolicy, s: float
 ) -> ShareStatus:
-    """Let the rebalancer evaluate on its own timer for `s` simulated seconds."""
-    async with rebalancer(env, world, pol) as r:
+    """Let the sharing workflow evaluate on its own timer for `s` simulated seconds."""
+    async with running_sharing(env, world, pol) as r:
         await env.sleep(timedelta(seconds=s))
         return await r.status()
 
@@ -484,7 +485,7 @@ async def test_random_demand_never_crosses_the_bounds(env: WorkflowEnvironment) 
 # Unsandboxed: this module imports the sandbox's helpers, which read the home directory.
 @workflow.defn(name="IncidentStandIn", sandboxed=False)
 class IncidentStandIn:
-    """An incident's one step that matters here: take the node from the rebalancer (the
+    """An incident's one step that matters here: take the node from the sharing workflow (the
     real `share_yield_node` activity, as the runbook calls it)."""
 
     @workflow.run
@@ -497,7 +498,7 @@ class IncidentStandIn:
         )
 
 
-async def updates_accepted(r: Rebalancer) -> int:
+async def updates_accepted(r: RunningSharing) -> int:
     history = await r.handle.fetch_history()
     return sum(
         1
@@ -513,11 +514,11 @@ async def test_a_fault_during_a_lend_takes_the_node_after_the_current_step(
     world.nodes["gpu-02"].last_checkpoint_at = 9000.0
     world.hold_checkpoint = asyncio.Event()
     yields = ShareYieldActivities(env.client)
-    async with rebalancer(
+    async with running_sharing(
         env, world, policy(), workflows=[IncidentStandIn], activities=[yields.yield_node]
     ) as r:
         await r.evaluate()
-        await r.handle.signal(GpuRebalance.evaluate_now, "breach")
+        await r.handle.signal(GpuSharing.evaluate_now, "breach")
         await asyncio.wait_for(world.checkpoint_started.wait(), timeout=30)
         # An incident opens on gpu-02 while its jobs checkpoint.
         call = YieldCall(cluster=r.cluster, node="gpu-02", incident_id="INC-7")
@@ -529,7 +530,7 @@ async def test_a_fault_during_a_lend_takes_the_node_after_the_current_step(
         async def accepted() -> bool:
             return await updates_accepted(r) == 1
 
-        await eventually(accepted, what="the rebalancer to accept yield_node")
+        await eventually(accepted, what="the sharing workflow to accept yield_node")
         # The step still runs: the incident waits.
         during = await r.status()
         assert (
@@ -542,7 +543,7 @@ async def test_a_fault_during_a_lend_takes_the_node_after_the_current_step(
             return (await incident.describe()).status == WorkflowExecutionStatus.COMPLETED
 
         await eventually(incident_done, what="the incident's yield to return")
-        # Awaiting a result unlocks time skipping: the rebalancer's hour-long timer would
+        # Awaiting a result unlocks time skipping: the sharing workflow's hour-long timer would
         # fire and a second breach would lend another node.
         with env.auto_time_skipping_disabled():
             got = await incident.result()
@@ -551,7 +552,7 @@ async def test_a_fault_during_a_lend_takes_the_node_after_the_current_step(
             s = await r.status()
             return s if world.of("share_k8s_reclaim") and s.current is None else None
 
-        s = await eventually(settled, what="the rebalancer to settle gpu-02")
+        s = await eventually(settled, what="the sharing workflow to settle gpu-02")
 
     assert got == YieldResult(
         held=True, pool_before=Pool.MOVING, waited_for_step="checkpoint_and_requeue"
@@ -562,7 +563,7 @@ async def test_a_fault_during_a_lend_takes_the_node_after_the_current_step(
     # Nothing was handed to Kubernetes; the checkpoint it waited for did finish.
     assert world.names(rec.move.move_id) == LEND_STEPS[:2]
     assert world.requeued == {102: 1}
-    # Then the rebalancer let the node's Kubernetes side go: no replica counts it.
+    # Then the sharing workflow let the node's Kubernetes side go: no replica counts it.
     settle = [(c.name, c.node, c.replicas) for c in world.calls if c.move_id == "yield-INC-7"]
     assert settle == [("share_scale_inference", "gpu-02", 0), ("share_k8s_reclaim", "gpu-02", 0)]
     # Not lent: the next evaluation reads it as Slurm and Kubernetes have it (the incident's).
@@ -575,15 +576,15 @@ async def test_a_lent_node_is_yielded_at_once_and_a_node_not_held_is_not(
 ) -> None:
     world = ShareWorld([N("gpu-01"), lent("gpu-02"), lent("gpu-03")], [MID])
     world.replicas = 2
-    async with rebalancer(env, world, policy()) as r:
+    async with running_sharing(env, world, policy()) as r:
         await r.evaluate()
         free = await r.handle.execute_update(
-            GpuRebalance.yield_node,
+            GpuSharing.yield_node,
             YieldCall(cluster=r.cluster, node="gpu-01", incident_id="INC-1"),
         )
         world.nodes["gpu-03"].in_incident = True
         held = await r.handle.execute_update(
-            GpuRebalance.yield_node,
+            GpuSharing.yield_node,
             YieldCall(cluster=r.cluster, node="gpu-03", incident_id="INC-3"),
         )
 
@@ -591,8 +592,8 @@ async def test_a_lent_node_is_yielded_at_once_and_a_node_not_held_is_not(
             s = await r.status()
             return s if world.of("share_k8s_reclaim") else None
 
-        s = await eventually(settled, what="the rebalancer to settle gpu-03")
-    # No rebalancer for the cluster: nobody holds the node (the real activity).
+        s = await eventually(settled, what="the sharing workflow to settle gpu-03")
+    # No sharing workflow for the cluster: nobody holds the node (the real activity).
     nobody = await ActivityEnvironment().run(
         ShareYieldActivities(env.client).yield_node,
         YieldCall(cluster="no-such-cluster", node="gpu-01", incident_id="INC-9"),
@@ -621,7 +622,7 @@ class Dial:
         return self.value
 
 
-async def waiting_approval(r: Rebalancer) -> MoveRecord:
+async def waiting_approval(r: RunningSharing) -> MoveRecord:
     async def check() -> MoveRecord | None:
         s = await r.status()
         return s.current if s.current and s.current.status == "waiting_approval" else None
@@ -632,15 +633,15 @@ async def waiting_approval(r: Rebalancer) -> MoveRecord:
 async def test_approval_mode_waits_for_a_human(env: WorkflowEnvironment) -> None:
     demand = Dial(HIGH)
     world = ShareWorld(nodes(4), demand)
-    async with rebalancer(env, world, policy(needs_approval=True, max_inference_nodes=3)) as r:
+    async with running_sharing(env, world, policy(needs_approval=True, max_inference_nodes=3)) as r:
         await r.evaluate()
-        await r.handle.signal(GpuRebalance.evaluate_now, "breach")
+        await r.handle.signal(GpuSharing.evaluate_now, "breach")
         first = await waiting_approval(r)
         assert world.names() == ["notify"]  # asked; nothing drained
         assert world.notes[0].event == "approval_needed"
         assert first.move.move_id in world.notes[0].text
         await r.handle.execute_update(
-            GpuRebalance.decide_waiting_move, signed_move(r.cluster, first.move.move_id, "alice")
+            GpuSharing.decide_waiting_move, signed_move(r.cluster, first.move.move_id, "alice")
         )
 
         async def lent() -> bool:
@@ -649,10 +650,10 @@ async def test_approval_mode_waits_for_a_human(env: WorkflowEnvironment) -> None
         await eventually(lent, what="the approved lend")
 
         await r.evaluate()
-        await r.handle.signal(GpuRebalance.evaluate_now, "breach")
+        await r.handle.signal(GpuSharing.evaluate_now, "breach")
         second = await waiting_approval(r)
         await r.handle.execute_update(
-            GpuRebalance.decide_waiting_move,
+            GpuSharing.decide_waiting_move,
             signed_move(r.cluster, second.move.move_id, "bob", approve=False),
         )
 
@@ -676,22 +677,22 @@ async def test_approval_mode_waits_for_a_human(env: WorkflowEnvironment) -> None
     assert [c.node for c in world.of("share_drain_for_move")] == [one.move.node]
 
 
-async def test_a_decision_without_a_valid_proof_is_refused_at_the_rebalancer(
+async def test_a_decision_without_a_valid_proof_is_refused_by_the_sharing_workflow(
     env: WorkflowEnvironment,
 ) -> None:
     """What `share approve --by alice` against Temporal did before: a name, nothing else.
     Neither the update without a proof, nor one with a proof that does not hold, nor the
     old signal decides; a valid proof does, as the person it names."""
     world = ShareWorld(nodes(4), Dial(HIGH))
-    async with rebalancer(env, world, policy(needs_approval=True, max_inference_nodes=3)) as r:
+    async with running_sharing(env, world, policy(needs_approval=True, max_inference_nodes=3)) as r:
         await r.evaluate()
-        await r.handle.signal(GpuRebalance.evaluate_now, "breach")
+        await r.handle.signal(GpuSharing.evaluate_now, "breach")
         rec = await waiting_approval(r)
         move_id, c = rec.move.move_id, r.cluster
 
         async def refused(d: MoveDecision) -> str:
             with pytest.raises(WorkflowUpdateFailedError) as caught:
-                await r.handle.execute_update(GpuRebalance.decide_waiting_move, d)
+                await r.handle.execute_update(GpuSharing.decide_waiting_move, d)
             return str(caught.value.cause)
 
         assert "no proof of who decides" in await refused(
@@ -717,7 +718,7 @@ async def test_a_decision_without_a_valid_proof_is_refused_at_the_rebalancer(
             assert said in await refused(bad)
         # The signal carries no answer: on a run with proofs it decides nothing.
         await r.handle.signal(
-            GpuRebalance.decide_move, MoveDecision(move_id=move_id, approve=True, by="alice")
+            GpuSharing.decide_move, MoveDecision(move_id=move_id, approve=True, by="alice")
         )
         await r.env.sleep(1)
         st = await r.status()
@@ -725,7 +726,7 @@ async def test_a_decision_without_a_valid_proof_is_refused_at_the_rebalancer(
         assert world.names() == ["notify"]  # nothing drained
 
         ok = signed_move(c, move_id, "carol", via="token:carol")
-        assert await r.handle.execute_update(GpuRebalance.decide_waiting_move, ok) == "approved"
+        assert await r.handle.execute_update(GpuSharing.decide_waiting_move, ok) == "approved"
 
         async def done() -> MoveRecord | None:
             s = await r.status()
@@ -739,7 +740,7 @@ async def test_a_manual_move_is_validated_and_runs_without_approval(
     env: WorkflowEnvironment,
 ) -> None:
     world = ShareWorld([N("gpu-01"), N("gpu-02"), lent("gpu-03")], [MID])
-    async with rebalancer(env, world, policy(needs_approval=True)) as r:
+    async with running_sharing(env, world, policy(needs_approval=True)) as r:
         await r.evaluate()
         refused = [
             MoveRequest(node="gpu-99", to="inference", requested_by="carol"),
@@ -748,13 +749,13 @@ async def test_a_manual_move_is_validated_and_runs_without_approval(
         ]
         for req in refused:
             with pytest.raises(WorkflowUpdateFailedError):
-                await r.handle.execute_update(GpuRebalance.request_move, req)
+                await r.handle.execute_update(GpuSharing.request_move, req)
         # The CLI's path: the validator's words, nothing else.
-        with pytest.raises(MoveRefused, match="^gpu-99 is not a GPU node this rebalancer"):
+        with pytest.raises(MoveRefused, match="^gpu-99 is not a GPU node this sharing workflow"):
             await request_move(env.client, r.cluster, refused[0])
         assert (await r.status()).queued == []
         move_id = await r.handle.execute_update(
-            GpuRebalance.request_move,
+            GpuSharing.request_move,
             MoveRequest(node="gpu-01", to="inference", requested_by="carol"),
         )
 
@@ -777,7 +778,7 @@ async def test_a_manual_move_is_validated_and_runs_without_approval(
 
 async def test_evaluate_now_does_not_wait_for_the_timer(env: WorkflowEnvironment) -> None:
     world = ShareWorld(nodes(2), [MID])
-    async with rebalancer(env, world, policy()) as r:
+    async with running_sharing(env, world, policy()) as r:
         assert (await r.status()).evaluations == 0
         s = await r.evaluate()
         started = (await r.handle.describe()).start_time
@@ -792,9 +793,9 @@ async def test_continue_as_new_carries_pools_and_moves(
     env: WorkflowEnvironment, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The worker runs the workflow in this process, unsandboxed, so it sees the patch.
-    monkeypatch.setattr(gpu_rebalance, "EVALUATIONS_PER_RUN", 3)
+    monkeypatch.setattr(gpu_sharing, "EVALUATIONS_PER_RUN", 3)
     world = ShareWorld(nodes(3), [HIGH])
-    async with rebalancer(env, world, policy(), runner=UnsandboxedWorkflowRunner()) as r:
+    async with running_sharing(env, world, policy(), runner=UnsandboxedWorkflowRunner()) as r:
         first_run = (await r.handle.describe()).run_id
         await r.evaluate(3)  # a lend at the second; the third continues as new
 
@@ -821,7 +822,7 @@ async def test_a_node_that_failed_its_gate_is_not_lent_again(env: WorkflowEnviro
     demand = Dial(LOW)
     world = ShareWorld([N("gpu-01", jobs=[101]), N("gpu-02", jobs=[102]), lent("gpu-03")], demand)
     world.gate_fails = {"gpu-03"}
-    async with rebalancer(env, world, policy()) as r:
+    async with running_sharing(env, world, policy()) as r:
         s = await r.evaluate(2)
         assert r.move(s, "gpu-03").status == "failed"
         demand.value = HIGH
@@ -837,7 +838,7 @@ async def test_a_human_clears_a_node_that_failed_its_gate(env: WorkflowEnvironme
         [N("gpu-01", jobs=[101]), N("gpu-02", jobs=[102]), lent("gpu-03")], Dial(LOW)
     )
     world.gate_fails = {"gpu-03"}
-    async with rebalancer(env, world, policy()) as r:
+    async with running_sharing(env, world, policy()) as r:
         s = await r.evaluate(2)
         assert s.unhealthy == ["gpu-03"]
         with pytest.raises(MoveRefused, match="gpu-01 is not listed"):
@@ -846,12 +847,12 @@ async def test_a_human_clears_a_node_that_failed_its_gate(env: WorkflowEnvironme
             await clear_unhealthy(env.client, r.cluster, ClearUnhealthy(node="gpu-03", by=" "))
         done = await clear_unhealthy(env.client, r.cluster, ClearUnhealthy(node="gpu-03", by="ann"))
         assert done == "gpu-03 cleared by ann"
-        s = await r.handle.query(GpuRebalance.status)
+        s = await r.handle.query(GpuSharing.status)
         assert s.unhealthy == []
         # Twice is refused: it is no longer listed.
         with pytest.raises(MoveRefused, match="not listed"):
             await clear_unhealthy(env.client, r.cluster, ClearUnhealthy(node="gpu-03", by="ann"))
-    with pytest.raises(MoveRefused, match="no GPU rebalancer"):
+    with pytest.raises(MoveRefused, match="GPU sharing is not running"):
         await clear_unhealthy(env.client, "nowhere", ClearUnhealthy(node="gpu-03", by="ann"))
 
 
@@ -859,12 +860,12 @@ async def test_an_incident_on_a_node_waiting_for_approval_takes_it_at_once(
     env: WorkflowEnvironment,
 ) -> None:
     world = ShareWorld(nodes(3), [HIGH])
-    async with rebalancer(env, world, policy(needs_approval=True)) as r:
+    async with running_sharing(env, world, policy(needs_approval=True)) as r:
         await r.evaluate()
-        await r.handle.signal(GpuRebalance.evaluate_now, "breach")
+        await r.handle.signal(GpuSharing.evaluate_now, "breach")
         waiting = await waiting_approval(r)
         got = await r.handle.execute_update(
-            GpuRebalance.yield_node,
+            GpuSharing.yield_node,
             YieldCall(cluster=r.cluster, node=waiting.move.node, incident_id="INC-5"),
         )
 
@@ -872,7 +873,7 @@ async def test_an_incident_on_a_node_waiting_for_approval_takes_it_at_once(
             s = await r.status()
             return s if world.of("share_k8s_reclaim") and s.current is None else None
 
-        s = await eventually(settled, what="the rebalancer to settle the node")
+        s = await eventually(settled, what="the sharing workflow to settle the node")
 
     assert got == YieldResult(held=True, pool_before=Pool.MOVING, waited_for_step=None)
     rec = r.move(s, waiting.move.node)
