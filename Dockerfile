@@ -18,7 +18,7 @@ COPY workers ./workers
 COPY clients ./clients
 RUN pip install --no-cache-dir .
 # The same image runs every part (docker-compose.yml, deploy/kubernetes/): `worker` (metrics
-# on AUTOCLUSTERS_WORKER_METRICS_PORT, 9464 there), `api run` (8480) and, on each GPU node,
+# on AUTOCLUSTERS_WORKER__METRICS_PORT, 9464 there), `api run` (8480) and, on each GPU node,
 # `agent run` (dcgm-exporter's series on 9400; NVML comes from the host's driver through the
 # NVIDIA container runtime).
 EXPOSE 8480 9464 9400

@@ -25,7 +25,7 @@ class HandoffActivities:
     async def send_handoff(self, call: HandoffCall) -> HandoffSent:
         if self._client is None:
             raise ApplicationError(
-                "no hand-off secret configured on the worker (AUTOCLUSTERS_HANDOFF_SECRET): "
+                "no hand-off secret configured on the worker (AUTOCLUSTERS_HANDOFF__SECRET): "
                 "the hand-off cannot be signed",
                 type="HandoffNotConfigured",
                 non_retryable=True,

@@ -73,6 +73,7 @@ def serve(
     from autoclusters.clients.console.routes import Console
     from autoclusters.clients.inventory import StaticInventory
     from autoclusters.clients.server import create_server
+    from autoclusters.core.settings_groups import ConsoleSettings, MonitoringSettings
     from tests.fakes.fleet import FleetSource, node_name
     from tests.helpers import HermeticSettings
 
@@ -83,8 +84,8 @@ def serve(
         api_tokens={"reader": "bench-reader-token-0123"},
         api_inventory="static",
         api_nodes=[f"gpu-[0001-{node_name(nodes - 1).removeprefix('gpu-')}]"],
-        console_loopback_open=True,
-        prometheus_url=prometheus_url,
+        console=ConsoleSettings(loopback_open=True),
+        monitoring=MonitoringSettings(prometheus_url=prometheus_url),
     )
 
     async def no_temporal() -> Any:

@@ -502,8 +502,8 @@ async def bench(args: argparse.Namespace) -> Result:
             child_env = {
                 **os.environ,
                 "AUTOCLUSTERS_CONFIG": str(config),
-                "AUTOCLUSTERS_TEMPORAL_ADDRESS": address,
-                "AUTOCLUSTERS_TASK_QUEUE": queue,
+                "AUTOCLUSTERS_TEMPORAL__ADDRESS": address,
+                "AUTOCLUSTERS_TEMPORAL__TASK_QUEUE": queue,
                 "AUTOCLUSTERS_CLUSTER": cluster,
                 # A token named after its role is that role's (Alertmanager's here).
                 "AUTOCLUSTERS_API_TOKENS": json.dumps({"alertmanager": token}),

@@ -52,6 +52,7 @@ from autoclusters.core.guard import guard_workflow_id  # noqa: E402
 from autoclusters.core.models import IncidentState, workflow_id  # noqa: E402
 from autoclusters.core.policy import MAX_COUNT, GuardPolicy, Policy, Rung, default_policy  # noqa: E402
 from autoclusters.core.settings import Settings  # noqa: E402
+from autoclusters.core.settings_groups import TemporalSettings  # noqa: E402
 from autoclusters.integrations import temporal  # noqa: E402
 from autoclusters.sandbox.standin.cluster import node_name  # noqa: E402
 
@@ -170,7 +171,9 @@ async def one_run(workers: int, args: argparse.Namespace, tmp: Path) -> RunResul
             procs.start([sys.executable, str(ROOT / "bench" / "scale_worker.py"), url], child, log)
             for log in logs
         ]
-        settings = Settings(temporal_address=address, cluster=CLUSTER, task_queue=QUEUE)
+        settings = Settings(
+            cluster=CLUSTER, temporal=TemporalSettings(address=address, task_queue=QUEUE)
+        )
         policy = bench_policy(args.boot_delay)
         inventory = StaticInventory([f"gpu-[0001-{args.nodes:04d}]"])
         client = env.client
@@ -261,14 +264,14 @@ def _child_env(address: str, tmp: Path) -> dict[str, str]:
     return {
         **env,
         "AUTOCLUSTERS_CONFIG": str(config),
-        "AUTOCLUSTERS_TEMPORAL_ADDRESS": address,
-        "AUTOCLUSTERS_TASK_QUEUE": QUEUE,
+        "AUTOCLUSTERS_TEMPORAL__ADDRESS": address,
+        "AUTOCLUSTERS_TEMPORAL__TASK_QUEUE": QUEUE,
         "AUTOCLUSTERS_CLUSTER": CLUSTER,
         "AUTOCLUSTERS_LOG_LEVEL": "WARNING",
-        "AUTOCLUSTERS_EXPECTED_GPUS": "8",
-        "AUTOCLUSTERS_WORKER_METRICS_PORT": "0",  # measured, as in production
+        "AUTOCLUSTERS_HEALTH__EXPECTED_GPUS": "8",
+        "AUTOCLUSTERS_WORKER__METRICS_PORT": "0",  # measured, as in production
         # No Crusoe credentials: the cluster provider's activities stay unregistered.
-        "AUTOCLUSTERS_CRUSOE_CONFIG_FILE": str(tmp / "no-crusoe-config"),
+        "AUTOCLUSTERS_CRUSOE__CONFIG_FILE": str(tmp / "no-crusoe-config"),
         "PYTHONPATH": str(ROOT),
     }
 

@@ -86,7 +86,7 @@ async def reset_breaker(
 ) -> BreakerStatus:
     """`by` resets the tripped breaker, whom the caller (the API) has verified `via` their
     own token (`token:<name>`) or Slack: the reset carries a proof signed with `key` (the
-    first of `approval_keys`) for this trip, which the guard's worker checks. Repairs are
+    first of `[approval] keys`) for this trip, which the guard's worker checks. Repairs are
     admitted again."""
     status = await breaker_status(client, cluster)
     tripped_at = status.state.breaker.tripped_at

@@ -118,8 +118,8 @@ class Outcome(BaseModel):
 
 
 def ui_link(settings: Settings, workflow_id: str) -> str:
-    root = settings.temporal_ui_url.rstrip("/")
-    return f"{root}/namespaces/{settings.temporal_namespace}/workflows/{workflow_id}"
+    root = settings.temporal.ui_url.rstrip("/")
+    return f"{root}/namespaces/{settings.temporal.namespace}/workflows/{workflow_id}"
 
 
 def _status(desc: WorkflowExecutionDescription) -> str:
@@ -195,7 +195,7 @@ async def start_provisioning(
             ClusterProvisioning.run,
             ClusterProvisioningInput(spec=spec, policy=policy, agent_gate=agent_gate),
             id=wf_id,
-            task_queue=settings.task_queue,
+            task_queue=settings.temporal.task_queue,
             # What `cluster list` shows without reading every history.
             memo={"provider": spec.provider, "location": spec.location},
         )
@@ -340,7 +340,9 @@ async def _start_ops(
 ) -> Started:
     wf_id = ops_workflow_id(cluster)
     try:
-        handle = await client.start_workflow(run, arg, id=wf_id, task_queue=settings.task_queue)
+        handle = await client.start_workflow(
+            run, arg, id=wf_id, task_queue=settings.temporal.task_queue
+        )
     except WorkflowAlreadyStartedError:
         running = await _describe(client, wf_id)
         kind = running.workflow_type if running else "scale or teardown"

@@ -19,7 +19,7 @@ _read: dict[Path, tuple[float, dict[str, NodeTopology]]] = {}
 
 
 def topology_conf(settings: Settings) -> Path | None:
-    return settings.slurm_conf.parent / "topology.conf" if settings.slurm_conf else None
+    return settings.slurm.conf.parent / "topology.conf" if settings.slurm.conf else None
 
 
 def with_fabric_topology(settings: Settings, policy: Policy) -> Policy:

@@ -84,10 +84,11 @@ async def opening(
         opened_at=opened_at,
         opened_by=opened_by,
         timeouts=RemediationTimeouts(
-            repair_s=settings.repair_timeout_s, admission_poll_s=settings.admission_poll_s
+            repair_s=settings.remediation.repair_timeout_s,
+            admission_poll_s=settings.remediation.admission_poll_s,
         ),
         policy=policy,
-        kubernetes=settings.kubeconfig is not None,
+        kubernetes=settings.kubernetes.kubeconfig is not None,
         open_token=token,
         prior_repairs=prior_repairs,
     )
@@ -106,7 +107,7 @@ async def opening(
         raise UnknownNodeError(f"node {node} is not in Slurm cluster {settings.cluster}")
     start = {
         "id": workflow_id(settings.cluster, node),
-        "task_queue": settings.task_queue,
+        "task_queue": settings.temporal.task_queue,
         "id_conflict_policy": WorkflowIDConflictPolicy.USE_EXISTING,
         "id_reuse_policy": WorkflowIDReusePolicy.ALLOW_DUPLICATE,
         "search_attributes": TypedSearchAttributes(

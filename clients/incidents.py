@@ -141,7 +141,7 @@ async def decide(
 ) -> ApprovalRecord:
     """Approve or reject the step an incident waits on, as `approver`, whom the caller (the
     API) has verified `via` Slack's signature or their own token: the decision carries a
-    proof signed with the first of `approval_keys`, which the worker checks. A refusal (not
+    proof signed with the first of `[approval] keys`, which the worker checks. A refusal (not
     an approver, wrong step, already decided, no key) raises DecisionRefused and is recorded
     in the incident's history.
 
@@ -156,10 +156,12 @@ async def decide(
         raise DecisionRefused(f"incident {incident_id} is closed ({state.status})")
     waiting = state.waiting_for.step if state.waiting_for and state.waiting_for.step else "none"
     step = step or waiting
-    if not settings.approval_keys:
-        raise DecisionRefused("no approval_keys configured on the API: it cannot vouch for anyone")
+    if not settings.approval.keys:
+        raise DecisionRefused(
+            "no approval keys ([approval] keys) configured on the API: it cannot vouch for anyone"
+        )
     decision = Decision(incident_id, step, approver, approve, via)
-    proof = sign(decision, settings.approval_keys[0].get_secret_value())
+    proof = sign(decision, settings.approval.keys[0].get_secret_value())
     req = ApprovalRequest(step=step, approver=approver, comment=comment, proof=proof)
     update = NodeRemediation.approve if approve else NodeRemediation.reject
     try:

@@ -45,7 +45,7 @@ class SlurmInventory:
 
     @classmethod
     def for_settings(cls, settings: Settings, ttl_s: float = 0) -> SlurmInventory:
-        return cls(SlurmCli(settings.slurm_conf, settings.slurm_bin_dir), ttl_s=ttl_s)
+        return cls(SlurmCli(settings.slurm.conf, settings.slurm.bin_dir), ttl_s=ttl_s)
 
     async def known(self, nodes: Collection[str]) -> set[str]:
         age = time.monotonic() - self._fetched_at

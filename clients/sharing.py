@@ -93,7 +93,8 @@ def proven_decision(
 ) -> MoveDecision:
     """`by`'s decision on a move, whom the caller (the API) has verified `via` their own
     token (`token:<name>`) or Slack's signed click (`slack:<user id>`): with a proof
-    signed with `key` (the first of `approval_keys`), which the sharing workflow's worker checks."""
+    signed with `key` (the first of `[approval] keys`), which the sharing workflow's worker
+    checks."""
     d = Decision(move_subject(cluster, move_id), MOVE_APPROVAL_STEP, by, approve, via)
     return MoveDecision(move_id=move_id, approve=approve, by=by, proof=sign(d, key))
 

@@ -10,7 +10,7 @@ subject, one step (the kind of decision), one approver and one verdict:
 
 Why a proof at all: approvals are Temporal updates, and anyone who can reach Temporal's
 frontend can send an update with any approver's name in it. The worker holds the keys
-(`approval_keys`, shared with the API, never with a CLI) and refuses a decision whose proof
+(`[approval] keys`, shared with the API, never with a CLI) and refuses a decision whose proof
 is missing, forged, expired, or for anything else than what it decides.
 
 HS256 with PyJWT: both ends are ours and share the key; no public-key machinery needed.
@@ -64,7 +64,9 @@ def sign(d: Decision, key: str, *, now: float | None = None) -> str:
 def verify(proof: str, keys: Sequence[str]) -> Decision:
     """The decision a valid proof carries; ProofRefused (saying why) otherwise."""
     if not keys:
-        raise ProofRefused("no approval_keys configured on the worker: decisions are refused")
+        raise ProofRefused(
+            "no approval keys ([approval] keys) configured on the worker: decisions are refused"
+        )
     if not proof:
         raise ProofRefused("no proof of who decided (decide through the API or Slack)")
     last: Exception | None = None

@@ -80,7 +80,7 @@ class MetricsServer:
         if not token and not is_loopback(host):
             raise OpenMetricsRefused(
                 f"/metrics on {host} would be open to anyone who reaches it: set a metrics "
-                "token (AUTOCLUSTERS_WORKER_METRICS_TOKEN / AUTOCLUSTERS_AGENT_METRICS_TOKEN) "
+                "token (AUTOCLUSTERS_WORKER__METRICS_TOKEN / AUTOCLUSTERS_AGENT_METRICS_TOKEN) "
                 "or listen on 127.0.0.1"
             )
         app: WsgiApp = make_wsgi_app(registry)

@@ -22,27 +22,27 @@ SEARCH_ATTRIBUTES = [INCIDENT_ID, CLUSTER, NODE, FAULT, INCIDENT_STATUS, REPAIR_
 
 def tls_config(settings: Settings) -> TLSConfig | bool:
     """TLS for the connection: a TLSConfig when any certificate setting is given, True for
-    TLS with the system's roots (`temporal_tls`, or an API key), False for plaintext."""
-    if settings.temporal_tls_cert is not None or settings.temporal_tls_key is not None:
-        if settings.temporal_tls_cert is None or settings.temporal_tls_key is None:
-            raise ValueError("mTLS needs both temporal_tls_cert and temporal_tls_key")
-    files = (settings.temporal_tls_cert, settings.temporal_tls_key, settings.temporal_tls_ca)
-    if any(files) or settings.temporal_tls_server_name:
+    TLS with the system's roots (`[temporal] tls`, or an API key), False for plaintext."""
+    if settings.temporal.tls_cert is not None or settings.temporal.tls_key is not None:
+        if settings.temporal.tls_cert is None or settings.temporal.tls_key is None:
+            raise ValueError("mTLS needs both [temporal] tls_cert and tls_key")
+    files = (settings.temporal.tls_cert, settings.temporal.tls_key, settings.temporal.tls_ca)
+    if any(files) or settings.temporal.tls_server_name:
         cert, key, ca = (f.read_bytes() if f is not None else None for f in files)
         return TLSConfig(
             server_root_ca_cert=ca,
             client_cert=cert,
             client_private_key=key,
-            domain=settings.temporal_tls_server_name,
+            domain=settings.temporal.tls_server_name,
         )
-    return settings.temporal_tls or settings.temporal_api_key is not None
+    return settings.temporal.tls or settings.temporal.api_key is not None
 
 
 async def connect(settings: Settings) -> Client:
-    api_key = settings.temporal_api_key
+    api_key = settings.temporal.api_key
     return await Client.connect(
-        settings.temporal_address,
-        namespace=settings.temporal_namespace,
+        settings.temporal.address,
+        namespace=settings.temporal.namespace,
         data_converter=pydantic_data_converter,
         tls=tls_config(settings),
         api_key=api_key.get_secret_value() if api_key is not None else None,

@@ -27,6 +27,7 @@ from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 
 from autoclusters.core.settings import Settings
+from autoclusters.core.settings_groups import SandboxSettings, SlurmSettings, TemporalSettings
 from autoclusters.integrations import temporal
 from autoclusters.integrations.slurm import SlurmCli
 from autoclusters.sandbox.runtime.config import PORT_SPAN, SandboxConfig
@@ -280,12 +281,10 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
 @pytest.fixture
 def sandbox_settings(sandbox: SandboxConfig) -> Settings:
     return Settings(
-        temporal_address=sandbox.temporal_address,
-        task_queue=sandbox.task_queue,
         cluster=sandbox.cluster,
-        slurm_conf=sandbox.slurm_conf,
-        sandbox_state_dir=sandbox.state_dir,
-        boot_delay_s=sandbox.boot_delay_s,
+        temporal=TemporalSettings(address=sandbox.temporal_address, task_queue=sandbox.task_queue),
+        slurm=SlurmSettings(conf=sandbox.slurm_conf),
+        sandbox=SandboxSettings(state_dir=sandbox.state_dir, boot_delay_s=sandbox.boot_delay_s),
     )
 
 

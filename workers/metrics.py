@@ -1,5 +1,5 @@
 """The worker's Prometheus metrics, on a registry of its own, served over HTTP on
-`worker_metrics_port` (settings; off by default): loopback, or any address with a token
+`[worker] metrics_port` (settings; off by default): loopback, or any address with a token
 (integrations/metrics_http.py).
 
 Workflow code stays deterministic, so nothing here runs inside a workflow; each figure

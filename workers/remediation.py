@@ -89,16 +89,16 @@ def cloud_provider(settings: Settings) -> CloudProvider:
         from autoclusters.integrations.crusoe import CrusoeClient, CrusoeCloud, load_credentials
 
         creds = load_credentials(
-            profile=settings.crusoe_profile, config_path=settings.crusoe_config_file
+            profile=settings.crusoe.profile, config_path=settings.crusoe.config_file
         )
         client = CrusoeClient(
-            credentials=creds, project_id=settings.crusoe_project_id, poll_s=settings.crusoe_poll_s
+            credentials=creds, project_id=settings.crusoe.project_id, poll_s=settings.crusoe.poll_s
         )
         return CrusoeCloud(
             client,
-            cluster_id=settings.crusoe_cluster_id,
-            node_pool_ids=settings.crusoe_node_pool_ids,
-            replace_timeout_s=settings.crusoe_replace_timeout_s,
+            cluster_id=settings.crusoe.cluster_id,
+            node_pool_ids=settings.crusoe.node_pool_ids,
+            replace_timeout_s=settings.crusoe.replace_timeout_s,
         )
     raise ValueError(f"unknown cloud provider {settings.cloud_provider!r}")
 
@@ -113,33 +113,33 @@ def cluster_provider(
 
     try:
         creds = load_credentials(
-            profile=settings.crusoe_profile, config_path=settings.crusoe_config_file
+            profile=settings.crusoe.profile, config_path=settings.crusoe.config_file
         )
         client = CrusoeClient(
-            credentials=creds, project_id=settings.crusoe_project_id, poll_s=settings.crusoe_poll_s
+            credentials=creds, project_id=settings.crusoe.project_id, poll_s=settings.crusoe.poll_s
         )
     except (CredentialsError, ValueError) as e:
         log.warning("cluster provider activities not registered: %s", e)
         return None
     cmk = None
-    if settings.kubeconfig is not None and settings.crusoe_cluster_id:
+    if settings.kubernetes.kubeconfig is not None and settings.crusoe.cluster_id:
         from autoclusters.activities.cluster_providers.cmk import CmkProvider
         from autoclusters.integrations.slinky_crs import KubeObjects
 
-        kube = KubeObjects(k8s.api_client(kubeconfig=settings.kubeconfig), CMK_NAMESPACE)
+        kube = KubeObjects(k8s.api_client(kubeconfig=settings.kubernetes.kubeconfig), CMK_NAMESPACE)
         cmk = CmkProvider(
             client,
             kube,
             slurm,
-            cmk_cluster_id=settings.crusoe_cluster_id,
-            poll_s=settings.crusoe_poll_s,
+            cmk_cluster_id=settings.crusoe.cluster_id,
+            poll_s=settings.crusoe.poll_s,
         )
-    return ClusterProviderActivities(client, slurm, poll_s=settings.crusoe_poll_s, cmk=cmk)
+    return ClusterProviderActivities(client, slurm, poll_s=settings.crusoe.poll_s, cmk=cmk)
 
 
 def health_gate(settings: Settings, slurm: SlurmClient) -> HealthGate:
     # Slurm's side; the hardware's is the node agent's evidence, judged in the workflow.
-    return SlurmHealthGate(slurm, expected_gpus=settings.expected_gpus)
+    return SlurmHealthGate(slurm, expected_gpus=settings.health.expected_gpus)
 
 
 def notifiers_for(settings: Settings, metrics: WorkerMetrics | None = None) -> list[Notifier]:
@@ -152,7 +152,7 @@ def notifiers_for(settings: Settings, metrics: WorkerMetrics | None = None) -> l
 
         cfg = settings.slack.model_copy(
             update={
-                "temporal_ui_url": settings.slack.temporal_ui_url or settings.temporal_ui_url,
+                "temporal_ui_url": settings.slack.temporal_ui_url or settings.temporal.ui_url,
                 "api_url": settings.slack.api_url or settings.api_public_url,
             }
         )
@@ -248,7 +248,7 @@ def sharing_activities(
     demand = ShareDemandActivities(
         slurm,
         httpx.AsyncClient(timeout=10),
-        prometheus_url=settings.prometheus_url,
+        prometheus_url=settings.monitoring.prometheus_url,
         kube=kube_api,
     )
     share_slurm = ShareSlurmActivities(slurm)
@@ -276,19 +276,19 @@ def screen_activities(settings: Settings, slurm: SlurmClient) -> list[Any]:
     """The burn-in screen (policy burn_in): served with the real Slurm commands only (the
     scale benchmark's stand-in has no reservations). In the sandbox the screen's files live
     in its state dir and the diagnostic reads the agents' fake-backend files there; on a real
-    cluster `screen_dir` is one every node sees (the job's output and FileStore), and each
-    node runs one rank per GPU (`expected_gpus`)."""
+    cluster `[health] screen_dir` is one every node sees (the job's output and FileStore), and each
+    node runs one rank per GPU (`[health] expected_gpus`)."""
     if not isinstance(slurm, SlurmCli):
         return []
-    state = settings.sandbox_state_dir
-    work = settings.screen_dir or (state or Path.home() / ".autoclusters") / "screens"
+    state = settings.sandbox.state_dir
+    work = settings.health.screen_dir or (state or Path.home() / ".autoclusters") / "screens"
     screen = ScreenActivities(
-        SlurmReservationCli(settings.slurm_conf, settings.slurm_bin_dir),
+        SlurmReservationCli(settings.slurm.conf, settings.slurm.bin_dir),
         work,
         fake_dir=state / "agent" if state is not None else None,
         # The sandbox's GPUs are files: one rank (two alone) spares its CPUs.
-        ranks_per_node=None if state is not None else settings.expected_gpus,
-        python=settings.screen_python or sys.executable,
+        ranks_per_node=None if state is not None else settings.health.expected_gpus,
+        python=settings.health.screen_python or sys.executable,
     )
     return [screen.burn_in_screen]
 
@@ -296,7 +296,7 @@ def screen_activities(settings: Settings, slurm: SlurmClient) -> list[Any]:
 def handoff_activities(settings: Settings) -> HandoffActivities:
     """The hand-off's webhook, signed with the settings' secret (none: every send fails
     at once, saying so; the incident is left drained for a human)."""
-    secret = settings.handoff_secret
+    secret = settings.handoff.secret
     client = (
         HandoffClient(httpx.AsyncClient(timeout=20), secret.get_secret_value())
         if secret is not None
@@ -315,10 +315,14 @@ def build_worker(
     metrics: WorkerMetrics | None = None,
 ) -> Worker:
     """With `metrics`, every activity is measured (workers/metrics_interceptor.py)."""
-    guard = GuardActivities(client, slurm, settings.task_queue)
+    guard = GuardActivities(client, slurm, settings.temporal.task_queue)
     ops = ClusterOpsActivities(client, slurm)
     notifiers = notifiers_for(settings, metrics)
-    kube_api = k8s.api_client(kubeconfig=settings.kubeconfig) if settings.kubeconfig else None
+    kube_api = (
+        k8s.api_client(kubeconfig=settings.kubernetes.kubeconfig)
+        if settings.kubernetes.kubeconfig
+        else None
+    )
     # One reading of which Node and VM a Slurm node is, for the Kubernetes and cloud steps.
     machines = MachineOf(kube_api, namespace=CMK_NAMESPACE, request_timeout_s=10)
     kubernetes = (
@@ -327,13 +331,15 @@ def build_worker(
         else None
     )
     silences = SilenceActivities(
-        AlertmanagerClient(settings.alertmanager_url) if settings.alertmanager_url else None,
-        node_label=settings.alert_node_label,
-        max_s=settings.silence_max_s,
+        AlertmanagerClient(settings.monitoring.alertmanager_url)
+        if settings.monitoring.alertmanager_url
+        else None,
+        node_label=settings.monitoring.alert_node_label,
+        max_s=settings.monitoring.silence_max_s,
     )
     return Worker(
         client,
-        task_queue=settings.task_queue,
+        task_queue=settings.temporal.task_queue,
         workflows=WORKFLOWS,
         activities=[
             *activities_for(
@@ -345,7 +351,7 @@ def build_worker(
                 kubernetes=kubernetes,
                 silences=silences,
                 machines=machines,
-                approval_keys=[k.get_secret_value() for k in settings.approval_keys],
+                approval_keys=[k.get_secret_value() for k in settings.approval.keys],
             ),
             ops.node_load,
             ops.incident_open,
@@ -369,8 +375,8 @@ async def run(
     """`slurm`, `cloud`: other clients than the configured ones (the scale benchmark's
     stand-in cluster, bench/scale_worker.py); everything else is as configured."""
     client = await temporal.connect(settings)
-    slurm = slurm or SlurmCli(settings.slurm_conf, settings.slurm_bin_dir)
-    metrics = WorkerMetrics() if settings.worker_metrics_port is not None else None
+    slurm = slurm or SlurmCli(settings.slurm.conf, settings.slurm.bin_dir)
+    metrics = WorkerMetrics() if settings.worker.metrics_port is not None else None
     worker = build_worker(
         client,
         settings,
@@ -383,24 +389,24 @@ async def run(
     server = serve_metrics(
         client,
         metrics,
-        settings.worker_metrics_port,
-        settings.worker_metrics_host,
-        settings.worker_metrics_token,
+        settings.worker.metrics_port,
+        settings.worker.metrics_host,
+        settings.worker.metrics_token,
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    log.info("worker polling %s on %s", settings.task_queue, settings.temporal_address)
+    log.info("worker polling %s on %s", settings.temporal.task_queue, settings.temporal.address)
     watch: asyncio.Task[None] | None = None
-    if settings.stuck_run_check_s > 0:
+    if settings.worker.stuck_run_check_s > 0:
         doctor = StuckRunDoctor(
             client,
-            settings.task_queue,
+            settings.temporal.task_queue,
             WORKFLOWS,
             on_outcome=metrics.stuck_run if metrics is not None else None,
         )
-        watch = asyncio.create_task(doctor.watch(settings.stuck_run_check_s, stop))
+        watch = asyncio.create_task(doctor.watch(settings.worker.stuck_run_check_s, stop))
     try:
         async with worker:
             await stop.wait()

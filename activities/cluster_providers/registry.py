@@ -34,7 +34,7 @@ class Providers:
             raise ApplicationError(
                 f"provider {ref.provider} is not available on this worker: cluster {ref.name} "
                 f"cannot be provisioned, scaled or deleted through it (crusoe-cmk needs the "
-                f"worker's kubeconfig and crusoe_cluster_id; or use sandbox or "
+                f"worker's kubeconfig and [crusoe] cluster_id; or use sandbox or "
                 f"crusoe-managed-slurm)",
                 type=PROVIDER_UNAVAILABLE,
                 non_retryable=True,

@@ -64,7 +64,7 @@ class ApiState:
         self.refusals = Refusals(self.metrics, settings.api_retry_after_s)
         self.checks = RequestChecks(settings, self.auth, self.refusals, inventory, self.policies)
         self.gate = TemporalGate(
-            client_factory, settings.temporal_address, settings.api_temporal_timeout_s
+            client_factory, settings.temporal.address, settings.api_temporal_timeout_s
         )
         self.intake: Intake | None = None  # made in the server's event loop
 

@@ -60,7 +60,7 @@ def run_client(
         if "connect" not in str(e).lower():
             raise
         err.print(
-            f"[red]cannot reach Temporal at {s.temporal_address}[/red]: is the sandbox up? "
+            f"[red]cannot reach Temporal at {s.temporal.address}[/red]: is the sandbox up? "
             "(`autoclusters sandbox up`)"
         )
         raise typer.Exit(1) from None

@@ -44,8 +44,8 @@ def console(
     url = console_url(s.api_public_url, s.api_host, s.api_port)
     if config_file() is None:
         err.print("no running sandbox and no AUTOCLUSTERS_CONFIG: the API's default address")
-    if s.console_loopback_open and is_loopback(s.api_host):
-        err.print("open without a login from this machine (console_loopback_open)")
+    if s.console.loopback_open and is_loopback(s.api_host):
+        err.print("open without a login from this machine ([console] loopback_open)")
     elif any(g.role in ("reader", "operator") for g in s.api_tokens.values()):
         names = ", ".join(
             sorted(n for n, g in s.api_tokens.items() if g.role in ("reader", "operator"))

@@ -51,7 +51,7 @@ def _cluster(s: Settings, cluster: str | None) -> str:
 
 
 def _ui(s: Settings, cluster: str) -> str:
-    return f"{s.temporal_ui_url}/namespaces/default/workflows/{sharing_workflow_id(cluster)}"
+    return f"{s.temporal.ui_url}/namespaces/default/workflows/{sharing_workflow_id(cluster)}"
 
 
 @share_app.command("start")
@@ -72,7 +72,7 @@ def start(
 
     async def go(client: Client, s: Settings) -> str:
         c = _cluster(s, cluster)
-        await start_sharing(client, c, policy, s.task_queue)
+        await start_sharing(client, c, policy, s.temporal.task_queue)
         return f"sharing workflow of {c} running; Temporal UI: {_ui(s, c)}"
 
     console.print(connect.run_client(go))

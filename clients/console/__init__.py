@@ -44,7 +44,7 @@ def mount(
     source = source or LiveSource(
         settings,
         client,
-        SlurmCli(settings.slurm_conf, settings.slurm_bin_dir),
+        SlurmCli(settings.slurm.conf, settings.slurm.bin_dir),
         timeout_s=settings.api_temporal_timeout_s,
     )
     console = Console(

@@ -158,7 +158,10 @@ class Console:
             self._try("incidents", self.source.incidents(node=name, state=None, limit=20), errors),
             self._try("Kubernetes", self.source.kubernetes_node(name), errors),
             job_steps.read_steps(
-                self.http, self.settings.prometheus_url, list(read.open_incidents), node=name
+                self.http,
+                self.settings.monitoring.prometheus_url,
+                list(read.open_incidents),
+                node=name,
             ),
         )
         return {
@@ -177,7 +180,7 @@ class Console:
             if slurm
             else None,
             "kubernetes": k8s,
-            "kubernetes_configured": self.settings.kubeconfig is not None,
+            "kubernetes_configured": self.settings.kubernetes.kubeconfig is not None,
             "incidents": [i.model_dump(mode="json") for i in found or []],
             # Where the charts mark the node's incidents (epoch s; closed None: still open).
             "marks": [
@@ -190,7 +193,7 @@ class Console:
                 for i in found or []
                 if i.started_at
             ],
-            "prometheus_configured": bool(self.settings.prometheus_url),
+            "prometheus_configured": bool(self.settings.monitoring.prometheus_url),
             # The training jobs on it: step time per rank, the hung or slow rank marked.
             "steps": steps.model_dump(mode="json"),
             "read_at": snap.read_at.isoformat(),
@@ -201,14 +204,17 @@ class Console:
         """One training job's ranks on every node: step time, the hung or slow one marked."""
         snap = await self.cluster_read()
         steps = await job_steps.read_steps(
-            self.http, self.settings.prometheus_url, list(snap.value.open_incidents), job=job_id
+            self.http,
+            self.settings.monitoring.prometheus_url,
+            list(snap.value.open_incidents),
+            job=job_id,
         )
         known = bool(steps.jobs)
         return {
             "job": job_id,
             "known": known,
             "steps": steps.model_dump(mode="json"),
-            "prometheus_configured": bool(self.settings.prometheus_url),
+            "prometheus_configured": bool(self.settings.monitoring.prometheus_url),
             "read_at": snap.read_at.isoformat(),
             "errors": [*snap.value.view.errors, *([steps.error] if steps.error else [])],
         }
@@ -438,7 +444,9 @@ def router() -> APIRouter:
     async def node_metrics(request: Request, node: str, range: str = "1h") -> Response:
         c = _console(request)
         try:
-            got = await prometheus.node_metrics(c.http, c.settings.prometheus_url, node, span=range)
+            got = await prometheus.node_metrics(
+                c.http, c.settings.monitoring.prometheus_url, node, span=range
+            )
         except ValueError as e:
             return JSONResponse({"error": "bad request", "detail": str(e)}, status_code=400)
         # The per-GPU `charts` stay out: `metrics` holds the same values, one chart a metric.

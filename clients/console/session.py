@@ -5,10 +5,10 @@ A login posts the token once; the answer sets `autoclusters_console`, an HttpOnl
 SameSite=Strict cookie holding the caller's name and an expiry, signed with HMAC-SHA256.
 The signing key is derived from the server secret *and the caller's current token* (its
 SHA-256, all the API keeps), so rotating a token (or restarting an API without
-`console_secret`) ends its sessions.
+`[console] secret`) ends its sessions.
 
 Nothing is served without one of the two, except to a loopback caller when the API itself
-binds a loopback address and `console_loopback_open` says so (a sandbox on one machine).
+binds a loopback address and `[console] loopback_open` says so (a sandbox on one machine).
 """
 
 from __future__ import annotations
@@ -40,15 +40,15 @@ class Sessions:
     def __init__(
         self, settings: ApiSettings, auth: BearerAuth, *, now: float | None = None
     ) -> None:
-        secret = settings.console_secret
+        secret = settings.console.secret
         self._secret = secret.get_secret_value().encode() if secret else secrets.token_bytes(32)
         # caller -> the SHA-256 of its token, for the roles that may see the console
         self._digests = {
             name: d for d, name, role in settings.grant_digests() if role in ROUTES["console"]
         }
         self._auth = auth
-        self._lifetime_s = settings.console_session_s
-        self._open = settings.console_loopback_open and is_loopback(settings.api_host)
+        self._lifetime_s = settings.console.session_s
+        self._open = settings.console.loopback_open and is_loopback(settings.api_host)
         self._fixed_now = now  # tests
 
     @property

@@ -202,7 +202,7 @@ class LiveSource:
             ) from None
 
     async def kubernetes_node(self, node: str) -> dict[str, str] | None:
-        if self._settings.kubeconfig is None:
+        if self._settings.kubernetes.kubeconfig is None:
             return None
         return await self._bounded(asyncio.to_thread(_read_k8s_node, self._settings, node))
 
@@ -217,7 +217,7 @@ def _read_k8s_node(settings: Settings, node: str) -> dict[str, str]:
     from autoclusters.activities.kubernetes import kubernetes_outage
     from autoclusters.integrations.k8s import api_client
 
-    with api_client(kubeconfig=settings.kubeconfig) as api:
+    with api_client(kubeconfig=settings.kubernetes.kubeconfig) as api:
         try:
             obj = k8s.CoreV1Api(api).read_node(node, _request_timeout=5)
         except Exception as e:

@@ -167,8 +167,8 @@ async def set_up_borrow(cfg: SandboxConfig, console: Console) -> BorrowRig:
     settings = load_file(cfg.settings_file)
     tc = await temporal.connect(settings)
     slurm = SlurmCli(cfg.slurm_conf)
-    assert settings.kubeconfig is not None
-    core = k8s_client.CoreV1Api(k8s.api_client(kubeconfig=settings.kubeconfig))
+    assert settings.kubernetes.kubeconfig is not None
+    core = k8s_client.CoreV1Api(k8s.api_client(kubeconfig=settings.kubernetes.kubeconfig))
     policy = borrow_policy()
     nodes = sorted(n.name for n in await slurm.nodes())[: cfg.nodes]
     name = settings.cluster
@@ -176,7 +176,7 @@ async def set_up_borrow(cfg: SandboxConfig, console: Console) -> BorrowRig:
     cfg.policy_file.write_text(_requeue_policy(cfg))
 
     console.print(f"[bold]2. sharing workflow[/bold] GpuSharing, borrow_from_inference on: {ui}")
-    await start_sharing(tc, name, policy, settings.task_queue)
+    await start_sharing(tc, name, policy, settings.temporal.task_queue)
     await wait_for("its first look at the nodes", lambda: _known(tc, name), 60)
     serving = nodes[-2:]
     for node in serving:

@@ -150,15 +150,15 @@ async def _share(cfg: SandboxConfig, console: Console) -> ShareSummary:
     settings = load_file(cfg.settings_file)
     tc = await temporal.connect(settings)
     slurm = SlurmCli(cfg.slurm_conf)
-    assert settings.kubeconfig is not None
-    core = k8s_client.CoreV1Api(k8s.api_client(kubeconfig=settings.kubeconfig))
+    assert settings.kubernetes.kubeconfig is not None
+    core = k8s_client.CoreV1Api(k8s.api_client(kubeconfig=settings.kubernetes.kubeconfig))
     policy = demo_policy()
     ns = policy.inference.namespace
     nodes = sorted(n.name for n in await slurm.nodes())[: cfg.nodes]
     ui = f"{cfg.temporal_ui_url}/namespaces/default/workflows/gpu-rebalance-{settings.cluster}"
 
     console.print(f"[bold]2. sharing workflow[/bold] GpuSharing for {settings.cluster}: {ui}")
-    await start_sharing(tc, settings.cluster, policy, settings.task_queue)
+    await start_sharing(tc, settings.cluster, policy, settings.temporal.task_queue)
     await wait_for("its first look at the nodes", lambda: _known(tc, settings.cluster), 60)
     first = nodes[-1]
     console.print(f"   inference starts on {first}: moved by hand through the same workflow")

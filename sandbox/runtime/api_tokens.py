@@ -1,7 +1,7 @@
 """The sandbox's API credentials, one per role as in production (clients/web/tokens.py):
 the agents', Alertmanager's, a reader's (Prometheus), and one operator token per approver
 (alice, bob), each a person's own file under `api/operators/`, kept in the API's settings
-as its SHA-256 only. The key that signs decisions (`approval_keys`) reaches the API and
+as its SHA-256 only. The key that signs decisions (`[approval] keys`) reaches the API and
 the worker in their environment, never the settings file a CLI reads."""
 
 from __future__ import annotations
@@ -73,4 +73,4 @@ def grants(cfg: SandboxConfig) -> dict[str, Any]:
 
 def approval_env(cfg: SandboxConfig) -> dict[str, str]:
     """The API's and the worker's approval key."""
-    return {"AUTOCLUSTERS_APPROVAL_KEYS": f'["{read(cfg, APPROVAL_KEY)}"]'}
+    return {"AUTOCLUSTERS_APPROVAL__KEYS": f'["{read(cfg, APPROVAL_KEY)}"]'}

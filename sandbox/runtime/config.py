@@ -301,46 +301,54 @@ class SandboxConfig(BaseModel):
 
     def settings_toml(self) -> str:
         """The settings every AutoClusters process of this sandbox reads (AUTOCLUSTERS_CONFIG)."""
-        lines: dict[str, object] = {
-            "temporal_address": self.temporal_address,
-            "temporal_ui_url": self.temporal_ui_url,
-            "task_queue": self.task_queue,
+        top: dict[str, object] = {
             "cluster": self.cluster,
-            "slurm_conf": str(self.slurm_conf),
+            "policy_file": str(self.policy_file),
             # The machines are the Crusoe emulator's VMs in every mode.
             "cloud_provider": "crusoe",
-            "crusoe_config_file": str(self.crusoe_config),
-            "crusoe_project_id": self.crusoe_project,
-            "crusoe_poll_s": 0.5,
-            "sandbox_state_dir": str(self.state_dir),
-            "boot_delay_s": self.boot_delay_s,
-            "policy_file": str(self.policy_file),
-            "admission_poll_s": 5,
             "api_port": self.api_port,
             "api_inventory": "slurm",
-            "worker_metrics_port": self.worker_metrics_port,
-            "prometheus_url": self.prometheus_url,  # the console's GPU charts
-            # Incidents silence their node's other alerts there; the agents' series carry
-            # the node as `node` (sandbox/monitoring.py).
-            "alertmanager_url": self.alertmanager_url,
-            "alert_node_label": "node",
+            # The CLI's way to the API (`autoclusters approve`, with a person's own token).
+            "api_url": self.api_url,
+        }
+        tables: dict[str, dict[str, object]] = {
+            "temporal": {
+                "address": self.temporal_address,
+                "ui_url": self.temporal_ui_url,
+                "task_queue": self.task_queue,
+            },
+            "slurm": {"conf": str(self.slurm_conf)},
+            "crusoe": {
+                "config_file": str(self.crusoe_config),
+                "project_id": self.crusoe_project,
+                "poll_s": 0.5,
+            },
+            "sandbox": {"state_dir": str(self.state_dir), "boot_delay_s": self.boot_delay_s},
+            "remediation": {"admission_poll_s": 5},
+            "worker": {"metrics_port": self.worker_metrics_port},
+            # The console's GPU charts and the worker's GPU demand read Prometheus;
+            # incidents silence their node's other alerts in Alertmanager; the agents'
+            # series carry the node as `node` (sandbox/monitoring.py).
+            "monitoring": {
+                "prometheus_url": self.prometheus_url,
+                "alertmanager_url": self.alertmanager_url,
+                "alert_node_label": "node",
+            },
             # The sandbox's console needs no login from this machine (the API binds loopback).
-            "console_loopback_open": True,
+            "console": {"loopback_open": True},
         }
         if self.k8s:
-            lines["kubeconfig"] = str(self.kubeconfig)
+            tables["kubernetes"] = {"kubeconfig": str(self.kubeconfig)}
         if self.cmk_cluster_id:
             # With the kubeconfig, the worker serves provider crusoe-cmk on this CMK cluster.
-            lines["crusoe_cluster_id"] = self.cmk_cluster_id
+            tables["crusoe"]["cluster_id"] = self.cmk_cluster_id
         if (self.state_dir / "api" / "token").exists():
-            lines["api_tokens"] = api_tokens.grants(self)
-        # The CLI's way to the API (`autoclusters approve`, with a person's own token).
-        lines["api_url"] = self.api_url
+            top["api_tokens"] = api_tokens.grants(self)
         if self.handoff_secret_file.exists():
-            lines["handoff_secret"] = self.handoff_secret_file.read_text().strip()
+            tables["handoff"] = {"secret": self.handoff_secret_file.read_text().strip()}
         if (self.state_dir / "slack" / "secret").exists():
-            lines["api_public_url"] = self.api_url
-            lines["slack"] = {
+            top["api_public_url"] = self.api_url
+            tables["slack"] = {
                 "token": SLACK_TOKEN,
                 "channel": "C00000001",  # the emulator's #incidents
                 "base_url": f"http://127.0.0.1:{self.slack_port}/api/",
@@ -348,7 +356,11 @@ class SandboxConfig(BaseModel):
                 "approvers": self.slack_users(),
                 "store_dir": str(self.state_dir / "slack" / "threads"),
             }
-        return "".join(f"{k} = {_toml(v)}\n" for k, v in lines.items())
+        # Top-level keys first: in TOML, a key after a [table] header belongs to that table.
+        out = "".join(f"{k} = {_toml(v)}\n" for k, v in top.items())
+        for name, table in tables.items():
+            out += f"\n[{name}]\n" + "".join(f"{k} = {_toml(v)}\n" for k, v in table.items())
+        return out
 
 
 def _toml(value: object) -> str:

@@ -4,7 +4,7 @@ cluster, provisioned by provider `crusoe-cmk` as a customer's would be.
 What a customer has before AutoClusters provisions anything, the sandbox makes at `up`:
 - the CMK cluster, created through the Crusoe emulator's API with the add-ons the provider
   needs (`slurm_operator`, the Slinky operator; `autoclusters`, the replace path), and its
-  id in the worker's and the API's settings (`crusoe_cluster_id`, with the kubeconfig: the
+  id in the worker's and the API's settings (`[crusoe] cluster_id`, with the kubeconfig: the
   worker serves crusoe-cmk);
 - the cluster's system node: the CPU node a CMK cluster runs its control workloads on
   (here, the Slurm control pods: slurmctld, slurmdbd, sshd);

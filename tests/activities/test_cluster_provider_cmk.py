@@ -54,6 +54,7 @@ from autoclusters.core.cluster import (
 )
 from autoclusters.core.cluster_spec import ClusterSpec, NodeSetSpec, UserSpec
 from autoclusters.core.settings import Settings
+from autoclusters.core.settings_groups import CrusoeSettings, KubernetesSettings
 from autoclusters.integrations.crusoe import CrusoeClient
 from autoclusters.integrations.k8s import api_client
 from autoclusters.integrations.slinky_crs import (
@@ -624,7 +625,15 @@ def test_the_worker_serves_crusoe_cmk_only_with_a_kubeconfig_and_a_cluster_id(
     monkeypatch.setenv("CRUSOE_DEFAULT_PROJECT", "proj-1")
     monkeypatch.setenv("CRUSOE_API_ENDPOINT", "http://127.0.0.1:9/v1")
     kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", "http://127.0.0.1:9", TOKEN)
-    plain = cluster_provider(Settings(kubeconfig=kubeconfig), BatchSlurm())
+    plain = cluster_provider(
+        Settings(kubernetes=KubernetesSettings(kubeconfig=kubeconfig)), BatchSlurm()
+    )
     assert plain is not None and plain._cmk is None
-    both = cluster_provider(Settings(kubeconfig=kubeconfig, crusoe_cluster_id=CMK), BatchSlurm())
+    both = cluster_provider(
+        Settings(
+            kubernetes=KubernetesSettings(kubeconfig=kubeconfig),
+            crusoe=CrusoeSettings(cluster_id=CMK),
+        ),
+        BatchSlurm(),
+    )
     assert both is not None and isinstance(both._cmk, CmkProvider)

@@ -22,6 +22,7 @@ from typing import Any
 
 import httpx
 import pytest
+from pydantic import SecretStr
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
@@ -44,6 +45,7 @@ from autoclusters.core.handoff import (
     verify,
 )
 from autoclusters.core.policy import HandoffPolicy, PolicyError, parse_policy
+from autoclusters.core.settings_groups import HandoffSettings
 from autoclusters.integrations.handoff import HandoffClient, HandoffRefused, HandoffUnavailable
 from autoclusters.sandbox.crusoe.ticket_desk import Desk
 from autoclusters.sandbox.crusoe.ticket_desk import create_app as desk_app
@@ -145,7 +147,11 @@ def test_a_hand_off_enabled_without_a_url_is_refused_at_load() -> None:
 def _api(secret: str | None = SECRET, temporal: object | None = None) -> httpx.AsyncClient:
     """The API; `temporal`: what it gets for a Temporal client (None: a refused answer
     must never ask for one)."""
-    s = HermeticSettings(cluster="c1", api_inventory="static", handoff_secret=secret)
+    s = HermeticSettings(
+        cluster="c1",
+        api_inventory="static",
+        handoff=HandoffSettings(secret=None if secret is None else SecretStr(secret)),
+    )
 
     async def no_temporal() -> Any:
         if temporal is None:

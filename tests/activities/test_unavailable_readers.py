@@ -491,7 +491,7 @@ async def test_the_console_shows_kubernetes_unknown_not_absent(
                 }
             )
         )
-        settings = cast(Any, SimpleNamespace(kubeconfig=kubeconfig))
+        settings = cast(Any, SimpleNamespace(kubernetes=SimpleNamespace(kubeconfig=kubeconfig)))
         source = LiveSource(settings, cast(Any, None), cast(Any, None), timeout_s=30)
         replay.route("GET", NODE_PATH, captured("kubernetes_504_timeout"))
         with pytest.raises(KubernetesUnavailable):

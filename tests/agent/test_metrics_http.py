@@ -55,11 +55,11 @@ def test_on_loopback_without_a_token_it_is_open_and_stops() -> None:
 def test_the_worker_and_the_agent_read_their_tokens_from_the_environment(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setenv("AUTOCLUSTERS_WORKER_METRICS_TOKEN", "w-token")
+    monkeypatch.setenv("AUTOCLUSTERS_WORKER__METRICS_TOKEN", "w-token")
     monkeypatch.setenv("AUTOCLUSTERS_AGENT_METRICS_TOKEN", "a-token")
     worker = Settings()
     agent = AgentSettings()
-    assert worker.worker_metrics_token is not None
-    assert worker.worker_metrics_token.get_secret_value() == "w-token"
+    assert worker.worker.metrics_token is not None
+    assert worker.worker.metrics_token.get_secret_value() == "w-token"
     assert agent.metrics_token is not None and agent.metrics_token.get_secret_value() == "a-token"
     assert "a-token" not in repr(agent) and "w-token" not in repr(worker)

@@ -53,6 +53,7 @@ from autoclusters.clients.inventory import NodeInventory, StaticInventory
 from autoclusters.clients.web.settings import ApiSettings
 from autoclusters.core.models import IncidentState, workflow_id
 from autoclusters.core.node_report import NodeReport
+from autoclusters.core.settings_groups import TemporalSettings
 from autoclusters.workflows.remediation import NodeRemediation
 from tests.helpers import (
     HermeticSettings,
@@ -88,8 +89,7 @@ async def task_queue(env: WorkflowEnvironment) -> AsyncIterator[str]:
 
 def settings_for(env_address: str, task_queue: str, **changes: Any) -> ApiSettings:
     fields: dict[str, Any] = {
-        "temporal_address": env_address,
-        "task_queue": task_queue,
+        "temporal": TemporalSettings(address=env_address, task_queue=task_queue),
         "cluster": f"c{uuid.uuid4().hex[:8]}",  # each test counts its own incidents
         "api_tokens": {
             "alertmanager": TOKEN,
@@ -438,7 +438,7 @@ async def test_a_payload_naming_only_unknown_nodes_is_404_and_starts_nothing(
     r = await http.post(AM, json=payload(alert("gpu-999", status="resolved")), headers=AUTH)
     assert r.status_code == 202
 
-    skip = settings_for(settings.temporal_address, task_queue, api_unknown_node="skip")
+    skip = settings_for(settings.temporal.address, task_queue, api_unknown_node="skip")
     async with api_server(skip) as lenient:
         r = await lenient.post(AM, json=body, headers=AUTH)
         assert r.status_code == 202, r.text

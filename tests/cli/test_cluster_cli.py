@@ -192,9 +192,9 @@ def cli(server: Server, monkeypatch: pytest.MonkeyPatch) -> Any:
     runner = CliRunner()
 
     def invoke(role: str, *args: str, input: str | None = None) -> Any:
-        monkeypatch.setenv("AUTOCLUSTERS_TEMPORAL_ADDRESS", server.address)
-        monkeypatch.setenv("AUTOCLUSTERS_TASK_QUEUE", server.queues[role])
-        monkeypatch.setenv("AUTOCLUSTERS_TEMPORAL_UI_URL", "http://ui.test:8233")
+        monkeypatch.setenv("AUTOCLUSTERS_TEMPORAL__ADDRESS", server.address)
+        monkeypatch.setenv("AUTOCLUSTERS_TEMPORAL__TASK_QUEUE", server.queues[role])
+        monkeypatch.setenv("AUTOCLUSTERS_TEMPORAL__UI_URL", "http://ui.test:8233")
         return runner.invoke(app, ["cluster", *args], input=input)
 
     return invoke

@@ -4,7 +4,7 @@
   a wrong token is refused and sets nothing; a forged, expired or revoked cookie is refused;
 - without a cookie or bearer header every console route answers 401 (pages with the login
   form); the bearer header alone is enough; loopback is open only when the API binds
-  loopback *and* console_loopback_open says so;
+  loopback *and* `[console] loopback_open` says so;
 - whatever a source says is escaped: an alert annotation or a Slurm reason holding
   `<script>` is shown as text;
 - the topology groups nodes by IB pod, then leaf, then node set, and colours a node with an
@@ -51,6 +51,7 @@ from autoclusters.core.models import (
     Waiting,
 )
 from autoclusters.core.policy import GuardPolicy
+from autoclusters.core.settings_groups import ConsoleSettings, TemporalSettings
 from tests.helpers import HermeticSettings
 
 TOKEN = "console-test-token-0123"
@@ -64,7 +65,7 @@ def settings(**changes: Any) -> ApiSettings:
         "api_tokens": {"ops": {"role": "reader", "token": TOKEN}},
         "api_inventory": "static",
         "api_nodes": ["gpu-0[1-5]"],
-        "temporal_ui_url": "http://temporal.example:8233",
+        "temporal": TemporalSettings(ui_url="http://temporal.example:8233"),
     }
     return HermeticSettings(**{**fields, **changes})
 
@@ -288,7 +289,7 @@ async def test_the_bearer_header_alone_is_enough(http: httpx.AsyncClient) -> Non
 
 
 def test_a_session_expires_and_ends_when_its_token_changes() -> None:
-    s = settings(console_session_s=60)
+    s = settings(console=ConsoleSettings(session_s=60))
     sessions = Sessions(s, BearerAuth(s), now=1000)
     cookie = sessions.login(TOKEN)[1]
     assert sessions.check_cookie(cookie) == "ops"
@@ -319,7 +320,7 @@ def _request(client_host: str) -> Request:
 def test_loopback_is_open_only_where_the_api_binds_loopback_and_settings_allow(
     allowed: bool, bind: str, caller: str, opened: bool
 ) -> None:
-    s = settings(console_loopback_open=allowed, api_host=bind)
+    s = settings(console=ConsoleSettings(loopback_open=allowed), api_host=bind)
     sessions = Sessions(s, BearerAuth(s))
     if opened:
         assert sessions.caller(_request(caller)) == "loopback"

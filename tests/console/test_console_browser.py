@@ -110,7 +110,7 @@ async def test_the_console_follows_a_fault_from_quarantine_back_to_service(
     browser: webdriver.Chrome,
 ) -> None:
     base = sandbox.api_url
-    # The sandbox's console is open on loopback (console_loopback_open); the login still
+    # The sandbox's console is open on loopback ([console] loopback_open); the login still
     # works as it does for a person with their own operator token.
     browser.get(f"{base}/ui/login?next=/ui/topology")
     alice = api_tokens.operator_file(sandbox, "alice").read_text().strip()

@@ -23,6 +23,7 @@ from autoclusters.clients.console import job_steps
 from autoclusters.clients.console.routes import Console
 from autoclusters.core.fault_evidence import FaultEvidence
 from autoclusters.core.models import FaultSeen, IncidentState
+from autoclusters.core.settings_groups import MonitoringSettings
 from tests.console.test_console import T0, app_for, incident, login, settings
 
 HANG = {
@@ -130,7 +131,9 @@ async def test_without_prometheus_the_named_rank_still_shows() -> None:
 
 @pytest_asyncio.fixture
 async def hung_http() -> AsyncIterator[httpx.AsyncClient]:
-    app, source = app_for(settings(prometheus_url="http://prom:9090"))
+    app, source = app_for(
+        settings(monitoring=MonitoringSettings(prometheus_url="http://prom:9090"))
+    )
     source.open = [silent("JOB_HANG", HANG)]
     console: Console = app.state.console
     console.http = httpx.AsyncClient(transport=prometheus([]))

@@ -15,7 +15,7 @@ from autoclusters.core import settings
 from autoclusters.core.process_start import start_ticks
 from autoclusters.core.settings import Settings, config_file, default_sandbox_dir
 
-LEFTOVER_TOML = 'cluster = "leftover"\nkubeconfig = "/leftover/kubeconfig"\n'
+LEFTOVER_TOML = 'cluster = "leftover"\n[kubernetes]\nkubeconfig = "/leftover/kubeconfig"\n'
 
 
 def _own_start_ticks() -> int:
@@ -51,7 +51,7 @@ def test_stopped_sandbox_leftover_toml_is_not_read() -> None:
     _default_sandbox(dead.pid, 12345)
     assert config_file() is None
     s = Settings()
-    assert s.cluster == "sandbox" and s.kubeconfig is None
+    assert s.cluster == "sandbox" and s.kubernetes.kubeconfig is None
 
 
 def test_stopped_sandbox_without_pid_records_is_not_read() -> None:
@@ -72,7 +72,7 @@ def test_running_sandbox_toml_is_read() -> None:
     assert config_file() == state / "autoclusters.toml"
     s = Settings()
     assert s.cluster == "leftover"
-    assert s.kubeconfig == Path("/leftover/kubeconfig")
+    assert s.kubernetes.kubeconfig == Path("/leftover/kubeconfig")
 
 
 def test_explicit_config_wins(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

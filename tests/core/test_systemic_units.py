@@ -32,6 +32,7 @@ from autoclusters.core.policy import (
     parse_policy,
 )
 from autoclusters.core.settings import Settings
+from autoclusters.core.settings_groups import SlurmSettings
 from autoclusters.core.systemic import SystemicMember, SystemicRequest, SystemicState
 from autoclusters.core.systemic_evidence import evidence_text, member_text, systemic_bundle
 
@@ -68,7 +69,7 @@ def test_a_bad_systemic_setting_is_refused_by_its_field(yaml_text: str, field: s
 
 def _settings(tmp_path: Path) -> Settings:
     (tmp_path / "slurm.conf").write_text("ClusterName=test\n")
-    return Settings(slurm_conf=tmp_path / "slurm.conf")
+    return Settings(slurm=SlurmSettings(conf=tmp_path / "slurm.conf"))
 
 
 def test_topology_conf_under_the_policys_own(tmp_path: Path) -> None:

@@ -14,12 +14,14 @@ from typing import Any
 import httpx
 import pytest
 import typer
+from pydantic import SecretStr
 from typer.testing import CliRunner
 
 from autoclusters.clients import incidents
 from autoclusters.clients.api.app import create_app
 from autoclusters.clients.inventory import StaticInventory
 from autoclusters.core.handoff import IDEMPOTENCY_HEADER, signed_headers
+from autoclusters.core.settings_groups import HandoffSettings
 from autoclusters.sandbox import cli as sandbox_cli
 from autoclusters.sandbox.crusoe.emulator import EmulatorServer
 from autoclusters.sandbox.crusoe.ticket_desk import Desk
@@ -47,7 +49,9 @@ async def test_the_desks_answer_is_signed_as_the_api_verifies(
         raise incidents.IncidentNotFound(f"no incident {incident_id} in cluster c1")
 
     monkeypatch.setattr(incidents, "find_incident", nowhere)
-    settings = HermeticSettings(cluster="c1", api_inventory="static", handoff_secret=SECRET)
+    settings = HermeticSettings(
+        cluster="c1", api_inventory="static", handoff=HandoffSettings(secret=SecretStr(SECRET))
+    )
 
     async def temporal() -> Any:
         return object()  # never used: the look-up above answers first

@@ -48,6 +48,7 @@ from autoclusters.clients.cli.share import share_app
 from autoclusters.clients.inventory import StaticInventory
 from autoclusters.clients.sharing import MoveRefused, decide_move
 from autoclusters.core.models import Notification
+from autoclusters.core.settings_groups import ApprovalSettings, TemporalSettings
 from autoclusters.core.sharing import MoveDecision, MoveRecord, Pool, ShareStatus
 from autoclusters.core.slack_config import SlackConfig
 from autoclusters.integrations.slack import Links, SlackNotifier, slack_web_client
@@ -187,7 +188,7 @@ async def setup(env: WorkflowEnvironment, emulator: EmulatorServer) -> AsyncIter
         settings = HermeticSettings(
             cluster=r.cluster,
             api_inventory="static",
-            temporal_address=target,
+            temporal=TemporalSettings(address=target),
             slack=SlackConfig(
                 token=SecretStr(TOKEN),
                 channel=CHANNEL,
@@ -199,7 +200,7 @@ async def setup(env: WorkflowEnvironment, emulator: EmulatorServer) -> AsyncIter
             ),
             api_tokens={"reader": READER},
             api_operators={"carol": hashlib.sha256(CAROL.encode()).hexdigest()},
-            approval_keys=[APPROVAL_KEY],
+            approval=ApprovalSettings(keys=[APPROVAL_KEY]),
         )
         app = create_app(settings, client_factory=connect, inventory=StaticInventory([]))
         with EmulatorServer(app) as api:

@@ -11,6 +11,7 @@ from temporalio.client import Client
 from temporalio.service import TLSConfig
 
 from autoclusters.core.settings import Settings
+from autoclusters.core.settings_groups import TemporalSettings
 from autoclusters.integrations import temporal
 
 
@@ -37,9 +38,9 @@ async def test_plain_by_default(connect_args: dict[str, Any]) -> None:
 async def test_api_key_from_the_environment_implies_tls(
     connect_args: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("AUTOCLUSTERS_TEMPORAL_ADDRESS", "ns.acct.tmprl.cloud:7233")
-    monkeypatch.setenv("AUTOCLUSTERS_TEMPORAL_NAMESPACE", "ns.acct")
-    monkeypatch.setenv("AUTOCLUSTERS_TEMPORAL_API_KEY", "k-123")
+    monkeypatch.setenv("AUTOCLUSTERS_TEMPORAL__ADDRESS", "ns.acct.tmprl.cloud:7233")
+    monkeypatch.setenv("AUTOCLUSTERS_TEMPORAL__NAMESPACE", "ns.acct")
+    monkeypatch.setenv("AUTOCLUSTERS_TEMPORAL__API_KEY", "k-123")
     s = Settings()
     assert "k-123" not in repr(s)  # a secret: never in logs
     await temporal.connect(s)
@@ -53,10 +54,12 @@ async def test_mtls_reads_the_mounted_files(connect_args: dict[str, Any], tmp_pa
     for name in ("tls.crt", "tls.key", "ca.crt"):
         (tmp_path / name).write_bytes(f"PEM {name}".encode())
     s = Settings(
-        temporal_tls_cert=tmp_path / "tls.crt",
-        temporal_tls_key=tmp_path / "tls.key",
-        temporal_tls_ca=tmp_path / "ca.crt",
-        temporal_tls_server_name="temporal.internal",
+        temporal=TemporalSettings(
+            tls_cert=tmp_path / "tls.crt",
+            tls_key=tmp_path / "tls.key",
+            tls_ca=tmp_path / "ca.crt",
+            tls_server_name="temporal.internal",
+        )
     )
     await temporal.connect(s)
     tls = connect_args["tls"]
@@ -69,18 +72,18 @@ async def test_mtls_reads_the_mounted_files(connect_args: dict[str, Any], tmp_pa
 
 
 def test_tls_flag_alone_uses_the_system_roots() -> None:
-    assert temporal.tls_config(Settings(temporal_tls=True)) is True
+    assert temporal.tls_config(Settings(temporal=TemporalSettings(tls=True))) is True
 
 
 def test_a_client_cert_without_its_key_is_refused(tmp_path: Path) -> None:
     (tmp_path / "tls.crt").write_text("PEM")
     with pytest.raises(ValueError, match="both"):
-        temporal.tls_config(Settings(temporal_tls_cert=tmp_path / "tls.crt"))
+        temporal.tls_config(Settings(temporal=TemporalSettings(tls_cert=tmp_path / "tls.crt")))
 
 
 def test_empty_values_from_placeholder_secrets_mean_unset(monkeypatch: pytest.MonkeyPatch) -> None:
     for var in ("API_KEY", "TLS_CERT", "TLS_KEY", "TLS_CA", "TLS_SERVER_NAME"):
-        monkeypatch.setenv(f"AUTOCLUSTERS_TEMPORAL_{var}", "")
+        monkeypatch.setenv(f"AUTOCLUSTERS_TEMPORAL__{var}", "")
     s = Settings()
-    assert (s.temporal_api_key, s.temporal_tls_cert, s.temporal_tls_ca) == (None, None, None)
+    assert (s.temporal.api_key, s.temporal.tls_cert, s.temporal.tls_ca) == (None, None, None)
     assert temporal.tls_config(s) is False

@@ -19,6 +19,7 @@ from autoclusters.clients.cli.app import app
 from autoclusters.clients.server import create_server
 from autoclusters.clients.web.settings import ApiSettings
 from autoclusters.integrations.temporal import SEARCH_ATTRIBUTES
+from tests.project.settings_names import names_a_setting
 
 ROOT = Path(__file__).resolve().parents[2]
 OFFICIAL_IMAGES = {
@@ -145,7 +146,7 @@ def test_temporal_gets_our_search_attributes_and_our_services_wait_for_them() ->
         assert service["depends_on"]["temporal-setup"]["condition"] == (
             "service_completed_successfully"
         ), name
-        address = _resolved(_env(service)["AUTOCLUSTERS_TEMPORAL_ADDRESS"] or "")
+        address = _resolved(_env(service)["AUTOCLUSTERS_TEMPORAL__ADDRESS"] or "")
         assert address == "temporal:7233", name
     ui = services["temporal-ui"]
     assert "127.0.0.1:8233:8080" in ui["ports"]
@@ -190,15 +191,15 @@ def test_prometheus_scrapes_our_metrics_ports_and_loads_the_shipped_rules() -> N
     worker_name, worker = _by_command("worker")
     [worker_sd] = jobs["autoclusters-worker"]["dns_sd_configs"]
     assert worker_sd["names"] == [worker_name]
-    assert worker_sd["port"] == int(_env(worker)["AUTOCLUSTERS_WORKER_METRICS_PORT"] or 0)
-    assert _env(worker)["AUTOCLUSTERS_WORKER_METRICS_HOST"] == "0.0.0.0"
+    assert worker_sd["port"] == int(_env(worker)["AUTOCLUSTERS_WORKER__METRICS_PORT"] or 0)
+    assert _env(worker)["AUTOCLUSTERS_WORKER__METRICS_HOST"] == "0.0.0.0"
 
     api_name, api = _by_command("api", "run")
     [api_sd] = jobs["autoclusters-api"]["dns_sd_configs"]
     assert api_sd["names"] == [api_name]
     assert api_sd["port"] == int(_env(api)["AUTOCLUSTERS_API_PORT"] or 0)
     assert jobs["autoclusters-api"].get("metrics_path", "/metrics") == "/metrics"
-    assert _env(api)["AUTOCLUSTERS_PROMETHEUS_URL"] == "http://prometheus:9090"
+    assert _env(api)["AUTOCLUSTERS_MONITORING__PROMETHEUS_URL"] == "http://prometheus:9090"
 
     # Every /metrics off loopback asks for a token: each job shows the file compose mounts
     # from AUTOCLUSTERS_METRICS_TOKEN, the worker is given that token and the API takes it
@@ -207,7 +208,7 @@ def test_prometheus_scrapes_our_metrics_ports_and_loads_the_shipped_rules() -> N
     for job in jobs.values():
         assert job["authorization"]["credentials_file"] == secret["target"], job["job_name"]
     source = _compose()["secrets"][secret["source"]]["environment"]
-    assert (_env(worker)["AUTOCLUSTERS_WORKER_METRICS_TOKEN"] or "").startswith(f"${{{source}:?")
+    assert (_env(worker)["AUTOCLUSTERS_WORKER__METRICS_TOKEN"] or "").startswith(f"${{{source}:?")
     grant = f'"prometheus": {{"role": "reader", "token": "${{{source}:?'
     assert grant in (_env(api)["AUTOCLUSTERS_API_TOKENS"] or "")
 
@@ -273,11 +274,10 @@ def _documented() -> set[str]:
 
 
 def test_every_setting_passed_to_our_services_exists() -> None:
-    fields = set(ApiSettings.model_fields)
     for name, service in _ours().items():
         for var in _env(service):
             if var.startswith("AUTOCLUSTERS_") and var not in COMPOSE_ONLY:
-                assert var.removeprefix("AUTOCLUSTERS_").lower() in fields, f"{name}: {var}"
+                assert names_a_setting(var), f"{name}: {var}"
             else:
                 assert var in CRUSOE_ENV | {"SLURM_CONF"}, f"{name}: {var}"
     assert _by_command("worker")[1]["environment"].keys() >= CRUSOE_ENV
@@ -292,9 +292,9 @@ def test_env_example_documents_exactly_what_compose_reads() -> None:
     }
     documented = _documented()
     assert used - fixed <= documented, used - fixed - documented
-    assert documented <= used | {"AUTOCLUSTERS_TEMPORAL_ADDRESS"}, documented - used
+    assert documented <= used | {"AUTOCLUSTERS_TEMPORAL__ADDRESS"}, documented - used
     for var in documented - COMPOSE_ONLY.keys() - CRUSOE_ENV:
-        assert var.removeprefix("AUTOCLUSTERS_").lower() in ApiSettings.model_fields, var
+        assert names_a_setting(var), var
     # What compose refuses to start without is set (to a placeholder) in the example.
     text = (ROOT / "docker-compose.yml").read_text()
     required = {m.group(1) for m in re.finditer(r"\$\{(\w+):\?", text)}

@@ -24,6 +24,7 @@ from autoclusters.clients.web.auth import BearerAuth, Caller
 from autoclusters.clients.web.settings import ApiSettings
 from autoclusters.integrations import slinky_crs
 from autoclusters.integrations.temporal import SEARCH_ATTRIBUTES
+from tests.project.settings_names import names_a_setting
 
 ROOT = Path(__file__).resolve().parents[2]
 KUSTOMIZE_DIR = ROOT / "deploy/kubernetes"
@@ -233,7 +234,7 @@ def test_settings_in_the_config_map_exist(
     data = _one(objects, "ConfigMap", "autoclusters-config")["data"]
     for var, value in data.items():
         if var.startswith("AUTOCLUSTERS_"):
-            assert var.removeprefix("AUTOCLUSTERS_").lower() in ApiSettings.model_fields, var
+            assert names_a_setting(var), var
         monkeypatch.setenv(var, value)
     # The API reads them as the pods will (the environment), and accepts every value.
     s = ApiSettings()
@@ -247,7 +248,7 @@ def test_settings_in_the_config_map_exist(
                     name.removeprefix("AUTOCLUSTERS_AGENT_").lower() in AgentSettings.model_fields
                 )
             elif name.startswith("AUTOCLUSTERS_"):
-                assert name.removeprefix("AUTOCLUSTERS_").lower() in ApiSettings.model_fields
+                assert names_a_setting(name), name
 
 
 def test_references_between_objects_resolve(objects: list[dict[str, Any]]) -> None:
@@ -289,9 +290,9 @@ def test_references_between_objects_resolve(objects: list[dict[str, Any]]) -> No
         assert key in cm["data"], (setting, ref, key)
         return cm
 
-    file_in("AUTOCLUSTERS_SLURM_CONF", "ConfigMap")
+    file_in("AUTOCLUSTERS_SLURM__CONF", "ConfigMap")
     kubeconfig = yaml.safe_load(
-        file_in("AUTOCLUSTERS_KUBECONFIG", "ConfigMap")["data"]["kubeconfig"]
+        file_in("AUTOCLUSTERS_KUBERNETES__KUBECONFIG", "ConfigMap")["data"]["kubeconfig"]
     )
     assert kubeconfig["users"][0]["user"]["tokenFile"].startswith("/var/run/secrets/kubernetes.io")
     policy = file_in("AUTOCLUSTERS_POLICY_FILE", "ConfigMap")["data"]["policy.yaml"]
@@ -358,8 +359,8 @@ def test_services_ports_match_the_listen_ports(objects: list[dict[str, Any]]) ->
     assert data["AUTOCLUSTERS_API_HOST"] == "0.0.0.0"
     worker = _one(objects, "Deployment", "autoclusters-worker")["spec"]["template"]["spec"]
     [metrics] = worker["containers"][0]["ports"]
-    assert metrics["containerPort"] == int(data["AUTOCLUSTERS_WORKER_METRICS_PORT"])
-    assert data["AUTOCLUSTERS_WORKER_METRICS_HOST"] == "0.0.0.0"
+    assert metrics["containerPort"] == int(data["AUTOCLUSTERS_WORKER__METRICS_PORT"])
+    assert data["AUTOCLUSTERS_WORKER__METRICS_HOST"] == "0.0.0.0"
     # alertmanager.yml's receiver names this Service and port.
     am = yaml.safe_load((ROOT / "deploy/alertmanager/alertmanager.yml").read_text())
     url = next(r for r in am["receivers"] if r["name"] == "autoclusters")["webhook_configs"][0][
@@ -400,11 +401,11 @@ def test_every_metrics_port_asks_for_the_token_prometheus_shows(
     # The worker and the agents listen on the pod network, so they are given the token
     # (without one they refuse to serve /metrics there) ...
     data = _one(objects, "ConfigMap", "autoclusters-config")["data"]
-    assert data["AUTOCLUSTERS_WORKER_METRICS_HOST"] == "0.0.0.0"
+    assert data["AUTOCLUSTERS_WORKER__METRICS_HOST"] == "0.0.0.0"
     worker = _one(objects, "Deployment", "autoclusters-worker")["spec"]["template"]["spec"]
     agent = _one(objects, "DaemonSet", "autoclusters-agent")["spec"]["template"]["spec"]
     for container, var in (
-        (worker["containers"][0], "AUTOCLUSTERS_WORKER_METRICS_TOKEN"),
+        (worker["containers"][0], "AUTOCLUSTERS_WORKER__METRICS_TOKEN"),
         (agent["containers"][0], "AUTOCLUSTERS_AGENT_METRICS_TOKEN"),
     ):
         env = {e["name"]: e for e in container["env"]}
@@ -441,7 +442,7 @@ def test_the_setup_job_registers_our_search_attributes(objects: list[dict[str, A
     declared = set(env["SEARCH_ATTRIBUTES"]["value"].split())
     assert declared == {f"{k.name}=Keyword" for k in SEARCH_ATTRIBUTES}
     address = env["TEMPORAL_ADDRESS"]["valueFrom"]["configMapKeyRef"]
-    assert address["key"] == "AUTOCLUSTERS_TEMPORAL_ADDRESS"
+    assert address["key"] == "AUTOCLUSTERS_TEMPORAL__ADDRESS"
 
 
 # --- RBAC: what the code calls ------------------------------------------------------------

@@ -81,10 +81,10 @@ async def test_a_clean_install_without_extras_runs_the_worker(
     env = {
         "PATH": os.environ["PATH"],
         "HOME": str(tmp_path),
-        "AUTOCLUSTERS_TEMPORAL_ADDRESS": sandbox.temporal_address,
-        "AUTOCLUSTERS_TASK_QUEUE": queue,
+        "AUTOCLUSTERS_TEMPORAL__ADDRESS": sandbox.temporal_address,
+        "AUTOCLUSTERS_TEMPORAL__TASK_QUEUE": queue,
         "AUTOCLUSTERS_CLOUD_PROVIDER": "crusoe",
-        "AUTOCLUSTERS_SLURM_CONF": str(sandbox.slurm_conf),
+        "AUTOCLUSTERS_SLURM__CONF": str(sandbox.slurm_conf),
         "CRUSOE_ACCESS_KEY_ID": "packaging-check",
         "CRUSOE_SECRET_KEY": secret,
         "CRUSOE_DEFAULT_PROJECT": "packaging-check",

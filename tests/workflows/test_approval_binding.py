@@ -19,6 +19,7 @@ from autoclusters.core.fault_evidence import FaultEvidence
 from autoclusters.core.models import FaultReport
 from autoclusters.core.policy import Rung
 from autoclusters.core.settings import Settings
+from autoclusters.core.settings_groups import ApprovalSettings
 from autoclusters.workflows.remediation import NodeRemediation
 from tests.decisions import APPROVAL_KEY
 from tests.workflows.test_remediation_workflow import (
@@ -45,7 +46,7 @@ async def test_a_replayed_click_for_an_earlier_step_is_refused(
             return handle
 
         monkeypatch.setattr(incidents, "find_incident", found)
-        settings = Settings(cluster=f.cluster, approval_keys=[APPROVAL_KEY])
+        settings = Settings(cluster=f.cluster, approval=ApprovalSettings(keys=[APPROVAL_KEY]))
         first = await incidents.decide(
             env.client, settings, req.incident_id, "alice", True, step="reboot", via="slack:U1"
         )

@@ -38,6 +38,7 @@ from autoclusters.core.decision_proof import (
 )
 from autoclusters.core.models import ApprovalRequest
 from autoclusters.core.policy import GuardPolicy
+from autoclusters.core.settings_groups import ApprovalSettings, TemporalSettings
 from autoclusters.sandbox.crusoe.emulator import EmulatorServer
 from autoclusters.workflows.fleet_guard import FleetGuard
 from autoclusters.workflows.gpu_sharing import GpuSharing
@@ -158,7 +159,7 @@ def test_a_tampered_proof_is_refused() -> None:
 
 
 def test_without_keys_every_proof_is_refused() -> None:
-    with pytest.raises(ProofRefused, match="no approval_keys"):
+    with pytest.raises(ProofRefused, match="no approval keys"):
         verify(sign(D, APPROVAL_KEY), [])
 
 
@@ -178,14 +179,14 @@ async def test_an_operator_decides_through_the_api_as_the_person_their_token_nam
         monkeypatch.setattr(incidents, "find_incident", found)
         s = HermeticSettings(
             cluster=f.cluster,
-            task_queue=f.task_queue,
+            temporal=TemporalSettings(task_queue=f.task_queue),
             api_tokens={"reader": "a-readers-token-0123456"},
             api_operators={
                 "alice": hashlib.sha256(alice.encode()).hexdigest(),
                 "mallory": hashlib.sha256(bob.encode()).hexdigest(),  # not an approver
             },
             api_inventory="static",
-            approval_keys=[APPROVAL_KEY],
+            approval=ApprovalSettings(keys=[APPROVAL_KEY]),
         )
 
         async def client() -> Client:
@@ -247,7 +248,7 @@ async def test_an_operator_resets_the_breaker_through_the_api_and_the_cli(
                 "mallory": hashlib.sha256(mallory.encode()).hexdigest(),
             },
             api_inventory="static",
-            approval_keys=[APPROVAL_KEY],
+            approval=ApprovalSettings(keys=[APPROVAL_KEY]),
         )
         app = create_app(s, connect, StaticInventory(["gpu-01"]))
         with EmulatorServer(app) as api:
@@ -303,7 +304,7 @@ async def test_a_move_decision_through_the_api_is_the_token_persons(
             api_tokens={"reader": reader},
             api_operators={"carol": hashlib.sha256(carol.encode()).hexdigest()},
             api_inventory="static",
-            approval_keys=[APPROVAL_KEY],
+            approval=ApprovalSettings(keys=[APPROVAL_KEY]),
         )
 
         async def client() -> Client:

@@ -32,6 +32,7 @@ from typing import Any
 import httpx
 import pytest
 import pytest_asyncio
+from pydantic import SecretStr
 from temporalio.client import Client, WorkflowFailureError, WorkflowUpdateFailedError
 from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
@@ -47,6 +48,7 @@ from autoclusters.core.handoff import ANSWER_PATH, signed_headers
 from autoclusters.core.handoff_answer import HandoffAnswer
 from autoclusters.core.models import IncidentRequest, IncidentState
 from autoclusters.core.policy import HandoffPolicy, Rung
+from autoclusters.core.settings_groups import HandoffSettings, TemporalSettings
 from autoclusters.integrations.handoff import HandoffClient
 from autoclusters.sandbox.crusoe.emulator import EmulatorServer
 from autoclusters.sandbox.crusoe.ticket_desk import Desk, DeskFault
@@ -435,9 +437,9 @@ def _signed(body: bytes) -> dict[str, str]:
 def _api(f: Fleet, client: Client) -> Any:
     s = HermeticSettings(
         cluster=f.cluster,
-        task_queue=f.task_queue,
+        temporal=TemporalSettings(task_queue=f.task_queue),
         api_inventory="static",
-        handoff_secret=SECRET,
+        handoff=HandoffSettings(secret=SecretStr(SECRET)),
     )
 
     async def connect() -> Client:

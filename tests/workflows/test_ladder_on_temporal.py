@@ -68,7 +68,7 @@ async def _run(f: Fleet, req: IncidentRequest) -> IncidentState:
 
 def _cli(monkeypatch: pytest.MonkeyPatch, env: WorkflowEnvironment, f: Fleet, *args: str) -> Result:
     monkeypatch.setenv(
-        "AUTOCLUSTERS_TEMPORAL_ADDRESS", env.client.service_client.config.target_host
+        "AUTOCLUSTERS_TEMPORAL__ADDRESS", env.client.service_client.config.target_host
     )
     monkeypatch.setenv("AUTOCLUSTERS_CLUSTER", f.cluster)
     return CliRunner().invoke(app, list(args))

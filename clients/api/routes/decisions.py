@@ -68,12 +68,13 @@ def router(api: ApiState) -> APIRouter:
     settings = api.settings
 
     def signing_key(ep: str) -> str:
-        if not settings.approval_keys:
+        if not settings.approval.keys:
             raise api.refusals.refuse(
                 409, "refused", ep, "decision refused",
-                "no approval_keys configured on the API: it cannot vouch for anyone",
+                "no approval keys ([approval] keys) configured on the API: "
+                "it cannot vouch for anyone",
             )  # fmt: skip
-        return settings.approval_keys[0].get_secret_value()
+        return settings.approval.keys[0].get_secret_value()
 
     @r.post(
         PATH,

@@ -52,7 +52,7 @@ def router(api: ApiState) -> APIRouter:
             raise api.refusals.refuse(
                 413, "too_large", ep, "payload too large", f"more than {limit} bytes"
             )
-        secret = settings.handoff_secret.get_secret_value() if settings.handoff_secret else None
+        secret = settings.handoff.secret.get_secret_value() if settings.handoff.secret else None
         h = request.headers
         try:
             verify(secret, h.get(TIMESTAMP_HEADER), h.get(SIGNATURE_HEADER), raw, time.time())

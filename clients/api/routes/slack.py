@@ -31,11 +31,12 @@ def router(api: ApiState, slack: SlackConfig) -> APIRouter:
     ) -> object:  # fmt: skip
         client = await api.gate.client()
         if step == MOVE_APPROVAL_STEP:
-            if not settings.approval_keys:
+            if not settings.approval.keys:
                 raise PermissionError(
-                    "no approval_keys configured on the API: it cannot vouch for anyone"
+                    "no approval keys ([approval] keys) configured on the API: it cannot vouch "
+                    "for anyone"
                 )
-            key = settings.approval_keys[0].get_secret_value()
+            key = settings.approval.keys[0].get_secret_value()
             decision = proven_decision(
                 settings.cluster, incident_id, approve, approver, key=key, via=via
             )

@@ -186,7 +186,7 @@
       if (r.status === 401) { location.assign("/ui/login?next=" + enc(location.pathname)); return; }
       const m = await r.json();
       const marks = JSON.parse(holder.dataset.marks || "[]");
-      if (!m.configured) holder.replaceChildren(el("p", { class: "dim" }, "no Prometheus configured (set prometheus_url)"));
+      if (!m.configured) holder.replaceChildren(el("p", { class: "dim" }, "no Prometheus configured (set [monitoring] prometheus_url)"));
       else if (m.error) holder.replaceChildren(el("p", { class: "dim" }, m.error));
       else if (!m.metrics.length) holder.replaceChildren(el("p", { class: "dim" }, "Prometheus has no GPU series for this node in the last " + chartRange));
       else if (typeof uPlot === "undefined") holder.replaceChildren(el("p", { class: "dim" }, "the chart library did not load"));
