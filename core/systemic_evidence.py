@@ -95,6 +95,6 @@ def systemic_bundle(
         faults=faults,
         readings=readings,
         steps=list(state.steps),
-        members=[m.node for m in state.members],
+        members=sorted(m.node for m in state.members),  # the leaf's, not arrival order
         level=r.level,
     )
