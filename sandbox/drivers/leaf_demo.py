@@ -28,7 +28,7 @@ import yaml
 from pydantic import BaseModel
 from rich.console import Console
 from temporalio.client import Client
-from temporalio.service import RPCError
+from temporalio.service import RPCError, RPCStatusCode
 
 from autoclusters.core.guard import floor_of
 from autoclusters.core.models import IncidentState, workflow_id
@@ -185,8 +185,14 @@ async def _demo(cfg: SandboxConfig, console: Console) -> LeafDemoSummary:
             f"   one systemic incident {opened.request.incident_id} ({opened.request.level} "
             f"{opened.request.domain}) {grouped_s:.1f}s after the first fault"
         )
-        waiting = await wait_for(
+        await wait_for(
             "the hand-off to the provider", lambda: _handed_off(handle), END_TIMEOUT_S, 0.5
+        )
+        # The provider mends the leaf once all four have been seen: a member whose agent is
+        # slow to report (its port's two readings) would otherwise find its port up again
+        # before it ever opened an incident.
+        waiting = await wait_for(
+            "every member in the systemic incident", lambda: _joined(handle), END_TIMEOUT_S, 0.5
         )
         assert waiting.handoff is not None
         drained = [m.node for m in waiting.members if m.drained]
@@ -305,6 +311,13 @@ async def _handed_off(handle: Any) -> SystemicState | None:
     return state if h is not None and h.sent_at is not None else None
 
 
+async def _joined(handle: Any) -> SystemicState | None:
+    state: SystemicState = await handle.query(SystemicIncident.status)
+    if state.status != "open":
+        raise DemoError(f"the systemic incident ended {state.status} before all joined")
+    return state if {m.node for m in state.members} >= set(MEMBERS) else None
+
+
 async def _ended(handle: Any) -> SystemicState | None:
     state: SystemicState = await handle.query(SystemicIncident.status)
     return state if state.status != "open" else None
@@ -333,7 +346,12 @@ async def _member(client: Client, cluster_name: str, node: str, since: float) ->
     handle = client.get_workflow_handle_for(NodeRemediation.run, workflow_id(cluster_name, node))
 
     async def ended() -> IncidentState | None:
-        state = await handle.query(NodeRemediation.status)
+        try:
+            state = await handle.query(NodeRemediation.status)
+        except RPCError as e:
+            if e.status == RPCStatusCode.NOT_FOUND:
+                return None  # its fault not reported yet (a busy agent): wait for it
+            raise
         if state.request.opened_at.timestamp() < since - 1:
             raise DemoError(f"no incident opened on {node} after the fault")
         return state if state.status != "open" else None
