@@ -18,7 +18,7 @@ from autoclusters.activities.job_markers import requeue_marker
 from autoclusters.activities.slurm import SlurmActivities
 from autoclusters.core.models import RequeueInput, RequeueResult, drain_reason
 from autoclusters.integrations.slurm import SlurmError
-from tests.fakes.systems import REQUEUE_DELAY_S, FakeSlurm
+from tests.fakes.systems import FakeSlurm
 
 REASON = drain_reason("INC-1", "SLOW_NODE")
 
@@ -27,12 +27,8 @@ class RequeuesItselfFirst(FakeSlurm):
     """The job's own requeue lands a moment before the runbook's."""
 
     async def requeue(self, job_id: int) -> None:
-        job = self._job(job_id)
-        if job.job_state == "RUNNING":
-            job.job_state, job.state_reason, job.nodes = "PENDING", "BeginTime", ""
-            job.eligible_time = int(time.time()) + REQUEUE_DELAY_S
-            job.batch_host, job.restart_cnt = "", job.restart_cnt + 1
-            self._settle("gpu-01")
+        if self.job_now(job_id).job_state == "RUNNING":
+            self.back_in_queue(job_id)
         await super().requeue(job_id)
 
 

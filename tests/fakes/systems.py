@@ -342,13 +342,19 @@ class FakeSlurm:
         if job_id in self.checkpointing and job.job_state in _REQUEUEABLE_STATES:
             # It saves, records when (train.py's `ckpt_at=` comment), and requeues itself.
             job.comment = f"ckpt_at={time.time():.0f}"
-            was_on = hostlist.expand(job.nodes)
-            job.job_state, job.state_reason, job.nodes = "PENDING", "BeginTime", ""
-            job.eligible_time = int(time.time()) + REQUEUE_DELAY_S
-            job.batch_host = ""
-            job.restart_cnt += 1
-            for n in was_on:
-                self._settle(n)
+            self.back_in_queue(job_id)
+
+    def back_in_queue(self, job_id: int) -> None:
+        """What any requeue does to the job (Slurm's, or its own `scontrol requeue`): pending
+        on its begin-time delay, its nodes let go, its restart count one on."""
+        job = self._job(job_id)
+        was_on = hostlist.expand(job.nodes)
+        job.job_state, job.state_reason, job.nodes = "PENDING", "BeginTime", ""
+        job.eligible_time = int(time.time()) + REQUEUE_DELAY_S
+        job.batch_host = ""
+        job.restart_cnt += 1
+        for n in was_on:
+            self._settle(n)
 
     async def requeue(self, job_id: int) -> None:
         self._reachable("requeue")
@@ -360,17 +366,11 @@ class FakeSlurm:
             )
         if job.job_state not in _REQUEUEABLE_STATES:
             raise SlurmError(f"scontrol requeue {job_id}: Job is pending execution")
-        was_on = hostlist.expand(job.nodes)
         if self.completing_reads[job_id] > 0:
             self.completing_on[job_id] = job.nodes  # shown there while it completes
-        job.job_state, job.state_reason, job.nodes = "PENDING", "BeginTime", ""
-        job.eligible_time = int(time.time()) + REQUEUE_DELAY_S
-        job.batch_host = ""
-        job.restart_cnt += 1
+        self.back_in_queue(job_id)
         self.requeue_count[job_id] += 1
         self.record("requeue", str(job_id))
-        for n in was_on:
-            self._settle(n)
         if self.fail_after_requeue_once and self.injected_failures == 0:
             self.injected_failures += 1
             raise SlurmError(f"scontrol requeue {job_id}: Socket timed out on send/recv operation")
