@@ -172,12 +172,19 @@ def main() -> None:
         "--crash", action="store_true", help="the crash cases (slurmctld SIGKILLed) instead; "
         "--cases then names moments (requeue, after:requeue)",
     )  # fmt: skip
+    sandbox_arguments(p)
+    finish(asyncio.run(run(p.parse_args())))
+
+
+def sandbox_arguments(p: argparse.ArgumentParser) -> None:
+    """The sandbox a matrix bench starts (also bench/temporal_restart.py's)."""
     p.add_argument("--nodes", type=int, default=4)
     p.add_argument("--boot-delay", type=float, default=2)
     p.add_argument("--port-base", type=int, default=0, help="default: a free range")
     p.add_argument("--state-dir", default=None, help="default: a new directory under /tmp")
-    args = p.parse_args()
-    rc = asyncio.run(run(args))
+
+
+def finish(rc: int) -> None:
     sys.stdout.flush()
     os._exit(rc)  # Temporal's threads can crash a finishing interpreter (sdk-python#300)
 

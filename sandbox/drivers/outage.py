@@ -43,6 +43,7 @@ from autoclusters.sandbox.crusoe import cloud_api
 from autoclusters.sandbox.drivers.chaos import STEPS, _closed, cloud_operations
 from autoclusters.sandbox.drivers.controller_crash import ControllerCrash, CrashReport, epoch
 from autoclusters.sandbox.drivers.history_ticks import HistoryTicks
+from autoclusters.sandbox.drivers.restart_lag import STEP_ACTIVITY
 from autoclusters.sandbox.machines import names as machine_names
 from autoclusters.sandbox.machines.hardware import Hardware, HardwareFault
 from autoclusters.sandbox.runtime import daemons
@@ -269,6 +270,8 @@ class OutageReport(BaseModel):
     # step's finished_at is workflow time, which after a workflow task timed out (Temporal
     # away) can be the time of the task before it.
     idle_completed_at: datetime | None = None
+    # The same for the activity of the step the case asked for (restart_lag.STEP_ACTIVITY).
+    step_completed_at: datetime | None = None
     node_state: str = ""  # Slurm's display state afterwards (IDLE, IDLE+DRAIN, ...)
     node_reason: str = ""
     node_drained: bool = False
@@ -449,6 +452,8 @@ async def run_outage_case(
         started, job_id, watch, job_name,
     )  # fmt: skip
     report.idle_completed_at = await _completed_at(handle, "wait_node_idle")
+    if at in STEP_ACTIVITY:
+        report.step_completed_at = await _completed_at(handle, STEP_ACTIVITY[at])
     if crash is not None:
         report.crash = crash.report
         report.notes.append(crash.report.describe())

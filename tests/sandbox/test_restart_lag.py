@@ -1,0 +1,70 @@
+"""The restart lag: from when a step could have completed (the component back, and what it
+waited for done) to its completion in the history (sandbox/drivers/restart_lag.py)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from autoclusters.sandbox.drivers.outage import CloudOp, OutageDone, OutageReport
+from autoclusters.sandbox.drivers.restart_lag import ready_at, restart_lag_s
+
+T0 = datetime(2026, 12, 5, 18, 0, tzinfo=UTC)
+
+
+def at(s: float) -> datetime:
+    return T0 + timedelta(seconds=s)
+
+
+def report(
+    step: str, up_s: float = 12.0, completed_s: float | None = 20.0, **kw: object
+) -> OutageReport:
+    return OutageReport(
+        incident_id="inc-1", node="gpu-01", component="temporal", at=step, for_s=12,
+        status="resolved", opened_at=T0, hit_step=True,
+        outage=OutageDone(
+            component="temporal", old_pid=1, new_pid=2, signal="SIGTERM",
+            down_at=at(0), up_at=at(up_s), down_s=up_s,
+        ),
+        step_completed_at=at(completed_s) if completed_s is not None else None,
+        **kw,
+    )  # fmt: skip
+
+
+def test_wait_idle_counts_from_the_later_of_the_server_back_and_the_job_ended() -> None:
+    # The job ended 5 s after the server was back: the step could complete only then.
+    r = report("wait_idle", up_s=12, completed_s=18.5, job_end_time=at(17))
+    assert ready_at(r) == at(17)
+    assert restart_lag_s(r) == 1.5
+    # The job ended during the outage: the server's return is the moment.
+    r = report("wait_idle", up_s=12, completed_s=22.0, job_end_time=at(5))
+    assert restart_lag_s(r) == 10.0
+
+
+def test_an_unknown_job_end_gives_no_figure_rather_than_one_from_the_server_alone() -> None:
+    assert restart_lag_s(report("wait_idle", job_end_time=None)) is None
+
+
+def test_repair_counts_from_the_last_cloud_operation_done() -> None:
+    ops = [
+        CloudOp(
+            action="REBOOT", vm_id="vm", state="SUCCEEDED", started_at=at(s), completed_at=at(e)
+        )
+        for s, e in ((1, 14), (2, 16))
+    ]
+    r = report("repair", up_s=12, completed_s=16.8, cloud_ops=ops)
+    assert ready_at(r) == at(16)
+    assert abs((restart_lag_s(r) or 0) - 0.8) < 1e-9
+    # No operation finished: unknown.
+    pending = [CloudOp(action="REBOOT", vm_id="vm", state="IN_PROGRESS", started_at=at(1))]
+    assert restart_lag_s(report("repair", cloud_ops=pending)) is None
+
+
+def test_a_step_the_outage_missed_or_never_completed_has_no_lag() -> None:
+    missed = report("drain", completed_s=13.0).model_copy(update={"hit_step": False})
+    assert restart_lag_s(missed) is None
+    assert restart_lag_s(report("drain", completed_s=None)) is None
+    never = report("drain").model_copy(update={"outage": None})
+    assert ready_at(never) is None and restart_lag_s(never) is None
+    # A step that waits on nothing else could complete as the server came back.
+    lag = restart_lag_s(report("drain", up_s=12, completed_s=12.4))
+    assert lag is not None and abs(lag - 0.4) < 1e-9
