@@ -45,7 +45,7 @@ from autoclusters.sandbox.drivers.outage_matrix import (  # noqa: E402
     problems,
     run_matrix_case,
 )
-from autoclusters.sandbox.drivers.restart_lag import ready_at, restart_lag_s  # noqa: E402
+from autoclusters.sandbox.drivers.restart_lag import ready_at, restart_lag_s, spanned  # noqa: E402
 from autoclusters.sandbox.runtime.config import SandboxConfig  # noqa: E402
 from tests.conftest import free_port_base  # noqa: E402
 
@@ -65,6 +65,7 @@ def figures(case: OutageCase, r: OutageReport, took_s: float) -> dict[str, Any]:
         "ready_at": ready.isoformat() if ready else None,
         "step_completed_at": r.step_completed_at.isoformat() if r.step_completed_at else None,
         "lag_s": restart_lag_s(r),
+        "spanned": spanned(r),
         "status": r.status,
         "problems": problems(case, r),
         "took_s": round(took_s, 1),
@@ -106,8 +107,10 @@ async def run(args: argparse.Namespace) -> int:
                 row = figures(case, r, time.monotonic() - t0)
                 record["cases"].append(row)
                 lag = row["lag_s"]
-                bad += bool(row["problems"]) or lag is None
+                bad += bool(row["problems"]) or (lag is None and row["spanned"])
                 shown = f"{lag:6.2f} s" if lag is not None else "unknown"
+                if lag is None and not row["spanned"]:
+                    shown = "none: the outage missed the step"
                 print(
                     f"round {i + 1} {case.id:<18} {node}: lag {shown}  landed {row['landed']}  "
                     f"{row['status']} in {row['took_s']:.0f} s  "

@@ -47,10 +47,23 @@ def ready_at(r: OutageReport) -> datetime | None:
     return ready
 
 
+def spanned(r: OutageReport) -> bool:
+    """The step was under way while the component was away: it started before the component
+    was back and completed (the history's time) after it went. Not `hit_step`, which reads
+    the step's end in workflow time: after a workflow task timed out with the server away,
+    that is the time of the task before it, before the outage."""
+    if r.outage is None or r.step_completed_at is None:
+        return False
+    starts = [s.started_at for s in r.steps if s.name == r.at]
+    return (
+        bool(starts) and min(starts) <= r.outage.up_at and r.step_completed_at >= r.outage.down_at
+    )
+
+
 def restart_lag_s(r: OutageReport) -> float | None:
     """Seconds from `ready_at` to the step's completion in the history; None where the
     outage missed the step or either end is unknown."""
     ready = ready_at(r)
-    if ready is None or r.step_completed_at is None or not r.hit_step:
+    if ready is None or r.step_completed_at is None or not spanned(r):
         return None
     return (r.step_completed_at - ready).total_seconds()

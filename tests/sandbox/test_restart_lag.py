@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+from autoclusters.core.models import StepRecord
 from autoclusters.sandbox.drivers.outage import CloudOp, OutageDone, OutageReport
 from autoclusters.sandbox.drivers.restart_lag import ready_at, restart_lag_s
 
@@ -20,7 +21,7 @@ def report(
 ) -> OutageReport:
     return OutageReport(
         incident_id="inc-1", node="gpu-01", component="temporal", at=step, for_s=12,
-        status="resolved", opened_at=T0, hit_step=True,
+        status="resolved", opened_at=T0, steps=[StepRecord(name=step, started_at=at(-1))],
         outage=OutageDone(
             component="temporal", old_pid=1, new_pid=2, signal="SIGTERM",
             down_at=at(0), up_at=at(up_s), down_s=up_s,
@@ -60,11 +61,23 @@ def test_repair_counts_from_the_last_cloud_operation_done() -> None:
 
 
 def test_a_step_the_outage_missed_or_never_completed_has_no_lag() -> None:
-    missed = report("drain", completed_s=13.0).model_copy(update={"hit_step": False})
-    assert restart_lag_s(missed) is None
+    # Over before the server went away (it went at 0), or begun only after it was back (12).
+    assert restart_lag_s(report("drain", completed_s=-0.5)) is None
+    late = report("drain", completed_s=14.0)
+    late.steps = [StepRecord(name="drain", started_at=at(13))]
+    assert restart_lag_s(late) is None
     assert restart_lag_s(report("drain", completed_s=None)) is None
     never = report("drain").model_copy(update={"outage": None})
     assert ready_at(never) is None and restart_lag_s(never) is None
     # A step that waits on nothing else could complete as the server came back.
     lag = restart_lag_s(report("drain", up_s=12, completed_s=12.4))
     assert lag is not None and abs(lag - 0.4) < 1e-9
+
+
+def test_a_step_whose_workflow_time_ended_before_the_outage_still_counts() -> None:
+    # hit_step read False (the step's finished_at, workflow time, from before the outage),
+    # but the history completed it after the server was back: it spanned the outage.
+    r = report("wait_idle", up_s=12, completed_s=19.0, job_end_time=at(17))
+    r.hit_step = False
+    r.steps[0].finished_at = at(-0.5)
+    assert restart_lag_s(r) == 2.0
