@@ -18,6 +18,7 @@ policy and topology.conf alone place the nodes, and the log says that too.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from dataclasses import dataclass
@@ -33,9 +34,11 @@ log = logging.getLogger(__name__)
 
 # Racks and cliques change when machines move, not per alert: an alert storm opens many
 # incidents and reads the Nodes once. The read is bounded: an API that does not answer
-# delays an opening by at most this.
+# delays an opening by at most LABELS_READ_BOUND_S (each request LABELS_READ_TIMEOUT_S; the
+# first read also loads the client and its kubeconfig, seconds on a loaded machine).
 LABELS_MAX_AGE_S = 30.0
 LABELS_READ_TIMEOUT_S = 5.0
+LABELS_READ_BOUND_S = 10.0
 
 
 @dataclass
@@ -100,20 +103,23 @@ async def node_labels(kubeconfig: Path) -> dict[str, dict[str, str]] | None:
         return seen.labels
     seen.tried_at = now
     try:
-        labels = await _read_node_labels(kubeconfig)
+        # The client's own timeout is per request, and it retries a failed connection: the
+        # whole read is bounded here.
+        labels = await asyncio.wait_for(_read_node_labels(kubeconfig), LABELS_READ_BOUND_S)
     except Exception as e:  # noqa: BLE001 - no answer, a refusal (403: no RBAC to list
         # Nodes), a kubeconfig that cannot be used: whatever it is, the placement is unknown,
         # and never a reason not to open the incident.
+        why = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
         if seen.labels is None:
             log.warning(
                 "could not read the Kubernetes Nodes' labels (%s): none read yet, so nodes "
                 "are placed by the policy and topology.conf alone",
-                e,
+                why,
             )
         else:
             log.warning(
                 "could not read the Kubernetes Nodes' labels (%s): keeping the map read %.0f s ago",
-                e,
+                why,
                 now - seen.read_at,
             )
         return seen.labels

@@ -10,13 +10,16 @@ Aspects covered:
 - the Nodes are read once per LABELS_MAX_AGE_S, not per incident (a storm reads once);
   past it, a changed label is read;
 - a failed read is unknown, not "no labels": the last good map is kept and the log says
-  so; with none read yet, the policy and topology.conf alone, and the log says that.
+  so; with none read yet, the policy and topology.conf alone, and the log says that;
+- an API that takes the connection and never answers holds the opening no longer than
+  LABELS_READ_BOUND_S.
 """
 
 from __future__ import annotations
 
 import logging
 import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -156,3 +159,28 @@ async def test_with_no_map_read_yet_a_failed_read_leaves_the_other_sources(
     assert topo["gpu-01"] == NodeTopology(leaf="leaf-01", pod="pod-01")
     assert topo["gpu-02"] == NodeTopology(leaf="leaf-01", pod="pod-01", rack="r")
     assert "none read yet" in caplog.text
+
+
+async def test_an_api_that_never_answers_holds_the_opening_no_longer_than_the_bound(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(fabric_topology, "LABELS_READ_BOUND_S", 1.0)
+    with socket.socket() as silent:  # takes connections (the backlog), never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        settings = Settings(
+            kubernetes=KubernetesSettings(
+                kubeconfig=write_kubeconfig(tmp_path / "kubeconfig", url, TOKEN)
+            )
+        )
+        policy = default_policy().model_copy(
+            update={"topology": {"gpu-01": NodeTopology(rack="r")}}
+        )
+        start = time.monotonic()
+        with caplog.at_level(logging.WARNING, logger=fabric_topology.__name__):
+            topo = (await with_fabric_topology(settings, policy)).topology
+        took = time.monotonic() - start
+    assert topo == {"gpu-01": NodeTopology(rack="r")}
+    assert took < fabric_topology.LABELS_READ_TIMEOUT_S, took  # the bound, not the client's
+    assert "TimeoutError" in caplog.text
