@@ -30,6 +30,7 @@ from autoclusters.core.models import (
 )
 from autoclusters.core.policy import TOPOLOGY_LEVELS, Policy
 from autoclusters.core.settings import Settings
+from autoclusters.core.systemic import SYSTEMIC_WORKFLOW
 from autoclusters.core.systemic_member import systemic_workflow_id
 from autoclusters.integrations import temporal
 from autoclusters.workflows.remediation import NodeRemediation
@@ -37,6 +38,11 @@ from autoclusters.workflows.remediation import NodeRemediation
 
 class IncidentNotFound(LookupError):
     pass
+
+
+class SystemicIncidentFound(IncidentNotFound):
+    """The id is a systemic incident's (docs/systemic.md), not a node's: read it with
+    clients/systemic_incidents.py."""
 
 
 class DecisionRefused(PermissionError):
@@ -271,7 +277,14 @@ async def find_incident(client: Client, settings: Settings, incident_id: str) ->
 
 
 async def incident_state(handle: WorkflowHandle) -> tuple[IncidentState | None, str]:
-    """The incident's timeline (from the `status` query) and its Temporal status."""
+    """The incident's timeline (from the `status` query) and its Temporal status.
+    SystemicIncidentFound: the handle is a systemic incident's, whose state is another."""
     desc = await handle.describe()
+    if desc.workflow_type == SYSTEMIC_WORKFLOW:
+        raise SystemicIncidentFound(
+            f"{desc.typed_search_attributes.get(temporal.INCIDENT_ID) or desc.id} is a "
+            "systemic incident (docs/systemic.md): `autoclusters incident show` and the "
+            "console's /ui/systemic/ page show it"
+        )
     state = await handle.query(NodeRemediation.status)
     return state, _status_name(desc.status)

@@ -31,9 +31,9 @@ from autoclusters.clients.console.cluster_read import ClusterRead, read_cluster
 from autoclusters.clients.console.ladder import ladder_view
 from autoclusters.clients.console.session import COOKIE, COOKIE_PATH, NotLoggedIn, Sessions
 from autoclusters.clients.console.shared_read import ReadUnavailable, SharedRead, Snapshot
-from autoclusters.clients.console.sources import ConsoleSource, SystemicInstead
+from autoclusters.clients.console.sources import ConsoleSource
 from autoclusters.clients.incident_history import LADDER_HISTORY
-from autoclusters.clients.incidents import IncidentNotFound
+from autoclusters.clients.incidents import IncidentNotFound, SystemicIncidentFound
 from autoclusters.clients.web.auth import Unauthorized
 from autoclusters.clients.web.settings import ApiSettings
 from autoclusters.core.policy import Policy
@@ -488,7 +488,7 @@ def router() -> APIRouter:
     async def incident_page(request: Request, incident_id: str) -> Response:
         try:
             view = await _console(request).incident(incident_id)
-        except SystemicInstead:
+        except SystemicIncidentFound:
             return RedirectResponse(f"/ui/systemic/{quote(incident_id, safe='')}", 303)
         except IncidentNotFound as e:
             return _page(request, "missing.html", 404, what=str(e))
@@ -499,7 +499,7 @@ def router() -> APIRouter:
     async def incident_json(request: Request, incident_id: str) -> Response:
         try:
             view = await _console(request).incident(incident_id)
-        except SystemicInstead:
+        except SystemicIncidentFound:
             return RedirectResponse(f"/ui/api/systemic/{quote(incident_id, safe='')}", 303)
         except IncidentNotFound as e:
             return JSONResponse({"error": "not found", "detail": str(e)}, status_code=404)

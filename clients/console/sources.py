@@ -41,10 +41,6 @@ class IncidentRead(BaseModel):
     temporal_status: str
 
 
-class SystemicInstead(IncidentNotFound):
-    """The id is a systemic incident's, not a node's: its page is /ui/systemic/<id>."""
-
-
 class ConsoleSource(Protocol):
     async def slurm_nodes(self) -> list[SlurmNode]: ...
 
@@ -63,7 +59,7 @@ class ConsoleSource(Protocol):
     ) -> list[IncidentSummary]: ...
 
     async def incident(self, incident_id: str) -> IncidentRead:
-        """IncidentNotFound: none; SystemicInstead: the id is a systemic incident's."""
+        """IncidentNotFound: none; SystemicIncidentFound: the id is a systemic incident's."""
         ...
 
     async def systemic_incidents(self) -> list[SystemicState]:
@@ -172,9 +168,7 @@ class LiveSource:
 
         async def read() -> IncidentRead:
             handle = await incidents.find_incident(client, self._settings, incident_id)
-            if await systemic_incidents.systemic_read(handle) is not None:
-                raise SystemicInstead(f"{incident_id} is a systemic incident")
-            state, status = await incidents.incident_state(handle)
+            state, status = await incidents.incident_state(handle)  # a systemic one raises
             assert state is not None
             return IncidentRead(state=state, workflow_id=handle.id, temporal_status=status)
 

@@ -12,7 +12,8 @@ Aspects covered:
 - an older systemic incident, no longer at its workflow id, is found through visibility;
 - an id shaped like one that no workflow holds: exit 1, "no incident";
 - the console's reads: the open systemic incidents of the cluster (not another cluster's),
-  and one by id; a systemic id asked for as a node's incident says it is a systemic one.
+  and one by id; a systemic id read as a node's incident (the console's incident page,
+  the API's /v1/incidents/<id>) is SystemicIncidentFound, naming it.
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ from typer.testing import CliRunner
 
 from autoclusters.clients import systemic_incidents
 from autoclusters.clients.cli.app import app
-from autoclusters.clients.console.sources import LiveSource, SystemicInstead
+from autoclusters.clients.console.sources import LiveSource
+from autoclusters.clients.incidents import SystemicIncidentFound
 from autoclusters.clients.systemic_incidents import SystemicRead
 from autoclusters.core import binpaths
 from autoclusters.core.guard import GuardContext
@@ -251,8 +253,9 @@ def test_the_consoles_reads_of_systemic_incidents(server: Server, cluster: str) 
     assert [s.request.incident_id for s in found] == [incident_id]
     read = server.call(source.systemic(incident_id))
     assert read.workflow_id == wf_id and read.state.request.domain == "leaf-03"
-    with pytest.raises(SystemicInstead):
+    with pytest.raises(SystemicIncidentFound) as e:  # as the API's /v1/incidents/<id> reads
         server.call(source.incident(incident_id))
+    assert f"{incident_id} is a systemic incident" in str(e.value)
     assert systemic_incidents.handoff_text(None, None) == "not handed off yet"
     server.call(server.client.get_workflow_handle(
         systemic_workflow_id(other, "leaf", "leaf-03")).terminate("test over"))  # fmt: skip

@@ -30,8 +30,12 @@ from temporalio.client import Client
 from autoclusters.clients.console import prometheus, topology
 from autoclusters.clients.console.routes import Console
 from autoclusters.clients.console.session import COOKIE, NotLoggedIn, Sessions
-from autoclusters.clients.console.sources import IncidentRead, SystemicInstead
-from autoclusters.clients.incidents import IncidentNotFound, IncidentSummary
+from autoclusters.clients.console.sources import IncidentRead
+from autoclusters.clients.incidents import (
+    IncidentNotFound,
+    IncidentSummary,
+    SystemicIncidentFound,
+)
 from autoclusters.clients.inventory import StaticInventory
 from autoclusters.clients.server import create_server
 from autoclusters.clients.systemic_incidents import SystemicRead
@@ -175,7 +179,7 @@ class FakeSource:
                 wf = f"remediation-c1-{i.request.node}"
                 return IncidentRead(state=i, workflow_id=wf, temporal_status="running")
         if any(r.state.request.incident_id == incident_id for r in self.systemic_reads):
-            raise SystemicInstead(f"{incident_id} is a systemic incident")
+            raise SystemicIncidentFound(f"{incident_id} is a systemic incident")
         raise IncidentNotFound(f"no incident {incident_id}")
 
     async def systemic_incidents(self) -> list[SystemicState]:
