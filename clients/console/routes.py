@@ -511,7 +511,8 @@ def router() -> APIRouter:
             view = await _console(request).systemic(incident_id)
         except IncidentNotFound as e:
             return _page(request, "missing.html", 404, what=str(e))
-        return _page(request, "systemic.html", view=view)
+        api = f"/ui/api/systemic/{quote(incident_id, safe='')}"
+        return _page(request, "systemic.html", view=view, api=api)
 
     @r.get(
         "/ui/api/systemic/{incident_id}",
