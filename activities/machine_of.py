@@ -90,17 +90,37 @@ def vm_id_of(node: Obj) -> str:
     return str((metadata_of(node).get("labels") or {}).get(INSTANCE_ID_LABEL) or "")
 
 
+def _likeliest(node: Obj) -> tuple[bool, str]:
+    # A Ready one first, then the newest: an old Node may linger NotReady while its VM goes.
+    return is_ready(node), str(metadata_of(node).get("creationTimestamp", ""))
+
+
 def node_of(nodes: list[Obj], slurm_node: str) -> Obj | None:
     """The Node of `slurm_node` among `nodes`: the one that carries it as its
-    hostname-override (a Ready one first, then the newest: an old Node may linger NotReady
-    while its VM goes), else the one of its own name that names no other Slurm node."""
+    hostname-override (a Ready one first, then the newest), else the one of its own name
+    that names no other Slurm node."""
     named = [n for n in nodes if override_of(n) == slurm_node]
     if named:
-        return max(named, key=lambda n: (is_ready(n), metadata_of(n).get("creationTimestamp", "")))
+        return max(named, key=_likeliest)
     own = next((n for n in nodes if metadata_of(n).get("name") == slurm_node), None)
     if own is not None and override_of(own) in ("", slurm_node):
         return own
     return None
+
+
+def nodes_by_slurm_node(nodes: list[Obj]) -> dict[str, Obj]:
+    """Every Slurm node's Node among `nodes`, chosen as `node_of` chooses it, in one pass
+    (a cluster of a thousand Nodes is not searched once per node; the API places nodes by
+    their Nodes' labels with it, clients/fabric_topology.py)."""
+    named: dict[str, Obj] = {}
+    own: dict[str, Obj] = {}
+    for node in nodes:
+        name, override = str(metadata_of(node).get("name") or ""), override_of(node)
+        if override and (override not in named or _likeliest(node) > _likeliest(named[override])):
+            named[override] = node
+        if name and override in ("", name):
+            own[name] = node
+    return {**own, **named}
 
 
 @contextmanager

@@ -70,8 +70,9 @@ async def opening(
     # The ladder's figures from the cluster's history, when the policy skips rungs (a policy
     # that does not reads nothing; a slow or failed read opens with the plain ladder).
     policy = await ladder_at_open(client).policy_for_open(settings.cluster, policy)
-    # Where the node sits (topology.conf), for systemic incidents (docs/systemic.md).
-    policy = with_fabric_topology(settings, policy)
+    # Where the node sits (the Nodes' labels, topology.conf), for systemic incidents
+    # (docs/systemic.md).
+    policy = await with_fabric_topology(settings, policy)
     # A node repaired too often is held after its repair (lemon nodes): its count, read now.
     prior_repairs = await repairs_before(client, settings.cluster, node, policy)
     opened_at = datetime.now(UTC)

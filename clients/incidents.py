@@ -28,14 +28,21 @@ from autoclusters.core.models import (
     RefusedApproval,
     workflow_id,
 )
-from autoclusters.core.policy import Policy
+from autoclusters.core.policy import TOPOLOGY_LEVELS, Policy
 from autoclusters.core.settings import Settings
+from autoclusters.core.systemic import SYSTEMIC_WORKFLOW
+from autoclusters.core.systemic_member import systemic_workflow_id
 from autoclusters.integrations import temporal
 from autoclusters.workflows.remediation import NodeRemediation
 
 
 class IncidentNotFound(LookupError):
     pass
+
+
+class SystemicIncidentFound(IncidentNotFound):
+    """The id is a systemic incident's (docs/systemic.md), not a node's: read it with
+    clients/systemic_incidents.py."""
 
 
 class DecisionRefused(PermissionError):
@@ -230,23 +237,39 @@ def _quoted(value: str) -> str:
     return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
+async def _named(client: Client, wf_id: str, incident_id: str) -> WorkflowHandle | None:
+    """The run of workflow `wf_id` when it is incident `incident_id` (None: no such
+    workflow, or its latest run is another incident)."""
+    handle = client.get_workflow_handle(wf_id)
+    try:
+        desc = await handle.describe()
+    except RPCError:
+        return None
+    if desc.typed_search_attributes.get(temporal.INCIDENT_ID) != incident_id:
+        return None
+    return client.get_workflow_handle(desc.id, run_id=desc.run_id)
+
+
 async def find_incident(client: Client, settings: Settings, incident_id: str) -> WorkflowHandle:
+    """The incident's workflow: a node's NodeRemediation, or a systemic incident
+    (SystemicIncident, docs/systemic.md), whose ids are shaped alike."""
     if not INCIDENT_ID_PATTERN.match(incident_id):
         # Never let it near a visibility query: it would be query syntax, not an id.
         raise IncidentNotFound(
             f"{incident_id[:80]!r} is not an incident id (inc-YYYYMMDD-HHMMSS-<node>)"
         )
-    # The id names the node, so the node's workflow id is a direct look-up (no wait for
-    # visibility); an older incident of that node is found through visibility.
-    node = incident_id.split("-", 3)[-1]
-    if node:
-        handle = client.get_workflow_handle(workflow_id(settings.cluster, node))
-        try:
-            desc = await handle.describe()
-            if desc.typed_search_attributes.get(temporal.INCIDENT_ID) == incident_id:
-                return client.get_workflow_handle(desc.id, run_id=desc.run_id)
-        except RPCError:
-            pass
+    # The id names the node (a systemic incident's: its leaf or rack), so the workflow id
+    # is a direct look-up (no wait for visibility); an older incident is found through
+    # visibility.
+    name = incident_id.split("-", 3)[-1]
+    if name:
+        ids = [
+            workflow_id(settings.cluster, name),
+            *(systemic_workflow_id(settings.cluster, lvl, name) for lvl in TOPOLOGY_LEVELS),
+        ]
+        for wf_id in ids:
+            if (found := await _named(client, wf_id, incident_id)) is not None:
+                return found
     query = f"IncidentId = {_quoted(incident_id)} AND Cluster = {_quoted(settings.cluster)}"
     async for wf in client.list_workflows(query):
         return client.get_workflow_handle(wf.id, run_id=wf.run_id)
@@ -254,7 +277,14 @@ async def find_incident(client: Client, settings: Settings, incident_id: str) ->
 
 
 async def incident_state(handle: WorkflowHandle) -> tuple[IncidentState | None, str]:
-    """The incident's timeline (from the `status` query) and its Temporal status."""
+    """The incident's timeline (from the `status` query) and its Temporal status.
+    SystemicIncidentFound: the handle is a systemic incident's, whose state is another."""
     desc = await handle.describe()
+    if desc.workflow_type == SYSTEMIC_WORKFLOW:
+        raise SystemicIncidentFound(
+            f"{desc.typed_search_attributes.get(temporal.INCIDENT_ID) or desc.id} is a "
+            "systemic incident (docs/systemic.md): `autoclusters incident show` and the "
+            "console's /ui/systemic/ page show it"
+        )
     state = await handle.query(NodeRemediation.status)
     return state, _status_name(desc.status)

@@ -228,6 +228,42 @@ class NodeTopology(_Strict):
         return self.leaf if level == "leaf" else self.rack
 
 
+# A Kubernetes label key: an optional DNS-subdomain prefix and `/`, then a name of at most
+# 63 characters (alphanumerics, `-`, `_`, `.`; alphanumeric at both ends).
+LabelKey = Annotated[
+    str,
+    StringConstraints(
+        max_length=317,
+        pattern=r"^(?:[a-z0-9](?:[-a-z0-9.]{0,251}[a-z0-9])?/)?"
+        r"[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$",
+    ),
+]
+# What the defaults read (docs/systemic.md "Topology"): a rack label (not one of Kubernetes'
+# well-known labels: the cluster's admin or provider sets it), NVIDIA GPU feature
+# discovery's NVLink clique (`<cluster uuid>.<clique id>`: one NVLink partition), and what
+# NVIDIA Topograph's Kubernetes engine labels Nodes with: its fabric tiers (tier 0 the
+# leaf switch, tier 1 the one above it) and accelerator domain, or, before its 1.0
+# release, its leaf and spine.
+RACK_LABEL = "topology.kubernetes.io/rack"
+GPU_CLIQUE_LABEL = "nvidia.com/gpu.clique"
+TOPOGRAPH_LEAF_LABELS = ["fabric.topograph.run/tier-0", "network.topology.nvidia.com/leaf"]
+TOPOGRAPH_POD_LABELS = ["fabric.topograph.run/tier-1", "network.topology.nvidia.com/spine"]
+TOPOGRAPH_DOMAIN_LABEL = "accelerator.topograph.run/domain"
+
+
+class TopologyLabels(_Strict):
+    """The Kubernetes Node labels that say where a node sits, per level: a Node's domain at
+    a level is the value of the first of that level's keys it carries (none: unknown at
+    that level). Read only where the cluster has Kubernetes (clients/fabric_topology.py)."""
+
+    leaf: list[LabelKey] = Field(default_factory=lambda: [*TOPOGRAPH_LEAF_LABELS], max_length=16)
+    pod: list[LabelKey] = Field(default_factory=lambda: [*TOPOGRAPH_POD_LABELS], max_length=16)
+    rack: list[LabelKey] = Field(
+        default_factory=lambda: [RACK_LABEL, GPU_CLIQUE_LABEL, TOPOGRAPH_DOMAIN_LABEL],
+        max_length=16,
+    )
+
+
 class BurnInScreen(_Strict):
     """The screen a repaired node passes before it returns: an all-reduce with a healthy
     idle neighbour (alone when none is idle) and the agent's active diagnostic, as one
@@ -347,6 +383,9 @@ class Policy(_Strict):
     steps: dict[Rung, StepPolicy] = Field(default_factory=dict)
     guard: GuardPolicy = Field(default_factory=GuardPolicy)
     topology: dict[NodeName, NodeTopology] = Field(default_factory=dict, max_length=MAX_COUNT)
+    # Where `topology` does not say, the Kubernetes Nodes' labels do (these keys), then
+    # Slurm's topology.conf (docs/systemic.md "Topology").
+    topology_labels: TopologyLabels = Field(default_factory=TopologyLabels)
     # An outcome-driven ladder: a rung that fixed a fault kind in fewer than this fraction
     # of at least min_samples tries (the cluster's history, `autoclusters stats ladder`) is
     # skipped for that kind, and the incident says why. 0: never skip.

@@ -174,15 +174,21 @@ def incident_show(
     ],
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object.")] = False,
 ) -> None:
-    """Show one incident: its steps with start and finish times."""
+    """Show one incident: its steps with start and finish times (a systemic incident: its
+    domain, members and hand-off too)."""
     _show(incident_id, as_json)
 
 
 def _show(incident_id: str, as_json: bool) -> None:
-    from autoclusters.clients import incidents
+    from autoclusters.clients import incidents, systemic_incidents
+    from autoclusters.clients.cli.systemic import show_systemic
 
     async def go(client: Any, s: Settings) -> Any:
         handle = await incidents.find_incident(client, s, incident_id)
+        # A systemic incident (docs/systemic.md) has an id of the same shape.
+        systemic = await systemic_incidents.systemic_read(handle)
+        if systemic is not None:
+            return systemic, ""
         return await incidents.incident_state(handle)
 
     try:
@@ -190,6 +196,9 @@ def _show(incident_id: str, as_json: bool) -> None:
     except incidents.IncidentNotFound as e:
         err.print(str(e))
         raise typer.Exit(1) from None
+    if isinstance(state, systemic_incidents.SystemicRead):
+        show_systemic(state, as_json=as_json)
+        return
     if state is None:
         err.print(f"{incident_id}: not started yet (temporal status {wf_status})")
         raise typer.Exit(1)

@@ -27,6 +27,7 @@ from datetime import UTC, date, datetime, timedelta
 from pydantic import BaseModel, Field
 
 from autoclusters.clients.console.ladder import LadderView
+from autoclusters.clients.console.systemic import SystemicSummary
 from autoclusters.core.models import IncidentState
 from autoclusters.core.recovery import capacity_recovery, job_recovery
 from autoclusters.core.recovery_loss import EstimateQuality, estimate_quality
@@ -76,6 +77,10 @@ class FleetView(BaseModel):
     ladder: LadderView | None = None
     # The planner's estimates against the losses the closed incidents measured.
     estimates: EstimateQuality = Field(default_factory=EstimateQuality)
+    # The open systemic incidents (docs/systemic.md), set by the console beside these
+    # figures; `systemic_known` false: they could not be read (the errors say why).
+    systemic: list[SystemicSummary] = Field(default_factory=list)
+    systemic_known: bool = True
     errors: list[str] = Field(default_factory=list)
 
 

@@ -26,14 +26,14 @@ from starlette.templating import Jinja2Templates
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from autoclusters.clients.clusters import ui_link
-from autoclusters.clients.console import fleet, job_steps, prometheus, topology, views
+from autoclusters.clients.console import fleet, job_steps, prometheus, systemic, topology, views
 from autoclusters.clients.console.cluster_read import ClusterRead, read_cluster
 from autoclusters.clients.console.ladder import ladder_view
 from autoclusters.clients.console.session import COOKIE, COOKIE_PATH, NotLoggedIn, Sessions
 from autoclusters.clients.console.shared_read import ReadUnavailable, SharedRead, Snapshot
 from autoclusters.clients.console.sources import ConsoleSource
 from autoclusters.clients.incident_history import LADDER_HISTORY
-from autoclusters.clients.incidents import IncidentNotFound
+from autoclusters.clients.incidents import IncidentNotFound, SystemicIncidentFound
 from autoclusters.clients.web.auth import Unauthorized
 from autoclusters.clients.web.settings import ApiSettings
 from autoclusters.core.policy import Policy
@@ -242,6 +242,11 @@ class Console:
             slack_thread=thread,
         )
 
+    async def systemic(self, incident_id: str) -> systemic.SystemicPage:
+        read = await self.source.systemic(incident_id)
+        temporal_url = ui_link(self.settings, read.workflow_id)
+        return systemic.page(read, temporal_url=temporal_url, now=self.now())
+
     def _slack_thread(self, incident_id: str) -> tuple[str | None, str | None]:
         slack = self.settings.slack
         if slack is None or slack.store_dir is None:
@@ -260,10 +265,11 @@ class Console:
         if span not in fleet.RANGES:
             raise ValueError(f"range: one of {', '.join(fleet.RANGES)}, not {span!r}")
         errors: list[str] = []
-        snap, states, figures = await asyncio.gather(
+        snap, states, figures, open_systemic = await asyncio.gather(
             self.cluster_read(),
             self._try("incidents", self.source.recent_states(FLEET_INCIDENTS), errors),
             self._try("repair ladder", self.source.ladder(), errors),
+            self._try("systemic incidents", self.source.systemic_incidents(), errors),
         )
         tiles = [t for p in snap.value.view.pods for lf in p.leaves for g in lf.groups
                  for t in g.tiles]  # fmt: skip
@@ -280,6 +286,9 @@ class Console:
         )
         if figures is not None:
             view.ladder = ladder_view(figures, self.policy(), LADDER_HISTORY.days)
+        # None: the read failed (its error is on the page), not "no systemic incident".
+        view.systemic = [systemic.summary(x) for x in open_systemic or []]
+        view.systemic_known = open_systemic is not None
         return view
 
     async def notifications(self) -> views.NotificationsPage:
@@ -479,6 +488,8 @@ def router() -> APIRouter:
     async def incident_page(request: Request, incident_id: str) -> Response:
         try:
             view = await _console(request).incident(incident_id)
+        except SystemicIncidentFound:
+            return RedirectResponse(f"/ui/systemic/{quote(incident_id, safe='')}", 303)
         except IncidentNotFound as e:
             return _page(request, "missing.html", 404, what=str(e))
         api = f"/ui/api/incidents/{quote(incident_id, safe='')}"
@@ -488,6 +499,29 @@ def router() -> APIRouter:
     async def incident_json(request: Request, incident_id: str) -> Response:
         try:
             view = await _console(request).incident(incident_id)
+        except SystemicIncidentFound:
+            return RedirectResponse(f"/ui/api/systemic/{quote(incident_id, safe='')}", 303)
+        except IncidentNotFound as e:
+            return JSONResponse({"error": "not found", "detail": str(e)}, status_code=404)
+        return JSONResponse(view.model_dump(mode="json"))
+
+    @r.get("/ui/systemic/{incident_id}", include_in_schema=False)
+    async def systemic_page(request: Request, incident_id: str) -> Response:
+        try:
+            view = await _console(request).systemic(incident_id)
+        except IncidentNotFound as e:
+            return _page(request, "missing.html", 404, what=str(e))
+        api = f"/ui/api/systemic/{quote(incident_id, safe='')}"
+        return _page(request, "systemic.html", view=view, api=api)
+
+    @r.get(
+        "/ui/api/systemic/{incident_id}",
+        summary="Console: one systemic incident: its members, hand-off and steps",
+        response_model=systemic.SystemicPage,
+    )
+    async def systemic_json(request: Request, incident_id: str) -> Response:
+        try:
+            view = await _console(request).systemic(incident_id)
         except IncidentNotFound as e:
             return JSONResponse({"error": "not found", "detail": str(e)}, status_code=404)
         return JSONResponse(view.model_dump(mode="json"))

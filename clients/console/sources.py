@@ -19,14 +19,16 @@ from pydantic import BaseModel
 from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 
-from autoclusters.clients import incidents
+from autoclusters.clients import incidents, systemic_incidents
 from autoclusters.clients.incident_history import LADDER_HISTORY, ladder_at_open
-from autoclusters.clients.incidents import IncidentSummary
+from autoclusters.clients.incidents import IncidentNotFound, IncidentSummary
+from autoclusters.clients.systemic_incidents import SystemicRead
 from autoclusters.core.cluster import ClusterState, provisioning_workflow_id
 from autoclusters.core.guard import GuardStatus, guard_workflow_id
 from autoclusters.core.ladder_figures import LadderFigures
 from autoclusters.core.models import IncidentState, SlurmNode
 from autoclusters.core.settings import Settings
+from autoclusters.core.systemic import SystemicState
 from autoclusters.integrations.slurm import SlurmClient
 from autoclusters.workflows.cluster_provisioning import ClusterProvisioning
 from autoclusters.workflows.fleet_guard import FleetGuard
@@ -56,7 +58,17 @@ class ConsoleSource(Protocol):
         self, *, node: str | None, state: str | None, limit: int
     ) -> list[IncidentSummary]: ...
 
-    async def incident(self, incident_id: str) -> IncidentRead: ...
+    async def incident(self, incident_id: str) -> IncidentRead:
+        """IncidentNotFound: none; SystemicIncidentFound: the id is a systemic incident's."""
+        ...
+
+    async def systemic_incidents(self) -> list[SystemicState]:
+        """The open systemic incidents (docs/systemic.md), newest first."""
+        ...
+
+    async def systemic(self, incident_id: str) -> SystemicRead:
+        """One systemic incident; IncidentNotFound: none (or it is a node's incident)."""
+        ...
 
     async def recent_states(self, limit: int) -> list[IncidentState]: ...
 
@@ -156,11 +168,31 @@ class LiveSource:
 
         async def read() -> IncidentRead:
             handle = await incidents.find_incident(client, self._settings, incident_id)
-            state, status = await incidents.incident_state(handle)
+            state, status = await incidents.incident_state(handle)  # a systemic one raises
             assert state is not None
             return IncidentRead(state=state, workflow_id=handle.id, temporal_status=status)
 
         got: IncidentRead = await self._bounded(read())
+        return got
+
+    async def systemic_incidents(self) -> list[SystemicState]:
+        client = await self._client()
+        found: list[SystemicState] = await self._bounded(
+            systemic_incidents.open_systemic(client, self._settings)
+        )
+        return found
+
+    async def systemic(self, incident_id: str) -> SystemicRead:
+        client = await self._client()
+
+        async def read() -> SystemicRead:
+            handle = await incidents.find_incident(client, self._settings, incident_id)
+            got = await systemic_incidents.systemic_read(handle)
+            if got is None:
+                raise IncidentNotFound(f"{incident_id} is a node's incident, not a systemic one")
+            return got
+
+        got: SystemicRead = await self._bounded(read())
         return got
 
     async def recent_states(self, limit: int) -> list[IncidentState]:

@@ -28,6 +28,7 @@ from autoclusters.sandbox.crusoe.world import EmulatedVm
 from autoclusters.sandbox.machines import agent_targets, fault_effects
 from autoclusters.sandbox.machines import names as machine_names
 from autoclusters.sandbox.machines.hardware import Hardware
+from autoclusters.sandbox.machines.racks import rack_labels
 from autoclusters.sandbox.machines.vms import VmRecord, VmRegistry
 from autoclusters.sandbox.runtime import daemons
 from autoclusters.sandbox.runtime.config import GPUS_PER_NODE, SandboxConfig
@@ -145,6 +146,8 @@ class SandboxMachines:
                         **_pool_labels(vm),
                         INSTANCE_ID_LABEL: vm.id,
                         "nvidia.com/gpu.present": "true",
+                        # Its rack and NVLink clique (systemic incidents by rack).
+                        **rack_labels(self._node(vm)),
                     },
                     "register_labels": {POOL_LABEL: "training"},
                     "register_taints": [

@@ -10,6 +10,9 @@ loopback sockets.
   slot ledger learns the new VM; a Node named like the Slurm node that carries another
   Slurm node's name is not it; a Slurm node no Node is is UnknownNode (final).
 - A failed read is an outage (retryable), never "no such node".
+- Every Slurm node's Node from one list of the Nodes (the API's placement by labels), each
+  the one the steps find for that Slurm node (the override; a Ready one before a
+  lingering NotReady one).
 - After a replacement the new Node (no hostname-override) is given the slot's name once:
   the wait returns it Ready and cordoned, and a retried wait or ledger write changes
   nothing more; a Node that carries another slot's name is never taken.
@@ -32,7 +35,13 @@ from temporalio.testing import ActivityEnvironment
 
 from autoclusters.activities.cloud import CloudActivities
 from autoclusters.activities.kubernetes import KubernetesActivities
-from autoclusters.activities.machine_of import Machine, MachineOf
+from autoclusters.activities.machine_of import (
+    Machine,
+    MachineOf,
+    node_of,
+    nodes_by_slurm_node,
+    vm_id_of,
+)
 from autoclusters.core.kubernetes import (
     CordonNodeInput,
     NodeIdentityInput,
@@ -187,6 +196,27 @@ async def test_cmk_names_go_by_the_hostname_override(api: client.ApiClient, kube
         with pytest.raises(ApplicationError) as err:
             await env.run(acts.node_identity, NodeIdentityInput(node=unknown))
         assert err.value.type == "UnknownNode" and err.value.non_retryable, unknown
+
+
+async def test_every_slurm_nodes_node_at_once_is_the_one_the_steps_find(
+    api: client.ApiClient, kube: Running
+) -> None:
+    register(kube, "gpu-07", "vm-7")  # Managed Slurm: the Node of its own name
+    register(kube, "pool-gpu-2", "vm-2", **slurm_name("gpu-02"))  # CMK: the override
+    register(kube, "gpu-03", "vm-3", **slurm_name("gpu-09"))  # named gpu-03, but gpu-09's
+    # An old machine's Node lingers NotReady beside its replacement's: the Ready one.
+    register(kube, "pool-gpu-4", "vm-4-old", **slurm_name("gpu-04"))
+    with httpx.Client(base_url=kube.url, timeout=5) as admin:
+        admin.post("/_emulator/nodes/pool-gpu-4/ready", json={"ready": False}).raise_for_status()
+    register(kube, "pool-gpu-5", "vm-4-new", **slurm_name("gpu-04"))
+    nodes = json.loads(client.CoreV1Api(api).list_node(_preload_content=False).data)["items"]
+    found = nodes_by_slurm_node(nodes)
+    assert sorted(found) == ["gpu-02", "gpu-04", "gpu-07", "gpu-09"]
+    machines = MachineOf(api, request_timeout_s=5)
+    for slurm_node, node in found.items():  # the Node the steps act on, each one
+        assert node == node_of(nodes, slurm_node), slurm_node
+        assert vm_id_of(node) == vm_id_of(await machines.kube_node(slurm_node) or {})
+    assert vm_id_of(found["gpu-04"]) == "vm-4-new"
 
 
 async def test_a_failed_read_is_an_outage_not_an_unknown_node(

@@ -31,9 +31,14 @@ from autoclusters.clients.console import prometheus, topology
 from autoclusters.clients.console.routes import Console
 from autoclusters.clients.console.session import COOKIE, NotLoggedIn, Sessions
 from autoclusters.clients.console.sources import IncidentRead
-from autoclusters.clients.incidents import IncidentNotFound, IncidentSummary
+from autoclusters.clients.incidents import (
+    IncidentNotFound,
+    IncidentSummary,
+    SystemicIncidentFound,
+)
 from autoclusters.clients.inventory import StaticInventory
 from autoclusters.clients.server import create_server
+from autoclusters.clients.systemic_incidents import SystemicRead
 from autoclusters.clients.web.auth import BearerAuth
 from autoclusters.clients.web.settings import ApiSettings
 from autoclusters.core.cluster import ClusterState, Placement, render_topology
@@ -52,6 +57,7 @@ from autoclusters.core.models import (
 )
 from autoclusters.core.policy import GuardPolicy
 from autoclusters.core.settings_groups import ConsoleSettings, TemporalSettings
+from autoclusters.core.systemic import SystemicState
 from tests.helpers import HermeticSettings
 
 TOKEN = "console-test-token-0123"
@@ -111,6 +117,8 @@ class FakeSource:
 
     def __init__(self) -> None:
         self.open = [incident("gpu-02")]
+        # Systemic incidents: none here (tests/console/test_console_systemic.py adds them).
+        self.systemic_reads: list[SystemicRead] = []
         placements = [
             Placement(node="gpu-01", pod="pod-1", leaf="leaf-a"),
             Placement(node="gpu-02", pod="pod-1", leaf="leaf-a"),
@@ -170,6 +178,17 @@ class FakeSource:
             if i.request.incident_id == incident_id:
                 wf = f"remediation-c1-{i.request.node}"
                 return IncidentRead(state=i, workflow_id=wf, temporal_status="running")
+        if any(r.state.request.incident_id == incident_id for r in self.systemic_reads):
+            raise SystemicIncidentFound(f"{incident_id} is a systemic incident")
+        raise IncidentNotFound(f"no incident {incident_id}")
+
+    async def systemic_incidents(self) -> list[SystemicState]:
+        return [r.state for r in self.systemic_reads if r.state.status == "open"]
+
+    async def systemic(self, incident_id: str) -> SystemicRead:
+        for r in self.systemic_reads:
+            if r.state.request.incident_id == incident_id:
+                return r
         raise IncidentNotFound(f"no incident {incident_id}")
 
     async def recent_states(self, limit: int) -> list[IncidentState]:

@@ -5,8 +5,8 @@ Aspects covered:
   policy with the leaf's fabric faults; a level's threshold below 2 nodes, or an unknown
   field, is refused with the field named; a level counts only the faults it lists;
 - the topology an incident opens with: Slurm's topology.conf under the policy's own (the
-  policy wins where both name a node), read only with systemic incidents on; no file: the
-  policy's own;
+  policy wins, level by level, where both name a node), read only with systemic incidents
+  on; no file: the policy's own (the Nodes' labels: tests/api/test_fabric_topology.py);
 - the evidence: each member's ports and counters from its agent's report, and the ports
   down in its latest reading; the hand-off's bundle names the leaf and its members.
 """
@@ -72,19 +72,20 @@ def _settings(tmp_path: Path) -> Settings:
     return Settings(slurm=SlurmSettings(conf=tmp_path / "slurm.conf"))
 
 
-def test_topology_conf_under_the_policys_own(tmp_path: Path) -> None:
+async def test_topology_conf_under_the_policys_own(tmp_path: Path) -> None:
     settings = _settings(tmp_path)
     on = default_policy().model_copy(
         update={"topology": {"gpu-02": NodeTopology(leaf="leaf-09", rack="rack-a")}}
     )
-    assert with_fabric_topology(settings, on) is on  # no topology.conf: the policy's own
+    assert await with_fabric_topology(settings, on) is on  # no topology.conf: the policy's own
     (tmp_path / "topology.conf").write_text(CONF)
-    topo = with_fabric_topology(settings, on).topology
+    topo = (await with_fabric_topology(settings, on)).topology
     assert topo["gpu-01"] == NodeTopology(leaf="leaf-01", pod="pod-01")
     assert topo["gpu-05"].leaf == "leaf-02"
-    assert topo["gpu-02"] == NodeTopology(leaf="leaf-09", rack="rack-a")  # the policy wins
+    # The policy wins level by level: its leaf and rack, topology.conf's pod.
+    assert topo["gpu-02"] == NodeTopology(leaf="leaf-09", pod="pod-01", rack="rack-a")
     off = on.model_copy(update={"guard": Policy().guard})
-    assert with_fabric_topology(settings, off).topology == on.topology  # not read when off
+    assert (await with_fabric_topology(settings, off)).topology == on.topology  # not when off
 
 
 def _member(node: str, drained: bool = True) -> SystemicMember:

@@ -22,6 +22,7 @@ from typing import Any
 
 from autoclusters.clients.console.sources import IncidentRead
 from autoclusters.clients.incidents import IncidentNotFound, IncidentSummary
+from autoclusters.clients.systemic_incidents import SystemicRead
 from autoclusters.core.cluster import ClusterState, Placement, render_topology
 from autoclusters.core.guard import GuardState, GuardStatus
 from autoclusters.core.ladder_figures import LadderFigures, RungFigures
@@ -35,6 +36,7 @@ from autoclusters.core.models import (
 )
 from autoclusters.core.policy import GuardPolicy
 from autoclusters.core.sharing import LENT_REASON
+from autoclusters.core.systemic import SystemicState
 from autoclusters.integrations.slurm import parse_nodes
 
 LEAF_NODES = 32
@@ -247,6 +249,12 @@ class FleetSource:
 
     async def recent_states(self, limit: int) -> list[IncidentState]:
         return [*self.open.values(), *self.closed][:limit]
+
+    async def systemic_incidents(self) -> list[SystemicState]:
+        return []  # the made-up fleet's faults are each one node's
+
+    async def systemic(self, incident_id: str) -> SystemicRead:
+        raise IncidentNotFound(f"no systemic incident {incident_id}")
 
     def add_history(self, days: int = 10, per_day: int = 6, now: datetime | None = None) -> None:
         """Closed incidents over the last `days` (the fleet page's figures): each drained,

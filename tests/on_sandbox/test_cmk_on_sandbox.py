@@ -9,6 +9,8 @@ the Slinky objects and their Secrets, and the emulated operator's pods run the r
 The node agents are the pods of the shipped agent DaemonSet (deploy/kubernetes/agent.yaml),
 one per GPU Node, each a process started with the command line the manifest renders to.
 
+The API places the Slurm nodes in the racks their CMK Nodes' labels name.
+
 One sandbox for the module, the tests in order: they tell one story.
 """
 
@@ -27,8 +29,11 @@ import httpx
 import pytest
 import pytest_asyncio
 
+from autoclusters.clients import fabric_topology
 from autoclusters.core.cluster_spec import load_cluster_spec
+from autoclusters.core.policy import default_policy
 from autoclusters.core.process_start import command_line
+from autoclusters.core.settings import load_file
 from autoclusters.sandbox import cluster, restart
 from autoclusters.sandbox.kubernetes import daemonsets as k8s_daemonsets
 from autoclusters.sandbox.runtime.config import SandboxConfig
@@ -191,6 +196,18 @@ async def test_the_provisioned_cluster_runs_on_the_operators_pods(cfg: SandboxCo
     # The pool is the node set's, in the CMK cluster the sandbox made.
     (pool,) = _world(cfg)["pools"].values()
     assert pool["name"] == "cmk-gpu" and pool["cluster_id"] == cfg.cmk_cluster_id
+
+
+async def test_the_api_places_each_slurm_node_in_its_nodes_rack(cfg: SandboxConfig) -> None:
+    """The racks an incident opens with come from the CMK Nodes' labels (docs/systemic.md
+    "Topology"): cmk-gpu-N is its Slurm node by its hostname-override, in the rack and
+    NVLink clique the machine's Node carries; no rack is named in the policy."""
+    fabric_topology._labels.clear()
+    settings = load_file(cfg.settings_file)
+    topo = (await fabric_topology.with_fabric_topology(settings, default_policy())).topology
+    racks = {n: t.rack for n, t in topo.items() if t.rack}
+    assert racks == {"gpu-01": "rack-01", "gpu-02": "rack-01"}, topo
+    fabric_topology._labels.clear()
 
 
 async def test_the_agents_are_the_shipped_daemonsets_pods(cfg: SandboxConfig) -> None:

@@ -84,7 +84,8 @@ CUSTOM_VERBS = {
 # Whose code runs under which ServiceAccount.
 COMPONENTS = {
     "autoclusters-worker": ("activities", "integrations"),
-    "autoclusters-api": ("clients/api", "clients/console"),
+    # The API places an incident's nodes by their Nodes' labels (clients/fabric_topology.py).
+    "autoclusters-api": ("clients/api", "clients/console", "clients/fabric_topology.py"),
     # The agent's condition change leaves an Event through the worker's recorder.
     "autoclusters-agent": ("clients/agent", "integrations/k8s_events.py"),
 }

@@ -120,6 +120,21 @@
       fillBody("incident-notifications", d.notifications.map((n) => el("tr", { class: "outcome-" + n.outcome },
         el("td", {}, when(n.at)), el("td", {}, n.event), el("td", {}, n.outcome), el("td", {}, n.detail))), 4, "none");
     },
+    systemic(d) {
+      const status = document.getElementById("incident-status");
+      status.textContent = d.status;
+      status.className = "pill status-" + d.status;
+      setText("incident-current", d.current_step || "-");
+      setText("incident-waiting", d.waiting || "-");
+      setText("systemic-handoff", d.handoff);
+      setText("incident-closed", when(d.closed_at) || "-");
+      fillBody("systemic-members", d.members.map((m) => el("tr", { "data-node": m.node },
+        el("td", {}, link("/ui/nodes/" + enc(m.node), m.node)),
+        el("td", {}, m.incident_id ? link("/ui/incidents/" + enc(m.incident_id), m.incident_id) : "not joined yet"),
+        el("td", {}, m.drained ? "yes" : "no"), el("td", {}, m.screen), el("td", {}, m.verdict || "-"), el("td", {}, m.detail))), 6, "none");
+      fillBody("steps", d.steps.map((s) => el("tr", { class: "outcome-" + s.outcome, "data-step": s.name },
+        el("td", {}, s.name), el("td", {}, when(s.started_at)), el("td", {}, s.duration), el("td", {}, s.outcome), el("td", {}, s.detail))), 5, "no steps yet");
+    },
     notifications(d) {
       fillBody("notifications", d.notifications.map((n) => el("tr", { class: "outcome-" + n.outcome },
         el("td", {}, when(n.at)), el("td", {}, link("/ui/incidents/" + enc(n.incident_id), n.incident_id)),
