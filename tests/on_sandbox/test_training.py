@@ -682,6 +682,60 @@ def test_sbatch_requeue_resumes_on_sandbox(sandbox: SandboxConfig, tmp_path: Pat
         )  # fmt: skip
 
 
+@pytest.mark.timeout(300)
+def test_sbatch_a_run_whose_rank_died_waits_for_the_requeue_on_sandbox(
+    sandbox: SandboxConfig, tmp_path: Path
+) -> None:
+    """A rank dies (a GPU's uncorrectable error: its node's task processes SIGKILLed, as the
+    sandbox's `crash` effect does): srun ends the step, and the job does not end FAILED
+    before the cluster's remediation could requeue it (it did, within a second, under
+    load: the job was lost). It waits (REQUEUE_WAIT), the requeue comes (the runbook's
+    `scontrol requeue`), and the run goes on from its checkpoint, requeued once: the job's
+    own requeue never comes on top."""
+    env = sbatch_env(sandbox, tmp_path, ckpt_every=3) | {"REQUEUE_WAIT": "120"}
+
+    def slurm(*argv: str) -> str:
+        return subprocess.run(argv, env=env, capture_output=True, text=True, check=True).stdout
+
+    log = tmp_path / "train.log"
+    job = int(slurm("sbatch", "--parsable", f"--output={log}", str(SBATCH)).split(";")[0])
+    ckpt = tmp_path / "ckpt" / str(job)
+    cli = SlurmCli(sandbox.slurm_conf)
+
+    def state() -> tuple[str, int]:
+        (j,) = [j for j in asyncio.run(cli.jobs()) if j.job_id == job]
+        return j.job_state, j.restart_cnt
+
+    try:
+        until(
+            lambda: marker(ckpt) >= 3 and len({d["node"] for d in step_lines(log)}) == 2,
+            120,
+            "steps on both nodes and a checkpoint",
+        )
+        (running,) = [j for j in asyncio.run(cli.jobs()) if j.job_id == job]
+        victim = next(n for n in hostlist.expand(running.nodes) if n != running.batch_host)
+        assert fe.signal_procs(fe.rank_processes(sandbox, victim, job), signal.SIGKILL)
+        until(lambda: "event=run_failed" in log.read_text(), 60, "the failed run")
+        time.sleep(2)  # the window in which the job used to end FAILED
+        assert state() == ("RUNNING", 0), log.read_text()[-3000:]
+        saved = marker(ckpt)
+        slurm("scontrol", "requeue", str(job))  # the runbook's, once it drained the node
+
+        def restarted() -> list[dict[str, Any]]:
+            held = [j for j in asyncio.run(cli.jobs()) if j.job_id == job]
+            if held and held[0].job_state == "PENDING" and held[0].state_reason == "BeginTime":
+                asyncio.run(cli.release_hold(job))
+            return [d for d in step_lines(log) if d["restart"] == 1]
+
+        after = until(restarted, 180, "the requeued job to step again")
+        assert after[0]["resumed_from"] == saved and after[0]["step"] == saved + 1
+        assert "reason=run_failed" not in log.read_text()
+        assert state()[1] == 1
+    finally:
+        subprocess.run(["scancel", str(job)], env=env, capture_output=True)
+        until(lambda: _left_queue(env, job), 60, "the job to leave the queue")
+
+
 def _left_queue(env: dict[str, str], job: int) -> bool:
     return not subprocess.run(
         ["squeue", "-h", "-j", str(job), "-t", "PD,R,CG"],
