@@ -497,6 +497,11 @@ def job_comment(job: SlurmJob, key: str) -> str | None:
     return None
 
 
+# A healthy node ends a requeued run in a second or two: a job still completing on the
+# incident's node after this long is stuck there (RequeueInput.fence_after_s).
+FENCE_AFTER_S = 3.0
+
+
 class RequeueInput(BaseModel):
     node: str
     incident_id: str
@@ -519,7 +524,8 @@ class RequeueInput(BaseModel):
     # A job this incident requeued still completing on the node after this long (or at
     # once where the node does not answer): the node is marked DOWN for it to end there
     # (activities/slurm.py, `_fence_if_stuck`). None: never.
-    fence_after_s: float | None = 3.0
+    # `fence: at_once` in the fault's rule: 0 (the node cannot end the job's processes).
+    fence_after_s: float | None = FENCE_AFTER_S
     # The cluster's seconds to stepping again per path: what the recovery plan weighs.
     figures: RecoveryFigures = Field(default_factory=RecoveryFigures)
     # What the incident knows of the capacity the jobs may restart on (a hot spare, the

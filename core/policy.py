@@ -125,6 +125,13 @@ class FaultRule(_Strict):
     # counted in its lemon record; failed: the repair ladder from `first_rung`, each repair
     # screened again. Off by default, so a recorded incident replays as it ran.
     screen_before_repair: bool = False
+    # A fault after which the node cannot end its jobs' processes: a GPU fallen off the bus
+    # holds its rank in the driver (SIGKILL does not free it until the reboot), a node that
+    # lost its power or its link does not answer. `at_once`: a job requeued from it is
+    # fenced (the node marked DOWN, activities/slurm.py `_fence_if_stuck`, with every
+    # condition kept) as soon as Slurm shows it completing there; `when_stuck` (default)
+    # first waits `fence_after_s`, as a node that can end the run does so in a second or two.
+    fence: Literal["when_stuck", "at_once"] = "when_stuck"
 
 
 class StepPolicy(_Strict):

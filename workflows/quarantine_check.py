@@ -24,6 +24,7 @@ with workflow.unsafe.imports_passed_through():
     from autoclusters.activities import contracts
     from autoclusters.core.cluster_ops import is_ops_reason
     from autoclusters.core.models import (
+        FENCE_AFTER_S,
         CancelJobsInput,
         CheckpointInput,
         DrainInput,
@@ -129,6 +130,7 @@ class Quarantine:
                 figures=p.recovery_figures,
                 capacity=capacity_for(p, req.fault, s.rung),
                 fault_at=req.opened_at.timestamp(),
+                fence_after_s=0.0 if p.rule_for(req.fault).fence == "at_once" else FENCE_AFTER_S,
             ),
             f"requeue the jobs on {req.node}",
             lambda r: r.describe(),

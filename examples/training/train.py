@@ -57,7 +57,9 @@ import sys
 import threading
 import time
 import warnings
+from collections.abc import Iterator
 from concurrent.futures import Future
+from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -181,6 +183,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=0,
         help="seconds after SIGTERM before a rank stuck in a collective exits; 0 = never",
     )
+    p.add_argument(
+        "--stuck-grace",
+        type=float,
+        default=0,
+        help="seconds after SIGTERM (or its last step, if later) before a rank that has not "
+        "reached its next step boundary exits unsaved (a peer is hung or gone: nothing can be "
+        "saved); longer than a step takes; 0 = never",
+    )
     args = p.parse_args(argv)
     if args.ckpt_dir is None:
         p.error("--ckpt-dir (or $CKPT_DIR) is required")
@@ -190,42 +200,79 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 STOP_SIGNALS = {signal.SIGTERM, signal.SIGUSR1}
+# How often the signals thread looks, after a SIGTERM, whether the rank is still stuck.
+STUCK_POLL_S = 0.05
 
 
 class StopRequest:
     """Remembers the first SIGTERM/SIGUSR1; the training loop acts on it between steps.
 
-    With `term_grace_s`, the signals are taken by a thread (sigwait), not by a handler: a
-    Python handler runs on the main thread between bytecodes, never while it is blocked in a
-    gloo/NCCL collective on a dead peer. The thread sets the flag (the normal path: save at
-    the step boundary) and, if the process is still there `term_grace_s` after a SIGTERM,
-    exits 143 so that torchrun can restart the group without waiting for the collective's
-    timeout or its own shutdown timeout.
+    With `term_grace_s` or `stuck_grace_s`, the signals are taken by a thread (sigwait), not
+    by a handler: a Python handler runs on the main thread between bytecodes, never while it
+    is blocked in a gloo/NCCL collective on a dead peer. The thread sets the flag (the normal
+    path: save at the step boundary) and, after a SIGTERM:
+    - `term_grace_s`: if the process is still there that long after it, exits 143, so that
+      the group can re-form without waiting for the collective's timeout (in-job mode);
+    - `stuck_grace_s`: if the rank has finished no step for that long since it (nor begun
+      its last save), exits 143: every rank got the same signal, so a rank that cannot
+      reach the next step boundary is blocked in a collective (the step's all-reduce, a
+      checkpoint's) on a peer that is hung or gone, and nothing can be saved with it. On a
+      requeue Slurm starts the job again only once every process of the old run is gone,
+      and otherwise waits (KillWait, 30 s by default) before it SIGKILLs them. A rank
+      that reached its save is never cut short.
     """
 
-    def __init__(self, term_grace_s: float = 0) -> None:
+    def __init__(self, term_grace_s: float = 0, stuck_grace_s: float = 0) -> None:
         self.signum = 0
+        # When the rank last finished a step (monotonic), and whether it is saving the
+        # checkpoint it stops with: what the stuck grace looks at.
+        self._stepped_at = -float("inf")
+        self._saving = False
         for sig in STOP_SIGNALS:
             # Kept with the thread too: a thread started before the mask (by an import)
             # may still receive the signal, and must not die of it.
             signal.signal(sig, self._handle)
-        if term_grace_s > 0:
+        if term_grace_s > 0 or stuck_grace_s > 0:
             # Threads started later (gloo's) inherit the mask: only sigwait sees the signals.
             signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
             threading.Thread(
-                target=self._take, args=(term_grace_s,), name="signals", daemon=True
+                target=self._take, args=(term_grace_s, stuck_grace_s), name="signals", daemon=True
             ).start()
+
+    def stepped(self) -> None:
+        """A step is done: every rank took part in its collectives."""
+        self._stepped_at = time.monotonic()
+
+    @contextmanager
+    def saving(self) -> Iterator[None]:
+        """The checkpoint the rank stops with (or ends with): never cut short."""
+        self._saving = True
+        try:
+            yield
+        finally:
+            self._saving = False
 
     def _handle(self, signum: int, _frame: object) -> None:
         self.signum = self.signum or signum
 
-    def _take(self, term_grace_s: float) -> None:
+    def _take(self, term_grace_s: float, stuck_grace_s: float) -> None:
         while True:
             signum = signal.sigwait(STOP_SIGNALS)
             self.signum = self.signum or signum
             if signum == signal.SIGTERM:
-                time.sleep(term_grace_s)
-                os._exit(128 + signum)  # still here: stuck in a collective
+                break
+        signalled = time.monotonic()
+        while True:  # until the process exits, by its own save or below
+            now = time.monotonic()
+            if term_grace_s > 0 and now - signalled >= term_grace_s:
+                break  # still here: stuck in a collective
+            idle = now - max(signalled, self._stepped_at)
+            if stuck_grace_s > 0 and not self._saving and idle >= stuck_grace_s:
+                break  # no step boundary reached: a peer is hung or gone
+            time.sleep(STUCK_POLL_S)
+        after = time.monotonic() - signalled
+        emit(f"{_prefix()} event=stuck_exit signal=SIGTERM after_s={after:.2f}")
+        os._exit(128 + signal.SIGTERM)
 
     def sleep(self, seconds: float) -> None:
         """Wait `seconds` of wall-clock time (an evaluation, a data loader), in short slices
@@ -596,6 +643,7 @@ class Trainer:
                     stats = self._all_reduce_grads(comm, stats)
             self.optim.step()
             self.completed = step
+            self.stop.stepped()
             PROGRESS.step(step)
             if logs:
                 emit(
@@ -611,9 +659,10 @@ class Trainer:
                 publish("resumed_at", f"{time.time():.3f}")
             ckpt.poll()
             if stats[1].item() > 0:
-                ckpt.save(step, model, self.optim, block=True)
-                ckpt._event("stopped", step, signal=signal.Signals(self.stop.signum or 15).name)
-                ckpt.wait()
+                with self.stop.saving():
+                    ckpt.save(step, model, self.optim, block=True)
+                    ckpt._event("stopped", step, signal=signal.Signals(self.stop.signum or 15).name)
+                    ckpt.wait()
                 return 128 + (self.stop.signum or signal.SIGTERM)
             if step % args.ckpt_every == 0:
                 with PROGRESS.paused("checkpoint"):
@@ -622,8 +671,9 @@ class Trainer:
                 with PROGRESS.paused("evaluation"):  # every rank, declared: not a hang
                     self.stop.sleep(args.eval_s)
             self.stop.work(args.step_sleep)
-        ckpt.save(step, model, self.optim, block=True)
-        ckpt.wait()
+        with self.stop.saving():
+            ckpt.save(step, model, self.optim, block=True)
+            ckpt.wait()
         return 0
 
     def _all_reduce_grads(self, comm: Generation, stats: torch.Tensor) -> torch.Tensor:
@@ -694,7 +744,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     die_with_agent()
     # Before the rendezvous: a signal then must not kill a rank mid-save.
-    stop = StopRequest(args.term_grace)
+    stop = StopRequest(args.term_grace, args.stuck_grace)
     torch.set_num_threads(args.threads)
     if args.in_place:
         return main_in_place(args, stop)

@@ -74,6 +74,22 @@ def test_a_node_whose_rank_is_stuck_is_marked_down_once_the_job_overstays() -> N
     assert slurm.node_now("gpu-01").reason == REASON
 
 
+def test_fence_at_once_marks_down_as_soon_as_the_job_completes_there() -> None:
+    """`fence: at_once` (fence_after_s 0: a GPU fallen off the bus, whose rank SIGKILL does
+    not free): the node answers, and is marked DOWN at the first read that shows the
+    requeued job completing there, after the requeue; the other conditions still hold."""
+    slurm = _cluster(answering=True, completing_reads=FOREVER)
+    done = _requeue(slurm, fence_after_s=0)
+    assert done.marked_down and slurm.calls["mark_down"] == 1
+    assert slurm.log.index(("requeue", "101")) < slurm.log.index(("mark_down", "gpu-01"))
+    assert slurm.node_now("gpu-01").reason == REASON
+    # Another job on the node (one that cannot be requeued) still keeps it up.
+    slurm = _cluster(answering=True, completing_reads=30)
+    slurm.add_job(202, nodes="gpu-01", requeue=False)
+    done = _requeue(slurm, fence_after_s=0)
+    assert not done.marked_down and slurm.calls["mark_down"] == 0
+
+
 def test_fence_after_none_never_marks_down() -> None:
     slurm = _cluster(answering=False, completing_reads=300)
     done = _requeue(slurm, fence_after_s=None)

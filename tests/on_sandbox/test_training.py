@@ -323,8 +323,9 @@ def test_signal_checkpoints_before_exit(
     tmp_path: Path, runs: list[Torchrun], sig: signal.Signals
 ) -> None:
     ckpt, log = tmp_path / "ckpt", tmp_path / "train.log"
+    # With train.sbatch's --stuck-grace: a rank that is not stuck saves as ever.
     run = start(runs, log, "--ckpt-dir", str(ckpt), "--ckpt-every", "1000",
-                "--step-sleep", "0.1", "--log-ranks", "zero",
+                "--step-sleep", "0.1", "--log-ranks", "zero", "--stuck-grace", "1",
                 torchrun_args=["--standalone", "--nproc-per-node=2", SIGNALS])  # fmt: skip
     until(lambda: len(step_lines(log)) >= 5, 120, "five steps")
     assert marker(ckpt) == 0  # nothing periodic yet
@@ -444,6 +445,48 @@ def test_two_agents_rendezvous_on_one_host(tmp_path: Path, runs: list[Torchrun])
     ranks = {d["rank"] for a in agents for d in step_lines(a.log)}
     assert ranks == {0, 1}  # one line per node: each agent's local rank 0
     assert marker(ckpt) == 6
+
+
+@pytest.mark.timeout(150)
+def test_a_rank_stuck_on_a_silent_peer_exits_on_sigterm_unsaved(
+    tmp_path: Path, runs: list[Torchrun]
+) -> None:
+    """A requeue's SIGTERM, with a peer hung (SIGSTOPped: its connections open and silent,
+    as after an Xid 79): the survivor is blocked in its step's all-reduce, cannot save, and
+    with `--stuck-grace 1` exits 143 about a second after the signal instead of waiting for
+    Slurm's KillWait; its agent goes with it. The newest checkpoint is left as it was."""
+    ckpt = tmp_path / "ckpt"
+    rdzv = ["--nnodes=2", "--nproc-per-node=1", "--rdzv-backend=c10d",
+            f"--rdzv-endpoint=127.0.0.1:{_free_port()}", "--rdzv-id=stuck", SIGNALS]  # fmt: skip
+    args = ["--ckpt-dir", str(ckpt), "--ckpt-every", "3", "--step-sleep", "0.2",
+            "--stuck-grace", "1"]  # fmt: skip
+    survivor, hung = (
+        start(runs, tmp_path / f"node{i}.log", *args, torchrun_args=rdzv) for i in range(2)
+    )
+    until(lambda: marker(ckpt) >= 3, 90, "a checkpoint")
+    (hung_rank,) = [pid for pid in hung.tree() if pid != hung.proc.pid]
+    os.kill(hung_rank, signal.SIGSTOP)
+    try:
+
+        def blocked() -> bool:
+            mine = step_lines(survivor.log)
+            return bool(mine) and time.time() - mine[-1]["ts"] > 2.0
+
+        until(blocked, 30, "the survivor to block on the stopped peer")
+        saved = marker(ckpt)
+        signalled = time.monotonic()
+        for pid in survivor.tree():  # as Slurm signals every process of the step
+            os.kill(pid, signal.SIGTERM)
+        assert survivor.wait(30) == 128 + signal.SIGTERM, survivor.log.read_text()[-3000:]
+        took = time.monotonic() - signalled
+        print(f"stuck rank: SIGTERM to exit {took:.2f}s")
+        assert took < 10  # torchrun's own shutdown timeout is 30 s; Slurm's KillWait 30 s
+        assert "event=stuck_exit signal=SIGTERM" in survivor.log.read_text()
+        assert "event=stopped" not in survivor.log.read_text()
+        assert marker(ckpt) == saved
+    finally:
+        os.kill(hung_rank, signal.SIGKILL)
+        os.kill(hung_rank, signal.SIGCONT)
 
 
 def sbatch_env(sandbox: SandboxConfig, tmp_path: Path, *, ckpt_every: int) -> dict[str, str]:
@@ -637,6 +680,60 @@ def test_sbatch_requeue_resumes_on_sandbox(sandbox: SandboxConfig, tmp_path: Pat
             60,
             "the job to leave the queue",
         )  # fmt: skip
+
+
+@pytest.mark.timeout(300)
+def test_sbatch_a_run_whose_rank_died_waits_for_the_requeue_on_sandbox(
+    sandbox: SandboxConfig, tmp_path: Path
+) -> None:
+    """A rank dies (a GPU's uncorrectable error: its node's task processes SIGKILLed, as the
+    sandbox's `crash` effect does): srun ends the step, and the job does not end FAILED
+    before the cluster's remediation could requeue it (it did, within a second, under
+    load: the job was lost). It waits (REQUEUE_WAIT), the requeue comes (the runbook's
+    `scontrol requeue`), and the run goes on from its checkpoint, requeued once: the job's
+    own requeue never comes on top."""
+    env = sbatch_env(sandbox, tmp_path, ckpt_every=3) | {"REQUEUE_WAIT": "120"}
+
+    def slurm(*argv: str) -> str:
+        return subprocess.run(argv, env=env, capture_output=True, text=True, check=True).stdout
+
+    log = tmp_path / "train.log"
+    job = int(slurm("sbatch", "--parsable", f"--output={log}", str(SBATCH)).split(";")[0])
+    ckpt = tmp_path / "ckpt" / str(job)
+    cli = SlurmCli(sandbox.slurm_conf)
+
+    def state() -> tuple[str, int]:
+        (j,) = [j for j in asyncio.run(cli.jobs()) if j.job_id == job]
+        return j.job_state, j.restart_cnt
+
+    try:
+        until(
+            lambda: marker(ckpt) >= 3 and len({d["node"] for d in step_lines(log)}) == 2,
+            120,
+            "steps on both nodes and a checkpoint",
+        )
+        (running,) = [j for j in asyncio.run(cli.jobs()) if j.job_id == job]
+        victim = next(n for n in hostlist.expand(running.nodes) if n != running.batch_host)
+        assert fe.signal_procs(fe.rank_processes(sandbox, victim, job), signal.SIGKILL)
+        until(lambda: "event=run_failed" in log.read_text(), 60, "the failed run")
+        time.sleep(2)  # the window in which the job used to end FAILED
+        assert state() == ("RUNNING", 0), log.read_text()[-3000:]
+        saved = marker(ckpt)
+        slurm("scontrol", "requeue", str(job))  # the runbook's, once it drained the node
+
+        def restarted() -> list[dict[str, Any]]:
+            held = [j for j in asyncio.run(cli.jobs()) if j.job_id == job]
+            if held and held[0].job_state == "PENDING" and held[0].state_reason == "BeginTime":
+                asyncio.run(cli.release_hold(job))
+            return [d for d in step_lines(log) if d["restart"] == 1]
+
+        after = until(restarted, 180, "the requeued job to step again")
+        assert after[0]["resumed_from"] == saved and after[0]["step"] == saved + 1
+        assert "reason=run_failed" not in log.read_text()
+        assert state()[1] == 1
+    finally:
+        subprocess.run(["scancel", str(job)], env=env, capture_output=True)
+        until(lambda: _left_queue(env, job), 60, "the job to leave the queue")
 
 
 def _left_queue(env: dict[str, str], job: int) -> bool:
