@@ -88,6 +88,10 @@ class JobFacts(BaseModel):
     # measured loss is read against (core/recovery_loss.py).
     restart_cnt: int = 0
     checkpoint_at: float | None = None
+    # It says how it trains in its Slurm comment (examples/training: `ckpt_at=`,
+    # `resumed_at=`, `injob=`, `training=`): it will say when it steps again, whether it
+    # has checkpointed yet or not.
+    says_progress: bool = False
 
 
 class PathEstimate(BaseModel):
@@ -108,6 +112,7 @@ class RecoveryPlan(BaseModel):
     why: str = ""
     restart_cnt: int = 0
     checkpoint_at: float | None = None
+    says_progress: bool = False
     # Where the seconds per path came from: the cluster's measured history (which figure
     # from how many), or the policy's figures and why ("": the policy's, none read).
     figures_from: str = ""
@@ -190,6 +195,7 @@ def plan_recovery(
         chosen=best.path,
         restart_cnt=job.restart_cnt,
         checkpoint_at=job.checkpoint_at,
+        says_progress=job.says_progress,
     )
     runner_up = min(
         (e for e in possible if e is not best),

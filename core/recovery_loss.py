@@ -74,7 +74,13 @@ class RecoveryLoss(BaseModel):
             else "no estimate"
         )
         if self.actual_gpu_hours is None:
-            return f"job {self.job_id} ({self.path}): {est}, actual unknown ({self.why_unknown})"
+            stepped = (
+                f"; stepping again after {self.resume_s:.1f}s" if self.resume_s is not None else ""
+            )
+            return (
+                f"job {self.job_id} ({self.path}): {est}, actual unknown "
+                f"({self.why_unknown}{stepped})"
+            )
         err = self.error
         off = f", {err:+.0%} off" if err is not None else ""
         return (
@@ -104,6 +110,9 @@ def actual_loss(plan: RecoveryPlan, taken: str, seen: JobSighting, fault_at: flo
     else:
         start = seen.resumed_ckpt_at if seen.resumed_ckpt_at is not None else plan.checkpoint_at
         if start is None:
+            # Its seconds to stepping again are measured all the same: the path's figure
+            # (core/recovery_history.py) needs them, not the work redone.
+            loss.resume_s = round(resume, 3)
             loss.why_unknown = "restarted from a checkpoint it did not say (no ckpt_at=)"
             return loss
         redo = max(0.0, fault_at - start)
@@ -157,8 +166,9 @@ class WatchedJob(BaseModel):
     job_id: int
     path: str  # in-job or requeue: how it got going again
     restart_cnt: int = 0  # when planned: a higher one is a new run of it
-    # It said when it last checkpointed (`ckpt_at=`): a job that says nothing of itself
-    # cannot be measured, and is not waited for.
+    # It said when it last checkpointed (`ckpt_at=`), or how it trains (`injob=`, ...:
+    # `RecoveryPlan.says_progress`): a job that says nothing of itself cannot be measured,
+    # and is not waited for.
     says_checkpoints: bool = False
 
 

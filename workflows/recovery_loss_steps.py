@@ -45,7 +45,7 @@ async def measure_losses(inc: Incident) -> str:
                 job_id=plan.job_id,
                 path=taken[plan.job_id],
                 restart_cnt=plan.restart_cnt,
-                says_checkpoints=plan.checkpoint_at is not None,
+                says_checkpoints=plan.checkpoint_at is not None or plan.says_progress,
             )
             for plan in s.recovery_plans
         ],
