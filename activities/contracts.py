@@ -98,6 +98,7 @@ from autoclusters.core.models import (
     WaitRegisteredInput,
 )
 from autoclusters.core.quarantine import QuarantineStatus, VerifyQuarantineInput
+from autoclusters.core.recovery_history import RecoveryFiguresCall, RecoveryFiguresRead
 from autoclusters.core.recovery_loss import MeasureRecoveryInput, MeasureRecoveryResult
 from autoclusters.core.sharing import (
     CheckpointResult,
@@ -478,4 +479,9 @@ async def send_handoff(call: HandoffCall) -> HandoffSent:
 
 @activity.defn(name="measure_recovery")
 async def measure_recovery(inp: MeasureRecoveryInput) -> MeasureRecoveryResult:
+    raise _stub()
+
+
+@activity.defn(name="recovery_figures")
+async def recovery_figures(call: RecoveryFiguresCall) -> RecoveryFiguresRead:
     raise _stub()

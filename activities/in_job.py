@@ -102,6 +102,9 @@ from autoclusters.integrations.slurm import (
 # never its batch shell): abandon this generation of the group and re-form with a standby
 # (examples/training).
 ABANDON_SIGNAL = "USR2"
+# What a job that says how it trains writes in its comment (examples/training): one that
+# writes any will write `resumed_at=` when it steps again.
+PROGRESS_TOKENS = ("ckpt_at", "resumed_at", "injob", "training")
 
 
 def _resumed_since(job: SlurmJob, since: float) -> bool:
@@ -189,6 +192,7 @@ def plan_for(
         free_nodes=free,
         restart_cnt=job.restart_cnt,
         checkpoint_at=saved,
+        says_progress=any(job_comment(job, key) is not None for key in PROGRESS_TOKENS),
     )
     return plan_recovery(facts, figures, capacity)
 

@@ -45,6 +45,7 @@ def planner_row(
         "off by": loss.error,
         "runbook measured (GPU-h)": own.actual_gpu_hours if own is not None else None,
         "runbook measured why": own.why_unknown if own is not None else "not measured",
+        "figures from": plan.figures_from or "the policy's",
     }
 
 

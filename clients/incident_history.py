@@ -179,15 +179,15 @@ class _Reader:
                 self.plans, self.paths = requeued.plans, requeued.recovery_path()
         elif name == "measure_recovery" and self.measuring is not None:
             done = _decode(a.result.payloads, MeasureRecoveryResult)
-            self._measured(done, self.measuring.opened_at)
+            self._measured(done, self.measuring.lost_from)
         elif name == "burn_in_screen" and self.rec.screen_passed is None and not self.rec.repairs:
             screened: ScreenResult = _decode(a.result.payloads, ScreenResult)
             self.rec.screen_passed = screened.passed  # the screen before any repair
 
-    def _measured(self, done: MeasureRecoveryResult, opened_at: float) -> None:
+    def _measured(self, done: MeasureRecoveryResult, fault_at: float) -> None:
         seen = {x.job_id: x for x in done.seen}
         self.rec.recovery_losses = [
-            actual_loss(p, self.paths.get(p.job_id, "requeue"), seen[p.job_id], opened_at)
+            actual_loss(p, self.paths.get(p.job_id, "requeue"), seen[p.job_id], fault_at)
             for p in self.plans
             if p.job_id in seen
         ]  # fmt: skip

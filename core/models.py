@@ -14,6 +14,7 @@ from pydantic import BaseModel, Field, field_validator
 from autoclusters.core.fault_evidence import FaultEvidence
 from autoclusters.core.faults import FAULT_PATTERN, NODE_PATTERN
 from autoclusters.core.handoff_answer import HandoffRecord
+from autoclusters.core.loss_clock import loss_starts
 from autoclusters.core.policy import Policy, Rung
 from autoclusters.core.recovery_cost import RecoveryCapacity, RecoveryFigures, RecoveryPlan
 from autoclusters.core.recovery_loss import RecoveryLoss
@@ -268,6 +269,12 @@ class IncidentState(BaseModel):
     def step(self, name: str) -> StepRecord | None:
         """The latest record of the step `name` (repairs and health gates can repeat)."""
         return next((s for s in reversed(self.steps) if s.name == name), None)
+
+    def loss_starts(self) -> datetime:
+        """When the fault that opened the incident began to cost its jobs: its start as its
+        source saw it, within reason (core/loss_clock.py)."""
+        first = next((f.first_at for f in self.faults if f.fault == self.request.fault), None)
+        return loss_starts(self.request.opened_at, first)
 
 
 class HealthCheck(BaseModel):

@@ -28,6 +28,7 @@ from autoclusters.core.faults import FAULT_PATTERN, NODE_PATTERN
 from autoclusters.core.job_thresholds import JobThresholds
 from autoclusters.core.ladder_figures import LadderFigures
 from autoclusters.core.recovery_cost import RecoveryFigures
+from autoclusters.core.recovery_history import FiguresFromHistory
 from autoclusters.core.yaml_spec import (
     SpecError,
     SpecFormat,
@@ -376,6 +377,12 @@ class Policy(_Strict):
     # cheapest possible path is taken. `announce_recovery`: the estimates and the choice
     # go to Slack once the jobs are on their way (off in a policy that does not say).
     recovery_figures: RecoveryFigures = Field(default_factory=RecoveryFigures)
+    # The figures a plan weighs follow the cluster's measured history: per path, the
+    # median of the last measured recoveries, `recovery_figures` standing in for missing
+    # ones (core/recovery_history.py), read when the incident quarantines its node; a
+    # failed read weighs `recovery_figures`, and the plan says so. None (a policy that does
+    # not say): `recovery_figures` alone, and no read.
+    figures_from_history: FiguresFromHistory | None = None
     announce_recovery: bool = False
     # When the incident closes, measure what each planned job lost (when it stepped again,
     # the work it redid: core/recovery_loss.py) and set it beside the estimate, on the

@@ -24,10 +24,12 @@ The paths, each estimated wherever the policy allows it (else "not possible", wi
     cluster's history for this fault and rung (`autoclusters stats ladder`) where the
     incident carries it, else the figures' `repair_s`, then the job's restart.
 
-The seconds to stepping again are the cluster's figures (the policy's `recovery_figures`,
-measured by bench/mttr.py and, after the fact, by the incidents themselves: `autoclusters
-stats recovery`); the estimate, the choice and why are recorded on the incident, and the
-measured loss is set beside them when it closes (core/recovery_loss.py).
+The seconds to stepping again are the cluster's figures: with the policy's
+`figures_from_history`, the median of the last recoveries its closed incidents measured
+per path (core/recovery_history.py), else the policy's `recovery_figures`; the estimate,
+the choice, why and where the figures came from are recorded on the incident, and the
+measured loss is set beside them when it closes (core/recovery_loss.py). Both count from
+the fault's start as its source saw it (core/loss_clock.py).
 """
 
 from __future__ import annotations
@@ -86,6 +88,10 @@ class JobFacts(BaseModel):
     # measured loss is read against (core/recovery_loss.py).
     restart_cnt: int = 0
     checkpoint_at: float | None = None
+    # It says how it trains in its Slurm comment (examples/training: `ckpt_at=`,
+    # `resumed_at=`, `injob=`, `training=`): it will say when it steps again, whether it
+    # has checkpointed yet or not.
+    says_progress: bool = False
 
 
 class PathEstimate(BaseModel):
@@ -106,6 +112,10 @@ class RecoveryPlan(BaseModel):
     why: str = ""
     restart_cnt: int = 0
     checkpoint_at: float | None = None
+    says_progress: bool = False
+    # Where the seconds per path came from: the cluster's measured history (which figure
+    # from how many), or the policy's figures and why ("": the policy's, none read).
+    figures_from: str = ""
 
     def estimate(self, path: RecoveryPath) -> PathEstimate | None:
         return next((e for e in self.estimates if e.path == path), None)
@@ -185,6 +195,7 @@ def plan_recovery(
         chosen=best.path,
         restart_cnt=job.restart_cnt,
         checkpoint_at=job.checkpoint_at,
+        says_progress=job.says_progress,
     )
     runner_up = min(
         (e for e in possible if e is not best),
@@ -216,4 +227,6 @@ def recovery_text(plans: list[RecoveryPlan]) -> str:
     lines = ["recovery chosen by its cost (estimated GPU-hours lost):"]
     for p in plans:
         lines.append(f"{p.describe()}: {p.why}")
+    for origin in dict.fromkeys(p.figures_from for p in plans if p.figures_from):
+        lines.append(f"figures: {origin}")
     return "\n".join(lines)

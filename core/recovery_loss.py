@@ -6,11 +6,12 @@ When the incident closes, the runbook reads what each job it planned for says of
 comment, written by its rank 0 at the first step of a re-formed group or of a run that
 resumed from a checkpoint) and which checkpoint a restarted run started from (`ckpt_at=`
 as its new run began: the newest save of the old run, that on the requeue's signal
-included). From the incident's opening (the fault's alert), pure arithmetic:
+included). From the fault's start as its source saw it (core/loss_clock.py: the agent's
+reading, before the incident opened; the opening where no source said), pure arithmetic:
 
-    resume_s = stepping again − opened
-    redo_s   = opened − the checkpoint the new run started from (0 in place, and 0 where
-               the old run saved after the fault)
+    resume_s = stepping again − the fault
+    redo_s   = the fault − the checkpoint the new run started from (0 in place, and 0
+               where the old run saved after the fault)
     GPU-hours lost = GPUs × (resume_s + redo_s) / 3600
 
 A job that never says when it steps (no `resumed_at=`), that ended first, or that did not
@@ -73,7 +74,13 @@ class RecoveryLoss(BaseModel):
             else "no estimate"
         )
         if self.actual_gpu_hours is None:
-            return f"job {self.job_id} ({self.path}): {est}, actual unknown ({self.why_unknown})"
+            stepped = (
+                f"; stepping again after {self.resume_s:.1f}s" if self.resume_s is not None else ""
+            )
+            return (
+                f"job {self.job_id} ({self.path}): {est}, actual unknown "
+                f"({self.why_unknown}{stepped})"
+            )
         err = self.error
         off = f", {err:+.0%} off" if err is not None else ""
         return (
@@ -82,11 +89,10 @@ class RecoveryLoss(BaseModel):
         )
 
 
-def actual_loss(
-    plan: RecoveryPlan, taken: str, seen: JobSighting, opened_at: float
-) -> RecoveryLoss:
+def actual_loss(plan: RecoveryPlan, taken: str, seen: JobSighting, fault_at: float) -> RecoveryLoss:
     """The job's measured loss on the path it took (`taken`, the incident's recovery_path),
-    beside the estimate of that path (`RecoveryPlan.expected_for`)."""
+    beside the estimate of that path (`RecoveryPlan.expected_for`), counted from `fault_at`
+    (epoch s: the fault's start, `MeasureRecoveryInput.lost_from`)."""
     expected = plan.expected_for(taken)
     loss = RecoveryLoss(
         job_id=plan.job_id,
@@ -98,15 +104,18 @@ def actual_loss(
     if seen.stepping_at is None:
         loss.why_unknown = seen.why_unknown or "not seen stepping again"
         return loss
-    resume = max(0.0, seen.stepping_at - opened_at)
+    resume = max(0.0, seen.stepping_at - fault_at)
     if taken == "in-job" and not seen.restarted:
         redo = 0.0  # in place: the survivors kept their state
     else:
         start = seen.resumed_ckpt_at if seen.resumed_ckpt_at is not None else plan.checkpoint_at
         if start is None:
+            # Its seconds to stepping again are measured all the same: the path's figure
+            # (core/recovery_history.py) needs them, not the work redone.
+            loss.resume_s = round(resume, 3)
             loss.why_unknown = "restarted from a checkpoint it did not say (no ckpt_at=)"
             return loss
-        redo = max(0.0, opened_at - start)
+        redo = max(0.0, fault_at - start)
     loss.resume_s, loss.redo_s = round(resume, 3), round(redo, 3)
     loss.actual_gpu_hours = plan.gpus * (resume + redo) / 3600
     return loss
@@ -157,16 +166,25 @@ class WatchedJob(BaseModel):
     job_id: int
     path: str  # in-job or requeue: how it got going again
     restart_cnt: int = 0  # when planned: a higher one is a new run of it
-    # It said when it last checkpointed (`ckpt_at=`): a job that says nothing of itself
-    # cannot be measured, and is not waited for.
+    # It said when it last checkpointed (`ckpt_at=`), or how it trains (`injob=`, ...:
+    # `RecoveryPlan.says_progress`): a job that says nothing of itself cannot be measured,
+    # and is not waited for.
     says_checkpoints: bool = False
 
 
 class MeasureRecoveryInput(BaseModel):
     jobs: list[WatchedJob]
     opened_at: float  # epoch s: the incident's opening, the fault's alert
+    # Epoch s: the fault's start as its source saw it (core/loss_clock.py), what the loss
+    # is counted from; None (an incident from before it was said): the opening.
+    fault_at: float | None = None
     budget_s: float = 300.0  # waited at most for a restarted job to step again
     poll_s: float = 1.0
+
+    @property
+    def lost_from(self) -> float:
+        """Epoch s the jobs' losses are counted from."""
+        return self.fault_at if self.fault_at is not None else self.opened_at
 
 
 class MeasureRecoveryResult(BaseModel):

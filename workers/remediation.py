@@ -30,6 +30,7 @@ from autoclusters.activities.health import HealthActivities
 from autoclusters.activities.kubernetes import KubernetesActivities
 from autoclusters.activities.machine_of import MachineOf
 from autoclusters.activities.notify import NotifyActivities
+from autoclusters.activities.recovery_history import RecoveryHistoryActivities, TemporalRecoveries
 from autoclusters.activities.recovery_loss import RecoveryLossActivities
 from autoclusters.activities.screen import ScreenActivities
 from autoclusters.activities.sharing_demand import ShareDemandActivities
@@ -356,6 +357,9 @@ def build_worker(
             ops.node_load,
             ops.incident_open,
             ops.workflow_running,
+            # The recovery plan's figures from the cluster's measured history (its closed
+            # incidents, read from this Temporal).
+            RecoveryHistoryActivities(TemporalRecoveries(client).recent).recovery_figures,
             *(provider.activities() if provider is not None else []),
             *sharing_activities(client, settings, slurm, kube_api),
             *screen_activities(settings, slurm),

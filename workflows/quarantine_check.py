@@ -13,6 +13,7 @@ runs a job is never power-cycled or deleted.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -39,12 +40,13 @@ with workflow.unsafe.imports_passed_through():
     from autoclusters.core.policy import Rung
     from autoclusters.core.quarantine import QuarantineStatus, VerifyQuarantineInput
     from autoclusters.core.recovery_capacity import capacity_for
-    from autoclusters.core.recovery_cost import recovery_text
+    from autoclusters.core.recovery_cost import RecoveryFigures, recovery_text
     from autoclusters.core.sharing import YieldCall, is_sharing_reason
 
 from autoclusters.workflows.approvals import Approvals
 from autoclusters.workflows.incident import Incident, Rejected
 from autoclusters.workflows.kubernetes_steps import KubernetesNode
+from autoclusters.workflows.recovery_figures_steps import figures_for_plan
 from autoclusters.workflows.steps import cause_of
 
 # 0.2: the incident silences its node's other alerts after the requeue; 0.1's runs did not
@@ -83,6 +85,21 @@ class Quarantine:
 
     async def take(self) -> None:
         """Drain, requeue, wait until idle, cordon."""
+        # The figures the recovery plan weighs, read from the cluster's history while the
+        # node is drained: beside the drain, not before the jobs' requeue.
+        p = self.incident.policy
+        reading = (
+            asyncio.ensure_future(figures_for_plan(self.incident, p.figures_from_history))
+            if p.figures_from_history is not None
+            else None
+        )
+        try:
+            await self._take(reading)
+        finally:
+            if reading is not None and not reading.done():
+                reading.cancel()  # the incident stopped before its requeue
+
+    async def _take(self, reading: asyncio.Future[tuple[RecoveryFigures, str]] | None) -> None:
         inc = self.incident
         req, s = inc.request, inc.state
         drain = await inc.steps.step(
@@ -117,6 +134,7 @@ class Quarantine:
             await self._checkpoint()
         p = inc.policy
         in_job = p.job_recovery == "in-job"
+        figures, figures_from = await reading if reading is not None else (p.recovery_figures, "")
         requeued = await inc.steps.activity(
             "requeue",
             contracts.requeue_jobs,
@@ -127,9 +145,9 @@ class Quarantine:
                 in_job_budget_s=p.in_job_budget_s,
                 standby_holders=p.standby_holders,
                 drain_reason=drain_reason(req.incident_id, req.fault),
-                figures=p.recovery_figures,
+                figures=figures,
                 capacity=capacity_for(p, req.fault, s.rung),
-                fault_at=req.opened_at.timestamp(),
+                fault_at=s.loss_starts().timestamp(),
                 fence_after_s=0.0 if p.rule_for(req.fault).fence == "at_once" else FENCE_AFTER_S,
             ),
             f"requeue the jobs on {req.node}",
@@ -143,6 +161,8 @@ class Quarantine:
         # restarted since (workflows/controller_restart.py compares, and moves it on).
         s.controller_started = s.controller_started or requeued.controller_started
         s.recovery_path = requeued.recovery_path()
+        for plan in requeued.plans:
+            plan.figures_from = figures_from  # what the plan weighed, and why
         # A second quarantine (the node was undrained meanwhile) plans only the jobs it
         # requeues: the first one's plans stay, for the loss measured at the close.
         again = {p.job_id for p in requeued.plans}

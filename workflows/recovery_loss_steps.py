@@ -45,11 +45,12 @@ async def measure_losses(inc: Incident) -> str:
                 job_id=plan.job_id,
                 path=taken[plan.job_id],
                 restart_cnt=plan.restart_cnt,
-                says_checkpoints=plan.checkpoint_at is not None,
+                says_checkpoints=plan.checkpoint_at is not None or plan.says_progress,
             )
             for plan in s.recovery_plans
         ],
         opened_at=opened,
+        fault_at=s.loss_starts().timestamp(),
         budget_s=p.measure_recovery_s,
     )
     try:
@@ -67,7 +68,7 @@ async def measure_losses(inc: Incident) -> str:
         why = f"not measured: {err.cause or err}"
         seen = {j.job_id: JobSighting(job_id=j.job_id, why_unknown=why) for j in call.jobs}
     s.recovery_losses = [
-        actual_loss(plan, taken[plan.job_id], seen[plan.job_id], opened)
+        actual_loss(plan, taken[plan.job_id], seen[plan.job_id], call.lost_from)
         for plan in s.recovery_plans
     ]
     return "\n" + loss_text(s.recovery_losses)

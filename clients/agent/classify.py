@@ -73,6 +73,9 @@ class Finding:
     # What a job-progress finding is about: one entry per job run (job/restart/generation).
     # Another run is another fault, never the old one still firing (debounce.py).
     episodes: list[str] = field(default_factory=list)
+    # The earliest event behind it, at the time the backend stamped it (epoch s): when the
+    # fault began, before the check that saw it. None: a condition, seen at the check.
+    started_at: float | None = None
 
     @property
     def message(self) -> str:
@@ -144,9 +147,19 @@ class Classifier:
             self._lost(gpus)
         return self._found
 
-    def _add(self, fault: str, subject: dict[str, Any], message: str, *, now: bool = False) -> None:
+    def _add(
+        self,
+        fault: str,
+        subject: dict[str, Any],
+        message: str,
+        *,
+        now: bool = False,
+        at: float | None = None,
+    ) -> None:
         f = self._found.setdefault(fault, Finding(fault))
         f.immediate = f.immediate or now
+        if at is not None:
+            f.started_at = at if f.started_at is None else min(f.started_at, at)
         f.subjects.append(subject)
         f.messages.append(message)
 
@@ -178,7 +191,7 @@ class Classifier:
             if not memos:
                 del self.memory.events[fault]
             for m in memos:
-                self._add(fault, m.subject, m.message, now=True)
+                self._add(fault, m.subject, m.message, now=True, at=m.at)
 
     # --- GPUs ----------------------------------------------------------------------------
 

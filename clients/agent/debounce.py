@@ -128,7 +128,10 @@ class Debouncer:
 
     def _present(self, now: float, fault: str, t: Track, f: Finding) -> list[Transition]:
         if t.present_streak == 0:
-            t.streak_start = now
+            # An event began when the backend stamped it, not at the check that read it: the
+            # report's `since`, what the runbook counts a job's loss from (core/loss_clock.py).
+            started = f.started_at
+            t.streak_start = min(now, started) if started is not None else now
         t.present_streak += 1
         t.absent_streak, t.absent_since = 0, None
         t.message, t.evidence = f.message, f.evidence()

@@ -7,8 +7,10 @@ the median time from the incident's start to the node back in service. A policy'
 
 `stats recovery`: what the closed incidents measured of their jobs' recovery (policy
 `measure_recovery`): per path, the median seconds from the fault to the job stepping again
-(the policy's `recovery_figures` for this cluster), and how good the planner's estimates
-have been (median and worst |actual - estimate| / actual, how many within ±30 %).
+(the policy's `recovery_figures` for this cluster), the figures the next plan weighs (the
+median of the last measured per path under `figures_from_history`: core/recovery_history.py),
+and how good the planner's estimates have been (median and worst |actual - estimate| /
+actual, how many within ±30 %).
 """
 
 from __future__ import annotations
@@ -69,15 +71,36 @@ def recovery(
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object.")] = False,
 ) -> None:
     """Measured seconds to stepping again per recovery path, and the estimates' error."""
+    from autoclusters.core.recovery_history import (
+        FiguresFromHistory,
+        figures_from_history,
+        measured_from,
+    )
     from autoclusters.core.recovery_loss import estimate_quality, figures_by_path
 
     read = read_records(since, cluster, from_history)
     losses = [x for r in read.records for x in r.recovery_losses]
     paths = figures_by_path(losses)
     quality = estimate_quality(losses)
+    # What the next plan weighs under the latest incident's policy (its figures the prior).
+    weighs = None
+    if read.records:
+        latest = read.records[-1].policy
+        measured = [
+            m
+            for r in read.records
+            for m in measured_from(r.recovery_losses, r.closed_at or r.started_at)
+        ]
+        weighs = figures_from_history(
+            measured,
+            latest.recovery_figures,
+            latest.figures_from_history or FiguresFromHistory(),
+            incidents=len(read.records),
+        )
     if as_json:
         body = {
             "paths": [p.model_dump(mode="json") for p in paths],
+            "next_plan": weighs.model_dump(mode="json") if weighs is not None else None,
             "estimates": quality.model_dump(mode="json"),
             "incidents": len(read.records),
             "cluster": read.cluster,
@@ -90,6 +113,8 @@ def recovery(
         table.add_row(p.path, str(p.measured), f"{p.median_resume_s:.1f} s",
                       f"{p.median_redo_s:.0f} s")  # fmt: skip
     console.print(table)
+    if weighs is not None:
+        console.print(f"the next plan weighs: {escape(weighs.describe())}")
     if quality.measured:
         console.print(
             f"estimates: {quality.within} of {quality.measured} within ±30 %, median off by "

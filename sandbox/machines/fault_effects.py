@@ -45,6 +45,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Literal, get_args
 
@@ -418,9 +419,12 @@ def inject(
     job_id: int | None = None,
 ) -> NodeEffect:
     """A hardware fault on the node's machine: its effect on the jobs first (on a GPU the
-    job fails as the driver logs the Xid), then what the node's agent reads."""
+    job fails as the driver logs the Xid), then what the node's agent reads, stamped when
+    the fault struck: the driver logs the Xid as the job fails, not once this emulation
+    has finished stopping the ranks (up to seconds on a loaded host)."""
+    struck = datetime.now(UTC)
     done = apply(cfg, node, effect, job_id=job_id)
-    Hardware(cfg.state_dir).inject(node, vm_id, fault)
+    Hardware(cfg.state_dir).inject(node, vm_id, fault, at=struck)
     return done
 
 

@@ -9,6 +9,7 @@ left, and the health gate hears it from the agent.
 from __future__ import annotations
 
 import contextlib
+from datetime import datetime
 from pathlib import Path
 
 from pydantic import BaseModel, Field
@@ -45,14 +46,17 @@ class Hardware:
         """What the node's health agent (fake backend) reads as the machine's GPUs."""
         return self.dir.parent / "agent" / f"{node}.json"
 
-    def inject(self, node: str, vm_id: str, fault: HardwareFault) -> None:
+    def inject(
+        self, node: str, vm_id: str, fault: HardwareFault, *, at: datetime | None = None
+    ) -> None:
+        """`at`: when the fault struck (the Xid's stamp); None: now."""
         rec = MachineFaults(vm_id=vm_id, faults=[*self.faults(node, vm_id), fault])
         self._save(node, rec)
         # The node's agent sees it as NVML would report it (if an agent can see it at all).
         path = self.agent_file(node)
         path.parent.mkdir(parents=True, exist_ok=True)
         with contextlib.suppress(fake_backend.UnknownFault):
-            fake_backend.inject(path, fault=fault.fault)
+            fake_backend.inject(path, fault=fault.fault, now=at)
 
     def repaired(self, node: str, vm_id: str, rung: Rung) -> None:
         """What `rung` clears on this machine is gone (a new machine has no faults)."""

@@ -3,7 +3,8 @@
 - a condition fires only after holding for N consecutive checks (per-fault N too);
 - up/down/up within the hold never fires; down/up while firing neither resolves nor
   re-fires;
-- events and a lost GPU fire on the first check; an Xid storm is one report;
+- events and a lost GPU fire on the first check, since the time the backend stamped the
+  event; an Xid storm is one report;
 - a fault firing is re-reported once per re-report interval, with a new report_id;
 - a cleared fault resolves after the clear checks, in the same episode;
 - slow flapping is bounded by the flap window;
@@ -63,6 +64,18 @@ def test_a_condition_fires_after_holding_for_n_checks_and_only_once() -> None:
     got = feed(d, "x" * 20, t0=20)
     assert states(got) == [("ECC_DBE", FIRING)]
     assert got[0].since == 0.0  # the streak's first check, not the check that fired it
+
+
+def test_an_event_fires_since_the_backend_stamped_it_not_since_the_check() -> None:
+    d = debouncer()
+    xid = Finding("XID_79", immediate=True, subjects=[{"gpu": 0}], messages=["m"],
+                  started_at=99.6)  # fmt: skip
+    (fired,) = d.update(100.0, {"XID_79": xid})
+    assert fired.state == FIRING and fired.since == 99.6
+    # A stamp later than the check (a clock ahead of the agent's) is not taken.
+    late = Finding("XID_48", immediate=True, started_at=130.0)
+    (late_fired,) = d.update(120.0, {"XID_79": xid, "XID_48": late})
+    assert late_fired.fault == "XID_48" and late_fired.since == 120.0
 
 
 def test_per_fault_hold() -> None:

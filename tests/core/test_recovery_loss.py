@@ -4,7 +4,9 @@ activities/recovery_loss.py):
 - the arithmetic: stepping again from the incident's opening, the work redone from the
   checkpoint the new run started from (none in place, none after a save on the requeue's
   signal), GPU-hours, and the estimate it is judged by;
-- unknown is said, never counted as no loss;
+- unknown is said, never counted as no loss (a restart from a checkpoint nobody said still
+  gives its seconds to stepping again); a job that says how it trains is followed before
+  its first checkpoint;
 - how good the estimates have been (median, worst, within ±30 %);
 - the measuring step on a fake Slurm: a requeued job followed until its new run says it
   steps, the checkpoint read before that first step, a job that says nothing not waited
@@ -20,7 +22,9 @@ from collections.abc import Callable
 import pytest
 from temporalio.testing import ActivityEnvironment
 
+from autoclusters.activities.in_job import plan_for
 from autoclusters.activities.recovery_loss import RecoveryLossActivities
+from autoclusters.core.models import SlurmJob
 from autoclusters.core.recovery_cost import JobFacts, RecoveryFigures, RecoveryPlan, plan_recovery
 from autoclusters.core.recovery_loss import (
     JobSighting,
@@ -86,10 +90,24 @@ def test_unknown_is_said_not_counted_as_no_loss() -> None:
     loss = actual_loss(_plan(in_job=False), "requeue", seen, OPENED)
     assert loss.actual_gpu_hours is None and loss.error is None
     assert "actual unknown (ended before it stepped again)" in loss_text([loss])
-    # A restart whose checkpoint nobody said: unknown too, not "nothing redone".
+    # A restart whose checkpoint nobody said: unknown too, not "nothing redone"; its
+    # seconds to stepping again are measured all the same (the path's figure needs them).
     plan = plan_recovery(JobFacts(job_id=7, gpus=8), FIGURES)
     silent = JobSighting(job_id=7, stepping_at=OPENED + 20, restarted=True)
-    assert actual_loss(plan, "requeue", silent, OPENED).actual_gpu_hours is None
+    unsaid = actual_loss(plan, "requeue", silent, OPENED)
+    assert unsaid.actual_gpu_hours is None and unsaid.error is None
+    assert unsaid.resume_s == 20 and unsaid.redo_s is None
+    assert "(no ckpt_at=); stepping again after 20.0s" in unsaid.describe()
+
+
+def test_a_job_that_says_how_it_trains_is_measured_before_its_first_checkpoint() -> None:
+    def job(comment: str) -> SlurmJob:
+        return SlurmJob(job_id=7, job_state="RUNNING", nodes="gpu-[01-03]", comment=comment)
+
+    fresh = plan_for(job("injob=/ckpt training=gpu-01,gpu-02"), "the batch host", FIGURES, OPENED)
+    assert fresh.checkpoint_at is None and fresh.says_progress
+    silent = plan_for(job(""), "no standby", FIGURES, OPENED)
+    assert not silent.says_progress
 
 
 def test_how_good_the_estimates_have_been() -> None:
