@@ -17,6 +17,16 @@ events makes one check per `event_check_gap_s`; a fault already firing is not re
 again. An event check that finds a new boot id runs as a full check (a real machine's
 agent starts again with it, and checks at once).
 
+Links take the same path (link_watch.py): while `run` runs, the link watch reads the
+InfiniBand ports every `link_watch_s` and wakes the agent when a port's state changes; the
+loop then runs a link check, `check_links()`: the ports' state alone (IB_LINK_DOWN),
+classified and debounced for that fault only, at most one per `event_check_gap_s` as the
+events' checks. A link fault is held in seconds (`link_hold_s`), not checks: a port seen
+down is checked again when its hold is over (`Debouncer.due`) and fires if it is still
+down, so it fires within `link_hold_s + link_watch_s` of going down; one seen up again
+before then ends the streak (a flap never fires). Resolving stays with the periodic
+checks (`clear_checks`), and a link read that fails moves nothing.
+
 Jobs' progress (`progress_dir`, docs/detection.md): each periodic check also reads the rank
 files the jobs write there (core/job_progress.py) and judges them (progress_rules.py:
 JOB_HANG on a hung job's culprit, SLOW_NODE on a straggler, when they are on this node);
@@ -55,11 +65,12 @@ from autoclusters.clients.agent.classify import (
 )
 from autoclusters.clients.agent.debounce import DebounceMemory, Debouncer
 from autoclusters.clients.agent.job_verdicts import JobVerdicts
+from autoclusters.clients.agent.link_watch import LinkWatch, unreadable
 from autoclusters.clients.agent.metrics import AgentMetrics
 from autoclusters.clients.agent.progress_rules import ProgressThresholds, Verdicts
 from autoclusters.clients.agent.readings import GpuEvent, GpuReadings, IbReadings, state_number
 from autoclusters.clients.agent.reporter import Answer, Outcome, ReportSink, write_atomic
-from autoclusters.clients.agent.settings import AgentSettings
+from autoclusters.clients.agent.settings import LINK_FAULTS, AgentSettings
 from autoclusters.clients.agent.stacks import find_py_spy
 from autoclusters.core.job_progress import RankProgress, read_progress
 from autoclusters.core.node_report import ActiveFault, HealthSnapshot, IbPortState, NodeReport
@@ -70,6 +81,11 @@ log = logging.getLogger(__name__)
 STATE_FILE = "state.json"
 # A `stop` set by another thread ends the loop's wait within this (`wake()` ends it at once).
 STOP_POLL_S = 0.25
+# A held link fault whose check could not read the ports is read again after this.
+LINK_RETRY_S = 1.0
+# A link check due at a fault's hold runs this much after it: the loop's monotonic clock and
+# the check's wall clock must agree that the hold is over.
+LINK_DUE_SLACK_S = 0.01
 
 
 class ConditionSink(Protocol):
@@ -141,7 +157,7 @@ class CheckResult:
     reports: list[NodeReport]
     firing: dict[str, str] = field(default_factory=dict)  # fault -> message
     snapshot: HealthSnapshot | None = None
-    event: bool = False  # an event check: events and lost GPUs only, no InfiniBand, no snapshot
+    event: bool = False  # an event, progress or link check: no full reading, no snapshot
 
 
 class Agent:
@@ -174,7 +190,10 @@ class Agent:
             metrics = AgentMetrics(node, xid_window_s=settings.xid_count_window_s)
         self.metrics = metrics  # fed every check; served by `run` when metrics_port is set
         self.metrics_server: MetricsServer | None = None  # while `run` serves it
-        self._wakeup = threading.Event()  # set by `wake`: an event is waiting for a check
+        self._wakeup = threading.Event()  # set by `wake` and `wake_links`: ends the loop's wait
+        self._events_waiting = threading.Event()  # set by `wake`: for an event check
+        self._links_changed = threading.Event()  # set by `wake_links`: for a link check
+        self.link_watch: LinkWatch | None = None  # while `run` runs, where it is on
         self._last_boot: str | None = None  # the boot id the last check saw
         self._last_ib: IbReadings | None = None  # the last full check's, for /metrics
         self._last_gpus: GpuReadings | None = None  # for a progress check's evidence
@@ -196,6 +215,7 @@ class Agent:
         self.classifier = Classifier(settings, state.classifier if state else None)
         self.debouncer = Debouncer(
             hold_for=settings.hold_for,
+            hold_seconds=settings.hold_seconds,
             clear_checks=settings.clear_checks,
             rereport_s=settings.rereport_s,
             flap_window_s=settings.flap_window_s,
@@ -205,6 +225,13 @@ class Agent:
 
     def wake(self) -> None:
         """Check at once: the backend calls this, from its own thread, when an event arrives."""
+        self._events_waiting.set()
+        self._wakeup.set()
+
+    def wake_links(self) -> None:
+        """Check the links at once: the link watch calls this, from its thread, when a port's
+        state changed."""
+        self._links_changed.set()
         self._wakeup.set()
 
     def check(self, *, event: bool = False) -> CheckResult:
@@ -241,6 +268,21 @@ class Agent:
         reports, firing = self._report(now, gpus, findings, immediate_only=True, boot=boot_id)
         return CheckResult(now, gpus, None, findings, reports, firing, event=True)
 
+    def check_links(self) -> CheckResult:
+        """The ports' state only: IB_LINK_DOWN read, classified and debounced alone (module
+        doc). A read with errors is unknown: logged, and no track moves."""
+        now = self.clock()
+        ib = self.infiniband.read() if self.infiniband is not None else None
+        boot = self._last_boot if self._last_boot is not None else self._boot_id()
+        if errors := unreadable(ib):
+            log.warning("link check: the ports' state could not be read (%s); nothing changes",
+                        ", ".join(sorted(errors)))  # fmt: skip
+            firing = {f: t.message for f, t in self.debouncer.firing.items()}
+            return CheckResult(now, None, ib, {}, [], firing, event=True)
+        findings = self.classifier.classify_links(ib)
+        reports, firing = self._report(now, self._last_gpus, findings, only=LINK_FAULTS, boot=boot)
+        return CheckResult(now, None, ib, findings, reports, firing, event=True)
+
     def check_progress(self) -> CheckResult:
         """Between periodic checks: read and judge the jobs' progress only (module doc)."""
         now = self.clock()
@@ -276,13 +318,17 @@ class Agent:
         gpus: GpuReadings | None,
         findings: dict[str, Finding],
         *,
-        immediate_only: bool,
+        immediate_only: bool = False,
+        only: frozenset[str] | None = None,
         boot: str,
     ) -> tuple[list[NodeReport], dict[str, str]]:
         """Debounce, spool and send; returns the reports and what is firing now."""
         observed = datetime.fromtimestamp(now, UTC)
         reports: list[NodeReport] = []
-        for t in self.debouncer.update(now, findings, immediate_only=immediate_only, boot=boot):
+        changes = self.debouncer.update(
+            now, findings, immediate_only=immediate_only, only=only, boot=boot
+        )
+        for t in changes:
             evidence = {**t.evidence, "backend": gpus.backend if gpus else "none"}
             reports.append(
                 NodeReport.build(
@@ -367,8 +413,16 @@ class Agent:
         try:
             if self.backend is not None:
                 self.backend.set_wake(self.wake)
+            if self.infiniband is not None and self.settings.link_watch_s > 0:
+                self.link_watch = LinkWatch(
+                    self.infiniband, every_s=self.settings.link_watch_s, wake=self.wake_links
+                )
+                self.link_watch.start()
             self._loop(stop)
         finally:
+            if self.link_watch is not None:
+                self.link_watch.stop()
+                self.link_watch = None
             if self.backend is not None:
                 self.backend.set_wake(None)
             if self.metrics_server is not None:
@@ -380,33 +434,60 @@ class Agent:
         every = self.settings.progress_interval_s if self.settings.progress_dir else math.inf
         next_at = time.monotonic()  # the next periodic check
         next_progress = math.inf  # the next progress check (a periodic check reads it too)
-        event_after = 0.0  # the next event check not before this
+        link_due = math.inf  # the next link check a held link fault needs
+        event_after = 0.0  # the next woken (event or link) check not before this
         while not stop.is_set():
+            self._wakeup.clear()  # a wake-up from here on ends the wait below at once
             now = time.monotonic()
             if now >= next_at:
-                self._wakeup.clear()  # this check reads the events too
+                self._events_waiting.clear()  # this check reads the events and links too
+                self._links_changed.clear()
                 self._check(event=False)
                 next_at += interval
                 if next_at < time.monotonic():  # a slow check: the next at once, no catch-up
                     next_at = time.monotonic()
                 next_progress = time.monotonic() + every
+                link_due = self._link_due()
                 continue
-            if self._wakeup.is_set() and now >= event_after:
-                self._wakeup.clear()  # an event during the check wakes the loop again
-                result = self._check(event=True)
-                if result is not None and not result.event:  # a new boot: the interval anew
-                    next_at = time.monotonic() + interval
+            woken = self._events_waiting.is_set() or self._links_changed.is_set()
+            if woken and now >= event_after:
+                if self._events_waiting.is_set():
+                    self._events_waiting.clear()  # an event during the check: another one
+                    result = self._check(event=True)
+                    if result is not None and not result.event:  # a new boot: interval anew
+                        next_at = time.monotonic() + interval
+                        self._links_changed.clear()  # that full check read the links
+                if self._links_changed.is_set():
+                    self._links_changed.clear()
+                    self._check_links()
                 event_after = time.monotonic() + gap
+                link_due = self._link_due()
+                continue
+            if now >= link_due:
+                self._check_links()
+                link_due = self._link_due()
                 continue
             if now >= next_progress:
                 self._check_progress()
                 next_progress = time.monotonic() + every
                 continue
-            due = min(next_at, next_progress)
-            if self._wakeup.is_set():  # woken within the gap: the burst's next check is due then
+            due = min(next_at, next_progress, link_due)
+            if woken:  # woken within the gap: the burst's next check is due then
                 stop.wait(min(event_after, due) - now)
             else:
                 self._wakeup.wait(min(due - now, STOP_POLL_S))
+
+    def _link_due(self) -> float:
+        """When (monotonic) the loop must check the links for a held link fault's hold to
+        end (inf: none held); a hold already over (its check could not read the ports) is
+        retried after LINK_RETRY_S."""
+        fire_at = self.debouncer.due()
+        if fire_at is None:
+            return math.inf
+        wait = fire_at - self.clock()
+        if wait <= 0:
+            wait = LINK_RETRY_S
+        return time.monotonic() + wait + LINK_DUE_SLACK_S
 
     def _check(self, *, event: bool) -> CheckResult | None:
         """One check that never raises: None when it failed (logged)."""
@@ -416,6 +497,13 @@ class Agent:
             what = "event check" if event else "check"
             log.exception("%s failed; the next runs within %.0f s", what, self.settings.interval_s)
             return None
+
+    def _check_links(self) -> None:
+        try:
+            self.check_links()
+        except Exception:
+            log.exception("link check failed; the ports are read again within %.0f s",
+                          self.settings.interval_s)  # fmt: skip
 
     def _check_progress(self) -> None:
         try:

@@ -147,6 +147,15 @@ class Classifier:
             self._lost(gpus)
         return self._found
 
+    def classify_links(self, ib: IbReadings | None) -> dict[str, Finding]:
+        """Only the ports' state (IB_LINK_DOWN), for the link watch's check: no counter gets
+        a sample and no adapter is learnt, so the periodic checks keep their meaning."""
+        self._found = {}
+        for port in ib.ports if ib is not None else []:
+            if not self._ignored(port.hca, port.port):
+                self._link_down(port)
+        return self._found
+
     def _add(
         self,
         fault: str,
@@ -356,9 +365,7 @@ class Classifier:
                 inc[name] = w.increase()
                 if name == "symbol_error" and w.last_rate_per_s() > s.ib_symbol_errors_per_s:
                     inc["symbol_error_burst"] = int(w.last_rate_per_s())
-        if state_number(p.state) != IB_ACTIVE or state_number(p.phys_state) != IB_LINK_UP:
-            subject = base | {"state": p.state, "phys_state": p.phys_state}
-            self._add("IB_LINK_DOWN", subject, f"{who}: {p.state or '?'} / {p.phys_state or '?'}")
+        if self._link_down(p):
             return
         why: list[str] = []
         rate = rate_gbps(p.rate)
@@ -377,6 +384,15 @@ class Classifier:
         if why:
             subject = base | {"rate": p.rate, "counter_increase": inc, "counters": p.counters}
             self._add("IB_LINK_DEGRADED", subject, f"{who}: {', '.join(why)}")
+
+    def _link_down(self, p: IbPortReading) -> bool:
+        """IB_LINK_DOWN when the port is not ACTIVE / LinkUp; whether it is."""
+        if state_number(p.state) == IB_ACTIVE and state_number(p.phys_state) == IB_LINK_UP:
+            return False
+        subject = {"hca": p.hca, "port": p.port, "state": p.state, "phys_state": p.phys_state}
+        message = f"{p.hca} port {p.port}: {p.state or '?'} / {p.phys_state or '?'}"
+        self._add("IB_LINK_DOWN", subject, message)
+        return True
 
     def _ignored(self, hca: str, port: int | None = None) -> bool:
         names = [hca] if port is None else [hca, f"{hca}/{port}"]

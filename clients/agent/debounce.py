@@ -3,7 +3,14 @@
 Per fault kind:
 
 - A finding fires after it has held for `hold_for(fault)` consecutive checks; an immediate
-  finding (an event, a lost GPU) fires on the first check that sees it.
+  finding (an event, a lost GPU) fires on the first check that sees it. A fault held in
+  seconds (`hold_seconds(fault)`, a link fault) fires on the first check that sees it still
+  there `hold_seconds` after the first check of its streak saw it; `due()` says when that
+  is, so the agent checks then.
+- A check that read only some fault kinds (`only`: the link watch's link check) moves only
+  their tracks: one seen starts or continues its streak (and may fire); one not seen ends
+  its streak, so a flap shorter than the hold never fires, but never resolves a firing one:
+  resolving still counts `clear_checks` periodic checks.
 - A check the backend's event asked for (`immediate_only`) fires and re-reports immediate
   findings only, and leaves every other track alone: no streak moves, nothing resolves, so
   holding and clearing still count the periodic checks (`hold_checks` x the interval).
@@ -76,6 +83,7 @@ class Debouncer:
         self,
         *,
         hold_for: Callable[[str], int],
+        hold_seconds: Callable[[str], float | None] = lambda _fault: None,
         clear_checks: int,
         rereport_s: float,
         flap_window_s: float,
@@ -83,6 +91,7 @@ class Debouncer:
         memory: DebounceMemory | None = None,
     ) -> None:
         self._hold_for = hold_for
+        self._hold_s = hold_seconds
         self._clear = clear_checks
         self._rereport = rereport_s
         self._window = flap_window_s
@@ -100,14 +109,28 @@ class Debouncer:
         findings: dict[str, Finding],
         *,
         immediate_only: bool = False,
+        only: frozenset[str] | None = None,
         boot: str | None = None,
     ) -> list[Transition]:
         """Feed one check's findings; returns what to report, in a stable order.
-        `immediate_only`: an event's check; only its immediate findings count. `boot`: the
-        machine's boot id at this check."""
+        `immediate_only`: an event's check; only its immediate findings count. `only`: a
+        check that read these fault kinds alone (module doc). `boot`: the machine's boot id
+        at this check."""
         self._boot = boot
         out: list[Transition] = []
         tracks = self.memory.tracks
+        if only is not None:
+            for fault in sorted(only & (set(tracks) | set(findings))):
+                t = tracks.setdefault(fault, Track())
+                t.fired_at = [x for x in t.fired_at if now - x < self._window]
+                f = findings.get(fault)
+                if f is not None:
+                    out += self._present(now, fault, t, f)
+                elif not t.firing:  # the streak ends; resolving is the periodic checks'
+                    t.present_streak, t.streak_start = 0, None
+                    if not t.fired_at:
+                        del tracks[fault]
+            return out
         if immediate_only:
             for fault in sorted(f for f, x in findings.items() if x.immediate):
                 t = tracks.setdefault(fault, Track())
@@ -136,8 +159,12 @@ class Debouncer:
         t.absent_streak, t.absent_since = 0, None
         t.message, t.evidence = f.message, f.evidence()
         if not t.firing:
-            need = 1 if f.immediate else self._hold_for(fault)
-            if t.present_streak < need:
+            hold_s = None if f.immediate else self._hold_s(fault)
+            start = t.streak_start if t.streak_start is not None else now
+            if hold_s is not None:
+                if now - start < hold_s:
+                    return []
+            elif t.present_streak < (1 if f.immediate else self._hold_for(fault)):
                 return []
             t.firing, t.sequence, t.last_sent, t.boot = True, 0, now, self._boot
             t.since = t.streak_start if t.streak_start is not None else now
@@ -163,6 +190,18 @@ class Debouncer:
             t.last_sent = now
             return [self._transition(fault, t, ReportState.FIRING)]
         return []
+
+    def due(self) -> float | None:
+        """When the first fault held in seconds that is seen but not yet firing has held for
+        its hold: a check then fires it if it is still there. None: no such fault."""
+        times = [
+            t.streak_start + hold_s
+            for fault, t in self.memory.tracks.items()
+            if not t.firing
+            and t.streak_start is not None
+            and (hold_s := self._hold_s(fault)) is not None
+        ]
+        return min(times, default=None)
 
     def _absent(self, now: float, fault: str, t: Track) -> list[Transition]:
         if t.absent_streak == 0:

@@ -485,14 +485,25 @@ class FakeBackend:
 
 
 class FakeInfiniband:
-    """The fake file's InfiniBand section, for an agent run without a sysfs root."""
+    """The fake file's InfiniBand section, for an agent run without a sysfs root.
+
+    The link watch reads it every second (link_watch.py): the file is parsed again only
+    when its stat changed (a write replaces it), as the events' watcher does."""
 
     def __init__(self, path: Path, *, clock: Callable[[], float] = time.time) -> None:
         self.path = Path(path)
         self._clock = clock
         self._since = clock()
+        self._parsed: tuple[tuple[int, int, int], IbReadings | None] | None = None
 
     def read(self) -> IbReadings | None:
-        ib = read_node(self.path).infiniband
+        stat = _stat(self.path)
+        if stat is None or self._parsed is None or self._parsed[0] != stat:
+            parsed = read_node(self.path).infiniband
+            if stat is not None:
+                self._parsed = (stat, parsed)
+        else:
+            parsed = self._parsed[1]
+        ib = parsed.model_copy(deep=True) if parsed is not None else None
         animate_ib(ib, self._clock(), self._since)
         return ib

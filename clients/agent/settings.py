@@ -4,7 +4,10 @@ Every threshold is here with its unit and the reason for its default. Checks run
 `interval_s`; a condition fault must hold for `hold_checks` consecutive checks before it is
 reported, so the time to detect one is about `hold_checks * interval_s`. Events (Xids,
 recovery-action changes, GPU lost) do not wait for a check: the backend wakes the agent,
-which checks and reports at once (at most one such check per `event_check_gap_s`).
+which checks and reports at once (at most one such check per `event_check_gap_s`). A link
+fault (`LINK_FAULTS`) is held in seconds, not checks: the link watch reads the ports every
+`link_watch_s` and wakes the agent when one changes state, and a port down for `link_hold_s`
+fires (agent.py, link_watch.py).
 """
 
 from __future__ import annotations
@@ -15,6 +18,9 @@ from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_HOME = Path.home() / ".autoclusters" / "agent"
+# Held for `link_hold_s` seconds, not `hold_checks` checks, and read by the link watch's
+# checks between the periodic ones: an InfiniBand port not ACTIVE / LinkUp.
+LINK_FAULTS = frozenset({"IB_LINK_DOWN"})
 
 
 class AgentSettings(BaseSettings):
@@ -64,6 +70,23 @@ class AgentSettings(BaseSettings):
     # Thermal throttling is normal in bursts; only a sustained one (5 min at 10 s) matters.
     # JOB_HANG and SLOW_NODE are immediate findings: their thresholds are their debounce.
     hold_checks_by_fault: dict[str, int] = Field(default_factory=lambda: {"THERMAL": 30})
+    # A port that goes down stops every job on the node at once: waiting for `hold_checks`
+    # periodic checks (10-30 s) was most of a lost node's downtime (docs/recovery.md). The
+    # watch reads the ports with the periodic check's reader (sysfs: ~30 small files a
+    # port; the sandbox: the fake file) once a second, no NVML, and wakes the agent for a
+    # link check when a port's state changes. 0: off (a down port's hold is then timed
+    # from the periodic check that first sees it).
+    link_watch_s: float = Field(
+        default=1.0, ge=0, description="the link watch reads the ports' state this often; 0: off"
+    )
+    # The hold the two-checks rule meant: a port that comes back within it (a retrain, a
+    # cable reseated, a switch's port flap) is no fault. 2 s is above a port's link
+    # retraining (sub-second on NDR) and well below a job's collective timeout. A port down
+    # for this long fires within link_hold_s + link_watch_s (a flap shorter never fires).
+    link_hold_s: float = Field(
+        default=2.0, ge=0, description="seconds a port must stay down before IB_LINK_DOWN "
+        "fires (instead of hold_checks)"
+    )  # fmt: skip
     rereport_s: float = Field(
         default=3600, gt=0, description="a fault still firing is re-sent this often"
     )
@@ -182,6 +205,11 @@ class AgentSettings(BaseSettings):
 
     def hold_for(self, fault: str) -> int:
         return self.hold_checks_by_fault.get(fault, self.hold_checks)
+
+    def hold_seconds(self, fault: str) -> float | None:
+        """The seconds `fault` must hold to fire, where it is held in seconds (else None:
+        `hold_for` checks)."""
+        return self.link_hold_s if fault in LINK_FAULTS else None
 
     def spool_for(self, node: str) -> Path:
         return self.spool_dir if self.spool_dir is not None else DEFAULT_HOME / node

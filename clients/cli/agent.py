@@ -102,7 +102,10 @@ def run(
     expected_gpus: Annotated[int | None, typer.Option(help="GPUs the node has.")] = None,
     hold_checks: Annotated[
         int | None,
-        typer.Option(help="Checks a condition must hold before it is reported (default: 3)."),
+        typer.Option(
+            help="Checks a condition must hold before it is reported (default: 3); a port "
+            "down is held in seconds instead (AUTOCLUSTERS_AGENT_LINK_HOLD_S, default 2)."
+        ),
     ] = None,
     once: Annotated[
         bool, typer.Option("--once", help="One check without debounce, then exit.")
@@ -158,7 +161,9 @@ def run(
     if k8s_condition:
         overrides["k8s_condition"] = True
     if once:
-        overrides |= {"hold_checks": 1, "clear_checks": 1, "hold_checks_by_fault": {}}
+        overrides |= {
+            "hold_checks": 1, "clear_checks": 1, "hold_checks_by_fault": {}, "link_hold_s": 0,
+        }  # fmt: skip
     try:
         settings = AgentSettings(**overrides)
     except ValidationError as e:
@@ -316,8 +321,9 @@ def _run_forever(agent: Agent, *, show_readings: bool, follow: Follow | None = N
 
         agent.check = check_and_show  # type: ignore[method-assign]
     logging.getLogger(__name__).info(
-        "agent for %s checking every %.0f s, and at once on a GPU event",
-        agent.node, agent.settings.interval_s,
+        "agent for %s checking every %.0f s, and at once on a GPU event or a port's change "
+        "(read every %g s; 0: not watched)",
+        agent.node, agent.settings.interval_s, agent.settings.link_watch_s,
     )  # fmt: skip
     agent.run(stop)
     return bool(renamed)

@@ -63,7 +63,9 @@ class Rig:
             fake_backend.write_node(self.file, healthy_node(gpus=4, nvlinks=4, hcas=2))
         self.backend = FakeBackend(self.file)
         self.backend.open()
-        base: dict[str, Any] = {"hold_checks": 1, "clear_checks": 1, "hold_checks_by_fault": {}}
+        base: dict[str, Any] = {
+            "hold_checks": 1, "clear_checks": 1, "hold_checks_by_fault": {}, "link_hold_s": 0,
+        }  # fmt: skip
         self.settings = AgentSettings(**(base | overrides))
         self.agent = Agent(
             node=NODE,
