@@ -47,6 +47,7 @@ from autoclusters.sandbox.drivers.outage import (
     run_outage_case,
     squeue_job,
 )
+from autoclusters.sandbox.drivers.restart_lag import restart_lag_s
 from autoclusters.sandbox.runtime import daemons
 from autoclusters.sandbox.runtime.config import SandboxConfig
 
@@ -78,6 +79,13 @@ USED_AT: dict[str, tuple[str, ...]] = {
     "alertmanager": ("wait_idle",),
     "api": ("wait_idle",),
 }
+# What a Temporal restart may add to the step it lands in, beyond its downtime
+# (sandbox/drivers/restart_lag.py): every runbook activity heartbeats with a 10 s timeout
+# and a workflow task times out after 10 s, so a task the restart lost is given again
+# within that, plus the step's own poll (wait_idle 1 s, the cloud operation 2 s) and the
+# worker's next poll. Generous, as a bound that guards against a stall must be under load:
+# measured 2.7 s median, 6.3 s at most (bench/temporal_restart.py, docs/operations.md).
+TEMPORAL_RESTART_LAG_BOUND_S = 20.0
 # Steps reached before the repair: a `--no-requeue` job holds the node through the outage,
 # so wait_idle must wait for it (and the repair never runs under it).
 EARLY_STEPS = ("drain", "requeue", "wait_idle")
@@ -428,6 +436,13 @@ def problems(case: OutageCase, r: OutageReport) -> list[str]:
     lost = [j for j in r.requeued_unlisted if j not in r.vanished_jobs]
     if lost:
         out.append(f"requeued jobs {lost} no longer in Slurm and not reported as vanished")
+    if case.component == "temporal":
+        lag = restart_lag_s(r)
+        if lag is not None and lag > TEMPORAL_RESTART_LAG_BOUND_S:
+            out.append(
+                f"the step completed {lag:.1f}s after it could have (Temporal back, its wait "
+                f"over): past the {TEMPORAL_RESTART_LAG_BOUND_S:.0f}s a restart may add"
+            )
     if isinstance(case, CrashCase):
         out += crash_problems(case, r)
     return out

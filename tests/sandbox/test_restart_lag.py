@@ -7,6 +7,11 @@ from datetime import UTC, datetime, timedelta
 
 from autoclusters.core.models import StepRecord
 from autoclusters.sandbox.drivers.outage import CloudOp, OutageDone, OutageReport
+from autoclusters.sandbox.drivers.outage_matrix import (
+    TEMPORAL_RESTART_LAG_BOUND_S,
+    OutageCase,
+    problems,
+)
 from autoclusters.sandbox.drivers.restart_lag import ready_at, restart_lag_s
 
 T0 = datetime(2026, 12, 5, 18, 0, tzinfo=UTC)
@@ -81,3 +86,17 @@ def test_a_step_whose_workflow_time_ended_before_the_outage_still_counts() -> No
     r.hit_step = False
     r.steps[0].finished_at = at(-0.5)
     assert restart_lag_s(r) == 2.0
+
+
+def test_the_outage_matrix_flags_a_temporal_restart_that_stalls_its_step() -> None:
+    case = OutageCase("temporal", "wait_idle")
+    # The job ended at 17 s; the step completed 25 s later: a task lost with the server
+    # waited out something longer than any of the runbook's timeouts.
+    stalled = report("wait_idle", up_s=12, completed_s=17 + TEMPORAL_RESTART_LAG_BOUND_S + 5)
+    stalled.job_end_time = at(17)
+    assert any("a restart may add" in p for p in problems(case, stalled))
+    prompt = report("wait_idle", up_s=12, completed_s=18.2, job_end_time=at(17))
+    assert not any("a restart may add" in p for p in problems(case, prompt))
+    # Another component's outage is not judged by Temporal's bound.
+    other = OutageCase("slurmctld", "wait_idle")
+    assert not any("a restart may add" in p for p in problems(other, stalled))
