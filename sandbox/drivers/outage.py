@@ -43,7 +43,6 @@ from autoclusters.sandbox.crusoe import cloud_api
 from autoclusters.sandbox.drivers.chaos import STEPS, _closed, cloud_operations
 from autoclusters.sandbox.drivers.controller_crash import ControllerCrash, CrashReport, epoch
 from autoclusters.sandbox.drivers.history_ticks import HistoryTicks
-from autoclusters.sandbox.drivers.restart_lag import STEP_ACTIVITY
 from autoclusters.sandbox.machines import names as machine_names
 from autoclusters.sandbox.machines.hardware import Hardware, HardwareFault
 from autoclusters.sandbox.runtime import daemons
@@ -89,6 +88,18 @@ def process_name(component: str) -> str:
 
 
 # --- taking a component away ---------------------------------------------------------------
+
+
+# The activity each step runs (activities/contracts.py): its completion event in
+# the history is the step's end as Temporal recorded it, not workflow time.
+STEP_ACTIVITY = {
+    "drain": "drain_node",
+    "requeue": "requeue_jobs",
+    "wait_idle": "wait_node_idle",
+    "repair": "repair_node",
+    "health_gate": "health_gate",
+    "return_to_service": "return_to_service",
+}
 
 
 class OutageDone(BaseModel):
@@ -270,7 +281,7 @@ class OutageReport(BaseModel):
     # step's finished_at is workflow time, which after a workflow task timed out (Temporal
     # away) can be the time of the task before it.
     idle_completed_at: datetime | None = None
-    # The same for the activity of the step the case asked for (restart_lag.STEP_ACTIVITY).
+    # The same for the activity of the step the case asked for (STEP_ACTIVITY).
     step_completed_at: datetime | None = None
     node_state: str = ""  # Slurm's display state afterwards (IDLE, IDLE+DRAIN, ...)
     node_reason: str = ""

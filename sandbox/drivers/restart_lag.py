@@ -12,21 +12,8 @@ the incident beyond its downtime: a task lost with the server waits out a timeou
 from __future__ import annotations
 
 from datetime import datetime
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from autoclusters.sandbox.drivers.outage import OutageReport
-
-# The activity each measured step runs (activities/contracts.py): its completion event in
-# the history is the step's end as Temporal recorded it, not workflow time.
-STEP_ACTIVITY = {
-    "drain": "drain_node",
-    "requeue": "requeue_jobs",
-    "wait_idle": "wait_node_idle",
-    "repair": "repair_node",
-    "health_gate": "health_gate",
-    "return_to_service": "return_to_service",
-}
+from autoclusters.sandbox.drivers.outage import OutageReport
 
 
 def ready_at(r: OutageReport) -> datetime | None:
