@@ -10,7 +10,7 @@ from datetime import datetime
 
 from pydantic import BaseModel
 
-from autoclusters.clients.console.views import StepRow, duration
+from autoclusters.clients.console.views import StepRow, step_rows
 from autoclusters.clients.systemic_incidents import SystemicRead, handoff_text, screen_text
 from autoclusters.core.systemic import SystemicState
 
@@ -98,15 +98,5 @@ def page(read: SystemicRead, *, temporal_url: str, now: datetime) -> SystemicPag
             )
             for m in state.members
         ],
-        steps=[
-            StepRow(
-                name=s.name,
-                started_at=s.started_at,
-                finished_at=s.finished_at,
-                duration=duration(s, now),
-                outcome=s.outcome,
-                detail=s.detail,
-            )
-            for s in state.steps
-        ],
+        steps=step_rows(state.steps, now),
     )

@@ -36,6 +36,21 @@ class StepRow(BaseModel):
     detail: str
 
 
+def step_rows(steps: list[StepRecord], now: datetime) -> list[StepRow]:
+    """A workflow's timeline as the console shows it (an incident's, a systemic one's)."""
+    return [
+        StepRow(
+            name=s.name,
+            started_at=s.started_at,
+            finished_at=s.finished_at,
+            duration=duration(s, now),
+            outcome=s.outcome,
+            detail=s.detail,
+        )
+        for s in steps
+    ]
+
+
 class NotificationRow(BaseModel):
     at: datetime
     incident_id: str
@@ -143,17 +158,7 @@ def incident_page(
         opened_by=req.opened_by,
         closed_at=state.closed_at,
         error=state.error,
-        steps=[
-            StepRow(
-                name=s.name,
-                started_at=s.started_at,
-                finished_at=s.finished_at,
-                duration=duration(s, now),
-                outcome=s.outcome,
-                detail=s.detail,
-            )
-            for s in state.steps
-        ],
+        steps=step_rows(state.steps, now),
         faults=state.faults,
         approvals=state.approvals,
         refusals=state.refusals,
