@@ -15,7 +15,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from autoclusters.clients.cli import connect
-from autoclusters.clients.cli.output import console, err
+from autoclusters.clients.cli.output import console, err, steps_table
 from autoclusters.core.models import IncidentStateName
 from autoclusters.core.settings import Settings
 
@@ -233,12 +233,4 @@ def _show(incident_id: str, as_json: bool) -> None:
                   markup=False, style="red")  # fmt: skip
     for line in state.planned_steps:
         console.print(f"plan: {line}")
-    t = Table("step", "outcome", "started", "finished", "seconds", "detail")
-    for st in state.steps:
-        secs = (st.finished_at - st.started_at).total_seconds() if st.finished_at else None
-        t.add_row(
-            st.name, st.outcome, f"{st.started_at:%H:%M:%S.%f}"[:-3],
-            f"{st.finished_at:%H:%M:%S.%f}"[:-3] if st.finished_at else "",
-            f"{secs:.2f}" if secs is not None else "", st.detail,
-        )  # fmt: skip
-    console.print(t)
+    console.print(steps_table(state.steps))

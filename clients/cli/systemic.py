@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from rich.table import Table
 
-from autoclusters.clients.cli.output import console
+from autoclusters.clients.cli.output import console, steps_table
 from autoclusters.clients.systemic_incidents import SystemicRead, handoff_text, screen_text
 
 
@@ -34,12 +34,4 @@ def show_systemic(read: SystemicRead, *, as_json: bool) -> None:
             screen_text(m), m.verdict or "-", m.detail,
         )  # fmt: skip
     console.print(members)
-    steps = Table("step", "outcome", "started", "finished", "seconds", "detail")
-    for st in state.steps:
-        secs = (st.finished_at - st.started_at).total_seconds() if st.finished_at else None
-        steps.add_row(
-            st.name, st.outcome, f"{st.started_at:%H:%M:%S.%f}"[:-3],
-            f"{st.finished_at:%H:%M:%S.%f}"[:-3] if st.finished_at else "",
-            f"{secs:.2f}" if secs is not None else "", st.detail,
-        )  # fmt: skip
-    console.print(steps)
+    console.print(steps_table(state.steps))
