@@ -1,5 +1,5 @@
-"""The pool of standbys held outside the jobs refills on a node returned to service
-(core/holders.py; the policy's `standby_holders`).
+"""The pool of standbys held outside the jobs refills on a node returned to service, and
+yields to a job that was requeued (core/holders.py; the policy's `standby_holders`).
 
 Run at the end of the return-to-service step, once the node passed its health gate and is
 back: when fewer holders are free than the policy keeps, a holder job is submitted on the
@@ -54,3 +54,21 @@ async def refill(slurm: SlurmHolderClient, node: str, target: int, poll_s: float
         done.append(f"holder {spare.job_id} given to job {job.job_id}")
         jobs = [j for j in jobs if j.job_id != spare.job_id]
     return "; ".join(done)
+
+
+async def release_for_requeued(slurm: SlurmHolderClient, requeued: list[int]) -> list[int]:
+    """Cancel the holders claimed for an earlier run of the requeued jobs: their standbys
+    went with that run, and their nodes are what the requeued run needs to start (with the
+    pool holding the spare nodes a requeued job waited on `Resources` for good). The pool
+    refills as nodes return to service. Returns the holders cancelled; one that ended
+    meanwhile (Slurm refuses its cancel) needs nothing more."""
+    cancelled = []
+    for held in holders.claimed_by_earlier_runs(await slurm.jobs(), set(requeued)):
+        try:
+            await slurm.cancel(held.job_id)
+        except SlurmUnavailable:
+            raise
+        except SlurmError:
+            continue
+        cancelled.append(held.job_id)
+    return cancelled

@@ -11,7 +11,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from autoclusters.activities.heartbeat import heartbeating
-from autoclusters.activities.holders import refill
+from autoclusters.activities.holders import refill, release_for_requeued
 from autoclusters.activities.in_job import InJobRecovery, free_nodes, plan_for
 from autoclusters.activities.job_markers import ACTIVE, BUSY, marked_for, requeue_marker
 from autoclusters.core.cluster_ops import is_ops_reason
@@ -228,6 +228,8 @@ class SlurmActivities:
             await asyncio.sleep(inp.poll_s)  # (the heartbeats carry what was seen)
         result.requeued = [j.job_id for j in mine if j.job_id not in result.came_back]
         result.records = [j.record() for j in mine if j.job_id in result.requeued]
+        if inp.standby_holders and result.requeued and isinstance(self._slurm, SlurmHolderClient):
+            result.holders_released = await release_for_requeued(self._slurm, result.requeued)
         # A job an earlier attempt requeued that Slurm no longer knows (its restart lost
         # it): still the incident's, for the runbook to find missing and report.
         known = {j.job_id for j in jobs}

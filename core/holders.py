@@ -126,3 +126,22 @@ def free(jobs: list[SlurmJob], lost: AbstractSet[str] = frozenset()) -> list[Slu
 def to_submit(jobs: list[SlurmJob], target: int) -> int:
     """Holders to submit for the pool to hold `target` free ones."""
     return max(0, target - len(free(jobs)))
+
+
+def claimed_by_earlier_runs(jobs: list[SlurmJob], requeued: AbstractSet[int]) -> list[SlurmJob]:
+    """Live holders whose claim names an earlier run of a job that was requeued: its
+    standbys there belonged to that run (its store is gone with it), and the holders now
+    hold nodes the requeued run may need to start at all (a requeued job asks for its full
+    width again). A claim on the job's current run (its new run took a holder since) is
+    kept."""
+    current = {j.job_id: j.restart_cnt for j in jobs if j.job_id in requeued}
+    out = []
+    for h in jobs:
+        if not is_holder(h) or h.job_state not in LIVE:
+            continue
+        job_id, _, run = (job_comment(h, CLAIM_TOKEN) or "").partition(".")
+        if not (job_id.isdigit() and run.isdigit()) or int(job_id) not in current:
+            continue
+        if int(run) < current[int(job_id)]:
+            out.append(h)
+    return out

@@ -566,6 +566,9 @@ class RequeueResult(BaseModel):
     marked_down: bool = False
     # Every job's recovery plan: the estimates per path and the one taken.
     plans: list[RecoveryPlan] = Field(default_factory=list)
+    # Holders claimed for an earlier run of a job requeued here: cancelled, so that the
+    # requeued run gets their nodes (activities/holders.py `release_for_requeued`).
+    holders_released: list[int] = Field(default_factory=list)
 
     def recovery_path(self) -> dict[int, str]:
         """How each job on the node got going again: "in-job" (its standby), or "requeue"
@@ -599,6 +602,8 @@ class RequeueResult(BaseModel):
             parts.insert(0, "the drain was gone (a controller restart?): drained again")
         if self.marked_down:
             parts.append("the node could not end its requeued jobs: marked DOWN so they could")
+        if self.holders_released:
+            parts.append(f"holders {self.holders_released} of the requeued runs cancelled")
         parts += [f"plan {p.describe()}" for p in self.plans]
         return "; ".join(parts)
 

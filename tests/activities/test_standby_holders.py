@@ -12,6 +12,9 @@ against the in-memory Slurm of tests/fakes.py, with the policy's `standby_holder
 - a holder that serves no job on a faulty node is cancelled, never requeued; one that ended
   meanwhile (Slurm refuses its cancel or its signal) is no reason to requeue its job;
 - with no standby and no free holder the job is requeued at once, once;
+- a requeued job's holders (claimed for the run that was requeued) are cancelled, so that
+  the requeued run gets their nodes; a free holder, and a claim on a job's current run,
+  are kept;
 - a node returned to service gets a holder when fewer are free than the policy keeps, and
   a job without a standby is given it;
 - with `standby_holders: 0` holders are left alone (the existing in-job path).
@@ -252,6 +255,36 @@ def test_no_standby_and_no_free_holder_is_requeued_at_once(slurm: HolderSlurm) -
     assert out.in_job is not None and 7 in out.in_job.fell_back
     assert "more losses than standbys" in out.in_job.fell_back[7]
     assert slurm.requeue_count[7] == 1 and time.monotonic() - started < 5  # not the budget
+
+
+def test_a_requeued_jobs_holders_are_cancelled_for_its_new_run(slurm: HolderSlurm) -> None:
+    # Job 7 used its own standby and was given holder 20 (gpu-4); holder 21 (gpu-5) is free.
+    slurm.add_job(7, nodes="gpu-[1-3]", comment=f"{LAUNCHER_JOB} training=gpu-2,gpu-3")
+    add_holder(slurm, 20, "gpu-4", job(slurm, 7))
+    add_holder(slurm, 21, "gpu-5", None)
+    # A fault on its batch host, the launcher: requeued at once. Its new run asks for three
+    # nodes again, and holder 20 would keep one of the four left from it for good.
+    out = requeue(slurm, "gpu-1")
+    assert slurm.requeue_count[7] == 1 and out.requeued == [7]
+    assert out.holders_released == [20] and job(slurm, 20).job_state == "CANCELLED"
+    assert job(slurm, 21).job_state == "RUNNING"  # free: the pool keeps it
+    assert "holders [20] of the requeued runs cancelled" in out.describe()
+
+
+def test_only_claims_on_an_earlier_run_of_a_requeued_job_are_released() -> None:
+    def held(job_id: int, claim: str | None) -> SlurmJob:
+        comment = f"holder=1 holder_for={claim}" if claim else "holder=1"
+        return SlurmJob(job_id=job_id, name=holders.HOLDER_NAME, job_state="RUNNING",
+                        nodes=f"gpu-{job_id}", comment=comment)  # fmt: skip
+
+    training = SlurmJob(job_id=7, name="train", job_state="RUNNING", nodes="gpu-1", restart_cnt=2)
+    other = SlurmJob(job_id=8, name="train", job_state="RUNNING", nodes="gpu-9", restart_cnt=0)
+    pool = [training, other, held(1, "7.1"), held(2, "7.2"), held(3, None), held(4, "8.0"),
+            held(5, "x.y")]  # fmt: skip
+    # 7.1 is the run before the requeue: released. 7.2 is the new run's own claim, 8.0 a
+    # job that was not requeued, the others no claim at all: kept.
+    assert [h.job_id for h in holders.claimed_by_earlier_runs(pool, {7})] == [1]
+    assert holders.claimed_by_earlier_runs(pool, set()) == []
 
 
 def test_a_returned_node_gives_a_job_without_a_standby_its_holder(slurm: HolderSlurm) -> None:
