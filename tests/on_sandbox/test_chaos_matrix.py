@@ -4,7 +4,8 @@ the worker is SIGKILLed at every step of an incident (drain, requeue, wait_idle,
 before and after its cloud call, wait_registered, health_gate, return_to_service), with
 everything it keeps on disk wiped before it starts again, and the Temporal server is
 SIGKILLed at the repair. In every case a requeueable job runs on the faulty node and the
-machine's GPU is really broken until a reboot, and afterwards:
+machine's GPU is really broken until a reboot (at wait_idle a `--no-requeue` job holds the
+node too, until the worker was killed and started again), and afterwards:
 
 - the incident resolves, with one repair (a reboot);
 - the Crusoe emulator's own record shows exactly one cloud operation for that repair;
@@ -19,7 +20,10 @@ again (the crash caught them running).
 
 from __future__ import annotations
 
+import asyncio
 import re
+import uuid
+from pathlib import Path
 
 import httpx
 import pytest
@@ -28,8 +32,9 @@ from autoclusters.core import hostlist
 from autoclusters.core.policy import Rung
 from autoclusters.integrations.slurm import SlurmCli
 from autoclusters.sandbox.drivers.chaos import ChaosReport, run_chaos
-from autoclusters.sandbox.drivers.outage_matrix import matrix, waves
+from autoclusters.sandbox.drivers.outage_matrix import matrix, submit_held_job, waves
 from autoclusters.sandbox.runtime.config import SandboxConfig
+from autoclusters.sandbox.runtime.processes import ProcessTable
 from tests.helpers import cancel, eventually, job, running, submit_progress_job
 from tests.matrix_sandbox import matrix_group
 
@@ -86,18 +91,45 @@ def _slurmctld_lines(cfg: SandboxConfig, job_id: int) -> list[str]:
     return [line for line in log.read_text(errors="replace").splitlines() if tag.search(line)]
 
 
+async def _release_after_restart(cfg: SandboxConfig, release: Path) -> None:
+    """End the held job once the worker runs under another PID (killed and started again
+    by the chaos run), so that the wait for idle outlives the kill."""
+    table = ProcessTable(cfg.state_dir)
+    first = table.get("worker")
+
+    async def restarted() -> bool:
+        now = table.get("worker")
+        return first is not None and now is not None and now.pid != first.pid
+
+    await eventually(restarted, CASE_TIMEOUT_S, "the worker started again")
+    release.touch()
+
+
 @pytest.mark.parametrize(("what", "at"), MATRIX)
 async def test_sigkill_at_every_step(matrix_sandbox: SandboxConfig, what: str, at: str) -> None:
     cfg = matrix_sandbox
     slurm = SlurmCli(cfg.slurm_conf)
     job_id = submit_progress_job(cfg)
+    held_id: int | None = None
+    release = cfg.state_dir / "jobs" / f"chaos-release-{uuid.uuid4().hex[:6]}"
     try:
         started = await eventually(lambda: running(slurm, job_id), 60, "the job running")
         node = hostlist.expand(started.nodes)[0]
+        released = None
+        if at == "wait_idle":
+            # XID_79 marks the node DOWN as soon as its requeued job is completing there
+            # (fence: at_once), so the wait for idle can be over before a kill lands. A job
+            # the runbook cannot requeue (--no-requeue) keeps the node busy until the
+            # worker has been killed and started again.
+            held_id = submit_held_job(cfg, node, release)
+            await eventually(lambda: running(slurm, held_id), 60, "the held job running")
+            released = asyncio.create_task(_release_after_restart(cfg, release))
         report = await run_chaos(
             cfg, "XID_79", node=node, broken_until=Rung.REBOOT, kill=what, at=at,
             wipe_worker_disk_on_restart=what == "worker", timeout_s=CASE_TIMEOUT_S,
         )  # fmt: skip
+        if released is not None:
+            released.cancel()
         case = _describe(what, at, report)
         print(case)
         assert report.status == "resolved", case
@@ -128,7 +160,10 @@ async def test_sigkill_at_every_step(matrix_sandbox: SandboxConfig, what: str, a
         assert drained == [], f"{case}: left drained {drained}"
         assert _k8s_cordoned(cfg) == [], f"{case}: left cordoned"
     finally:
+        release.touch()
         cancel(cfg, job_id)
+        if held_id is not None:
+            cancel(cfg, held_id)
 
         async def gone() -> bool:
             j = await job(slurm, job_id)

@@ -12,7 +12,7 @@ from temporalio.client import WorkflowExecutionStatus
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
 from autoclusters.sandbox.previous_runs import REASON, close_previous_runs
-from tests.helpers import start_temporal
+from tests.helpers import eventually, start_temporal
 
 pytestmark = pytest.mark.integration  # a Temporal dev server of its own
 
@@ -39,6 +39,14 @@ async def test_open_runs_are_terminated_and_closed_ones_kept() -> None:
                 await client.start_workflow(LeftOpen.run, False, id=f"open-{i}", task_queue=tq)
                 for i in range(2)
             ]
+
+            # What it closes it finds through visibility, which lists a run a moment after
+            # its start (a sandbox's previous runs are long listed when it comes up again).
+            async def both_listed() -> bool:
+                running = await client.count_workflows("ExecutionStatus = 'Running'")
+                return running.count >= 2
+
+            await eventually(both_listed, what="both open runs listed")
             closed = await close_previous_runs(client)
         assert sorted(closed) == ["open-0", "open-1"]
         for handle in left:
