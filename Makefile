@@ -41,8 +41,8 @@ XDIST := --dist loadgroup --no-loadscope-reorder
 # unit and workflow tests fill the time the integration tests spend waiting on boots and
 # timers; the longest and the timed start first). One collection first writes pytest's
 # rewritten test modules to the bytecode cache, which the workers would each pay for at
-# once otherwise. Why six workers, and when to set fewer (TEST_WORKERS=4): docs/testing.md.
-TEST_WORKERS ?= 6
+# once otherwise. Why seven workers, and when to set fewer (TEST_WORKERS=5): docs/testing.md.
+TEST_WORKERS ?= 7
 test: system-deps install
 	@$(MAKE) --no-print-directory lint & lint=$$!; \
 	$(BIN)/pytest --collect-only -q -p no:cacheprovider > /dev/null; \
