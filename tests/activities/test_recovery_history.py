@@ -15,8 +15,6 @@ activities/recovery_history.py):
 
 from __future__ import annotations
 
-import asyncio
-import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -45,7 +43,7 @@ from autoclusters.core.recovery_history import (
 )
 from autoclusters.core.recovery_loss import RecoveryLoss
 from autoclusters.integrations import temporal
-from tests.helpers import dev_server_env
+from tests.helpers import dev_server_env, eventually
 
 env = dev_server_env  # a Temporal dev server for this module (visibility lists runs)
 CLOSED = datetime(2026, 12, 5, 12, 0, tzinfo=UTC)
@@ -94,10 +92,12 @@ class ClosedIncident:
 
 
 async def _listed(env: WorkflowEnvironment, query: str, n: int) -> None:
-    deadline = time.monotonic() + 20
-    while len([w async for w in env.client.list_workflows(query)]) < n:
-        assert time.monotonic() < deadline, f"visibility never listed {n} for {query}"
-        await asyncio.sleep(0.1)
+    """Visibility lists a run a moment after it changed: wait until it lists `n`."""
+
+    async def enough() -> bool:
+        return len([w async for w in env.client.list_workflows(query)]) >= n
+
+    await eventually(enough, 20, f"visibility to list {n} for {query}")
 
 
 async def test_the_clusters_closed_incidents_are_read_from_temporal(

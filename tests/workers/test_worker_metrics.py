@@ -24,7 +24,6 @@ from typing import Any
 
 import httpx
 import pytest
-import pytest_asyncio
 from prometheus_client.parser import text_string_to_metric_families
 from temporalio import activity, workflow
 from temporalio.client import Client
@@ -54,7 +53,7 @@ from autoclusters.workers.metrics_interceptor import MetricsInterceptor
 from autoclusters.workers.remediation import WORKFLOWS, activities_for, serve_metrics
 from autoclusters.workflows.remediation import NodeRemediation
 from tests.fakes.systems import FakeCloud, FakeHealth, FakeSlurm, RecordingNotifier
-from tests.helpers import eventually, start_temporal
+from tests.helpers import dev_server_env, eventually
 
 pytestmark = pytest.mark.integration  # a Temporal dev server
 
@@ -73,13 +72,7 @@ def _policy(**changes: Any) -> Policy:
     return Policy(**{**fields, **changes})
 
 
-@pytest_asyncio.fixture(scope="module")
-async def env() -> AsyncIterator[WorkflowEnvironment]:
-    environment = await start_temporal()
-    try:
-        yield environment
-    finally:
-        await environment.shutdown()
+env = dev_server_env  # a Temporal dev server for the module
 
 
 def samples(metrics: WorkerMetrics | bytes) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
