@@ -199,6 +199,10 @@ class JobWatch:
 
     async def run(self, every_s: float = 0.5) -> None:
         while self.off_node_at is None:
+            # What squeue says was true somewhere between the ask and the answer, which on
+            # a loaded machine are seconds apart: "running" is stamped at the ask (the
+            # latest moment it is sure of), "off the node" at the answer.
+            asked = datetime.now(UTC)
             try:
                 job = await asyncio.to_thread(squeue_job, self.cfg, self.job_id, 5)
             except (subprocess.SubprocessError, OSError, ValueError):
@@ -210,7 +214,7 @@ class JobWatch:
                 # or away all the while). Running here again is not the first stint.
                 self.off_node_at = now
             elif job is not None and self._running_here(job):
-                self.last_running_at = now
+                self.last_running_at = asked
                 if self._first_restart_cnt is None:
                     self._first_restart_cnt = _restart_cnt(job)
             elif job is None or self.last_running_at is not None:

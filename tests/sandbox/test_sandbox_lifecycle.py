@@ -87,13 +87,15 @@ def test_second_sandbox_beside_the_first_via_cli(sandbox: SandboxConfig, second:
     assert second.up.returncode == 0, second.up.stderr + second.up.stdout
     assert f"http://127.0.0.1:{second.base + 1}" in second.up.stdout
     state = str(second.state)
+    # 180 s guards against a hang only: on a loaded 2-core machine (load 40) the CLI's start
+    # and its check that the sandbox's worker polls took over 60 s.
     again = subprocess.run(
         [*CLI, "up", "--nodes", "2", "--state-dir", state, "--port-base", str(second.base)],
-        capture_output=True, text=True, timeout=60,
+        capture_output=True, text=True, timeout=180,
     )  # fmt: skip
     assert again.returncode == 0 and "already running" in again.stdout
     status = subprocess.run(
-        [*CLI, "status", "--state-dir", state], capture_output=True, text=True, timeout=60
+        [*CLI, "status", "--state-dir", state], capture_output=True, text=True, timeout=180
     )
     assert status.returncode == 0
     assert "gpu-02" in status.stdout and "IDLE" in status.stdout
