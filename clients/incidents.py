@@ -258,9 +258,9 @@ async def find_incident(client: Client, settings: Settings, incident_id: str) ->
         raise IncidentNotFound(
             f"{incident_id[:80]!r} is not an incident id (inc-YYYYMMDD-HHMMSS-<node>)"
         )
-    # The id names the node (a systemic incident's: its leaf or rack), so the workflow id
-    # is a direct look-up (no wait for visibility); an older incident is found through
-    # visibility.
+    # The id names the node (a systemic incident's: its leaf, NVLink domain or rack), so
+    # the workflow id is a direct look-up (no wait for visibility); an older incident is
+    # found through visibility.
     name = incident_id.split("-", 3)[-1]
     if name:
         ids = [
