@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 from datetime import UTC, datetime
+from typing import Literal
 
 from pydantic import BaseModel
 from temporalio.client import (
@@ -59,6 +60,7 @@ class OpenedIncident(BaseModel):
 
 
 class IncidentSummary(BaseModel):
+    kind: Literal["node"] = "node"  # a node's incident (a systemic one: incident_listing.py)
     incident_id: str
     node: str
     fault: str
