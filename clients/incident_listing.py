@@ -47,7 +47,8 @@ __all__ = [
 QUERIES_WITHIN_S = 5.0
 # At most this many status queries at once (a long history of closed systemic incidents).
 QUERY_CONCURRENCY = 16
-# With a filter the query must judge, at most this many systemic incidents are read.
+# At most this many systemic incidents are read (each one a status query): the newest,
+# the filters judged on them.
 MAX_SCANNED = 1000
 
 UNKNOWN = "unknown"
@@ -131,9 +132,8 @@ async def list_systemic(
     module says. `limit`: at most that many."""
     query = f"WorkflowType = '{SYSTEMIC_WORKFLOW}' AND Cluster = {_quoted(settings.cluster)}"
     filtered = bool(state or node or fault)
-    found = [
-        wf async for wf in client.list_workflows(query, limit=MAX_SCANNED if filtered else limit)
-    ]
+    scan = MAX_SCANNED if filtered or limit is None else min(limit, MAX_SCANNED)
+    found = [wf async for wf in client.list_workflows(query, limit=scan)]
     slots = asyncio.Semaphore(QUERY_CONCURRENCY)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + QUERIES_WITHIN_S
