@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 from datetime import UTC, datetime
+from typing import Literal
 
 from pydantic import BaseModel
 from temporalio.client import (
@@ -59,6 +60,7 @@ class OpenedIncident(BaseModel):
 
 
 class IncidentSummary(BaseModel):
+    kind: Literal["node"] = "node"  # a node's incident (a systemic one: incident_listing.py)
     incident_id: str
     node: str
     fault: str
@@ -258,9 +260,9 @@ async def find_incident(client: Client, settings: Settings, incident_id: str) ->
         raise IncidentNotFound(
             f"{incident_id[:80]!r} is not an incident id (inc-YYYYMMDD-HHMMSS-<node>)"
         )
-    # The id names the node (a systemic incident's: its leaf or rack), so the workflow id
-    # is a direct look-up (no wait for visibility); an older incident is found through
-    # visibility.
+    # The id names the node (a systemic incident's: its leaf, NVLink domain or rack), so
+    # the workflow id is a direct look-up (no wait for visibility); an older incident is
+    # found through visibility.
     name = incident_id.split("-", 3)[-1]
     if name:
         ids = [

@@ -2,7 +2,7 @@
 `autoclusters incident show <systemic id>` and the console's systemic pages. Read-only:
 the state is the SystemicIncident's own `status` query, as the Temporal UI shows it.
 
-A systemic incident's id is shaped as a node's (`inc-YYYYMMDD-HHMMSS-<leaf or rack>`), so
+A systemic incident's id is shaped as a node's (`inc-YYYYMMDD-HHMMSS-<its domain>`), so
 `incidents.find_incident` finds both; `systemic_read` says which one it found.
 """
 

@@ -151,10 +151,13 @@ class StepPolicy(_Strict):
 BelowFloorPath = Literal["drain_held_critical"]
 
 
-# The topology levels a systemic incident groups by: an InfiniBand leaf switch, a rack
-# (an NVLink domain).
-TopologyLevel = Literal["leaf", "rack"]
-TOPOLOGY_LEVELS: tuple[TopologyLevel, ...] = ("leaf", "rack")
+# The topology levels a systemic incident groups by: an InfiniBand leaf switch, an NVLink
+# domain (GPU feature discovery's clique: on GB200 NVL72 one rack, not so on every system),
+# a rack (its power, its cooling). A fault that counts at several levels joins the first
+# that groups it, in this order. `nvlink` came last to the policy: a policy without it
+# (every recorded incident's) groups as it did before.
+TopologyLevel = Literal["leaf", "nvlink", "rack"]
+TOPOLOGY_LEVELS: tuple[TopologyLevel, ...] = ("leaf", "nvlink", "rack")
 
 
 class SystemicLevel(_Strict):
@@ -178,13 +181,15 @@ class SystemicPolicy(_Strict):
 
     enabled: bool = False
     leaf: SystemicLevel | None = Field(default_factory=SystemicLevel)
+    nvlink: SystemicLevel | None = None
     rack: SystemicLevel | None = None
     # How long a systemic incident waits for its members to be drained before it hands
     # off (a member held at the floor joins the screen only if drained by then).
     settle_s: float = Duration(60)
 
     def level(self, name: TopologyLevel) -> SystemicLevel | None:
-        return self.leaf if name == "leaf" else self.rack
+        rule: SystemicLevel | None = getattr(self, name)
+        return rule
 
 
 class GuardPolicy(_Strict):
@@ -230,10 +235,12 @@ class GuardPolicy(_Strict):
 class NodeTopology(_Strict):
     leaf: str | None = Field(default=None, max_length=256)  # InfiniBand leaf switch
     pod: str | None = Field(default=None, max_length=256)  # scalable unit / pod
-    rack: str | None = Field(default=None, max_length=256)  # rack / NVLink domain
+    nvlink: str | None = Field(default=None, max_length=256)  # NVLink domain (clique)
+    rack: str | None = Field(default=None, max_length=256)  # rack
 
     def domain(self, level: TopologyLevel) -> str | None:
-        return self.leaf if level == "leaf" else self.rack
+        where: str | None = getattr(self, level)
+        return where
 
 
 # A Kubernetes label key: an optional DNS-subdomain prefix and `/`, then a name of at most
@@ -266,10 +273,10 @@ class TopologyLabels(_Strict):
 
     leaf: list[LabelKey] = Field(default_factory=lambda: [*TOPOGRAPH_LEAF_LABELS], max_length=16)
     pod: list[LabelKey] = Field(default_factory=lambda: [*TOPOGRAPH_POD_LABELS], max_length=16)
-    rack: list[LabelKey] = Field(
-        default_factory=lambda: [RACK_LABEL, GPU_CLIQUE_LABEL, TOPOGRAPH_DOMAIN_LABEL],
-        max_length=16,
+    nvlink: list[LabelKey] = Field(
+        default_factory=lambda: [GPU_CLIQUE_LABEL, TOPOGRAPH_DOMAIN_LABEL], max_length=16
     )
+    rack: list[LabelKey] = Field(default_factory=lambda: [RACK_LABEL], max_length=16)
 
 
 class BurnInScreen(_Strict):

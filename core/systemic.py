@@ -1,6 +1,6 @@
 """A systemic incident: faults that cluster in the topology (the nodes of one InfiniBand
-leaf, one rack) within a window, handled as one incident that owns its members
-(docs/systemic.md).
+leaf, one NVLink domain, one rack) within a window, handled as one incident that owns its
+members (docs/systemic.md).
 
 The fleet guard decides who is a member (it sees every incident open); the members'
 NodeRemediation incidents join the systemic incident (`join`, through an activity: an

@@ -21,14 +21,15 @@ def _first(labels: Mapping[str, str], keys: list[str]) -> str | None:
 def topology_from_labels(
     labels: Mapping[str, Mapping[str, str]], keys: TopologyLabels
 ) -> dict[str, NodeTopology]:
-    """Slurm node -> its leaf, pod and rack as its Node's labels name them; a node whose
-    Node names none is left out."""
+    """Slurm node -> its leaf, pod, NVLink domain and rack as its Node's labels name them;
+    a node whose Node names none is left out."""
     out: dict[str, NodeTopology] = {}
     for node in sorted(labels):
         node_labels = labels[node]
         where = NodeTopology(
             leaf=_first(node_labels, keys.leaf),
             pod=_first(node_labels, keys.pod),
+            nvlink=_first(node_labels, keys.nvlink),
             rack=_first(node_labels, keys.rack),
         )
         if where != NodeTopology():
@@ -51,6 +52,7 @@ def merged_topology(
         out[node] = NodeTopology(
             leaf=next((t.leaf for t in said if t.leaf), None),
             pod=next((t.pod for t in said if t.pod), None),
+            nvlink=next((t.nvlink for t in said if t.nvlink), None),
             rack=next((t.rack for t in said if t.rack), None),
         )
     return out

@@ -338,8 +338,9 @@ class FleetGuard:
 
     def _systemic(self, req: IncidentOpened, now: datetime) -> Membership | None:
         """Does this fault make (or join) a systemic incident? At least `min_nodes` nodes
-        of one leaf (or rack) with a fault within the level's window are one: each member
-        is told (the registering one by its answer, the others by a signal)."""
+        of one leaf (or NVLink domain, or rack) with a fault within the level's window are
+        one: each member is told (the registering one by its answer, the others by a
+        signal)."""
         st, sp = self._state, self._input.policy.systemic
         group = st.group_of(req.node)
         if group is not None:  # a member already: a second incident on the node joins too

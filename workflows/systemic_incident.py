@@ -1,5 +1,5 @@
 """SystemicIncident: faults that cluster in the topology (the nodes of one InfiniBand leaf,
-one rack) as one incident that owns its members (docs/systemic.md).
+one NVLink domain, one rack) as one incident that owns its members (docs/systemic.md).
 
 The fleet guard decides who is a member; each member's NodeRemediation joins (`join`, the
 first one starts this workflow), is drained by its own quarantine within the guard's floor,

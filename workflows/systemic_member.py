@@ -109,10 +109,10 @@ class SystemicSeat:
         return max(windows, default=0.0)
 
     async def _window(self, req: IncidentRequest) -> None:
-        """A fault that may yet be part of a systemic incident (its node's leaf or rack
-        counts it) is not repaired or handed off on its own before its window is over:
-        the guard groups the faults of a bad switch as they come in (seconds apart), and
-        the first ones must not reboot their machines meanwhile."""
+        """A fault that may yet be part of a systemic incident (its node's leaf, NVLink
+        domain or rack counts it) is not repaired or handed off on its own before its
+        window is over: the guard groups the faults of a bad switch as they come in
+        (seconds apart), and the first ones must not reboot their machines meanwhile."""
         s = self.incident.state
         window_s = self._window_s(req)
         if s.systemic is not None or s.systemic_verdict is not None or not window_s:

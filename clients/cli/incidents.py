@@ -1,13 +1,14 @@
 """`autoclusters incident open|list|show` and `autoclusters approve`: incidents, for operators.
 
-Exit codes: 0 done; 1 no such incident (or not started yet), or Temporal not reachable;
+Exit codes: 0 done; 1 no such incident (or not started yet), Temporal not reachable, or
+`list` could not read one kind of incident (the other listed, the unknown one said);
 2 refused (an unknown fault kind, a request Slurm or the policy refuses) or bad settings;
 3 a decision the incident refused.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, NoReturn, get_args
+from typing import TYPE_CHECKING, Annotated, Any, Literal, NoReturn, get_args
 
 import typer
 from pydantic import ValidationError
@@ -18,6 +19,10 @@ from autoclusters.clients.cli import connect
 from autoclusters.clients.cli.output import console, err, steps_table
 from autoclusters.core.models import IncidentStateName
 from autoclusters.core.settings import Settings
+
+if TYPE_CHECKING:  # imported where used: the CLI starts without the clients it may not need
+    from autoclusters.clients.incident_listing import SystemicSummary
+    from autoclusters.clients.incidents import IncidentSummary
 
 incident_app = typer.Typer(no_args_is_help=True, help="Open, list and read incidents.")
 
@@ -94,7 +99,9 @@ def _first_error(e: ValidationError) -> str:
 
 @incident_app.command("list")
 def incident_list(
-    as_json: Annotated[bool, typer.Option("--json", help="One JSON array.")] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="One JSON array, each incident with its `kind`.")
+    ] = False,
     state: Annotated[
         IncidentStateName | None,
         typer.Option(
@@ -102,26 +109,46 @@ def incident_list(
             help=f"Only incidents in this state: {', '.join(get_args(IncidentStateName))}.",
         ),
     ] = None,
-    node: Annotated[str | None, typer.Option(help="Only this node's incidents.")] = None,
+    node: Annotated[
+        str | None,
+        typer.Option(help="Only this node's incidents, and the systemic ones it is a member of."),
+    ] = None,
     fault: Annotated[str | None, typer.Option(help="Only incidents opened for this fault.")] = None,
 ) -> None:
-    """List the cluster's incidents, newest first."""
-    from autoclusters.clients import incidents
+    """List the cluster's incidents, the nodes' and the systemic ones, newest first. Exit 1
+    when either kind could not be read (the other is still listed)."""
+    from autoclusters.clients import incident_listing
 
-    rows = connect.run_client(
-        lambda c, s: incidents.list_incidents(c, s, state=state, node=node, fault=fault)
+    listing = connect.run_client(
+        lambda c, s: incident_listing.list_all_incidents(c, s, state=state, node=node, fault=fault)
     )
+    rows = listing.incidents
     if as_json:
         print("[" + ",".join(r.model_dump_json() for r in rows) + "]")
-        return
-    t = Table("incident", "node", "fault", "state", "action", "started", "closed")
-    for r in rows:
-        t.add_row(
-            r.incident_id, r.node, r.fault, r.state or r.status, r.action,
-            f"{r.started_at:%Y-%m-%d %H:%M:%S}" if r.started_at else "",
-            f"{r.closed_at:%Y-%m-%d %H:%M:%S}" if r.closed_at else "",
-        )  # fmt: skip
-    console.print(t)
+    else:
+        t = Table("incident", "kind", "node", "fault", "state", "action", "started", "closed")
+        for r in rows:
+            t.add_row(*_row(r))
+        console.print(t)
+    for half in listing.unknown:  # never an empty list where a read failed
+        what = "node incidents" if half.kind == "node" else "systemic incidents"
+        err.print(f"[red]{what}: unknown[/red] (not read: {escape(half.reason)})", soft_wrap=True)
+    if listing.unknown:
+        raise typer.Exit(1)
+
+
+def _row(r: IncidentSummary | SystemicSummary) -> list[str]:
+    """A row of `incident list`: a systemic incident's node cell is its domain and members,
+    its fault cell its members' faults."""
+    when = [f"{t:%Y-%m-%d %H:%M:%S}" if t else "" for t in (r.started_at, r.closed_at)]
+    if r.kind == "node":
+        return [r.incident_id, "node", r.node, r.fault, r.state or r.status, r.action, *when]
+    domain = f"{r.level or '?'} {r.domain}"
+    if r.members is None:
+        return [r.incident_id, "systemic", f"{domain}: members unknown", "?", r.state, "", *when]
+    nodes = ", ".join(m.node for m in r.members)
+    faults = ", ".join(dict.fromkeys(m.fault for m in r.members if m.fault))
+    return [r.incident_id, "systemic", f"{domain}: {nodes}", faults, r.state, "", *when]
 
 
 def approve(

@@ -146,7 +146,7 @@ class SandboxMachines:
                         **_pool_labels(vm),
                         INSTANCE_ID_LABEL: vm.id,
                         "nvidia.com/gpu.present": "true",
-                        # Its rack and NVLink clique (systemic incidents by rack).
+                        # Its rack and NVLink clique (systemic incidents by rack, by NVLink domain).
                         **rack_labels(self._node(vm)),
                     },
                     "register_labels": {POOL_LABEL: "training"},

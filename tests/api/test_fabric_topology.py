@@ -3,10 +3,11 @@ read through the kubernetes client from the Kubernetes API emulator on a loopbac
 beside topology.conf and under the policy's own topology.
 
 Aspects covered:
-- the racks come from the Nodes' labels, each Node named as its Slurm node the way the
-  Kubernetes steps name it (Slinky's hostname-override, else its own name): a policy
-  without a rack still places every labelled node in one; per level, the policy wins over
-  the labels and the labels over topology.conf;
+- the racks and NVLink domains come from the Nodes' labels, each Node named as its Slurm
+  node the way the Kubernetes steps name it (Slinky's hostname-override, else its own
+  name): a policy without a rack still places every labelled node (a rack label in its
+  rack, an NVLink clique in its NVLink domain); per level, the policy wins over the labels
+  and the labels over topology.conf;
 - the Nodes are read once per LABELS_MAX_AGE_S, not per incident (a storm reads once);
   past it, a changed label is read;
 - a failed read is unknown, not "no labels": the last good map is kept and the log says
@@ -100,7 +101,8 @@ async def test_racks_from_the_nodes_labels_under_the_policy_over_topology_conf(
     topo = (await with_fabric_topology(settings, policy)).topology
     assert topo["gpu-01"] == NodeTopology(leaf="leaf-01", pod="pod-01", rack="rack-01")
     assert topo["gpu-02"] == NodeTopology(leaf="leaf-01", pod="pod-01", rack="rack-from-policy")
-    assert topo["gpu-03"] == NodeTopology(leaf="leaf-01", pod="pod-01", rack=CLIQUE)
+    # its NVLink clique is its NVLink domain, not its rack (a level of its own)
+    assert topo["gpu-03"] == NodeTopology(leaf="leaf-01", pod="pod-01", nvlink=CLIQUE)
     assert topo["gpu-04"] == NodeTopology(leaf="leaf-01", pod="pod-01")
     assert "pool-gpu-3" not in topo  # a Node is named as its Slurm node
 

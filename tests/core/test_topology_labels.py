@@ -2,14 +2,15 @@
 precedence of the three sources, without a server.
 
 Aspects covered:
-- the default keys: the rack label, else NVIDIA GPU feature discovery's NVLink clique,
-  else Topograph's accelerator domain; Topograph's tiers (then its older leaf and spine);
+- the default keys: the rack label for the rack; NVIDIA GPU feature discovery's NVLink
+  clique, else Topograph's accelerator domain, for the NVLink domain (a level of its own:
+  a clique is no rack); Topograph's tiers (then its older leaf and spine);
   a level's first key the Node carries wins, an empty value says nothing, a Node that
   names no level is left out;
 - keys named in the policy replace the defaults; a key that is no Kubernetes label key is
   refused with its field named;
-- precedence per node and level: the policy, then the labels, then topology.conf; a level
-  no source names stays unknown.
+- precedence per node and level (the NVLink domain too): the policy, then the labels, then
+  topology.conf; a level no source names stays unknown.
 """
 
 from __future__ import annotations
@@ -33,52 +34,59 @@ from autoclusters.core.topology_labels import merged_topology, topology_from_lab
 CLIQUE = "5f2c9a4e-5b1d-4c3e-9f0a-2d7e8b6c1a00.1"
 
 
-def test_the_default_keys_read_the_rack_else_the_nvlink_clique() -> None:
+def test_the_default_keys_read_the_rack_and_the_nvlink_clique_apart() -> None:
     labels = {
         "gpu-01": {RACK_LABEL: "rack-07", GPU_CLIQUE_LABEL: CLIQUE, "other": "x"},
-        "gpu-02": {GPU_CLIQUE_LABEL: CLIQUE},  # no rack label: its NVLink domain
+        "gpu-02": {GPU_CLIQUE_LABEL: CLIQUE},  # no rack label: no rack, its NVLink domain
         "gpu-03": {RACK_LABEL: "", GPU_CLIQUE_LABEL: CLIQUE},  # an empty value says nothing
         # Topograph: 1.x's tiers before the older leaf and spine labels.
         "gpu-04": {TOPOGRAPH_LEAF_LABELS[1]: "old", TOPOGRAPH_LEAF_LABELS[0]: "leaf-3",
                    TOPOGRAPH_POD_LABELS[1]: "spine-1"},
         "gpu-05": {"kubernetes.io/hostname": "gpu-05"},  # names no level: left out
         "gpu-06": {TOPOGRAPH_DOMAIN_LABEL: "nvl-2"},
+        "gpu-07": {GPU_CLIQUE_LABEL: CLIQUE, TOPOGRAPH_DOMAIN_LABEL: "nvl-2"},  # the clique first
     }  # fmt: skip
     topo = topology_from_labels(labels, TopologyLabels())
     assert topo == {
-        "gpu-01": NodeTopology(rack="rack-07"),
-        "gpu-02": NodeTopology(rack=CLIQUE),
-        "gpu-03": NodeTopology(rack=CLIQUE),
+        "gpu-01": NodeTopology(nvlink=CLIQUE, rack="rack-07"),
+        "gpu-02": NodeTopology(nvlink=CLIQUE),
+        "gpu-03": NodeTopology(nvlink=CLIQUE),
         "gpu-04": NodeTopology(leaf="leaf-3", pod="spine-1"),
-        "gpu-06": NodeTopology(rack="nvl-2"),
+        "gpu-06": NodeTopology(nvlink="nvl-2"),
+        "gpu-07": NodeTopology(nvlink=CLIQUE),
     }
     assert default_policy().topology_labels == TopologyLabels()  # the shipped policy's
 
 
 def test_keys_the_policy_names_replace_the_defaults() -> None:
     policy = parse_policy(
-        "topology_labels: {rack: [example.com/rack], leaf: [example.com/ib-leaf], pod: []}"
+        "topology_labels: {rack: [example.com/rack], leaf: [example.com/ib-leaf], pod: [],"
+        " nvlink: [example.com/nvl]}"
     )
     labels = {
-        "gpu-01": {"example.com/rack": "r1", RACK_LABEL: "ignored", "example.com/ib-leaf": "l1"},
-        "gpu-02": {RACK_LABEL: "ignored", TOPOGRAPH_POD_LABELS[0]: "ignored"},
-    }
+        "gpu-01": {"example.com/rack": "r1", RACK_LABEL: "ignored", "example.com/ib-leaf": "l1",
+                   GPU_CLIQUE_LABEL: "ignored", "example.com/nvl": "n1"},
+        "gpu-02": {RACK_LABEL: "ignored", TOPOGRAPH_POD_LABELS[0]: "ignored",
+                   GPU_CLIQUE_LABEL: "ignored"},
+    }  # fmt: skip
     assert topology_from_labels(labels, policy.topology_labels) == {
-        "gpu-01": NodeTopology(leaf="l1", rack="r1")
+        "gpu-01": NodeTopology(leaf="l1", nvlink="n1", rack="r1")
     }
 
 
+@pytest.mark.parametrize("level", ["rack", "nvlink"])
 @pytest.mark.parametrize("key", ["rack label", "-rack", "Example.com/rack", "a/b/c", "x" * 64])
-def test_a_key_that_is_no_label_key_is_refused_by_its_field(key: str) -> None:
+def test_a_key_that_is_no_label_key_is_refused_by_its_field(key: str, level: str) -> None:
     with pytest.raises(PolicyError) as e:
-        parse_policy(f"topology_labels: {{rack: ['{key}']}}")
-    assert "topology_labels.rack" in str(e.value)
+        parse_policy(f"topology_labels: {{{level}: ['{key}']}}")
+    assert f"topology_labels.{level}" in str(e.value)
 
 
 def test_the_policy_then_the_labels_then_topology_conf_level_by_level() -> None:
-    policy = {"gpu-01": NodeTopology(rack="rack-from-policy")}
+    policy = {"gpu-01": NodeTopology(rack="rack-from-policy", nvlink="nvl-from-policy")}
     labels = {
-        "gpu-01": NodeTopology(rack="rack-from-labels", leaf="leaf-from-labels"),
+        "gpu-01": NodeTopology(rack="rack-from-labels", leaf="leaf-from-labels", nvlink="nvl-x"),
+        "gpu-03": NodeTopology(nvlink="nvl-03"),
         "gpu-02": NodeTopology(rack="rack-02"),
     }
     conf = {
@@ -87,8 +95,11 @@ def test_the_policy_then_the_labels_then_topology_conf_level_by_level() -> None:
         "gpu-03": NodeTopology(leaf="leaf-01"),
     }
     assert merged_topology(policy=policy, labels=labels, conf=conf) == {
-        "gpu-01": NodeTopology(rack="rack-from-policy", leaf="leaf-from-labels", pod="pod-01"),
+        "gpu-01": NodeTopology(
+            rack="rack-from-policy", nvlink="nvl-from-policy", leaf="leaf-from-labels", pod="pod-01"
+        ),
         "gpu-02": NodeTopology(leaf="leaf-01", pod="pod-01", rack="rack-02"),
-        "gpu-03": NodeTopology(leaf="leaf-01"),  # no rack anywhere: unknown, no rack member
+        # no rack anywhere: unknown, no rack member; its NVLink domain from the labels
+        "gpu-03": NodeTopology(leaf="leaf-01", nvlink="nvl-03"),
     }
     assert merged_topology(policy={}, labels={}, conf={}) == {}

@@ -1,4 +1,5 @@
-"""Reads: `GET /v1/incidents` (this cluster's incidents, filtered) and
+"""Reads: `GET /v1/incidents` (this cluster's incidents, the nodes' and the systemic ones,
+filtered: clients/incident_listing.py) and
 `GET /v1/incidents/{id}` (one incident's timeline, from the workflow's `status` query).
 Open unless api_auth_reads."""
 
@@ -10,14 +11,10 @@ from fastapi import APIRouter, Query, Request
 from pydantic import BaseModel
 from temporalio.client import Client
 
-from autoclusters.clients import incidents
+from autoclusters.clients import incident_listing, incidents
 from autoclusters.clients.api.resolutions import Resolution
 from autoclusters.clients.api.state import ApiState
 from autoclusters.core.models import IncidentState, IncidentStateName
-
-
-class IncidentList(BaseModel):
-    incidents: list[incidents.IncidentSummary]
 
 
 class IncidentDetail(BaseModel):
@@ -34,23 +31,33 @@ def router(api: ApiState) -> APIRouter:
     r = APIRouter()
     settings = api.settings
 
-    @r.get("/v1/incidents", response_model=IncidentList, summary="This cluster's incidents")
+    # One route for both kinds, not a sibling: the filters and `limit` apply to one list,
+    # newest first, and a half that could not be read is said so beside the rows it
+    # leaves out (`unknown`), where a second route's failure would pass unseen.
+    @r.get(
+        "/v1/incidents",
+        response_model=incident_listing.IncidentListing,
+        summary="This cluster's incidents: the nodes' and the systemic ones (`kind`)",
+    )
     async def list_incidents(
         request: Request,
         state: Annotated[
             IncidentStateName | None,
             Query(description="open, waiting_approval, resolved, ... (anything else: 422)"),
         ] = None,
-        node: str | None = None,
+        node: Annotated[
+            str | None, Query(description="a node's incidents, and the systemic ones it is in")
+        ] = None,
         fault: str | None = None,
         limit: int = Query(100, ge=1, le=1000),
-    ) -> IncidentList:
+    ) -> incident_listing.IncidentListing:
         api.checks.authorize(request, "incidents", "read")
-        found = await api.read(
-            lambda c: incidents.list_incidents(c, settings, state, node, fault, limit=limit),
+        return await api.read(
+            lambda c: incident_listing.list_all_incidents(
+                c, settings, state, node, fault, limit=limit
+            ),
             "incidents",
         )
-        return IncidentList(incidents=found)
 
     @r.get(
         "/v1/incidents/{incident_id}",
