@@ -404,7 +404,7 @@ def sandbox_load(
         return "-" if v is None else f"{v * 1000:.0f} ms"
 
     console.print(
-        f"sent {summary['sent']} in {summary['elapsed_s']:.1f}s: {summary['achieved_rps']:.2f} "
+        f"sent {summary['sent']} in {summary['sending_s']:.1f}s: {summary['achieved_rps']:.2f} "
         f"rps; ok {summary['ok']}, errors {summary['errors']}; p50 {ms(summary['p50_s'])}, "
         f"p95 {ms(summary['p95_s'])}; codes {summary['codes']}"
     )

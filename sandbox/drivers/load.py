@@ -38,11 +38,18 @@ class LoadStats:
     latencies: list[float] = field(default_factory=list)  # seconds, answered requests
     codes: dict[str, int] = field(default_factory=dict)
     started: float = field(default_factory=time.monotonic)
+    sending_stopped: float | None = None  # no arrival after this; the ones in flight drain
     stopped: float | None = None
 
     @property
     def elapsed_s(self) -> float:
         return (self.stopped or time.monotonic()) - self.started
+
+    @property
+    def sending_s(self) -> float:
+        """How long arrivals were sent: the rate's window (the drain after it is the
+        service's time, not the generator's)."""
+        return (self.sending_stopped or self.stopped or time.monotonic()) - self.started
 
     def quantile(self, q: float) -> float | None:
         if not self.latencies:
@@ -54,13 +61,14 @@ class LoadStats:
         ]
 
     def summary(self) -> dict[str, Any]:
-        elapsed = self.elapsed_s
+        elapsed, sending = self.elapsed_s, self.sending_s
         return {
             "elapsed_s": round(elapsed, 2),
+            "sending_s": round(sending, 2),
             "sent": self.sent,
             "ok": self.ok,
             "errors": self.errors,
-            "achieved_rps": round(self.sent / elapsed, 2) if elapsed > 0 else 0.0,
+            "achieved_rps": round(self.sent / sending, 2) if sending > 0 else 0.0,
             "p50_s": self.quantile(0.5),
             "p95_s": self.quantile(0.95),
             "codes": dict(self.codes),
@@ -107,6 +115,8 @@ class Load:
         if self._runner is not None:
             self._runner.cancel()
             await asyncio.gather(self._runner, return_exceptions=True)
+        if self.stats.sending_stopped is None:
+            self.stats.sending_stopped = time.monotonic()
         if self._inflight:
             if not drain:
                 for t in self._inflight:

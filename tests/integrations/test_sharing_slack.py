@@ -30,6 +30,7 @@ import json
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 from urllib.parse import urlencode
 
@@ -59,7 +60,7 @@ from autoclusters.sandbox.slack.emulator import create_app as slack_emulator
 from autoclusters.workflows.gpu_sharing import GpuSharing
 from tests.decisions import APPROVAL_KEY, signed_move
 from tests.fakes.sharing import LEND_STEPS, ShareWorld
-from tests.helpers import HermeticSettings, eventually
+from tests.helpers import HermeticSettings, eventually, skip_time
 from tests.workflows.test_gpu_sharing import HIGH, RunningSharing, nodes, policy, running_sharing
 
 pytestmark = pytest.mark.workflow
@@ -349,7 +350,8 @@ async def test_reject_click_stops_the_move(setup: Setup) -> None:
 async def test_a_move_nobody_approves_in_time_loses_its_buttons(setup: Setup) -> None:
     rec, _ = await waiting(setup)
     timeout = (await setup.status()).policy.approval_timeout_s
-    await setup.r.env.sleep(timeout + 1)  # the time-skipping server: no real wait
+    # The time-skipping server: no real wait.
+    await skip_time(setup.r.env, timedelta(seconds=timeout + 1))
     done = await finished(setup, rec.move.move_id)
     assert done.status == "rejected" and done.error == "nobody approved in time"
     told = await outcome(setup, "stays where it was: nobody approved in time")

@@ -79,7 +79,7 @@ from tests.decisions import (
     signed_reset,
 )
 from tests.fakes.systems import FakeSlurm
-from tests.helpers import eventually
+from tests.helpers import eventually, skip_time
 
 # Virtual time: the guard runs forever, so every test also terminates the guards it started.
 EXECUTION_TIMEOUT = timedelta(days=7)
@@ -726,10 +726,10 @@ async def test_recurrence_counts_earlier_incidents_on_the_node_within_the_window
 ) -> None:
     async with _guard(env) as g:
         assert (await _register(g, "gpu-01", "INC-1")).recent_on_node == 0
-        await env.sleep(timedelta(hours=1))
+        await skip_time(env, timedelta(hours=1))
         assert (await _register(g, "gpu-01", "INC-2")).recent_on_node == 1
         assert (await _register(g, "gpu-02", "INC-3")).recent_on_node == 0
-        await env.sleep(timedelta(minutes=90))
+        await skip_time(env, timedelta(minutes=90))
         # Now INC-1 is 2.5 h old and INC-2 1.5 h: a 2 h window sees only INC-2.
         assert (await _register(g, "gpu-01", "INC-4", window_s=7200)).recent_on_node == 1
         # A retried registration answers what it answered the first time.
@@ -737,7 +737,7 @@ async def test_recurrence_counts_earlier_incidents_on_the_node_within_the_window
         assert (await _register(g, "gpu-01", "INC-5")).recent_on_node == 3
 
         # Past the longest window (the default day), opens are pruned.
-        await env.sleep(timedelta(hours=25))
+        await skip_time(env, timedelta(hours=25))
         assert (await _register(g, "gpu-01", "INC-6")).recent_on_node == 0
         assert [o.incident_id for o in (await _status(g)).state.opens] == ["INC-6"]
 

@@ -69,7 +69,7 @@ from tests.decisions import APPROVAL_KEY, FORGED_KEY, proof_checks, signed_move
 from tests.fakes.sharing import LEND_STEPS, RETURN_STEPS, ShareWorld
 from tests.fakes.sharing import Node as N
 from tests.fakes.systems import agent_snapshot
-from tests.helpers import eventually
+from tests.helpers import eventually, skip_time
 
 pytestmark = pytest.mark.workflow
 
@@ -379,7 +379,7 @@ async def run_for(
 ) -> ShareStatus:
     """Let the sharing workflow evaluate on its own timer for `s` simulated seconds."""
     async with running_sharing(env, world, pol) as r:
-        await env.sleep(timedelta(seconds=s))
+        await skip_time(env, timedelta(seconds=s))
         return await r.status()
 
 
