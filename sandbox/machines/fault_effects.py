@@ -6,9 +6,9 @@ processes on that node do:
 - `crash`: the job's rank processes on the node exit at once (SIGKILL by PID), as a process
   does on an uncorrectable ECC error in use.
 - `hang`: they stop (SIGSTOP) with their connections open, and every packet of those TCP
-  connections is dropped (nftables, by the connection's pair of ports), so that a later
-  SIGKILL sends no FIN/RST to their peers either: the peers block in their collective, as
-  after an Xid 79.
+  connections is dropped (nftables, by the connection's pair of ports; a new connection's
+  SYN to their listening ports too), so that a later SIGKILL sends no FIN/RST to their
+  peers either: the peers block in their collective, as after an Xid 79.
 - `lost`: the whole node vanishes: its slurmd stops (Slurm marks the node not responding
   after SlurmdTimeout), every process of its jobs (slurmstepd included) stops, and their
   connections go silent as in `hang`.
@@ -132,7 +132,8 @@ class NodeEffect(BaseModel):
 
     effect: Effect
     stopped: list[Proc] = Field(default_factory=list)
-    # (local port, remote port) of each connected TCP socket of the stopped processes.
+    # (local port, remote port) of each TCP socket of the stopped processes; remote port 0
+    # for a listening one.
     connections: list[tuple[int, int]] = Field(default_factory=list)
     slurmd: Proc | None = None
 
@@ -153,18 +154,31 @@ def chain_name(node: str, hook: str) -> str:
 
 def render_silence(table: str, node: str, connections: Iterable[tuple[int, int]]) -> str:
     """An `nft -f` script: every TCP packet of one of `connections` ((local port, remote
-    port) pairs) is dropped, either way, on the way in and out (on loopback each packet
-    passes both), in the node's chains of `table`.
+    port) pairs) is dropped, either way, and so is every new connection's SYN to a listening
+    one ((port, 0)), on the way in and out (on loopback each packet passes both), in the
+    node's chains of `table`.
 
     By the pair of ports, not by port: the sandbox's nodes share one host and address, and
     connect() gives a new socket a port that a silenced one holds as long as the two go to
     different places, so a rule on the port alone could silence any new connection on the
     host until the node's repair (another sandbox's `sinfo` was seen stuck in SYN-SENT on
-    one). A pair is one connection's until both of its ends are gone."""
-    pairs = {pair for local, remote in connections for pair in ((local, remote), (remote, local))}
-    if not pairs:
+    one). A pair is one connection's until both of its ends are gone. A listener's port is
+    no other socket's while it listens (connect() never takes a port bound by bind()): a
+    SYN to it is for the vanished process, and gets no answer, as from a node that is gone
+    (Slurm's step daemons waited ~60 s more on a lost batch host's `srun` when its kernel
+    took their connections)."""
+    connected = [(local, remote) for local, remote in connections if remote]
+    pairs = {pair for local, remote in connected for pair in ((local, remote), (remote, local))}
+    listening = sorted({local for local, remote in connections if not remote})
+    if not pairs and not listening:
         return ""
-    pairs_set = "{ " + ", ".join(f"{a} . {b}" for a, b in sorted(pairs)) + " }"
+    rules = []
+    if pairs:
+        pairs_set = "{ " + ", ".join(f"{a} . {b}" for a, b in sorted(pairs)) + " }"
+        rules.append(f"tcp sport . tcp dport {pairs_set} drop")
+    if listening:
+        ports_set = "{ " + ", ".join(str(p) for p in listening) + " }"
+        rules.append(f"tcp dport {ports_set} tcp flags & (syn | ack) == syn drop")
     lines = [f"add table inet {table}"]
     for hook in ("input", "output"):
         chain = chain_name(node, hook)
@@ -172,7 +186,7 @@ def render_silence(table: str, node: str, connections: Iterable[tuple[int, int]]
             f"add chain inet {table} {chain} "
             f"{{ type filter hook {hook} priority -150; policy accept; }}"
         )
-        lines.append(f"add rule inet {table} {chain} tcp sport . tcp dport {pairs_set} drop")
+        lines += [f"add rule inet {table} {chain} {rule}" for rule in rules]
     return "\n".join(lines) + "\n"
 
 
@@ -306,11 +320,8 @@ def signal_procs(procs: Iterable[Proc], sig: int) -> list[Proc]:
 
 
 def tcp_connections(procs: Iterable[Proc]) -> set[tuple[int, int]]:
-    """(local port, remote port) of the processes' connected TCP sockets. Not their
-    listening sockets: on one shared address, a new connection to a listener's port number
-    may be meant for another node's (the requeued run's rendezvous on the lost batch host's
-    port); a stopped listener's kernel still completes the handshake and nothing answers,
-    as a stopped slurmd's does."""
+    """(local port, remote port) of the processes' TCP sockets, remote port 0 for a
+    listening one."""
     inodes: set[str] = set()
     tables: set[Path] = set()
     for p in procs:
@@ -328,8 +339,7 @@ def tcp_connections(procs: Iterable[Proc]) -> set[tuple[int, int]]:
     for table in tables:
         with contextlib.suppress(OSError):
             entries = parse_proc_net_tcp(table.read_text())
-            pairs |= {(local, remote) for inode, local, remote in entries
-                      if inode in inodes and remote}  # fmt: skip
+            pairs |= {(local, remote) for inode, local, remote in entries if inode in inodes}
     return pairs
 
 

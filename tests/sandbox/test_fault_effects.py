@@ -71,6 +71,11 @@ def test_silence_rules_drop_both_directions_of_each_connection_in_the_nodes_chai
         f"add rule inet autoclusters_sb_17200_abcd1234 silence_gpu_02_output "
         f"tcp sport . tcp dport {pairs} drop\n"
     )
+    # A listening socket ((port, 0)): a new connection's SYN to it is dropped.
+    assert fe.render_silence("t", "gpu-02", [(29500, 0)]).splitlines()[2] == (
+        "add rule inet t silence_gpu_02_input "
+        "tcp dport { 29500 } tcp flags & (syn | ack) == syn drop"
+    )
     assert fe.render_silence("t", "gpu-02", []) == ""  # no sockets: nothing to silence
     assert fe.render_lift("t", "gpu-02") == (
         "flush chain inet t silence_gpu_02_input\n"
@@ -83,7 +88,7 @@ def test_silence_rules_drop_both_directions_of_each_connection_in_the_nodes_chai
 @pytest.mark.skipif(shutil.which("nft") is None, reason="no nft")
 def test_nft_accepts_the_rules(tmp_path: Path) -> None:
     table = fe.table_name(SandboxConfig(state_dir=tmp_path))
-    script = fe.render_silence(table, "gpu-01", [(40000, 40001)])
+    script = fe.render_silence(table, "gpu-01", [(40000, 40001), (40002, 0)])
     # --check: parsed and validated by the kernel, applied nowhere.
     done = subprocess.run(["nft", "--check", "-f", "-"], input=script, text=True)
     assert done.returncode == 0
