@@ -5,9 +5,10 @@ processes on that node do:
 
 - `crash`: the job's rank processes on the node exit at once (SIGKILL by PID), as a process
   does on an uncorrectable ECC error in use.
-- `hang`: they stop (SIGSTOP) with their connections open, and every packet to or from the
-  local ports of their TCP sockets is dropped (nftables), so that a later SIGKILL sends no
-  FIN/RST to their peers either: the peers block in their collective, as after an Xid 79.
+- `hang`: they stop (SIGSTOP) with their connections open, and every packet of those TCP
+  connections is dropped (nftables, by the connection's pair of ports; a new connection's
+  SYN to their listening ports too), so that a later SIGKILL sends no FIN/RST to their
+  peers either: the peers block in their collective, as after an Xid 79.
 - `lost`: the whole node vanishes: its slurmd stops (Slurm marks the node not responding
   after SlurmdTimeout), every process of its jobs (slurmstepd included) stops, and their
   connections go silent as in `hang`.
@@ -131,7 +132,9 @@ class NodeEffect(BaseModel):
 
     effect: Effect
     stopped: list[Proc] = Field(default_factory=list)
-    ports: list[int] = Field(default_factory=list)
+    # (local port, remote port) of each TCP socket of the stopped processes; remote port 0
+    # for a listening one.
+    connections: list[tuple[int, int]] = Field(default_factory=list)
     slurmd: Proc | None = None
 
 
@@ -149,13 +152,33 @@ def chain_name(node: str, hook: str) -> str:
     return f"silence_{re.sub(r'[^A-Za-z0-9_]', '_', node)}_{hook}"
 
 
-def render_silence(table: str, node: str, ports: Iterable[int]) -> str:
-    """An `nft -f` script: every TCP packet to or from one of `ports` is dropped, on the way
-    in and out (on loopback each packet passes both), in the node's chains of `table`."""
-    wanted = sorted(set(ports))
-    if not wanted:
+def render_silence(table: str, node: str, connections: Iterable[tuple[int, int]]) -> str:
+    """An `nft -f` script: every TCP packet of one of `connections` ((local port, remote
+    port) pairs) is dropped, either way, and so is every new connection's SYN to a listening
+    one ((port, 0)), on the way in and out (on loopback each packet passes both), in the
+    node's chains of `table`.
+
+    By the pair of ports, not by port: the sandbox's nodes share one host and address, and
+    connect() gives a new socket a port that a silenced one holds as long as the two go to
+    different places, so a rule on the port alone could silence any new connection on the
+    host until the node's repair (another sandbox's `sinfo` was seen stuck in SYN-SENT on
+    one). A pair is one connection's until both of its ends are gone. A listener's port is
+    no other socket's while it listens (connect() never takes a port bound by bind()): a
+    SYN to it is for the vanished process, and gets no answer, as from a node that is gone
+    (Slurm's step daemons waited ~60 s more on a lost batch host's `srun` when its kernel
+    took their connections)."""
+    connected = [(local, remote) for local, remote in connections if remote]
+    pairs = {pair for local, remote in connected for pair in ((local, remote), (remote, local))}
+    listening = sorted({local for local, remote in connections if not remote})
+    if not pairs and not listening:
         return ""
-    ports_set = "{ " + ", ".join(str(p) for p in wanted) + " }"
+    rules = []
+    if pairs:
+        pairs_set = "{ " + ", ".join(f"{a} . {b}" for a, b in sorted(pairs)) + " }"
+        rules.append(f"tcp sport . tcp dport {pairs_set} drop")
+    if listening:
+        ports_set = "{ " + ", ".join(str(p) for p in listening) + " }"
+        rules.append(f"tcp dport {ports_set} tcp flags & (syn | ack) == syn drop")
     lines = [f"add table inet {table}"]
     for hook in ("input", "output"):
         chain = chain_name(node, hook)
@@ -163,8 +186,7 @@ def render_silence(table: str, node: str, ports: Iterable[int]) -> str:
             f"add chain inet {table} {chain} "
             f"{{ type filter hook {hook} priority -150; policy accept; }}"
         )
-        lines.append(f"add rule inet {table} {chain} tcp sport {ports_set} drop")
-        lines.append(f"add rule inet {table} {chain} tcp dport {ports_set} drop")
+        lines += [f"add rule inet {table} {chain} {rule}" for rule in rules]
     return "\n".join(lines) + "\n"
 
 
@@ -297,8 +319,9 @@ def signal_procs(procs: Iterable[Proc], sig: int) -> list[Proc]:
     return done
 
 
-def tcp_ports(procs: Iterable[Proc]) -> set[int]:
-    """The local ports of the processes' TCP sockets (listening and connected)."""
+def tcp_connections(procs: Iterable[Proc]) -> set[tuple[int, int]]:
+    """(local port, remote port) of the processes' TCP sockets, remote port 0 for a
+    listening one."""
     inodes: set[str] = set()
     tables: set[Path] = set()
     for p in procs:
@@ -312,22 +335,24 @@ def tcp_ports(procs: Iterable[Proc]) -> set[int]:
         except OSError:
             continue
         tables |= {Path(f"/proc/{p.pid}/net/tcp"), Path(f"/proc/{p.pid}/net/tcp6")}
-    ports: set[int] = set()
+    pairs: set[tuple[int, int]] = set()
     for table in tables:
         with contextlib.suppress(OSError):
             entries = parse_proc_net_tcp(table.read_text())
-            ports |= {port for inode, port in entries if inode in inodes}
-    return ports
+            pairs |= {(local, remote) for inode, local, remote in entries if inode in inodes}
+    return pairs
 
 
-def parse_proc_net_tcp(text: str) -> list[tuple[str, int]]:
-    """(socket inode, local port) of each line of /proc/net/tcp or tcp6."""
+def parse_proc_net_tcp(text: str) -> list[tuple[str, int, int]]:
+    """(socket inode, local port, remote port) of each line of /proc/net/tcp or tcp6; the
+    remote port is 0 for a listening socket."""
     out = []
     for line in text.splitlines()[1:]:
         fields = line.split()
-        if len(fields) < 10 or ":" not in fields[1]:
+        if len(fields) < 10 or ":" not in fields[1] or ":" not in fields[2]:
             continue
-        out.append((fields[9], int(fields[1].rsplit(":", 1)[1], 16)))
+        local, remote = (int(f.rsplit(":", 1)[1], 16) for f in fields[1:3])
+        out.append((fields[9], local, remote))
     return out
 
 
@@ -353,7 +378,7 @@ def _save(cfg: SandboxConfig, node: str, rec: NodeEffect) -> None:
         rec = NodeEffect(
             effect=rec.effect,
             stopped=[*old.stopped, *rec.stopped],
-            ports=sorted({*old.ports, *rec.ports}),
+            connections=sorted({*old.connections, *rec.connections}),
             slurmd=rec.slurmd or old.slurmd,
         )
     tmp = path.with_suffix(".tmp")
@@ -361,8 +386,8 @@ def _save(cfg: SandboxConfig, node: str, rec: NodeEffect) -> None:
     tmp.replace(path)
 
 
-def silence(cfg: SandboxConfig, node: str, ports: Iterable[int]) -> None:
-    script = render_silence(table_name(cfg), node, ports)
+def silence(cfg: SandboxConfig, node: str, connections: Iterable[tuple[int, int]]) -> None:
+    script = render_silence(table_name(cfg), node, connections)
     if script:
         nft(script=script)
 
@@ -403,9 +428,9 @@ def apply(
         procs = signal_procs(node_processes(cfg, node), signal.SIGSTOP)
     _wait_stopped(procs)
     rec.stopped = procs
-    rec.ports = sorted(tcp_ports(procs))
+    rec.connections = sorted(tcp_connections(procs))
     _save(cfg, node, rec)  # before the rules: a crash in between leaves them to be lifted
-    silence(cfg, node, rec.ports)
+    silence(cfg, node, rec.connections)
     return rec
 
 

@@ -17,7 +17,7 @@ How it is lifted. A hang like this is often software: the fault is in the proces
 the machine. So it ends when they are gone: the job lets them go (Slurm ends a step's
 processes when the runbook takes the node from the job, requeues or cancels it), and then
 a watcher (`release-<node>` in the sandbox's ProcessTable) removes the node's nftables
-chains at once, so that no later process that reuses one of those port numbers (the
+chains at once, so that no later connection that gets one of those pairs of ports (the
 burn-in screen's, the next job's) is silenced. It also ends, as every effect does, when the
 machine is rebooted or replaced (fault_effects.lift: any repair rung power-cycles the
 sandbox's VM) and at `sandbox down`. A slowdown ends with its processes (the duty cycle

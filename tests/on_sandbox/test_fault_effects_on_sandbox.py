@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import socket
 import subprocess
 from pathlib import Path
@@ -106,22 +107,32 @@ async def test_hang_stops_and_silences_the_rank_until_the_reboot(
 
         # The rank runs before it has made its connection (seconds apart under load).
         async def connected() -> bool:
-            return len(fe.tcp_ports(fe.rank_processes(sandbox, node, job_id))) >= 2
+            return len(fe.tcp_connections(fe.rank_processes(sandbox, node, job_id))) >= 2
 
         await eventually(connected, 60, f"job {job_id}'s rank connected to itself")
         rec = fe.apply(sandbox, node, "hang", job_id=job_id)
         # Every rank process still there (a step's short-lived helpers come and go).
         assert {p.pid for p in ranks if _alive(p)} <= {p.pid for p in rec.stopped}
         assert all(fe._state(p.pid) in ("T", None) for p in rec.stopped)  # noqa: SLF001
-        assert len(rec.ports) == 2  # the listening port and the client's
+        # The client's connection and the one accepted for it: the same pair, both ways.
+        log = tmp_path / f"sockets-{job_id}.log"
+
+        async def listening_port() -> int | None:
+            found = re.search(r"^listening (\d+)$", log.read_text(), re.M) if log.exists() else None
+            return int(found[1]) if found else None
+
+        listening = await eventually(listening_port, 30, "the job's listening port")
+        (client,) = {local for local, remote in rec.connections if remote == listening}
+        assert sorted(rec.connections) == sorted(
+            [(client, listening), (listening, client), (listening, 0)]
+        )
         rules = fe.table_rules(sandbox)
-        assert rules is not None
-        for port in rec.ports:
-            assert str(port) in rules
-        # Silent, not refused: a SYN to the hung process's listening port gets no answer.
-        for port in rec.ports:
-            with pytest.raises(TimeoutError):
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        assert rules is not None and f"{client} . {listening}" in rules
+        # Those connections only (another socket may get one of their port numbers on this
+        # shared host: connect() shares a port between destinations). Silent, not refused:
+        # a SYN to the hung process's listening port gets no answer.
+        with pytest.raises(TimeoutError):
+            socket.create_connection(("127.0.0.1", listening), timeout=1).close()
 
         await _reboot(sandbox, node)
         assert fe.table_rules(sandbox) is None  # its chains, and the emptied table, gone
@@ -143,7 +154,7 @@ async def test_a_lost_node_stops_answering_slurm_until_the_reboot(
         assert rec.slurmd is not None and fe._state(rec.slurmd.pid) == "T"  # noqa: SLF001
         # The ranks still there, and the rest of the node's job processes (slurmstepd...).
         assert {p.pid for p in ranks if _alive(p)} <= {p.pid for p in rec.stopped}
-        assert rec.ports and fe.table_rules(sandbox) is not None
+        assert rec.connections and fe.table_rules(sandbox) is not None
 
         async def not_responding() -> str | None:
             state = await _sinfo_state(sandbox, node)

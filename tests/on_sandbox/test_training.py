@@ -736,6 +736,63 @@ def test_sbatch_a_run_whose_rank_died_waits_for_the_requeue_on_sandbox(
         until(lambda: _left_queue(env, job), 60, "the job to leave the queue")
 
 
+@pytest.mark.timeout(300)
+async def test_sbatch_a_lost_nodes_srun_leaves_the_requeued_run_alone_on_sandbox(
+    sandbox: SandboxConfig, sandbox_settings: Settings, sandbox_client: Client, tmp_path: Path
+) -> None:
+    """train.sbatch's torchrun mode (2 nodes, no standby: the runbook requeues it) and a
+    `lost` fault on the node that is not its batch host: slurmd and every process of the
+    job there stop, their connections silent. The batch shell's srun, which waits for that
+    node's task, must not outlive the old run: left behind (the shell leaves on the
+    requeue's SIGTERM), it gave up after its own timeout and cancelled step <job>.0 by
+    number, by then the requeued run's, which failed and waited REQUEUE_WAIT (60 s) before
+    it requeued itself. The requeued run trains on from its newest checkpoint, requeued once."""
+    env = sbatch_env(sandbox, tmp_path, ckpt_every=3)
+
+    def slurm(*argv: str) -> str:
+        return subprocess.run(argv, env=env, capture_output=True, text=True, check=True).stdout
+
+    log = tmp_path / "train.log"
+    job = int(slurm("sbatch", "--parsable", f"--output={log}", str(SBATCH)).split(";")[0])
+    ckpt = tmp_path / "ckpt" / str(job)
+    cli = SlurmCli(sandbox.slurm_conf)
+    victim = ""
+    try:
+        await asyncio.to_thread(
+            until,
+            lambda: marker(ckpt) >= 3 and len({d["node"] for d in step_lines(log)}) == 2,
+            120, "steps on both nodes and a checkpoint",
+        )  # fmt: skip
+        (running,) = [j for j in await cli.jobs() if j.job_id == job]
+        victim = next(n for n in hostlist.expand(running.nodes) if n != running.batch_host)
+        await asyncio.to_thread(fe.apply, sandbox, victim, "lost", job_id=job)
+        saved = marker(ckpt)
+        state = await resolve_incident(sandbox_client, sandbox_settings, victim, "NODE_NOT_READY")
+        assert state.status == "resolved", state.error
+        assert state.recovery_path == {job: "requeue"} and state.requeued_jobs == [job]
+
+        def trained_on() -> list[dict[str, Any]] | None:
+            lines = [d for d in step_lines(log) if d["restart"] == 1]
+            return lines if len({d["step"] for d in lines}) >= 6 else None
+
+        # Six steps of 0.5 s: past the moment (KillWait + 2 s after the requeue) at which a
+        # left-behind srun gives up on the lost node's task, however late the run started.
+        after = await asyncio.to_thread(until, trained_on, 180, "the requeued run to train on")
+        text = log.read_text(errors="replace")
+        assert "Timed out waiting for job step to complete" not in text, text[-3000:]
+        assert "event=run_failed" not in text, text[-3000:]
+        (now,) = [j for j in await cli.jobs() if j.job_id == job]
+        assert now.job_state == "RUNNING" and now.restart_cnt == 1
+        assert victim not in hostlist.expand(now.nodes)
+        resumed = after[0]["resumed_from"]
+        assert saved <= resumed and min(d["step"] for d in after) == resumed + 1
+    finally:
+        subprocess.run(["scancel", str(job)], env=env, capture_output=True)
+        await asyncio.to_thread(until, lambda: _left_queue(env, job), 90, "the job to go")
+        if victim:
+            await asyncio.to_thread(fe.lift, sandbox, victim)
+
+
 def _left_queue(env: dict[str, str], job: int) -> bool:
     return not subprocess.run(
         ["squeue", "-h", "-j", str(job), "-t", "PD,R,CG"],

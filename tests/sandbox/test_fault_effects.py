@@ -55,22 +55,26 @@ def test_effect_option() -> None:
         fe.parse_effect("explode", "XID_79")
 
 
-def test_silence_rules_drop_both_directions_of_every_port_in_the_nodes_chains() -> None:
-    script = fe.render_silence("autoclusters_sb_17200_abcd1234", "gpu-02", [51000, 29500, 51000])
+def test_silence_rules_drop_both_directions_of_each_connection_in_the_nodes_chains() -> None:
+    script = fe.render_silence(
+        "autoclusters_sb_17200_abcd1234", "gpu-02", [(51000, 29500), (51000, 29500), (29500, 51002)]
+    )
+    pairs = "{ 29500 . 51000, 29500 . 51002, 51000 . 29500, 51002 . 29500 }"
     assert script == (
         "add table inet autoclusters_sb_17200_abcd1234\n"
         "add chain inet autoclusters_sb_17200_abcd1234 silence_gpu_02_input "
         "{ type filter hook input priority -150; policy accept; }\n"
-        "add rule inet autoclusters_sb_17200_abcd1234 silence_gpu_02_input "
-        "tcp sport { 29500, 51000 } drop\n"
-        "add rule inet autoclusters_sb_17200_abcd1234 silence_gpu_02_input "
-        "tcp dport { 29500, 51000 } drop\n"
+        f"add rule inet autoclusters_sb_17200_abcd1234 silence_gpu_02_input "
+        f"tcp sport . tcp dport {pairs} drop\n"
         "add chain inet autoclusters_sb_17200_abcd1234 silence_gpu_02_output "
         "{ type filter hook output priority -150; policy accept; }\n"
-        "add rule inet autoclusters_sb_17200_abcd1234 silence_gpu_02_output "
-        "tcp sport { 29500, 51000 } drop\n"
-        "add rule inet autoclusters_sb_17200_abcd1234 silence_gpu_02_output "
-        "tcp dport { 29500, 51000 } drop\n"
+        f"add rule inet autoclusters_sb_17200_abcd1234 silence_gpu_02_output "
+        f"tcp sport . tcp dport {pairs} drop\n"
+    )
+    # A listening socket ((port, 0)): a new connection's SYN to it is dropped.
+    assert fe.render_silence("t", "gpu-02", [(29500, 0)]).splitlines()[2] == (
+        "add rule inet t silence_gpu_02_input "
+        "tcp dport { 29500 } tcp flags & (syn | ack) == syn drop"
     )
     assert fe.render_silence("t", "gpu-02", []) == ""  # no sockets: nothing to silence
     assert fe.render_lift("t", "gpu-02") == (
@@ -84,7 +88,7 @@ def test_silence_rules_drop_both_directions_of_every_port_in_the_nodes_chains() 
 @pytest.mark.skipif(shutil.which("nft") is None, reason="no nft")
 def test_nft_accepts_the_rules(tmp_path: Path) -> None:
     table = fe.table_name(SandboxConfig(state_dir=tmp_path))
-    script = fe.render_silence(table, "gpu-01", [40000, 40001])
+    script = fe.render_silence(table, "gpu-01", [(40000, 40001), (40002, 0)])
     # --check: parsed and validated by the kernel, applied nowhere.
     done = subprocess.run(["nft", "--check", "-f", "-"], input=script, text=True)
     assert done.returncode == 0
@@ -98,7 +102,7 @@ def test_each_sandbox_has_a_table_of_its_own(tmp_path: Path) -> None:
     assert all(t.startswith("autoclusters_sb_") and t.replace("_", "").isalnum() for t in (a, b))
 
 
-def test_proc_net_tcp_gives_each_sockets_local_port() -> None:
+def test_proc_net_tcp_gives_each_sockets_local_and_remote_port() -> None:
     text = (
         "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  "
         "timeout inode\n"
@@ -107,7 +111,11 @@ def test_proc_net_tcp_gives_each_sockets_local_port() -> None:
         "   1: 0100007F:C8D2 0100007F:7331 01 00000000:00000000 00:00000000 00000000     0  "
         "      0 1885999 1 0000000000000000 20 4 30 10 -1\n"
     )
-    assert fe.parse_proc_net_tcp(text) == [("1885451", 0x7331), ("1885999", 0xC8D2)]
+    # The listener's remote port is 0: tcp_connections leaves it out.
+    assert fe.parse_proc_net_tcp(text) == [
+        ("1885451", 0x7331, 0),
+        ("1885999", 0xC8D2, 0x7331),
+    ]
 
 
 def test_slow_duty_cycle_stops_the_rank_part_of_the_time_and_lets_it_run_at_the_end() -> None:
