@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Callable, Iterator
-from contextlib import AbstractAsyncContextManager, contextmanager
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from temporalio.client import Client
+from temporalio.worker import Worker
 
 from tests.helpers import start_temporal
 
@@ -54,3 +57,37 @@ def dev_server_thread(serve: Callable[[Client], AbstractAsyncContextManager[T]])
         ready["loop"].call_soon_threadsafe(stop[0].set)
         thread.join(60)
         assert not thread.is_alive(), "the dev server thread did not stop"
+
+
+@dataclass
+class ServedQueue:
+    """A task queue with a worker on the dev server's thread, for the CLI's tests."""
+
+    address: str
+    queue: str
+    client: Client
+    loop: asyncio.AbstractEventLoop
+
+    def call(self, coro: Any) -> Any:
+        """Run `coro` on the server thread's loop (where its client lives)."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout=90)
+
+
+@contextmanager
+def served_workflows(prefix: str, workflows: Sequence[type]) -> Iterator[ServedQueue]:
+    """A dev server on a thread, and a worker there running `workflows` (no activities) on
+    a task queue of its own named from `prefix`."""
+
+    @asynccontextmanager
+    async def serve(client: Client) -> AsyncIterator[ServedQueue]:
+        queue = f"{prefix}-{uuid.uuid4().hex[:6]}"
+        async with Worker(client, task_queue=queue, workflows=list(workflows)):
+            yield ServedQueue(
+                address=client.service_client.config.target_host,
+                queue=queue,
+                client=client,
+                loop=asyncio.get_running_loop(),
+            )
+
+    with dev_server_thread(serve) as served:
+        yield served

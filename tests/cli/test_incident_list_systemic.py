@@ -17,58 +17,32 @@ Aspects covered:
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from click.testing import Result
-from temporalio.client import Client
-from temporalio.worker import Worker
 from typer.testing import CliRunner
 
 from autoclusters.clients import incident_listing
 from autoclusters.clients.cli import output
 from autoclusters.clients.cli.app import app
 from autoclusters.workflows.systemic_incident import SystemicIncident
-from tests.dev_server_thread import dev_server_thread
+from tests.dev_server_thread import ServedQueue, served_workflows
 from tests.fakes.listed_incidents import AT, ListedNodeIncident, open_node_incident, open_systemic
 
 pytestmark = pytest.mark.integration  # a Temporal dev server
 
 
-@dataclass
-class Server:
-    address: str
-    queue: str
-    client: Client
-    loop: asyncio.AbstractEventLoop
-
-    def call(self, coro: Any) -> Any:
-        """Run `coro` on the server thread's loop (where its client lives)."""
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout=90)
+Server = ServedQueue
 
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[Server]:
-    @asynccontextmanager
-    async def serve(client: Client) -> AsyncIterator[Server]:
-        queue = f"list-cli-{uuid.uuid4().hex[:6]}"
-        workflows = [SystemicIncident, ListedNodeIncident]
-        async with Worker(client, task_queue=queue, workflows=workflows):
-            yield Server(
-                address=client.service_client.config.target_host,
-                queue=queue,
-                client=client,
-                loop=asyncio.get_running_loop(),
-            )
-
-    with dev_server_thread(serve) as srv:
+    with served_workflows("list-cli", [SystemicIncident, ListedNodeIncident]) as srv:
         yield srv
 
 

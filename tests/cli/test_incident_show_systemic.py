@@ -18,21 +18,16 @@ Aspects covered:
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager
-from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from collections.abc import Iterator
+from datetime import timedelta
 from typing import Any
 
 import pytest
-from temporalio.client import Client, WorkflowHandle
+from temporalio.client import Client
 from temporalio.common import SearchAttributePair, TypedSearchAttributes
-from temporalio.service import RPCError
-from temporalio.worker import Worker
 from typer.testing import CliRunner
 
 from autoclusters.clients import systemic_incidents
@@ -51,43 +46,20 @@ from autoclusters.core.systemic import (
 )
 from autoclusters.integrations import temporal
 from autoclusters.workflows.systemic_incident import SystemicIncident
-from tests.dev_server_thread import dev_server_thread
+from tests.dev_server_thread import ServedQueue, served_workflows
+from tests.fakes.listed_incidents import AT, join_member
 from tests.fakes.systems import FakeSlurm
 
 pytestmark = pytest.mark.integration  # a Temporal dev server
 
-AT = datetime(2026, 12, 5, 18, 0, 5, tzinfo=UTC)
-
-
-@dataclass
-class Server:
-    address: str
-    queue: str
-    client: Client
-    loop: asyncio.AbstractEventLoop
-
-    def call(self, coro: Any) -> Any:
-        """Run `coro` on the server thread's loop (where its client lives)."""
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout=60)
+Server = ServedQueue
 
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[Server]:
     """A dev server and a worker running SystemicIncident, on a thread of their own: the
     CLI under test runs its own `asyncio.run`, which cannot nest in a running loop."""
-
-    @asynccontextmanager
-    async def serve(client: Client) -> AsyncIterator[Server]:
-        queue = f"systemic-cli-{uuid.uuid4().hex[:6]}"
-        async with Worker(client, task_queue=queue, workflows=[SystemicIncident]):
-            yield Server(
-                address=client.service_client.config.target_host,
-                queue=queue,
-                client=client,
-                loop=asyncio.get_running_loop(),
-            )
-
-    with dev_server_thread(serve) as srv:
+    with served_workflows("systemic-cli", [SystemicIncident]) as srv:
         yield srv
 
 
@@ -120,23 +92,8 @@ async def _open_systemic(
         join = MemberJoin(node=node, incident_id=f"inc-20261205-180000-{node}",
                           workflow_id=f"remediation-{cluster}-{node}", fault="IB_LINK_DOWN",
                           drained=drained)  # fmt: skip
-        await _join(handle, join)
+        await join_member(handle, join)
     return incident_id, wf_id
-
-
-async def _join(handle: WorkflowHandle[Any, Any], join: MemberJoin) -> None:
-    """The member's join, as its activity makes it: asked again while the server refuses
-    for now (on a loaded machine a workflow task can time out, and an update sent then is
-    refused until the task is retried)."""
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            await handle.execute_update(SystemicIncident.join, join)
-            return
-        except RPCError:
-            if time.monotonic() > deadline:
-                raise
-            await asyncio.sleep(0.5)
 
 
 def _status(srv: Server, wf_id: str) -> SystemicState:

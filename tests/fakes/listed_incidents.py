@@ -11,6 +11,7 @@ import asyncio
 import time
 import uuid
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from temporalio import workflow
 from temporalio.client import Client, WorkflowHandle
@@ -103,11 +104,11 @@ async def open_systemic(
             node=node, incident_id=f"inc-{at:%Y%m%d-%H%M%S}-{node}",
             workflow_id=f"remediation-{cluster}-{node}", fault=fault, drained=True,
         )  # fmt: skip
-        await _join(handle, join)
+        await join_member(handle, join)
     return incident_id
 
 
-async def _join(handle: WorkflowHandle[SystemicIncident, object], join: MemberJoin) -> None:
+async def join_member(handle: WorkflowHandle[Any, Any], join: MemberJoin) -> None:
     """The member's join, as its activity makes it: asked again while the server refuses
     for now (on a loaded machine a workflow task can time out, and an update sent then is
     refused until the task is retried)."""

@@ -623,16 +623,23 @@ def test_in_place_survivors_leave_a_silent_peer_on_sigusr2(
     store.kill()
 
 
+def submit_sbatch(env: dict[str, str], log: Path) -> tuple[int, Callable[..., str]]:
+    """train.sbatch submitted with `env`, its output to `log`: the job's id, and a way to
+    run Slurm's commands in that environment (their stdout)."""
+
+    def slurm(*argv: str) -> str:
+        return subprocess.run(argv, env=env, capture_output=True, text=True, check=True).stdout
+
+    return int(slurm("sbatch", "--parsable", f"--output={log}", str(SBATCH)).split(";")[0]), slurm
+
+
 @pytest.mark.timeout(180)
 def test_sbatch_requeue_resumes_on_sandbox(sandbox: SandboxConfig, tmp_path: Path) -> None:
     """train.sbatch on the sandbox's Slurm: 2 nodes, requeued, resumes from its checkpoint."""
     env = sbatch_env(sandbox, tmp_path, ckpt_every=3)
 
-    def slurm(*argv: str) -> str:
-        return subprocess.run(argv, env=env, capture_output=True, text=True, check=True).stdout
-
     log = tmp_path / "train.log"
-    job = int(slurm("sbatch", "--parsable", f"--output={log}", str(SBATCH)).split(";")[0])
+    job, slurm = submit_sbatch(env, log)
     ckpt = tmp_path / "ckpt" / str(job)
     try:
         until(
@@ -694,11 +701,8 @@ def test_sbatch_a_run_whose_rank_died_waits_for_the_requeue_on_sandbox(
     own requeue never comes on top."""
     env = sbatch_env(sandbox, tmp_path, ckpt_every=3) | {"REQUEUE_WAIT": "120"}
 
-    def slurm(*argv: str) -> str:
-        return subprocess.run(argv, env=env, capture_output=True, text=True, check=True).stdout
-
     log = tmp_path / "train.log"
-    job = int(slurm("sbatch", "--parsable", f"--output={log}", str(SBATCH)).split(";")[0])
+    job, slurm = submit_sbatch(env, log)
     ckpt = tmp_path / "ckpt" / str(job)
     cli = SlurmCli(sandbox.slurm_conf)
 
@@ -749,11 +753,8 @@ async def test_sbatch_a_lost_nodes_srun_leaves_the_requeued_run_alone_on_sandbox
     it requeued itself. The requeued run trains on from its newest checkpoint, requeued once."""
     env = sbatch_env(sandbox, tmp_path, ckpt_every=3)
 
-    def slurm(*argv: str) -> str:
-        return subprocess.run(argv, env=env, capture_output=True, text=True, check=True).stdout
-
     log = tmp_path / "train.log"
-    job = int(slurm("sbatch", "--parsable", f"--output={log}", str(SBATCH)).split(";")[0])
+    job, slurm = submit_sbatch(env, log)
     ckpt = tmp_path / "ckpt" / str(job)
     cli = SlurmCli(sandbox.slurm_conf)
     victim = ""

@@ -20,6 +20,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -84,13 +85,13 @@ async def _topology_from_labels(
     return (await with_fabric_topology(settings, policy)).topology
 
 
-@pytest.mark.parametrize("labelled", [True, False])
-async def test_a_racks_faults_are_one_systemic_incident_from_labels_alone(
-    env: WorkflowEnvironment, kube: Running, tmp_path: Path, labelled: bool
-) -> None:
-    topology = await _topology_from_labels(kube, tmp_path, labelled=labelled)
+async def _four_faults(
+    env: WorkflowEnvironment, topology: dict[str, NodeTopology], systemic: SystemicPolicy
+) -> list[Any]:
+    """NVLINK_DOWN on gpu-01, gpu-05, gpu-02 and gpu-03, in that order, through a fleet guard
+    with `systemic` over `topology`: the guard's answer to each."""
     task_queue, cluster = f"tq-{uuid.uuid4()}", f"test-{uuid.uuid4().hex[:8]}"
-    policy = GuardPolicy(min_in_service_fraction=0.5, breaker_threshold=10, systemic=RACKS)
+    policy = GuardPolicy(min_in_service_fraction=0.5, breaker_threshold=10, systemic=systemic)
     async with Worker(env.client, task_queue=task_queue, workflows=[FleetGuard, Member]):
         g = await env.client.start_workflow(
             FleetGuard.run,
@@ -99,13 +100,20 @@ async def test_a_racks_faults_are_one_systemic_incident_from_labels_alone(
             task_queue=task_queue,
         )
         try:
-            answers = [
+            return [
                 (await _open(env, g, task_queue, node, fault="NVLINK_DOWN"))[0]
                 for node in ("gpu-01", "gpu-05", "gpu-02", "gpu-03")
             ]
         finally:
             await g.terminate("test over")
-    *earlier, third = answers
+
+
+@pytest.mark.parametrize("labelled", [True, False])
+async def test_a_racks_faults_are_one_systemic_incident_from_labels_alone(
+    env: WorkflowEnvironment, kube: Running, tmp_path: Path, labelled: bool
+) -> None:
+    topology = await _topology_from_labels(kube, tmp_path, labelled=labelled)
+    *earlier, third = await _four_faults(env, topology, RACKS)
     assert all(a.systemic is None for a in earlier)
     if not labelled:
         assert topology == {} and third.systemic is None  # no rack known: no grouping
@@ -137,25 +145,9 @@ async def test_an_nvlink_domains_faults_are_one_systemic_incident_from_labels_al
     assert topology["gpu-01"] == NodeTopology(nvlink=CLIQUE_A, rack="rack-01")
     assert topology["gpu-03"] == NodeTopology(nvlink=CLIQUE_A, rack="rack-02")
     assert topology["gpu-05"] == NodeTopology(nvlink=CLIQUE_B, rack="rack-03")
-    task_queue, cluster = f"tq-{uuid.uuid4()}", f"test-{uuid.uuid4().hex[:8]}"
     shipped = default_policy().guard.systemic  # its nvlink level counts NVLINK_DOWN
     assert shipped.nvlink is not None and shipped.nvlink.counts("NVLINK_DOWN")
-    policy = GuardPolicy(min_in_service_fraction=0.5, breaker_threshold=10, systemic=shipped)
-    async with Worker(env.client, task_queue=task_queue, workflows=[FleetGuard, Member]):
-        g = await env.client.start_workflow(
-            FleetGuard.run,
-            GuardInput(cluster=cluster, policy=policy, topology=topology),
-            id=guard_workflow_id(cluster),
-            task_queue=task_queue,
-        )
-        try:
-            answers = [
-                (await _open(env, g, task_queue, node, fault="NVLINK_DOWN"))[0]
-                for node in ("gpu-01", "gpu-05", "gpu-02", "gpu-03")
-            ]
-        finally:
-            await g.terminate("test over")
-    *earlier, third = answers
+    *earlier, third = await _four_faults(env, topology, shipped)
     assert all(a.systemic is None for a in earlier)  # rack-01's two alone group nothing
     m = third.systemic
     assert m is not None and (m.level, m.domain) == ("nvlink", CLIQUE_A)
