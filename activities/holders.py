@@ -1,4 +1,5 @@
-"""The pool of standbys held outside the jobs refills on a node returned to service, and
+"""The pool of standbys held outside the jobs refills on a node returned to service (and
+shrinks back to its target there: claims on runs that are over, free holders past it), and
 yields to a job that was requeued (core/holders.py; the policy's `standby_holders`).
 
 Run at the end of the return-to-service step, once the node passed its health gate and is
@@ -15,6 +16,7 @@ import time
 from temporalio import activity
 
 from autoclusters.core import holders
+from autoclusters.core.models import SlurmJob
 from autoclusters.integrations.slurm import SlurmError, SlurmHolderClient, SlurmUnavailable
 
 # The training job's batch shell takes it as "a holder was assigned to you" (train.sbatch
@@ -28,6 +30,16 @@ async def refill(slurm: SlurmHolderClient, node: str, target: int, poll_s: float
     without a standby. Returns what was done ("" when nothing)."""
     done = []
     jobs = await slurm.jobs()
+    # First what the pool should not hold: claims on runs that are over, and free holders
+    # past the target (the pool shrinks back here, where it refills).
+    stale = await _cancel(slurm, holders.stale_claims(jobs))
+    if stale:
+        done.append(f"holders {stale} of earlier runs cancelled")
+        jobs = await slurm.jobs()
+    extra = await _cancel(slurm, holders.beyond_target(jobs, target))
+    if extra:
+        done.append(f"holders {extra} beyond the pool's {target} cancelled")
+        jobs = await slurm.jobs()
     if holders.to_submit(jobs, target) > 0:
         try:
             held = await slurm.submit_holder(node)
@@ -62,13 +74,19 @@ async def release_for_requeued(slurm: SlurmHolderClient, requeued: list[int]) ->
     pool holding the spare nodes a requeued job waited on `Resources` for good). The pool
     refills as nodes return to service. Returns the holders cancelled; one that ended
     meanwhile (Slurm refuses its cancel) needs nothing more."""
+    return await _cancel(slurm, holders.claimed_by_earlier_runs(await slurm.jobs(), set(requeued)))
+
+
+async def _cancel(slurm: SlurmHolderClient, held: list[SlurmJob]) -> list[int]:
+    """Cancel these holders; the ones cancelled (one that ended meanwhile, whose cancel
+    Slurm refuses, needs nothing more)."""
     cancelled = []
-    for held in holders.claimed_by_earlier_runs(await slurm.jobs(), set(requeued)):
+    for h in held:
         try:
-            await slurm.cancel(held.job_id)
+            await slurm.cancel(h.job_id)
         except SlurmUnavailable:
             raise
         except SlurmError:
             continue
-        cancelled.append(held.job_id)
+        cancelled.append(h.job_id)
     return cancelled

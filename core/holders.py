@@ -128,6 +128,21 @@ def to_submit(jobs: list[SlurmJob], target: int) -> int:
     return max(0, target - len(free(jobs)))
 
 
+def beyond_target(jobs: list[SlurmJob], target: int) -> list[SlurmJob]:
+    """Free holders past the `target` the pool keeps, pending ones and the newest first to
+    go: holders freed when the run they served ended or was requeued (a requeue the job
+    made itself, which no requeue step of ours saw) would otherwise hold nodes for good,
+    the pool only ever growing, and a requeued job that asks for its full width again
+    would wait on `Resources` behind them."""
+    return free(jobs)[max(0, target) :]
+
+
+def stale_claims(jobs: list[SlurmJob]) -> list[SlurmJob]:
+    """Live holders claimed for an earlier run of a job that has run again since, whoever
+    requeued it (its runbook's requeue step, or the job itself)."""
+    return claimed_by_earlier_runs(jobs, {j.job_id for j in jobs if not is_holder(j)})
+
+
 def claimed_by_earlier_runs(jobs: list[SlurmJob], requeued: AbstractSet[int]) -> list[SlurmJob]:
     """Live holders whose claim names an earlier run of a job that was requeued: its
     standbys there belonged to that run (its store is gone with it), and the holders now

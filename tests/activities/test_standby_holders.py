@@ -299,6 +299,37 @@ def test_a_returned_node_gives_a_job_without_a_standby_its_holder(slurm: HolderS
     assert len(holders.free(jobs(slurm))) == 1
 
 
+def test_a_job_that_requeued_itself_gets_its_nodes_back_at_the_next_return(
+    slurm: HolderSlurm,
+) -> None:
+    """The 30-minute ETTR run's stall: job 7 was given holders 20 and 21 for its first run,
+    then its in-job recovery failed and it requeued itself (no requeue step of ours saw
+    it); a node returned meanwhile got holder 22. The requeued run, asking for its full
+    width again, waited on Resources behind three holders where the pool keeps one. The
+    next return to service cancels the claims on the earlier run and keeps the pool at its
+    target."""
+    run0 = SlurmJob(job_id=7, name="train", job_state="RUNNING", nodes="gpu-[1-2]", restart_cnt=0,
+                    comment=f"{LAUNCHER_JOB} training=gpu-2,gpu-3")  # fmt: skip
+    slurm.add_job(7, nodes="", job_state="PENDING", restart_cnt=1, comment=LAUNCHER_JOB)
+    add_holder(slurm, 20, "gpu-3", run0)
+    add_holder(slurm, 21, "gpu-4", run0)
+    add_holder(slurm, 22, "gpu-5", None)
+    back = back_in_service(slurm, "gpu-2")
+    assert [job(slurm, h).job_state for h in (20, 21, 22)] == ["CANCELLED", "CANCELLED", "RUNNING"]
+    assert "holders [20, 21] of earlier runs cancelled" in back.detail
+    assert slurm.calls["submit_holder"] == 0  # 22 is the pool's one free holder
+
+
+def test_free_holders_past_the_pool_are_cancelled_newest_first(slurm: HolderSlurm) -> None:
+    # Three free holders (the job they served ended); the pool keeps one: the oldest.
+    for job_id, node in ((20, "gpu-3"), (21, "gpu-4"), (22, "gpu-5")):
+        add_holder(slurm, job_id, node, None)
+    back = back_in_service(slurm, "gpu-2")
+    assert [job(slurm, h).job_state for h in (20, 21, 22)] == ["RUNNING", "CANCELLED", "CANCELLED"]
+    assert "holders [21, 22] beyond the pool's 1 cancelled" in back.detail
+    assert slurm.calls["submit_holder"] == 0
+
+
 def test_without_the_policy_holders_are_left_alone(slurm: HolderSlurm) -> None:
     add_holder(slurm, 20, "gpu-5", None)
     out = requeue(slurm, "gpu-5", standby_holders=0)
