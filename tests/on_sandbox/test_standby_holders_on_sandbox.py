@@ -132,7 +132,7 @@ def _queued(env: dict[str, str], jobs: list[int]) -> str:
     ).stdout.strip()
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(420)
 async def test_the_run_goes_on_in_holders_when_its_own_step_loses_its_last_node(
     sandbox: SandboxConfig, tmp_path: Path
 ) -> None:
