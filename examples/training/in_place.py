@@ -57,6 +57,7 @@ POLL_S = 0.02  # how often a waiting process looks at the store: a standby's wak
 # flag and at the store: the most a survivor adds to the runbook's signal, besides the grace.
 SLICE_S = 0.05
 ABORT_SIGNAL = signal.SIGUSR2
+GAVE_UP = "gave_up"  # the `finished` key's value when the run cannot go on in place
 
 # Every generation's gloo group and the last thread that used it, held until the process
 # exits: never destroyed, never collected (Generation says why).
@@ -186,6 +187,18 @@ class InPlaceGroup:
     def finish(self) -> None:
         """The run is done: the standbys stop waiting."""
         self.store.set(self._k("finished"), "1")
+
+    def give_up(self) -> None:
+        """In-job recovery cannot go on (NoGeneration): the standbys stop waiting too, and
+        exit non-zero, so that the run ends and its batch shell requeues the job. A standby
+        that is seated in no generation would otherwise wait for the next one forever, and
+        the shell for it (train.sbatch waits for the processes it started into holders)."""
+        self.store.set(self._k("finished"), GAVE_UP)
+
+    def gave_up(self) -> bool:
+        """Another process of the run gave up (`give_up`)."""
+        key = self._k("finished")
+        return self._has(key) and self.store.get(key) == GAVE_UP.encode()
 
     def process_group_store(self) -> dist.Store:
         """The generation's group's store: a connection of its own, so that the main thread's

@@ -804,8 +804,12 @@ def main_in_place(args: argparse.Namespace, stop: StopRequest) -> int:
                 group.finish()
             flush_published()
             return rc
+        if not stop.signum and group.gave_up():
+            emit(f"{_prefix()} event=in_job_failed error=another process gave up")
+            return 1
     except NoGeneration as e:
         emit(f"{_prefix()} event=in_job_failed error={e}")
+        group.give_up()  # the standbys stop too: the run ends, and is requeued
         return 1
     finally:
         for child in children:

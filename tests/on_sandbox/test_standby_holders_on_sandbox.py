@@ -4,7 +4,10 @@ allocation) and a holder job on the fourth node, under the shipped policy with
 `standby_holders: 1`. The first fault uses the job's own standby, and the runbook gives
 the job the holder, into which its batch shell starts a new standby (`srun --jobid
 --overlap`); the second fault, with no standby left in the allocation, is recovered in
-place from the holder: no requeue, no step lost, the holder's node training."""
+place from the holder: no requeue, no step lost, the holder's node training. And once the
+run's ranks all run in holders but one, the fence of that one's node ends the job's own
+step: the run goes on in the holders (the 30-minute ETTR run's fourth fault,
+docs/recovery.md)."""
 
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ import importlib.util
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -126,3 +130,84 @@ def _queued(env: dict[str, str], jobs: list[int]) -> str:
     return subprocess.run(
         ["squeue", "-h", "-j", ids, "-t", "PD,R,CG"], env=env, capture_output=True, text=True
     ).stdout.strip()
+
+
+@pytest.mark.timeout(420)
+async def test_the_run_goes_on_in_holders_when_its_own_step_loses_its_last_node(
+    sandbox: SandboxConfig, tmp_path: Path
+) -> None:
+    """The 30-minute ETTR run's fourth fault, in small: once every rank of the run runs in
+    holders but one, the fence of that one's node (the runbook's release of it from the
+    job) takes the last node of the job's own step, and Slurm ends the step ("Killing JobId
+    StepId=0 on failed node", srun "Force Terminated"). The survivors in the holders re-form
+    and go on; the batch shell keeps the store up and requeues nothing (it used to take its
+    srun's end for the run's: the store closed, the job requeued itself)."""
+    env = {**sbatch_env(sandbox, tmp_path, ckpt_every=5), "SPARES": "1", "HOLDERS": "1",
+           "LAUNCHER": "1", "TRAIN_NODES": "2", "MAX_RESTARTS": "10",
+           "INJOB_DIR": str(tmp_path / "injob")}  # fmt: skip
+
+    def slurm(*argv: str) -> str:
+        return subprocess.run(argv, env=env, capture_output=True, text=True, check=True).stdout
+
+    def field(job: int, fmt: str) -> str:
+        return slurm("squeue", "-h", "-j", str(job), "-o", fmt).strip()
+
+    nodes = sandbox.node_names()
+    held = [int(slurm("sbatch", "--parsable", f"--job-name={HOLDER}", f"--nodelist={node}",
+                      "--exclusive", "--no-requeue", "--output=/dev/null", "--comment=holder=1",
+                      "--wrap=exec sleep infinity").split(";")[0])
+            for node in nodes[2:4]]  # fmt: skip
+    log = tmp_path / "train.log"
+    # A launcher (the batch host) and one node of its own step, which trains with a
+    # holder's: the step's one node stands for the last of a run that lost the others.
+    job = int(slurm("sbatch", "--parsable", "--nodes=2", "--no-kill", f"--output={log}",
+                    f"--exclude={','.join(nodes[2:4])}", str(SBATCH)).split(";")[0])  # fmt: skip
+
+    def give(holder: int) -> None:
+        """What the runbook does to give the job a holder: claim it, SIGUSR2 the shell."""
+        slurm("scontrol", "update", f"JobId={holder}", f"Comment=holder=1 holder_for={job}.0")
+        slurm("scancel", "--batch", "--signal=USR2", str(job))
+
+    def training(elastic: int) -> set[str] | None:
+        now = {d["node"] for d in step_lines(log) if d["elastic"] == elastic}
+        return now if len(now) == 2 else None
+
+    try:
+        await asyncio.to_thread(until, lambda: "holders=1" in field(job, "%k"), 120, "holders=1")
+        batch_host = field(job, "%B")
+        (own,) = set(slurm("scontrol", "show", "hostnames", field(job, "%N")).split()) - {
+            batch_host
+        }
+        give(held[0])
+        first = await asyncio.to_thread(until, lambda: training(0), 120, "steps with a holder")
+        assert first == {own, nodes[2]}
+        give(held[1])  # a standby in the second holder
+        await asyncio.to_thread(
+            until, lambda: log.read_text().count("event=holder ") == 2, 30, "the second holder"
+        )
+
+        # The fence of the step's last node (its process killed: the survivor's collective
+        # fails), and the runbook's USR2 to the job's steps: none left, not an error.
+        slurm("scontrol", "update", f"JobId={job}", f"NodeList={batch_host}")
+        slurm("scancel", "--signal=USR2", str(job))
+
+        def going_on() -> list[dict[str, Any]] | None:
+            lines = [d for d in step_lines(log) if d["elastic"] >= 1]
+            return lines if len({d["step"] for d in lines}) >= 3 else None
+
+        after = await asyncio.to_thread(until, going_on, 90, "steps in the holders")
+        text = log.read_text()
+        assert "Force Terminated" in text  # Slurm ended the job's own step
+        assert "event=own_step_ended" in text
+        assert "event=requeue" not in text, text[-3000:]
+        assert {d["node"] for d in after} == set(nodes[2:4])
+        assert {d["restart"] for d in after} == {0}
+        # No step lost: it goes on from the newest step completed before the fence.
+        before = [d for d in step_lines(log) if d["elastic"] == 0]
+        assert after[0]["resumed_from"] == max(d["step"] for d in before)
+        assert "Restarts=0" in slurm("scontrol", "show", "job", str(job))
+        assert field(job, "%T") == "RUNNING"
+    finally:
+        for i in [job, *held]:
+            subprocess.run(["scancel", str(i)], env=env, capture_output=True)
+        await asyncio.to_thread(until, lambda: not _queued(env, [job, *held]), 60, "the jobs to go")

@@ -500,21 +500,26 @@ def sbatch_env(sandbox: SandboxConfig, tmp_path: Path, *, ckpt_every: int) -> di
 
 
 def _in_place_job(
-    tmp_path: Path, runs: list[Torchrun], job: str
+    tmp_path: Path,
+    runs: list[Torchrun],
+    job: str,
+    names: tuple[str, ...] = ("n1", "n2", "n3"),
+    extra: tuple[str, ...] = (),
 ) -> tuple[dict[str, Torchrun], Callable[[], list[dict[str, Any]]], Path, Torchrun]:
     """In-job mode without Slurm (examples/training/in_place.py): the job's store and three
-    "nodes" meeting in it, two training and one standing by, 60 steps of 0.2 s."""
+    "nodes" meeting in it (`names`), two training and the others standing by, 60 steps of
+    0.2 s; `extra`: more train.py options."""
     port = _free_port()
     store = start(runs, tmp_path / "store.log", argv=[sys.executable, str(STORE), str(port)])
     until(lambda: _listening(port), 30, "the store")
     ckpt = tmp_path / "ckpt"
     nodes = {}
-    for name in ("n1", "n2", "n3"):
+    for name in names:
         nodes[name] = start(
             runs, tmp_path / f"{name}.log",
             argv=[sys.executable, str(TRAIN), "--ckpt-dir", str(ckpt), "--in-place",
                   f"127.0.0.1:{port}", "--train-nodes", "2", "--step-sleep", "0.2",
-                  "--ckpt-every", "5", "--steps", "60", "--term-grace", "10"],
+                  "--ckpt-every", "5", "--steps", "60", "--term-grace", "10", *extra],
             env={"SLURMD_NODENAME": name, "SLURM_JOB_ID": job},
         )  # fmt: skip
 
@@ -562,6 +567,30 @@ def test_in_place_a_standby_takes_the_lost_nodes_seat(tmp_path: Path, runs: list
     for name in set(nodes) - {victim}:
         assert nodes[name].wait(60) == 0, (tmp_path / f"{name}.log").read_text()[-2000:]
     assert (ckpt / "done").read_text().strip() == "60" and marker(ckpt) == 60
+    store.kill()
+
+
+@pytest.mark.timeout(150)
+def test_in_place_a_process_that_gives_up_stops_the_standbys(
+    tmp_path: Path, runs: list[Torchrun]
+) -> None:
+    """Restarts used up (`--max-restarts 0`): after a kill, the re-formed generation's seated
+    processes give up, and the standby it left unseated stops too (exit 1) instead of
+    waiting for a next generation forever: the run ends, and train.sbatch, which waits for
+    every process it started (those in holders too), requeues it."""
+    names = ("n1", "n2", "n3", "n4")
+    nodes, lines, _ckpt, store = _in_place_job(tmp_path, runs, "8", names, ("--max-restarts", "0"))
+    active = _training(lines)
+    victim = sorted(active)[0]
+    nodes[victim].kill()
+    for name in set(names) - {victim}:
+        log = (tmp_path / f"{name}.log").read_text
+        assert nodes[name].wait(60) == 1, log()[-2000:]
+        assert "event=in_job_failed" in log()
+    gave_way = [
+        n for n in names if "another process gave up" in (tmp_path / f"{n}.log").read_text()
+    ]
+    assert len(gave_way) == 1  # the one standby left out of generation 1
     store.kill()
 
 
