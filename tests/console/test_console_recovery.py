@@ -76,9 +76,11 @@ async def test_the_pages_show_the_estimate_beside_the_measured_loss() -> None:
             assert "0.222 GPU-h (requeue)" in page and "0.311 GPU-h (40.0 s to stepping" in page
             assert "+29 %" in page
             assert "spare – (the policy lists no hot spare)" in page
-            body = (await c.get("/ui/api/fleet?range=1d")).json()
+            # 7d, not 1d: a range counts whole days (UTC), and between midnight and 02:00
+            # "1d" holds neither incident of the last two hours (ci18 at 00:05).
+            body = (await c.get("/ui/api/fleet?range=7d")).json()
             assert body["estimates"]["measured"] == 2 and body["estimates"]["within"] == 2
-            html = (await c.get("/ui/fleet?range=1d")).text
+            html = (await c.get("/ui/fleet?range=7d")).text
             assert 'id="fleet-estimates"' in html
             assert '<td id="estimates-within">2 of 2 (100 %)</td>' in html
             assert '<td id="estimates-worst">29 %</td>' in html
