@@ -11,6 +11,7 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager, context
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+import pytest
 from temporalio.client import Client
 from temporalio.worker import Worker
 
@@ -69,8 +70,23 @@ class ServedQueue:
     loop: asyncio.AbstractEventLoop
 
     def call(self, coro: Any) -> Any:
-        """Run `coro` on the server thread's loop (where its client lives)."""
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout=90)
+        return call_on(self.loop, coro)
+
+
+def call_on(loop: asyncio.AbstractEventLoop, coro: Any) -> Any:
+    """Run `coro` on the server thread's loop (where its client lives). 90 s only stops a
+    test hanging on a server that never answers: the calls answer in well under a second."""
+    return asyncio.run_coroutine_threadsafe(coro, loop).result(timeout=90)
+
+
+def cli_cluster(served: ServedQueue, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A fresh cluster name, the CLI's settings (its environment) pointed at it and at the
+    served queue; its name."""
+    name = f"c{uuid.uuid4().hex[:8]}"
+    monkeypatch.setenv("AUTOCLUSTERS_TEMPORAL__ADDRESS", served.address)
+    monkeypatch.setenv("AUTOCLUSTERS_TEMPORAL__TASK_QUEUE", served.queue)
+    monkeypatch.setenv("AUTOCLUSTERS_CLUSTER", name)
+    return name
 
 
 @contextmanager

@@ -51,7 +51,7 @@ from autoclusters.core.cluster_ops import ops_workflow_id
 from autoclusters.workflows.cluster_ops import ClusterTeardown, ScaleNodeSet
 from autoclusters.workflows.cluster_provisioning import ClusterProvisioning
 from autoclusters.workflows.fleet_guard import FleetGuard
-from tests.dev_server_thread import dev_server_thread
+from tests.dev_server_thread import call_on, dev_server_thread
 from tests.fakes.ops import OpsProvider
 from tests.fakes.provider import QUOTA_MESSAGE
 from tests.fakes.systems import FakeSlurm
@@ -86,8 +86,7 @@ class Server:
     loop: asyncio.AbstractEventLoop
 
     def call(self, coro: Any) -> Any:
-        """Run `coro` on the server thread's loop (where its client lives)."""
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout=60)
+        return call_on(self.loop, coro)
 
 
 @pytest.fixture(scope="module")

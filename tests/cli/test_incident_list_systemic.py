@@ -31,7 +31,7 @@ from autoclusters.clients import incident_listing
 from autoclusters.clients.cli import output
 from autoclusters.clients.cli.app import app
 from autoclusters.workflows.systemic_incident import SystemicIncident
-from tests.dev_server_thread import ServedQueue, served_workflows
+from tests.dev_server_thread import ServedQueue, cli_cluster, served_workflows
 from tests.fakes.listed_incidents import AT, ListedNodeIncident, open_node_incident, open_systemic
 
 pytestmark = pytest.mark.integration  # a Temporal dev server
@@ -50,12 +50,8 @@ def server() -> Iterator[Server]:
 def cluster(server: Server, monkeypatch: pytest.MonkeyPatch) -> str:
     """A fresh cluster name, the CLI's settings pointed at it and at the server; the table
     as wide as its rows (not wrapped at a pipe's 80 columns)."""
-    name = f"c{uuid.uuid4().hex[:8]}"
     monkeypatch.setattr(output.console, "width", 240)
-    monkeypatch.setenv("AUTOCLUSTERS_TEMPORAL__ADDRESS", server.address)
-    monkeypatch.setenv("AUTOCLUSTERS_TEMPORAL__TASK_QUEUE", server.queue)
-    monkeypatch.setenv("AUTOCLUSTERS_CLUSTER", name)
-    return name
+    return cli_cluster(server, monkeypatch)
 
 
 def listed(*args: str) -> Result:

@@ -46,7 +46,7 @@ from autoclusters.core.systemic import (
 )
 from autoclusters.integrations import temporal
 from autoclusters.workflows.systemic_incident import SystemicIncident
-from tests.dev_server_thread import ServedQueue, served_workflows
+from tests.dev_server_thread import ServedQueue, cli_cluster, served_workflows
 from tests.fakes.listed_incidents import AT, join_member
 from tests.fakes.systems import FakeSlurm
 
@@ -106,11 +106,7 @@ def _status(srv: Server, wf_id: str) -> SystemicState:
 def cluster(server: Server, monkeypatch: pytest.MonkeyPatch) -> str:
     """A fresh cluster name, the CLI's settings pointed at it and at the server. What a
     test starts ends with the module's server (and within its execution timeout)."""
-    name = f"c{uuid.uuid4().hex[:8]}"
-    monkeypatch.setenv("AUTOCLUSTERS_TEMPORAL__ADDRESS", server.address)
-    monkeypatch.setenv("AUTOCLUSTERS_TEMPORAL__TASK_QUEUE", server.queue)
-    monkeypatch.setenv("AUTOCLUSTERS_CLUSTER", name)
-    return name
+    return cli_cluster(server, monkeypatch)
 
 
 def show(*args: str) -> Any:
