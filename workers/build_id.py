@@ -2,9 +2,10 @@
 
 Temporal records a worker's build ID with each workflow task it completes. The SDK's
 default reads and hashes the bytecode of every loaded module (~1,600 in a worker: ~0.1 s
-of CPU at each worker start, a tenth of its start-up; more on a loaded machine). This one hashes what changes between our
-releases and deployments: the SDK's and Python's versions and the source of each loaded
-`autoclusters` module. Same code, same ID; changed code, a new one.
+of CPU at each worker start, a tenth of its start-up; more on a loaded machine). This one
+hashes what changes between our releases and deployments: the SDK's and Python's versions
+and the source of each loaded `autoclusters` module. Same code, same ID; changed code, a
+new one.
 """
 
 from __future__ import annotations
