@@ -1,9 +1,10 @@
 """One TLS context per process for the HTTP clients: httpx's own default, made once.
 
-Each `httpx.AsyncClient`/`Client` built its own context, loading the CA bundle again
-(~50 ms of CPU each; a worker builds five at start, for clients that mostly speak plain
-HTTP). The context is the same one httpx makes (`verify=True`), shared: a context may
-serve any number of clients.
+Each `httpx.AsyncClient`/`Client`, and each one-shot `httpx.get`, built its own context,
+loading certifi's CA bundle again (~20-50 ms of CPU each, for clients that mostly speak
+plain HTTP on loopback): a worker built five at start, and `sandbox up` one at each
+0.2 s poll of a daemon's readiness (a third of its own CPU). The context is the one httpx
+makes for `verify=True`, shared: a context may serve any number of clients.
 """
 
 from __future__ import annotations
