@@ -1,9 +1,11 @@
 """`sandbox up | status | down`: bring a whole local cluster up, report on it, stop it.
 
-Order up: munged → Temporal dev server → [Kubernetes API emulator → inference kubelet →
-inference gateway (sandbox/inference/launch.py; unless `inference` is off)] → Crusoe Cloud API
-emulator (every mode: the machines are its VMs) → Slack emulator → worker → API →
-Alertmanager → Prometheus (sandbox/monitoring.py: the alert path to the API); then the
+Order up: munged, the Temporal dev server, the Slack emulator and the Crusoe Cloud API
+emulator (every mode: the machines are its VMs), started together → [Kubernetes API emulator
+→ inference kubelet → inference gateway (sandbox/inference/launch.py; unless `inference` is
+off) → the Crusoe emulator, which in Kubernetes mode starts here] → worker, API,
+Alertmanager and Prometheus (sandbox/monitoring.py: the alert path to the API), started
+together; then the
 worker's `ClusterProvisioning` creates the Slurm cluster through the Crusoe emulator (the
 controller, accounting, login endpoint and one machine per node, whose daemons — slurmd
 and the node's health agent — the emulator's sandbox backend starts); then the spares are
