@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 
 from autoclusters.core.unavailable import Unavailable
+from autoclusters.integrations.tls import default_verify
 
 ALERTMANAGER = "Alertmanager"
 
@@ -39,7 +40,7 @@ class AlertmanagerClient:
 
     def __init__(self, base_url: str, *, timeout_s: float = 10) -> None:
         self._base = base_url.rstrip("/")
-        self._http = httpx.AsyncClient(timeout=timeout_s)
+        self._http = httpx.AsyncClient(timeout=timeout_s, verify=default_verify())
 
     async def aclose(self) -> None:
         await self._http.aclose()

@@ -1,9 +1,11 @@
 """`sandbox up | status | down`: bring a whole local cluster up, report on it, stop it.
 
-Order up: munged → Temporal dev server → [Kubernetes API emulator → inference kubelet →
-inference gateway (sandbox/inference/launch.py; unless `inference` is off)] → Crusoe Cloud API
-emulator (every mode: the machines are its VMs) → Slack emulator → worker → API →
-Alertmanager → Prometheus (sandbox/monitoring.py: the alert path to the API); then the
+Order up: munged, the Temporal dev server, the Slack emulator and the Crusoe Cloud API
+emulator (every mode: the machines are its VMs), started together → [Kubernetes API emulator
+→ inference kubelet → inference gateway (sandbox/inference/launch.py; unless `inference` is
+off) → the Crusoe emulator, which in Kubernetes mode starts here] → worker, API,
+Alertmanager and Prometheus (sandbox/monitoring.py: the alert path to the API), started
+together; then the
 worker's `ClusterProvisioning` creates the Slurm cluster through the Crusoe emulator (the
 controller, accounting, login endpoint and one machine per node, whose daemons — slurmd
 and the node's health agent — the emulator's sandbox backend starts); then the spares are
@@ -242,11 +244,33 @@ def _boot(cfg: SandboxConfig, table: ProcessTable, timeout_s: float) -> UpResult
     result = UpResult(already_running=False)
     VmRegistry(cfg.state_dir).reset([])  # the machines are created by the provisioning
     try:
-        _start(table, "munged", daemons.munged_argv(cfg), {}, lambda: daemons.munge_ready(cfg),
-               timeout_s, result)  # fmt: skip
         # A previous life's history is there only if its database was (a first boot has none).
         had_history = (cfg.state_dir / "temporal" / "temporal.db").exists()
-        start_temporal(cfg, table, timeout_s, result)
+        crusoe = _Daemon(
+            cloud_api.CRUSOE_EMULATOR,
+            cloud_api.crusoe_emulator_argv(cfg),
+            cloud_api.crusoe_emulator_env(cfg),
+            lambda: cloud_api.answers(cfg.crusoe_port, "/_emulator/health"),
+        )
+        # What needs nothing of the others starts together (its start-ups overlap): munged,
+        # Temporal, the Slack emulator and, but in Kubernetes mode (where it follows the
+        # Kubernetes emulator), the Crusoe emulator.
+        _start_together(
+            table,
+            [
+                _Daemon("munged", daemons.munged_argv(cfg), {}, lambda: daemons.munge_ready(cfg)),
+                temporal_daemon(cfg),
+                *([] if cfg.k8s else [crusoe]),
+                _Daemon(
+                    SLACK,
+                    daemons.slack_emulator_argv(cfg),
+                    {},
+                    lambda: daemons.port_open(cfg.slack_port),
+                ),
+            ],
+            timeout_s,
+            result,
+        )
         if had_history:
             asyncio.run(_close_previous_runs(cfg))
         if cfg.k8s:
@@ -280,46 +304,30 @@ def _boot(cfg: SandboxConfig, table: ProcessTable, timeout_s: float) -> UpResult
             )
             if cfg.inference:
                 start_inference(cfg, table, timeout_s, result)
-        _start(
-            table,
-            cloud_api.CRUSOE_EMULATOR,
-            cloud_api.crusoe_emulator_argv(cfg),
-            cloud_api.crusoe_emulator_env(cfg),
-            lambda: cloud_api.answers(cfg.crusoe_port, "/_emulator/health"),
-            timeout_s,
-            result,
-        )
+        if cfg.k8s:
+            _start_together(table, [crusoe], timeout_s, result)
         if cfg.cmk:
             # The customer's CMK cluster, before the worker starts: its settings name it.
             cfg.cmk_cluster_id = asyncio.run(cmk_platform.create_cluster(cfg))
             cfg.settings_file.write_text(cfg.settings_toml())
             cfg.save()
-        _start(
+        # The worker and the API need Temporal; Alertmanager and Prometheus (the alert path
+        # to the API's webhook) need nothing to start: all four start together.
+        monitoring.prepare(cfg)
+        _start_together(
             table,
-            SLACK,
-            daemons.slack_emulator_argv(cfg),
-            {},
-            lambda: daemons.port_open(cfg.slack_port),
+            [worker_daemon(cfg), api_daemon(cfg), *monitoring_daemons(cfg)],
             timeout_s,
             result,
         )
-        start_worker(cfg, table, timeout_s, result)
-        _start(
-            table,
-            API,
-            daemons.api_argv(cfg),
-            daemons.worker_env(cfg),
-            lambda: daemons.port_open(cfg.api_port),
-            timeout_s,
-            result,
-        )
-        start_monitoring(cfg, table, timeout_s, result)
         policy = load_policy(cfg.policy_file)
         budget = max(180.0, timeout_s + 6 * cfg.boot_delay_s)
         done = asyncio.run(provision.provision(cfg, policy, budget))
         result.provision_s = done.seconds
         result.started += [n for n in _cluster_processes(cfg) if n not in result.started]
         _park_spares(cfg)
+        order = _order(cfg)
+        result.started.sort(key=lambda n: order.index(n) if n in order else len(order))
     except BaseException:
         down(cfg)
         raise
@@ -331,18 +339,16 @@ def _cluster_processes(cfg: SandboxConfig) -> list[str]:
     return [n for n in _order(cfg) if n not in _INFRA and ProcessTable(cfg.state_dir).alive(n)]
 
 
-def start_worker(
-    cfg: SandboxConfig, table: ProcessTable, timeout_s: float, result: UpResult
-) -> None:
+def worker_daemon(cfg: SandboxConfig) -> _Daemon:
     """The worker, ready once it polls its task queue."""
-    _start(
-        table,
-        WORKER,
-        daemons.worker_argv(cfg),
-        daemons.worker_env(cfg),
-        lambda: _worker_polling(cfg),
-        timeout_s,
-        result,
+    return _Daemon(
+        WORKER, daemons.worker_argv(cfg), daemons.worker_env(cfg), lambda: _worker_polling(cfg)
+    )
+
+
+def api_daemon(cfg: SandboxConfig) -> _Daemon:
+    return _Daemon(
+        API, daemons.api_argv(cfg), daemons.worker_env(cfg), lambda: daemons.port_open(cfg.api_port)
     )
 
 
@@ -372,30 +378,24 @@ def start_inference(
     )
 
 
-def start_monitoring(
-    cfg: SandboxConfig, table: ProcessTable, timeout_s: float, result: UpResult
-) -> None:
-    """Alertmanager, then Prometheus (which sends it alerts): the real alert path to the API's
-    webhook, scraping the agents as their machines boot (sandbox/monitoring.py)."""
-    monitoring.prepare(cfg)
-    _start(
-        table,
-        monitoring.ALERTMANAGER,
-        monitoring.alertmanager_argv(cfg),
-        {},
-        lambda: monitoring.ready(cfg.alertmanager_url),
-        timeout_s,
-        result,
-    )
-    _start(
-        table,
-        monitoring.PROMETHEUS,
-        monitoring.prometheus_argv(cfg),
-        {},
-        lambda: monitoring.ready(cfg.prometheus_url),
-        timeout_s,
-        result,
-    )
+def monitoring_daemons(cfg: SandboxConfig) -> list[_Daemon]:
+    """Alertmanager and Prometheus (which sends it alerts): the real alert path to the API's
+    webhook, scraping the agents as their machines boot (sandbox/monitoring.py; its
+    `prepare` first)."""
+    return [
+        _Daemon(
+            monitoring.ALERTMANAGER,
+            monitoring.alertmanager_argv(cfg),
+            {},
+            lambda: monitoring.ready(cfg.alertmanager_url),
+        ),
+        _Daemon(
+            monitoring.PROMETHEUS,
+            monitoring.prometheus_argv(cfg),
+            {},
+            lambda: monitoring.ready(cfg.prometheus_url),
+        ),
+    ]
 
 
 async def _close_previous_runs(cfg: SandboxConfig) -> None:
@@ -406,18 +406,18 @@ async def _close_previous_runs(cfg: SandboxConfig) -> None:
     await previous_runs.close_previous_runs(client)
 
 
-def start_temporal(
-    cfg: SandboxConfig, table: ProcessTable, timeout_s: float, result: UpResult
-) -> None:
-    _start(
-        table,
-        "temporal",
-        daemons.temporal_argv(cfg),
-        {},
-        lambda: daemons.temporal_ready(cfg),
-        timeout_s,
-        result,
-    )
+def temporal_daemon(cfg: SandboxConfig) -> _Daemon:
+    return _Daemon("temporal", daemons.temporal_argv(cfg), {}, lambda: daemons.temporal_ready(cfg))
+
+
+@dataclass
+class _Daemon:
+    """One daemon of the boot: how it starts, and how we know it is ready."""
+
+    name: str
+    argv: list[str]
+    env: dict[str, str]
+    ready: Callable[[], bool]
 
 
 def _start(
@@ -429,19 +429,36 @@ def _start(
     timeout_s: float,
     result: UpResult,
 ) -> None:
-    table.spawn(name, argv, env)
-    result.started.append(name)
+    _start_together(table, [_Daemon(name, argv, env, ready)], timeout_s, result)
 
-    def ok() -> bool:
-        if not table.alive(name):
-            raise _not_ready(table, name, f"{name} exited")
+
+def _start_together(
+    table: ProcessTable, daemons_: list[_Daemon], timeout_s: float, result: UpResult
+) -> None:
+    """Start daemons that do not need each other at once, then wait until each is ready
+    (one after the other, a boot waited out each one's start-up in turn). One that exits
+    or is not ready in `timeout_s` stops the boot, named with its log's last lines."""
+    for d in daemons_:
+        table.spawn(d.name, d.argv, d.env)
+        result.started.append(d.name)
+    waiting = list(daemons_)
+
+    def ok(d: _Daemon) -> bool:
+        if not table.alive(d.name):
+            raise _not_ready(table, d.name, f"{d.name} exited")
         try:
-            return bool(ready())
+            return bool(d.ready())
         except Exception:
             return False
 
-    if not wait_until(ok, timeout_s, 0.2):
-        raise _not_ready(table, name, f"{name} not ready after {timeout_s:.0f}s")
+    def all_ready() -> bool:
+        waiting[:] = [d for d in waiting if not ok(d)]
+        return not waiting
+
+    if not wait_until(all_ready, timeout_s, 0.2):
+        raise _not_ready(
+            table, waiting[0].name, f"{waiting[0].name} not ready after {timeout_s:.0f}s"
+        )
 
 
 def _not_ready(table: ProcessTable, name: str, why: str) -> SandboxError:

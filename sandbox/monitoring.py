@@ -35,6 +35,7 @@ from urllib.parse import urlsplit
 import httpx
 import yaml
 
+from autoclusters.integrations.tls import default_verify
 from autoclusters.sandbox.inference import launch as inference_sandbox
 from autoclusters.sandbox.machines import agent_targets
 from autoclusters.sandbox.runtime import api_tokens
@@ -197,14 +198,16 @@ def alertmanager_argv(cfg: SandboxConfig) -> list[str]:
 def ready(url: str) -> bool:
     """Prometheus and Alertmanager both answer /-/ready with 200 once they serve."""
     try:
-        return httpx.get(f"{url}/-/ready", timeout=2).status_code == 200
+        return httpx.get(f"{url}/-/ready", timeout=2, verify=default_verify()).status_code == 200
     except httpx.HTTPError:
         return False
 
 
 def prometheus_alerts(cfg: SandboxConfig) -> list[dict[str, Any]]:
     """Prometheus's alerts (pending and firing): GET /api/v1/alerts."""
-    doc = httpx.get(f"{cfg.prometheus_url}/api/v1/alerts", timeout=5).json()
+    doc = httpx.get(
+        f"{cfg.prometheus_url}/api/v1/alerts", timeout=5, verify=default_verify()
+    ).json()
     alerts: list[dict[str, Any]] = doc["data"]["alerts"]
     return alerts
 
@@ -212,6 +215,6 @@ def prometheus_alerts(cfg: SandboxConfig) -> list[dict[str, Any]]:
 def alertmanager_alerts(cfg: SandboxConfig) -> list[dict[str, Any]]:
     """The alerts Alertmanager holds: GET /api/v2/alerts."""
     alerts: list[dict[str, Any]] = httpx.get(
-        f"{cfg.alertmanager_url}/api/v2/alerts", timeout=5
+        f"{cfg.alertmanager_url}/api/v2/alerts", timeout=5, verify=default_verify()
     ).json()
     return alerts

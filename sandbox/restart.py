@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import httpx
 
 from autoclusters.core.process_start import start_ticks
+from autoclusters.integrations.tls import default_verify
 from autoclusters.sandbox import cluster, monitoring
 from autoclusters.sandbox.crusoe import cloud_api
 from autoclusters.sandbox.inference import launch as inference_sandbox
@@ -99,7 +100,7 @@ def _spec(cfg: SandboxConfig, name: str) -> _Spec:
 
 def _answers(url: str) -> bool:
     try:
-        return httpx.get(url, timeout=2).status_code < 500
+        return httpx.get(url, timeout=2, verify=default_verify()).status_code < 500
     except httpx.HTTPError:
         return False
 

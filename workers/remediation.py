@@ -55,6 +55,8 @@ from autoclusters.integrations.slurm import (
     SlurmSignalClient,
 )
 from autoclusters.integrations.slurm_reservations import SlurmReservationCli
+from autoclusters.integrations.tls import default_verify
+from autoclusters.workers.build_id import code_build_id
 from autoclusters.workers.metrics import WorkerMetrics
 from autoclusters.workers.metrics_collector import TemporalCollector
 from autoclusters.workers.metrics_interceptor import MetricsInterceptor
@@ -248,7 +250,7 @@ def sharing_activities(
         return out
     demand = ShareDemandActivities(
         slurm,
-        httpx.AsyncClient(timeout=10),
+        httpx.AsyncClient(timeout=10, verify=default_verify()),
         prometheus_url=settings.monitoring.prometheus_url,
         kube=kube_api,
     )
@@ -299,7 +301,9 @@ def handoff_activities(settings: Settings) -> HandoffActivities:
     at once, saying so; the incident is left drained for a human)."""
     secret = settings.handoff.secret
     client = (
-        HandoffClient(httpx.AsyncClient(timeout=20), secret.get_secret_value())
+        HandoffClient(
+            httpx.AsyncClient(timeout=20, verify=default_verify()), secret.get_secret_value()
+        )
         if secret is not None
         else None
     )
@@ -366,6 +370,8 @@ def build_worker(
             handoff_activities(settings).send_handoff,
         ],
         graceful_shutdown_timeout=timedelta(seconds=5),
+        # Ours, not the SDK's default (workers/build_id.py: a tenth of the start's CPU).
+        build_id=code_build_id(),
         interceptors=[MetricsInterceptor(metrics, client)] if metrics is not None else [],
     )
 

@@ -36,6 +36,7 @@ from autoclusters.core.node_report import (
     HealthSnapshot,
     NodeReport,
 )
+from autoclusters.integrations.tls import default_verify
 
 log = logging.getLogger(__name__)
 
@@ -132,7 +133,9 @@ class HttpSender:
         self.url = api.rstrip("/") + REPORTS_PATH
         self.snapshots_url = api.rstrip("/") + SNAPSHOTS_PATH
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self._client = client or httpx.Client(timeout=timeout_s, headers=headers, trust_env=False)
+        self._client = client or httpx.Client(
+            timeout=timeout_s, headers=headers, trust_env=False, verify=default_verify(False)
+        )
 
     def send(self, report: NodeReport) -> Answer:
         # 409: the API has this report already (a replay after an outage): delivered.

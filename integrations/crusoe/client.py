@@ -55,6 +55,7 @@ from autoclusters.integrations.crusoe.resources import (
     Vm,
 )
 from autoclusters.integrations.crusoe.signing import CrusoeAuth
+from autoclusters.integrations.tls import default_verify
 
 __all__ = ["CrusoeClient", "VmAction"]
 
@@ -174,6 +175,7 @@ class CrusoeClient:
             timeout=httpx.Timeout(timeout_s),
             headers={"Accept": "application/json"},
             transport=transport,
+            verify=default_verify(),
         )
 
     async def aclose(self) -> None:

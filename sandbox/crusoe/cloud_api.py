@@ -17,6 +17,7 @@ import sys
 
 import httpx
 
+from autoclusters.integrations.tls import default_verify
 from autoclusters.sandbox.runtime.config import SandboxConfig
 
 CRUSOE_EMULATOR = "crusoe-emulator"
@@ -66,6 +67,11 @@ def crusoe_emulator_env(cfg: SandboxConfig) -> dict[str, str]:
 
 def answers(port: int, path: str) -> bool:
     try:
-        return httpx.get(f"http://127.0.0.1:{port}{path}", timeout=1).status_code == 200
+        return (
+            httpx.get(
+                f"http://127.0.0.1:{port}{path}", timeout=1, verify=default_verify()
+            ).status_code
+            == 200
+        )
     except httpx.HTTPError:
         return False

@@ -41,6 +41,7 @@ from autoclusters.core.policy import Rung
 from autoclusters.core.settings import load_file
 from autoclusters.integrations import temporal
 from autoclusters.integrations.slurm import SlurmCli
+from autoclusters.integrations.tls import default_verify
 from autoclusters.sandbox import restart
 from autoclusters.sandbox.crusoe.cloud_api import CRUSOE_EMULATOR
 from autoclusters.sandbox.drivers.history_ticks import HistoryTicks
@@ -129,7 +130,7 @@ def wipe_worker_disk(cfg: SandboxConfig) -> list[str]:
 def _emulator(cfg: SandboxConfig, method: str, path: str, **kw: object) -> httpx.Response:
     url = f"http://127.0.0.1:{cfg.crusoe_port}/_emulator{path}"
     try:
-        r = httpx.request(method, url, timeout=10, **kw)  # type: ignore[arg-type]
+        r = httpx.request(method, url, timeout=10, verify=default_verify(), **kw)  # type: ignore[arg-type]
         r.raise_for_status()
     except httpx.HTTPError as e:
         raise ChaosError(f"the Crusoe emulator at {url}: {e}") from e
@@ -157,7 +158,7 @@ def cloud_operations(cfg: SandboxConfig, node: str, since: datetime) -> list[dic
     url = f"http://127.0.0.1:{cfg.crusoe_port}/_emulator/operations"
     params = {"vm_name": node, "since": since.isoformat()}
     try:
-        r = httpx.get(url, params=params, timeout=10)
+        r = httpx.get(url, params=params, timeout=10, verify=default_verify())
         r.raise_for_status()
     except httpx.HTTPError as e:
         raise ChaosError(f"cannot read the Crusoe emulator's operations at {url}: {e}") from e

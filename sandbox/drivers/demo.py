@@ -27,6 +27,7 @@ from autoclusters.core.policy import Rung
 from autoclusters.core.settings import load_file, policy_for
 from autoclusters.integrations import temporal
 from autoclusters.integrations.slurm import SlurmCli
+from autoclusters.integrations.tls import default_verify
 from autoclusters.sandbox import cluster, provision
 from autoclusters.sandbox.cluster import sandbox_policy
 from autoclusters.sandbox.machines import fault_effects, training_job
@@ -431,7 +432,10 @@ def _slack_channel(cfg: SandboxConfig) -> str:
     from autoclusters.sandbox.slack.cli import render_channel
 
     try:
-        view = httpx.get(f"http://127.0.0.1:{cfg.slack_port}/_emulator/channels/incidents").json()
+        view = httpx.get(
+            f"http://127.0.0.1:{cfg.slack_port}/_emulator/channels/incidents",
+            verify=default_verify(),
+        ).json()
     except httpx.HTTPError as e:
         return f"(the sandbox's Slack did not answer: {e})"
     return render_channel(view)

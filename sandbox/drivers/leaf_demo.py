@@ -37,6 +37,7 @@ from autoclusters.core.settings import load_file
 from autoclusters.core.systemic import SystemicState, systemic_workflow_id
 from autoclusters.integrations import temporal
 from autoclusters.integrations.slurm import SlurmCli
+from autoclusters.integrations.tls import default_verify
 from autoclusters.sandbox import cluster
 from autoclusters.sandbox.cluster import sandbox_policy
 from autoclusters.sandbox.drivers.demo import DemoError, job_of, wait_for
@@ -337,7 +338,12 @@ async def _answer(cfg: SandboxConfig, incident_id: str) -> None:
 
 def _tickets(cfg: SandboxConfig, since: float) -> list[dict[str, Any]]:
     """The desk's tickets opened since `since` (a kept sandbox's desk keeps older ones)."""
-    r = httpx.get(f"{cfg.ticket_desk_url}/_desk/tickets", timeout=30, trust_env=False)
+    r = httpx.get(
+        f"{cfg.ticket_desk_url}/_desk/tickets",
+        timeout=30,
+        trust_env=False,
+        verify=default_verify(False),
+    )
     tickets: list[dict[str, Any]] = r.json()
     return [t for t in tickets if float(t.get("received_at", 0)) >= since - 1]
 

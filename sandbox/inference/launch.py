@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 
 from autoclusters.core.sharing import INFERENCE_APP, INFERENCE_APP_LABEL, POOL_LABEL
+from autoclusters.integrations.tls import default_verify
 from autoclusters.sandbox.inference import pods as inference_pods
 from autoclusters.sandbox.runtime.config import GPUS_PER_NODE, SandboxConfig
 
@@ -52,7 +53,12 @@ def gateway_argv(cfg: SandboxConfig) -> list[str]:
 
 def gateway_ready(cfg: SandboxConfig) -> bool:
     try:
-        return httpx.get(f"{cfg.inference_gateway_url}/healthz", timeout=2).status_code == 200
+        return (
+            httpx.get(
+                f"{cfg.inference_gateway_url}/healthz", timeout=2, verify=default_verify()
+            ).status_code
+            == 200
+        )
     except httpx.HTTPError:
         return False
 

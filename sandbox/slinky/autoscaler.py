@@ -41,20 +41,19 @@ from kubernetes.client import ApiException
 
 from autoclusters.integrations.crusoe import CrusoeClient, load_credentials
 from autoclusters.integrations.crusoe.errors import CrusoeError
-from autoclusters.sandbox.runtime.config import MAX_AGENT_PORTS, SandboxConfig
+from autoclusters.sandbox.runtime.config import SandboxConfig
 from autoclusters.sandbox.slinky import operator_pods as pods
 from autoclusters.sandbox.slinky.node_groups import (
     ManagedCloud,
     NodeGroup,
     PoolCloud,
 )
+from autoclusters.sandbox.slinky.pool_size import max_nodes as max_nodes
 
 log = logging.getLogger(__name__)
 
 Obj = dict[str, Any]
 COMPONENT = "cluster-autoscaler"
-# Machines `kubectl scale nodeset` may add beyond the sandbox's own.
-SCALE_OUT_ROOM = 2
 TIMEOUT_S = 10
 
 
@@ -249,13 +248,6 @@ class NodePoolAutoscaler:
                     )
             except Exception as e:  # the API away: the pass goes on
                 log.warning("no Event %s on %s: %s", reason, meta["name"], e)
-
-
-def max_nodes(cfg: SandboxConfig) -> int:
-    """How many machines the autoscaler lets a NodeSet's node group grow to: the sandbox's
-    and SCALE_OUT_ROOM more (each is a slurmd and an agent on this host; and never past the
-    sandbox's slurmd and agent ports)."""
-    return min(cfg.nodes + cfg.spares + SCALE_OUT_ROOM, MAX_AGENT_PORTS)
 
 
 def for_sandbox(api: client.ApiClient, cfg: SandboxConfig, max_nodes: int) -> NodePoolAutoscaler:

@@ -24,7 +24,7 @@ from autoclusters.integrations.crusoe import CrusoeClient, load_credentials
 from autoclusters.integrations.crusoe.resources import SLURM_OPERATOR_ADD_ON
 from autoclusters.sandbox.runtime.config import SandboxConfig
 from autoclusters.sandbox.runtime.daemons import SandboxError
-from autoclusters.sandbox.slinky import autoscaler as slinky_autoscaler
+from autoclusters.sandbox.slinky import pool_size
 from autoclusters.sandbox.slinky.agent_daemonset import APP as AGENT_APP
 from autoclusters.sandbox.slinky.agent_daemonset import install as install_agent
 
@@ -49,7 +49,7 @@ def emulator_args() -> list[str]:
 def operator_args(cfg: SandboxConfig) -> list[str]:
     return [
         "--state-dir", str(cfg.state_dir), "--system-node", system_node(cfg),
-        "--max-pool-nodes", str(slinky_autoscaler.max_nodes(cfg)),
+        "--max-pool-nodes", str(pool_size.max_nodes(cfg)),
     ]  # fmt: skip
 
 

@@ -24,7 +24,7 @@ from autoclusters.sandbox.crusoe.cloud_api import (  # noqa: F401  (names other 
 from autoclusters.sandbox.kubernetes import tls as k8s_tls
 from autoclusters.sandbox.machines.backend import NODESET, SLURM_NAMESPACE
 from autoclusters.sandbox.runtime.config import SandboxConfig
-from autoclusters.sandbox.slinky import autoscaler as slinky_autoscaler
+from autoclusters.sandbox.slinky import pool_size
 
 K8S_EMULATOR = "k8s-emulator"
 # The emulated Slinky NodeSet controller (sandbox/slinky/operator.py): it keeps one slurmd
@@ -85,7 +85,7 @@ def operator_argv(cfg: SandboxConfig) -> list[str]:
     if not cfg.cmk:  # (CMK: with the platform's own arguments, the autoscaler's included)
         # The cluster autoscaler grows the Managed Slurm cluster's node set on a scale-out.
         argv += ["--cloud-state-dir", str(cfg.state_dir),
-                 "--max-pool-nodes", str(slinky_autoscaler.max_nodes(cfg))]  # fmt: skip
+                 "--max-pool-nodes", str(pool_size.max_nodes(cfg))]  # fmt: skip
     return argv
 
 
