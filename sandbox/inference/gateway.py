@@ -31,7 +31,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import (
@@ -43,6 +42,7 @@ from prometheus_client import (
     generate_latest,
 )
 
+from autoclusters.clients.web.quiet_server import serve
 from autoclusters.sandbox.inference import pods
 from autoclusters.sandbox.inference.changes import Changes
 from autoclusters.sandbox.inference.server import DEFAULT_SLOTS
@@ -301,7 +301,7 @@ def main(argv: list[str] | None = None) -> None:
         poll_s=args.poll,
         default_slots=args.slots,
     )
-    uvicorn.run(
+    serve(
         create_app(gateway), host=args.host, port=args.port, log_level="warning", access_log=False
     )
 
