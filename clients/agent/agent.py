@@ -408,8 +408,9 @@ class Agent:
         port = self.settings.metrics_port
         if self.metrics is not None and port is not None:
             self.metrics_server = MetricsServer(
-                self.metrics.registry, self.settings.metrics_host, port, self.settings.metrics_token
-            )
+                self.metrics.registry, self.settings.metrics_host, port,
+                self.settings.metrics_token, version=self.metrics.version,
+            )  # fmt: skip
             log.info("metrics on %s", self.metrics_server.url)
         try:
             if self.backend is not None:
