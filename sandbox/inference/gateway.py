@@ -295,6 +295,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--slots", type=int, default=DEFAULT_SLOTS, help="when a pod says none")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    # A line for every request of its passes and probes: a log that grew each second idle.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     gateway = Gateway(
         pods.Access.from_kubeconfig(args.kubeconfig),
         queue_timeout_s=args.queue_timeout,

@@ -233,6 +233,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--file-sd", type=Path, help="Prometheus file_sd list of the servers")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    # A line for every request of its passes and probes: a log that grew each second idle.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     kubelet = Kubelet(
         pods.Access.from_kubeconfig(args.kubeconfig),
         args.state_dir,
