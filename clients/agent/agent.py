@@ -186,6 +186,7 @@ class Agent:
         self.condition = condition
         self.snapshots = snapshots
         self._snapshot_sent: tuple[float, tuple[object, ...]] | None = None
+        self._state_saved: bytes | None = None  # what `_save_state` last wrote
         if metrics is None and settings.metrics_port is not None:
             metrics = AgentMetrics(node, xid_window_s=settings.xid_count_window_s)
         self.metrics = metrics  # fed every check; served by `run` when metrics_port is set
@@ -407,8 +408,9 @@ class Agent:
         port = self.settings.metrics_port
         if self.metrics is not None and port is not None:
             self.metrics_server = MetricsServer(
-                self.metrics.registry, self.settings.metrics_host, port, self.settings.metrics_token
-            )
+                self.metrics.registry, self.settings.metrics_host, port,
+                self.settings.metrics_token, version=self.metrics.version,
+            )  # fmt: skip
             log.info("metrics on %s", self.metrics_server.url)
         try:
             if self.backend is not None:
@@ -531,5 +533,11 @@ class Agent:
         state = AgentState(
             node=self.node, classifier=self.classifier.memory, debounce=self.debouncer.memory
         )
+        data = state.model_dump_json().encode()
+        # Most checks change nothing in it: a progress check every 2 s rewrote (and fsynced)
+        # the same bytes, the largest part of an idle agent's CPU (issue 41).
+        if data == self._state_saved and self.state_file.exists():
+            return
         self.state_file.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(self.state_file, state.model_dump_json().encode())
+        write_atomic(self.state_file, data)
+        self._state_saved = data

@@ -43,6 +43,13 @@ class AgentMetrics:
         self._xids: deque[tuple[float, int, int]] = deque()  # (at, GPU index, Xid)
         self._now = 0.0
         self._progress: tuple[float, list[RankProgress], dict[str, float]] | None = None
+        self._version = 0  # one more when what `collect` yields changes: rendered again
+        self._progress_mine = False  # whether the last progress read had a rank of ours
+
+    def version(self) -> int:
+        """Changes whenever what `collect` yields may have (the /metrics page's cache key)."""
+        with self._lock:
+            return self._version
 
     def observe(
         self,
@@ -54,6 +61,7 @@ class AgentMetrics:
     ) -> None:
         """One check's readings and the events it consumed."""
         with self._lock:
+            self._version += 1
             if boot_id and self._boot and boot_id != self._boot:
                 self._last_xid.clear()  # a reboot: the driver (and DCGM) start afresh
                 self._xids.clear()
@@ -72,7 +80,13 @@ class AgentMetrics:
         self, now: float, ranks: list[RankProgress], thresholds: dict[str, float]
     ) -> None:
         """The rank files as last read, and each job's hang threshold."""
+        mine = any(r.node == self.node for r in ranks)
         with self._lock:
+            # Without a rank of this node, before and now, the series are the same empty
+            # ones (the time only ages a rank's): the page need not be rendered again.
+            if mine or self._progress_mine:
+                self._version += 1
+            self._progress_mine = mine
             self._progress = (now, list(ranks), dict(thresholds))
 
     @staticmethod

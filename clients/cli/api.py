@@ -32,9 +32,8 @@ def run(
     role, from api_tokens, e.g. AUTOCLUSTERS_API_TOKENS='{"alertmanager": "<token>",
     "alice": {"role": "operator", "sha256": "<hex>"}}' (docs/security.md).
     """
-    import uvicorn
-
     from autoclusters.clients.server import create_server
+    from autoclusters.clients.web.quiet_server import serve
     from autoclusters.clients.web.settings import ApiSettings
     from autoclusters.core.policy import PolicyError
 
@@ -51,7 +50,7 @@ def run(
     )
     if not s.api_tokens:
         err.print("[yellow]no api_tokens configured: every write will be refused (401)[/yellow]")
-    uvicorn.run(
+    serve(
         app,
         host=host or s.api_host,
         port=s.api_port if port is None else port,

@@ -36,8 +36,6 @@ Test controls live beside the API under `/_emulator` (no auth; the server binds 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import contextlib
 import importlib
 import os
 import socket
@@ -54,6 +52,7 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import SecretStr
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from autoclusters.clients.web.quiet_server import QuietServer, serve
 from autoclusters.sandbox.crusoe.cmk_api import cmk_router
 from autoclusters.sandbox.crusoe.controls import (
     ApiError,
@@ -473,35 +472,6 @@ def create_app(config: EmulatorConfig, backend: VmBackend | None = None) -> Fast
     return app
 
 
-class _Server(uvicorn.Server):
-    """uvicorn's server, woken by `stop()` at once rather than at its next 0.1 s tick: the
-    tests start and stop a few hundred emulators a run."""
-
-    def __init__(self, config: uvicorn.Config) -> None:
-        super().__init__(config)
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._woken = asyncio.Event()
-
-    async def main_loop(self) -> None:
-        # uvicorn's own loop (a tick every 0.1 s: the Date header, should_exit), but a tick
-        # also comes as soon as `stop()` asks for one.
-        self._loop = asyncio.get_running_loop()
-        counter = 0
-        should_exit = await self.on_tick(counter)
-        while not should_exit:
-            counter = (counter + 1) % 864000
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._woken.wait(), 0.1)
-            should_exit = await self.on_tick(counter)
-
-    def stop(self) -> None:
-        self.should_exit = True
-        loop = self._loop
-        if loop is not None and not loop.is_closed():
-            with contextlib.suppress(RuntimeError):  # the loop closed in between
-                loop.call_soon_threadsafe(self._woken.set)
-
-
 class EmulatorServer:
     """Serves an app on 127.0.0.1 from a background thread; `stop()` ends the thread.
 
@@ -517,7 +487,7 @@ class EmulatorServer:
         self._sock.bind((host, port))
         self.host, self.port = self._sock.getsockname()[:2]
         config = uvicorn.Config(app, log_level="warning", lifespan="on")
-        self._server = _Server(config)
+        self._server = QuietServer(config)
         self._thread = threading.Thread(
             target=self._server.run, kwargs={"sockets": [self._sock]}, daemon=True
         )
@@ -540,7 +510,7 @@ class EmulatorServer:
         return self
 
     def stop(self, timeout_s: float = 10.0) -> None:
-        self._server.stop()
+        self._server.should_exit = True  # wakes its loop at once
         if self._thread.is_alive():
             self._thread.join(timeout_s)
         self._sock.close()
@@ -599,7 +569,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     backend = _load_backend(args.backend, args.backend_arg) if args.backend else None
     app = create_app(config, backend)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    serve(app, host=args.host, port=args.port, log_level="warning")
 
 
 def _load_backend(spec: str, arg: str | None) -> VmBackend:

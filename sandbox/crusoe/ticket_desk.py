@@ -27,11 +27,11 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field, ValidationError
 
+from autoclusters.clients.web.quiet_server import serve
 from autoclusters.core.handoff import (
     IDEMPOTENCY_HEADER,
     SIGNATURE_HEADER,
@@ -182,7 +182,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--state", type=Path, default=None, help="keep the tickets in this file")
     a = ap.parse_args(argv)
     desk = Desk(a.secret_file.read_text().strip(), a.state)
-    uvicorn.run(create_app(desk), host=a.host, port=a.port, log_level="warning")
+    serve(create_app(desk), host=a.host, port=a.port, log_level="warning")
 
 
 if __name__ == "__main__":

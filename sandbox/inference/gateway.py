@@ -14,7 +14,7 @@ every `--poll` seconds without one (sandbox/inference/changes.py).
 `inference_ready_replicas`. `/v1/status`: the replicas and the queue, as JSON. `/healthz`.
 
 Run: `python -m autoclusters.sandbox.inference.gateway --kubeconfig K --port P
-[--queue-timeout 30] [--poll 1] [--slots 4]`.
+[--queue-timeout 30] [--poll 10] [--slots 4]`.
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import (
@@ -43,6 +42,7 @@ from prometheus_client import (
     generate_latest,
 )
 
+from autoclusters.clients.web.quiet_server import serve
 from autoclusters.sandbox.inference import pods
 from autoclusters.sandbox.inference.changes import Changes
 from autoclusters.sandbox.inference.server import DEFAULT_SLOTS
@@ -53,6 +53,10 @@ BUCKETS = (0.025, 0.05, 0.075, 0.1, 0.125, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.6, 
            1.25, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 7.5, 10.0, 20.0, 30.0)  # fmt: skip
 # Below uvicorn's keep-alive timeout (5 s): the client side lets an idle connection go first.
 KEEPALIVE_S = 2.0
+# Without a watch event, the pods are read again after this (an event a watch missed while it
+# reconnected: a new watch starts with every pod, so that pass comes anyway). Every second,
+# those reads were a good part of an idle sandbox's API emulator CPU (issue 41).
+RESYNC_S = 10.0
 
 
 @dataclass
@@ -72,7 +76,7 @@ class Gateway:
         access: pods.Access,
         *,
         queue_timeout_s: float = 30.0,
-        poll_s: float = 1.0,
+        poll_s: float = RESYNC_S,
         default_slots: int = DEFAULT_SLOTS,
         request_timeout_s: float = 60.0,
     ) -> None:
@@ -290,18 +294,20 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--queue-timeout", type=float, default=30.0)
     parser.add_argument(
-        "--poll", type=float, default=1.0, help="seconds between reads without a change"
+        "--poll", type=float, default=RESYNC_S, help="seconds between reads without a change"
     )
     parser.add_argument("--slots", type=int, default=DEFAULT_SLOTS, help="when a pod says none")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    # A line for every request of its passes and probes: a log that grew each second idle.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     gateway = Gateway(
         pods.Access.from_kubeconfig(args.kubeconfig),
         queue_timeout_s=args.queue_timeout,
         poll_s=args.poll,
         default_slots=args.slots,
     )
-    uvicorn.run(
+    serve(
         create_app(gateway), host=args.host, port=args.port, log_level="warning", access_log=False
     )
 

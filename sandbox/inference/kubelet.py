@@ -2,7 +2,8 @@
 
 It watches the emulated API's inference pods and nodes (`--external-kubelet` on the
 emulator leaves the pods to it), makes a pass at each change and every `--poll` seconds
-without one (sandbox/inference/changes.py), and, like a node's kubelet:
+without one (sandbox/inference/changes.py; the lists are read again at each change, and
+every RESYNC_S without one), and, like a node's kubelet:
 
 - a pod bound to a node and not yet started: starts its inference server (a process
   recorded by PID in the sandbox's ProcessTable, `inference-server-<ns>.<pod>`), writes the
@@ -29,6 +30,7 @@ import argparse
 import asyncio
 import json
 import logging
+import math
 import signal
 import sys
 from collections.abc import Coroutine
@@ -47,6 +49,11 @@ SERVER_PREFIX = "inference-server-"
 START_TIMEOUT_S = 60.0
 # A pass without a change: a server that died under its pod is started again within this.
 POLL_S = 1.0
+# The pods and nodes are read again at each watch event, and after this without one (an
+# event a watch missed while it reconnected); the passes between, every POLL_S, run on the
+# last read, for what the API does not hold (a server that died). Read every POLL_S, those
+# lists were most of an idle Kubernetes-mode sandbox's API emulator CPU (issue 41).
+RESYNC_S = 10.0
 
 
 def server_name(pod: pods.Pod) -> str:
@@ -87,22 +94,34 @@ class Kubelet:
             httpx.AsyncClient(timeout=2) as probe,
             Changes(k8s, watched) as changes,
         ):
+            loop = asyncio.get_running_loop()
+            seen: tuple[list[pods.Pod], set[str]] | None = None
+            read_at, woken = -math.inf, True
             while not self.stopping.is_set():
                 try:
-                    await self.sync(k8s, probe)
+                    if woken or seen is None or loop.time() - read_at >= RESYNC_S:
+                        seen, read_at = await self.read(k8s), loop.time()
+                    self.sync(k8s, probe, *seen)
                 except httpx.HTTPError as e:
+                    seen = None  # read again at the next pass
                     log.warning("cannot reach the Kubernetes API: %s", e)
-                await _first(changes.wait(self.poll_s), self.stopping.wait())
+                woken = bool(await _first(changes.wait(self.poll_s), self.stopping.wait()))
             # A kubelet going away leaves its pods' servers running (a restart adopts them).
             for task in self._tasks.values():
                 task.cancel()
 
-    async def sync(self, k8s: httpx.AsyncClient, probe: httpx.AsyncClient) -> None:
-        """One pass over the inference pods (and the servers whose pods are gone)."""
+    async def read(self, k8s: httpx.AsyncClient) -> tuple[list[pods.Pod], set[str]]:
+        """The inference pods, and the names of the Ready nodes."""
         listed = await pods.list_pods(k8s)
         r = await k8s.get("/api/v1/nodes")
         r.raise_for_status()
-        up = {n["metadata"]["name"] for n in r.json()["items"] if pods.is_ready(n)}
+        return listed, {n["metadata"]["name"] for n in r.json()["items"] if pods.is_ready(n)}
+
+    def sync(
+        self, k8s: httpx.AsyncClient, probe: httpx.AsyncClient, listed: list[pods.Pod], up: set[str]
+    ) -> None:
+        """One pass over the inference pods as last read (and the servers whose pods are
+        gone): what it finds to do runs as tasks."""
         self._tasks = {k: t for k, t in self._tasks.items() if not t.done()}
         names = set()
         for pod in listed:
@@ -211,11 +230,12 @@ class Kubelet:
             self._sd_written = text
 
 
-async def _first(*waits: Coroutine[Any, Any, Any]) -> None:
-    """Until the first of `waits` returns; the others are cancelled."""
+async def _first(*waits: Coroutine[Any, Any, Any]) -> Any:
+    """What the first of `waits` to return returns; the others are cancelled."""
     tasks = [asyncio.ensure_future(w) for w in waits]
     try:
-        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        return next(iter(done)).result()
     finally:
         for task in tasks:
             task.cancel()
@@ -233,6 +253,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--file-sd", type=Path, help="Prometheus file_sd list of the servers")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    # A line for every request of its passes and probes: a log that grew each second idle.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     kubelet = Kubelet(
         pods.Access.from_kubeconfig(args.kubeconfig),
         args.state_dir,

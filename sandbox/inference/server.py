@@ -35,6 +35,8 @@ from prometheus_client import (
     generate_latest,
 )
 
+from autoclusters.clients.web.quiet_server import QuietServer
+
 DEFAULT_SLOTS = 4
 DEFAULT_MS_PER_REQUEST = 100.0
 
@@ -111,7 +113,7 @@ def create_app(server: Server) -> FastAPI:
     return app
 
 
-class _Uvicorn(uvicorn.Server):
+class _Uvicorn(QuietServer):
     """SIGTERM drains (503 for new requests, in-flight ones finish) and exits 0; uvicorn's
     own handling would re-raise the signal after its shutdown (exit -15)."""
 

@@ -71,6 +71,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, Field
 
+from autoclusters.clients.web.quiet_server import QuietServer
 from autoclusters.sandbox.kubernetes import access, openapi_v2
 from autoclusters.sandbox.kubernetes import protobuf as k8s_protobuf
 from autoclusters.sandbox.kubernetes.crd_schema import FieldValidation
@@ -404,12 +405,11 @@ class Running:
         return kubeconfig(self.url, self.token, self.ca_pem)
 
 
-async def _serve(server: uvicorn.Server, sock: socket.socket, store: Store) -> None:
+async def _serve(server: QuietServer, sock: socket.socket, store: Store) -> None:
     async def close_watches() -> None:
         # A stop (a signal, or `running` exits) ends the open watches, which would
         # otherwise hold the graceful shutdown up.
-        while not server.should_exit:
-            await asyncio.sleep(0.1)
+        await server.exiting()
         store.close_watches()
 
     closer = asyncio.create_task(close_watches())
@@ -419,7 +419,7 @@ async def _serve(server: uvicorn.Server, sock: socket.socket, store: Store) -> N
         closer.cancel()
 
 
-def _server(app: FastAPI, tls: tuple[Path, Path] | None) -> uvicorn.Server:
+def _server(app: FastAPI, tls: tuple[Path, Path] | None) -> QuietServer:
     cert, key = tls if tls else (None, None)
     config = uvicorn.Config(
         app,
@@ -429,7 +429,7 @@ def _server(app: FastAPI, tls: tuple[Path, Path] | None) -> uvicorn.Server:
         ssl_certfile=cert,
         ssl_keyfile=key,
     )
-    return uvicorn.Server(config)
+    return QuietServer(config)
 
 
 def _bind(host: str, port: int = 0) -> socket.socket:

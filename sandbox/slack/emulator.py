@@ -38,12 +38,12 @@ from typing import Any, Literal
 from urllib.parse import parse_qsl, urlencode
 
 import httpx
-import uvicorn
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 from slack_sdk.signature import SignatureVerifier
 
+from autoclusters.clients.web.quiet_server import serve
 from autoclusters.sandbox.slack.workspace import ApiError, Fault, Workspace, WorkspaceConfig
 
 __all__ = ["ClickRequest", "EmulatorConfig", "Fault", "create_app", "main"]
@@ -246,7 +246,7 @@ def main(argv: list[str] | None = None) -> None:
         users=_pairs(args.user, "--user"),
         usergroups={g: [u for u in m.split(",") if u] for g, m in groups.items()},
     )
-    uvicorn.run(create_app(config), host=args.host, port=args.port, log_level="warning")
+    serve(create_app(config), host=args.host, port=args.port, log_level="warning")
 
 
 if __name__ == "__main__":

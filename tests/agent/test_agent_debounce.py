@@ -264,3 +264,18 @@ def test_report_ids_are_stable_for_the_same_report(tmp_path: Path) -> None:
     assert a.report_id == b.report_id
     assert len({a.report_id, c.report_id, d.report_id}) == 3
     assert a.episode_id == c.episode_id == d.episode_id
+
+
+def test_the_state_file_is_written_only_when_it_changes(tmp_path: Path) -> None:
+    rig = AgentRig(tmp_path)
+    rig.check()
+    written = rig.state.stat()
+    rig.check(3)  # healthy, nothing new: the same state, not written again
+    again = rig.state.stat()
+    assert (again.st_ino, again.st_mtime_ns) == (written.st_ino, written.st_mtime_ns)
+    rig.inject("ECC_DBE")
+    rig.check()  # the fault's hold starts: the debounce's memory changed
+    assert rig.state.stat().st_ino != written.st_ino
+    rig.state.unlink()  # gone (a wiped spool): written again though nothing changed
+    rig.check()
+    assert rig.state.exists()

@@ -63,3 +63,28 @@ def test_the_worker_and_the_agent_read_their_tokens_from_the_environment(
     assert worker.worker.metrics_token.get_secret_value() == "w-token"
     assert agent.metrics_token is not None and agent.metrics_token.get_secret_value() == "a-token"
     assert "a-token" not in repr(agent) and "w-token" not in repr(worker)
+
+
+def test_with_a_version_the_page_is_rendered_again_only_when_it_changes() -> None:
+    registry = CollectorRegistry()
+    scrapes = Counter("demo_scrapes", "a series that moves", registry=registry)
+    version = [1]
+    server = MetricsServer(registry, "127.0.0.1", 0, version=lambda: version[0])
+    plain = {"Accept": "text/plain"}
+    open_metrics = {"Accept": "application/openmetrics-text;version=1.0.0"}
+    try:
+        with httpx.Client(trust_env=False, timeout=5) as http:
+            first = http.get(server.url, headers=plain)
+            scrapes.inc()  # the version unchanged: the page as rendered
+            cached = http.get(server.url, headers=plain)
+            other_format = http.get(server.url, headers=open_metrics)  # rendered for its Accept
+            version[0] = 2
+            renewed = http.get(server.url, headers=plain)
+    finally:
+        server.stop()
+    assert b"demo_scrapes_total 0.0" in first.content
+    assert cached.content == first.content
+    assert cached.headers["content-type"] == first.headers["content-type"]
+    assert b"demo_scrapes_total 1.0" in other_format.content
+    assert other_format.headers["content-type"].startswith("application/openmetrics-text")
+    assert b"demo_scrapes_total 1.0" in renewed.content

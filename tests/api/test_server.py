@@ -101,7 +101,9 @@ def test_the_uvicorn_factory_and_api_run_serve_the_api_with_the_console(
     assert _routes(server_from_env()) == expected
 
     served: list[FastAPI] = []
-    monkeypatch.setattr("uvicorn.run", lambda app, **_: served.append(app))
+    monkeypatch.setattr(
+        "autoclusters.clients.web.quiet_server.serve", lambda app, **_: served.append(app)
+    )
     result = CliRunner().invoke(app, ["api", "run", "--port", "0"])
     assert result.exit_code == 0, result.output
     [run] = served
