@@ -427,7 +427,7 @@ def test_kubeconfig_reaches_the_emulator_from_the_sandbox_command_line(
 ) -> None:
     monkeypatch.setenv("CRUSOE_SECRET_KEY", SECRET)
     served: list[Any] = []
-    monkeypatch.setattr(crusoe_emulator.uvicorn, "run", lambda app, **_: served.append(app))
+    monkeypatch.setattr(crusoe_emulator, "serve", lambda app, **_: served.append(app))
     monkeypatch.setattr(crusoe_emulator, "_load_backend", lambda *_: InMemoryBackend())
     for k8s_mode in (True, False):
         cfg = SandboxConfig(state_dir=tmp_path, cluster="c", nodes=2, port_base=20000, k8s=k8s_mode)
