@@ -251,6 +251,57 @@ async def run_chaos(
     killed_at: datetime | None = None
     deadline = time.monotonic() + timeout_s
     final: IncidentState | None = None
+
+    async def strike(item: tuple[str, str, bool]) -> None:
+        """Kill (or restart) `item`'s process now: its step is under way."""
+        nonlocal moment, killed_at
+        pending.remove(item)
+        what, where, sigkill = item
+        step, cloud = parse_at(where)
+        if cloud == AFTER_CLOUD:
+            # The repair runs: crash once the emulator has recorded its operation.
+            await _until_cloud_operation(cfg, node, since, deadline)
+        observed: dict[str, object] = {}
+
+        def between(what: str = what, observed: dict[str, object] = observed) -> None:
+            # The old process has exited: what the cloud had seen at the crash, then
+            # the worker's disk as a fresh machine would have it.
+            observed["at"] = datetime.now(UTC)
+            if has_emulator:
+                observed["ops"] = [_op_line(o) for o in cloud_operations(cfg, node, since)]
+            if what == "worker" and wipe_worker_disk_on_restart:
+                observed["wiped"] = wipe_worker_disk(cfg)
+
+        try:
+            done = await asyncio.to_thread(
+                restart.restart, cfg, what, kill=sigkill, between=between
+            )
+        except SandboxError as e:
+            raise ChaosError(f"restarting {what} during {where}: {e}") from e
+        if cloud == BEFORE_CLOUD:  # the held request may still be waiting: let it go
+            await asyncio.to_thread(_emulator, cfg, "DELETE", "/delay")
+        ops_then = observed.get("ops")
+        at_kill = list(ops_then) if isinstance(ops_then, list) else None
+        at_ = observed.get("at")
+        killed_at = at_ if isinstance(at_, datetime) else None
+        moment = step
+        if step == "repair" and at_kill is not None:
+            moment = f"repair:{AFTER_CLOUD if at_kill else BEFORE_CLOUD}"
+            seen = ", ".join(at_kill) or "nothing"
+            console.print(f"chaos: the crash landed at {moment} (the cloud had: {seen})")
+        if sigkill:
+            actions.append(f"killed {what} {done.old_pid} during {where}")
+            console.print(f"chaos: {actions[-1]}")
+            gone = observed.get("wiped")
+            if isinstance(gone, list):
+                wiped.extend(gone)
+                actions.append("wiped the worker's disk: " + (", ".join(gone) or "nothing"))
+                console.print(f"chaos: {actions[-1]}")
+            actions.append(f"started {what} {done.new_pid}")
+        else:
+            actions.append(f"restarted Temporal during {where} (pid {done.new_pid})")
+        console.print(f"chaos: {actions[-1]}")
+
     async with HistoryTicks(handle) as ticks:
         while final is None:
             if time.monotonic() > deadline:
@@ -262,6 +313,10 @@ async def run_chaos(
                     f"incident {opened.incident_id} still open after {timeout_s:.0f}s "
                     "(now cancelled)"
                 )
+            # A short step is one activity, over in tens of ms: the history shows it scheduled
+            # before a query (answered by a worker) could see the step current.
+            for item in [i for i in pending if _scheduled(ticks, i[1])]:
+                await strike(item)
             try:
                 state = await handle.query(NodeRemediation.status)
             except Exception:  # the server is restarting, or no worker answers queries yet
@@ -273,54 +328,8 @@ async def run_chaos(
                 await asyncio.sleep(0.1 if pending else 0.5)
                 continue
             for item in list(pending):
-                what, where, sigkill = item
-                step, cloud = parse_at(where)
-                if state.current_step != step:
-                    continue
-                pending.remove(item)
-                if cloud == AFTER_CLOUD:
-                    # The repair runs: crash once the emulator has recorded its operation.
-                    await _until_cloud_operation(cfg, node, since, deadline)
-                observed: dict[str, object] = {}
-
-                def between(what: str = what, observed: dict[str, object] = observed) -> None:
-                    # The old process has exited: what the cloud had seen at the crash, then
-                    # the worker's disk as a fresh machine would have it.
-                    observed["at"] = datetime.now(UTC)
-                    if has_emulator:
-                        observed["ops"] = [_op_line(o) for o in cloud_operations(cfg, node, since)]
-                    if what == "worker" and wipe_worker_disk_on_restart:
-                        observed["wiped"] = wipe_worker_disk(cfg)
-
-                try:
-                    done = await asyncio.to_thread(
-                        restart.restart, cfg, what, kill=sigkill, between=between
-                    )
-                except SandboxError as e:
-                    raise ChaosError(f"restarting {what} during {where}: {e}") from e
-                if cloud == BEFORE_CLOUD:  # the held request may still be waiting: let it go
-                    await asyncio.to_thread(_emulator, cfg, "DELETE", "/delay")
-                ops_then = observed.get("ops")
-                at_kill = list(ops_then) if isinstance(ops_then, list) else None
-                at_ = observed.get("at")
-                killed_at = at_ if isinstance(at_, datetime) else None
-                moment = step
-                if step == "repair" and at_kill is not None:
-                    moment = f"repair:{AFTER_CLOUD if at_kill else BEFORE_CLOUD}"
-                    seen = ", ".join(at_kill) or "nothing"
-                    console.print(f"chaos: the crash landed at {moment} (the cloud had: {seen})")
-                if sigkill:
-                    actions.append(f"killed {what} {done.old_pid} during {where}")
-                    console.print(f"chaos: {actions[-1]}")
-                    gone = observed.get("wiped")
-                    if isinstance(gone, list):
-                        wiped += gone
-                        actions.append("wiped the worker's disk: " + (", ".join(gone) or "nothing"))
-                        console.print(f"chaos: {actions[-1]}")
-                    actions.append(f"started {what} {done.new_pid}")
-                else:
-                    actions.append(f"restarted Temporal during {where} (pid {done.new_pid})")
-                console.print(f"chaos: {actions[-1]}")
+                if state.current_step == parse_at(item[1])[0]:
+                    await strike(item)
             if state.status != "open":
                 try:
                     final = await handle.result()
@@ -383,6 +392,20 @@ async def _retried(handle: WorkflowHandle[Any, Any]) -> list[str]:
     except Exception as e:  # the report matters more than this detail
         return [f"history unreadable: {e}"]
     return out + ([f"workflow task timed out x{timed_out}"] if timed_out else [])
+
+
+# Short steps, each one activity (its type): struck when the history shows it scheduled.
+SHORT_STEP_ACTIVITY = {
+    "drain": "drain_node",
+    "requeue": "requeue_jobs",
+    "return_to_service": "return_to_service",
+}
+
+
+def _scheduled(ticks: HistoryTicks, where: str) -> bool:
+    step, cloud = parse_at(where)
+    activity = SHORT_STEP_ACTIVITY.get(step)
+    return cloud is None and activity is not None and ticks.running(activity)
 
 
 async def _until_cloud_operation(

@@ -8,6 +8,7 @@ import asyncio
 import uuid
 
 from temporalio import workflow
+from temporalio.api.history.v1 import HistoryEvent
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
@@ -56,3 +57,31 @@ async def test_each_event_wakes_the_watcher_and_a_waiting_run_does_not(
             assert await handle.result() == "done"
             await _quiet(ticks)
             assert not ticks.following  # closed: nothing more to follow
+
+
+def _scheduled(event_id: int, activity_type: str) -> HistoryEvent:
+    e = HistoryEvent(event_id=event_id)
+    e.activity_task_scheduled_event_attributes.activity_type.name = activity_type
+    return e
+
+
+def test_an_activity_is_running_from_its_scheduling_until_an_event_closes_it() -> None:
+    """What the chaos driver strikes a short step by (sandbox/drivers/chaos.py): the step's
+    activity scheduled and not yet closed, whichever way it closes."""
+    ticks = HistoryTicks(handle=None)  # type: ignore[arg-type]  # _note reads no handle
+    ticks._note(_scheduled(5, "drain_node"))
+    ticks._note(_scheduled(9, "requeue_jobs"))
+    assert ticks.running("drain_node") and ticks.running("requeue_jobs")
+    assert not ticks.running("return_to_service")
+    started = HistoryEvent(event_id=6)
+    started.activity_task_started_event_attributes.scheduled_event_id = 5
+    ticks._note(started)
+    assert ticks.running("drain_node")  # started is still running
+    done = HistoryEvent(event_id=7)
+    done.activity_task_completed_event_attributes.scheduled_event_id = 5
+    ticks._note(done)
+    assert not ticks.running("drain_node") and ticks.running("requeue_jobs")
+    failed = HistoryEvent(event_id=10)
+    failed.activity_task_timed_out_event_attributes.scheduled_event_id = 9
+    ticks._note(failed)
+    assert not ticks.running("requeue_jobs")
