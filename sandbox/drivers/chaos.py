@@ -394,17 +394,22 @@ async def _retried(handle: WorkflowHandle[Any, Any]) -> list[str]:
     return out + ([f"workflow task timed out x{timed_out}"] if timed_out else [])
 
 
-# Short steps, each one activity (its type): struck when the history shows it scheduled.
-SHORT_STEP_ACTIVITY = {
+# The steps that run one activity (its type), each over in tens of ms when nothing holds
+# it up: struck when the history shows the activity scheduled (the health gate's agent
+# half, after its activity, still goes by the query).
+STEP_ACTIVITY = {
     "drain": "drain_node",
     "requeue": "requeue_jobs",
+    "wait_idle": "wait_node_idle",
+    "wait_registered": "wait_node_registered",
+    "health_gate": "health_gate",
     "return_to_service": "return_to_service",
 }
 
 
 def _scheduled(ticks: HistoryTicks, where: str) -> bool:
     step, cloud = parse_at(where)
-    activity = SHORT_STEP_ACTIVITY.get(step)
+    activity = STEP_ACTIVITY.get(step)
     return cloud is None and activity is not None and ticks.running(activity)
 
 
