@@ -113,13 +113,21 @@ async def test_slurmctld_killed_keeps_drains_and_jobs(matrix_sandbox: SandboxCon
         nodes_before = {n.name: (n.drained, n.reason) for n in await slurm.nodes()}
         assert nodes_before["gpu-01"] == (True, reason)
 
+        # A change to the running job, so that the next save of the jobs holds it running: a
+        # save made between its submission and its start (after the drain all the same)
+        # once brought it back PENDING.
+        marked_at = time.time()
+        subprocess.run(
+            ["scontrol", "update", f"JobId={job_id}", "Comment=test: saved running"],
+            env=env, check=True,
+        )  # fmt: skip
+
         async def state_saved() -> bool:
             # A SIGKILLed slurmctld keeps what it had saved: its state-save thread writes
             # within seconds of a change.
-            return all(
-                (saved / f).exists() and (saved / f).stat().st_mtime > drained_at
-                for f in ("node_state", "job_state")
-            )
+            since = {"node_state": drained_at, "job_state": marked_at}
+            return all((saved / f).exists() and (saved / f).stat().st_mtime > t
+                       for f, t in since.items())  # fmt: skip
 
         await eventually(state_saved, 30, "slurmctld to save the drain and the job")
         done = await asyncio.to_thread(restart.restart, cfg, "slurmctld", kill=True)
