@@ -1,6 +1,5 @@
 """Shared fixtures: a real sandbox (Temporal dev server, munge, Slurm, a worker) per xdist
-worker that runs tests on it, the matrices' sandboxes (tests/matrix_sandbox.py) and the
-CMK sandbox (tests/cmk_sandbox.py).
+worker that runs tests on it, and the matrices' sandboxes (tests/matrix_sandbox.py).
 
 The sandbox gets its own state dir and free ports so it never collides with a user's
 demo sandbox, and is stopped by PID after the worker's last test on it; then checked: nothing
@@ -33,7 +32,6 @@ from autoclusters.integrations import temporal
 from autoclusters.integrations.slurm import SlurmCli
 from autoclusters.sandbox.runtime.config import PORT_SPAN, SandboxConfig
 from tests import default_tls
-from tests.cmk_sandbox import cmk_sandboxes
 from tests.helpers import down_leaving_nothing, time_skipping_env
 from tests.leftover_sandboxes import stop_left_running
 from tests.matrix_sandbox import matrix_sandboxes
@@ -76,12 +74,7 @@ def _hermetic(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.Monk
 
 # Fixtures that start a server: a test using one (directly or through another fixture) is
 # never in `make unit`. Decided by what the test uses, not by what its module imports.
-SERVER_FIXTURES = {
-    "sandbox": "integration",
-    "matrix_sandbox": "integration",
-    "cmk_sandbox": "integration",
-    "env": "workflow",
-}
+SERVER_FIXTURES = {"sandbox": "integration", "matrix_sandbox": "integration", "env": "workflow"}
 
 # Tests on the session's shared sandbox run in this many xdist groups: each group is one
 # worker's sandbox, started once and used by its tests one at a time (as before xdist).
@@ -280,13 +273,6 @@ def matrix_sandbox(tmp_path_factory: pytest.TempPathFactory) -> SandboxConfig:
     """The matrices' sandbox of this worker (tests/matrix_sandbox.py): booted at its first
     matrix case, stopped after its last."""
     return _worker_sandbox("matrix_sandbox", tmp_path_factory, matrix_sandboxes)
-
-
-@pytest.fixture
-def cmk_sandbox(tmp_path_factory: pytest.TempPathFactory) -> SandboxConfig:
-    """The CMK sandbox of this worker (tests/cmk_sandbox.py): booted at its first test,
-    stopped after its last."""
-    return _worker_sandbox("cmk_sandbox", tmp_path_factory, cmk_sandboxes)
 
 
 @pytest.hookimpl(hookwrapper=True)

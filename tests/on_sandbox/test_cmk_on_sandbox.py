@@ -11,8 +11,7 @@ one per GPU Node, each a process started with the command line the manifest rend
 
 The API places the Slurm nodes in the racks their CMK Nodes' labels name.
 
-One sandbox for the module, the tests in order: they tell one story (the sandbox is
-tests/cmk_sandbox.py, which the nodeset module uses after it).
+One sandbox for the module, the tests in order: they tell one story.
 """
 
 from __future__ import annotations
@@ -22,17 +21,20 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+import pytest_asyncio
 
 from autoclusters.clients import fabric_topology
+from autoclusters.core.cluster_spec import load_cluster_spec
 from autoclusters.core.policy import default_policy
 from autoclusters.core.process_start import command_line
 from autoclusters.core.settings import load_file
-from autoclusters.sandbox import restart
+from autoclusters.sandbox import cluster, restart
 from autoclusters.sandbox.kubernetes import daemonsets as k8s_daemonsets
 from autoclusters.sandbox.runtime.config import SandboxConfig
 from autoclusters.sandbox.runtime.processes import (
@@ -42,22 +44,33 @@ from autoclusters.sandbox.runtime.processes import (
 )
 from autoclusters.sandbox.slinky import agent_daemonset
 from autoclusters.sandbox.slinky import operator_pods as slinky_pods
-from tests import cmk_sandbox
-from tests.helpers import eventually
+from tests.conftest import free_port_base
+from tests.helpers import down_leaving_nothing, eventually
 
-pytestmark = [pytest.mark.integration, cmk_sandbox.GROUP]
+pytestmark = pytest.mark.integration
 
-EXAMPLE = cmk_sandbox.EXAMPLE
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "clusters" / "cmk.yaml"
 CLI = [sys.executable, "-m", "autoclusters.clients.cli"]
 KUBECTL = "/usr/bin/kubectl"
 SLURM_DAEMONS = ("slurmctld", "slurmdbd", "mariadb", "sshd-login")
 
 
-@pytest.fixture
-def cfg(cmk_sandbox: SandboxConfig) -> SandboxConfig:
-    """The worker's CMK sandbox (tests/cmk_sandbox.py), which the nodeset module's tests use
-    after these: this module's story ends with the cluster made again from the example."""
-    return cmk_sandbox
+@pytest_asyncio.fixture(scope="module")
+async def cfg(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[SandboxConfig]:
+    # Named as the example spec, so `cluster create -f examples/clusters/cmk.yaml` makes this
+    # sandbox's cluster again at the end.
+    spec, _ = load_cluster_spec(EXAMPLE)
+    c = SandboxConfig(
+        state_dir=tmp_path_factory.mktemp("cmk"), cluster=spec.name, platform="cmk",
+        nodes=spec.node_sets[0].count, port_base=free_port_base(), boot_delay_s=1,
+        breaker_threshold=100, accounting=True,
+    )  # fmt: skip
+    await asyncio.to_thread(cluster.up, c)
+    try:
+        yield c
+    finally:
+        # Nor anything the table never knew of (a slurmd whose record was lost once).
+        await asyncio.to_thread(down_leaving_nothing, c)
 
 
 def _kubectl(cfg: SandboxConfig, *args: str) -> str:

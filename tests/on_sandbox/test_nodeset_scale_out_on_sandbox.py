@@ -8,31 +8,33 @@ gives it a slurmd pod, and its kubelet declares the Slurm node and starts `slurm
 autoscaler's `NotTriggerScaleUp` Event. Scaled back, the added nodes are drained, their pods
 and daemons stopped (by PID), their VMs deleted and their Nodes gone.
 
-The tests in order: they tell one story, on the CMK sandbox that
-tests/on_sandbox/test_cmk_on_sandbox.py used before them (tests/cmk_sandbox.py).
+One sandbox for the module, the tests in order: they tell one story.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
 import subprocess
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
 import pytest
+import pytest_asyncio
 
+from autoclusters.sandbox import cluster
 from autoclusters.sandbox.runtime.config import SandboxConfig
 from autoclusters.sandbox.runtime.processes import ProcessTable
 from autoclusters.sandbox.slinky import autoscaler as slinky_autoscaler
-from tests import cmk_sandbox
-from tests.helpers import eventually
+from tests.conftest import free_port_base
+from tests.helpers import down_leaving_nothing, eventually
 
 KUBECTL = shutil.which("kubectl") or "kubectl"
 pytestmark = [
     pytest.mark.integration,
-    cmk_sandbox.GROUP,
     pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed"),
 ]
 NS = "slurm"
@@ -41,11 +43,18 @@ ADDED = "cmk-gpu-3"  # the pool's next VM, its Node and (no hostname-override) S
 BOOT_S = 240  # a boot, its Node, the pod and slurmctld's restart, on a busy 2-core host
 
 
-@pytest.fixture
-def cfg(cmk_sandbox: SandboxConfig) -> SandboxConfig:
-    """The worker's CMK sandbox (tests/cmk_sandbox.py), after test_cmk_on_sandbox's story:
-    the cluster made again from the example, its two nodes idle."""
-    return cmk_sandbox
+@pytest_asyncio.fixture(scope="module")
+async def cfg(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[SandboxConfig]:
+    c = SandboxConfig(
+        state_dir=tmp_path_factory.mktemp("scale-out"), cluster="cmk", platform="cmk",
+        nodes=2, port_base=free_port_base(), boot_delay_s=1, breaker_threshold=100,
+        accounting=False, inference=False,
+    )  # fmt: skip
+    await asyncio.to_thread(cluster.up, c)
+    try:
+        yield c
+    finally:
+        await asyncio.to_thread(down_leaving_nothing, c)
 
 
 def _kubectl(cfg: SandboxConfig, *args: str) -> str:
