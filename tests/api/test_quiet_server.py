@@ -22,6 +22,7 @@ from fastapi import FastAPI
 
 from autoclusters.clients.web import quiet_server
 from autoclusters.clients.web.quiet_server import QuietServer
+from autoclusters.sandbox.runtime.processes import wait_until
 
 WAIT_S = 10.0
 
@@ -53,10 +54,8 @@ def served() -> Iterator[Served]:
 
     server.on_tick = counted  # type: ignore[method-assign]
     thread.start()
-    deadline = time.monotonic() + WAIT_S
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
-        time.sleep(0.01)
+    wait_until(lambda: server.started or not thread.is_alive(), WAIT_S, 0.01)
+    assert server.started, "the server did not start"
     try:
         yield s
     finally:
@@ -69,10 +68,11 @@ def test_it_serves_with_a_date_header_that_keeps_up(served: Served) -> None:
     first = httpx.get(served.url)
     assert first.json() == {"ok": "yes"}
     start = parsedate_to_datetime(first.headers["date"])
-    deadline = time.monotonic() + WAIT_S
-    while parsedate_to_datetime(httpx.get(served.url).headers["date"]) <= start:
-        assert time.monotonic() < deadline, "the Date header stopped at " + str(start)
-        time.sleep(0.1)
+
+    def later() -> bool:
+        return parsedate_to_datetime(httpx.get(served.url).headers["date"]) > start
+
+    assert wait_until(later, WAIT_S), "the Date header stopped at " + str(start)
 
 
 def test_idle_it_ticks_about_once_a_second(served: Served) -> None:
