@@ -32,6 +32,7 @@ from autoclusters.core.recovery_history import (
     figures_from_history,
     measured_from,
 )
+from autoclusters.integrations.temporal import quoted
 
 WORKFLOW_TYPE = "NodeRemediation"
 # Runs read at most per read (newest first): more than `last` of every path needs.
@@ -51,10 +52,6 @@ class HistoryRead(BaseModel):
 
 
 Recent = Callable[[str, timedelta], Awaitable[HistoryRead]]
-
-
-def _quoted(value: str) -> str:
-    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 class TemporalRecoveries:
@@ -81,7 +78,7 @@ class TemporalRecoveries:
     async def _read(self, cluster: str, within: timedelta) -> HistoryRead:
         since = datetime.now(UTC) - within
         query = (
-            f"WorkflowType = '{WORKFLOW_TYPE}' AND Cluster = {_quoted(cluster)} "
+            f"WorkflowType = '{WORKFLOW_TYPE}' AND Cluster = {quoted(cluster)} "
             f"AND ExecutionStatus = 'Completed' "
             f"AND CloseTime >= '{since.strftime('%Y-%m-%dT%H:%M:%SZ')}'"
         )

@@ -62,6 +62,7 @@ from autoclusters.core.recovery_loss import (
 )
 from autoclusters.core.systemic import JoinCall
 from autoclusters.core.systemic_member import SYSTEMIC_VERDICT_SIGNAL, SystemicVerdict
+from autoclusters.integrations.temporal import quoted
 
 log = logging.getLogger("autoclusters.incident_history")
 
@@ -282,10 +283,6 @@ def record_from_history(history: WorkflowHistory) -> IncidentRecord:
         raise UnreadableHistory(f"{history.workflow_id}: {err}") from err
 
 
-def _quoted(value: str) -> str:
-    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
-
-
 async def read_incidents(
     client: Client,
     cluster: str,
@@ -300,9 +297,9 @@ async def read_incidents(
     A list or fetch that fails raises (Temporal's RPCError): the caller must not take a
     failed read for a quiet cluster. A history that reads but is not an incident this code
     understands is listed in `unreadable`."""
-    query = f"WorkflowType = '{WORKFLOW_TYPE}' AND Cluster = {_quoted(cluster)}"
+    query = f"WorkflowType = '{WORKFLOW_TYPE}' AND Cluster = {quoted(cluster)}"
     if node is not None:
-        query += f" AND Node = {_quoted(node)}"
+        query += f" AND Node = {quoted(node)}"
     start = None
     if since is not None:
         start = datetime.now(UTC) - since

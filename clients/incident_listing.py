@@ -24,11 +24,12 @@ from pydantic import BaseModel, Field
 from temporalio.client import Client, WorkflowExecution, WorkflowQueryFailedError
 from temporalio.service import RPCError
 
-from autoclusters.clients.incidents import IncidentSummary, _quoted, _status_name, list_incidents
+from autoclusters.clients.incidents import IncidentSummary, _status_name, list_incidents
 from autoclusters.core.policy import TopologyLevel
 from autoclusters.core.settings import Settings
 from autoclusters.core.systemic import SYSTEMIC_WORKFLOW, SystemicState
 from autoclusters.integrations import temporal
+from autoclusters.integrations.temporal import quoted
 from autoclusters.workflows.systemic_incident import SystemicIncident
 
 __all__ = [
@@ -130,7 +131,7 @@ async def list_systemic(
 ) -> list[SystemicSummary]:
     """The cluster's systemic incidents (open and closed), newest first, filtered as the
     module says. `limit`: at most that many."""
-    query = f"WorkflowType = '{SYSTEMIC_WORKFLOW}' AND Cluster = {_quoted(settings.cluster)}"
+    query = f"WorkflowType = '{SYSTEMIC_WORKFLOW}' AND Cluster = {quoted(settings.cluster)}"
     filtered = bool(state or node or fault)
     scan = MAX_SCANNED if filtered or limit is None else min(limit, MAX_SCANNED)
     found = [wf async for wf in client.list_workflows(query, limit=scan)]

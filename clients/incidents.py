@@ -34,6 +34,7 @@ from autoclusters.core.settings import Settings
 from autoclusters.core.systemic import SYSTEMIC_WORKFLOW
 from autoclusters.core.systemic_member import systemic_workflow_id
 from autoclusters.integrations import temporal
+from autoclusters.integrations.temporal import quoted
 from autoclusters.workflows.remediation import NodeRemediation
 
 
@@ -208,13 +209,13 @@ async def list_incidents(
     """Incidents of this cluster, newest first; `state` is the incident's own status
     (open, waiting_approval, resolved, failed, rejected, observed, monitored).
     `limit`: at most that many (None: all)."""
-    query = f"WorkflowType = 'NodeRemediation' AND Cluster = {_quoted(settings.cluster)}"
+    query = f"WorkflowType = 'NodeRemediation' AND Cluster = {quoted(settings.cluster)}"
     if state:
-        query += f" AND IncidentStatus = {_quoted(state)}"
+        query += f" AND IncidentStatus = {quoted(state)}"
     if node:
-        query += f" AND Node = {_quoted(node)}"
+        query += f" AND Node = {quoted(node)}"
     if fault:
-        query += f" AND Fault = {_quoted(fault)}"
+        query += f" AND Fault = {quoted(fault)}"
     out = []
     async for wf in client.list_workflows(query, limit=limit):
         sa = wf.typed_search_attributes
@@ -232,11 +233,6 @@ async def list_incidents(
             )
         )
     return out
-
-
-def _quoted(value: str) -> str:
-    # Values come from the command line: keep them inside one string literal.
-    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 async def _named(client: Client, wf_id: str, incident_id: str) -> WorkflowHandle | None:
@@ -272,7 +268,7 @@ async def find_incident(client: Client, settings: Settings, incident_id: str) ->
         for wf_id in ids:
             if (found := await _named(client, wf_id, incident_id)) is not None:
                 return found
-    query = f"IncidentId = {_quoted(incident_id)} AND Cluster = {_quoted(settings.cluster)}"
+    query = f"IncidentId = {quoted(incident_id)} AND Cluster = {quoted(settings.cluster)}"
     async for wf in client.list_workflows(query):
         return client.get_workflow_handle(wf.id, run_id=wf.run_id)
     raise IncidentNotFound(f"no incident {incident_id} in cluster {settings.cluster}")

@@ -15,11 +15,11 @@ from pydantic import BaseModel
 from temporalio.client import Client, WorkflowHandle
 from temporalio.service import RPCError
 
-from autoclusters.clients.incidents import _quoted
 from autoclusters.core.handoff_answer import HandoffRecord
 from autoclusters.core.models import Waiting
 from autoclusters.core.settings import Settings
 from autoclusters.core.systemic import SYSTEMIC_WORKFLOW, SystemicMember, SystemicState
+from autoclusters.integrations.temporal import quoted
 from autoclusters.workflows.systemic_incident import SystemicIncident
 
 QUERY_TIMEOUT = timedelta(seconds=5)
@@ -46,7 +46,7 @@ async def open_systemic(client: Client, settings: Settings) -> list[SystemicStat
     worker does not answer meanwhile is left out until the next read)."""
     query = (
         f"WorkflowType = '{SYSTEMIC_WORKFLOW}' AND ExecutionStatus = 'Running' AND Cluster = "
-        + _quoted(settings.cluster)
+        + quoted(settings.cluster)
     )
 
     async def read(wf_id: str, run_id: str | None) -> SystemicState | None:

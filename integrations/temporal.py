@@ -20,6 +20,11 @@ REPAIR_ACTION = SearchAttributeKey.for_keyword("RepairAction")  # the rung: rebo
 SEARCH_ATTRIBUTES = [INCIDENT_ID, CLUSTER, NODE, FAULT, INCIDENT_STATUS, REPAIR_ACTION]
 
 
+def quoted(value: str) -> str:
+    """`value` as a string literal in a visibility query."""
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
 def tls_config(settings: Settings) -> TLSConfig | bool:
     """TLS for the connection: a TLSConfig when any certificate setting is given, True for
     TLS with the system's roots (`[temporal] tls`, or an API key), False for plaintext."""

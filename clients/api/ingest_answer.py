@@ -27,7 +27,7 @@ class Skipped(BaseModel):
     fingerprint: str
     alertname: str
     node: str = ""
-    reason: str  # unmapped, bad_fault, no_node, unknown_node
+    reason: str  # unmapped, bad_fault, no_node, unknown_node, repaired_since
     detail: str
 
 

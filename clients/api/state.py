@@ -29,6 +29,7 @@ from autoclusters.clients.api.intake import Delivered, Intake, Outcome, Signal, 
 from autoclusters.clients.api.metrics import ApiMetrics
 from autoclusters.clients.api.open_incidents import OpenIncident, OpenIncidents
 from autoclusters.clients.api.policy_cache import PolicyCache
+from autoclusters.clients.api.repaired_since import Repaired, RepairedSince
 from autoclusters.clients.api.resolutions import ResolutionLog
 from autoclusters.clients.api.storm import StormWatch
 from autoclusters.clients.api.temporal_gate import RETRYABLE, ClientFactory, TemporalGate
@@ -67,6 +68,7 @@ class ApiState:
             client_factory, settings.temporal.address, settings.api_temporal_timeout_s
         )
         self.intake: Intake | None = None  # made in the server's event loop
+        self.repaired = RepairedSince(settings.cluster, settings.api_repaired_since_wait_s)
 
     @asynccontextmanager
     async def lifespan(self, _app: FastAPI) -> AsyncIterator[None]:
@@ -192,6 +194,17 @@ class ApiState:
         except Exception as e:  # a bug or a misconfiguration (e.g. a namespace): loud, 500
             log.exception("alerts not accepted")
             raise refusals.refuse(500, "error", endpoint, "internal error", str(e)) from None
+
+    async def last_repairs(self, alerts: list[tuple[str, datetime]]) -> dict[str, Repaired]:
+        """The newest repair of each node that closed after its alert began (see
+        clients/api/repaired_since.py); {} when not asked or not known."""
+        if not alerts or self.settings.api_repaired_since_wait_s <= 0:
+            return {}
+        try:
+            client = await self.gate.client()
+        except TemporalUnavailable:  # unknown: the submit that follows answers 503
+            return {}
+        return await self.repaired.last_repairs(client, alerts)
 
     async def clear(self, node: str, cleared: FaultCleared, endpoint: str) -> bool:
         """Record on the node's open incident that a fault cleared (never starts one)."""

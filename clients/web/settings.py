@@ -80,6 +80,10 @@ class ApiSettings(Settings):
     # with the node's other such alerts, in one call. 0: every alert waits for Temporal.
     api_open_incident_ttl_s: float = Field(default=2.0, ge=0)
     api_join_flush_s: float = Field(default=0.5, ge=0)
+    # How long a payload's firing alerts wait for the read of their nodes' last repairs
+    # (clients/api/repaired_since.py: an alert that began before one is left out). A read
+    # slower than this is unknown and leaves nothing out. 0: never read.
+    api_repaired_since_wait_s: float = Field(default=2.0, ge=0)
     # An alert storm: this many nodes' alerts on their way to Temporal at once. Then no
     # request waits for a worker (clients/api/storm.py): a node's incident is answered
     # `opened` once Temporal's server started it, and alerts for an incident known open,

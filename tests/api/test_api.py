@@ -19,6 +19,9 @@ Aspects covered:
   retry once one polls is recorded once;
 - agent reports (NodeReport): open, dedupe on report_id, 404, 422, resolved;
 - resolved alerts start nothing and show on the node's incident;
+- a firing alert that began before the node's last repair (an incident that closed resolved
+  after a reboot) is skipped (`repaired_since`) and starts nothing; one that began after it,
+  or before an incident that resolved without a repair, opens an incident;
 - reads: list with filters, one incident, 404; /healthz, /readyz, /metrics;
 - the storm: 10,000 alerts (100 payloads × 100 alerts, 5 fault kinds) over 100 nodes,
   posted at once → exactly 100 incidents, every alert accepted and counted on its
@@ -42,11 +45,13 @@ import httpx
 import pytest
 import pytest_asyncio
 import uvicorn
+from temporalio import workflow
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
+from temporalio.common import SearchAttributePair, TypedSearchAttributes
 from temporalio.service import RPCError, RPCStatusCode
 from temporalio.testing import WorkflowEnvironment
-from temporalio.worker import Worker
+from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
 from autoclusters.clients.api.app import create_app
 from autoclusters.clients.inventory import NodeInventory, StaticInventory
@@ -54,6 +59,7 @@ from autoclusters.clients.web.settings import ApiSettings
 from autoclusters.core.models import IncidentState, workflow_id
 from autoclusters.core.node_report import NodeReport
 from autoclusters.core.settings_groups import TemporalSettings
+from autoclusters.integrations import temporal
 from autoclusters.workflows.remediation import NodeRemediation
 from tests.helpers import (
     HermeticSettings,
@@ -608,6 +614,77 @@ async def test_resolved_alerts_start_nothing_and_show_on_the_incident(
         ("ROW_REMAP_FAILURE", "2026-05-01T10:07:00Z")
     ]
     assert await updates_accepted(env.client, settings, "gpu-051") == 1
+
+
+@workflow.defn(name="NodeRemediation")
+class PastIncident:
+    """An earlier incident as visibility sees it once it closed: its last status and rung."""
+
+    @workflow.run
+    async def run(self, status: str, action: str) -> None:
+        workflow.upsert_search_attributes(
+            [temporal.INCIDENT_STATUS.value_set(status), temporal.REPAIR_ACTION.value_set(action)]
+        )
+
+
+async def past_incident(
+    client: Client, settings: ApiSettings, node: str, status: str, action: str
+) -> datetime:
+    """Run one to its close; when it closed, once visibility lists it."""
+    queue, wid = f"past-{uuid.uuid4().hex[:8]}", f"past-{node}-{uuid.uuid4().hex[:8]}"
+    attrs = TypedSearchAttributes(
+        [
+            SearchAttributePair(temporal.CLUSTER, settings.cluster),
+            SearchAttributePair(temporal.NODE, node),
+            SearchAttributePair(temporal.INCIDENT_ID, f"inc-past-{node}"),
+            SearchAttributePair(temporal.INCIDENT_STATUS, "open"),
+        ]
+    )
+    async with Worker(
+        client, task_queue=queue, workflows=[PastIncident],
+        workflow_runner=UnsandboxedWorkflowRunner(),
+    ):  # fmt: skip
+        await client.execute_workflow(
+            PastIncident.run, args=[status, action], id=wid, task_queue=queue,
+            search_attributes=attrs,
+        )  # fmt: skip
+    listed = f"WorkflowId = '{wid}' AND IncidentStatus = '{status}'"
+
+    async def visible() -> int:
+        return (await client.count_workflows(listed)).count
+
+    assert await eventually(visible, 1) == 1, "visibility never listed the closed incident"
+    closed = (await client.get_workflow_handle(wid).describe()).close_time
+    assert closed is not None
+    return closed
+
+
+async def test_an_alert_from_before_the_nodes_last_repair_starts_nothing(
+    env: WorkflowEnvironment, settings: ApiSettings, http: httpx.AsyncClient
+) -> None:
+    repaired = await past_incident(env.client, settings, "gpu-060", "resolved", "reboot")
+    screened = await past_incident(env.client, settings, "gpu-061", "resolved", "none")
+    # A restarted Prometheus's re-fire: it began before the reboot.
+    stale = alert("gpu-060", starts_at=repaired - timedelta(seconds=30))
+    r = await http.post(AM, json=payload(stale), headers=AUTH)
+    assert r.status_code == 202, r.text
+    body = r.json()
+    assert body["accepted"] == 0 and body["incidents"] == []
+    [skipped] = body["skipped"]
+    assert skipped["reason"] == "repaired_since" and skipped["node"] == "gpu-060"
+    assert "inc-past-gpu-060" in skipped["detail"]
+    assert not await started(env.client, settings, "gpu-060")
+    # No repair on the earlier incident: nothing proves the fault gone, it opens one.
+    unrepaired = alert("gpu-061", starts_at=screened - timedelta(seconds=30))
+    r = await http.post(AM, json=payload(unrepaired), headers=AUTH)
+    assert r.status_code == 202 and r.json()["accepted"] == 1, r.text
+    assert await started(env.client, settings, "gpu-061")
+    # A fault that began after the repair is a new one.
+    fresh = alert("gpu-060", starts_at=repaired + timedelta(seconds=1))
+    r = await http.post(AM, json=payload(fresh), headers=AUTH)
+    assert r.status_code == 202 and r.json()["accepted"] == 1, r.text
+    assert r.json()["skipped"] == []
+    assert await started(env.client, settings, "gpu-060")
 
 
 # --- reads ------------------------------------------------------------------------------------

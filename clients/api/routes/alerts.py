@@ -15,9 +15,10 @@ from autoclusters.clients.api.alertmanager import AlertmanagerPayload, MappedAle
 from autoclusters.clients.api.checks import body_schema, not_in_cluster
 from autoclusters.clients.api.ingest_answer import IngestAnswer, Skipped, answer
 from autoclusters.clients.api.intake import Signal
+from autoclusters.clients.api.repaired_since import Repaired, handled
 from autoclusters.clients.api.resolutions import Resolution
 from autoclusters.clients.api.state import ApiState
-from autoclusters.core.fault_evidence import FaultCleared, FaultEvidence
+from autoclusters.core.fault_evidence import FaultCleared, FaultEvidence, utc
 
 log = logging.getLogger("autoclusters.api")
 
@@ -87,6 +88,14 @@ def router(api: ApiState) -> APIRouter:
             for m in read.mapped
             if m.alert.status == "resolved"
         )
+        # Began before their node's last repair: handled already (a restarted Prometheus
+        # fires an alert again on a sample from before the reboot).
+        repaired = await api.last_repairs([(m.node, utc(m.alert.starts_at)) for m in firing])
+        if repaired:
+            stale = {m.index: r for m in firing
+                     if (r := handled(repaired, m.node, utc(m.alert.starts_at)))}  # fmt: skip
+            skipped += [_repaired(m, stale[m.index]) for m in firing if m.index in stale]
+            firing = [m for m in firing if m.index not in stale]
         outcomes = await api.submit([_signal(m, src) for m in firing], ep)
         # After the firing ones: a resolution in the payload that opened the incident is
         # recorded on it too, and it lives in the incident, not in this process.
@@ -101,6 +110,20 @@ def router(api: ApiState) -> APIRouter:
         return answer(outcomes, resolved, skipped, api.metrics, src)
 
     return r
+
+
+def _repaired(m: MappedAlert, by: Repaired) -> Skipped:
+    return Skipped(
+        index=m.index,
+        fingerprint=m.fingerprint,
+        alertname=m.alertname,
+        node=m.node,
+        reason="repaired_since",
+        detail=(
+            f"began {utc(m.alert.starts_at).isoformat()}, before {by.incident_id} repaired "
+            f"{m.node} (closed {by.closed_at.isoformat()}); nothing was started"
+        ),
+    )
 
 
 def _unknown(m: MappedAlert, cluster: str) -> Skipped:
