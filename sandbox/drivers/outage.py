@@ -609,10 +609,15 @@ def ops_cut_short(report: OutageReport) -> list[CloudOp]:
 
 def ops_under_job(report: OutageReport) -> list[CloudOp]:
     """Cloud operations that started while the job still ran on the node: one that started
-    before Slurm's end time (whole seconds), or before the job was last seen running."""
+    before Slurm's end time (whole seconds), or before the job was last seen running.
+
+    Slurm's end time is its last stint's: of a job requeued (restart count > 0) that ran
+    again after the repair and then ended, it is later than any repair. Such a job's first
+    stint is the one the repair must follow, and only the watch saw when it ended."""
+    end = report.job_end_time if not report.job_restart_cnt else None
     bad = []
     for op in report.cloud_ops:
-        if report.job_end_time is not None and op.started_at < report.job_end_time:
+        if end is not None and op.started_at < end:
             bad.append(op)
         elif report.job_last_running_at is not None and op.started_at <= report.job_last_running_at:
             bad.append(op)

@@ -256,6 +256,13 @@ def test_an_operation_under_a_running_job_is_caught() -> None:
     seen = T0 + timedelta(seconds=11)  # the harness still saw it running at 11 s
     assert ops_under_job(_report([early, late], job_last_running_at=seen)) == [early, late]
     assert ops_under_job(_report([late])) == []
+    # Requeued, back on the node after its repair and ended there: Slurm's end time is that
+    # second stint's; the first stint's end (the watch's) is what the repair must follow.
+    requeued = _report([early, late], job_end_time=job_end + timedelta(minutes=5))
+    requeued.job_restart_cnt = 1
+    assert ops_under_job(requeued) == []
+    requeued.job_last_running_at = seen
+    assert ops_under_job(requeued) == [early, late]
 
 
 def _resolved(**kw: object) -> OutageReport:
@@ -286,7 +293,14 @@ def test_a_case_that_rode_the_outage_out_has_no_problems() -> None:
         ({"job_admin_comment": ""}, "job AdminComment ''"),
         ({"node_drained": True, "node_state": "IDLE+DRAIN"}, "resolved, yet left IDLE+DRAIN"),
         ({"k8s_cordoned": True}, "left cordoned in Kubernetes"),
-        ({"job_end_time": T0 + timedelta(seconds=6)}, "cloud operation under the running job"),
+        (
+            {"job_last_running_at": T0 + timedelta(seconds=6)},
+            "cloud operation under the running job",
+        ),
+        (
+            {"job_restart_cnt": 0, "job_end_time": T0 + timedelta(seconds=6)},
+            "under the running job",
+        ),
     ],
 )
 def test_each_broken_promise_is_named(change: dict[str, object], problem: str) -> None:
