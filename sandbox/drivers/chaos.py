@@ -245,6 +245,8 @@ async def run_chaos(
         NodeRemediation.run, opened.workflow_id, run_id=opened.run_id
     )
     actions: list[str] = []
+    strikers: list[asyncio.Task[None]] = []  # one per short step's item
+    striking: list[asyncio.Task[None]] = []  # of those, the ones whose step came
     wiped: list[str] = []
     at_kill: list[str] | None = None
     moment: str | None = None
@@ -255,6 +257,8 @@ async def run_chaos(
     async def strike(item: tuple[str, str, bool]) -> None:
         """Kill (or restart) `item`'s process now: its step is under way."""
         nonlocal moment, killed_at
+        if item not in pending:  # struck already (by its watcher, or the loop)
+            return
         pending.remove(item)
         what, where, sigkill = item
         step, cloud = parse_at(where)
@@ -302,8 +306,27 @@ async def run_chaos(
             actions.append(f"restarted Temporal during {where} (pid {done.new_pid})")
         console.print(f"chaos: {actions[-1]}")
 
-    async with HistoryTicks(handle) as ticks:
+    async def strike_when_scheduled(item: tuple[str, str, bool], activity: str) -> None:
+        await ticks.scheduled(activity)
+        task = asyncio.current_task()
+        assert task is not None
+        striking.append(task)
+        await strike(item)
+
+    async with HistoryTicks(handle) as ticks, contextlib.AsyncExitStack() as watching:
+        # A short step is one activity, over in tens of ms: struck from the history's event
+        # that schedules it, whatever the loop below is waiting on (a query that a loaded
+        # worker answers seconds later saw the step over, and the case never struck).
+        for item in list(pending):
+            activity = _step_activity(item[1])
+            if activity is not None:
+                task = asyncio.create_task(strike_when_scheduled(item, activity))
+                watching.push_async_callback(_cancelled, task)
+                strikers.append(task)
         while final is None:
+            for task in strikers:
+                if task.done():
+                    task.result()  # a strike that failed fails the case
             if time.monotonic() > deadline:
                 # Stalled: cancel it, so it does not hold the node (and a repair slot) for the
                 # tests that share the sandbox after this one.
@@ -313,10 +336,6 @@ async def run_chaos(
                     f"incident {opened.incident_id} still open after {timeout_s:.0f}s "
                     "(now cancelled)"
                 )
-            # A short step is one activity, over in tens of ms: the history shows it scheduled
-            # before a query (answered by a worker) could see the step current.
-            for item in [i for i in pending if _scheduled(ticks, i[1])]:
-                await strike(item)
             try:
                 state = await handle.query(NodeRemediation.status)
             except Exception:  # the server is restarting, or no worker answers queries yet
@@ -339,6 +358,9 @@ async def run_chaos(
             # Each change of the workflow's state is a workflow task, which ends in an event
             # of its history: a short step (over in tens of ms) is still seen.
             await ticks.wait(poll_s)
+        # A watcher's strike under way ends before the report is read.
+        for task in striking:
+            await task
     if pending:
         missed = ", ".join(f"{what} at {step}" for what, step, _ in pending)
         console.print(f"chaos: the incident never reached the step for: {missed}")
@@ -407,10 +429,17 @@ STEP_ACTIVITY = {
 }
 
 
-def _scheduled(ticks: HistoryTicks, where: str) -> bool:
+def _step_activity(where: str) -> str | None:
+    """The one activity of a short step (`at`), struck when scheduled; None: struck when the
+    incident's status says the step is current."""
     step, cloud = parse_at(where)
-    activity = STEP_ACTIVITY.get(step)
-    return cloud is None and activity is not None and ticks.running(activity)
+    return STEP_ACTIVITY.get(step) if cloud is None else None
+
+
+async def _cancelled(task: asyncio.Task[None]) -> None:
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
 
 
 async def _until_cloud_operation(

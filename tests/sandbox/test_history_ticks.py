@@ -65,23 +65,20 @@ def _scheduled(event_id: int, activity_type: str) -> HistoryEvent:
     return e
 
 
-def test_an_activity_is_running_from_its_scheduling_until_an_event_closes_it() -> None:
+async def test_a_watcher_of_an_activity_returns_once_it_is_scheduled_closed_or_not() -> None:
     """What the chaos driver strikes a short step by (sandbox/drivers/chaos.py): the step's
-    activity scheduled and not yet closed, whichever way it closes."""
+    activity scheduled, seen even when it closed before the watcher looked."""
     ticks = HistoryTicks(handle=None)  # type: ignore[arg-type]  # _note reads no handle
+    drain = asyncio.create_task(ticks.scheduled("drain_node"))
+    gate = asyncio.create_task(ticks.scheduled("health_gate"))
+    await asyncio.sleep(0)  # both waiting
+    assert not drain.done() and not gate.done()
     ticks._note(_scheduled(5, "drain_node"))
-    ticks._note(_scheduled(9, "requeue_jobs"))
-    assert ticks.running("drain_node") and ticks.running("requeue_jobs")
-    assert not ticks.running("return_to_service")
-    started = HistoryEvent(event_id=6)
-    started.activity_task_started_event_attributes.scheduled_event_id = 5
-    ticks._note(started)
-    assert ticks.running("drain_node")  # started is still running
+    await asyncio.wait_for(drain, WOKEN_S)
+    assert not gate.done()  # another activity's scheduling wakes nobody else's watcher
     done = HistoryEvent(event_id=7)
     done.activity_task_completed_event_attributes.scheduled_event_id = 5
     ticks._note(done)
-    assert not ticks.running("drain_node") and ticks.running("requeue_jobs")
-    failed = HistoryEvent(event_id=10)
-    failed.activity_task_timed_out_event_attributes.scheduled_event_id = 9
-    ticks._note(failed)
-    assert not ticks.running("requeue_jobs")
+    # Scheduled and closed before anyone asked: a later watcher returns at once.
+    await asyncio.wait_for(ticks.scheduled("drain_node"), WOKEN_S)
+    gate.cancel()
