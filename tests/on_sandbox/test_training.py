@@ -594,6 +594,31 @@ def test_in_place_a_process_that_gives_up_stops_the_standbys(
     store.kill()
 
 
+def test_one_sigusr2_abandons_one_generation() -> None:
+    """in_place.AbortRequest, by its clock: the runbook's signal abandons the generation whose
+    collective is stuck past the grace, and is spent by it, so the next generation's forming
+    (slower than the grace on a loaded machine) is not abandoned by the same signal; a
+    collective that completes after a signal dismisses it."""
+    spec = importlib.util.spec_from_file_location("in_place_example", TRAIN.parent / "in_place.py")
+    assert spec and spec.loader
+    in_place = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = in_place  # its dataclasses look their module up there
+    before = signal.getsignal(signal.SIGUSR2)
+    try:
+        spec.loader.exec_module(in_place)
+        abort = in_place.AbortRequest(grace_s=0.2)
+        abort.at = 10.0  # the signal, while a collective begun at 5.0 is stuck
+        assert not abort.abandons(5.0, 10.1)  # within the grace
+        assert abort.abandons(5.0, 10.3)
+        assert not abort.abandons(10.4, 12.0)  # the next generation forms: spent
+        abort.at = 20.0  # a late signal, then a collective issued after it completes
+        abort.healthy(20.5)
+        assert not abort.abandons(21.0, 30.0)
+    finally:
+        signal.signal(signal.SIGUSR2, before)
+        del sys.modules[spec.name]
+
+
 @pytest.mark.timeout(150)
 def test_in_place_survivors_leave_a_silent_peer_on_sigusr2(
     tmp_path: Path, runs: list[Torchrun]
