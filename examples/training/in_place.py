@@ -96,9 +96,10 @@ class AbortRequest:
     rank into the next generation, or after a crashed peer's closed sockets made the group
     re-form before the runbook released the node), or to a standby that is then seated,
     never abandons a healthy generation. One signal abandons one generation: the
-    abandonment spends it, so the next generation's forming, which may take longer than
-    `grace_s` on a loaded machine, is not abandoned by the same signal (it was, ten
-    generations in a row under a load of 25). The handler runs on the main thread between
+    abandonment spends it, and a generation that begins forming after it dismisses it, so
+    the next generation's forming, which may take longer than `grace_s` on a loaded
+    machine, is not abandoned by the same signal (it was, ten generations in a row under a
+    load of 25). The handler runs on the main thread between
     bytecodes, which `Generation` gives it by waiting in slices.
     """
 
@@ -364,8 +365,13 @@ class Generation:
 
         thread = threading.Thread(target=build, name=f"gen{seat.gen}-group", daemon=True)
         _ABANDONED.append((store, thread))
+        started = time.monotonic()
+        # A signal from before this generation was for one this process has left (or, to a
+        # standby, for the one it was seated to replace): the seats of this one leave the
+        # stuck peer out, so its forming is not what the signal was about.
+        abort.healthy(started)
         thread.start()
-        self._wait(done, time.monotonic())
+        self._wait(done, started)
         if isinstance(built[0], Exception):
             raise GroupLost("error", type(built[0]).__name__)
         self.pg = built[0]

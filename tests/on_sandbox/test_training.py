@@ -614,6 +614,19 @@ def test_one_sigusr2_abandons_one_generation() -> None:
         abort.at = 20.0  # a late signal, then a collective issued after it completes
         abort.healthy(20.5)
         assert not abort.abandons(21.0, 30.0)
+
+        # A generation that begins forming after a signal (a standby seated after it, or
+        # the survivors' next one) dismisses it: the signal was for one they have left.
+        class OneRank:  # the InPlaceGroup of a one-rank generation, in this process
+            def process_group_store(self) -> object:
+                return in_place.dist.HashStore()
+
+            def next_open(self) -> bool:
+                return False
+
+        abort.at = time.monotonic()
+        in_place.Generation(OneRank(), in_place.Seat(1, 0, 1, ("gpu-01",)), 30.0, abort)
+        assert abort.at == 0.0
     finally:
         signal.signal(signal.SIGUSR2, before)
         del sys.modules[spec.name]
