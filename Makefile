@@ -42,11 +42,12 @@ XDIST := --dist loadgroup --no-loadscope-reorder
 # timers; the longest and the timed start first). One collection first writes pytest's
 # rewritten test modules to the bytecode cache, which the workers would each pay for at
 # once otherwise. Why seven workers, and when to set fewer (TEST_WORKERS=5): docs/testing.md.
+# The 30 longest tests are listed at the end: where the next cut of the suite's time is.
 TEST_WORKERS ?= 7
 test: system-deps install
 	@$(MAKE) --no-print-directory lint & lint=$$!; \
 	$(BIN)/pytest --collect-only -q -p no:cacheprovider > /dev/null; \
-	$(BIN)/pytest -n $(TEST_WORKERS) $(XDIST) -m "not scenario"; tests=$$?; \
+	$(BIN)/pytest -n $(TEST_WORKERS) $(XDIST) -m "not scenario" --durations=30; tests=$$?; \
 	wait $$lint; linted=$$?; \
 	if [ $$linted -ne 0 ]; then echo "make test: lint failed"; fi; \
 	[ $$tests -eq 0 ] && [ $$linted -eq 0 ]
