@@ -250,12 +250,20 @@ class WriteWatch:
     def __init__(self, node: str, jobs: Sequence[int] = ()) -> None:
         self.node, self.jobs = node, set(jobs)
         self.seen: dict[str, LogLine] = {}
+        self._requeue_marked = False  # the runbook's marker is on a job of the node
 
     def feed(self, lines: list[LogLine]) -> None:
         drain = re.compile(
             rf"^update_node: node {re.escape(self.node)} reason set to: {re.escape(REASON_PREFIX)} "
         )
-        resume = re.compile(rf"^update_node: node {re.escape(self.node)} state set to (?!DRAIN)")
+        # Not a fence's DOWN: the resume is the return to service.
+        resume = re.compile(
+            rf"^update_node: node {re.escape(self.node)} state set to (?!DRAIN|DOWN)"
+        )
+        down = re.compile(rf"^update_node: node {re.escape(self.node)} state set to DOWN")
+        marker = re.compile(
+            r"^_update_job: setting admin_comment to autoclusters:requeue:\S+ for JobId=(\d+)"
+        )
         for line in lines:
             if "drain" not in self.seen and drain.match(line.text):
                 self.seen["drain"] = line
@@ -263,6 +271,13 @@ class WriteWatch:
                 self.seen["resume"] = line
             m = re.match(r"^Requeuing JobId=(\d+)", line.text)
             if m and "requeue" not in self.seen and (not self.jobs or int(m[1]) in self.jobs):
+                self.seen["requeue"] = line
+            m = marker.match(line.text)
+            if m and (not self.jobs or int(m[1]) in self.jobs):
+                self._requeue_marked = True
+            # A fence at once (XID_79's): the node set DOWN right after the marker requeues
+            # its jobs with it, and slurmctld logs no `Requeuing` line for them then.
+            if self._requeue_marked and "requeue" not in self.seen and down.match(line.text):
                 self.seen["requeue"] = line
 
 

@@ -136,6 +136,41 @@ def test_the_writes_of_the_runbook_are_found_and_nothing_else() -> None:
     }
 
 
+MARKED = "_update_job: setting admin_comment to autoclusters:requeue:inc-1:0 for JobId="
+
+
+def test_a_fence_at_once_is_the_requeue_write_and_not_the_resume() -> None:
+    """XID_79's fence: the runbook marks its job, then sets the node DOWN at once, which
+    requeues the job with it; slurmctld logs no `Requeuing` line for that (ci3 of
+    2026-12-06: the crash case at the requeue never crashed)."""
+    watch = WriteWatch(NODE, jobs=[7])
+    watch.feed(
+        [
+            _line(4, DRAIN),
+            _line(5, f"update_node: node {NODE} state set to DOWN"),  # no marker yet
+            _line(
+                6, "_update_job: setting admin_comment to autoclusters:requeue:inc-1:0 for JobId=8"
+            ),
+            _line(7, f"update_node: node {NODE} state set to DOWN"),  # not the case's job
+        ]
+    )
+    assert set(watch.seen) == {"drain"}
+    watch.feed(
+        [
+            _line(
+                8, "_update_job: setting admin_comment to autoclusters:requeue:inc-1:0 for JobId=7"
+            ),
+            _line(9, f"update_node: node {NODE} state set to DOWN"),
+            _line(12, f"update_node: node {NODE} state set to IDLE"),
+        ]
+    )
+    assert {k: (v.at - T0).total_seconds() for k, v in watch.seen.items()} == {
+        "drain": 4,
+        "requeue": 9,
+        "resume": 12,
+    }
+
+
 def test_the_last_pass_counts_the_passes_a_hold_made_fail(tmp_path: Path) -> None:
     cfg = _cfg(tmp_path)
     saved = state_save_dir(cfg) / "node_state"
