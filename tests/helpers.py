@@ -5,10 +5,12 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import os
+import shutil
 import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from datetime import timedelta
 from pathlib import Path
 from types import ModuleType
@@ -217,6 +219,27 @@ def down_leaving_nothing(cfg: SandboxConfig) -> None:
     assert not left, f"sandbox processes still alive after down: {left}"
     escaped = stop_referencing(cfg.state_dir)
     assert not escaped, f"processes of the sandbox outside its table after down: {escaped}"
+
+
+@asynccontextmanager
+async def own_sandbox(cfg: SandboxConfig) -> AsyncIterator[SandboxConfig]:
+    """A module's own sandbox: up (sync: it runs its own event loop), then down leaving
+    nothing (`down_leaving_nothing`)."""
+    await asyncio.to_thread(cluster.up, cfg)
+    try:
+        yield cfg
+    finally:
+        await asyncio.to_thread(down_leaving_nothing, cfg)
+
+
+def kubectl(cfg: SandboxConfig, *args: str) -> str:
+    """kubectl (a client nobody here wrote) against the sandbox's kubeconfig: its stdout,
+    or the test fails with what it said."""
+    env = {**os.environ, "KUBECONFIG": str(cfg.kubeconfig)}
+    argv = [shutil.which("kubectl") or "kubectl", *args]
+    r = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return r.stdout
 
 
 BENCH = Path(__file__).resolve().parent.parent / "bench"

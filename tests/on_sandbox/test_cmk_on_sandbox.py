@@ -34,7 +34,7 @@ from autoclusters.core.cluster_spec import load_cluster_spec
 from autoclusters.core.policy import default_policy
 from autoclusters.core.process_start import command_line
 from autoclusters.core.settings import load_file
-from autoclusters.sandbox import cluster, restart
+from autoclusters.sandbox import restart
 from autoclusters.sandbox.kubernetes import daemonsets as k8s_daemonsets
 from autoclusters.sandbox.runtime.config import SandboxConfig
 from autoclusters.sandbox.runtime.processes import (
@@ -45,13 +45,12 @@ from autoclusters.sandbox.runtime.processes import (
 from autoclusters.sandbox.slinky import agent_daemonset
 from autoclusters.sandbox.slinky import operator_pods as slinky_pods
 from tests.conftest import free_port_base
-from tests.helpers import down_leaving_nothing, eventually
+from tests.helpers import eventually, kubectl, own_sandbox
 
 pytestmark = pytest.mark.integration
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "clusters" / "cmk.yaml"
 CLI = [sys.executable, "-m", "autoclusters.clients.cli"]
-KUBECTL = "/usr/bin/kubectl"
 SLURM_DAEMONS = ("slurmctld", "slurmdbd", "mariadb", "sshd-login")
 
 
@@ -65,19 +64,9 @@ async def cfg(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Sandbox
         nodes=spec.node_sets[0].count, port_base=free_port_base(), boot_delay_s=1,
         breaker_threshold=100, accounting=True,
     )  # fmt: skip
-    await asyncio.to_thread(cluster.up, c)
-    try:
+    # Nor anything the table never knew of (a slurmd whose record was lost once).
+    async with own_sandbox(c):
         yield c
-    finally:
-        # Nor anything the table never knew of (a slurmd whose record was lost once).
-        await asyncio.to_thread(down_leaving_nothing, c)
-
-
-def _kubectl(cfg: SandboxConfig, *args: str) -> str:
-    env = {**os.environ, "KUBECONFIG": str(cfg.kubeconfig)}
-    r = subprocess.run([KUBECTL, *args], env=env, capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0, r.stdout + r.stderr
-    return r.stdout
 
 
 def _cli(cfg: SandboxConfig, *args: str) -> subprocess.CompletedProcess[str]:
@@ -100,7 +89,7 @@ def _world(cfg: SandboxConfig) -> Any:
 
 def _running_slurmd_pods(cfg: SandboxConfig) -> list[str]:
     """The slurmd pods kubectl shows Running and Ready, by their Slurm node."""
-    out = _kubectl(
+    out = kubectl(
         cfg, "get", "pods", "-A", "-l", "app.kubernetes.io/name=slurmd", "-o",
         "jsonpath={range .items[*]}{.metadata.labels.nodeset\\.slinky\\.slurm\\.net/pod-hostname}"
         " {.status.phase} {.status.conditions[?(@.type=='Ready')].status}{'\\n'}{end}",
@@ -112,7 +101,7 @@ def _running_slurmd_pods(cfg: SandboxConfig) -> list[str]:
 def _agent_pods(cfg: SandboxConfig) -> dict[str, Any]:
     """The agent DaemonSet's live pods kubectl shows (not being deleted, not ended: what
     its controller keeps one of per Node), by their Node."""
-    out = _kubectl(
+    out = kubectl(
         cfg, "get", "pods", "-n", "autoclusters", "-l",
         f"{agent_daemonset.APP_LABEL}={agent_daemonset.APP}", "-o", "json",
     )  # fmt: skip
@@ -124,7 +113,7 @@ def _node_running(cfg: SandboxConfig, slurm: str) -> str:
     """The Node whose slurmd registers as the Slurm node `slurm`, as kubectl shows it: the
     pool's VMs take the slots as each slot's creation gets the ledger's lock, so cmk-gpu-1
     may run gpu-02."""
-    nodes = json.loads(_kubectl(cfg, "get", "nodes", "-o", "json"))["items"]
+    nodes = json.loads(kubectl(cfg, "get", "nodes", "-o", "json"))["items"]
     (kube,) = [n["metadata"]["name"] for n in nodes if slinky_pods.hostname_of(n) == slurm]
     return str(kube)
 
@@ -178,15 +167,15 @@ def _slurm_nodes(cfg: SandboxConfig) -> list[str]:
 
 
 async def test_the_provisioned_cluster_runs_on_the_operators_pods(cfg: SandboxConfig) -> None:
-    nodes = _kubectl(cfg, "get", "nodes")
+    nodes = kubectl(cfg, "get", "nodes")
     assert "cmk-gpu-1" in nodes and "cmk-gpu-2" in nodes and "Ready" in nodes
-    crs = _kubectl(cfg, "get", "nodesets,controllers", "-A")
+    crs = kubectl(cfg, "get", "nodesets,controllers", "-A")
     assert "nodeset.slinky.slurm.net/cmk-gpu" in crs and "controller.slinky.slurm.net/cmk" in crs
-    pods = _kubectl(cfg, "get", "pods", "-A")
+    pods = kubectl(cfg, "get", "pods", "-A")
     for pod in ("cmk-controller-0", "cmk-accounting-0", "cmk-login-0"):
         assert pod in pods
     assert _running_slurmd_pods(cfg) == ["gpu-01", "gpu-02"]
-    secrets = _kubectl(cfg, "get", "secrets", "-n", "slurm", "-o", "name")
+    secrets = kubectl(cfg, "get", "secrets", "-n", "slurm", "-o", "name")
     for name in ("auth-slurm", "auth-jwt", "sssd-conf", "mariadb-password"):
         assert f"secret/cmk-{name}" in secrets
     # Every slurmd registered, and a job runs on both nodes.
@@ -218,7 +207,7 @@ async def test_the_agents_are_the_shipped_daemonsets_pods(cfg: SandboxConfig) ->
         60,
         "an agent pod Running on each GPU Node",
     )
-    ds = json.loads(_kubectl(cfg, "get", "ds", "-n", "autoclusters", "autoclusters-agent",
+    ds = json.loads(kubectl(cfg, "get", "ds", "-n", "autoclusters", "autoclusters-agent",
                              "-o", "json"))  # fmt: skip
     shipped = agent_daemonset.load()
     assert (
@@ -226,7 +215,7 @@ async def test_the_agents_are_the_shipped_daemonsets_pods(cfg: SandboxConfig) ->
         == (shipped["spec"]["template"]["spec"]["containers"][0]["args"])
     )
     assert ds["status"]["desiredNumberScheduled"] == 2 and ds["status"]["numberReady"] == 2
-    listed = json.loads(_kubectl(cfg, "get", "nodes", "-o", "json"))["items"]
+    listed = json.loads(kubectl(cfg, "get", "nodes", "-o", "json"))["items"]
     nodes = {n["metadata"]["name"]: n for n in listed}
     table = ProcessTable(cfg.state_dir)
     for node, pid in _running_agents(cfg).items():
@@ -274,9 +263,9 @@ async def test_kubectl_cordon_of_a_node_drains_its_slurm_node(cfg: SandboxConfig
         return "drain" in st and reason.startswith("slurm-operator: ")
 
     assert "drain" not in state()[0]
-    _kubectl(cfg, "cordon", kube)
+    kubectl(cfg, "cordon", kube)
     await eventually(lambda: _async(drained()), 30, "gpu-01 drained by the cordon of its Node")
-    _kubectl(cfg, "uncordon", kube)
+    kubectl(cfg, "uncordon", kube)
     await eventually(lambda: _async(not drained()), 30, "gpu-01 undrained")
     assert "drain" not in state()[0]
 
@@ -345,9 +334,9 @@ async def test_delete_leaves_nothing_then_create_from_the_example(cfg: SandboxCo
     await eventually(lambda: _async(daemons() == []), 60, "no Slurm daemon left")
     await _nothing_unrecorded(cfg)
     await eventually(
-        lambda: _async(_kubectl(cfg, "get", "pods", "-A", "-o", "name") == ""), 30, "no pod"
+        lambda: _async(kubectl(cfg, "get", "pods", "-A", "-o", "name") == ""), 30, "no pod"
     )
-    assert "cmk-gpu" not in _kubectl(cfg, "get", "nodes", "-o", "name")
+    assert "cmk-gpu" not in kubectl(cfg, "get", "nodes", "-o", "name")
 
     # A bad spec is refused with its field named, before anything is made.
     bad = cfg.state_dir / "bad.yaml"

@@ -11,7 +11,6 @@ of the configuration and its VM deleted, its daemons stopped by PID.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import shutil
 from collections.abc import AsyncIterator
@@ -19,16 +18,14 @@ from collections.abc import AsyncIterator
 import pytest
 import pytest_asyncio
 
-from autoclusters.sandbox import cluster
 from autoclusters.sandbox.runtime.config import SandboxConfig
 from autoclusters.sandbox.runtime.processes import ProcessTable
 from tests.conftest import free_port_base
-from tests.helpers import down_leaving_nothing, eventually
+from tests.helpers import eventually, kubectl, own_sandbox
 from tests.on_sandbox.test_nodeset_scale_out_on_sandbox import (
     BOOT_S,
     NS,
     _async,
-    _kubectl,
     _pods,
     _sinfo,
     _slurm,
@@ -50,17 +47,14 @@ async def cfg(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Sandbox
         port_base=free_port_base(), boot_delay_s=1, k8s=True, breaker_threshold=100,
         accounting=False, inference=False,
     )  # fmt: skip
-    await asyncio.to_thread(cluster.up, c)
-    try:
+    async with own_sandbox(c):
         yield c
-    finally:
-        await asyncio.to_thread(down_leaving_nothing, c)
 
 
 async def test_scale_out_and_back_on_managed_slurm(cfg: SandboxConfig) -> None:
     assert _sinfo(cfg) == {"gpu-01": "idle", "gpu-02": "idle"}
 
-    out = _kubectl(cfg, "scale", "nodeset", "gpu", "-n", NS, "--replicas=3")
+    out = kubectl(cfg, "scale", "nodeset", "gpu", "-n", NS, "--replicas=3")
     assert "nodeset.slinky.slurm.net/gpu scaled" in out
 
     await eventually(
@@ -70,7 +64,7 @@ async def test_scale_out_and_back_on_managed_slurm(cfg: SandboxConfig) -> None:
     assert "State=IDLE" in shown.stdout and "Gres=gpu:8" in shown.stdout, shown.stderr
     await eventually(lambda: _async(_waiting(cfg) == []), 30, "no Pending pod left")
     assert _pods(cfg)[f"slurmd-{ADDED}"]["spec"]["nodeName"] == ADDED
-    events = _kubectl(cfg, "get", "events", "-n", NS)
+    events = kubectl(cfg, "get", "events", "-n", NS)
     assert "TriggeredScaleUp" in events and "{gpu 2->3 (max: 4)}" in events
     job = _slurm(cfg, "srun", "-w", ADDED, "hostname")
     assert job.returncode == 0, job.stderr
@@ -78,14 +72,14 @@ async def test_scale_out_and_back_on_managed_slurm(cfg: SandboxConfig) -> None:
     slurmd, agent = table.get(f"slurmd-{ADDED}"), table.get(f"agent-{ADDED}")
     assert slurmd is not None and agent is not None
 
-    _kubectl(cfg, "scale", "nodeset", "gpu", "-n", NS, "--replicas=2")
+    kubectl(cfg, "scale", "nodeset", "gpu", "-n", NS, "--replicas=2")
 
     await eventually(
         lambda: _async(sorted(_sinfo(cfg)) == ["gpu-01", "gpu-02"]), BOOT_S,
         f"{ADDED} out of sinfo",
     )  # fmt: skip
     await eventually(
-        lambda: _async(f"node/{ADDED}" not in _kubectl(cfg, "get", "nodes", "-o", "name")),
+        lambda: _async(f"node/{ADDED}" not in kubectl(cfg, "get", "nodes", "-o", "name")),
         60, f"node {ADDED} gone",
     )  # fmt: skip
     assert sorted(_pods(cfg)) == ["slurmd-gpu-01", "slurmd-gpu-02"]

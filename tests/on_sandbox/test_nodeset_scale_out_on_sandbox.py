@@ -13,7 +13,6 @@ One sandbox for the module, the tests in order: they tell one story.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import shutil
@@ -25,14 +24,12 @@ import httpx
 import pytest
 import pytest_asyncio
 
-from autoclusters.sandbox import cluster
 from autoclusters.sandbox.runtime.config import SandboxConfig
 from autoclusters.sandbox.runtime.processes import ProcessTable
 from autoclusters.sandbox.slinky import autoscaler as slinky_autoscaler
 from tests.conftest import free_port_base
-from tests.helpers import down_leaving_nothing, eventually
+from tests.helpers import eventually, kubectl, own_sandbox
 
-KUBECTL = shutil.which("kubectl") or "kubectl"
 pytestmark = [
     pytest.mark.integration,
     pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed"),
@@ -50,18 +47,8 @@ async def cfg(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Sandbox
         nodes=2, port_base=free_port_base(), boot_delay_s=1, breaker_threshold=100,
         accounting=False, inference=False,
     )  # fmt: skip
-    await asyncio.to_thread(cluster.up, c)
-    try:
+    async with own_sandbox(c):
         yield c
-    finally:
-        await asyncio.to_thread(down_leaving_nothing, c)
-
-
-def _kubectl(cfg: SandboxConfig, *args: str) -> str:
-    env = {**os.environ, "KUBECONFIG": str(cfg.kubeconfig)}
-    r = subprocess.run([KUBECTL, *args], env=env, capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0, r.stdout + r.stderr
-    return r.stdout
 
 
 def _slurm(cfg: SandboxConfig, *argv: str) -> subprocess.CompletedProcess[str]:
@@ -79,7 +66,7 @@ def _sinfo(cfg: SandboxConfig) -> dict[str, str]:
 
 
 def _pods(cfg: SandboxConfig) -> dict[str, Any]:
-    out = _kubectl(cfg, "get", "pods", "-n", NS, "-l", "app.kubernetes.io/name=slurmd", "-o",
+    out = kubectl(cfg, "get", "pods", "-n", NS, "-l", "app.kubernetes.io/name=slurmd", "-o",
                    "json")  # fmt: skip
     return {p["metadata"]["name"]: p for p in json.loads(out)["items"]}
 
@@ -100,7 +87,7 @@ async def _async(value: Any) -> Any:
 
 
 def _scale(cfg: SandboxConfig, replicas: int) -> None:
-    out = _kubectl(cfg, "scale", "nodeset", NODESET, "-n", NS, f"--replicas={replicas}")
+    out = kubectl(cfg, "scale", "nodeset", NODESET, "-n", NS, f"--replicas={replicas}")
     assert f"nodeset.slinky.slurm.net/{NODESET} scaled" in out
 
 
@@ -126,7 +113,7 @@ async def test_scale_out_adds_a_node_that_slurm_shows(cfg: SandboxConfig) -> Non
     assert _pods(cfg)[f"slurmd-{ADDED}"]["spec"]["nodeName"] == ADDED
     assert ProcessTable(cfg.state_dir).alive(f"slurmd-{ADDED}")
     await eventually(lambda: _async(_waiting(cfg) == []), 30, "no Pending pod left")
-    events = _kubectl(cfg, "get", "events", "-n", NS)
+    events = kubectl(cfg, "get", "events", "-n", NS)
     assert "TriggeredScaleUp" in events and f"{{{NODESET} 2->3 (max: 4)}}" in events
     # A job runs there: the runbook's Slurm sees a node like any other.
     job = _slurm(cfg, "srun", "-p", "gpu", "-w", ADDED, "hostname")
@@ -151,7 +138,7 @@ async def test_beyond_the_pools_max_a_pod_stays_pending_and_says_why(cfg: Sandbo
     name = waiting[0]["metadata"]["name"]
     (cond,) = [c for c in waiting[0]["status"]["conditions"] if c["type"] == "PodScheduled"]
     assert cond["reason"] == "Unschedulable"
-    described = _kubectl(cfg, "describe", "pod", "-n", NS, name)
+    described = kubectl(cfg, "describe", "pod", "-n", NS, name)
     assert "NotTriggerScaleUp" in described
     assert f"node group {NODESET} is at its max size ({top})" in described
 
@@ -172,14 +159,14 @@ async def test_scaling_back_removes_the_added_nodes(cfg: SandboxConfig) -> None:
         "the added VMs deleted",
     )  # fmt: skip
     assert _pool(cfg)["count"] == 2
-    nodes = _kubectl(cfg, "get", "nodes", "-o", "name")
+    nodes = kubectl(cfg, "get", "nodes", "-o", "name")
     assert f"node/{ADDED}" not in nodes and "node/cmk-gpu-4" not in nodes
     assert sorted(_pods(cfg)) == ["slurmd-cmk-gpu-1", "slurmd-cmk-gpu-2"]  # by their Node
     for node, rec in pids.items():
         assert rec is not None and not table.alive(f"slurmd-{node}")
         with pytest.raises(ProcessLookupError):
             os.kill(rec.pid, 0)  # the very process is gone, not only its record
-    events = _kubectl(cfg, "get", "events", "-A")
+    events = kubectl(cfg, "get", "events", "-A")
     assert "ScaleDown" in events
     # The sandbox's own nodes are as they were.
     assert _sinfo(cfg) == {"gpu-01": "idle", "gpu-02": "idle"}

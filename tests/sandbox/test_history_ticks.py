@@ -5,6 +5,7 @@ waits, and the run closing is its last wake-up."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
 
 from temporalio import workflow
@@ -82,3 +83,5 @@ async def test_a_watcher_of_an_activity_returns_once_it_is_scheduled_closed_or_n
     # Scheduled and closed before anyone asked: a later watcher returns at once.
     await asyncio.wait_for(ticks.scheduled("drain_node"), WOKEN_S)
     gate.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await gate
