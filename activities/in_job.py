@@ -83,6 +83,7 @@ from autoclusters.core.models import (
     SlurmJob,
     SlurmNode,
     job_comment,
+    job_stamp,
 )
 from autoclusters.core.recovery_cost import (
     JobFacts,
@@ -104,15 +105,12 @@ from autoclusters.integrations.slurm import (
 ABANDON_SIGNAL = "USR2"
 # What a job that says how it trains writes in its comment (examples/training): one that
 # writes any will write `resumed_at=` when it steps again.
-PROGRESS_TOKENS = ("ckpt_at", "resumed_at", "injob", "training")
+PROGRESS_TOKENS = ("ckpt_at", "run_at", "resumed_at", "injob", "training")
 
 
 def _resumed_since(job: SlurmJob, since: float) -> bool:
-    stamp = job_comment(job, "resumed_at")
-    try:
-        return stamp is not None and float(stamp) >= since
-    except ValueError:
-        return False  # not a time: not a resume
+    stamp = job_stamp(job, "resumed_at")  # None, too, when not a time: not a resume
+    return stamp is not None and stamp >= since
 
 
 def training_nodes(job: SlurmJob) -> list[str] | None:
@@ -177,21 +175,21 @@ def plan_for(
     """The job's recovery plan from what Slurm shows of it: its width (GPUs, else nodes),
     its checkpoint's age at `now` (the fault, where the incident says when; `ckpt_at=` in
     its comment; unknown when it does not say) and the free nodes it could start again on
-    (`free`: None, unknown)."""
-    stamp = job_comment(job, "ckpt_at")
-    try:
-        saved = float(stamp) if stamp is not None else None
-    except ValueError:
-        saved = None
+    (`free`: None, unknown). The work at risk began at the later of its newest checkpoint
+    and its run's first step (`run_at=`): a requeued run that started from an older
+    checkpoint, or from none, did none of the work between that save and its start."""
+    saved, began = job_stamp(job, "ckpt_at"), job_stamp(job, "run_at")
+    at_risk = max((t for t in (saved, began) if t is not None), default=None)
     width = job.gpus or job.node_count or len(hostlist.expand(job.nodes)) or 1
     facts = JobFacts(
         job_id=job.job_id,
         gpus=width,
-        checkpoint_age_s=max(0.0, now - saved) if saved is not None else None,
+        checkpoint_age_s=max(0.0, now - at_risk) if at_risk is not None else None,
         in_job_blocked=in_job_blocked,
         free_nodes=free,
         restart_cnt=job.restart_cnt,
         checkpoint_at=saved,
+        run_at=began,
         says_progress=any(job_comment(job, key) is not None for key in PROGRESS_TOKENS),
     )
     return plan_recovery(facts, figures, capacity)

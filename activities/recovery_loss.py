@@ -30,7 +30,7 @@ from temporalio import activity
 
 from autoclusters.activities.heartbeat import heartbeating
 from autoclusters.activities.job_markers import ACTIVE
-from autoclusters.core.models import SlurmJob, job_comment
+from autoclusters.core.models import SlurmJob, job_stamp
 from autoclusters.core.recovery_loss import (
     JobSighting,
     MeasureRecoveryInput,
@@ -42,14 +42,6 @@ from autoclusters.integrations.slurm import SlurmClient, SlurmError
 # A job in one of these states will not step again by itself (squeue's terminal states).
 ENDED = {"COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL",
          "DEADLINE"}  # fmt: skip
-
-
-def _stamp(job: SlurmJob, key: str) -> float | None:
-    value = job_comment(job, key)
-    try:
-        return float(value) if value is not None else None
-    except ValueError:
-        return None  # not a time: not said
 
 
 class _Follow:
@@ -70,8 +62,8 @@ class _Follow:
         self.seen.restarted = True
         if job.job_state not in ACTIVE:
             return False  # pending, or still completing: no step yet
-        stepped = _stamp(job, "resumed_at")
-        ckpt = _stamp(job, "ckpt_at")
+        stepped = job_stamp(job, "resumed_at")
+        ckpt = job_stamp(job, "ckpt_at")
         if stepped is None or stepped < self.opened_at:
             self.ckpt_before_step = ckpt  # the newest save before the new run's first step
             return False
@@ -133,7 +125,7 @@ class RecoveryLossActivities:
 
     @staticmethod
     def _in_place(f: _Follow, job: SlurmJob | None) -> None:
-        stepped = _stamp(job, "resumed_at") if job is not None else None
+        stepped = job_stamp(job, "resumed_at") if job is not None else None
         if stepped is not None and stepped >= f.opened_at:
             f.seen.stepping_at = stepped
         elif job is None:

@@ -23,7 +23,7 @@ from autoclusters.activities.heartbeat import heartbeating
 from autoclusters.activities.kubernetes import api_errors, call_json, items_of
 from autoclusters.core import hostlist
 from autoclusters.core.cluster_ops import is_ops_reason
-from autoclusters.core.models import REASON_PREFIX, SPARE_REASON, SlurmJob, SlurmNode, job_comment
+from autoclusters.core.models import REASON_PREFIX, SPARE_REASON, SlurmJob, SlurmNode, job_stamp
 from autoclusters.core.sharing import (
     INFERENCE_APP,
     INFERENCE_APP_LABEL,
@@ -54,11 +54,7 @@ def node_gpus(node: SlurmNode) -> int:
 
 def checkpointed_at(job: SlurmJob) -> float | None:
     """A job may record its last checkpoint in its comment (`ckpt_at=<epoch s>`)."""
-    value = job_comment(job, "ckpt_at")
-    try:
-        return float(value) if value is not None else None
-    except ValueError:
-        return None
+    return job_stamp(job, "ckpt_at")
 
 
 def pool_from_slurm(node: SlurmNode) -> Pool:

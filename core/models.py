@@ -504,6 +504,16 @@ def job_comment(job: SlurmJob, key: str) -> str | None:
     return None
 
 
+def job_stamp(job: SlurmJob, key: str) -> float | None:
+    """A time the job wrote in its comment (`ckpt_at=<epoch s>`, `run_at=`, `resumed_at=`);
+    None: not said, or not a time."""
+    value = job_comment(job, key)
+    try:
+        return float(value) if value is not None else None
+    except ValueError:
+        return None
+
+
 # A healthy node ends a requeued run in a second or two: a job still completing on the
 # incident's node after this long is stuck there (RequeueInput.fence_after_s).
 FENCE_AFTER_S = 3.0

@@ -12,8 +12,10 @@ The paths, each estimated wherever the policy allows it (else "not possible", wi
   their state in memory, nothing is redone; possible only where the job holds a standby
   and can lose this node (activities/in_job.py says why not otherwise);
 - the others start with the same requeue and differ in where the job starts again, so
-  each redoes the work since its newest checkpoint (`ckpt_at=` in its comment; unknown is
-  said, and counted as none):
+  each redoes the work since its newest checkpoint (`ckpt_at=` in its comment), or since
+  its run first stepped where that is later (`run_at=`: a run started from an older
+  checkpoint, or from none, has redone nothing before it); unknown is said, and counted
+  as none:
   - `requeue`: on the partition's free nodes, at once; possible where Slurm shows enough
     of them idle (an unknown count is not zero: possible, and said);
   - `spare`: on a hot spare put into service for the node (the policy lists spares and
@@ -76,7 +78,10 @@ class JobFacts(BaseModel):
 
     job_id: int
     gpus: int  # the job's width in GPUs (its nodes when it asked for no GPU)
-    checkpoint_age_s: float | None = None  # since its newest checkpoint; None: unknown
+    # The age of the work a restart would do again: since its newest checkpoint, or since
+    # its run first stepped where that is later (a run started from an older checkpoint,
+    # or from none); None: unknown.
+    checkpoint_age_s: float | None = None
     # Why it cannot recover in place (None: it can): no standby, the batch host, more
     # losses than standbys, the policy's job_recovery.
     in_job_blocked: str | None = None
@@ -88,6 +93,7 @@ class JobFacts(BaseModel):
     # measured loss is read against (core/recovery_loss.py).
     restart_cnt: int = 0
     checkpoint_at: float | None = None
+    run_at: float | None = None  # epoch s its run first stepped (`run_at=`); None: not said
     # It says how it trains in its Slurm comment (examples/training: `ckpt_at=`,
     # `resumed_at=`, `injob=`, `training=`): it will say when it steps again, whether it
     # has checkpointed yet or not.
@@ -112,6 +118,7 @@ class RecoveryPlan(BaseModel):
     why: str = ""
     restart_cnt: int = 0
     checkpoint_at: float | None = None
+    run_at: float | None = None
     says_progress: bool = False
     # Where the seconds per path came from: the cluster's measured history (which figure
     # from how many), or the policy's figures and why ("": the policy's, none read).
@@ -195,6 +202,7 @@ def plan_recovery(
         chosen=best.path,
         restart_cnt=job.restart_cnt,
         checkpoint_at=job.checkpoint_at,
+        run_at=job.run_at,
         says_progress=job.says_progress,
     )
     runner_up = min(

@@ -10,8 +10,10 @@ included). From the fault's start as its source saw it (core/loss_clock.py: the 
 reading, before the incident opened; the opening where no source said), pure arithmetic:
 
     resume_s = stepping again − the fault
-    redo_s   = the fault − the checkpoint the new run started from (0 in place, and 0
-               where the old run saved after the fault)
+    redo_s   = the fault − the checkpoint the new run started from, or the faulted
+               run's first step where that is later (`run_at=` when planned: a run that
+               started from that checkpoint too, or from none); 0 in place, and 0 where
+               the old run saved after the fault
     GPU-hours lost = GPUs × (resume_s + redo_s) / 3600
 
 A job that never says when it steps (no `resumed_at=`), that ended first, or that did not
@@ -109,6 +111,10 @@ def actual_loss(plan: RecoveryPlan, taken: str, seen: JobSighting, fault_at: flo
         redo = 0.0  # in place: the survivors kept their state
     else:
         start = seen.resumed_ckpt_at if seen.resumed_ckpt_at is not None else plan.checkpoint_at
+        if plan.run_at is not None:
+            # The faulted run did nothing before its first step: a checkpoint older than
+            # that (the one it had started from too, or none) costs from there.
+            start = plan.run_at if start is None else max(start, plan.run_at)
         if start is None:
             # Its seconds to stepping again are measured all the same: the path's figure
             # (core/recovery_history.py) needs them, not the work redone.

@@ -10,7 +10,9 @@ has completed on every rank does rank 0 move the `latest` marker (write a temp f
 os.replace): a run killed mid-save leaves the marker at the previous checkpoint, and the
 half-written directory is ignored (and removed at the next start). Under Slurm, rank 0
 then records the time in the job's Comment (`ckpt_at=<epoch s>`, the Comment's other
-`key=value` tokens kept), so a scheduler taking a node knows how much work each job would lose.
+`key=value` tokens kept), so a scheduler taking a node knows how much work each job would lose;
+the first step of every run adds `run_at=<epoch s>`, when the run began that step: a run
+that started from an older checkpoint, or from none, has had work at risk since then only.
 
 In-job recovery (`--in-place HOST:PORT`, train.sbatch's SPARES mode, in_place.py): no
 torchrun; one process per node meets the others in the job's store, `--train-nodes` of the
@@ -364,7 +366,7 @@ def with_token(comment: str, key: str, value: str) -> str:
     return " ".join(out if mine in out else [*out, mine])
 
 
-# One read-modify-write of the Comment at a time within this process (ckpt_at, resumed_at).
+# One read-modify-write of the Comment at a time within this process (ckpt_at, run_at, ...).
 _comment_lock = threading.Lock()
 _publishing: list[threading.Thread] = []
 
@@ -378,13 +380,15 @@ def shielded(argv: list[str]) -> list[str]:
     return ["sh", "-c", 'trap "" USR2; exec "$@"', "sh", *argv]
 
 
-def publish(key: str, value: str) -> None:
-    """Set `key=value` in the job's Slurm Comment (a field its owner may set): `ckpt_at`,
-    when it last checkpointed, so whoever must take a node from running jobs (AutoClusters'
-    GPU sharing lending a node to inference) picks the job that loses least work;
-    `resumed_at`, when it stepped again after an in-job restart. Best effort, off the
-    training thread: a slow or absent slurmctld never stalls a step. Outside Slurm (no
-    SLURM_JOB_ID, or no scontrol/squeue) nothing is done."""
+def publish(**tokens: str) -> None:
+    """Set each `key=value` in the job's Slurm Comment (a field its owner may set), in one
+    write: `ckpt_at`, when it last checkpointed, so whoever must take a node from running
+    jobs (AutoClusters' GPU sharing lending a node to inference) picks the job that loses
+    least work; `run_at`, when this run began its first step (the work a requeue would
+    redo began at the later of the two); `resumed_at`, when it stepped again after an in-job restart
+    or a requeue. Best effort, off the training thread: a slow or absent slurmctld never
+    stalls a step. Outside Slurm (no SLURM_JOB_ID, or no scontrol/squeue) nothing is
+    done."""
     job = os.environ.get("SLURM_JOB_ID")
     scontrol, squeue = shutil.which("scontrol"), shutil.which("squeue")
     if not job or not scontrol or not squeue:
@@ -397,13 +401,15 @@ def publish(key: str, value: str) -> None:
                     shielded([squeue, "-h", "-j", job, "-o", "%k"]),
                     capture_output=True, text=True, timeout=30, check=True,
                 ).stdout.strip()  # fmt: skip
-                comment = f"Comment={with_token(now, key, value)}"
+                for key, value in tokens.items():
+                    now = with_token(now, key, value)
+                comment = f"Comment={now}"
                 subprocess.run(shielded([scontrol, "update", f"JobId={job}", comment]),
                                capture_output=True, timeout=30, check=False)  # fmt: skip
         except (OSError, subprocess.SubprocessError):
             pass  # the next one tries again
 
-    thread = threading.Thread(target=run, name=f"publish-{key}", daemon=True)
+    thread = threading.Thread(target=run, name=f"publish-{','.join(tokens)}", daemon=True)
     thread.start()
     _publishing[:] = [t for t in _publishing if t.is_alive()] + [thread]
 
@@ -419,7 +425,7 @@ def flush_published(timeout_s: float = 5) -> None:
 def publish_checkpoint(saved_at: float) -> None:
     # To the millisecond, as resumed_at: the runbook counts the work since the checkpoint
     # from it (estimated and measured), which a whole second would put up to 0.5 s off.
-    publish("ckpt_at", f"{saved_at:.3f}")
+    publish(ckpt_at=f"{saved_at:.3f}")
 
 
 class Checkpointer:
@@ -623,6 +629,7 @@ class Trainer:
         PROGRESS.regroup(rank=rank, world=world, generation=gen or 0)
         logs = {"all": True, "node": self.local_rank == 0, "zero": rank == 0}[args.log_ranks]
         step = self.completed = resumed_from
+        began = time.time()  # the work this run does from its checkpoint (or none) on
         while not args.steps or step < args.steps:
             step += 1
             if step == args.data_stall_at and rank == 0:
@@ -652,13 +659,19 @@ class Trainer:
                     f"{_prefix()} step={step} rank={rank} resumed_from={resumed_from} "
                     f"loss={stats[0].item() / world:.6f}{elastic}"
                 )
-            if rank == 0 and step == resumed_from + 1 and (gen is not None or restarted):
+            if rank == 0 and step == resumed_from + 1:
                 # Who trains (a standby's loss needs no re-forming), then that it steps:
                 # the runbook waits for resumed_at after it took a training node, and
-                # reads it after a requeue to measure what the fault cost the job.
+                # reads it after a requeue to measure what the fault cost the job. Where
+                # a run (not a re-formed generation, which kept its state) began its
+                # first step is where the work a requeue would redo begins when the run
+                # started from an older checkpoint, or from none (run_at).
+                said = {"run_at": f"{began:.3f}"} if not gen else {}
                 if gen is not None:
-                    publish("training", ",".join(training))
-                publish("resumed_at", f"{time.time():.3f}")
+                    said["training"] = ",".join(training)
+                if gen is not None or restarted:
+                    said["resumed_at"] = f"{time.time():.3f}"
+                publish(**said)
             ckpt.poll()
             if stats[1].item() > 0:
                 with self.stop.saving():

@@ -110,6 +110,35 @@ def test_a_job_that_says_how_it_trains_is_measured_before_its_first_checkpoint()
     assert not silent.says_progress
 
 
+def test_a_run_that_started_from_an_older_checkpoint_risks_only_its_own_work() -> None:
+    """A requeued run started from the old run's save, or from none, and was faulted 4 s
+    after its first step (`run_at=`): the estimate and the measured loss both count the 4 s
+    it will redo, not the time since that save (the requeue between them redid nothing),
+    and not none (issue 42's miss: a fault before the run's first checkpoint)."""
+
+    def job(comment: str) -> SlurmJob:
+        return SlurmJob(job_id=7, job_state="RUNNING", nodes="gpu-[01-02]", gpus=16,
+                        restart_cnt=3, comment=comment)  # fmt: skip
+
+    fault = OPENED
+    for comment, resumed_from in [
+        (f"ckpt_at={fault - 40:.3f} run_at={fault - 4:.3f}", fault - 40),  # the old save
+        (f"run_at={fault - 4:.3f}", None),  # it never saved: started from nothing
+    ]:
+        plan = plan_for(job(comment), "no standby", FIGURES, fault)
+        assert plan.checkpoint_age_s == pytest.approx(4) and plan.says_progress
+        requeue = plan.estimate("requeue")
+        assert requeue is not None and requeue.redo_s == pytest.approx(4)
+        seen = JobSighting(job_id=7, stepping_at=fault + 18, resumed_ckpt_at=resumed_from,
+                           restarted=True)  # fmt: skip
+        loss = actual_loss(plan, "requeue", seen, fault)
+        assert (loss.resume_s, loss.redo_s) == (18, pytest.approx(4))
+        assert loss.error == pytest.approx((22 - 24) / 22)
+    # A save newer than the run's first step is where its work at risk begins.
+    newer = plan_for(job(f"run_at={fault - 30:.3f} ckpt_at={fault - 6:.3f}"), "x", FIGURES, fault)
+    assert newer.checkpoint_age_s == pytest.approx(6)
+
+
 def test_how_good_the_estimates_have_been() -> None:
     def loss(est: float, actual: float | None) -> RecoveryLoss:
         return RecoveryLoss(job_id=1, path="requeue", gpus=8, estimate_gpu_hours=est,

@@ -36,6 +36,7 @@ from temporalio.client import Client  # noqa: E402
 from autoclusters.activities.job_markers import requeue_marker  # noqa: E402
 from autoclusters.activities.sharing_demand import checkpointed_at  # noqa: E402
 from autoclusters.core import hostlist  # noqa: E402
+from autoclusters.core.models import job_stamp  # noqa: E402
 from autoclusters.core.process_start import command_line  # noqa: E402
 from autoclusters.core.settings import Settings  # noqa: E402
 from autoclusters.integrations.slurm import SlurmCli  # noqa: E402
@@ -744,6 +745,14 @@ def test_sbatch_requeue_resumes_on_sandbox(sandbox: SandboxConfig, tmp_path: Pat
         assert saved == max(d["step"] for d in first_run)
         assert after[0]["step"] == saved + 1
         assert "event=launch" in log.read_text()
+        # Its first step said when the new run began that step and that it stepped again,
+        # in one write: the planner counts the work at risk from run_at= (issue 42).
+        stamps = until(
+            lambda: _stamps(cli, job, "run_at", "resumed_at"), 30, "run_at= and resumed_at="
+        )
+        assert stamps["run_at"] < stamps["resumed_at"]  # began its first step, then stepped
+        # (its first step's line, from whichever node logged first: a second either way)
+        assert stamps["run_at"] - 1 <= after[0]["ts"] <= stamps["resumed_at"] + 1
     finally:
         subprocess.run(["scancel", str(job)], env=env, capture_output=True)
         until(
@@ -1055,6 +1064,15 @@ async def test_a_fault_on_the_batch_host_requeues_once_and_trains_again(
 def _checkpointed_at(slurm: SlurmCli, job_id: int) -> float | None:
     jobs = asyncio.run(slurm.jobs())
     return next((checkpointed_at(j) for j in jobs if j.job_id == job_id), None)
+
+
+def _stamps(slurm: SlurmCli, job_id: int, *keys: str) -> dict[str, float] | None:
+    """The times the job wrote in its comment under `keys`; None until it wrote them all
+    (after a requeue: the new run's, not the old run's run_at)."""
+    job = next((j for j in asyncio.run(slurm.jobs()) if j.job_id == job_id), None)
+    stamps = {k: job_stamp(job, k) for k in keys} if job is not None else {}
+    said = {k: v for k, v in stamps.items() if v is not None}
+    return said if len(said) == len(keys) else None
 
 
 @pytest.mark.timeout(300)
