@@ -171,13 +171,15 @@ def plan_for(
     *,
     capacity: RecoveryCapacity | None = None,
     free: int | None = None,
+    standby_lost: bool = False,
 ) -> RecoveryPlan:
     """The job's recovery plan from what Slurm shows of it: its width (GPUs, else nodes),
     its checkpoint's age at `now` (the fault, where the incident says when; `ckpt_at=` in
     its comment; unknown when it does not say) and the free nodes it could start again on
     (`free`: None, unknown). The work at risk began at the later of its newest checkpoint
     and its run's first step (`run_at=`): a requeued run that started from an older
-    checkpoint, or from none, did none of the work between that save and its start."""
+    checkpoint, or from none, did none of the work between that save and its start.
+    `standby_lost`: the node was one of its standbys (in place, nothing re-forms)."""
     saved, began = job_stamp(job, "ckpt_at"), job_stamp(job, "run_at")
     at_risk = max((t for t in (saved, began) if t is not None), default=None)
     width = job.gpus or job.node_count or len(hostlist.expand(job.nodes)) or 1
@@ -186,6 +188,7 @@ def plan_for(
         gpus=width,
         checkpoint_age_s=max(0.0, now - at_risk) if at_risk is not None else None,
         in_job_blocked=in_job_blocked,
+        standby_lost=standby_lost,
         free_nodes=free,
         restart_cnt=job.restart_cnt,
         checkpoint_at=saved,
@@ -273,7 +276,10 @@ class InJobRecovery:
             why = why_not_in_place(job, self.node, lost, mine if self.holders else None)
             free = free_nodes(list(nodes.values()), job, self.node)
             at = self.fault_at or time.time()
-            plan = plan_for(job, why, self.figures, at, capacity=self.capacity, free=free)
+            plan = plan_for(
+                job, why, self.figures, at, capacity=self.capacity, free=free,
+                standby_lost=standby(job, self.node),
+            )  # fmt: skip
             self.result.plans.append(plan)
             if why is None and plan.chosen != "in-job":
                 why = f"the cheaper path: {plan.why}"

@@ -10,7 +10,8 @@ The paths, each estimated wherever the policy allows it (else "not possible", wi
 
 - `in-job` (a standby in the job's allocation takes the node's seat): the survivors keep
   their state in memory, nothing is redone; possible only where the job holds a standby
-  and can lose this node (activities/in_job.py says why not otherwise);
+  and can lose this node (activities/in_job.py says why not otherwise); where the node
+  was itself a standby, nothing re-forms and the job loses nothing;
 - the others start with the same requeue and differ in where the job starts again, so
   each redoes the work since its newest checkpoint (`ckpt_at=` in its comment), or since
   its run first stepped where that is later (`run_at=`: a run started from an older
@@ -85,6 +86,9 @@ class JobFacts(BaseModel):
     # Why it cannot recover in place (None: it can): no standby, the batch host, more
     # losses than standbys, the policy's job_recovery.
     in_job_blocked: str | None = None
+    # The node was one of its standbys (it names the nodes it trains on, not this one): in
+    # place its training ranks keep their group, nothing re-forms and nothing waits.
+    standby_lost: bool = False
     # Idle healthy nodes outside the job it could start again on (None: unknown), and how
     # many it needs: the nodes it loses.
     free_nodes: int | None = None
@@ -179,8 +183,9 @@ def plan_recovery(
     cap = capacity or RecoveryCapacity()
     redo = job.checkpoint_age_s or 0.0
     repair_s = cap.repair_s if cap.repair_s is not None else figures.repair_s
+    in_place_s = 0.0 if job.standby_lost else figures.in_job_s  # a standby: nothing re-forms
     estimates = [
-        _estimate("in-job", job.gpus, figures.in_job_s, 0.0, job.in_job_blocked),
+        _estimate("in-job", job.gpus, in_place_s, 0.0, job.in_job_blocked),
         _estimate("requeue", job.gpus, figures.requeue_s, redo, _requeue_blocked(job)),
         _estimate("spare", job.gpus, figures.spare_s, redo, cap.spare_blocked),
         _estimate(

@@ -138,6 +138,17 @@ def test_a_standby_node_is_released_without_a_signal_or_a_wait(slurm: FakeSlurm)
     assert out.in_job is not None and out.in_job.recovered == [6]
     assert out.in_job.waited_s < 5 and out.requeued == [] and slurm.requeue_count[6] == 0
     assert slurm.job_now(6).nodes == "gpu-1,gpu-3" and slurm.step_signals == []
+    # So its plan costs the job nothing in place (a training node's loss costs the re-forming).
+    in_place = out.plans[0].estimate("in-job")
+    assert in_place is not None and in_place.possible and in_place.gpu_hours == 0
+    other = FakeSlurm()
+    for n in ("gpu-1", "gpu-2", "gpu-3"):
+        other.add_node(n)
+    other.add_job(9, nodes="gpu-[1-3]", comment=f"{SPARE} training=gpu-1,gpu-2")
+    other.in_job_recovering.add(9)
+    trained = requeue(other).plans
+    in_place = trained[0].estimate("in-job")
+    assert in_place is not None and in_place.possible and in_place.gpu_hours > 0
 
 
 def test_a_training_node_waits_for_the_resume(slurm: FakeSlurm) -> None:
