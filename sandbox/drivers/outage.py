@@ -191,11 +191,16 @@ class JobWatch:
     """When the job was last seen running on the node, and first seen off it: the first
     stint only (a requeued job may come back to the node once it is in service)."""
 
-    def __init__(self, cfg: SandboxConfig, job_id: int, node: str) -> None:
+    def __init__(
+        self, cfg: SandboxConfig, job_id: int, node: str, first_restart_cnt: int | None = None
+    ) -> None:
         self.cfg, self.job_id, self.node = cfg, job_id, node
         self.last_running_at: datetime | None = None
         self.off_node_at: datetime | None = None
-        self._first_restart_cnt: int | None = None  # the first stint's, as first seen
+        # The first stint's restart count: as read before the incident where the case did
+        # (a watch whose every read came after the requeue would take the job's run on the
+        # node after its return for the first stint), else as first seen.
+        self._first_restart_cnt = first_restart_cnt
 
     async def run(self, every_s: float = 0.5) -> None:
         while self.off_node_at is None:
@@ -381,7 +386,11 @@ async def run_outage_case(
     handle = client.get_workflow_handle_for(
         NodeRemediation.run, opened.workflow_id, run_id=opened.run_id
     )
-    watch = JobWatch(cfg, job_id, node) if job_id is not None else None
+    watch = (
+        JobWatch(cfg, job_id, node, _restart_cnt(first) if first else None)
+        if job_id is not None
+        else None
+    )
     watcher = asyncio.create_task(watch.run()) if watch else None
     away: asyncio.Task[OutageDone] | None = None
     releaser: asyncio.Task[None] | None = None

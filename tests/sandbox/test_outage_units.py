@@ -335,7 +335,9 @@ def test_a_held_job_must_end_by_itself_and_be_seen_by_the_requeue() -> None:
 
 
 async def _watch(
-    monkeypatch: pytest.MonkeyPatch, reads: list[dict[str, object] | None]
+    monkeypatch: pytest.MonkeyPatch,
+    reads: list[dict[str, object] | None],
+    first_restart_cnt: int | None = None,
 ) -> tuple[JobWatch, list[datetime]]:
     """A JobWatch of job 3 on gpu-02 over `reads` (None: squeue failed, slurmctld away),
     and when each read began."""
@@ -350,7 +352,7 @@ async def _watch(
         return read or None  # {}: not listed
 
     monkeypatch.setattr(outage, "squeue_job", squeue_job)
-    watch = JobWatch(SandboxConfig(), 3, "gpu-02")
+    watch = JobWatch(SandboxConfig(), 3, "gpu-02", first_restart_cnt)
     await watch.run(every_s=0)
     assert not left
     return watch, read_at
@@ -380,3 +382,23 @@ async def test_the_job_watch_ends_the_first_stint_at_a_requeue_it_did_not_see(
         monkeypatch, [_job(0, "gpu-[01-02]"), None, _job(1, "", "PENDING")],
     )  # fmt: skip
     assert seen.off_node_at is not None and seen.off_node_at >= read_at[2]
+
+
+async def test_a_watch_that_never_saw_the_first_stint_does_not_take_the_second_for_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """ci4 of 2026-12-06 (`k8s@return_to_service`): every read came after the runbook's
+    requeue (the job completing, then pending), and the first that saw it running on the
+    node was its run there after the node's return, 22 s after the reboot, which the case
+    then reported as a cloud operation under the running job. With the restart count read
+    before the incident, that run is a later stint: the job left the node unseen."""
+    reads: list[dict[str, object] | None] = [
+        None, _job(0, "gpu-02", "COMPLETING"), _job(1, "", "PENDING"),
+    ]  # fmt: skip
+    watch, read_at = await _watch(monkeypatch, reads, first_restart_cnt=0)
+    assert watch.last_running_at is None
+    assert watch.off_node_at is not None and watch.off_node_at >= read_at[2]
+    # Without it (the old watch), the run after the return was taken for the first stint:
+    # last seen running there at the fourth read, until the job was gone.
+    blind, read_at = await _watch(monkeypatch, [*reads, _job(1, "gpu-02"), {}])
+    assert blind.last_running_at is not None and read_at[2] < blind.last_running_at <= read_at[3]
