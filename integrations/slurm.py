@@ -61,6 +61,11 @@ _UNREACHABLE = (
     # 22.05's scontrol requeue / update JobId= while the controller is down (captured:
     # tests/data/slurm-22.05-controller-down/).
     "unexpected message received",
+    # A restarted slurmctld refuses job updates until slurmdbd has given the job its
+    # database index ("Job update not available right now, the DB index is being set, try
+    # again in a bit": ci5 of 2026-12-06, the recheck after a controller crash): not yet,
+    # not no.
+    "try again in a bit",
 )
 
 

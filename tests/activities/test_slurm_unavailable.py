@@ -128,6 +128,22 @@ async def test_writes_that_cannot_reach_the_controller_are_unavailable(
         await getattr(down, write)(*args)
 
 
+async def test_a_job_update_before_the_db_index_is_set_is_tried_again(tmp_path: Path) -> None:
+    """Right after slurmctld restarts, an update of a job slurmdbd has not indexed yet is
+    refused for now (ci5 of 2026-12-06 failed an incident's recheck on it): unavailable, so
+    the step is retried, not a refusal that fails the incident."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    exe = bin_dir / "scontrol"
+    exe.write_text(
+        "#!/bin/sh\necho 'Job update not available right now, the DB index is being set, "
+        "try again in a bit for job 2' >&2\nexit 1\n"
+    )
+    exe.chmod(0o755)
+    with pytest.raises(SlurmUnavailable):
+        await SlurmCli(bin_dir=bin_dir).set_admin_comment(2, "autoclusters:requeue:inc-1:0")
+
+
 async def test_a_real_refusal_stays_a_refusal(tmp_path: Path) -> None:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
