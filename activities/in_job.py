@@ -90,6 +90,7 @@ from autoclusters.core.recovery_cost import (
     RecoveryCapacity,
     RecoveryFigures,
     RecoveryPlan,
+    at_risk_since,
     plan_recovery,
 )
 from autoclusters.integrations.slurm import (
@@ -181,7 +182,7 @@ def plan_for(
     checkpoint, or from none, did none of the work between that save and its start.
     `standby_lost`: the node was one of its standbys (in place, nothing re-forms)."""
     saved, began = job_stamp(job, "ckpt_at"), job_stamp(job, "run_at")
-    at_risk = max((t for t in (saved, began) if t is not None), default=None)
+    at_risk = at_risk_since(saved, began)
     width = job.gpus or job.node_count or len(hostlist.expand(job.nodes)) or 1
     facts = JobFacts(
         job_id=job.job_id,

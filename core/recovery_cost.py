@@ -151,6 +151,13 @@ class RecoveryPlan(BaseModel):
         return f"job {self.job_id}: {self.chosen} ({'; '.join(parts)})"
 
 
+def at_risk_since(checkpoint_at: float | None, run_at: float | None) -> float | None:
+    """Where the work a restart would redo began (epoch s): the later of the checkpoint it
+    would start from and its run's first step (a run started from an older checkpoint, or
+    from none, did nothing before that); None where neither is known."""
+    return max((t for t in (checkpoint_at, run_at) if t is not None), default=None)
+
+
 def _gpu_hours(gpus: int, seconds: float) -> float:
     return gpus * seconds / 3600
 

@@ -29,7 +29,7 @@ from collections.abc import Iterable
 
 from pydantic import BaseModel, Field
 
-from autoclusters.core.recovery_cost import RecoveryPlan
+from autoclusters.core.recovery_cost import RecoveryPlan, at_risk_since
 
 # The target: the estimate within ±30 % of the measured loss.
 WITHIN = 0.30
@@ -110,11 +110,8 @@ def actual_loss(plan: RecoveryPlan, taken: str, seen: JobSighting, fault_at: flo
     if taken == "in-job" and not seen.restarted:
         redo = 0.0  # in place: the survivors kept their state
     else:
-        start = seen.resumed_ckpt_at if seen.resumed_ckpt_at is not None else plan.checkpoint_at
-        if plan.run_at is not None:
-            # The faulted run did nothing before its first step: a checkpoint older than
-            # that (the one it had started from too, or none) costs from there.
-            start = plan.run_at if start is None else max(start, plan.run_at)
+        ckpt = seen.resumed_ckpt_at if seen.resumed_ckpt_at is not None else plan.checkpoint_at
+        start = at_risk_since(ckpt, plan.run_at)  # the faulted run's own work, as planned
         if start is None:
             # Its seconds to stepping again are measured all the same: the path's figure
             # (core/recovery_history.py) needs them, not the work redone.

@@ -385,10 +385,10 @@ def publish(**tokens: str) -> None:
     write: `ckpt_at`, when it last checkpointed, so whoever must take a node from running
     jobs (AutoClusters' GPU sharing lending a node to inference) picks the job that loses
     least work; `run_at`, when this run began its first step (the work a requeue would
-    redo began at the later of the two); `resumed_at`, when it stepped again after an in-job restart
-    or a requeue. Best effort, off the training thread: a slow or absent slurmctld never
-    stalls a step. Outside Slurm (no SLURM_JOB_ID, or no scontrol/squeue) nothing is
-    done."""
+    redo began at the later of the two); `resumed_at`, when it stepped again after an
+    in-job restart or a requeue. Best effort, off the training thread: a slow or absent
+    slurmctld never stalls a step. Outside Slurm (no SLURM_JOB_ID, or no scontrol/squeue)
+    nothing is done."""
     job = os.environ.get("SLURM_JOB_ID")
     scontrol, squeue = shutil.which("scontrol"), shutil.which("squeue")
     if not job or not scontrol or not squeue:

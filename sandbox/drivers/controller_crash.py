@@ -243,6 +243,12 @@ class ControllerLog:
         return out
 
 
+# The runbook's requeue marker on a job (activities/job_markers.py), as slurmctld logs it.
+_REQUEUE_MARKER = re.compile(
+    r"^_update_job: setting admin_comment to autoclusters:requeue:\S+ for JobId=(\d+)"
+)
+
+
 class WriteWatch:
     """Finds the runbook's Slurm writes on `node` in slurmctld's log: its drain (our reason
     prefix), a requeue of a job, the resume after the drain."""
@@ -251,29 +257,29 @@ class WriteWatch:
         self.node, self.jobs = node, set(jobs)
         self.seen: dict[str, LogLine] = {}
         self._requeue_marked = False  # the runbook's marker is on a job of the node
-
-    def feed(self, lines: list[LogLine]) -> None:
-        drain = re.compile(
-            rf"^update_node: node {re.escape(self.node)} reason set to: {re.escape(REASON_PREFIX)} "
+        node = re.escape(node)
+        self._drain = re.compile(
+            rf"^update_node: node {node} reason set to: {re.escape(REASON_PREFIX)} "
         )
         # Not a fence's DOWN: the resume is the return to service.
-        resume = re.compile(
-            rf"^update_node: node {re.escape(self.node)} state set to (?!DRAIN|DOWN)"
-        )
-        down = re.compile(rf"^update_node: node {re.escape(self.node)} state set to DOWN")
-        marker = re.compile(
-            r"^_update_job: setting admin_comment to autoclusters:requeue:\S+ for JobId=(\d+)"
-        )
+        self._resume = re.compile(rf"^update_node: node {node} state set to (?!DRAIN|DOWN)")
+        self._down = re.compile(rf"^update_node: node {node} state set to DOWN")
+
+    def _ours(self, job_id: str) -> bool:
+        return not self.jobs or int(job_id) in self.jobs
+
+    def feed(self, lines: list[LogLine]) -> None:
+        drain, resume, down = self._drain, self._resume, self._down
         for line in lines:
             if "drain" not in self.seen and drain.match(line.text):
                 self.seen["drain"] = line
             elif "drain" in self.seen and "resume" not in self.seen and resume.match(line.text):
                 self.seen["resume"] = line
             m = re.match(r"^Requeuing JobId=(\d+)", line.text)
-            if m and "requeue" not in self.seen and (not self.jobs or int(m[1]) in self.jobs):
+            if m and "requeue" not in self.seen and self._ours(m[1]):
                 self.seen["requeue"] = line
-            m = marker.match(line.text)
-            if m and (not self.jobs or int(m[1]) in self.jobs):
+            m = _REQUEUE_MARKER.match(line.text)
+            if m and self._ours(m[1]):
                 self._requeue_marked = True
             # A fence at once (XID_79's): the node set DOWN right after the marker requeues
             # its jobs with it, and slurmctld logs no `Requeuing` line for them then.
