@@ -94,9 +94,9 @@ def test_demo_observe_and_approve_modes(tmp_path: Path) -> None:
     Approve mode runs the torchrun job. On the stand-in (d17f03b) one run in four lost its
     job: the stand-in ends at once on the requeue's kill, Slurm started it again on a node
     that had just revoked its credential, in the same second, and the launch was refused
-    ("Job credential revoked", the job ended, not requeued). Issue 41's note has it; until
-    the runbook guards against that, this test keeps the job it ran green with. Observe
-    mode runs the stand-in: it checks that nothing is touched."""
+    ("Job credential revoked": the job ended, not requeued; docs/testing.md, "ci12's red
+    demo"). Until the runbook guards against that, this test keeps the job it ran green
+    with. Observe mode runs the stand-in: it checks that nothing is touched."""
     state = tmp_path / "modes"
     common = ["--json", "--boot-delay", "2", "--state-dir", str(state),
               "--port-base", str(free_port_base()), "--keep"]  # fmt: skip
