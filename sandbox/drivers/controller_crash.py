@@ -243,7 +243,9 @@ class ControllerLog:
         return out
 
 
-# The runbook's requeue marker on a job (activities/job_markers.py), as slurmctld logs it.
+# slurmctld's own requeue of a job, and the runbook's requeue marker on a job
+# (activities/job_markers.py), as slurmctld logs them.
+_REQUEUING = re.compile(r"^Requeuing JobId=(\d+)")
 _REQUEUE_MARKER = re.compile(
     r"^_update_job: setting admin_comment to autoclusters:requeue:\S+ for JobId=(\d+)"
 )
@@ -275,7 +277,7 @@ class WriteWatch:
                 self.seen["drain"] = line
             elif "drain" in self.seen and "resume" not in self.seen and resume.match(line.text):
                 self.seen["resume"] = line
-            m = re.match(r"^Requeuing JobId=(\d+)", line.text)
+            m = _REQUEUING.match(line.text)
             if m and "requeue" not in self.seen and self._ours(m[1]):
                 self.seen["requeue"] = line
             m = _REQUEUE_MARKER.match(line.text)

@@ -365,10 +365,14 @@ async def run_outage_case(
     if at not in STEPS:
         raise OutageError(f"step {at!r}: expected one of {', '.join(STEPS)}")
     settings = load_file(cfg.settings_file)
-    job_name = None  # the case's job's, as the case began: its id may be handed out again
+    # The case's job as the case began: its name (its id may be handed out again) and its
+    # restart count (the first stint's, for the JobWatch).
+    job_name: str | None = None
+    first_restarts: int | None = None
     if job_id is not None:
         first = await asyncio.to_thread(squeue_job, cfg, job_id)
-        job_name = str(first.get("name") or "") if first else None
+        if first:
+            job_name, first_restarts = str(first.get("name") or ""), _restart_cnt(first)
     if crash is not None:
         # The save window, before the incident's first write (and before the fault: the
         # node's agent would open an incident of its own while this waits).
@@ -386,11 +390,7 @@ async def run_outage_case(
     handle = client.get_workflow_handle_for(
         NodeRemediation.run, opened.workflow_id, run_id=opened.run_id
     )
-    watch = (
-        JobWatch(cfg, job_id, node, _restart_cnt(first) if first else None)
-        if job_id is not None
-        else None
-    )
+    watch = JobWatch(cfg, job_id, node, first_restarts) if job_id is not None else None
     watcher = asyncio.create_task(watch.run()) if watch else None
     away: asyncio.Task[OutageDone] | None = None
     releaser: asyncio.Task[None] | None = None

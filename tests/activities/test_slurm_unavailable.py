@@ -56,6 +56,17 @@ def _replay(tmp_path: Path, routes: dict[str, str]) -> SlurmCli:
     return SlurmCli(bin_dir=bin_dir)
 
 
+def _scontrol_refusing(tmp_path: Path, message: str) -> SlurmCli:
+    """A bin dir whose `scontrol` prints `message` on stderr and exits 1, as a refused
+    update does."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    exe = bin_dir / "scontrol"
+    exe.write_text(f"#!/bin/sh\necho {shlex.quote(message)} >&2\nexit 1\n")
+    exe.chmod(0o755)
+    return SlurmCli(bin_dir=bin_dir)
+
+
 DOWN = {
     "sinfo --json": "sinfo",
     "squeue --json": "squeue",
@@ -132,28 +143,17 @@ async def test_a_job_update_before_the_db_index_is_set_is_tried_again(tmp_path: 
     """Right after slurmctld restarts, an update of a job slurmdbd has not indexed yet is
     refused for now (ci5 of 2026-12-06 failed an incident's recheck on it): unavailable, so
     the step is retried, not a refusal that fails the incident."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    exe = bin_dir / "scontrol"
-    exe.write_text(
-        "#!/bin/sh\necho 'Job update not available right now, the DB index is being set, "
-        "try again in a bit for job 2' >&2\nexit 1\n"
-    )
-    exe.chmod(0o755)
+    said = "Job update not available right now, the DB index is being set, try again in a bit"
     with pytest.raises(SlurmUnavailable):
-        await SlurmCli(bin_dir=bin_dir).set_admin_comment(2, "autoclusters:requeue:inc-1:0")
+        await _scontrol_refusing(tmp_path, f"{said} for job 2").set_admin_comment(
+            2, "autoclusters:requeue:inc-1:0"
+        )
 
 
 async def test_a_real_refusal_stays_a_refusal(tmp_path: Path) -> None:
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    exe = bin_dir / "scontrol"
-    exe.write_text(
-        "#!/bin/sh\necho 'slurm_update error: Invalid node name specified' >&2\nexit 1\n"
-    )
-    exe.chmod(0o755)
+    scontrol = _scontrol_refusing(tmp_path, "slurm_update error: Invalid node name specified")
     with pytest.raises(SlurmError) as caught:
-        await SlurmCli(bin_dir=bin_dir).drain("gpu-99", "x")
+        await scontrol.drain("gpu-99", "x")
     assert not isinstance(caught.value, SlurmUnavailable)
 
 
