@@ -119,7 +119,9 @@ class SlurmActivities:
         details = activity.info().heartbeat_details
         earlier = _earlier_requeue(details[0] if details else None)
         seen = RequeueResult(
-            controller_started=earlier.controller_started, records=list(earlier.records)
+            controller_started=earlier.controller_started,
+            records=list(earlier.records),
+            fence_held=list(earlier.fence_held),
         )
 
         def progress() -> dict[str, Any]:
@@ -210,9 +212,14 @@ class SlurmActivities:
             jobs = await self._slurm.jobs()
             read_at = time.time()
             mine = [j for j in jobs if marked_for(j, inp.incident_id) is not None]
-            held = [j for j in mine if _held(j, read_at)]
-            for job in held:
+            fenced = [j for j in jobs if j.job_id in seen.fence_held and j.job_state == "PENDING"]
+            held = [j for j in mine if _held(j, read_at) and j not in fenced]
+            for job in held + fenced:
                 await self._slurm.release_hold(job.job_id, read_at)
+                if job in fenced and isinstance(self._slurm, SlurmFencingClient):
+                    await self._slurm.release(job.job_id)  # (a no-op once released)
+                    seen.fence_held.remove(job.job_id)
+                    tell()
                 if job.job_id not in result.holds_released:
                     result.holds_released.append(job.job_id)
             settling = [j.job_id for j in mine if _settling(j)]
@@ -220,12 +227,13 @@ class SlurmActivities:
                 settling_since.setdefault(job_id, time.monotonic())
             if settling and inp.drain_reason and not result.marked_down:
                 result.marked_down = await self._fence_if_stuck(
-                    inp, result.controller_started, settling_since
+                    inp, result.controller_started, settling_since, seen, tell
                 )
-            quiet = 0 if held or settling else quiet + 1
+            quiet = 0 if held or fenced or settling else quiet + 1
             if quiet >= 2 or (not settling and time.monotonic() > deadline):
                 break
             await asyncio.sleep(inp.poll_s)  # (the heartbeats carry what was seen)
+        result.fence_held = list(seen.fence_held)  # (none, unless a job was left pending)
         result.requeued = [j.job_id for j in mine if j.job_id not in result.came_back]
         result.records = [j.record() for j in mine if j.job_id in result.requeued]
         if inp.standby_holders and result.requeued and isinstance(self._slurm, SlurmHolderClient):
@@ -255,7 +263,12 @@ class SlurmActivities:
             return False
 
     async def _fence_if_stuck(
-        self, inp: RequeueInput, controller_started: str, settling_since: dict[int, float]
+        self,
+        inp: RequeueInput,
+        controller_started: str,
+        settling_since: dict[int, float],
+        seen: RequeueResult,
+        tell: Callable[[], None],
     ) -> bool:
         """A requeued job still completes on the incident's node: its rank there is stuck
         (a GPU rank hung in the driver outlives SIGKILL until the reboot) or the node does
@@ -275,6 +288,10 @@ class SlurmActivities:
           (with 0 or 1 it would stay DOWN after the repair);
         - the controller has not restarted since the requeue read its start: one that just
           came back shows every node not responding until its slurmd registers.
+        Its jobs are held first: DOWN ends their completing with none of a requeue's
+        begin-time delay, and a start within the second of their kill, on a node of their
+        old allocation, is killed there ("Job credential revoked") and the job FAILS. The
+        watch above releases them once that second has passed (`release_hold`'s rule).
         """
         if inp.fence_after_s is None or not isinstance(self._slurm, SlurmFencingClient):
             return False
@@ -294,6 +311,17 @@ class SlurmActivities:
         if await self._slurm.return_to_service() != 2:
             return False
         if await self._slurm.controller_started() != controller_started:
+            return False
+        ids = [j.job_id for j in on_node]
+        seen.fence_held += [i for i in ids if i not in seen.fence_held]
+        tell()  # before the holds: a retry must release them whatever happens next
+        try:
+            for job_id in ids:
+                await self._slurm.hold(job_id)
+        except SlurmError as e:
+            # Ended meanwhile, or the controller is away: no DOWN now (the watch reads
+            # again, and releases whatever was held).
+            activity.logger.info("%s: no DOWN, a hold failed: %s", inp.node, e)
             return False
         why = "does not answer" if not node.responding else f"still ends it after {waited:.1f}s"
         activity.logger.warning("%s %s: marked DOWN for its requeued jobs to end", inp.node, why)

@@ -574,6 +574,8 @@ class RequeueResult(BaseModel):
     redrained: bool = False  # the drain was gone before the requeue: applied again
     # The node could not end its requeued jobs (stuck, or not answering): marked DOWN.
     marked_down: bool = False
+    # Held over that DOWN and not released yet (the heartbeats carry it to a retry).
+    fence_held: list[int] = Field(default_factory=list)
     # Every job's recovery plan: the estimates per path and the one taken.
     plans: list[RecoveryPlan] = Field(default_factory=list)
     # Holders claimed for an earlier run of a job requeued here: cancelled, so that the
@@ -612,6 +614,8 @@ class RequeueResult(BaseModel):
             parts.insert(0, "the drain was gone (a controller restart?): drained again")
         if self.marked_down:
             parts.append("the node could not end its requeued jobs: marked DOWN so they could")
+        if self.fence_held:
+            parts.append(f"held over that DOWN and not seen pending since {self.fence_held}")
         if self.holders_released:
             parts.append(f"holders {self.holders_released} of the requeued runs cancelled")
         parts += [f"plan {p.describe()}" for p in self.plans]

@@ -177,10 +177,17 @@ class SlurmFencingClient(SlurmClient, Protocol):
     """What fencing a lost node adds: mark it DOWN (its drain and reason kept), so that
     slurmctld ends the requeued jobs still completing there at once instead of after its
     RPC timeouts and SlurmdTimeout; and the controller's ReturnToService, which decides
-    whether a node set DOWN by hand comes back by itself when its slurmd registers."""
+    whether a node set DOWN by hand comes back by itself when its slurmd registers.
+    And a hold for the requeued jobs meanwhile: DOWN ends their completing at once, with
+    none of the begin-time delay a requeue otherwise ends with, so the scheduler may start
+    them again within the second of their kill, on a node that has just revoked their
+    credential ("Job credential revoked": the job FAILS, not requeued). Seen on the
+    sandbox (ci12 of 2026-12-06); the hold keeps them until that second has passed."""
 
     async def mark_down(self, node: str, reason: str) -> None: ...
     async def return_to_service(self) -> int | None: ...
+    async def hold(self, job_id: int) -> None: ...
+    async def release(self, job_id: int) -> None: ...
 
 
 def _flags(raw: Any) -> list[str]:
@@ -349,6 +356,14 @@ class SlurmCli:
         # 22.05: a drained node set DOWN shows DOWN+DRAIN; when its slurmd answers again
         # (ReturnToService=2) it is IDLE+DRAIN, the reason kept (measured on the sandbox).
         await self._run("scontrol", "update", f"NodeName={node}", "State=DOWN", f"Reason={reason}")
+
+    async def hold(self, job_id: int) -> None:
+        # 22.05 holds a requeued job while it still completes (measured on the sandbox:
+        # JobHeldAdmin, priority 0), and the hold outlives its node's DOWN.
+        await self._run("scontrol", "hold", str(job_id))
+
+    async def release(self, job_id: int) -> None:
+        await self._run("scontrol", "release", str(job_id))
 
     async def return_to_service(self) -> int | None:
         """ReturnToService from `scontrol show config` (None when it does not say)."""

@@ -9,14 +9,16 @@ that ends the job in time is never marked down."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
+from typing import Any
 
 import pytest
 from temporalio.testing import ActivityEnvironment
 
 from autoclusters.activities.slurm import SlurmActivities
 from autoclusters.core.models import RequeueInput, RequeueResult, drain_reason
-from autoclusters.integrations.slurm import config_value
+from autoclusters.integrations.slurm import SlurmError, config_value
 from tests.fakes.systems import FakeSlurm
 
 REASON = drain_reason("INC-1", "NODE_NOT_READY")
@@ -88,6 +90,67 @@ def test_fence_at_once_marks_down_as_soon_as_the_job_completes_there() -> None:
     slurm.add_job(202, nodes="gpu-01", requeue=False)
     done = _requeue(slurm, fence_after_s=0)
     assert not done.marked_down and slurm.calls["mark_down"] == 0
+
+
+def test_the_jobs_are_held_over_the_down_and_let_go_in_a_later_second() -> None:
+    """DOWN ends the requeued job's completing with none of a requeue's begin-time delay: on
+    real Slurm the scheduler started it again within the second of its kill, on a node that
+    had just revoked its credential, and it FAILED ("Job credential revoked"; ci12 of
+    2026-12-06). The fence holds it first and lets it go once that second has passed."""
+    slurm = _cluster(answering=True, completing_reads=FOREVER)
+    done = _requeue(slurm, fence_after_s=0)
+    order = [slurm.log.index(w) for w in [("requeue", "101"), ("hold", "101"),
+             ("mark_down", "gpu-01"), ("release_hold", "101"), ("release", "101")]]  # fmt: skip
+    assert order == sorted(order)
+    # Released from a read after the DOWN: the client's start waits out that read's second.
+    assert slurm.pending_seen_at[101] > slurm.when[("mark_down", "gpu-01")]
+    job = slurm.job_now(101)
+    assert (job.job_state, job.state_reason) == ("PENDING", "None")  # free to start
+    assert done.marked_down and done.holds_released == [101] and done.fence_held == []
+
+
+def test_a_retry_lets_go_of_the_holds_an_earlier_attempt_placed() -> None:
+    """The worker died between the hold and its release: its heartbeats named the held job,
+    and the retry releases it (a job held by nobody's wish would never run again)."""
+    slurm = _cluster(answering=True, completing_reads=FOREVER)
+    beats: list[Any] = []
+    first = ActivityEnvironment()
+    first.on_heartbeat = lambda *details: beats.extend(details)
+    real_mark_down = slurm.mark_down
+
+    async def worker_dies(node: str, reason: str) -> None:
+        await real_mark_down(node, reason)
+        raise asyncio.CancelledError  # the attempt ends here, the job still held
+
+    slurm.mark_down = worker_dies  # type: ignore[method-assign]
+    inp = RequeueInput(
+        node="gpu-01", incident_id="INC-1", drain_reason=REASON, poll_s=0.01, hold_watch_s=0.05,
+        fence_after_s=0,
+    )  # fmt: skip
+    acts = SlurmActivities(slurm)
+    with pytest.raises(asyncio.CancelledError):
+        asyncio.run(first.run(acts.requeue_jobs, inp))
+    assert slurm.job_now(101).state_reason == "JobHeldAdmin"
+    retry = ActivityEnvironment()
+    retry.info = dataclasses.replace(retry.info, attempt=2, heartbeat_details=beats[-1:])
+    done = asyncio.run(asyncio.wait_for(retry.run(acts.requeue_jobs, inp), 30))
+    assert slurm.job_now(101).state_reason == "None" and ("release", "101") in slurm.log
+    assert done.holds_released == [101] and done.fence_held == []
+    assert slurm.requeue_count[101] == 1  # and never a second requeue
+
+
+def test_no_down_when_the_hold_is_refused() -> None:
+    """A job that cannot be held (it ended meanwhile, the controller is away) gets no DOWN
+    that could start it again too soon."""
+    slurm = _cluster(answering=False, completing_reads=30)
+
+    async def refused(job_id: int) -> None:
+        raise SlurmError(f"scontrol hold {job_id}: Job is no longer pending execution")
+
+    slurm.hold = refused  # type: ignore[method-assign]
+    done = _requeue(slurm)
+    assert not done.marked_down and slurm.calls["mark_down"] == 0
+    assert done.requeued == [101]  # the requeue stands; Slurm ends the job later
 
 
 def test_fence_after_none_never_marks_down() -> None:

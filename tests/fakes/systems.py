@@ -59,6 +59,10 @@ class FakeSlurm:
         self.release_count: Counter[int] = Counter()
         self.calls: Counter[str] = Counter()
         self.log: list[tuple[str, str]] = []
+        self.when: dict[tuple[str, str], float] = {}  # the clock at each write's last record
+        # What each release_hold was told of when the job was read PENDING: the real
+        # client starts it only in a later second than that (its credential's rule).
+        self.pending_seen_at: dict[int, float] = {}
         # Jobs that act on their checkpoint signal (train.sbatch's USR1 trap): they
         # checkpoint and requeue themselves; others ignore it.
         self.checkpointing: set[int] = set()
@@ -156,6 +160,7 @@ class FakeSlurm:
 
     def record(self, what: str, subject: str) -> None:
         self.log.append((what, subject))
+        self.when[(what, subject)] = time.time()
 
     def set_reason(self, node: str, reason: str) -> None:
         """Re-drain with another reason, as an admin running `scontrol update` would."""
@@ -381,9 +386,28 @@ class FakeSlurm:
         job = self._job(job_id)
         if job.job_state != "PENDING":
             raise SlurmError(f"scontrol update JobId={job_id}: Job is no longer pending execution")
-        job.state_reason, job.eligible_time = "None", int(time.time())
+        if not job.state_reason.startswith("JobHeld"):  # StartTime=now lifts no hold
+            job.state_reason = "None"
+        job.eligible_time = int(time.time())
         self.release_count[job_id] += 1
+        self.pending_seen_at[job_id] = time.time() if seen_pending_at is None else seen_pending_at
         self.record("release_hold", str(job_id))
+
+    async def hold(self, job_id: int) -> None:
+        """A requeued job is PENDING to Slurm while it still completes: it can be held."""
+        self._reachable("hold")
+        job = self._job(job_id)
+        if job.job_state != "PENDING":
+            raise SlurmError(f"scontrol hold {job_id}: Job is no longer pending execution")
+        job.state_reason = "JobHeldAdmin"
+        self.record("hold", str(job_id))
+
+    async def release(self, job_id: int) -> None:
+        self._reachable("release")
+        job = self._job(job_id)
+        if job.state_reason.startswith("JobHeld"):
+            job.state_reason = "None"
+        self.record("release", str(job_id))
 
     async def set_admin_comment(self, job_id: int, text: str) -> None:
         self._reachable("set_admin_comment")
@@ -430,6 +454,12 @@ class FakeSlurm:
         for job_id, nodes in list(self.completing_on.items()):
             if node in hostlist.expand(nodes):
                 del self.completing_reads[job_id], self.completing_on[job_id]
+                # Its completing ends with none of a requeue's begin-time delay: the
+                # scheduler may start it at once, unless it is held.
+                job = self._job(job_id)
+                job.eligible_time = int(time.time())
+                if not job.state_reason.startswith("JobHeld"):
+                    job.state_reason = "None"
         self.record("mark_down", node)
 
     async def return_to_service(self) -> int | None:

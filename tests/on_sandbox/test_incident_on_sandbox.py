@@ -144,6 +144,45 @@ async def test_requeue_activity_run_twice_requeues_once(
         await slurm.resume(node)
 
 
+async def test_a_job_fenced_off_its_node_is_held_over_the_down_and_runs_again(
+    sandbox: SandboxConfig, slurm: SlurmCli
+) -> None:
+    """XID_79's `fence: at_once` marks the node DOWN while its requeued job still completes
+    there (its batch shell outlives SIGTERM for KillWait). DOWN ends that completing with no
+    begin-time delay: Slurm started such a job again within the second of its kill, on a
+    node that had just revoked its credential, and the job FAILED (ci12 of 2026-12-06). The
+    requeue holds it over the DOWN and lets it go a second later: it runs again."""
+    incident = "inc-test-fence-hold"
+    shell = "trap '' TERM; while :; do sleep 0.2; done"
+    out = subprocess.run(
+        ["sbatch", "--parsable", "--requeue", "-N2", "--output=/dev/null", f"--wrap={shell}"],
+        env={**os.environ, "SLURM_CONF": str(sandbox.slurm_conf)},
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    job_id = int(out.strip().split(";")[0])
+    started = await eventually(lambda: running(slurm, job_id), 60, "job running")
+    node = started.batch_host  # where its shell outlives the kill
+    inp = RequeueInput(
+        node=node, incident_id=incident, drain_reason=f"autoclusters: {incident} XID_79",
+        fence_after_s=0,
+    )  # fmt: skip
+    try:
+        await slurm.drain(node, inp.drain_reason)
+        done = await ActivityEnvironment().run(SlurmActivities(slurm).requeue_jobs, inp)
+        assert done.requeued == [job_id] and done.marked_down and done.fence_held == []
+        back = await eventually(
+            lambda: _running_elsewhere(slurm, job_id, node), 60, "job running again"
+        )
+        assert back.restart_cnt == 1
+        log = (sandbox.state_dir / "log" / "slurmctld.log").read_text()
+        held = log.index(f"hold on JobId={job_id} ")
+        assert held < log.index(f"node {node} state set to DOWN", held)
+        assert f"non-startable batch JobId={job_id}:" not in log
+    finally:
+        cancel(sandbox, job_id)
+        await slurm.resume(node)
+
+
 async def test_cli_refuses_unknown_node_and_starts_nothing(
     sandbox: SandboxConfig, sandbox_client: Client, cli_env: dict[str, str]
 ) -> None:
