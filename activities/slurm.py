@@ -212,14 +212,18 @@ class SlurmActivities:
             jobs = await self._slurm.jobs()
             read_at = time.time()
             mine = [j for j in jobs if marked_for(j, inp.incident_id) is not None]
+            # Held over a DOWN (below): let go once pending, and forgotten only once a read
+            # shows it no longer held (read back, not assumed).
             fenced = [j for j in jobs if j.job_id in seen.fence_held and j.job_state == "PENDING"]
+            for job in [j for j in fenced if not j.state_reason.startswith("JobHeld")]:
+                seen.fence_held.remove(job.job_id)
+                tell()
+            fenced = [j for j in fenced if j.job_id in seen.fence_held]
             held = [j for j in mine if _held(j, read_at) and j not in fenced]
             for job in held + fenced:
                 await self._slurm.release_hold(job.job_id, read_at)
                 if job in fenced and isinstance(self._slurm, SlurmFencingClient):
-                    await self._slurm.release(job.job_id)  # (a no-op once released)
-                    seen.fence_held.remove(job.job_id)
-                    tell()
+                    await self._slurm.release(job.job_id)
                 if job.job_id not in result.holds_released:
                     result.holds_released.append(job.job_id)
             settling = [j.job_id for j in mine if _settling(j)]
@@ -230,10 +234,11 @@ class SlurmActivities:
                     inp, result.controller_started, settling_since, seen, tell
                 )
             quiet = 0 if held or fenced or settling else quiet + 1
-            if quiet >= 2 or (not settling and time.monotonic() > deadline):
+            if quiet >= 2 or (not (settling or fenced) and time.monotonic() > deadline):
                 break
             await asyncio.sleep(inp.poll_s)  # (the heartbeats carry what was seen)
-        result.fence_held = list(seen.fence_held)  # (none, unless a job was left pending)
+        # Held for the DOWN and never seen pending since (it ended, or runs): none, as a rule.
+        result.fence_held = list(seen.fence_held)
         result.requeued = [j.job_id for j in mine if j.job_id not in result.came_back]
         result.records = [j.record() for j in mine if j.job_id in result.requeued]
         if inp.standby_holders and result.requeued and isinstance(self._slurm, SlurmHolderClient):

@@ -139,6 +139,24 @@ def test_a_retry_lets_go_of_the_holds_an_earlier_attempt_placed() -> None:
     assert slurm.requeue_count[101] == 1  # and never a second requeue
 
 
+def test_a_release_that_did_not_take_is_sent_again() -> None:
+    """`scontrol release` answered but the job still shows held: read back, not assumed;
+    the watch releases it again rather than leave a job that would never run."""
+    slurm = _cluster(answering=True, completing_reads=FOREVER)
+    real_release = slurm.release
+    calls: list[int] = []
+
+    async def lost_once(job_id: int) -> None:
+        calls.append(job_id)
+        if len(calls) > 1:
+            await real_release(job_id)
+
+    slurm.release = lost_once  # type: ignore[method-assign]
+    done = _requeue(slurm, fence_after_s=0)
+    assert calls == [101, 101]
+    assert slurm.job_now(101).state_reason == "None" and done.fence_held == []
+
+
 def test_no_down_when_the_hold_is_refused() -> None:
     """A job that cannot be held (it ended meanwhile, the controller is away) gets no DOWN
     that could start it again too soon."""
