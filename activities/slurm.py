@@ -58,6 +58,11 @@ def _held(job: SlurmJob, read_at: float) -> bool:
     return job.state_reason == "BeginTime" or job.eligible_time > read_at + HELD_AHEAD_S
 
 
+def _held_by_hand(job: SlurmJob) -> bool:
+    """`scontrol hold` (JobHeldAdmin) or the user's own (JobHeldUser)."""
+    return job.state_reason.startswith("JobHeld")
+
+
 def _settling(job: SlurmJob) -> bool:
     """Still on its way from RUNNING back to PENDING after a requeue."""
     return job.job_state == "COMPLETING" or job.job_state.startswith("REQUEUE")
@@ -214,11 +219,11 @@ class SlurmActivities:
             mine = [j for j in jobs if marked_for(j, inp.incident_id) is not None]
             # Held over a DOWN (below): let go once pending, and forgotten only once a read
             # shows it no longer held (read back, not assumed).
-            fenced = [j for j in jobs if j.job_id in seen.fence_held and j.job_state == "PENDING"]
-            for job in [j for j in fenced if not j.state_reason.startswith("JobHeld")]:
+            ours = [j for j in jobs if j.job_id in seen.fence_held]
+            fenced = [j for j in ours if j.job_state == "PENDING" and _held_by_hand(j)]
+            for job in [j for j in ours if j not in fenced and not _settling(j)]:
                 seen.fence_held.remove(job.job_id)
                 tell()
-            fenced = [j for j in fenced if j.job_id in seen.fence_held]
             held = [j for j in mine if _held(j, read_at) and j not in fenced]
             for job in held + fenced:
                 await self._slurm.release_hold(job.job_id, read_at)
@@ -237,7 +242,7 @@ class SlurmActivities:
             if quiet >= 2 or (not (settling or fenced) and time.monotonic() > deadline):
                 break
             await asyncio.sleep(inp.poll_s)  # (the heartbeats carry what was seen)
-        # Held for the DOWN and never seen pending since (it ended, or runs): none, as a rule.
+        # Held for the DOWN and not yet seen let go (still completing there): none, as a rule.
         result.fence_held = list(seen.fence_held)
         result.requeued = [j.job_id for j in mine if j.job_id not in result.came_back]
         result.records = [j.record() for j in mine if j.job_id in result.requeued]

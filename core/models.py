@@ -615,7 +615,7 @@ class RequeueResult(BaseModel):
         if self.marked_down:
             parts.append("the node could not end its requeued jobs: marked DOWN so they could")
         if self.fence_held:
-            parts.append(f"held over that DOWN and not seen pending since {self.fence_held}")
+            parts.append(f"held over that DOWN and not yet seen let go {self.fence_held}")
         if self.holders_released:
             parts.append(f"holders {self.holders_released} of the requeued runs cancelled")
         parts += [f"plan {p.describe()}" for p in self.plans]
