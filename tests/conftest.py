@@ -195,6 +195,23 @@ def _start_order(item: pytest.Item) -> tuple[int, int]:
 
 _handed_out: set[int] = set()
 
+# Ports that torch's tests take without asking for a free one: torchrun's defaults (the
+# c10d rendezvous's 29400, the static rendezvous's 29500, which test_training holds with
+# a listener of its own). A sandbox whose range held one lost its agent to "Address
+# already in use" (ci15 of 2026-12-06: gpu-01's /metrics on 29500, and the provisioning's
+# health gate waited for its first report past the test's 180 s).
+TORCH_DEFAULT_PORTS = (29400, 29500)
+
+
+def port_slots(worker: int, workers: int, span: int) -> list[int]:
+    """The bases xdist worker `worker` of `workers` may hand out: 200 apart, none of whose
+    ranges holds one of torch's default ports."""
+    return [
+        b
+        for i, b in enumerate(range(10000, 32400, 200))
+        if i % workers == worker and not any(b <= p < b + span for p in TORCH_DEFAULT_PORTS)
+    ]
+
 
 def free_port_base(span: int = PORT_SPAN) -> int:
     """A base port with `span` free ports after it, so parallel sandboxes never collide
@@ -208,7 +225,7 @@ def free_port_base(span: int = PORT_SPAN) -> int:
     # Under xdist each worker draws from its own slots, so two workers never race for one.
     worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw"))
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-    slots = [b for i, b in enumerate(range(10000, 32400, 200)) if i % workers == worker]
+    slots = port_slots(worker, workers, span)
     for _ in range(200):
         base = random.choice(slots)  # 200 > PORT_SPAN: ranges never overlap
         if base in _handed_out:

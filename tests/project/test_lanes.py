@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import SERVER_FIXTURES
+from autoclusters.sandbox.runtime.config import PORT_SPAN
+from tests.conftest import SERVER_FIXTURES, TORCH_DEFAULT_PORTS, port_slots
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -91,3 +92,14 @@ def test_groups_reach_xdist_in_a_parallel_run(tmp_path: Path) -> None:
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:]
     assert "SKIPPED" not in done.stdout  # the check ran under xdist, not skipped
+
+
+@pytest.mark.parametrize("workers", [1, 7])
+def test_no_sandbox_port_range_holds_a_port_torch_takes_without_asking(workers: int) -> None:
+    """A sandbox whose range held 29500 (test_training's listener on torchrun's static port)
+    lost an agent to "Address already in use" and its provisioning waited past its test's
+    bound (ci15 of 2026-12-06)."""
+    bases = [b for w in range(workers) for b in port_slots(w, workers, PORT_SPAN)]
+    assert bases and len(bases) == len(set(bases))
+    for port in TORCH_DEFAULT_PORTS:
+        assert not [b for b in bases if b <= port < b + PORT_SPAN]
