@@ -38,8 +38,9 @@ from autoclusters.sandbox.crusoe import cloud_api
 from autoclusters.sandbox.inference import launch as inference_sandbox
 from autoclusters.sandbox.machines import fault_effects
 from autoclusters.sandbox.machines.vms import VmRegistry
-from autoclusters.sandbox.runtime import api_tokens, daemons, port_holders
+from autoclusters.sandbox.runtime import api_tokens, daemons
 from autoclusters.sandbox.runtime.config import GPUS_PER_NODE, SandboxConfig
+from autoclusters.sandbox.runtime.daemon_failure import daemon_failed
 from autoclusters.sandbox.runtime.daemons import SandboxError
 from autoclusters.sandbox.runtime.processes import (
     ProcessTable,
@@ -445,7 +446,7 @@ def _start_together(
 
     def ok(d: _Daemon) -> bool:
         if not table.alive(d.name):
-            raise _not_ready(table, d.name, f"{d.name} exited")
+            raise daemon_failed(table, d.name, f"{d.name} exited")
         try:
             return bool(d.ready())
         except Exception:
@@ -456,18 +457,9 @@ def _start_together(
         return not waiting
 
     if not wait_until(all_ready, timeout_s, 0.2):
-        raise _not_ready(
+        raise daemon_failed(
             table, waiting[0].name, f"{waiting[0].name} not ready after {timeout_s:.0f}s"
         )
-
-
-def _not_ready(table: ProcessTable, name: str, why: str) -> SandboxError:
-    tail = table.log_tail(name)
-    held = port_holders.explain(tail)  # a port it could not bind: who has it now
-    return SandboxError(
-        f"{why}; last lines of {table.log_dir / (name + '.out')}:\n{tail}"
-        + (f"\n{held}" if held else "")
-    )
 
 
 def cancel_all_jobs(cfg: SandboxConfig, timeout_s: float = 30) -> None:

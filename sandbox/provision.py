@@ -29,7 +29,9 @@ from autoclusters.core.cluster import (
 from autoclusters.core.cluster_spec import ClusterSpec, parse_cluster_spec
 from autoclusters.core.policy import Policy
 from autoclusters.sandbox.runtime.config import SandboxConfig
+from autoclusters.sandbox.runtime.daemon_failure import daemon_failed
 from autoclusters.sandbox.runtime.daemons import SandboxError
+from autoclusters.sandbox.runtime.processes import ProcessTable
 
 # The repo's examples (autoclusters/sandbox links to <repo>/sandbox): the Managed Slurm
 # platform's, and the CMK platform's (provider crusoe-cmk).
@@ -95,8 +97,9 @@ async def provision(cfg: SandboxConfig, policy: Policy, timeout_s: float) -> Pro
         id_conflict_policy=WorkflowIDConflictPolicy.TERMINATE_EXISTING,
         memo={"provider": spec.provider, "location": spec.location},  # `cluster list`
     )
+    watch = asyncio.ensure_future(_a_machine_daemon_exits(cfg))
     try:
-        state: ClusterState = await asyncio.wait_for(handle.result(), timeout_s)
+        state: ClusterState = await _first(handle.result(), watch, timeout_s)
     except WorkflowFailureError as e:
         cause = e.cause
         raise SandboxError(
@@ -108,7 +111,48 @@ async def provision(cfg: SandboxConfig, policy: Policy, timeout_s: float) -> Pro
             f"cluster {spec.name} not ready after {timeout_s:.0f}s "
             f"(Temporal UI: {cfg.temporal_ui_url}/namespaces/default/workflows/{handle.id})"
         ) from None
+    finally:
+        watch.cancel()
     return Provisioned(state, time.monotonic() - started)
+
+
+# The machines' daemons that the provisioning's steps wait on (Slurm's registration, the
+# health gate's first agent report), which nothing else would miss: one that exits (an
+# agent whose /metrics port was taken, ci15 of 2026-12-06) leaves the gate waiting out its
+# 300 s for a report that never comes. The boot stops at once instead, naming it.
+_MACHINE_DAEMONS = ("agent-", "slurmd-")
+
+
+async def _a_machine_daemon_exits(cfg: SandboxConfig) -> None:
+    """Raises once a machine's daemon is seen exited on two reads a second apart (a stop
+    in progress removes its record within that second)."""
+    table = ProcessTable(cfg.state_dir)
+    dead_before: set[tuple[str, int]] = set()
+    while True:
+        dead = {
+            (r.name, r.pid)
+            for r in table.records()
+            if r.name.startswith(_MACHINE_DAEMONS) and not table.alive(r.name)
+        }
+        if gone := sorted(dead & dead_before):
+            name = gone[0][0]
+            raise daemon_failed(table, name, f"{name} exited while the cluster was provisioned")
+        dead_before = dead
+        await asyncio.sleep(1.0)
+
+
+async def _first(result: Any, watch: asyncio.Future[None], timeout_s: float) -> ClusterState:
+    """The workflow's result, unless the watch raises first (or `timeout_s` passes)."""
+    done = asyncio.ensure_future(result)
+    try:
+        either = asyncio.wait({done, watch}, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait_for(either, timeout_s)
+        if not done.done():
+            watch.result()  # it raised
+        state: ClusterState = done.result()
+        return state
+    finally:
+        done.cancel()
 
 
 async def provision_seconds(client: Client, cluster: str) -> float | None:

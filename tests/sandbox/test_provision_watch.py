@@ -1,0 +1,58 @@
+"""The boot's watch over the machines' daemons while the cluster is provisioned: an agent
+that exits at its start (its /metrics port taken: ci15 of 2026-12-06) left the health gate
+waiting out 300 s for its first report; the boot now stops at once, naming the daemon and
+its log's last lines, and a daemon that keeps running or is stopped on purpose is no
+failure."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+
+import pytest
+
+from autoclusters.sandbox import provision
+from autoclusters.sandbox.runtime.config import SandboxConfig
+from autoclusters.sandbox.runtime.daemons import SandboxError
+from autoclusters.sandbox.runtime.processes import ProcessTable, referencing, stop_referencing
+
+SLEEPER = [sys.executable, "-c", "import time; time.sleep(300)"]
+IN_USE = [sys.executable, "-c", "raise SystemExit('OSError: [Errno 98] Address already in use')"]
+
+
+def _cfg(tmp_path: Path) -> SandboxConfig:
+    return SandboxConfig(state_dir=tmp_path / "state", cluster="watch", nodes=2, port_base=20000)
+
+
+async def _watch_for(cfg: SandboxConfig, seconds: float) -> None:
+    await asyncio.wait_for(provision._a_machine_daemon_exits(cfg), seconds)
+
+
+def test_an_agent_that_exits_stops_the_boot_with_its_log(tmp_path: Path) -> None:
+    cfg = _cfg(tmp_path)
+    table = ProcessTable(cfg.state_dir)
+    try:
+        table.spawn("slurmd-gpu-01", SLEEPER)
+        table.spawn("agent-gpu-01", IN_USE)
+        with pytest.raises(SandboxError) as raised:
+            asyncio.run(_watch_for(cfg, 30))
+        said = str(raised.value)
+        assert "agent-gpu-01 exited while the cluster was provisioned" in said
+        assert "Address already in use" in said  # its log's last lines
+    finally:
+        stop_referencing(cfg.state_dir)
+    assert referencing(cfg.state_dir) == []
+
+
+def test_daemons_that_run_or_are_stopped_are_no_failure(tmp_path: Path) -> None:
+    cfg = _cfg(tmp_path)
+    table = ProcessTable(cfg.state_dir)
+    try:
+        table.spawn("agent-gpu-01", SLEEPER)
+        table.spawn("slurmd-gpu-01", SLEEPER)
+        table.stop("slurmd-gpu-01")  # a machine powered off on purpose: its record goes
+        with pytest.raises(TimeoutError):
+            asyncio.run(_watch_for(cfg, 3))
+    finally:
+        stop_referencing(cfg.state_dir)
