@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,38 +22,34 @@ SLEEPER = [sys.executable, "-c", "import time; time.sleep(300)"]
 IN_USE = [sys.executable, "-c", "raise SystemExit('OSError: [Errno 98] Address already in use')"]
 
 
-def _cfg(tmp_path: Path) -> SandboxConfig:
-    return SandboxConfig(state_dir=tmp_path / "state", cluster="watch", nodes=2, port_base=20000)
+@pytest.fixture
+def cfg(tmp_path: Path) -> Iterator[SandboxConfig]:
+    """A state dir whose processes are all stopped by their PIDs when the test ends."""
+    cfg = SandboxConfig(state_dir=tmp_path / "state", cluster="watch", nodes=2, port_base=20000)
+    yield cfg
+    stop_referencing(cfg.state_dir)
+    assert referencing(cfg.state_dir) == []
 
 
 async def _watch_for(cfg: SandboxConfig, seconds: float) -> None:
     await asyncio.wait_for(provision._a_machine_daemon_exits(cfg), seconds)
 
 
-def test_an_agent_that_exits_stops_the_boot_with_its_log(tmp_path: Path) -> None:
-    cfg = _cfg(tmp_path)
+def test_an_agent_that_exits_stops_the_boot_with_its_log(cfg: SandboxConfig) -> None:
     table = ProcessTable(cfg.state_dir)
-    try:
-        table.spawn("slurmd-gpu-01", SLEEPER)
-        table.spawn("agent-gpu-01", IN_USE)
-        with pytest.raises(SandboxError) as raised:
-            asyncio.run(_watch_for(cfg, 30))
-        said = str(raised.value)
-        assert "agent-gpu-01 exited while the cluster was provisioned" in said
-        assert "Address already in use" in said  # its log's last lines
-    finally:
-        stop_referencing(cfg.state_dir)
-    assert referencing(cfg.state_dir) == []
+    table.spawn("slurmd-gpu-01", SLEEPER)
+    table.spawn("agent-gpu-01", IN_USE)
+    with pytest.raises(SandboxError) as raised:
+        asyncio.run(_watch_for(cfg, 30))
+    said = str(raised.value)
+    assert "agent-gpu-01 exited while the cluster was provisioned" in said
+    assert "Address already in use" in said  # its log's last lines
 
 
-def test_daemons_that_run_or_are_stopped_are_no_failure(tmp_path: Path) -> None:
-    cfg = _cfg(tmp_path)
+def test_daemons_that_run_or_are_stopped_are_no_failure(cfg: SandboxConfig) -> None:
     table = ProcessTable(cfg.state_dir)
-    try:
-        table.spawn("agent-gpu-01", SLEEPER)
-        table.spawn("slurmd-gpu-01", SLEEPER)
-        table.stop("slurmd-gpu-01")  # a machine powered off on purpose: its record goes
-        with pytest.raises(TimeoutError):
-            asyncio.run(_watch_for(cfg, 3))
-    finally:
-        stop_referencing(cfg.state_dir)
+    table.spawn("agent-gpu-01", SLEEPER)
+    table.spawn("slurmd-gpu-01", SLEEPER)
+    table.stop("slurmd-gpu-01")  # a machine powered off on purpose: its record goes
+    with pytest.raises(TimeoutError):
+        asyncio.run(_watch_for(cfg, 3))
