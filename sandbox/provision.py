@@ -121,23 +121,27 @@ async def provision(cfg: SandboxConfig, policy: Policy, timeout_s: float) -> Pro
 # agent whose /metrics port was taken, ci15 of 2026-12-06) leaves the gate waiting out its
 # 300 s for a report that never comes. The boot stops at once instead, naming it.
 _MACHINE_DAEMONS = ("agent-", "slurmd-")
+# How long a daemon's record may stay dead before it counts as exited: a stop in progress
+# removes its record at once, and on the CMK platform the emulated kubelet starts a pod's
+# dead container again (restartPolicy Always) within a pass or two.
+_DEAD_FOR_S = 5.0
 
 
-async def _a_machine_daemon_exits(cfg: SandboxConfig) -> None:
-    """Raises once a machine's daemon is seen exited on two reads a second apart (a stop
-    in progress removes its record within that second)."""
+async def _a_machine_daemon_exits(cfg: SandboxConfig, dead_for_s: float = _DEAD_FOR_S) -> None:
+    """Raises once a machine's daemon has stayed exited for `dead_for_s`."""
     table = ProcessTable(cfg.state_dir)
-    dead_before: set[tuple[str, int]] = set()
+    dead_since: dict[tuple[str, int], float] = {}
     while True:
+        now = time.monotonic()
         dead = {
             (r.name, r.pid)
             for r in table.records()
             if r.name.startswith(_MACHINE_DAEMONS) and not table.alive(r.name)
         }
-        if gone := sorted(dead & dead_before):
+        dead_since = {d: dead_since.get(d, now) for d in dead}
+        if gone := sorted(d for d, since in dead_since.items() if now - since >= dead_for_s):
             name = gone[0][0]
             raise daemon_failed(table, name, f"{name} exited while the cluster was provisioned")
-        dead_before = dead
         await asyncio.sleep(1.0)
 
 
