@@ -555,8 +555,10 @@ def test_in_place_a_standby_takes_the_lost_nodes_seat(tmp_path: Path, runs: list
     active = _training(lines)
     (standby,) = set(nodes) - active
     victim = sorted(active)[0]
-    nodes[victim].kill()
+    # Read before the kill: the standby may log its first step before kill() returns (it
+    # waits for the process it killed; ci16 of 2026-12-06 saw the standby 9 ms earlier).
     killed_at = time.time()
+    nodes[victim].kill()
     before = [d for d in lines() if d["elastic"] == 0]
     after = _reformed(lines)
     print(f"in place: kill to next step {after[0]['ts'] - killed_at:.2f}s")
