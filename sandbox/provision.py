@@ -31,7 +31,7 @@ from autoclusters.core.policy import Policy
 from autoclusters.sandbox.runtime.config import SandboxConfig
 from autoclusters.sandbox.runtime.daemon_failure import daemon_failed
 from autoclusters.sandbox.runtime.daemons import SandboxError
-from autoclusters.sandbox.runtime.processes import ProcessTable
+from autoclusters.sandbox.runtime.processes import ProcessTable, _exited
 
 # The repo's examples (autoclusters/sandbox links to <repo>/sandbox): the Managed Slurm
 # platform's, and the CMK platform's (provider crusoe-cmk).
@@ -136,7 +136,7 @@ async def _a_machine_daemon_exits(cfg: SandboxConfig, dead_for_s: float = _DEAD_
         dead = {
             (r.name, r.pid)
             for r in table.records()
-            if r.name.startswith(_MACHINE_DAEMONS) and not table.alive(r.name)
+            if r.name.startswith(_MACHINE_DAEMONS) and _exited(r)
         }
         dead_since = {d: dead_since.get(d, now) for d in dead}
         if gone := sorted(d for d, since in dead_since.items() if now - since >= dead_for_s):
@@ -149,10 +149,11 @@ async def _first(result: Any, watch: asyncio.Future[None], timeout_s: float) -> 
     """The workflow's result, unless the watch raises first (or `timeout_s` passes)."""
     done = asyncio.ensure_future(result)
     try:
-        either = asyncio.wait({done, watch}, return_when=asyncio.FIRST_COMPLETED)
-        await asyncio.wait_for(either, timeout_s)
-        if not done.done():
+        await asyncio.wait({done, watch}, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+        if watch.done():
             watch.result()  # it raised
+        if not done.done():
+            raise TimeoutError
         state: ClusterState = done.result()
         return state
     finally:

@@ -76,21 +76,20 @@ async def skip_time(env: WorkflowEnvironment, duration: timedelta) -> None:
         left -= step
 
 
-def submit_progress_job(cfg: SandboxConfig, *extra: str) -> int:
+def sbatch(cfg: SandboxConfig, *args: str) -> int:
+    """`sbatch --parsable ARGS` on the sandbox's cluster: the job's id."""
     out = subprocess.run(
-        [
-            "sbatch",
-            "--parsable",
-            f"--output={cfg.state_dir}/jobs/progress-%j.log",
-            *extra,
-            JOB_SCRIPT,
-        ],
+        ["sbatch", "--parsable", *args],
         env={**os.environ, "SLURM_CONF": str(cfg.slurm_conf)},
         capture_output=True,
         text=True,
         check=True,
     ).stdout
     return int(out.strip().split(";")[0])
+
+
+def submit_progress_job(cfg: SandboxConfig, *extra: str) -> int:
+    return sbatch(cfg, f"--output={cfg.state_dir}/jobs/progress-%j.log", *extra, JOB_SCRIPT)
 
 
 async def job(slurm: SlurmCli, job_id: int) -> SlurmJob | None:

@@ -92,7 +92,7 @@ def test_fence_at_once_marks_down_as_soon_as_the_job_completes_there() -> None:
     assert not done.marked_down and slurm.calls["mark_down"] == 0
 
 
-def test_the_jobs_are_held_over_the_down_and_let_go_in_a_later_second() -> None:
+def test_the_jobs_are_held_over_the_down_and_let_go_from_a_read_after_it() -> None:
     """DOWN ends the requeued job's completing with none of a requeue's begin-time delay: on
     real Slurm the scheduler started it again within the second of its kill, on a node that
     had just revoked its credential, and it FAILED ("Job credential revoked"; ci12 of

@@ -43,6 +43,11 @@ _REQUEUEABLE_STATES = {"RUNNING", "CONFIGURING", "SUSPENDED"}
 REQUEUE_DELAY_S = 121
 
 
+def _held_by_hand(job: SlurmJob) -> bool:
+    """`scontrol hold` (JobHeldAdmin) or the user's own (JobHeldUser)."""
+    return job.state_reason.startswith("JobHeld")
+
+
 class FakeSlurm:
     """A Slurm controller in memory: implements `autoclusters.integrations.slurm.SlurmClient`.
 
@@ -386,7 +391,7 @@ class FakeSlurm:
         job = self._job(job_id)
         if job.job_state != "PENDING":
             raise SlurmError(f"scontrol update JobId={job_id}: Job is no longer pending execution")
-        if not job.state_reason.startswith("JobHeld"):  # StartTime=now lifts no hold
+        if not _held_by_hand(job):  # StartTime=now lifts no hold
             job.state_reason = "None"
         job.eligible_time = int(time.time())
         self.release_count[job_id] += 1
@@ -405,7 +410,7 @@ class FakeSlurm:
     async def release(self, job_id: int) -> None:
         self._reachable("release")
         job = self._job(job_id)
-        if job.state_reason.startswith("JobHeld"):
+        if _held_by_hand(job):
             job.state_reason = "None"
         self.record("release", str(job_id))
 
@@ -458,7 +463,7 @@ class FakeSlurm:
                 # scheduler may start it at once, unless it is held.
                 job = self._job(job_id)
                 job.eligible_time = int(time.time())
-                if not job.state_reason.startswith("JobHeld"):
+                if not _held_by_hand(job):
                     job.state_reason = "None"
         self.record("mark_down", node)
 

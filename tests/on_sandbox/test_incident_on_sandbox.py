@@ -42,6 +42,7 @@ from tests.helpers import (
     fresh_policy,
     job,
     running,
+    sbatch,
     submit_progress_job,
 )
 
@@ -154,12 +155,7 @@ async def test_a_job_fenced_off_its_node_is_held_over_the_down_and_runs_again(
     requeue holds it over the DOWN and lets it go a second later: it runs again."""
     incident = "inc-test-fence-hold"
     shell = "trap '' TERM; while :; do sleep 0.2; done"
-    out = subprocess.run(
-        ["sbatch", "--parsable", "--requeue", "-N2", "--output=/dev/null", f"--wrap={shell}"],
-        env={**os.environ, "SLURM_CONF": str(sandbox.slurm_conf)},
-        capture_output=True, text=True, check=True,
-    ).stdout  # fmt: skip
-    job_id = int(out.strip().split(";")[0])
+    job_id = sbatch(sandbox, "--requeue", "-N2", "--output=/dev/null", f"--wrap={shell}")
     started = await eventually(lambda: running(slurm, job_id), 60, "job running")
     node = started.batch_host  # where its shell outlives the kill
     inp = RequeueInput(
