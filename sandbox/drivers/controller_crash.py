@@ -184,6 +184,30 @@ def save_now(cfg: SandboxConfig, timeout_s: float = 15) -> None:
         time.sleep(0.05)
 
 
+def save_accounted(cfg: SandboxConfig, jobs: Sequence[int], timeout_s: float = 30) -> None:
+    """Until slurmdbd has each job's start (its database index), then everything saved.
+
+    Slurm before 24.11 gets a job's database index from slurmdbd a few seconds after the
+    job starts, and marks it "being set" meanwhile. A crash whose saved state still says so
+    leaves the job at that mark after the restart, and slurmctld refuses every update of it
+    ("the DB index is being set, try again in a bit") for as long as it runs (ci16: the
+    requeue's marker waited past the case's bound). A crash case means the crash at its
+    moment, not that race: its jobs are accounted for and saved first. Nothing to wait for
+    without accounting."""
+    if not cfg.accounting or not jobs:
+        return
+    ids = ",".join(str(j) for j in jobs)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        out = _slurm(cfg, "sacct", "-n", "-X", "-P", "-o", "JobID", "-j", ids)
+        if {str(j) for j in jobs} <= set(out.split()):
+            break
+        if time.monotonic() > deadline:
+            raise CrashError(f"slurmdbd has no start of jobs {ids} after {timeout_s:g}s")
+        time.sleep(0.2)
+    save_now(cfg)
+
+
 def hold_saves(cfg: SandboxConfig, kinds: Sequence[str] = ("job_state",)) -> datetime:
     """Everything saved now (`save_now`), then until `release_saves` slurmctld's passes
     fail for `kinds`: it writes each to `<kind>.new` first, which is now a directory.
@@ -459,7 +483,9 @@ class ControllerCrash:
     that name has started, start a pass every BUSY_EVERY_S until the crash (every write then
     waits up to 5 s); `hold`: kinds whose saves fail from the opening until the crash.
     `jobs`: the jobs to look at (the requeue watched for, and before and after the
-    crash). Run by sandbox/drivers/outage.py `run_outage_case(crash=...)`."""
+    crash), each accounted for and saved first (`save_accounted`) unless `accounted` is
+    False (a job the crash is meant to forget). Run by sandbox/drivers/outage.py
+    `run_outage_case(crash=...)`."""
 
     def __init__(
         self,
@@ -474,8 +500,10 @@ class ControllerCrash:
         busy_from: str | None = None,
         hold: Sequence[str] = (),
         timeout_s: float = 90,
+        accounted: bool = True,
     ) -> None:
         self.how, self.what = parse_moment(moment)
+        self._accounted = accounted
         self.cfg, self.node, self.jobs, self.for_s = cfg, node, list(jobs), for_s
         self._quiet, self._poke, self._hold, self._timeout_s = quiet, poke, list(hold), timeout_s
         self.report = CrashReport(moment=moment, node=node, for_s=for_s)
@@ -488,7 +516,10 @@ class ControllerCrash:
         self._busy: asyncio.Task[None] | None = None
 
     async def prepare(self) -> None:
-        """Before the incident opens: the held kinds, the save window, and Slurm as it is."""
+        """Before the incident opens: the jobs accounted for, the held kinds, the save
+        window, and Slurm as it is."""
+        if self._accounted:
+            await asyncio.to_thread(save_accounted, self.cfg, self.jobs)
         if self._hold:  # everything saved first: the saved state is Slurm's as of now
             await asyncio.to_thread(hold_saves, self.cfg, self._hold)
         if self._quiet:

@@ -211,8 +211,9 @@ async def test_run2_a_job_the_controller_never_saved_is_reported_by_id(
     try:
         job_id = await asyncio.to_thread(submit_requeueable_job, cfg, node)
         await running_on(cfg, job_id, node, 60)
-        # Before the opening, slurmctld falls quiet: the drain is saved at once.
-        crash = ControllerCrash(cfg, "repair", node, RUN_DOWN_S, jobs=[job_id])
+        # Before the opening, slurmctld falls quiet: the drain is saved at once. The job
+        # is never saved, so nothing waits for its accounting (`accounted=False`).
+        crash = ControllerCrash(cfg, "repair", node, RUN_DOWN_S, jobs=[job_id], accounted=False)
         report = await _run(cfg, node, job_id, crash)
         # Slurm ends the processes of a job it no longer knows once the node registers.
         gone = await _no_processes(cfg, job_id, 60)

@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 
 from autoclusters.core.models import StepRecord
 from autoclusters.sandbox.cli import sandbox_app
+from autoclusters.sandbox.drivers import controller_crash
 from autoclusters.sandbox.drivers.controller_crash import (
     ControllerLog,
     CrashError,
@@ -29,6 +30,7 @@ from autoclusters.sandbox.drivers.controller_crash import (
     last_pass,
     parse_moment,
     release_saves,
+    save_accounted,
     state_save_dir,
 )
 from autoclusters.sandbox.drivers.outage import CloudOp, JobOnNode, OutageDone, OutageReport
@@ -354,3 +356,56 @@ def test_a_write_case_crashes_within_a_second_and_must_forget_its_write() -> Non
     assert problems(case, _report(crash=kept)) == [
         "the restarted controller forgot nothing, not the requeue of job"
     ]
+
+
+# --- the jobs accounted for before a crash ----------------------------------------------
+
+
+class _Sacct:
+    """sacct as slurmdbd answers it: the jobs it has a start for, job 7 from the third ask
+    (`never`: not at all); and each save of everything, in order with the asks."""
+
+    def __init__(self) -> None:
+        self.asks = 0
+        self.never = False
+        self.calls: list[str] = []
+
+    def slurm(self, cfg: SandboxConfig, *argv: str, timeout_s: float = 15) -> str:
+        assert argv[0] == "sacct" and argv[-2:] == ("-j", "7,9")
+        self.asks += 1
+        self.calls.append("sacct")
+        return "9\n7\n" if self.asks >= 3 and not self.never else "9\n"
+
+    def save(self, cfg: SandboxConfig, timeout_s: float = 15) -> None:
+        self.calls.append("save")
+
+
+@pytest.fixture
+def sacct(monkeypatch: pytest.MonkeyPatch) -> _Sacct:
+    fake = _Sacct()
+    monkeypatch.setattr(controller_crash, "_slurm", fake.slurm)
+    monkeypatch.setattr(controller_crash, "save_now", fake.save)
+    return fake
+
+
+def test_a_crash_waits_for_its_jobs_database_index_then_saves(
+    tmp_path: Path, sacct: _Sacct
+) -> None:
+    save_accounted(SandboxConfig(state_dir=tmp_path), [7, 9])
+    # Saved only once slurmdbd had both: the saved state holds each job's index.
+    assert sacct.calls == ["sacct", "sacct", "sacct", "save"]
+
+
+def test_a_job_never_accounted_for_is_an_error_and_nothing_is_saved(
+    tmp_path: Path, sacct: _Sacct
+) -> None:
+    sacct.never = True
+    with pytest.raises(CrashError, match="slurmdbd has no start of jobs 7,9"):
+        save_accounted(SandboxConfig(state_dir=tmp_path), [7, 9], timeout_s=0.5)
+    assert "save" not in sacct.calls
+
+
+def test_without_accounting_there_is_no_index_to_wait_for(tmp_path: Path, sacct: _Sacct) -> None:
+    save_accounted(SandboxConfig(state_dir=tmp_path, accounting=False), [7, 9])
+    save_accounted(SandboxConfig(state_dir=tmp_path), [])
+    assert sacct.calls == []

@@ -40,6 +40,7 @@ from temporalio.client import (
     WithStartWorkflowOperation,
     WorkflowFailureError,
     WorkflowHandle,
+    WorkflowQueryFailedError,
     WorkflowUpdateFailedError,
 )
 from temporalio.common import WorkflowIDConflictPolicy
@@ -276,13 +277,25 @@ async def _fleet(
 async def _until(
     handle: Incident, check: Callable[[IncidentState], bool], what: str, timeout_s: float = 30
 ) -> IncidentState:
-    """Query the incident until `check` holds (real time: no timer is skipped meanwhile)."""
+    """Query the incident until `check` holds (real time: no timer is skipped meanwhile).
+
+    A query the worker failed to answer is asked again: on a loaded machine the server can
+    send it down the non-sticky path with the whole history to replay, and in ci18 one such
+    answer failed with a nondeterminism error that no replay of that test's histories shows
+    (docs/testing.md; the test replays its runs' histories itself). A run whose code really
+    diverges from its history fails every time, and the deadline reports it."""
     deadline = time.monotonic() + timeout_s
+    failed: WorkflowQueryFailedError | None = None
     while True:
-        state = await handle.query(NodeRemediation.status)
-        if check(state):
+        try:
+            state: IncidentState | None = await handle.query(NodeRemediation.status)
+        except WorkflowQueryFailedError as e:
+            state, failed = None, e
+        if state is not None and check(state):
             return state
         if time.monotonic() > deadline:
+            if state is None:
+                raise AssertionError(f"timed out after {timeout_s}s waiting for {what}: {failed}")
             raise AssertionError(
                 f"timed out after {timeout_s}s waiting for {what}: status {state.status}, "
                 f"step {state.current_step}, waiting for {state.waiting_for}, "

@@ -35,7 +35,9 @@ from typing import Any
 import pytest_asyncio
 from temporalio import activity
 from temporalio.client import WorkflowHandle
+from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Replayer
 
 from autoclusters.activities.screen import reservation_name
 from autoclusters.core.handoff_answer import HandoffAnswer
@@ -51,6 +53,7 @@ from autoclusters.core.policy import (
     SystemicPolicy,
 )
 from autoclusters.core.systemic import SystemicState, systemic_workflow_id
+from autoclusters.workers.remediation import WORKFLOWS
 from autoclusters.workflows.systemic_incident import SystemicIncident
 from tests.fakes.systems import FakeCloud
 from tests.helpers import time_skipping_env
@@ -64,6 +67,7 @@ TOPOLOGY = {
     for i in range(1, 9)
 }
 Systemic = WorkflowHandle[SystemicIncident, SystemicState]
+REPLAYER = Replayer(workflows=WORKFLOWS, data_converter=pydantic_data_converter)
 
 
 @pytest_asyncio.fixture
@@ -319,6 +323,11 @@ async def test_a_reboot_already_running_ends_and_the_member_yields(
         assert joined["gpu-01"].repaired == "reboot"
         await _answer(f, "fixed")
         results = await _results([first, *others])
+        # Each member's run replays on the current code: a query once failed on it (ci18).
+        for h in [first, *others]:
+            history = await h.fetch_history()
+            replayed = await REPLAYER.replay_workflow(history, raise_on_replay_failure=False)
+            assert replayed.replay_failure is None, (h.id, replayed.replay_failure)
 
     gpu01 = results[0]
     assert gpu01.status == "resolved" and gpu01.repair_attempts == 1
