@@ -14,13 +14,13 @@ from contextlib import asynccontextmanager
 from datetime import timedelta
 from pathlib import Path
 from types import ModuleType
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import pytest_asyncio
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
 from temporalio.api.enums.v1 import IndexedValueType
 from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
@@ -59,6 +59,19 @@ async def eventually(
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
         await asyncio.sleep(0.2)
+
+
+async def run_state(handle: WorkflowHandle[Any, T], query: Callable[[Any], T]) -> T:
+    """A finished run's own result, else what `query` answers. A query of a closed run has
+    the worker replay its whole history, and on the loaded CI machine that replay twice
+    answered a nondeterminism error for a systemic member the test server had run to its
+    end (ci18, ci19: docs/testing.md). `WorkflowHandle.result`, not a time-skipping
+    handle's own, which would let the server skip time while it waits."""
+    described = await handle.describe()
+    if described.status == WorkflowExecutionStatus.COMPLETED:
+        result: T = await WorkflowHandle.result(handle)
+        return result
+    return await handle.query(query)
 
 
 # The SDK's client gives a call 30 s of real time unless told otherwise, and the time-skipping

@@ -77,7 +77,7 @@ from autoclusters.workflows.remediation import NodeRemediation
 from autoclusters.workflows.steps import STEP_RETRY as RETRY
 from tests.decisions import APPROVAL_KEY, proven, proven_reset
 from tests.fakes.systems import FakeCloud, FakeHealth, FakeSlurm, RecordingNotifier
-from tests.helpers import skip_time, time_skipping_env
+from tests.helpers import run_state, skip_time, time_skipping_env
 
 
 @pytest_asyncio.fixture
@@ -277,18 +277,14 @@ async def _fleet(
 async def _until(
     handle: Incident, check: Callable[[IncidentState], bool], what: str, timeout_s: float = 30
 ) -> IncidentState:
-    """Query the incident until `check` holds (real time: no timer is skipped meanwhile).
-
-    A query the worker failed to answer is asked again: on a loaded machine the server can
-    send it down the non-sticky path with the whole history to replay, and in ci18 one such
-    answer failed with a nondeterminism error that no replay of that test's histories shows
-    (docs/testing.md; the test replays its runs' histories itself). A run whose code really
-    diverges from its history fails every time, and the deadline reports it."""
+    """Read the incident until `check` holds (real time: no timer is skipped meanwhile).
+    A query that failed (tests/helpers.py `run_state`) is made again; one that keeps
+    failing is reported."""
     deadline = time.monotonic() + timeout_s
     failed: WorkflowQueryFailedError | None = None
     while True:
         try:
-            state: IncidentState | None = await handle.query(NodeRemediation.status)
+            state: IncidentState | None = await run_state(handle, NodeRemediation.status)
         except WorkflowQueryFailedError as e:
             state, failed = None, e
         if state is not None and check(state):

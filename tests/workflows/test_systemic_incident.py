@@ -56,7 +56,7 @@ from autoclusters.core.systemic import SystemicState, systemic_workflow_id
 from autoclusters.workers.remediation import WORKFLOWS
 from autoclusters.workflows.systemic_incident import SystemicIncident
 from tests.fakes.systems import FakeCloud
-from tests.helpers import time_skipping_env
+from tests.helpers import run_state, time_skipping_env
 from tests.histories.record import FakeKubernetes
 from tests.workflows.test_handoff_workflow import Desked, _desked
 from tests.workflows.test_remediation_workflow import FAULTS, Incident, _policy, _until, _waiting
@@ -160,7 +160,7 @@ async def _systemic_until(
     deadline = time.monotonic() + timeout_s
     while True:
         try:
-            state = await _systemic(f).query(SystemicIncident.status)
+            state = await run_state(_systemic(f), SystemicIncident.status)
             if check(state):
                 return state
         except Exception:  # noqa: BLE001 - not started yet: ask again
