@@ -13,6 +13,7 @@ import gzip
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import parse_qs, quote
@@ -116,9 +117,12 @@ class Console:
     def now(self) -> datetime:
         return datetime.now(UTC)
 
-    async def _try(self, what: str, call: Awaitable[T], errors: list[str]) -> T | None:
+    async def _try(
+        self, what: str, read: Callable[[], Awaitable[T]], errors: list[str]
+    ) -> T | None:
+        # Started where it is awaited (cluster_read._try says why).
         try:
-            return await call
+            return await read()
         except Exception as e:  # a page shows what it could read and says what it could not
             errors.append(f"{what}: {str(e) or type(e).__name__}")
             return None
@@ -155,8 +159,10 @@ class Console:
         errors = list(read.view.errors)
         slurm = read.slurm.get(name)
         found, k8s, steps = await asyncio.gather(
-            self._try("incidents", self.source.incidents(node=name, state=None, limit=20), errors),
-            self._try("Kubernetes", self.source.kubernetes_node(name), errors),
+            self._try(
+                "incidents", partial(self.source.incidents, node=name, state=None, limit=20), errors
+            ),
+            self._try("Kubernetes", partial(self.source.kubernetes_node, name), errors),
             job_steps.read_steps(
                 self.http,
                 self.settings.monitoring.prometheus_url,
@@ -223,9 +229,13 @@ class Console:
         errors: list[str] = []
         open_, recent = await asyncio.gather(
             self._try(
-                "incidents", self.source.incidents(node=None, state="open", limit=200), errors
+                "incidents",
+                partial(self.source.incidents, node=None, state="open", limit=200),
+                errors,
             ),
-            self._try("incidents", self.source.incidents(node=None, state=None, limit=50), errors),
+            self._try(
+                "incidents", partial(self.source.incidents, node=None, state=None, limit=50), errors
+            ),
         )
         return views.IncidentsPage(open=open_ or [], recent=recent or [], errors=errors)
 
@@ -267,9 +277,9 @@ class Console:
         errors: list[str] = []
         snap, states, figures, open_systemic = await asyncio.gather(
             self.cluster_read(),
-            self._try("incidents", self.source.recent_states(FLEET_INCIDENTS), errors),
-            self._try("repair ladder", self.source.ladder(), errors),
-            self._try("systemic incidents", self.source.systemic_incidents(), errors),
+            self._try("incidents", partial(self.source.recent_states, FLEET_INCIDENTS), errors),
+            self._try("repair ladder", self.source.ladder, errors),
+            self._try("systemic incidents", self.source.systemic_incidents, errors),
         )
         tiles = [t for p in snap.value.view.pods for lf in p.leaves for g in lf.groups
                  for t in g.tiles]  # fmt: skip
@@ -293,7 +303,7 @@ class Console:
 
     async def notifications(self) -> views.NotificationsPage:
         errors: list[str] = []
-        states = await self._try("incidents", self.source.recent_states(30), errors)
+        states = await self._try("incidents", partial(self.source.recent_states, 30), errors)
         return views.NotificationsPage(notifications=views.feed(states or []), errors=errors)
 
 

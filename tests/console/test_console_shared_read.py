@@ -29,10 +29,12 @@ import httpx
 import pytest
 import pytest_asyncio
 
+from autoclusters.clients.console.cluster_read import read_cluster
 from autoclusters.clients.console.routes import Console
 from autoclusters.clients.console.shared_read import ReadUnavailable, SharedRead
 from autoclusters.clients.inventory import StaticInventory
 from autoclusters.clients.server import create_server
+from autoclusters.core.policy import Policy
 from tests.console.test_console import TOKEN, no_temporal, settings
 from tests.fakes.fleet import FleetSource
 from tests.helpers import eventually
@@ -405,3 +407,33 @@ async def test_no_read_at_all_in_time_is_unknown_not_an_empty_cluster() -> None:
         poll = await c.get("/ui/api/topology")
         assert poll.json()["pods"] == [] and poll.json()["errors"] and "etag" not in poll.headers
     await app.state.console.shared.aclose()
+
+
+async def test_a_read_cancelled_before_its_sources_start_leaves_no_read_behind() -> None:
+    # ci23's warnings: a read cancelled (a viewer gone, the app closing) between gather
+    # making its tasks and their first step left the sources' coroutines made and never
+    # awaited. Each source's read is now made where it is awaited.
+    source = FleetSource(10)
+    made: list[str] = []
+    for name in ("slurm_nodes", "cluster", "guard", "open_incidents"):
+        read = getattr(source, name)
+
+        def counted(read: Any = read, name: str = name) -> Any:
+            made.append(name)
+            return read()
+
+        setattr(source, name, counted)
+    task = asyncio.create_task(
+        read_cluster(cluster="c1", source=source, policy=Policy, previous=None, stale_after_s=1.0)
+    )
+    await asyncio.sleep(0)  # one step: read_cluster is at its gather, its tasks not started
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert made == []
+    # And uncancelled, every source is read once.
+    read = await read_cluster(
+        cluster="c1", source=source, policy=Policy, previous=None, stale_after_s=1.0
+    )
+    assert sorted(made) == ["cluster", "guard", "open_incidents", "slurm_nodes"]
+    assert len(read.slurm) == 10
