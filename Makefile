@@ -2,7 +2,8 @@
 # install Slurm and munge first: scripts/system-deps.sh says how). The `training` extra is
 # torch==2.13.0, the CPU build (a bare `torch` would pull a multi-GB CUDA build).
 VENV ?= .venv
-PYTHON ?= python3
+# The distribution's optimised CPython where it can make a venv (scripts/python.sh says why).
+PYTHON ?= $(shell scripts/python.sh)
 BIN := $(VENV)/bin
 # Bytecode is cached: a shell that sets PYTHONDONTWRITEBYTECODE would have every process the
 # demo and the tests start (dozens of sandbox daemons, each xdist worker's collection)

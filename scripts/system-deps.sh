@@ -21,6 +21,16 @@ command -v openssl >/dev/null 2>&1 || missing+=(openssl)
 # Sandbox fault effects (sandbox/machines/fault_effects.py): a hung or lost node's connections go
 # silent through nftables rules in a table of the sandbox's own.
 command -v nft >/dev/null 2>&1 || [ -x /usr/sbin/nft ] || missing+=(nft)
+# Optional: what lets scripts/python.sh build the venv from the distribution's optimised
+# CPython (Debian's python3-venv); without it the venv is made from the python3 on PATH.
+if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1 && [ -x /usr/bin/python3 ] \
+  && /usr/bin/python3 -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null \
+  && ! /usr/bin/python3 -c 'import ensurepip' 2>/dev/null; then
+  echo "installing python3-venv (scripts/python.sh)"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null \
+    || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null; } \
+    || echo "python3-venv not installed: the venv is made from python3 on PATH" >&2
+fi
 [ ${#missing[@]} -eq 0 ] && exit 0
 
 pkgs="slurm-wlm slurmrestd munge slurm-wlm-jwt-plugin slurmdbd mariadb-server openssh-server"
