@@ -46,3 +46,20 @@ def component_of(message: str) -> str:
     """The component an outage message names ("slurmctld unavailable: ..." -> slurmctld)."""
     head, sep, _ = message.partition(" unavailable")
     return head.strip() if sep and head.strip() else "a dependency"
+
+
+# Slurm before 24.11 refuses updates of a job until slurmdbd has given it its database
+# index; a job a controller crash left mid-way is refused for as long as it runs (docs/
+# runbook.md). The controller answers, so "unreachable" would send the operator to the
+# wrong place.
+_DB_INDEX_REFUSAL = ("db index is being set", "try again in a bit")
+
+
+def outage_said(message: str) -> str:
+    """What an outage is, for the step's detail: "slurmctld unreachable", or what a
+    controller that answers but will not act says."""
+    who = component_of(message)
+    low = message.lower()
+    if any(p in low for p in _DB_INDEX_REFUSAL):
+        return f"{who} unavailable for this job's updates (its DB index is being set)"
+    return f"{who} unreachable"

@@ -19,7 +19,7 @@ from temporalio import workflow
 from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
-    from autoclusters.core.unavailable import component_of, is_unavailable_type
+    from autoclusters.core.unavailable import is_unavailable_type, outage_said
 
 T = TypeVar("T")
 
@@ -52,7 +52,7 @@ async def ride_out(
     """`run()`, tried again while the system it reads is unreachable (see the module)."""
     since: datetime | None = None
     tries = 0
-    who = ""
+    said = ""
     while True:
         try:
             out = await run()
@@ -63,19 +63,19 @@ async def ride_out(
             now = workflow.now()
             since = since or now
             lasted = (now - since).total_seconds()
-            who = component_of(str(outage.message))
+            said = outage_said(str(outage.message))
             if lasted >= budget_s:
                 raise ApplicationError(
-                    f"{who} unreachable for {lasted:.0f} s during {what}, over the outage "
+                    f"{said} for {lasted:.0f} s during {what}, over the outage "
                     f"budget of {budget_s:.0f} s: {outage.message}",
                     type=OUTAGE_BUDGET_SPENT,
                     non_retryable=True,
                 ) from err
             if on_outage is not None:
-                await on_outage(who, lasted)
+                await on_outage(said, lasted)
             tries += 1
             await workflow.sleep(min(OUTAGE_POLL_S * 2 ** (tries - 1), OUTAGE_POLL_MAX_S))
             continue
         if since is not None and on_back is not None:
-            await on_back(who, (workflow.now() - since).total_seconds())
+            await on_back(said, (workflow.now() - since).total_seconds())
         return out

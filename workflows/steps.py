@@ -246,21 +246,23 @@ class Steps:
         budget_s = self.defaults.outage_budget_s
         told: list[bool] = []
 
-        async def waiting(who: str, lasted: float) -> None:
+        # `said`: "slurmctld unreachable", or what a controller that answers refuses
+        # (core/unavailable.py outage_said).
+        async def waiting(said: str, lasted: float) -> None:
             if rec is not None:
-                rec.detail = f"{who} unreachable for {lasted:.0f} s; waiting up to {budget_s:.0f} s"
+                rec.detail = f"{said} for {lasted:.0f} s; waiting up to {budget_s:.0f} s"
             if lasted >= self.defaults.outage_notify_after_s and not told:
                 told.append(True)
                 await self._tell(
                     "dependency_unavailable",
-                    f"{who} unreachable for {lasted:.0f} s during {what} of "
+                    f"{said} for {lasted:.0f} s during {what} of "
                     f"{self._subject}; the incident waits for it (up to "
                     f"{budget_s:.0f} s) and acts on nothing it cannot read",
                     "warning",
                 )
 
-        async def back(who: str, lasted: float) -> None:
-            note = f"{who} unreachable for {lasted:.0f} s"
+        async def back(said: str, lasted: float) -> None:
+            note = f"{said} for {lasted:.0f} s"
             if notes is not None:
                 notes.append(note)
             if told:

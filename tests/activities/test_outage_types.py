@@ -7,7 +7,12 @@ from temporalio.exceptions import ApplicationError
 
 from autoclusters.activities.cluster_providers.crusoe_step import refused as _refused
 from autoclusters.core.cluster import CAPACITY_UNAVAILABLE
-from autoclusters.core.unavailable import OUTAGE_TYPES, component_of, is_unavailable_type
+from autoclusters.core.unavailable import (
+    OUTAGE_TYPES,
+    component_of,
+    is_unavailable_type,
+    outage_said,
+)
 from autoclusters.integrations.crusoe.errors import CrusoeRequestError, CrusoeUnavailable
 from autoclusters.integrations.slurm import SlurmUnavailable
 from autoclusters.workflows.outage import outage_of
@@ -42,3 +47,18 @@ def test_provisioning_keeps_a_crusoe_outage_an_outage() -> None:
     assert outage.type == "CrusoeUnavailable" and not outage.non_retryable
     refused = _refused(CrusoeRequestError(400, "bad spec"))
     assert refused.type == "CloudError" and refused.non_retryable
+
+
+def test_the_detail_says_unreachable_or_names_a_controller_that_refuses() -> None:
+    down = SlurmUnavailable("scontrol: error: Unable to contact slurm controller (connect failure)")
+    assert outage_said(str(down)) == "slurmctld unreachable"
+    # Slurm < 24.11 after a crash: the controller answers, and refuses the job's updates
+    # until slurmdbd has indexed it (docs/runbook.md); the operator looks there, not at
+    # the network.
+    refused = SlurmUnavailable(
+        "scontrol: error: Job update not available right now, the DB index is being set, "
+        "try again in a bit for job 12"
+    )
+    said = outage_said(str(refused))
+    assert said.startswith("slurmctld unavailable") and "DB index is being set" in said
+    assert "unreachable" not in said
