@@ -8,7 +8,7 @@
 # with profile-guided and link-time optimisation, which a pyenv or source build has only when
 # asked (--enable-optimizations --with-lto). On the CI machine (Debian 12's 3.11.2 against
 # pyenv's 3.11.7 built without them) a start is 11 ms against 38 ms and imports ~12 % quicker;
-# `make test` spent ~15 % less CPU (docs/testing.md, "The interpreter").
+# `make test` spent 8-19 % less CPU in three pairs of runs (docs/testing.md, "the interpreter").
 # PYTHON=... on make's command line chooses another.
 py=/usr/bin/python3
 if [ -x "$py" ] && "$py" -c '
