@@ -55,9 +55,10 @@ def _placements(topology_conf: str) -> dict[str, NodeTopology]:
     return topology.parse_topology_conf(topology_conf)
 
 
-async def _try(what: str, read: Callable[[], Awaitable[T]], errors: list[str]) -> T | None:
-    # The read is started here, where it is awaited: a coroutine made before gather starts
-    # its task would never be awaited if the read were cancelled in between.
+async def read_or_note(what: str, read: Callable[[], Awaitable[T]], errors: list[str]) -> T | None:
+    """`read()`, or None with what failed noted in `errors` (every console page reads this
+    way). The read is started here, where it is awaited: a coroutine made before gather
+    starts its task would never be awaited if the read were cancelled in between."""
     try:
         return await read()
     except Exception as e:  # a page shows what it could read and says what it could not
@@ -76,10 +77,10 @@ async def read_cluster(
     errors: list[str] = []
     now = datetime.now(UTC)
     nodes, state, guard, open_ = await asyncio.gather(
-        _try("Slurm", source.slurm_nodes, errors),
-        _try("provisioning", source.cluster, errors),
-        _try("fleet guard", source.guard, errors),
-        _try("incidents", source.open_incidents, errors),
+        read_or_note("Slurm", source.slurm_nodes, errors),
+        read_or_note("provisioning", source.cluster, errors),
+        read_or_note("fleet guard", source.guard, errors),
+        read_or_note("incidents", source.open_incidents, errors),
     )
     if nodes is None and previous is not None and previous.slurm:
         nodes = list(previous.slurm.values())

@@ -11,11 +11,11 @@ from __future__ import annotations
 import asyncio
 import gzip
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 from urllib.parse import parse_qs, quote
 
 import httpx
@@ -28,7 +28,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from autoclusters.clients.clusters import ui_link
 from autoclusters.clients.console import fleet, job_steps, prometheus, systemic, topology, views
-from autoclusters.clients.console.cluster_read import ClusterRead, read_cluster
+from autoclusters.clients.console.cluster_read import ClusterRead, read_cluster, read_or_note
 from autoclusters.clients.console.ladder import ladder_view
 from autoclusters.clients.console.session import COOKIE, COOKIE_PATH, NotLoggedIn, Sessions
 from autoclusters.clients.console.shared_read import ReadUnavailable, SharedRead, Snapshot
@@ -59,7 +59,6 @@ SECURITY_HEADERS = {
     "Referrer-Policy": "same-origin",
     "Cache-Control": "no-store",
 }
-T = TypeVar("T")
 
 
 def when(t: datetime | str | None) -> str:
@@ -117,16 +116,6 @@ class Console:
     def now(self) -> datetime:
         return datetime.now(UTC)
 
-    async def _try(
-        self, what: str, read: Callable[[], Awaitable[T]], errors: list[str]
-    ) -> T | None:
-        # Started where it is awaited (cluster_read._try says why).
-        try:
-            return await read()
-        except Exception as e:  # a page shows what it could read and says what it could not
-            errors.append(f"{what}: {str(e) or type(e).__name__}")
-            return None
-
     async def _read_cluster(self) -> ClusterRead:
         before = self.shared.latest()
         return await read_cluster(
@@ -159,10 +148,10 @@ class Console:
         errors = list(read.view.errors)
         slurm = read.slurm.get(name)
         found, k8s, steps = await asyncio.gather(
-            self._try(
+            read_or_note(
                 "incidents", partial(self.source.incidents, node=name, state=None, limit=20), errors
             ),
-            self._try("Kubernetes", partial(self.source.kubernetes_node, name), errors),
+            read_or_note("Kubernetes", partial(self.source.kubernetes_node, name), errors),
             job_steps.read_steps(
                 self.http,
                 self.settings.monitoring.prometheus_url,
@@ -228,12 +217,12 @@ class Console:
     async def incidents(self) -> views.IncidentsPage:
         errors: list[str] = []
         open_, recent = await asyncio.gather(
-            self._try(
+            read_or_note(
                 "incidents",
                 partial(self.source.incidents, node=None, state="open", limit=200),
                 errors,
             ),
-            self._try(
+            read_or_note(
                 "incidents", partial(self.source.incidents, node=None, state=None, limit=50), errors
             ),
         )
@@ -277,9 +266,9 @@ class Console:
         errors: list[str] = []
         snap, states, figures, open_systemic = await asyncio.gather(
             self.cluster_read(),
-            self._try("incidents", partial(self.source.recent_states, FLEET_INCIDENTS), errors),
-            self._try("repair ladder", self.source.ladder, errors),
-            self._try("systemic incidents", self.source.systemic_incidents, errors),
+            read_or_note("incidents", partial(self.source.recent_states, FLEET_INCIDENTS), errors),
+            read_or_note("repair ladder", self.source.ladder, errors),
+            read_or_note("systemic incidents", self.source.systemic_incidents, errors),
         )
         tiles = [t for p in snap.value.view.pods for lf in p.leaves for g in lf.groups
                  for t in g.tiles]  # fmt: skip
@@ -303,7 +292,7 @@ class Console:
 
     async def notifications(self) -> views.NotificationsPage:
         errors: list[str] = []
-        states = await self._try("incidents", partial(self.source.recent_states, 30), errors)
+        states = await read_or_note("incidents", partial(self.source.recent_states, 30), errors)
         return views.NotificationsPage(notifications=views.feed(states or []), errors=errors)
 
 
