@@ -49,17 +49,17 @@ def component_of(message: str) -> str:
 
 
 # Slurm before 24.11 refuses updates of a job until slurmdbd has given it its database
-# index; a job a controller crash left mid-way is refused for as long as it runs (docs/
-# runbook.md). The controller answers, so "unreachable" would send the operator to the
-# wrong place.
-_DB_INDEX_REFUSAL = ("db index is being set", "try again in a bit")
+# index ("Job update not available right now, the DB index is being set, try again in a
+# bit"); a job a controller crash left mid-way is refused for as long as it runs (docs/
+# runbook.md). The Slurm client waits it out as an outage (integrations/slurm.py); the
+# controller answers, so "unreachable" would send the operator to the wrong place.
+DB_INDEX_REFUSAL = "try again in a bit"
 
 
 def outage_said(message: str) -> str:
     """What an outage is, for the step's detail: "slurmctld unreachable", or what a
     controller that answers but will not act says."""
     who = component_of(message)
-    low = message.lower()
-    if any(p in low for p in _DB_INDEX_REFUSAL):
+    if DB_INDEX_REFUSAL in message.lower():
         return f"{who} unavailable for this job's updates (its DB index is being set)"
     return f"{who} unreachable"

@@ -19,7 +19,7 @@ from typing import Any, Protocol, runtime_checkable
 from autoclusters.core import hostlist
 from autoclusters.core.holders import HOLDER_NAME, holder_comment
 from autoclusters.core.models import SlurmJob, SlurmNode
-from autoclusters.core.unavailable import Unavailable
+from autoclusters.core.unavailable import DB_INDEX_REFUSAL, Unavailable
 
 # slurmctld timestamps a requeue's credential revocation with its own clock, in whole
 # seconds; a restart must get its new credential in a later second (see release_hold).
@@ -62,10 +62,9 @@ _UNREACHABLE = (
     # tests/data/slurm-22.05-controller-down/).
     "unexpected message received",
     # A restarted slurmctld refuses job updates until slurmdbd has given the job its
-    # database index ("Job update not available right now, the DB index is being set, try
-    # again in a bit": ci5 of 2026-12-06, the recheck after a controller crash): not yet,
+    # database index (ci5 of 2026-12-06, the recheck after a controller crash): not yet,
     # not no.
-    "try again in a bit",
+    DB_INDEX_REFUSAL,
 )
 
 
