@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -310,6 +311,8 @@ def sandbox_cfg(tmp_path: Path) -> Iterator[SandboxConfig]:
         for rec in reversed(table.records()):
             table.stop(rec.name)
         kill_sessions(sessions_holding(cfg.spool_dir))
+        # The spool lives in the system's temp dir (socket paths must be short), not tmp_path.
+        shutil.rmtree(cfg.spool_dir, ignore_errors=True)
 
 
 @pytest.mark.integration
