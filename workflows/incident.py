@@ -107,6 +107,7 @@ class Incident:
     def publish(self) -> None:
         """Search attributes and UI details follow the incident's state."""
         s = self.state
+        self.steps.own_run.check()
         workflow.upsert_search_attributes(
             [
                 temporal.INCIDENT_STATUS.value_set(

@@ -26,6 +26,7 @@ with workflow.unsafe.imports_passed_through():
     from autoclusters.core.unavailable import OUTAGE_TYPES
 
 from autoclusters.workflows import outage
+from autoclusters.workflows.own_run import OwnRun
 
 T = TypeVar("T")
 
@@ -155,6 +156,7 @@ class Steps:
         self._keep_last = keep_last
         self._tell = tell
         self._subject = subject
+        self.own_run = OwnRun()  # commands only on it (workflows/own_run.py)
 
     async def step(
         self,
@@ -177,7 +179,7 @@ class Steps:
         try:
             out = await (self.ride_out(name, run, rec, notes) if ride_out else run())
         except GeneratorExit:
-            raise  # the worker evicted this workflow from its cache: not the step's outcome
+            raise  # a dropped run closed by the collector (workflows/own_run.py): no outcome
         except BaseException as e:
             rec.outcome, rec.finished_at = "failed", workflow.now()
             rec.detail = str(cause_of(e))
@@ -221,6 +223,7 @@ class Steps:
         """Run one activity with the workflow's standard options (each may be overridden;
         `heartbeat=None`: none) and `summary`, what the Temporal UI shows for it."""
         d = self.defaults
+        self.own_run.check()
         return await workflow.execute_activity(
             fn,
             arg,
