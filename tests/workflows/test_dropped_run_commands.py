@@ -51,11 +51,13 @@ class CollectsGarbage:
 
 
 def _suspended(name: str) -> list[CoroutineType[Any, Any, Any]]:
-    """The process's suspended coroutines of workflows/ named `name`."""
+    """The process's suspended coroutines of workflows/ named `name`. `type()`, not
+    isinstance: the process also holds the sandbox's restricted proxies, which refuse
+    a read of their `__class__`."""
     return [
         c
         for c in gc.get_objects()
-        if isinstance(c, CoroutineType)
+        if type(c) is CoroutineType
         and c.cr_frame is not None
         and c.cr_code.co_name == name
         and "/workflows/" in c.cr_code.co_filename
