@@ -45,6 +45,7 @@ from pydantic import BaseModel
 
 from autoclusters.core import hostlist
 from autoclusters.core.models import REASON_PREFIX, IncidentState
+from autoclusters.core.unavailable import DB_INDEX_REFUSAL
 from autoclusters.sandbox import restart
 from autoclusters.sandbox.runtime import daemons
 from autoclusters.sandbox.runtime.config import SandboxConfig
@@ -184,8 +185,8 @@ def save_now(cfg: SandboxConfig, timeout_s: float = 15) -> None:
         time.sleep(0.05)
 
 
-def save_accounted(cfg: SandboxConfig, jobs: Sequence[int], timeout_s: float = 30) -> None:
-    """Until slurmdbd has each job's start (its database index), then everything saved.
+def save_accounted(cfg: SandboxConfig, jobs: Sequence[int], timeout_s: float = 60) -> None:
+    """Until slurmctld holds each job's database index, then everything saved.
 
     Slurm before 24.11 gets a job's database index from slurmdbd a few seconds after the
     job starts, and marks it "being set" meanwhile. A crash whose saved state still says so
@@ -193,7 +194,12 @@ def save_accounted(cfg: SandboxConfig, jobs: Sequence[int], timeout_s: float = 3
     ("the DB index is being set, try again in a bit") for as long as it runs (ci16: the
     requeue's marker waited past the case's bound). A crash case means the crash at its
     moment, not that race: its jobs are accounted for and saved first. Nothing to wait for
-    without accounting."""
+    without accounting.
+
+    slurmdbd listing the job is not enough: slurmctld takes the index from slurmdbd's
+    answer, which it may not have read yet (ci27: `sacct` listed a job 0.4 s after its
+    submission, the state saved then still said "being set"). So slurmctld itself is
+    asked: an update of the job, to what it already is, is refused while it waits."""
     if not cfg.accounting or not jobs:
         return
     ids = ",".join(str(j) for j in jobs)
@@ -205,7 +211,29 @@ def save_accounted(cfg: SandboxConfig, jobs: Sequence[int], timeout_s: float = 3
         if time.monotonic() > deadline:
             raise CrashError(f"slurmdbd has no start of jobs {ids} after {timeout_s:g}s")
         time.sleep(0.2)
+    for job in jobs:
+        while not db_index_set(cfg, job):
+            if time.monotonic() > deadline:
+                raise CrashError(f"slurmctld has no DB index of job {job} after {timeout_s:g}s")
+            time.sleep(0.2)
     save_now(cfg)
+
+
+def db_index_set(cfg: SandboxConfig, job: int) -> bool:
+    """Does slurmctld hold the job's database index? Its AdminComment set to what it is
+    (nothing else writes it before the runbook's requeue): slurmctld refuses any update of
+    a job whose index is being set, after waiting 5 s for it (`_slurm_rpc_update_job`)."""
+    listed = json.loads(_slurm(cfg, "squeue", "--json", "-j", str(job))).get("jobs", [])
+    if not listed:
+        return True  # ended: nothing will update it
+    comment = str(listed[0].get("admin_comment") or "")
+    try:
+        _slurm(cfg, "scontrol", "update", f"JobId={job}", f"AdminComment={comment}", timeout_s=30)
+    except subprocess.CalledProcessError as e:
+        if DB_INDEX_REFUSAL in str(e.stderr).lower():
+            return False
+        raise CrashError(f"job {job}: {str(e.stderr).strip()}") from None
+    return True
 
 
 def hold_saves(cfg: SandboxConfig, kinds: Sequence[str] = ("job_state",)) -> datetime:

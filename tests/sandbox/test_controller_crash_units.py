@@ -6,8 +6,10 @@ the returned node, a requeued job gone unreported)."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import subprocess
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -16,6 +18,7 @@ import pytest
 from typer.testing import CliRunner
 
 from autoclusters.core.models import StepRecord
+from autoclusters.core.unavailable import DB_INDEX_REFUSAL
 from autoclusters.sandbox.cli import sandbox_app
 from autoclusters.sandbox.drivers import controller_crash
 from autoclusters.sandbox.drivers.controller_crash import (
@@ -362,15 +365,32 @@ def test_a_write_case_crashes_within_a_second_and_must_forget_its_write() -> Non
 
 
 class _Sacct:
-    """sacct as slurmdbd answers it: the jobs it has a start for, job 7 from the third ask
-    (`never`: not at all); and each save of everything, in order with the asks."""
+    """Slurm as it answers about the jobs' database index: sacct lists the jobs slurmdbd
+    has a start for, job 7 from the third ask (`never`: not at all); slurmctld refuses an
+    update of job 7 while it waits for its index, for its first `refusals` updates (None:
+    always); and each save of everything, in order with the asks."""
 
     def __init__(self) -> None:
         self.asks = 0
         self.never = False
+        self.refusals: int | None = 2
         self.calls: list[str] = []
 
     def slurm(self, cfg: SandboxConfig, *argv: str, timeout_s: float = 15) -> str:
+        if argv[0] == "squeue":
+            job = argv[-1]
+            self.calls.append(f"squeue {job}")
+            return json.dumps({"jobs": [{"job_id": int(job), "admin_comment": "ours:0"}]})
+        if argv[0] == "scontrol":
+            assert argv[1] == "update" and argv[3] == "AdminComment=ours:0"  # what it is
+            self.calls.append(f"update {argv[2]}")
+            if argv[2] == "JobId=7" and (self.refusals is None or self.refusals > 0):
+                if self.refusals is not None:
+                    self.refusals -= 1
+                raise subprocess.CalledProcessError(
+                    1, argv, stderr=f"Job update not available right now, {DB_INDEX_REFUSAL}"
+                )
+            return ""
         assert argv[0] == "sacct" and argv[-2:] == ("-j", "7,9")
         self.asks += 1
         self.calls.append("sacct")
@@ -392,8 +412,13 @@ def test_a_crash_waits_for_its_jobs_database_index_then_saves(
     tmp_path: Path, sacct: _Sacct
 ) -> None:
     save_accounted(SandboxConfig(state_dir=tmp_path), [7, 9])
-    # Saved only once slurmdbd had both: the saved state holds each job's index.
-    assert sacct.calls == ["sacct", "sacct", "sacct", "save"]
+    # Saved only once slurmdbd had both and slurmctld took job 7's index from its answer
+    # (an update of the job, to the AdminComment it has, refused twice meanwhile): the
+    # saved state holds each job's index.
+    probe = ["squeue 7", "update JobId=7"]
+    assert sacct.calls == [
+        "sacct", "sacct", "sacct", *probe * 3, "squeue 9", "update JobId=9", "save",
+    ]  # fmt: skip
 
 
 def test_a_job_never_accounted_for_is_an_error_and_nothing_is_saved(
@@ -401,6 +426,15 @@ def test_a_job_never_accounted_for_is_an_error_and_nothing_is_saved(
 ) -> None:
     sacct.never = True
     with pytest.raises(CrashError, match="slurmdbd has no start of jobs 7,9"):
+        save_accounted(SandboxConfig(state_dir=tmp_path), [7, 9], timeout_s=0.5)
+    assert "save" not in sacct.calls
+
+
+def test_a_job_slurmctld_never_indexes_is_an_error_and_nothing_is_saved(
+    tmp_path: Path, sacct: _Sacct
+) -> None:
+    sacct.refusals = None
+    with pytest.raises(CrashError, match="slurmctld has no DB index of job 7"):
         save_accounted(SandboxConfig(state_dir=tmp_path), [7, 9], timeout_s=0.5)
     assert "save" not in sacct.calls
 
