@@ -7,10 +7,11 @@ The `finally` blocks and clean-ups on the way out then run there, and a command 
 goes to the workflow loop current in that thread: another run's, whose history then departs
 from its code (a nondeterminism error on its next replay), or none.
 
-So the runbook's clean-ups are written to issue nothing on GeneratorExit, and the kernel's
-command points (an activity, a search-attribute upsert) check that the loop is their own
-run's before they issue one: elsewhere, the coroutine is being closed, and they end it.
-tests/workflows/test_dropped_run_commands.py drops runs and collects them inside another.
+So the kernel's command points, through which the runbook's clean-ups issue theirs (an
+activity: `Steps.call`; a search-attribute upsert: `Incident.publish`), check that the
+loop is their own run's before they issue one: elsewhere, the coroutine is being closed,
+and they end it. tests/workflows/test_dropped_run_commands.py drops runs and collects
+them inside another.
 """
 
 from __future__ import annotations
