@@ -104,7 +104,11 @@ class BorrowSummary(BaseModel):
     lent_at_s: float | None
     repaired_at_s: float | None
     returned_at_s: float | None
-    give_back_after_repair_s: float | None  # the repaired node back -> the give-back starts
+    # The runbook began returning the repaired node -> the give-back starts. From the
+    # return's start: the node is back in Slurm within it (resumed, then read until it
+    # answers a ping), so the sharing workflow may see it before the step ends (ci31: the
+    # give-back began 0.15 s before the step's recorded end).
+    give_back_after_repair_s: float | None
     evaluate_every_s: float
     job_width_before: int
     job_width_during: int | None
@@ -257,6 +261,7 @@ async def _borrow(cfg: SandboxConfig, console: Console) -> BorrowSummary:
             raise DemoError(f"incident {opened.incident_id} failed: {e.cause}") from None
         back = final.step("return_to_service")
         repaired_at = back.finished_at.timestamp() if back and back.finished_at else None
+        returning_at = back.started_at.timestamp() if back and back.finished_at else None
         console.print(f"   incident {status}: {node} back in service")
         gone = await _explained(
             tc, name, "the borrowed node back in inference", _borrow_in(tc, name, {"returned"}), 240
@@ -302,7 +307,7 @@ async def _borrow(cfg: SandboxConfig, console: Console) -> BorrowSummary:
         repaired_at_s=since(repaired_at),
         returned_at_s=since(gone.returned_at),
         give_back_after_repair_s=(
-            round(give_back.started_at - repaired_at, 2) if give_back and repaired_at else None
+            round(give_back.started_at - returning_at, 2) if give_back and returning_at else None
         ),
         evaluate_every_s=policy.evaluate_every_s,
         job_width_before=len(before),
@@ -409,7 +414,7 @@ def print_borrow_summary(s: BorrowSummary, out: Console) -> None:
     out.print(f"repaired           {secs(s.repaired_at_s)} ({s.fault_node} back in service)")
     gap = "n/a" if s.give_back_after_repair_s is None else f"{s.give_back_after_repair_s:.1f} s"
     out.print(
-        f"given back         {secs(s.returned_at_s)} (started {gap} after the repair; "
+        f"given back         {secs(s.returned_at_s)} (started {gap} after the return began; "
         f"evaluations every {s.evaluate_every_s:g} s)"
     )
     for m in s.moves:

@@ -42,8 +42,9 @@ def test_borrow_scenario_lends_an_inference_node_for_the_repair(tmp_path: Path) 
     assert borrowed and borrowed != s["fault_node"] and s["borrow_status"] == "returned"
     assert "no spare free" in s["borrow_why"]
     # Lent after the fault, given back after the repair: the give-back starts at the
-    # sharing workflow's next look (one interval, plus its read of Prometheus, Kubernetes and
-    # Slurm on a busy machine); the move's own steps follow.
+    # sharing workflow's next look once the runbook began returning the node (one interval,
+    # plus its read of Prometheus, Kubernetes and Slurm on a busy machine), never before it
+    # (it may start before the return step's recorded end); the move's own steps follow.
     assert 0 < s["lent_at_s"] < s["repaired_at_s"] < s["returned_at_s"]
     assert s["give_back_after_repair_s"] is not None
     assert 0 <= s["give_back_after_repair_s"] <= s["evaluate_every_s"] + 3
