@@ -421,20 +421,18 @@ def test_a_crash_waits_for_its_jobs_database_index_then_saves(
     ]  # fmt: skip
 
 
-def test_a_job_never_accounted_for_is_an_error_and_nothing_is_saved(
-    tmp_path: Path, sacct: _Sacct
+@pytest.mark.parametrize(
+    ("never", "refusals", "error"),
+    [
+        (True, 2, "slurmdbd has no start of jobs 7,9"),  # never accounted for
+        (False, None, "slurmctld has no DB index of job 7"),  # accounted, never indexed
+    ],
+)
+def test_a_job_never_indexed_is_an_error_and_nothing_is_saved(
+    tmp_path: Path, sacct: _Sacct, never: bool, refusals: int | None, error: str
 ) -> None:
-    sacct.never = True
-    with pytest.raises(CrashError, match="slurmdbd has no start of jobs 7,9"):
-        save_accounted(SandboxConfig(state_dir=tmp_path), [7, 9], timeout_s=0.5)
-    assert "save" not in sacct.calls
-
-
-def test_a_job_slurmctld_never_indexes_is_an_error_and_nothing_is_saved(
-    tmp_path: Path, sacct: _Sacct
-) -> None:
-    sacct.refusals = None
-    with pytest.raises(CrashError, match="slurmctld has no DB index of job 7"):
+    sacct.never, sacct.refusals = never, refusals
+    with pytest.raises(CrashError, match=error):
         save_accounted(SandboxConfig(state_dir=tmp_path), [7, 9], timeout_s=0.5)
     assert "save" not in sacct.calls
 
